@@ -1,0 +1,163 @@
+#include "core/ckpt/safetensors.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/ckpt/atomic_file.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+static int64_t st_dtype_size(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+StFile read_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw DataError(fmt::format("{}: cannot open", path), "check the path given to --init");
+  std::vector<uint8_t> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (raw.size() < 8) throw DataError(fmt::format("{}: {} bytes is too short for a safetensors file", path, raw.size()));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = (n << 8) | raw[size_t(i)];
+  if (n > raw.size() - 8)
+    throw DataError(fmt::format("{}: header length {} runs past the end of the {}-byte file", path, n, raw.size()),
+                    "the file is truncated or not safetensors");
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + int64_t(n));
+  } catch (const std::exception& e) {
+    throw DataError(fmt::format("{}: the header is not valid JSON ({})", path, e.what()));
+  }
+  if (!h.is_object()) throw DataError(fmt::format("{}: the header is not a JSON object", path));
+  const uint64_t data_bytes = raw.size() - 8 - n;
+  StFile out;
+  for (auto& [name, v] : h.items()) {
+    if (name == "__metadata__") {
+      for (auto& [k, mv] : v.items())
+        if (mv.is_string()) out.metadata[k] = mv.get<std::string>();
+      continue;
+    }
+    StTensor t;
+    try {
+      t.dtype = v.at("dtype").get<std::string>();
+      t.shape = v.at("shape").get<Shape>();
+      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+      int64_t es = st_dtype_size(t.dtype);
+      if (es == 0) throw DataError(fmt::format("{}: tensor '{}' has unknown dtype '{}'", path, name, t.dtype));
+      if (off.size() != 2 || off[0] > off[1] || off[1] > data_bytes)
+        throw DataError(fmt::format("{}: tensor '{}' has data_offsets outside the file's {} data bytes", path, name, data_bytes),
+                        "the file is truncated or corrupt");
+      if (int64_t(off[1] - off[0]) != shape_numel(t.shape) * es)
+        throw DataError(fmt::format("{}: tensor '{}' of shape {} {} needs {} bytes but its offsets span {}", path, name,
+                                    shape_str(t.shape), t.dtype, shape_numel(t.shape) * es, off[1] - off[0]));
+      t.bytes.assign(raw.begin() + 8 + int64_t(n + off[0]), raw.begin() + 8 + int64_t(n + off[1]));
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}: entry '{}' of the header is malformed ({})", path, name, e.what()));
+    }
+    out.tensors[name] = std::move(t);
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const StFile& file) {
+  nlohmann::json h = nlohmann::json::object();
+  uint64_t off = 0;
+  for (const auto& [name, t] : file.tensors) {  // std::map: sorted by name
+    h[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  if (!file.metadata.empty()) h["__metadata__"] = file.metadata;
+  std::string header = h.dump();
+  while (header.size() % 8) header += ' ';
+  uint8_t len[8];
+  for (int i = 0; i < 8; i++) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  AtomicFile f(path);
+  f.write(len, 8);
+  f.write(header);
+  for (const auto& [name, t] : file.tensors) f.write(t.bytes.data(), t.bytes.size());
+  f.commit();
+}
+
+static StTensor to_st(const Tensor& t, DType dtype) {
+  StTensor s;
+  s.dtype = dtype_safetensors_name(dtype);
+  s.shape = t.shape();
+  s.bytes.resize(size_t(t.numel() * dtype_size(dtype)));
+  if (t.data() && t.numel()) convert(t.data(), t.dtype(), s.bytes.data(), dtype, t.numel());
+  return s;
+}
+
+void save_model(Model& model, const std::string& path, DType dtype) {
+  StFile f;
+  for (auto* p : model.parameters()) {
+    if (p->data.is_meta())
+      throw IoError("cannot save a model that lives on the meta device: it has no values", "run on --device cpu to --save");
+    f.tensors[p->name] = to_st(p->data, dtype);
+  }
+  for (auto* b : model.buffers()) {
+    if (b->name.size() >= 20 && b->name.compare(b->name.size() - 20, 20, ".num_batches_tracked") == 0) {
+      StTensor s{"I64", {}, std::vector<uint8_t>(8)};
+      int64_t v = int64_t(b->data.f32()[0]);
+      std::memcpy(s.bytes.data(), &v, 8);
+      f.tensors[b->name] = s;
+    } else {
+      f.tensors[b->name] = to_st(b->data, DType::f32);  // running statistics stay f32
+    }
+  }
+  f.metadata["format"] = "pt";
+  f.metadata["producer"] = "distlab";
+  write_safetensors(path, f);
+}
+
+void load_model(Model& model, const std::string& path) {
+  StFile f = read_safetensors(path);
+  std::vector<std::pair<std::string, Tensor*>> want;
+  for (auto* p : model.parameters()) want.push_back({p->name, &p->data});
+  for (auto* b : model.buffers()) want.push_back({b->name, &b->data});
+  std::string missing, mismatched;
+  for (auto& [name, dst] : want) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end()) {
+      missing += (missing.empty() ? "" : ", ") + name;
+      continue;
+    }
+    const StTensor& s = it->second;
+    if (s.shape != dst->shape()) {
+      mismatched += fmt::format("{}{} is {} in the file, {} in the model", mismatched.empty() ? "" : "; ", name,
+                                shape_str(s.shape), shape_str(dst->shape()));
+      continue;
+    }
+    if (!dst->data()) continue;  // meta
+    if (s.dtype == "I64") {
+      int64_t v;
+      std::memcpy(&v, s.bytes.data(), 8);
+      dst->f32()[0] = float(v);
+    } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") {
+      convert(s.bytes.data(), parse_dtype(s.dtype), dst->data(), dst->dtype(), dst->numel());
+    } else {
+      mismatched += fmt::format("{}{} has dtype {} (F32, BF16 or F16 expected)", mismatched.empty() ? "" : "; ", name, s.dtype);
+    }
+  }
+  std::string unexpected;
+  for (const auto& [name, s] : f.tensors) {
+    bool known = false;
+    for (auto& w : want) known = known || w.first == name;
+    // a tied lm_head.weight (as some exporters write it) is the same tensor as wte: accept it
+    if (!known && name != "lm_head.weight") unexpected += (unexpected.empty() ? "" : ", ") + name;
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty())
+    throw DataError(fmt::format("{}: does not match the model.{}{}{}", path,
+                                missing.empty() ? "" : "\n  missing from the file: " + missing,
+                                unexpected.empty() ? "" : "\n  not in the model: " + unexpected,
+                                mismatched.empty() ? "" : "\n  mismatched: " + mismatched),
+                    "was it saved from a model with the same config (model.* keys)?");
+}
+
+}  // namespace distlab

@@ -1,0 +1,38 @@
+// The safetensors format (what Hugging Face and PyTorch users exchange weights in):
+//   8 bytes: N, the header length, little-endian u64
+//   N bytes: a JSON object {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//            "__metadata__": {"k": "v"}} — offsets relative to the end of the header
+//   the tensors' bytes, little-endian, row-major, no gaps.
+// distlab writes the header padded with spaces to a multiple of 8 and tensors sorted by name.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/models/model.h"
+
+namespace distlab {
+
+struct StTensor {
+  std::string dtype;  // "F32", "BF16", "F16", "I64", ...
+  Shape shape;
+  std::vector<uint8_t> bytes;
+};
+
+struct StFile {
+  std::map<std::string, StTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+StFile read_safetensors(const std::string& path);  // DataError naming the file and the fault
+void write_safetensors(const std::string& path, const StFile& file);  // atomic (.partial then rename)
+
+// A model's parameters and buffers under their PyTorch names, stored as `dtype` (f32, bf16 or f16).
+// BatchNorm's num_batches_tracked is stored as I64, as PyTorch keeps it.
+void save_model(Model& model, const std::string& path, DType dtype);
+// Loads every parameter and buffer by name, converting from F32/BF16/F16. Names missing from the file,
+// extra names in it, and shape mismatches are errors that list them.
+void load_model(Model& model, const std::string& path);
+
+}  // namespace distlab

@@ -1,0 +1,28 @@
+// DataLoader: cuts a sampler's order into batches (the last short one kept or dropped).
+#pragma once
+#include <memory>
+
+#include "core/data/dataset.h"
+#include "core/data/sampler.h"
+
+namespace distlab {
+
+class DataLoader {
+ public:
+  DataLoader(const Dataset& data, std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last);
+  int64_t batches_per_epoch() const;
+  void start_epoch(int64_t epoch);                        // draws the epoch's order
+  bool next(Runtime& rt, Batch& out);                     // false at the end of the epoch
+  int64_t epoch() const { return epoch_; }
+  int64_t position() const { return pos_; }               // batches taken in this epoch
+  const Dataset& dataset() const { return data_; }
+
+ private:
+  const Dataset& data_;
+  std::shared_ptr<Sampler> sampler_;
+  int64_t batch_, epoch_ = -1, pos_ = 0;
+  bool drop_last_;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace distlab

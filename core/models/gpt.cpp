@@ -1,0 +1,136 @@
+#include "core/models/gpt.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/ops/cpu/matmul.h"
+#include "core/ops/cpu/pointwise.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+Block::Block(Runtime& rt, const std::string& p, const ModelSpec& s, uint64_t seed)
+    : ln_1(rt, p + ".ln_1", s.n_embd),
+      attn(rt, p + ".attn", s.n_embd, s.n_head),
+      ln_2(rt, p + ".ln_2", s.n_embd),
+      c_fc(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd),
+      c_proj(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd),
+      drop_attn(s.dropout, seed * 2 + 1),
+      drop_mlp(s.dropout, seed * 2 + 2) {}
+
+std::vector<Parameter*> Block::parameters() {
+  std::vector<Parameter*> p = ln_1.parameters();
+  for (auto* q : attn.parameters()) p.push_back(q);
+  for (auto* q : ln_2.parameters()) p.push_back(q);
+  for (auto* q : c_fc.parameters()) p.push_back(q);
+  for (auto* q : c_proj.parameters()) p.push_back(q);
+  return p;
+}
+
+// GPT-2's scheme: weights N(0, 0.02), the residual projections N(0, 0.02/sqrt(2L)), biases 0.
+void Block::init(Rng& rng, int64_t n_layer) {
+  ln_1.init(rng);
+  ln_2.init(rng);
+  const float proj_std = 0.02f / std::sqrt(2.0f * float(n_layer));
+  init_normal(attn.c_attn.weight.data, rng, 0.02f);
+  init_normal(attn.c_proj.weight.data, rng, proj_std);
+  init_normal(c_fc.weight.data, rng, 0.02f);
+  init_normal(c_proj.weight.data, rng, proj_std);
+  for (Linear* l : {&attn.c_attn, &attn.c_proj, &c_fc, &c_proj}) l->bias.data.zero_();
+}
+
+void Block::set_training(bool on) {
+  drop_attn.set_training(on);
+  drop_mlp.set_training(on);
+}
+
+Tensor Block::forward(Runtime& rt, const Tensor& x) {
+  Tensor a = drop_attn.forward(rt, attn.forward(rt, ln_1.forward(rt, x)));
+  Tensor h = rt.empty(x.shape(), Category::activations, "residual stream");
+  add_forward(rt, h.f32(), x.f32(), a.f32(), x.numel());
+  Tensor m = drop_mlp.forward(rt, c_proj.forward(rt, gelu.forward(rt, c_fc.forward(rt, ln_2.forward(rt, h)))));
+  Tensor out = rt.empty(x.shape(), Category::activations, "residual stream");
+  add_forward(rt, out.f32(), h.f32(), m.f32(), x.numel());
+  return out;
+}
+
+Tensor Block::backward(Runtime& rt, const Tensor& dout) {
+  // the residual passes dout through unchanged; the branch's gradient is added to it
+  Tensor dh = ln_2.backward(rt, c_fc.backward(rt, gelu.backward(rt, c_proj.backward(rt, drop_mlp.backward(rt, dout)))));
+  accumulate(rt, dh.f32(), dout.f32(), dout.numel());
+  Tensor dx = ln_1.backward(rt, attn.backward(rt, drop_attn.backward(rt, dh)));
+  accumulate(rt, dx.f32(), dh.f32(), dh.numel());
+  return dx;
+}
+
+GPT::GPT(Runtime& rt, const ModelSpec& s)
+    : spec_(s),
+      emb_(rt, "transformer.", s.vocab_size, s.block_size, s.n_embd),
+      drop_(s.dropout, s.dropout_seed * 1000 + 7),
+      ln_f_(rt, "transformer.ln_f", s.n_embd) {
+  for (int64_t i = 0; i < s.n_layer; i++)
+    h_.push_back(std::make_unique<Block>(rt, fmt::format("transformer.h.{}", i), s, s.dropout_seed * 1000 + 10 + uint64_t(i)));
+}
+
+std::string GPT::describe() const {
+  return fmt::format("  GPT(n_layer {}, n_head {}, n_embd {}, vocab {}, block {}; lm_head tied to wte)\n", spec_.n_layer,
+                     spec_.n_head, spec_.n_embd, spec_.vocab_size, spec_.block_size);
+}
+
+std::vector<Parameter*> GPT::parameters() {
+  std::vector<Parameter*> p = {&emb_.wte, &emb_.wpe};
+  for (auto& b : h_)
+    for (auto* q : b->parameters()) p.push_back(q);
+  for (auto* q : ln_f_.parameters()) p.push_back(q);
+  return p;
+}
+
+std::vector<std::vector<Parameter*>> GPT::units() {
+  std::vector<std::vector<Parameter*>> u = {{&emb_.wte, &emb_.wpe}};
+  for (auto& b : h_) u.push_back(b->parameters());
+  u.push_back(ln_f_.parameters());
+  return u;
+}
+
+void GPT::set_training(bool on) {
+  drop_.set_training(on);
+  for (auto& b : h_) b->set_training(on);
+}
+
+void GPT::init(uint64_t seed) {
+  Rng rng(seed);
+  emb_.init(rng);
+  for (auto& b : h_) b->init(rng, spec_.n_layer);
+  ln_f_.init(rng);
+}
+
+Tensor GPT::forward(Runtime& rt, const Batch& batch) {
+  const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, V = spec_.vocab_size;
+  Tensor x = drop_.forward(rt, emb_.forward(rt, batch.tokens, B, T));  // (B, T, C)
+  for (auto& b : h_) x = b->forward(rt, x);
+  saved_xf_ = ln_f_.forward(rt, x);
+  Tensor logits = rt.empty({B * T, V}, Category::activations, "logits");
+  // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias
+  matmul_forward(rt, logits.f32(), saved_xf_.f32(), emb_.wte.data.f32(), nullptr, B * T, C, V);
+  return logits;
+}
+
+void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
+  const int64_t BT = dlogits.size(0), C = spec_.n_embd, V = spec_.vocab_size;
+  Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output");
+  matmul_backward(rt, dxf.f32(), emb_.wte.grad_for_accumulate().f32(), nullptr, dlogits.f32(), saved_xf_.f32(),
+                  emb_.wte.data.f32(), BT, C, V);
+  saved_xf_ = Tensor();
+  Tensor d = ln_f_.backward(rt, dxf);
+  const int n_units = int(h_.size()) + 2;
+  if (hook) hook->after_layer_backward(n_units - 1, ln_f_.parameters());
+  for (size_t i = h_.size(); i-- > 0;) {
+    d = h_[i]->backward(rt, d);
+    if (hook) hook->after_layer_backward(int(i) + 1, h_[i]->parameters());
+  }
+  emb_.backward(rt, drop_.backward(rt, d));
+  if (hook) hook->after_layer_backward(0, {&emb_.wte, &emb_.wpe});
+}
+
+}  // namespace distlab

@@ -1,0 +1,37 @@
+// The model interface. Backward is the forward read in reverse, as explicit calls; after each unit's
+// backward (a layer, or a transformer block) the model calls hook->after_layer_backward(unit, params) —
+// the one place a parallel strategy (DDP buckets, ZeRO/FSDP reduce-scatter) learns a unit's gradients are
+// complete. Nothing else decides when gradients sync.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/data/batch.h"
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+struct BackwardHook {
+  virtual ~BackwardHook() = default;
+  // Called once per unit, in reverse order of the forward, right after the unit's gradients are final.
+  virtual void after_layer_backward(int unit, const std::vector<Parameter*>& params) = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string describe() const = 0;              // one line per layer
+  virtual std::vector<Parameter*> parameters() = 0;      // PyTorch's order (model.named_parameters())
+  virtual std::vector<Buffer*> buffers() { return {}; }  // BatchNorm statistics
+  // Units in forward order: the parameter groups that become ready together during backward.
+  virtual std::vector<std::vector<Parameter*>> units() = 0;
+  virtual Tensor forward(Runtime& rt, const Batch& batch) = 0;  // logits (N, classes)
+  virtual void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) = 0;
+  virtual void set_training(bool on) = 0;
+  virtual void init(uint64_t seed) = 0;  // deterministic: same seed, same weights
+  int64_t num_parameters();
+  void zero_grad();                      // releases gradients (set_to_none=True)
+};
+
+}  // namespace distlab

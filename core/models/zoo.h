@@ -1,0 +1,35 @@
+// The models distlab trains, built from a ModelSpec. Parameter names and layouts follow PyTorch:
+//   mlp:       fc1.weight [h1, in] ... fcN.weight [classes, hN]
+//   cifar_cnn: conv1.weight [32, 3, 3, 3], (bn1.*), conv2.weight [64, 32, 3, 3], (bn2.*), fc.weight [10, 4096]
+//   gpt:       transformer.wte.weight [V, C], transformer.wpe.weight [T, C], transformer.h.N.{ln_1, attn.c_attn,
+//              attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}, transformer.ln_f; lm_head tied to wte (nanoGPT's
+//              nn.Linear layout [out, in]; Hugging Face's Conv1D stores these transposed)
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/models/model.h"
+
+namespace distlab {
+
+struct ModelSpec {
+  std::string name = "mlp";          // mlp | cifar_cnn | gpt
+  // image models
+  int64_t in_channels = 1, height = 28, width = 28, num_classes = 10;
+  std::vector<int64_t> hidden = {256, 128};  // mlp
+  bool batchnorm = false;                     // cifar_cnn variant
+  // gpt
+  int64_t vocab_size = 256, block_size = 64, n_layer = 2, n_head = 2, n_embd = 64;
+  float dropout = 0.0f;
+  uint64_t dropout_seed = 0;
+};
+
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& spec);
+
+// The closed form of the course: 12·L·C² (blocks) + V·C + T·C, and the exact count of our GPT:
+// 12·L·C² + 13·L·C + V·C + T·C + 2·C (biases and norms are the "small terms").
+int64_t gpt_params_closed_form(const ModelSpec& s);
+int64_t gpt_params_exact(const ModelSpec& s);
+
+}  // namespace distlab

@@ -1,0 +1,44 @@
+#include "core/nn/attention.h"
+
+#include <fmt/format.h>
+
+#include "core/ops/cpu/attention.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+CausalSelfAttention::CausalSelfAttention(Runtime& rt, const std::string& prefix, int64_t c, int64_t nh)
+    : c_attn(rt, prefix + ".c_attn", c, 3 * c), c_proj(rt, prefix + ".c_proj", c, c), C(c), n_head(nh) {
+  if (nh <= 0 || c % nh != 0)
+    throw ShapeError(fmt::format("attention {}: n_embd {} is not divisible by n_head {}", prefix, c, nh),
+                     "choose model.n_head so that n_embd / n_head is a whole head size");
+}
+
+std::string CausalSelfAttention::describe() const { return fmt::format("CausalSelfAttention({}, heads {})", C, n_head); }
+
+std::vector<Parameter*> CausalSelfAttention::parameters() {
+  auto p = c_attn.parameters();
+  for (auto* q : c_proj.parameters()) p.push_back(q);
+  return p;
+}
+
+Tensor CausalSelfAttention::forward(Runtime& rt, const Tensor& x) {
+  expect_shape(describe(), x, {-1, C});
+  const int64_t B = x.size(0), T = x.size(1);
+  qkv_ = c_attn.forward(rt, x);  // (B, T, 3C)
+  att_ = rt.empty({B, n_head, T, T}, Category::activations, "attention probabilities");
+  Tensor y = rt.empty({B, T, C}, Category::activations, "attention output");
+  attention_forward(rt, y.f32(), att_.f32(), qkv_.f32(), B, T, C, n_head);
+  return c_proj.forward(rt, y);
+}
+
+Tensor CausalSelfAttention::backward(Runtime& rt, const Tensor& dout) {
+  const int64_t B = qkv_.size(0), T = qkv_.size(1);
+  Tensor dy = c_proj.backward(rt, dout);
+  Tensor dqkv = rt.empty({B, T, 3 * C}, Category::activations, "grad of qkv");
+  attention_backward(rt, dqkv.f32(), dy.f32(), qkv_.f32(), att_.f32(), B, T, C, n_head);
+  qkv_ = att_ = Tensor();
+  return c_attn.backward(rt, dqkv);
+}
+
+}  // namespace distlab

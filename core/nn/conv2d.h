@@ -1,0 +1,25 @@
+// nn.Conv2d with square kernels: weight (OC, C, K, K), bias (OC).
+#pragma once
+#include "core/nn/layer.h"
+#include "core/ops/cpu/conv.h"
+
+namespace distlab {
+
+class Conv2d : public Layer {
+ public:
+  Conv2d(Runtime& rt, const std::string& prefix, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride = 1,
+         int64_t pad = 0, bool bias = true);
+  std::string describe() const override;
+  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, C, H, W) -> (B, OC, OH, OW)
+  Tensor backward(Runtime& rt, const Tensor& dout) override;
+  std::vector<Parameter*> parameters() override;
+  void init(Rng& rng) override;  // U(±1/sqrt(C*K*K)), as PyTorch
+  Parameter weight, bias;
+  int64_t in_ch, out_ch, kernel, stride, pad;
+
+ private:
+  Tensor saved_x_;
+  ConvShape shape_of(const Tensor& x) const;
+};
+
+}  // namespace distlab

@@ -1,0 +1,28 @@
+#include "core/nn/loss.h"
+
+#include <fmt/format.h>
+
+#include "core/ops/cpu/loss.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets,
+                                 int64_t* correct) {
+  const int64_t V = logits.size(-1), N = logits.numel() / V;
+  if (int64_t(targets.size()) != N)
+    throw ShapeError(fmt::format("cross-entropy: {} targets for {} rows of logits {}", targets.size(), N,
+                                 shape_str(logits.shape())));
+  probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities");
+  targets_ = targets;
+  return softmax_crossentropy_forward(rt, probs_.f32(), logits.f32(), targets.data(), N, V, correct);
+}
+
+Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
+  Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits");
+  softmax_crossentropy_backward(rt, d.f32(), probs_.f32(), targets_.data(), probs_.size(0), probs_.size(1), scale);
+  probs_ = Tensor();
+  return d;
+}
+
+}  // namespace distlab

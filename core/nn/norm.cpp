@@ -1,0 +1,125 @@
+#include "core/nn/norm.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/ops/cpu/norm.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+LayerNorm::LayerNorm(Runtime& rt, const std::string& prefix, int64_t C, float eps) : C_(C), eps_(eps) {
+  weight = make_parameter(rt, prefix + ".weight", {C}, false);
+  bias = make_parameter(rt, prefix + ".bias", {C}, false);
+}
+
+std::string LayerNorm::describe() const { return fmt::format("LayerNorm({})", C_); }
+
+void LayerNorm::init(Rng&) {
+  weight.data.fill_(1.0f);
+  bias.data.zero_();
+}
+
+Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
+  expect_shape(describe() + " " + weight.name, x, {C_});
+  const int64_t N = x.numel() / C_;
+  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name);
+  mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");
+  rstd_ = rt.empty({N}, Category::activations, "LayerNorm rstd");
+  layernorm_forward(rt, out.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data.f32(), bias.data.f32(), N, C_, eps_);
+  saved_x_ = x;
+  return out;
+}
+
+Tensor LayerNorm::backward(Runtime& rt, const Tensor& dout) {
+  const int64_t N = saved_x_.numel() / C_;
+  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name);
+  layernorm_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), bias.grad_for_accumulate().f32(), dout.f32(),
+                     saved_x_.f32(), weight.data.f32(), mean_.f32(), rstd_.f32(), N, C_);
+  saved_x_ = mean_ = rstd_ = Tensor();
+  return dx;
+}
+
+BatchNorm2d::BatchNorm2d(Runtime& rt, const std::string& prefix, int64_t C, float eps, float momentum)
+    : C_(C), eps_(eps), momentum_(momentum) {
+  weight = make_parameter(rt, prefix + ".weight", {C}, false);
+  bias = make_parameter(rt, prefix + ".bias", {C}, false);
+  running_mean = Buffer{prefix + ".running_mean", rt.zeros({C}, Category::params, prefix + ".running_mean")};
+  running_var = Buffer{prefix + ".running_var", rt.zeros({C}, Category::params, prefix + ".running_var")};
+  num_batches_tracked = Buffer{prefix + ".num_batches_tracked", rt.zeros({}, Category::params, prefix + ".num_batches_tracked")};
+}
+
+std::string BatchNorm2d::describe() const { return fmt::format("BatchNorm2d({})", C_); }
+
+void BatchNorm2d::init(Rng&) {
+  weight.data.fill_(1.0f);
+  bias.data.zero_();
+  running_mean.data.zero_();
+  running_var.data.fill_(1.0f);
+  num_batches_tracked.data.zero_();
+}
+
+Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
+  if (x.dim() != 4 || x.size(1) != C_)
+    throw ShapeError(fmt::format("{} {}: input of shape {} where [B, {}, H, W] was expected", describe(), weight.name,
+                                 shape_str(x.shape()), C_));
+  const int64_t B = x.size(0), HW = x.size(2) * x.size(3);
+  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name);
+  mean_ = rt.empty({C_}, Category::activations, "BatchNorm mean");
+  rstd_ = rt.empty({C_}, Category::activations, "BatchNorm rstd");
+  if (training_) {
+    if (B * HW < 2)
+      throw ShapeError(fmt::format("{}: batch statistics need more than 1 value per channel, got input {}",
+                                   weight.name, shape_str(x.shape())),
+                       "use a larger train.micro_batch, or SyncBatchNorm across ranks");
+    Tensor var = rt.empty({C_}, Category::activations, "BatchNorm var");
+    batchnorm_stats(rt, mean_.f32(), var.f32(), x.f32(), B, C_, HW);
+    if (!rt.is_meta()) {
+      const double n = double(B * HW);
+      float* rm = running_mean.data.f32();
+      float* rv = running_var.data.f32();
+      for (int64_t c = 0; c < C_; c++) {
+        rm[c] = (1 - momentum_) * rm[c] + momentum_ * mean_.f32()[c];
+        rv[c] = (1 - momentum_) * rv[c] + momentum_ * float(var.f32()[c] * n / (n - 1));
+        rstd_.f32()[c] = 1.0f / std::sqrt(var.f32()[c] + eps_);
+      }
+      num_batches_tracked.data.f32()[0] += 1.0f;
+    }
+    saved_x_ = x;
+  } else if (!rt.is_meta()) {
+    for (int64_t c = 0; c < C_; c++) {
+      mean_.f32()[c] = running_mean.data.f32()[c];
+      rstd_.f32()[c] = 1.0f / std::sqrt(running_var.data.f32()[c] + eps_);
+    }
+  }
+  batchnorm_apply(rt, out.f32(), x.f32(), mean_.f32(), rstd_.f32(), weight.data.f32(), bias.data.f32(), B, C_, HW);
+  return out;
+}
+
+Tensor BatchNorm2d::backward(Runtime& rt, const Tensor& dout) {
+  DL_ASSERT(saved_x_.defined(), "BatchNorm2d backward without a training forward");
+  const int64_t B = saved_x_.size(0), HW = saved_x_.size(2) * saved_x_.size(3);
+  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name);
+  Tensor sums = rt.empty({2, C_}, Category::activations, "BatchNorm grad sums");
+  float* sum_dy = sums.f32();
+  float* sum_dy_xhat = sum_dy ? sum_dy + C_ : nullptr;
+  batchnorm_backward_reduce(rt, sum_dy, sum_dy_xhat, dout.f32(), saved_x_.f32(), mean_.f32(), rstd_.f32(), B, C_, HW);
+  if (!rt.is_meta()) {
+    float* dw = weight.grad_for_accumulate().f32();
+    float* db = bias.grad_for_accumulate().f32();
+    for (int64_t c = 0; c < C_; c++) {
+      dw[c] += sum_dy_xhat[c];
+      db[c] += sum_dy[c];
+    }
+  } else {
+    weight.grad_for_accumulate();
+    bias.grad_for_accumulate();
+  }
+  batchnorm_backward_apply(rt, dx.f32(), dout.f32(), saved_x_.f32(), mean_.f32(), rstd_.f32(), weight.data.f32(),
+                           sum_dy, sum_dy_xhat, double(B * HW), B, C_, HW);
+  saved_x_ = mean_ = rstd_ = Tensor();
+  return dx;
+}
+
+}  // namespace distlab

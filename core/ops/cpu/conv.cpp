@@ -1,0 +1,140 @@
+#include "core/ops/cpu/conv.h"
+
+#include <cstring>
+
+#include "core/ops/cpu/matmul.h"
+#include "core/ops/op_scope.h"
+
+namespace distlab {
+
+void im2col(float* col, const float* inp, const ConvShape& s) {
+  const int64_t OH = s.OH(), OW = s.OW(), N = s.B * OH * OW;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t c = 0; c < s.C; c++) {
+    for (int64_t kk = 0; kk < s.K * s.K; kk++) {
+      const int64_t kh = kk / s.K, kw = kk % s.K;
+      float* row = col + (c * s.K * s.K + kk) * N;
+      for (int64_t b = 0; b < s.B; b++) {
+        const float* img = inp + (b * s.C + c) * s.H * s.W;
+        float* dst = row + b * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+          const int64_t ih = oh * s.stride - s.pad + kh;
+          float* d = dst + oh * OW;
+          if (ih < 0 || ih >= s.H) {
+            std::memset(d, 0, sizeof(float) * size_t(OW));
+            continue;
+          }
+          const float* src = img + ih * s.W;
+          for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t iw = ow * s.stride - s.pad + kw;
+            d[ow] = (iw >= 0 && iw < s.W) ? src[iw] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+void col2im(float* dinp, const float* col, const ConvShape& s) {
+  const int64_t OH = s.OH(), OW = s.OW(), N = s.B * OH * OW;
+  std::memset(dinp, 0, sizeof(float) * size_t(s.B * s.C * s.H * s.W));
+  // each (b, c) image plane is written by one thread only: parallel over planes
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t c = 0; c < s.C; c++) {
+      float* img = dinp + (b * s.C + c) * s.H * s.W;
+      for (int64_t kk = 0; kk < s.K * s.K; kk++) {
+        const int64_t kh = kk / s.K, kw = kk % s.K;
+        const float* src = col + (c * s.K * s.K + kk) * N + b * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+          const int64_t ih = oh * s.stride - s.pad + kh;
+          if (ih < 0 || ih >= s.H) continue;
+          float* d = img + ih * s.W;
+          const float* sr = src + oh * OW;
+          for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t iw = ow * s.stride - s.pad + kw;
+            if (iw >= 0 && iw < s.W) d[iw] += sr[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+void conv2d_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, const ConvShape& s) {
+  const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
+  OpScope op(rt, "conv2d_forward", 2.0 * s.OC * CKK * N,
+             4.0 * (s.B * s.C * s.H * s.W + s.OC * CKK + s.OC * N));
+  Tensor col = rt.empty({CKK, N}, Category::other, "conv2d im2col workspace");
+  Tensor tmp = rt.empty({s.OC, N}, Category::other, "conv2d output workspace");
+  if (rt.is_meta()) return;
+  im2col(col.f32(), inp, s);
+  // tmp (OC, B*OHW) = w (OC, CKK) @ col (CKK, B*OHW)
+  blas_sgemm(false, false, s.OC, N, CKK, 1.0f, w, CKK, col.f32(), N, 0.0f, tmp.f32(), N);
+  // (OC, B, OHW) -> (B, OC, OHW), adding the bias
+  const float* t = tmp.f32();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t o = 0; o < s.OC; o++) {
+      const float* src = t + o * N + b * OHW;
+      float* dst = out + (b * s.OC + o) * OHW;
+      const float bo = bias ? bias[o] : 0.0f;
+      for (int64_t i = 0; i < OHW; i++) dst[i] = src[i] + bo;
+    }
+  }
+}
+
+void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, const ConvShape& s, bool need_dinp) {
+  const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
+  OpScope op(rt, "conv2d_backward", 2.0 * s.OC * CKK * N * (need_dinp ? 2 : 1),
+             4.0 * (2 * s.B * s.C * s.H * s.W + 2 * s.OC * CKK + s.OC * N));
+  Tensor col = rt.empty({CKK, N}, Category::other, "conv2d im2col workspace");
+  Tensor doutT = rt.empty({s.OC, N}, Category::other, "conv2d grad workspace");
+  if (rt.is_meta()) return;
+  // doutT (OC, B*OHW) from dout (B, OC, OHW); the bias gradient is its row sums
+  float* dt = doutT.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < s.OC; o++) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < s.B; b++) {
+      const float* src = dout + (b * s.OC + o) * OHW;
+      float* dst = dt + o * N + b * OHW;
+      for (int64_t i = 0; i < OHW; i++) {
+        dst[i] = src[i];
+        acc += src[i];
+      }
+    }
+    if (dbias) dbias[o] += acc;
+  }
+  {
+    im2col(col.f32(), inp, s);
+    // dw (OC, CKK) += doutT (OC, N) @ col^T (N, CKK)
+    blas_sgemm(false, true, s.OC, CKK, N, 1.0f, dt, N, col.f32(), N, 1.0f, dw, CKK);
+  }
+  if (need_dinp) {
+    // dcol (CKK, N) = w^T (CKK, OC) @ doutT (OC, N), then fold back into images
+    blas_sgemm(true, false, CKK, N, s.OC, 1.0f, w, CKK, dt, N, 0.0f, col.f32(), N);
+    col2im(dinp, col.f32(), s);
+  }
+}
+
+void conv2d_forward_naive(float* out, const float* inp, const float* w, const float* bias, const ConvShape& s) {
+  const int64_t OH = s.OH(), OW = s.OW();
+  for (int64_t b = 0; b < s.B; b++)
+    for (int64_t o = 0; o < s.OC; o++)
+      for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+          double acc = bias ? bias[o] : 0.0;
+          for (int64_t c = 0; c < s.C; c++)
+            for (int64_t kh = 0; kh < s.K; kh++)
+              for (int64_t kw = 0; kw < s.K; kw++) {
+                int64_t ih = oh * s.stride - s.pad + kh, iw = ow * s.stride - s.pad + kw;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                acc += double(inp[((b * s.C + c) * s.H + ih) * s.W + iw]) * w[((o * s.C + c) * s.K + kh) * s.K + kw];
+              }
+          out[((b * s.OC + o) * OH + oh) * OW + ow] = float(acc);
+        }
+}
+
+}  // namespace distlab

@@ -1,0 +1,33 @@
+// 2-D convolution as im2col + one GEMM over the whole batch (PyTorch's layout: input (B, C, H, W),
+// weight (OC, C, K, K), output (B, OC, OH, OW)). Backward recomputes the im2col columns instead of keeping
+// them, so a conv saves only its input for backward — the same as PyTorch.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+struct ConvShape {
+  int64_t B, C, H, W;  // input
+  int64_t OC, K, stride, pad;
+  int64_t OH() const { return (H + 2 * pad - K) / stride + 1; }
+  int64_t OW() const { return (W + 2 * pad - K) / stride + 1; }
+  int64_t CKK() const { return C * K * K; }
+};
+
+// col (C*K*K, B*OH*OW): column j = (b, oh, ow) holds the input patch that output pixel reads.
+void im2col(float* col, const float* inp, const ConvShape& s);
+// The adjoint: scatters-and-adds columns back into dinp (B, C, H, W), which is overwritten.
+void col2im(float* dinp, const float* col, const ConvShape& s);
+
+// out (B, OC, OH, OW) = conv(inp (B, C, H, W), w (OC, C, K, K)) + bias (OC) or nullptr
+void conv2d_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, const ConvShape& s);
+// dinp (overwritten, skipped unless need_dinp); dw, dbias (or nullptr) accumulated. FLOPs count the
+// matrix products only, as matmul_backward.
+void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, const ConvShape& s, bool need_dinp = true);
+// Direct seven-loop convolution, for tests.
+void conv2d_forward_naive(float* out, const float* inp, const float* w, const float* bias, const ConvShape& s);
+
+}  // namespace distlab

@@ -1,0 +1,63 @@
+#include "core/ops/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include "core/ops/op_scope.h"
+
+namespace distlab {
+
+void blas_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS rejects lda = 0; the product is empty, so C = beta * C
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  OpScope op(rt, name, 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
+  if (rt.is_meta()) return;
+  blas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                    int64_t C, int64_t OC) {
+  OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
+  if (rt.is_meta()) return;
+  if (bias) {  // start from the broadcast bias, then C = 1 * inp @ w^T + 1 * C
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias[o];
+  }
+  blas_sgemm(false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
+                          int64_t OC) {
+  for (int64_t n = 0; n < N; n++) {
+    for (int64_t o = 0; o < OC; o++) {
+      float acc = bias ? bias[o] : 0.0f;
+      for (int64_t c = 0; c < C; c++) acc += inp[n * C + c] * w[o * C + c];
+      out[n * OC + o] = acc;
+    }
+  }
+}
+
+void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp) {
+  double flops = 2.0 * N * C * OC * (need_dinp ? 2 : 1);
+  OpScope op(rt, "matmul_backward", flops, 4.0 * (2 * N * C + 2 * OC * C + N * OC));
+  if (rt.is_meta()) return;
+  if (need_dinp) blas_sgemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);   // (N,OC)@(OC,C)
+  if (dw) blas_sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);       // (OC,N)@(N,C)
+  if (dbias) {
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < OC; o++) dbias[o] += dout[n * OC + o];
+  }
+}
+
+}  // namespace distlab

@@ -1,0 +1,29 @@
+// Matrix multiply kernels on OpenBLAS, in the nn.Linear convention: weights are (OC, C) = [out, in].
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+// out (N, OC) = inp (N, C) @ w^T + bias; w is (OC, C), bias (OC) or nullptr.
+void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                    int64_t C, int64_t OC);
+// The same with three loops, for tests and the benchmark's baseline.
+void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
+                          int64_t OC);
+// dinp (N, C) = dout @ w   (overwritten; skipped unless need_dinp)
+// dw (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout (skipped when nullptr)
+// FLOPs count the matrix products only (the convention of MFU tables), so they don't depend on pointers
+// and a meta run records exactly what a cpu run does.
+void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
+
+// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, recorded as one trace event named `name`.
+void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The same without a trace event, for kernels that record their own (conv2d, attention).
+void blas_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace distlab

@@ -1,0 +1,136 @@
+#include "core/ops/cpu/norm.h"
+
+#include <cmath>
+
+#include "core/ops/op_scope.h"
+
+namespace distlab {
+
+void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps) {
+  OpScope op(rt, "layernorm_forward", 8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+  for (int64_t n = 0; n < N; n++) {
+    const float* x = inp + n * C;
+    double m = 0;
+    for (int64_t i = 0; i < C; i++) m += x[i];
+    m /= double(C);
+    double v = 0;
+    for (int64_t i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= double(C);
+    float s = float(1.0 / std::sqrt(v + eps));
+    float* o = out + n * C;
+    for (int64_t i = 0; i < C; i++) o[i] = (float(x[i] - m) * s) * weight[i] + bias[i];
+    mean[n] = float(m);
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  OpScope op(rt, "layernorm_backward", 12.0 * N * C, 4.0 * (3 * N * C + 4 * C + 2 * N));
+  if (rt.is_meta()) return;
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dout * weight
+  for (int64_t n = 0; n < N; n++) {
+    const float* x = inp + n * C;
+    const float* dy = dout + n * C;
+    float m = mean[n], s = rstd[n];
+    double dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int64_t i = 0; i < C; i++) {
+      float xhat = (x[i] - m) * s;
+      float g = weight[i] * dy[i];
+      dnorm_mean += g;
+      dnorm_norm_mean += double(g) * xhat;
+    }
+    dnorm_mean /= double(C);
+    dnorm_norm_mean /= double(C);
+    float* dx = dinp + n * C;
+    for (int64_t i = 0; i < C; i++) {
+      float xhat = (x[i] - m) * s;
+      float g = weight[i] * dy[i];
+      dbias[i] += dy[i];
+      dweight[i] += xhat * dy[i];
+      dx[i] = s * (g - float(dnorm_mean) - xhat * float(dnorm_norm_mean));
+    }
+  }
+}
+
+void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW) {
+  OpScope op(rt, "batchnorm_stats", 3.0 * B * C * HW, 4.0 * B * C * HW);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; c++) {
+    double s = 0, ss = 0;
+    for (int64_t b = 0; b < B; b++) {
+      const float* x = inp + (b * C + c) * HW;
+      for (int64_t i = 0; i < HW; i++) s += x[i];
+    }
+    double m = s / double(B * HW);
+    for (int64_t b = 0; b < B; b++) {
+      const float* x = inp + (b * C + c) * HW;
+      for (int64_t i = 0; i < HW; i++) ss += (x[i] - m) * (x[i] - m);
+    }
+    mean[c] = float(m);
+    var[c] = float(ss / double(B * HW));
+  }
+}
+
+void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW) {
+  OpScope op(rt, "batchnorm_apply", 2.0 * B * C * HW, 8.0 * B * C * HW);
+  if (rt.is_meta()) return;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t c = 0; c < C; c++) {
+      const float scale = rstd[c] * weight[c], shift = bias[c] - mean[c] * scale;
+      const float* x = inp + (b * C + c) * HW;
+      float* o = out + (b * C + c) * HW;
+      for (int64_t i = 0; i < HW; i++) o[i] = x[i] * scale + shift;
+    }
+  }
+}
+
+void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW) {
+  OpScope op(rt, "batchnorm_backward_reduce", 4.0 * B * C * HW, 8.0 * B * C * HW);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; c++) {
+    double a = 0, bsum = 0;
+    for (int64_t b = 0; b < B; b++) {
+      const float* x = inp + (b * C + c) * HW;
+      const float* dy = dout + (b * C + c) * HW;
+      for (int64_t i = 0; i < HW; i++) {
+        a += dy[i];
+        bsum += double(dy[i]) * ((x[i] - mean[c]) * rstd[c]);
+      }
+    }
+    sum_dy[c] = float(a);
+    sum_dy_xhat[c] = float(bsum);
+  }
+}
+
+void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const float* inp, const float* mean,
+                              const float* rstd, const float* weight, const float* sum_dy, const float* sum_dy_xhat,
+                              double count, int64_t B, int64_t C, int64_t HW) {
+  OpScope op(rt, "batchnorm_backward_apply", 6.0 * B * C * HW, 12.0 * B * C * HW);
+  if (rt.is_meta()) return;
+  // dx = weight * rstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count)
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t c = 0; c < C; c++) {
+      const float k = weight[c] * rstd[c];
+      const float mdy = float(sum_dy[c] / count), mdyx = float(sum_dy_xhat[c] / count);
+      const float* x = inp + (b * C + c) * HW;
+      const float* dy = dout + (b * C + c) * HW;
+      float* dx = dinp + (b * C + c) * HW;
+      for (int64_t i = 0; i < HW; i++) {
+        float xhat = (x[i] - mean[c]) * rstd[c];
+        dx[i] = k * (dy[i] - mdy - xhat * mdyx);
+      }
+    }
+  }
+}
+
+}  // namespace distlab

@@ -1,0 +1,30 @@
+// Normalization kernels: LayerNorm over the last dimension, BatchNorm2d over (B, H, W) per channel.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+// out (N, C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) saved for backward.
+void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps);
+// dinp (N, C) overwritten; dweight, dbias (C) accumulated
+void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+
+// BatchNorm2d statistics of inp (B, C, HW): mean (C) and biased variance (C), accumulated in double.
+void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW);
+// out (B, C, HW) = (inp - mean) * rstd * weight + bias; rstd = 1/sqrt(var + eps) (C)
+void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW);
+// Per-channel sums needed by backward: sum_dy (C) = Σ dout, sum_dy_xhat (C) = Σ dout * xhat.
+void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW);
+// dinp (B, C, HW) overwritten from the sums over `count` elements per channel (count = B*HW on one rank;
+// the global count under SyncBatchNorm).
+void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const float* inp, const float* mean,
+                              const float* rstd, const float* weight, const float* sum_dy, const float* sum_dy_xhat,
+                              double count, int64_t B, int64_t C, int64_t HW);
+
+}  // namespace distlab

@@ -1,0 +1,123 @@
+#include "core/ops/cpu/pointwise.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/ops/op_scope.h"
+#include "core/util/rng.h"
+
+namespace distlab {
+
+void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
+  OpScope op(rt, "relu_forward", double(n), 8.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n) {
+  OpScope op(rt, "relu_backward", double(n), 12.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
+  OpScope op(rt, "gelu_forward", 10.0 * n, 8.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float cube = 0.044715f * x * x * x;
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
+  }
+}
+
+void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n) {
+  OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float cube = 0.044715f * x * x * x;
+    float t = std::tanh(kGeluScale * (x + cube));
+    float sech2 = 1.0f - t * t;
+    float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = local * dout[i];
+  }
+}
+
+void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed) {
+  OpScope op(rt, "dropout_forward", double(n), 12.0 * n);
+  if (rt.is_meta()) return;
+  Rng rng(seed);
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    mask[i] = rng.uniform() < p ? 0.0f : keep_scale;
+    out[i] = inp[i] * mask[i];
+  }
+}
+
+void dropout_backward(Runtime& rt, float* dinp, const float* dout, const float* mask, int64_t n) {
+  OpScope op(rt, "dropout_backward", double(n), 12.0 * n);
+  if (rt.is_meta()) return;
+  for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * mask[i];
+}
+
+void add_forward(Runtime& rt, float* out, const float* a, const float* b, int64_t n) {
+  OpScope op(rt, "add", double(n), 12.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void accumulate(Runtime& rt, float* dst, const float* src, int64_t n) {
+  OpScope op(rt, "accumulate", double(n), 12.0 * n);
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void maxpool2d_forward(Runtime& rt, float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C, int64_t H,
+                       int64_t W, int64_t K, int64_t stride) {
+  const int64_t OH = (H - K) / stride + 1, OW = (W - K) / stride + 1;
+  OpScope op(rt, "maxpool2d_forward", double(B * C * OH * OW * K * K), 4.0 * (B * C * H * W + 2 * B * C * OH * OW));
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t bc = 0; bc < B * C; bc++) {
+    const float* plane = inp + bc * H * W;
+    for (int64_t oh = 0; oh < OH; oh++) {
+      for (int64_t ow = 0; ow < OW; ow++) {
+        int64_t best = (oh * stride) * W + ow * stride;
+        float v = plane[best];
+        for (int64_t kh = 0; kh < K; kh++) {
+          for (int64_t kw = 0; kw < K; kw++) {
+            int64_t idx = (oh * stride + kh) * W + ow * stride + kw;
+            if (plane[idx] > v || std::isnan(plane[idx])) {
+              v = plane[idx];
+              best = idx;
+            }
+          }
+        }
+        out[(bc * OH + oh) * OW + ow] = v;
+        argmax[(bc * OH + oh) * OW + ow] = int32_t(best);
+      }
+    }
+  }
+}
+
+void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                        int64_t H, int64_t W, int64_t OH, int64_t OW) {
+  OpScope op(rt, "maxpool2d_backward", double(B * C * OH * OW), 4.0 * (B * C * H * W + 2 * B * C * OH * OW));
+  if (rt.is_meta()) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t bc = 0; bc < B * C; bc++) {
+    float* plane = dinp + bc * H * W;
+    std::memset(plane, 0, sizeof(float) * size_t(H * W));
+    for (int64_t i = 0; i < OH * OW; i++) plane[argmax[bc * OH * OW + i]] += dout[bc * OH * OW + i];
+  }
+}
+
+}  // namespace distlab

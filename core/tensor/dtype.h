@@ -1,0 +1,26 @@
+// Storage types. Arithmetic on the CPU is done in f32; bf16 and f16 are storage formats whose conversions
+// round to nearest, ties to even — the same bits PyTorch produces, so safetensors files match exactly.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace distlab {
+
+enum class DType { f32, bf16, f16 };
+
+int dtype_size(DType t);                       // bytes per element
+const char* dtype_name(DType t);               // "f32", "bf16", "f16"
+const char* dtype_safetensors_name(DType t);   // "F32", "BF16", "F16"
+DType parse_dtype(const std::string& s);       // accepts f32/fp32/float32, bf16/bfloat16, f16/fp16/float16
+
+// bf16 keeps the top 16 bits of an f32 (8-bit exponent, 7-bit mantissa). NaN stays a quiet NaN.
+uint16_t f32_to_bf16(float f);
+float bf16_to_f32(uint16_t h);
+// IEEE half: 5-bit exponent, 10-bit mantissa; overflow -> inf, small values -> subnormals -> 0.
+uint16_t f32_to_f16(float f);
+float f16_to_f32(uint16_t h);
+
+// Converts n elements between storage types (src and dst may not overlap).
+void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
+
+}  // namespace distlab

@@ -1,0 +1,65 @@
+#include "core/tensor/memory.h"
+
+#include <fmt/format.h>
+
+#include "core/util/error.h"
+#include "core/util/units.h"
+
+namespace distlab {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::params: return "params";
+    case Category::grads: return "grads";
+    case Category::optim_state: return "optim_state";
+    case Category::activations: return "activations";
+    case Category::comm_buffers: return "comm_buffers";
+    case Category::other: return "other";
+  }
+  return "?";
+}
+
+void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& what) {
+  if (capacity_ >= 0 && stats_.current_total + bytes > capacity_) {
+    int64_t free_bytes = capacity_ - stats_.current_total;
+    throw OutOfMemoryError(
+        fmt::format("out of memory: tried to allocate {} for {} ({}) on rank {} ({}; {} total capacity; "
+                    "{} already allocated; {} free)\n  allocated by category: {}",
+                    format_bytes(double(bytes)), category_name(c), what, rank_, device_,
+                    format_bytes(double(capacity_)), format_bytes(double(stats_.current_total)),
+                    format_bytes(double(free_bytes)), breakdown()),
+        "climb the OOM ladder: smaller train.micro_batch (keep the total with train.accum_steps), "
+        "then shard (ZeRO/FSDP), then offload; or give the device more memory with --device-mem");
+  }
+  int i = int(c);
+  stats_.current[i] += bytes;
+  stats_.current_total += bytes;
+  if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
+  if (stats_.current_total > stats_.peak_total) {
+    stats_.peak_total = stats_.current_total;
+    stats_.at_peak = stats_.current;
+  }
+}
+
+void MemoryAccountant::release(int64_t bytes, Category c) {
+  stats_.current[int(c)] -= bytes;
+  stats_.current_total -= bytes;
+  DL_ASSERT(stats_.current[int(c)] >= 0, "memory accounting went negative");
+}
+
+void MemoryAccountant::reset_peaks() {
+  stats_.peak = stats_.current;
+  stats_.peak_total = stats_.current_total;
+  stats_.at_peak = stats_.current;
+}
+
+std::string MemoryAccountant::breakdown() const {
+  std::string s;
+  for (int i = 0; i < kNumCategories; i++) {
+    if (i) s += ", ";
+    s += fmt::format("{} {}", category_name(Category(i)), format_bytes(double(stats_.current[i])));
+  }
+  return s;
+}
+
+}  // namespace distlab

@@ -1,0 +1,53 @@
+// The per-rank accounting allocator. Every byte of tensor storage a rank holds is tagged with a category,
+// counted (current and peak, per category and in total) and checked against the simulated device's
+// capacity. Going over raises OutOfMemoryError shaped like CUDA's message, with the breakdown. A meta
+// device does the same accounting without allocating, so a 70B model can be "allocated" on a laptop.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace distlab {
+
+enum class Category { params, grads, optim_state, activations, comm_buffers, other };
+constexpr int kNumCategories = 6;
+const char* category_name(Category c);  // "params", "grads", "optim_state", ...
+
+struct MemoryStats {
+  std::array<int64_t, kNumCategories> current{};
+  std::array<int64_t, kNumCategories> peak{};  // each category's own high-water mark
+  int64_t current_total = 0;
+  int64_t peak_total = 0;                      // high-water mark of the sum (not the sum of peaks)
+  std::array<int64_t, kNumCategories> at_peak{};  // breakdown at the moment of peak_total
+};
+
+class MemoryAccountant {
+ public:
+  // capacity < 0 means unlimited; device_name appears in the out-of-memory message ("cpu", "meta").
+  explicit MemoryAccountant(int rank = 0, std::string device_name = "cpu", int64_t capacity = -1)
+      : rank_(rank), device_(std::move(device_name)), capacity_(capacity) {}
+  MemoryAccountant(const MemoryAccountant&) = delete;
+  MemoryAccountant& operator=(const MemoryAccountant&) = delete;
+
+  // Counts `bytes` in `category`; throws OutOfMemoryError (nothing counted) if it would exceed capacity.
+  void allocate(int64_t bytes, Category category, const std::string& what);
+  void release(int64_t bytes, Category category);
+
+  const MemoryStats& stats() const { return stats_; }
+  int64_t current(Category c) const { return stats_.current[int(c)]; }
+  int64_t peak(Category c) const { return stats_.peak[int(c)]; }
+  int64_t capacity() const { return capacity_; }
+  void set_capacity(int64_t bytes) { capacity_ = bytes; }
+  void reset_peaks();  // peaks := current (e.g. at the start of a measured step)
+  int rank() const { return rank_; }
+  const std::string& device_name() const { return device_; }
+  std::string breakdown() const;  // "params 1.2 GiB, grads ..., ..." of current bytes
+
+ private:
+  int rank_;
+  std::string device_;
+  int64_t capacity_;
+  MemoryStats stats_;
+};
+
+}  // namespace distlab

@@ -1,0 +1,39 @@
+// What one rank owns: its device, its memory accountant and its trace. Passed explicitly (by reference) to
+// everything that allocates or computes — there are no global singletons, so several ranks can live in one
+// process (threads in tests) without sharing state.
+#pragma once
+#include <string>
+
+#include "core/perf/trace.h"
+#include "core/tensor/memory.h"
+#include "core/tensor/tensor.h"
+
+namespace distlab {
+
+struct Runtime {
+  explicit Runtime(DeviceKind dev = DeviceKind::cpu, int rank_ = 0, int64_t capacity = -1)
+      : device(dev), rank(rank_), memory(rank_, device_name(dev), capacity) {}
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  DeviceKind device;
+  int rank;
+  MemoryAccountant memory;
+  Trace trace;
+
+  bool is_meta() const { return device == DeviceKind::meta; }
+  // Shorthands for allocation on this rank's device.
+  Tensor empty(const Shape& s, Category c, const std::string& what = "tensor", DType t = DType::f32) {
+    return Tensor::empty(s, memory, device, c, t, what);
+  }
+  Tensor zeros(const Shape& s, Category c, const std::string& what = "tensor", DType t = DType::f32) {
+    return Tensor::zeros(s, memory, device, c, t, what);
+  }
+};
+
+// Sets the BLAS (and OpenMP) threads this process uses. A rank must not oversubscribe: with N ranks on
+// C cores, each should use about C/N threads.
+void set_compute_threads(int n);
+int compute_threads();
+
+}  // namespace distlab

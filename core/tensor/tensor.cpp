@@ -1,0 +1,113 @@
+#include "core/tensor/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/util/error.h"
+
+namespace distlab {
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Storage::~Storage() {
+  std::free(data);
+  if (accountant) accountant->release(bytes, category);
+}
+
+Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat, DType dtype,
+                     const std::string& what) {
+  for (auto d : shape)
+    if (d < 0) throw ShapeError(fmt::format("negative dimension in shape {} of {}", shape_str(shape), what));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  acct.allocate(bytes, cat, what);  // throws before anything is held
+  auto st = std::make_shared<Storage>();
+  st->bytes = bytes;
+  st->category = cat;
+  st->accountant = &acct;
+  if (device == DeviceKind::cpu && bytes > 0) {
+    size_t rounded = (size_t(bytes) + 63) / 64 * 64;
+    st->data = std::aligned_alloc(64, rounded);
+    if (!st->data) {
+      acct.release(bytes, cat);
+      st->accountant = nullptr;
+      throw OutOfMemoryError(fmt::format("host allocation of {} bytes for {} failed", bytes, what),
+                             "the machine itself is out of memory: use a smaller model or batch");
+    }
+  }
+  t.storage_ = std::move(st);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat, DType dtype,
+                     const std::string& what) {
+  Tensor t = empty(shape, acct, device, cat, dtype, what);
+  t.zero_();
+  return t;
+}
+
+float* Tensor::f32() const {
+  DL_ASSERT(dtype_ == DType::f32, "f32() on a tensor of dtype " + std::string(dtype_name(dtype_)));
+  return static_cast<float*>(data());
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  if (shape_numel(shape) != numel())
+    throw ShapeError(fmt::format("cannot view {} as {}", shape_str(shape_), shape_str(shape)));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone(Category cat, DType dtype) const {
+  DL_ASSERT(defined(), "clone of an undefined tensor");
+  Tensor t = empty(shape_, *storage_->accountant, device_, cat, dtype, "clone");
+  if (data() && numel() > 0) convert(data(), dtype_, t.data(), dtype, numel());
+  return t;
+}
+
+void Tensor::zero_() {
+  if (data()) std::memset(data(), 0, size_t(nbytes()));
+}
+
+void Tensor::fill_(float v) {
+  if (!data()) return;
+  if (dtype_ == DType::f32) {
+    float* p = f32();
+    for (int64_t i = 0; i < numel(); i++) p[i] = v;
+  } else {
+    uint16_t h = dtype_ == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    auto* p = static_cast<uint16_t*>(data());
+    for (int64_t i = 0; i < numel(); i++) p[i] = h;
+  }
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel() != numel())
+    throw ShapeError(fmt::format("copy of {} into {}", shape_str(src.shape()), shape_str(shape_)));
+  if (data() && src.data() && numel() > 0) convert(src.data(), src.dtype(), data(), dtype_, numel());
+}
+
+Tensor& Parameter::grad_for_accumulate() {
+  if (!grad.defined())
+    grad = Tensor::zeros(data.shape(), *data.accountant(), data.device(), Category::grads, DType::f32,
+                         "gradient of " + name);
+  return grad;
+}
+
+}  // namespace distlab

@@ -1,0 +1,84 @@
+// A dense, contiguous tensor: a shape, a dtype, and shared storage that is counted by the rank's
+// MemoryAccountant under a category. Copies share storage (like torch.Tensor); the bytes are returned to
+// the accountant when the last copy goes away. On the meta device there is no data (data() is nullptr).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor/device.h"
+#include "core/tensor/dtype.h"
+#include "core/tensor/memory.h"
+
+namespace distlab {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);  // "[128, 3, 32, 32]"
+int64_t shape_numel(const Shape& s);
+
+struct Storage {
+  void* data = nullptr;  // nullptr on meta
+  int64_t bytes = 0;
+  Category category = Category::other;
+  MemoryAccountant* accountant = nullptr;
+  ~Storage();
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialized storage (zeros() for zero-filled). `what` names the tensor in an out-of-memory message.
+  static Tensor empty(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat,
+                      DType dtype = DType::f32, const std::string& what = "tensor");
+  static Tensor zeros(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat,
+                      DType dtype = DType::f32, const std::string& what = "tensor");
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return int64_t(shape_.size()); }
+  int64_t size(int64_t i) const { return shape_[size_t(i < 0 ? i + dim() : i)]; }
+  int64_t numel() const { return shape_numel(shape_); }
+  int64_t nbytes() const { return numel() * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  DeviceKind device() const { return device_; }
+  bool is_meta() const { return device_ == DeviceKind::meta; }
+  Category category() const { return storage_ ? storage_->category : Category::other; }
+
+  void* data() const { return storage_ ? storage_->data : nullptr; }
+  float* f32() const;  // checks the dtype is f32; nullptr on meta
+
+  // Same storage, new shape with the same number of elements.
+  Tensor view(const Shape& shape) const;
+  // Deep copy into a new storage of the given category (and dtype, converting).
+  Tensor clone(Category cat, DType dtype) const;
+  void zero_();
+  void fill_(float v);
+  void copy_from(const Tensor& src);  // same numel; converts dtype
+
+  MemoryAccountant* accountant() const { return storage_ ? storage_->accountant : nullptr; }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  DeviceKind device_ = DeviceKind::cpu;
+};
+
+// A named trainable tensor and its gradient. The gradient is allocated (zeroed) on the first backward
+// that needs it and released by zero_grad, as PyTorch does with set_to_none=True.
+struct Parameter {
+  std::string name;  // PyTorch's name: "conv1.weight", "transformer.h.0.attn.c_attn.weight"
+  Tensor data;       // category params
+  Tensor grad;       // category grads; undefined until the first backward
+  bool decay = true; // AdamW weight decay applies (false for biases and norms in GPT configs)
+  Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
+};
+
+// A named non-trainable tensor that is part of the model's state (BatchNorm running statistics).
+struct Buffer {
+  std::string name;
+  Tensor data;
+};
+
+}  // namespace distlab

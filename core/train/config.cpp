@@ -1,0 +1,330 @@
+#include "core/train/config.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/perf/hardware.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+namespace {
+
+enum class Kind { integer, real, boolean, string, int_list };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::integer: return "integer";
+    case Kind::real: return "number";
+    case Kind::boolean: return "boolean";
+    case Kind::string: return "string";
+    case Kind::int_list: return "list of integers";
+  }
+  return "?";
+}
+
+// A declared key: its type, and how to store a value of it into a RunConfig.
+struct Key {
+  const char* name;
+  Kind kind;
+  const char* doc;
+  std::function<void(RunConfig&, const toml::node&)> set;
+  std::function<std::string(const RunConfig&)> show;  // the default, for the reference
+};
+
+template <class T>
+T get_as(const toml::node& n);
+template <>
+int64_t get_as(const toml::node& n) { return *n.value<int64_t>(); }
+template <>
+double get_as(const toml::node& n) { return *n.value<double>(); }  // toml++ converts integers too
+template <>
+bool get_as(const toml::node& n) { return *n.value<bool>(); }
+template <>
+std::string get_as(const toml::node& n) { return *n.value<std::string>(); }
+template <>
+std::vector<int64_t> get_as(const toml::node& n) {
+  std::vector<int64_t> v;
+  for (const auto& e : *n.as_array()) v.push_back(*e.value<int64_t>());
+  return v;
+}
+
+std::string show(int64_t v) { return std::to_string(v); }
+std::string show(uint64_t v) { return std::to_string(v); }
+std::string show(double v) { return fmt::format("{}", v); }
+std::string show(float v) { return fmt::format("{}", v); }
+std::string show(bool v) { return v ? "true" : "false"; }
+std::string show(const std::string& v) { return "\"" + v + "\""; }
+std::string show(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+#define KEY(NAME, KIND, TYPE, FIELD, DOC)                                                             \
+  Key {                                                                                              \
+    NAME, KIND, DOC, [](RunConfig& c, const toml::node& n) { c.FIELD = static_cast<decltype(c.FIELD)>(get_as<TYPE>(n)); }, \
+        [](const RunConfig& c) { return show(c.FIELD); }                                             \
+  }
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      KEY("model.name", Kind::string, std::string, model.name, "mlp | cifar_cnn | gpt"),
+      KEY("model.hidden", Kind::int_list, std::vector<int64_t>, model.hidden, "mlp: hidden layer sizes"),
+      KEY("model.batchnorm", Kind::boolean, bool, model.batchnorm, "cifar_cnn: BatchNorm2d after each conv"),
+      KEY("model.vocab_size", Kind::integer, int64_t, model.vocab_size, "gpt: vocabulary (0 = the data's)"),
+      KEY("model.block_size", Kind::integer, int64_t, model.block_size, "gpt: longest sequence (position table rows)"),
+      KEY("model.n_layer", Kind::integer, int64_t, model.n_layer, "gpt: transformer blocks"),
+      KEY("model.n_head", Kind::integer, int64_t, model.n_head, "gpt: attention heads"),
+      KEY("model.n_embd", Kind::integer, int64_t, model.n_embd, "gpt: model width C"),
+      KEY("model.dropout", Kind::real, double, model.dropout, "gpt: dropout probability"),
+      KEY("data.name", Kind::string, std::string, data.name, "fashion-mnist | cifar10 | synthetic-images | tokens"),
+      KEY("data.path", Kind::string, std::string, data.path, "folder with the data files (default: $DISTLAB_DATA, system folders)"),
+      KEY("data.fallback", Kind::string, std::string, data.fallback, "cifar10 when missing: synthetic | error"),
+      KEY("data.synthetic_train", Kind::integer, int64_t, data.synthetic_train, "synthetic images in the train split"),
+      KEY("data.synthetic_test", Kind::integer, int64_t, data.synthetic_test, "synthetic images in the test split"),
+      KEY("data.seq_len", Kind::integer, int64_t, data.seq_len, "tokens: window length T"),
+      KEY("data.text_file", Kind::string, std::string, data.text_file, "tokens: a text file read as bytes (\"\" = synthetic)"),
+      KEY("data.synthetic_tokens", Kind::integer, int64_t, data.synthetic_tokens, "tokens: length of the synthetic stream"),
+      KEY("data.vocab", Kind::integer, int64_t, data.vocab, "tokens: vocabulary of the synthetic stream"),
+      KEY("train.micro_batch", Kind::integer, int64_t, train.micro_batch, "samples per rank per micro-step"),
+      KEY("train.global_batch", Kind::integer, int64_t, train.global_batch, "if > 0: micro_batch = global_batch / (ranks x accum_steps)"),
+      KEY("train.accum_steps", Kind::integer, int64_t, train.accum_steps, "micro-steps per optimizer step"),
+      KEY("train.epochs", Kind::integer, int64_t, train.epochs, "epochs when train.steps = 0"),
+      KEY("train.steps", Kind::integer, int64_t, train.steps, "optimizer steps (0 = from epochs)"),
+      KEY("train.eval_every", Kind::integer, int64_t, train.eval_every, "evaluate every N steps (0 = at the end)"),
+      KEY("train.eval_batches", Kind::integer, int64_t, train.eval_batches, "test batches per evaluation (0 = all)"),
+      KEY("train.log_every", Kind::integer, int64_t, train.log_every, "progress line every N steps"),
+      KEY("train.seed", Kind::integer, int64_t, train.seed, "seed of weights, shuffling, dropout and synthetic data"),
+      KEY("train.threads", Kind::integer, int64_t, train.threads, "compute threads per rank (0 = cores / ranks)"),
+      KEY("train.shuffle", Kind::boolean, bool, train.shuffle, "shuffle the train set every epoch"),
+      KEY("train.drop_last", Kind::boolean, bool, train.drop_last, "drop the last short batch of an epoch"),
+      KEY("train.device", Kind::string, std::string, train.device, "cpu | meta"),
+      KEY("train.device_mem", Kind::string, std::string, train.device_mem, "simulated device memory: 16GiB or a profile (t4, a100-40g, a100-80g, h100, h200)"),
+      KEY("optim.name", Kind::string, std::string, optim.name, "sgd | adamw"),
+      KEY("optim.lr", Kind::real, double, optim.lr, "base learning rate"),
+      KEY("optim.momentum", Kind::real, double, optim.momentum, "sgd: momentum"),
+      KEY("optim.dampening", Kind::real, double, optim.dampening, "sgd: dampening"),
+      KEY("optim.nesterov", Kind::boolean, bool, optim.nesterov, "sgd: Nesterov momentum"),
+      KEY("optim.weight_decay", Kind::real, double, optim.weight_decay, "sgd: L2 added to the gradient; adamw: decoupled decay"),
+      KEY("optim.beta1", Kind::real, double, optim.beta1, "adamw: beta1"),
+      KEY("optim.beta2", Kind::real, double, optim.beta2, "adamw: beta2"),
+      KEY("optim.eps", Kind::real, double, optim.eps, "adamw: eps"),
+      KEY("optim.clip_grad_norm", Kind::real, double, optim.clip_grad_norm, "clip the global gradient norm (0 = off)"),
+      KEY("optim.schedule", Kind::string, std::string, optim.schedule, "constant | step | cosine"),
+      KEY("optim.warmup_steps", Kind::integer, int64_t, optim.warmup_steps, "linear warmup steps"),
+      KEY("optim.step_size", Kind::integer, int64_t, optim.step_size, "step: steps between decays"),
+      KEY("optim.gamma", Kind::real, double, optim.gamma, "step: decay factor"),
+      KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine: final learning rate"),
+      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank)"),
+      KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP bucket size in MiB"),
+      KEY("precision.dtype", Kind::string, std::string, precision, "fp32"),
+      KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
+  };
+  return k;
+}
+
+const Key* find_key(const std::string& name) {
+  for (const auto& k : keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> d(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) d[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    size_t prev = d[0];
+    d[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t cur = d[j];
+      d[j] = std::min({d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] != b[j - 1])});
+      prev = cur;
+    }
+  }
+  return d[b.size()];
+}
+
+std::string suggest(const std::string& name) {
+  std::string best;
+  size_t best_d = 4;
+  for (const auto& k : keys()) {
+    size_t d = edit_distance(name, k.name);
+    if (d < best_d) {
+      best_d = d;
+      best = k.name;
+    }
+  }
+  return best.empty() ? "see `distlab train --help-config` for every key" : "did you mean '" + best + "'?";
+}
+
+bool kind_matches(Kind k, const toml::node& n) {
+  switch (k) {
+    case Kind::integer: return n.is_integer();
+    case Kind::real: return n.is_integer() || n.is_floating_point();
+    case Kind::boolean: return n.is_boolean();
+    case Kind::string: return n.is_string();
+    case Kind::int_list: {
+      if (!n.is_array()) return false;
+      for (const auto& e : *n.as_array())
+        if (!e.is_integer()) return false;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string where(const std::string& file, const toml::node& n) {
+  return fmt::format("{}:{}", file, n.source().begin.line);
+}
+
+void apply(RunConfig& c, const std::string& name, const toml::node& n, const std::string& origin) {
+  const Key* k = find_key(name);
+  if (!k) throw ConfigError(fmt::format("{}: unknown key '{}'", origin, name), suggest(name));
+  if (!kind_matches(k->kind, n))
+    throw ConfigError(fmt::format("{}: {} must be a {}", origin, name, kind_name(k->kind)),
+                      fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
+  k->set(c, n);
+  c.origin[name] = origin;
+}
+
+void walk(RunConfig& c, const toml::table& t, const std::string& file) {
+  for (const auto& [section, node] : t) {
+    std::string s(section.str());
+    if (!node.is_table()) {
+      throw ConfigError(fmt::format("{}: '{}' is outside any section", where(file, node), s),
+                        "keys live in sections: [model], [data], [train], [optim], [parallel], [precision], [log]");
+    }
+    for (const auto& [key, value] : *node.as_table()) {
+      std::string name = s + "." + std::string(key.str());
+      if (value.is_table())
+        throw ConfigError(fmt::format("{}: unknown section '{}'", where(file, value), name), suggest(name));
+      apply(c, name, value, where(file, value));
+    }
+  }
+}
+
+// "--set train.steps=50": the value is parsed as TOML, falling back to a bare string.
+void apply_override(RunConfig& c, const std::string& text) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(fmt::format("--set '{}': expected section.key=value", text), "for example --set train.steps=50");
+  std::string name = text.substr(0, eq), value = text.substr(eq + 1);
+  const Key* k = find_key(name);
+  if (!k) throw ConfigError(fmt::format("--set: unknown key '{}'", name), suggest(name));
+  toml::table t;
+  try {
+    t = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    t = toml::table{{"v", value}};  // a bare word such as adamw or 16GiB
+  }
+  if (k->kind == Kind::string && !t["v"].is_string()) t = toml::table{{"v", value}};
+  if (k->kind == Kind::int_list && t["v"].is_integer()) t = toml::table{{"v", toml::array{*t["v"].value<int64_t>()}}};
+  apply(c, name, *t.get("v"), "--set " + name);
+}
+
+void require(bool ok, const RunConfig& c, const std::string& key, const std::string& problem, const std::string& hint) {
+  if (ok) return;
+  auto it = c.origin.find(key);
+  std::string at = it == c.origin.end() ? "default" : it->second;
+  throw ConfigError(fmt::format("{}: {} {}", at, key, problem), hint);
+}
+
+void validate(const RunConfig& c) {
+  require(c.model.name == "mlp" || c.model.name == "cifar_cnn" || c.model.name == "gpt", c, "model.name",
+          "is '" + c.model.name + "'", "use mlp, cifar_cnn or gpt");
+  for (auto h : c.model.hidden) require(h > 0, c, "model.hidden", "has a size <= 0", "every hidden size must be positive");
+  require(c.model.n_layer >= 1, c, "model.n_layer", "must be at least 1", "");
+  require(c.model.n_embd >= 1, c, "model.n_embd", "must be at least 1", "");
+  require(c.model.n_head >= 1 && c.model.n_embd % c.model.n_head == 0, c, "model.n_head",
+          fmt::format("= {} does not divide model.n_embd = {}", c.model.n_head, c.model.n_embd),
+          "the head size n_embd / n_head must be a whole number");
+  require(c.model.block_size >= 1, c, "model.block_size", "must be at least 1", "");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, c, "model.dropout", "must be in [0, 1)", "");
+  require(c.data.fallback == "synthetic" || c.data.fallback == "error", c, "data.fallback",
+          "is '" + c.data.fallback + "'", "use synthetic or error");
+  require(c.data.seq_len >= 1, c, "data.seq_len", "must be at least 1", "");
+  require(c.data.synthetic_train >= 1 && c.data.synthetic_test >= 1, c, "data.synthetic_train", "and data.synthetic_test must be positive", "");
+  require(c.data.vocab >= 2, c, "data.vocab", "must be at least 2", "");
+  require(c.train.micro_batch >= 1, c, "train.micro_batch", fmt::format("= {} must be at least 1", c.train.micro_batch), "");
+  require(c.train.global_batch >= 0, c, "train.global_batch", "must not be negative", "0 means: use train.micro_batch");
+  require(c.train.accum_steps >= 1, c, "train.accum_steps", "must be at least 1", "");
+  require(c.train.steps >= 0, c, "train.steps", "must not be negative", "0 means: run train.epochs epochs");
+  require(c.train.epochs >= 1 || c.train.steps > 0, c, "train.epochs", "must be at least 1 when train.steps = 0", "");
+  require(c.train.log_every >= 1, c, "train.log_every", "must be at least 1", "");
+  require(c.train.eval_every >= 0 && c.train.eval_batches >= 0, c, "train.eval_every", "and train.eval_batches must not be negative", "");
+  require(c.train.threads >= 0, c, "train.threads", "must not be negative", "0 picks cores / ranks");
+  require(c.train.device == "cpu" || c.train.device == "meta", c, "train.device", "is '" + c.train.device + "'",
+          "use cpu (real numbers) or meta (shapes, memory and FLOPs only)");
+  if (!c.train.device_mem.empty()) {
+    try {
+      require(parse_device_memory(c.train.device_mem, "train.device_mem") > 0, c, "train.device_mem", "must be positive", "");
+    } catch (const ConfigError& e) {
+      auto it = c.origin.find("train.device_mem");
+      throw ConfigError((it == c.origin.end() ? std::string("default") : it->second) + ": " + e.what(), e.hint());
+    }
+  }
+  require(c.optim.name == "sgd" || c.optim.name == "adamw", c, "optim.name", "is '" + c.optim.name + "'", "use sgd or adamw");
+  require(c.optim.lr >= 0, c, "optim.lr", "must not be negative", "");
+  require(c.optim.momentum >= 0 && c.optim.momentum < 1, c, "optim.momentum", "must be in [0, 1)", "");
+  require(!c.optim.nesterov || (c.optim.momentum > 0 && c.optim.dampening == 0), c, "optim.nesterov",
+          "needs momentum > 0 and dampening = 0", "as torch.optim.SGD requires");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1, c, "optim.beta1",
+          "and optim.beta2 must be in [0, 1)", "");
+  require(c.optim.eps > 0, c, "optim.eps", "must be positive", "");
+  require(c.optim.clip_grad_norm >= 0, c, "optim.clip_grad_norm", "must not be negative", "0 turns clipping off");
+  require(c.optim.schedule == "constant" || c.optim.schedule == "step" || c.optim.schedule == "cosine", c,
+          "optim.schedule", "is '" + c.optim.schedule + "'", "use constant, step or cosine");
+  require(c.optim.warmup_steps >= 0, c, "optim.warmup_steps", "must not be negative", "");
+  require(c.optim.step_size >= 1, c, "optim.step_size", "must be at least 1", "");
+  require(c.parallel.strategy == "none", c, "parallel.strategy", "is '" + c.parallel.strategy + "'",
+          "a single-rank `distlab train` runs strategy none");
+  require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
+  require(c.precision == "fp32", c, "precision.dtype", "is '" + c.precision + "'", "this version trains in fp32");
+}
+
+RunConfig finish(toml::table t, const std::string& name, const std::vector<std::string>& overrides) {
+  RunConfig c;
+  c.source = name;
+  walk(c, t, name);
+  for (const auto& o : overrides) apply_override(c, o);
+  validate(c);
+  return c;
+}
+
+}  // namespace
+
+RunConfig parse_config(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+  toml::table t;
+  try {
+    t = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: {}", name, e.source().begin.line, e.source().begin.column, e.description()),
+                      "the file is not valid TOML");
+  }
+  return finish(std::move(t), name, overrides);
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    if (e.description().find("File could not be opened") != std::string_view::npos)
+      throw ConfigError(fmt::format("config file '{}' cannot be read", path), "check the path: configs/ has examples");
+    throw ConfigError(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description()),
+                      "the file is not valid TOML");
+  }
+  return finish(std::move(t), path, overrides);
+}
+
+std::string config_reference() {
+  std::string s;
+  RunConfig def;
+  for (const auto& k : keys()) s += fmt::format("  {:<24} {:<16} {:<14} {}\n", k.name, kind_name(k.kind), k.show(def), k.doc);
+  return s;
+}
+
+}  // namespace distlab

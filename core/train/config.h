@@ -1,0 +1,77 @@
+// A run's configuration: one TOML file (sections model, data, train, optim, parallel, precision, log) plus
+// `--set section.key=value` overrides. Every key is declared once in config.cpp with its type, default and
+// meaning; an unknown key, a wrong type or an impossible value is a ConfigError naming the key and where it
+// was written (file:line, or --set).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/data/registry.h"
+#include "core/models/zoo.h"
+#include "core/optim/schedule.h"
+
+namespace distlab {
+
+struct TrainOptions {
+  int64_t micro_batch = 128;   // samples per rank per micro-step
+  int64_t global_batch = 0;    // when > 0: micro_batch = global_batch / (world · accum_steps)
+  int64_t accum_steps = 1;     // micro-steps per optimizer step
+  int64_t epochs = 1;          // used when steps == 0
+  int64_t steps = 0;           // optimizer steps; 0 = epochs · batches per epoch / accum_steps
+  int64_t eval_every = 0;      // evaluate every N steps (0: at the end only)
+  int64_t eval_batches = 0;    // batches of the test set per evaluation (0: all)
+  int64_t log_every = 50;      // progress line every N steps
+  uint64_t seed = 0;
+  int64_t threads = 0;         // BLAS/OpenMP threads per rank (0: cores / local ranks)
+  bool shuffle = true;
+  bool drop_last = true;
+  std::string device = "cpu";  // cpu | meta
+  std::string device_mem;      // simulated device capacity: "16GiB" or a profile name; "" = unlimited
+};
+
+struct OptimOptions {
+  std::string name = "sgd";    // sgd | adamw
+  double lr = 0.1;
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double clip_grad_norm = 0.0;  // 0 = no clipping
+  std::string schedule = "constant";  // constant | step | cosine
+  int64_t warmup_steps = 0, step_size = 1;
+  double gamma = 0.1, min_lr = 0.0;
+};
+
+struct ParallelOptions {
+  std::string strategy = "none";
+  double bucket_mb = 25.0;
+};
+
+struct LogOptions {
+  std::string metrics;  // JSON Lines file ("" = none)
+};
+
+struct RunConfig {
+  std::string source;  // the file it came from
+  ModelSpec model;
+  DataSpec data;
+  TrainOptions train;
+  OptimOptions optim;
+  ParallelOptions parallel;
+  std::string precision = "fp32";
+  LogOptions log;
+  std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
+};
+
+// Reads `path` and applies the overrides ("train.steps=50"). Validates everything it can without data.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text (for tests); `name` stands for the file in messages.
+RunConfig parse_config(const std::string& toml_text, const std::string& name,
+                       const std::vector<std::string>& overrides = {});
+// Every declared key as "section.key  type  default  meaning", for `distlab train --help-config`.
+std::string config_reference();
+
+}  // namespace distlab

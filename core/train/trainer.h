@@ -1,0 +1,56 @@
+// The training loop assembled from a RunConfig, on one rank:
+//   loader → micro-batch → model.forward → loss → model.backward (hook after each unit)
+//   → [accumulate? next micro-batch] → clip → optimizer.step → zero_grad → metrics
+// Evaluation runs the test set in eval mode. On the meta device there is no data: batches have shapes only
+// and the run reports parameters, FLOPs and memory.
+#pragma once
+#include <iosfwd>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/data/loader.h"
+#include "core/models/model.h"
+#include "core/optim/optimizer.h"
+#include "core/train/config.h"
+#include "core/train/metrics.h"
+
+namespace distlab {
+
+struct TrainOutputs {
+  std::string init_path;  // --init FILE.safetensors
+  std::string save_path;  // --save FILE.safetensors
+  std::string save_dtype = "f32";
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log);
+  // Runs every step; returns the summary record (also written to the metrics file).
+  nlohmann::json run(MetricsWriter& metrics, const TrainOutputs& out = {});
+  Model& model() { return *model_; }
+  // One evaluation over (up to eval_batches of) the test set: {"loss", "accuracy", "samples"}.
+  nlohmann::json evaluate();
+  int64_t total_steps() const { return total_steps_; }
+
+ private:
+  Batch next_batch();
+  Batch meta_batch(int64_t B);
+  double train_step(int64_t step, MetricsWriter& metrics);  // returns the mean loss of the step
+
+  const RunConfig& cfg_;
+  Runtime& rt_;
+  std::ostream& log_;
+  DataSets data_;
+  ModelSpec spec_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<DataLoader> loader_;
+  Schedule schedule_;
+  int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;
+  std::array<int64_t, kNumCategories> peak_{};
+  int64_t peak_total_ = 0;
+  double last_step_flops_ = 0;
+};
+
+}  // namespace distlab

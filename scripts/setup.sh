@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages distlab needs. Safe to run twice: installs only what is missing.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config zlib1g-dev libgloo-dev libopenblas-dev libfmt-dev libcli11-dev
+      libtomlplusplus-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
