@@ -41,8 +41,9 @@ static uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32
 
 IdxImages read_idx_images(const std::string& path) {
   std::vector<uint8_t> raw = read_file_maybe_gz(path);
-  if (raw.size() < 16) throw DataError(fmt::format("{}: {} bytes is too short for an IDX image header (16)", path, raw.size()));
-  uint32_t magic = be32(raw.data());
+  uint32_t magic = raw.size() >= 4 ? be32(raw.data()) : 0;
+  if (raw.size() < 16 && magic != 2049)
+    throw DataError(fmt::format("{}: {} bytes is too short for an IDX image header (16)", path, raw.size()));
   if (magic != 2051)
     throw DataError(fmt::format("{}: magic number {} is not 2051 (IDX images)", path, magic),
                     magic == 2049 ? "this is a labels file: swap the images and labels paths" : "is this an IDX file?");
@@ -61,8 +62,9 @@ IdxImages read_idx_images(const std::string& path) {
 
 std::vector<int32_t> read_idx_labels(const std::string& path, int32_t num_classes) {
   std::vector<uint8_t> raw = read_file_maybe_gz(path);
-  if (raw.size() < 8) throw DataError(fmt::format("{}: {} bytes is too short for an IDX label header (8)", path, raw.size()));
-  uint32_t magic = be32(raw.data());
+  uint32_t magic = raw.size() >= 4 ? be32(raw.data()) : 0;
+  if (raw.size() < 8 && magic != 2051)
+    throw DataError(fmt::format("{}: {} bytes is too short for an IDX label header (8)", path, raw.size()));
   if (magic != 2049)
     throw DataError(fmt::format("{}: magic number {} is not 2049 (IDX labels)", path, magic),
                     magic == 2051 ? "this is an images file: swap the images and labels paths" : "is this an IDX file?");

@@ -43,19 +43,21 @@ Tensor Conv2d::forward(Runtime& rt, const Tensor& x) {
   if (s.OH() < 1 || s.OW() < 1)
     throw ShapeError(fmt::format("{}: input {} is smaller than the kernel", describe(), shape_str(x.shape())));
   Tensor out = rt.empty({s.B, out_ch, s.OH(), s.OW()}, Category::activations, "output of " + weight.name);
-  conv2d_forward(rt, out.f32(), x.f32(), weight.data.f32(), bias.data.defined() ? bias.data.f32() : nullptr, s);
-  saved_x_ = x;
+  saved_col_ = rt.empty({s.CKK(), s.B * s.OH() * s.OW()}, Category::activations, "im2col columns of " + weight.name);
+  conv2d_forward(rt, out.f32(), saved_col_.f32(), x.f32(), weight.data.f32(),
+                 bias.data.defined() ? bias.data.f32() : nullptr, s);
+  saved_shape_ = s;
   return out;
 }
 
 Tensor Conv2d::backward(Runtime& rt, const Tensor& dout) {
-  ConvShape s = shape_of(saved_x_);
-  Tensor dx = needs_input_grad_ ? rt.empty(saved_x_.shape(), Category::activations, "grad of input of " + weight.name)
+  const ConvShape& s = saved_shape_;
+  Tensor dx = needs_input_grad_ ? rt.empty({s.B, s.C, s.H, s.W}, Category::activations, "grad of input of " + weight.name)
                               : Tensor();
   float* db = bias.data.defined() ? bias.grad_for_accumulate().f32() : nullptr;
-  conv2d_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), db, dout.f32(), saved_x_.f32(),
+  conv2d_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), db, dout.f32(), saved_col_.f32(),
                   weight.data.f32(), s, needs_input_grad_);
-  saved_x_ = Tensor();
+  saved_col_ = Tensor();
   return dx;
 }
 

@@ -18,7 +18,8 @@ class Conv2d : public Layer {
   int64_t in_ch, out_ch, kernel, stride, pad;
 
  private:
-  Tensor saved_x_;
+  Tensor saved_col_;     // (C*K*K, B*OH*OW) im2col columns of the input
+  ConvShape saved_shape_{};
   ConvShape shape_of(const Tensor& x) const;
 };
 

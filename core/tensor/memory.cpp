@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "core/util/error.h"
 #include "core/util/units.h"
 
@@ -51,6 +53,30 @@ void MemoryAccountant::reset_peaks() {
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
   stats_.at_peak = stats_.current;
+}
+
+static int64_t round_block(int64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
+void* MemoryAccountant::host_alloc(int64_t bytes) {
+  const int64_t size = round_block(bytes);
+  auto it = free_blocks_.find(size);
+  if (it != free_blocks_.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  void* p = std::aligned_alloc(64, size_t(size));
+  if (p) reserved_ += size;
+  return p;
+}
+
+void MemoryAccountant::host_free(void* p, int64_t bytes) {
+  if (p) free_blocks_[round_block(bytes)].push_back(p);
+}
+
+MemoryAccountant::~MemoryAccountant() {
+  for (auto& [size, blocks] : free_blocks_)
+    for (void* p : blocks) std::free(p);
 }
 
 std::string MemoryAccountant::breakdown() const {

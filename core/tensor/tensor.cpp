@@ -22,8 +22,9 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Storage::~Storage() {
-  std::free(data);
-  if (accountant) accountant->release(bytes, category);
+  if (!accountant) return;
+  accountant->host_free(data, bytes);
+  accountant->release(bytes, category);
 }
 
 Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat, DType dtype,
@@ -41,8 +42,7 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
   st->category = cat;
   st->accountant = &acct;
   if (device == DeviceKind::cpu && bytes > 0) {
-    size_t rounded = (size_t(bytes) + 63) / 64 * 64;
-    st->data = std::aligned_alloc(64, rounded);
+    st->data = acct.host_alloc(bytes);
     if (!st->data) {
       acct.release(bytes, cat);
       st->accountant = nullptr;

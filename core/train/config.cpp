@@ -184,7 +184,7 @@ void apply(RunConfig& c, const std::string& name, const toml::node& n, const std
   const Key* k = find_key(name);
   if (!k) throw ConfigError(fmt::format("{}: unknown key '{}'", origin, name), suggest(name));
   if (!kind_matches(k->kind, n))
-    throw ConfigError(fmt::format("{}: {} must be a {}", origin, name, kind_name(k->kind)),
+    throw ConfigError(fmt::format("{}: {} must be {} {}", origin, name, k->kind == Kind::integer ? "an" : "a", kind_name(k->kind)),
                       fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
   k->set(c, n);
   c.origin[name] = origin;

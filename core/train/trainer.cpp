@@ -213,8 +213,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     const bool last = step + 1 == total_steps_;
     if ((step + 1) % cfg_.train.log_every == 0 || last) {
       const double el = (rt_.trace.now_us() - t_start) * 1e-6;
-      log_ << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.5f} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
-                          loss, schedule_.lr_at(step), samples / std::max(el, 1e-9), el);
+      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
+                          rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
+                          samples / std::max(el, 1e-9), el);
       log_.flush();
     }
     if ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last) {

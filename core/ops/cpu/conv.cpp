@@ -1,5 +1,6 @@
 #include "core/ops/cpu/conv.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/ops/cpu/matmul.h"
@@ -13,22 +14,25 @@ void im2col(float* col, const float* inp, const ConvShape& s) {
   for (int64_t c = 0; c < s.C; c++) {
     for (int64_t kk = 0; kk < s.K * s.K; kk++) {
       const int64_t kh = kk / s.K, kw = kk % s.K;
+      // output columns ow in [lo, hi) read inside the image: iw = ow*stride - pad + kw in [0, W)
+      const int64_t lo = std::min(OW, std::max<int64_t>(0, (s.pad - kw + s.stride - 1) / s.stride));
+      const int64_t hi = std::max(lo, std::min(OW, (s.W - 1 + s.pad - kw) / s.stride + 1));
       float* row = col + (c * s.K * s.K + kk) * N;
       for (int64_t b = 0; b < s.B; b++) {
         const float* img = inp + (b * s.C + c) * s.H * s.W;
-        float* dst = row + b * OH * OW;
         for (int64_t oh = 0; oh < OH; oh++) {
           const int64_t ih = oh * s.stride - s.pad + kh;
-          float* d = dst + oh * OW;
+          float* d = row + (b * OH + oh) * OW;
           if (ih < 0 || ih >= s.H) {
             std::memset(d, 0, sizeof(float) * size_t(OW));
             continue;
           }
-          const float* src = img + ih * s.W;
-          for (int64_t ow = 0; ow < OW; ow++) {
-            const int64_t iw = ow * s.stride - s.pad + kw;
-            d[ow] = (iw >= 0 && iw < s.W) ? src[iw] : 0.0f;
-          }
+          const float* src = img + ih * s.W - s.pad + kw;  // src[ow * stride] is the input pixel
+          for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+          if (s.stride == 1) std::memcpy(d + lo, src + lo, sizeof(float) * size_t(hi - lo));
+          else
+            for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * s.stride];
+          for (int64_t ow = hi; ow < OW; ow++) d[ow] = 0.0f;
         }
       }
     }
@@ -45,32 +49,31 @@ void col2im(float* dinp, const float* col, const ConvShape& s) {
       float* img = dinp + (b * s.C + c) * s.H * s.W;
       for (int64_t kk = 0; kk < s.K * s.K; kk++) {
         const int64_t kh = kk / s.K, kw = kk % s.K;
+        const int64_t lo = std::min(OW, std::max<int64_t>(0, (s.pad - kw + s.stride - 1) / s.stride));
+        const int64_t hi = std::max(lo, std::min(OW, (s.W - 1 + s.pad - kw) / s.stride + 1));
         const float* src = col + (c * s.K * s.K + kk) * N + b * OH * OW;
         for (int64_t oh = 0; oh < OH; oh++) {
           const int64_t ih = oh * s.stride - s.pad + kh;
           if (ih < 0 || ih >= s.H) continue;
-          float* d = img + ih * s.W;
+          float* d = img + ih * s.W - s.pad + kw;
           const float* sr = src + oh * OW;
-          for (int64_t ow = 0; ow < OW; ow++) {
-            const int64_t iw = ow * s.stride - s.pad + kw;
-            if (iw >= 0 && iw < s.W) d[iw] += sr[ow];
-          }
+          for (int64_t ow = lo; ow < hi; ow++) d[ow * s.stride] += sr[ow];
         }
       }
     }
   }
 }
 
-void conv2d_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, const ConvShape& s) {
+void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias,
+                    const ConvShape& s) {
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_forward", 2.0 * s.OC * CKK * N,
              4.0 * (s.B * s.C * s.H * s.W + s.OC * CKK + s.OC * N));
-  Tensor col = rt.empty({CKK, N}, Category::other, "conv2d im2col workspace");
   Tensor tmp = rt.empty({s.OC, N}, Category::other, "conv2d output workspace");
   if (rt.is_meta()) return;
-  im2col(col.f32(), inp, s);
+  im2col(col, inp, s);
   // tmp (OC, B*OHW) = w (OC, CKK) @ col (CKK, B*OHW)
-  blas_sgemm(false, false, s.OC, N, CKK, 1.0f, w, CKK, col.f32(), N, 0.0f, tmp.f32(), N);
+  blas_sgemm(false, false, s.OC, N, CKK, 1.0f, w, CKK, col, N, 0.0f, tmp.f32(), N);
   // (OC, B, OHW) -> (B, OC, OHW), adding the bias
   const float* t = tmp.f32();
 #pragma omp parallel for collapse(2) schedule(static)
@@ -84,12 +87,12 @@ void conv2d_forward(Runtime& rt, float* out, const float* inp, const float* w, c
   }
 }
 
-void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col,
                      const float* w, const ConvShape& s, bool need_dinp) {
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_backward", 2.0 * s.OC * CKK * N * (need_dinp ? 2 : 1),
-             4.0 * (2 * s.B * s.C * s.H * s.W + 2 * s.OC * CKK + s.OC * N));
-  Tensor col = rt.empty({CKK, N}, Category::other, "conv2d im2col workspace");
+             4.0 * (2 * CKK * N + 2 * s.OC * CKK + 2 * s.OC * N));
+  Tensor dcol = need_dinp ? rt.empty({CKK, N}, Category::other, "conv2d column-gradient workspace") : Tensor();
   Tensor doutT = rt.empty({s.OC, N}, Category::other, "conv2d grad workspace");
   if (rt.is_meta()) return;
   // doutT (OC, B*OHW) from dout (B, OC, OHW); the bias gradient is its row sums
@@ -107,15 +110,12 @@ void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
     }
     if (dbias) dbias[o] += acc;
   }
-  {
-    im2col(col.f32(), inp, s);
-    // dw (OC, CKK) += doutT (OC, N) @ col^T (N, CKK)
-    blas_sgemm(false, true, s.OC, CKK, N, 1.0f, dt, N, col.f32(), N, 1.0f, dw, CKK);
-  }
+  // dw (OC, CKK) += doutT (OC, N) @ col^T (N, CKK)
+  blas_sgemm(false, true, s.OC, CKK, N, 1.0f, dt, N, col, N, 1.0f, dw, CKK);
   if (need_dinp) {
     // dcol (CKK, N) = w^T (CKK, OC) @ doutT (OC, N), then fold back into images
-    blas_sgemm(true, false, CKK, N, s.OC, 1.0f, w, CKK, dt, N, 0.0f, col.f32(), N);
-    col2im(dinp, col.f32(), s);
+    blas_sgemm(true, false, CKK, N, s.OC, 1.0f, w, CKK, dt, N, 0.0f, dcol.f32(), N);
+    col2im(dinp, dcol.f32(), s);
   }
 }
 

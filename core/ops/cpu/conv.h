@@ -1,6 +1,6 @@
 // 2-D convolution as im2col + one GEMM over the whole batch (PyTorch's layout: input (B, C, H, W),
-// weight (OC, C, K, K), output (B, OC, OH, OW)). Backward recomputes the im2col columns instead of keeping
-// them, so a conv saves only its input for backward — the same as PyTorch.
+// weight (OC, C, K, K), output (B, OC, OH, OW)). Forward keeps the im2col columns for backward's weight
+// gradient, as PyTorch's CPU convolution (thnn_conv2d's "finput") does: memory for time.
 #pragma once
 #include <cstdint>
 
@@ -21,11 +21,13 @@ void im2col(float* col, const float* inp, const ConvShape& s);
 // The adjoint: scatters-and-adds columns back into dinp (B, C, H, W), which is overwritten.
 void col2im(float* dinp, const float* col, const ConvShape& s);
 
-// out (B, OC, OH, OW) = conv(inp (B, C, H, W), w (OC, C, K, K)) + bias (OC) or nullptr
-void conv2d_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, const ConvShape& s);
-// dinp (overwritten, skipped unless need_dinp); dw, dbias (or nullptr) accumulated. FLOPs count the
-// matrix products only, as matmul_backward.
-void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+// out (B, OC, OH, OW) = conv(inp (B, C, H, W), w (OC, C, K, K)) + bias (OC) or nullptr;
+// col (C*K*K, B*OH*OW) receives the im2col columns, kept for backward
+void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias,
+                    const ConvShape& s);
+// From forward's columns: dinp (overwritten, skipped unless need_dinp); dw, dbias (or nullptr) accumulated.
+// FLOPs count the matrix products only, as matmul_backward.
+void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col,
                      const float* w, const ConvShape& s, bool need_dinp = true);
 // Direct seven-loop convolution, for tests.
 void conv2d_forward_naive(float* out, const float* inp, const float* w, const float* bias, const ConvShape& s);

@@ -1,0 +1,116 @@
+// `distlab train` end to end, as a user runs it: exit codes, messages, files left behind.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+using namespace std::string_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && timeout 120 " + DISTLAB_BINARY + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("distlab-cli-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+}  // namespace
+
+TEST_CASE("distlab train writes metrics and weights, and --init reads them back", "[cli]") {
+  std::string m = tmp("m.jsonl"), w = tmp("w.safetensors"), m2 = tmp("m2.jsonl");
+  Result r = run("train configs/cifar-cnn.toml --set train.steps=3 --set data.synthetic_train=512 --metrics " + m + " --save " + w);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("SYNTHETIC") || Catch::Contains("CIFAR-10 train"));
+  CHECK_THAT(r.out, Catch::Contains("step     3/3"));
+  CHECK(fs::exists(m));
+  CHECK(fs::exists(w));
+  std::ifstream in(m);
+  std::string line, last;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    steps += nlohmann::json::parse(line)["kind"] == "step";
+    last = line;
+  }
+  CHECK(steps == 3);
+  CHECK(nlohmann::json::parse(last)["kind"] == "summary");
+  Result r2 = run("train configs/cifar-cnn.toml --set train.steps=1 --set data.synthetic_train=512 --init " + w + " --metrics " + m2);
+  CHECK(r2.code == 0);
+  CHECK_THAT(r2.out, Catch::Contains("loaded weights from"));
+  for (auto f : {m, w, m2}) fs::remove(f);
+}
+
+TEST_CASE("out of memory exits non-zero with the breakdown and leaves no complete-looking files", "[cli][oom]") {
+  std::string m = tmp("oom.jsonl"), w = tmp("oom.safetensors");
+  { std::ofstream(m) << "{\"kind\":\"summary\",\"earlier\":true}\n"; }  // an earlier run's file must survive
+  Result r = run("train configs/cifar-cnn.toml --device-mem 2MiB --metrics " + m + " --save " + w);
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("out of memory") && Catch::Contains("2.00 MiB total capacity") && Catch::Contains("hint:"));
+  CHECK(!fs::exists(w));
+  std::ifstream in(m);
+  std::string first;
+  std::getline(in, first);
+  CHECK(first == "{\"kind\":\"summary\",\"earlier\":true}");
+  std::ifstream part(m + ".partial");
+  std::string all((std::istreambuf_iterator<char>(part)), std::istreambuf_iterator<char>());
+  CHECK_THAT(all, Catch::Contains("\"kind\":\"error\""));
+  for (auto f : {m, m + ".partial"}) fs::remove(f);
+}
+
+TEST_CASE("bad invocations explain themselves", "[cli]") {
+  Result r = run("train configs/nope.toml");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("cannot be read"));
+  r = run("train configs/fashion-mnist-mlp.toml --set train.stpes=3");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("did you mean 'train.steps'"));
+  r = run("train configs/fashion-mnist-mlp.toml --device-mem 12 potatoes");
+  CHECK(r.code != 0);
+  r = run("train configs/fashion-mnist-mlp.toml --device cuda");
+  CHECK(r.code == 1);
+  r = run("frobnicate");
+  CHECK(r.code == 2);
+  r = run("train --help-config");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("optim.clip_grad_norm"));
+}
+
+TEST_CASE("the 1B GPT on meta prints its parameter count and memory by category", "[cli][meta]") {
+  Result r = run("train configs/gpt-1b.toml --device meta --set train.steps=1");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("closed form") && Catch::Contains("optim_state") && Catch::Contains("8.00 bytes/param"));
+}
+
+TEST_CASE("Fashion-MNIST MLP reaches 85 % test accuracy", "[cli][slow]") {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    WARN("skipped: dataset-fashion-mnist is not installed");
+    return;
+  }
+  std::string m = tmp("fm.jsonl");
+  Result r = run("train configs/fashion-mnist-mlp.toml --metrics " + m);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::ifstream in(m);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  CHECK(nlohmann::json::parse(last)["test_accuracy"].get<double>() >= 0.85);
+  fs::remove(m);
+}

@@ -1,0 +1,77 @@
+// Config: keys, types, overrides, and errors that name the key and file:line.
+#include <catch2/catch.hpp>
+
+#include "core/train/config.h"
+#include "core/util/error.h"
+
+using namespace distlab;
+
+TEST_CASE("a config file's keys land in the run config", "[config]") {
+  RunConfig c = parse_config(R"(
+[model]
+name = "gpt"
+n_layer = 3
+n_head = 2
+n_embd = 16
+
+[train]
+micro_batch = 8
+steps = 7
+
+[optim]
+name = "adamw"
+lr = 1e-3
+)", "x.toml");
+  CHECK(c.model.name == "gpt");
+  CHECK(c.model.n_layer == 3);
+  CHECK(c.train.micro_batch == 8);
+  CHECK(c.optim.lr == Approx(1e-3));
+  CHECK(c.origin.at("train.steps") == "x.toml:10");
+}
+
+TEST_CASE("--set overrides any key, with types checked", "[config]") {
+  RunConfig c = parse_config("[train]\nsteps = 3\n", "x.toml",
+                             {"train.steps=50", "optim.name=adamw", "model.hidden=[32, 16]", "optim.lr=0.5",
+                              "train.shuffle=false", "model.hidden=64", "train.device_mem=16GiB"});
+  CHECK(c.train.steps == 50);
+  CHECK(c.optim.name == "adamw");
+  CHECK(c.model.hidden == std::vector<int64_t>{64});
+  CHECK(c.optim.lr == 0.5);
+  CHECK_FALSE(c.train.shuffle);
+  CHECK(c.origin.at("train.steps") == "--set train.steps");
+  CHECK_THROWS_WITH(parse_config("", "x.toml", {"train.steps=many"}), Catch::Contains("train.steps must be an integer"));
+  CHECK_THROWS_WITH(parse_config("", "x.toml", {"train.stpes=5"}), Catch::Contains("unknown key 'train.stpes'"));
+  CHECK_THROWS_WITH(parse_config("", "x.toml", {"nonsense"}), Catch::Contains("section.key=value"));
+}
+
+TEST_CASE("unknown keys, wrong types and impossible values name the key and file:line", "[config]") {
+  try {
+    parse_config("[train]\nmicro_batch = 4\nsetps = 10\n", "run.toml");
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("run.toml:3") && Catch::Contains("train.setps"));
+    CHECK_THAT(e.hint(), Catch::Contains("train.steps"));
+  }
+  CHECK_THROWS_WITH(parse_config("[train]\nmicro_batch = \"big\"\n", "run.toml"),
+                    Catch::Contains("run.toml:2") && Catch::Contains("train.micro_batch must be an integer"));
+  CHECK_THROWS_WITH(parse_config("[train]\nmicro_batch = 0\n", "run.toml"),
+                    Catch::Contains("run.toml:2") && Catch::Contains("train.micro_batch"));
+  CHECK_THROWS_WITH(parse_config("[model]\nn_embd = 10\nn_head = 3\n", "run.toml"),
+                    Catch::Contains("run.toml:3") && Catch::Contains("does not divide"));
+  CHECK_THROWS_WITH(parse_config("[optim]\nname = \"adam\"\n", "run.toml"), Catch::Contains("optim.name"));
+  CHECK_THROWS_WITH(parse_config("[trian]\nsteps = 1\n", "run.toml"), Catch::Contains("trian.steps"));
+  CHECK_THROWS_WITH(parse_config("steps = 1\n", "run.toml"), Catch::Contains("outside any section"));
+  CHECK_THROWS_WITH(parse_config("[train]\nsteps = \n", "run.toml"), Catch::Contains("run.toml:2"));
+  CHECK_THROWS_WITH(parse_config("[train]\ndevice_mem = \"16 potatoes\"\n", "run.toml"),
+                    Catch::Contains("run.toml:2") && Catch::Contains("unknown unit"));
+  CHECK_THROWS_WITH(parse_config("[train]\ndevice_mem = \"v100\"\n", "run.toml"), Catch::Contains("unknown device profile"));
+  CHECK_THROWS_WITH(load_config("/nonexistent/run.toml"), Catch::Contains("cannot be read"));
+}
+
+TEST_CASE("every example config parses", "[config]") {
+  for (auto name : {"fashion-mnist-mlp", "cifar-cnn", "cifar-cnn-bn", "gpt-tiny", "gpt-1b"}) {
+    INFO(name);
+    CHECK_NOTHROW(load_config(std::string(DISTLAB_SOURCE_DIR) + "/configs/" + name + ".toml"));
+  }
+  CHECK_THAT(config_reference(), Catch::Contains("train.micro_batch"));
+}

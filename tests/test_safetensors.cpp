@@ -1,0 +1,191 @@
+// safetensors: round trips in f32/bf16/f16, PyTorch names and layouts, bad files, and (when Debian's
+// PyTorch is installed) a real exchange with torch.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/ckpt/safetensors.h"
+#include "core/models/zoo.h"
+#include "core/util/error.h"
+
+using namespace distlab;
+namespace fs = std::filesystem;
+
+static std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("distlab-st-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+static ModelSpec cnn_spec(bool bn) {
+  ModelSpec s;
+  s.name = "cifar_cnn";
+  s.in_channels = 3;
+  s.height = s.width = 32;
+  s.batchnorm = bn;
+  return s;
+}
+
+TEST_CASE("parameter names and layouts follow PyTorch", "[safetensors]") {
+  Runtime rt;
+  auto cnn = build_model(rt, cnn_spec(true));
+  std::vector<std::string> names;
+  for (auto* p : cnn->parameters()) names.push_back(p->name + " " + shape_str(p->data.shape()));
+  CHECK(names == std::vector<std::string>{"conv1.weight [32, 3, 3, 3]", "conv1.bias [32]", "bn1.weight [32]", "bn1.bias [32]",
+                                          "conv2.weight [64, 32, 3, 3]", "conv2.bias [64]", "bn2.weight [64]", "bn2.bias [64]",
+                                          "fc.weight [10, 4096]", "fc.bias [10]"});
+  ModelSpec g;
+  g.name = "gpt";
+  g.vocab_size = 50;
+  g.block_size = 8;
+  g.n_layer = 1;
+  g.n_head = 2;
+  g.n_embd = 8;
+  auto gpt = build_model(rt, g);
+  std::vector<std::string> gn;
+  for (auto* p : gpt->parameters()) gn.push_back(p->name);
+  CHECK(gn.front() == "transformer.wte.weight");
+  CHECK(std::find(gn.begin(), gn.end(), "transformer.h.0.attn.c_attn.weight") != gn.end());
+  CHECK(std::find(gn.begin(), gn.end(), "transformer.h.0.mlp.c_proj.bias") != gn.end());
+  CHECK(gn.back() == "transformer.ln_f.bias");
+  CHECK(gpt->num_parameters() == gpt_params_exact(g));
+}
+
+TEST_CASE("save and load round-trip a model in f32, bf16 and f16", "[safetensors]") {
+  Runtime rt;
+  auto a = build_model(rt, cnn_spec(true));
+  a->init(1);
+  for (const char* dt : {"f32", "bf16", "f16"}) {
+    INFO(dt);
+    std::string path = tmp(std::string("rt-") + dt + ".safetensors");
+    save_model(*a, path, parse_dtype(dt));
+    CHECK_FALSE(fs::exists(path + ".partial"));
+    auto b = build_model(rt, cnn_spec(true));
+    b->init(2);
+    load_model(*b, path);
+    auto pa = a->parameters(), pb = b->parameters();
+    for (size_t i = 0; i < pa.size(); i++) {
+      for (int64_t j = 0; j < pa[i]->data.numel(); j++) {
+        float x = pa[i]->data.f32()[j], y = pb[i]->data.f32()[j];
+        if (std::string(dt) == "f32") REQUIRE(x == y);
+        else if (std::string(dt) == "bf16") REQUIRE(y == bf16_to_f32(f32_to_bf16(x)));
+        else REQUIRE(y == f16_to_f32(f32_to_f16(x)));
+      }
+    }
+    StFile f = read_safetensors(path);
+    CHECK(f.tensors.at("conv1.weight").dtype == (std::string(dt) == "f32" ? "F32" : std::string(dt) == "bf16" ? "BF16" : "F16"));
+    CHECK(f.tensors.at("bn1.num_batches_tracked").dtype == "I64");
+    CHECK(f.tensors.at("bn1.running_var").shape == Shape{32});
+    fs::remove(path);
+  }
+}
+
+TEST_CASE("the header is padded to 8 bytes and offsets are contiguous", "[safetensors]") {
+  StFile f;
+  f.tensors["b"] = StTensor{"F32", {2}, std::vector<uint8_t>(8, 1)};
+  f.tensors["a"] = StTensor{"F16", {3}, std::vector<uint8_t>(6, 2)};
+  std::string path = tmp("hdr.safetensors");
+  write_safetensors(path, f);
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = (n << 8) | raw[size_t(i)];
+  CHECK(n % 8 == 0);
+  CHECK(raw.size() == 8 + n + 14);
+  StFile g = read_safetensors(path);
+  CHECK(g.tensors.at("a").bytes == f.tensors.at("a").bytes);
+  CHECK(g.tensors.at("b").bytes == f.tensors.at("b").bytes);
+  fs::remove(path);
+}
+
+TEST_CASE("bad safetensors files are errors naming the file and the fault", "[safetensors]") {
+  std::string path = tmp("bad.safetensors");
+  auto write = [&](const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
+  write("abc");
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains(path) && Catch::Contains("too short"));
+  write(std::string("\xff\x00\x00\x00\x00\x00\x00\x00", 8) + "{}");
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("runs past the end"));
+  std::string h = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  std::string len(8, '\0');
+  len[0] = char(h.size());
+  write(len + h + std::string(8, '\0'));  // 8 of the 16 data bytes
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("'w'") && Catch::Contains("data_offsets"));
+  h = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16])";
+  len[0] = char(h.size());
+  write(len + h + std::string(16, '\0'));
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("not valid JSON"));
+  // a file from another model: missing and unexpected names are listed
+  Runtime rt;
+  auto cnn = build_model(rt, cnn_spec(false));
+  StFile f;
+  f.tensors["conv1.weight"] = StTensor{"F32", {32, 3, 3, 3}, std::vector<uint8_t>(32 * 27 * 4)};
+  f.tensors["stranger.weight"] = StTensor{"F32", {1}, std::vector<uint8_t>(4)};
+  write_safetensors(path, f);
+  CHECK_THROWS_WITH(load_model(*cnn, path), Catch::Contains("missing from the file: conv1.bias") &&
+                                                Catch::Contains("not in the model: stranger.weight"));
+  fs::remove(path);
+}
+
+TEST_CASE("weights move to and from PyTorch through safetensors", "[safetensors][torch]") {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    WARN("skipped: Debian's python3-torch is not installed (apt-get install python3-torch)");
+    return;
+  }
+  Runtime rt;
+  auto ours = build_model(rt, cnn_spec(false));
+  ours->init(3);
+  std::string from_us = tmp("to-torch.safetensors"), from_torch = tmp("from-torch.safetensors"), out = tmp("torch-out.txt");
+  save_model(*ours, from_us, DType::bf16);
+  // torch reads our file with its own parser of the format (no safetensors package needed), runs the
+  // reference CNN on a fixed input, writes its logits and a modified state dict back as safetensors
+  std::string script = tmp("peer.py");
+  std::ofstream(script) << R"(import json, struct, sys, torch, torch.nn as nn
+def load(p):
+    raw = open(p, 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]; h = json.loads(raw[8:8+n]); out = {}
+    dt = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'I64': torch.int64}
+    for k, v in h.items():
+        if k == '__metadata__': continue
+        b, e = v['data_offsets']
+        out[k] = torch.frombuffer(bytearray(raw[8+n+b:8+n+e]), dtype=dt[v['dtype']]).reshape(v['shape'])
+    return out
+def save(sd, p):
+    names = {torch.float32: 'F32'}; h = {}; off = 0; blobs = []
+    for k in sorted(sd):
+        t = sd[k].contiguous(); b = t.numpy().tobytes(); h[k] = {'dtype': names[t.dtype], 'shape': list(t.shape), 'data_offsets': [off, off + len(b)]}; off += len(b); blobs.append(b)
+    s = json.dumps(h).encode(); s += b' ' * ((8 - len(s) % 8) % 8)
+    open(p, 'wb').write(struct.pack('<Q', len(s)) + s + b''.join(blobs))
+m = nn.Sequential()
+m.add_module('conv1', nn.Conv2d(3, 32, 3, padding=1)); m.add_module('r1', nn.ReLU()); m.add_module('p1', nn.MaxPool2d(2))
+m.add_module('conv2', nn.Conv2d(32, 64, 3, padding=1)); m.add_module('r2', nn.ReLU()); m.add_module('p2', nn.MaxPool2d(2))
+m.add_module('flat', nn.Flatten()); m.add_module('fc', nn.Linear(4096, 10))
+sd = {k: v.float() for k, v in load(sys.argv[1]).items()}
+m.load_state_dict(sd, strict=True)
+x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32) / 3000.0 - 1.0
+print(' '.join('%.6f' % v for v in m(x).flatten().tolist()), file=open(sys.argv[3], 'w'))
+with torch.no_grad():
+    for p in m.parameters(): p.mul_(2.0)
+save(m.state_dict(), sys.argv[2])
+)";
+  int rc = std::system(("/usr/bin/python3 " + script + " " + from_us + " " + from_torch + " " + out).c_str());
+  REQUIRE(rc == 0);
+  // torch's logits on our weights equal ours
+  Batch b;
+  b.B = 2;
+  b.x = rt.empty({2, 3, 32, 32}, Category::activations);
+  for (int64_t i = 0; i < b.x.numel(); i++) b.x.f32()[i] = float(i) / 3000.0f - 1.0f;
+  auto bf = build_model(rt, cnn_spec(false));
+  load_model(*bf, from_us);  // the same bf16-rounded weights torch got
+  Tensor logits = bf->forward(rt, b);
+  std::ifstream in(out);
+  for (int64_t i = 0; i < 20; i++) {
+    double v;
+    in >> v;
+    CHECK(logits.f32()[i] == Approx(v).margin(1e-4));
+  }
+  // torch's doubled weights load back under the same names and layouts
+  auto back = build_model(rt, cnn_spec(false));
+  load_model(*back, from_torch);
+  auto pb = back->parameters(), pf = bf->parameters();
+  for (size_t i = 0; i < pb.size(); i++)
+    for (int64_t j = 0; j < pb[i]->data.numel(); j += 97) REQUIRE(pb[i]->data.f32()[j] == 2.0f * pf[i]->data.f32()[j]);
+  for (auto p : {from_us, from_torch, out, script}) fs::remove(p);
+}
