@@ -90,7 +90,7 @@ TEST_CASE("truncated and corrupt IDX files are errors naming the file", "[data]"
   write_plain(d.file("tiny"), {0, 0, 8});
   CHECK_THROWS_WITH(read_idx_images(d.file("tiny")), Catch::Contains("too short"));
   write_plain(d.file("labels-as-images"), idx_labels(5));
-  CHECK_THROWS_WITH(read_idx_images(d.file("labels-as-images")), Catch::Contains("not 2051") && Catch::Contains("labels file"));
+  CHECK_THROWS_WITH(read_idx_images(d.file("labels-as-images")), Catch::Contains("magic number 2049 is not 2051"));
   auto lab = idx_labels(5);
   lab.back() = 42;
   write_plain(d.file("badlabel"), lab);
