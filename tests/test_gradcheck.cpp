@@ -732,14 +732,11 @@ TEST_CASE("conv2d_forward (im2col + GEMM) matches conv2d_forward_naive on awkwar
     compare_conv_with_naive(s);
 }
 
-// KNOWN BUG (uncommitted im2col/col2im fast path, core/ops/cpu/conv.cpp): the last in-image output column
-// hi = (W - 1 + pad - kw) / stride + 1 truncates toward zero, so when a kernel column lies wholly right of
-// the image (kw > W - 1 + pad, possible when K > W + pad) and stride >= 2, hi is 1 instead of 0 and
-// im2col reads (col2im writes) the pixel past the row's end — here the next channel's. A finite-difference
-// check can't see it (col2im is the exact adjoint of the wrong im2col); the naive convolution does.
-// Marked !mayfail until that is fixed; remove the mark then.
+// A kernel column can lie wholly right of the image (K > W + pad): the fast im2col/col2im must then
+// read and write nothing there. A finite-difference check can't see such a bug (col2im is the adjoint of
+// im2col); the naive convolution does.
 TEST_CASE("conv2d with a kernel wider than image + padding, stride 2 (3x3/s2/p1 on a 1x1 image)",
-          "[gradcheck][!mayfail]") {
+          "[gradcheck]") {
   for (ConvShape s : {ConvShape{1, 2, 1, 1, 1, 3, 2, 1}, ConvShape{1, 2, 2, 1, 2, 3, 2, 1},
                       ConvShape{2, 1, 1, 1, 2, 5, 2, 2}})
     compare_conv_with_naive(s);

@@ -47,6 +47,7 @@ BatchNorm2d::BatchNorm2d(Runtime& rt, const std::string& prefix, int64_t C, floa
   bias = make_parameter(rt, prefix + ".bias", {C}, false);
   running_mean = Buffer{prefix + ".running_mean", rt.zeros({C}, Category::params, prefix + ".running_mean")};
   running_var = Buffer{prefix + ".running_var", rt.zeros({C}, Category::params, prefix + ".running_var")};
+  running_var.data.fill_(1.0f);  // PyTorch starts the running variance at 1
   num_batches_tracked = Buffer{prefix + ".num_batches_tracked", rt.zeros({}, Category::params, prefix + ".num_batches_tracked")};
 }
 

@@ -44,16 +44,18 @@ void AdamW::step(Runtime& rt, float lr) {
   if (m_.empty()) {
     m_.resize(params_.size());
     v_.resize(params_.size());
+    t_.assign(params_.size(), 0);
   }
   steps_++;
-  const double bc1 = 1.0 - std::pow(double(o_.beta1), double(steps_));
-  const double bc2 = 1.0 - std::pow(double(o_.beta2), double(steps_));
-  const float step_size = float(lr / bc1);
-  const float bc2_sqrt = float(std::sqrt(bc2));
   for (size_t i = 0; i < params_.size(); i++) {
     Parameter& p = *params_[i];
     if (!p.grad.defined()) continue;
     const int64_t n = p.data.numel();
+    const int64_t t = ++t_[i];
+    const double bc1 = 1.0 - std::pow(double(o_.beta1), double(t));
+    const double bc2 = 1.0 - std::pow(double(o_.beta2), double(t));
+    const float step_size = float(lr / bc1);
+    const float bc2_sqrt = float(std::sqrt(bc2));
     if (!m_[i].defined()) {
       m_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg of " + p.name);
       v_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg_sq of " + p.name);

@@ -59,6 +59,7 @@ class AdamW : public Optimizer {
   std::vector<Parameter*> params_;
   AdamWOptions o_;
   std::vector<Tensor> m_, v_;
+  std::vector<int64_t> t_;  // steps taken per parameter (PyTorch's state["step"]): bias corrections use it
 };
 
 // Global L2 norm of all gradients (accumulated in double); when max_norm > 0 and the norm is above it,

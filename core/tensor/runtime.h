@@ -31,7 +31,7 @@ struct Runtime {
   }
 };
 
-// Sets the BLAS (and OpenMP) threads this process uses. A rank must not oversubscribe: with N ranks on
+// Sets the compute threads this process uses (OpenMP; BLAS runs inside them). A rank must not oversubscribe: with N ranks on
 // C cores, each should use about C/N threads.
 void set_compute_threads(int n);
 int compute_threads();

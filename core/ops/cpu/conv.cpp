@@ -8,6 +8,10 @@
 
 namespace distlab {
 
+// Division rounding toward -inf / +inf (C++'s / rounds toward zero, wrong for negative numerators).
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
 void im2col(float* col, const float* inp, const ConvShape& s) {
   const int64_t OH = s.OH(), OW = s.OW(), N = s.B * OH * OW;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -15,8 +19,8 @@ void im2col(float* col, const float* inp, const ConvShape& s) {
     for (int64_t kk = 0; kk < s.K * s.K; kk++) {
       const int64_t kh = kk / s.K, kw = kk % s.K;
       // output columns ow in [lo, hi) read inside the image: iw = ow*stride - pad + kw in [0, W)
-      const int64_t lo = std::min(OW, std::max<int64_t>(0, (s.pad - kw + s.stride - 1) / s.stride));
-      const int64_t hi = std::max(lo, std::min(OW, (s.W - 1 + s.pad - kw) / s.stride + 1));
+      const int64_t lo = std::min(OW, std::max<int64_t>(0, ceil_div(s.pad - kw, s.stride)));
+      const int64_t hi = std::max(lo, std::min(OW, floor_div(s.W - 1 + s.pad - kw, s.stride) + 1));
       float* row = col + (c * s.K * s.K + kk) * N;
       for (int64_t b = 0; b < s.B; b++) {
         const float* img = inp + (b * s.C + c) * s.H * s.W;
@@ -49,8 +53,8 @@ void col2im(float* dinp, const float* col, const ConvShape& s) {
       float* img = dinp + (b * s.C + c) * s.H * s.W;
       for (int64_t kk = 0; kk < s.K * s.K; kk++) {
         const int64_t kh = kk / s.K, kw = kk % s.K;
-        const int64_t lo = std::min(OW, std::max<int64_t>(0, (s.pad - kw + s.stride - 1) / s.stride));
-        const int64_t hi = std::max(lo, std::min(OW, (s.W - 1 + s.pad - kw) / s.stride + 1));
+        const int64_t lo = std::min(OW, std::max<int64_t>(0, ceil_div(s.pad - kw, s.stride)));
+        const int64_t hi = std::max(lo, std::min(OW, floor_div(s.W - 1 + s.pad - kw, s.stride) + 1));
         const float* src = col + (c * s.K * s.K + kk) * N + b * OH * OW;
         for (int64_t oh = 0; oh < OH; oh++) {
           const int64_t ih = oh * s.stride - s.pad + kh;

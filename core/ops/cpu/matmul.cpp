@@ -1,21 +1,49 @@
 #include "core/ops/cpu/matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #include "core/ops/op_scope.h"
 
 namespace distlab {
 
+static void sgemm_1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha,
+              A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+// One thread pool: OpenBLAS runs single-threaded inside each OpenMP thread, and a large product is split
+// into slabs of C's rows or columns, one per thread. Two pools (OpenBLAS's and OpenMP's) spinning on
+// 2 cores made 2 threads slower than 1. Each element of C is still one whole dot product over K computed by
+// one call, so the result does not depend on the number of threads.
 void blas_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS rejects lda = 0; the product is empty, so C = beta * C
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || omp_in_parallel() || double(M) * double(N) * double(K) < 4e6) {
+    sgemm_1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const bool split_rows = M >= N;
+  const int64_t extent = split_rows ? M : N;
+  const int64_t slab = ((extent + threads - 1) / threads + 15) / 16 * 16;
+  const int64_t slabs = (extent + slab - 1) / slab;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < slabs; t++) {
+    const int64_t lo = t * slab, n = std::min(slab, extent - lo);
+    if (split_rows)  // rows lo..lo+n of C and of op(A)
+      sgemm_1(ta, tb, n, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+    else             // columns lo..lo+n of C and of op(B)
+      sgemm_1(ta, tb, M, n, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+  }
 }
 
 void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
