@@ -38,8 +38,9 @@ int main() {
     set_compute_threads(threads);
     Runtime rt;
     const double flops = 2.0 * n * n * n;
-    auto raw = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(n), 1.0f, a.data(), int(n), w.data(), int(n), 0.0f, out.data(), int(n)); };
-    auto lin = [&] { matmul_forward(rt, out.data(), a.data(), w.data(), bias.data(), n, n, n); };
+    // raw: OpenBLAS with its own threads; Linear: distlab's kernel (OpenMP slabs over single-threaded BLAS)
+    auto raw = [&] { openblas_set_num_threads(threads); cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(n), 1.0f, a.data(), int(n), w.data(), int(n), 0.0f, out.data(), int(n)); };
+    auto lin = [&] { set_compute_threads(threads); matmul_forward(rt, out.data(), a.data(), w.data(), bias.data(), n, n, n); };
     raw();
     lin();
     double t_raw = best_seconds(raw, 10), t_lin = best_seconds(lin, 10);

@@ -29,7 +29,7 @@ lr = 1e-3
   CHECK(c.origin.at("train.steps") == "x.toml:10");
 }
 
-TEST_CASE("--set overrides any key, with types checked", "[config]") {
+TEST_CASE("overrides (--set) reach any key, with types checked", "[config]") {
   RunConfig c = parse_config("[train]\nsteps = 3\n", "x.toml",
                              {"train.steps=50", "optim.name=adamw", "model.hidden=[32, 16]", "optim.lr=0.5",
                               "train.shuffle=false", "model.hidden=64", "train.device_mem=16GiB"});
