@@ -1,12 +1,15 @@
 // safetensors: round trips in f32/bf16/f16, PyTorch names and layouts, bad files, and (when Debian's
 // PyTorch is installed) a real exchange with torch.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "core/ckpt/safetensors.h"
 #include "core/models/zoo.h"
+#include "core/nn/loss.h"
+#include "core/optim/optimizer.h"
 #include "core/util/error.h"
 
 using namespace distlab;
@@ -137,35 +140,8 @@ TEST_CASE("weights move to and from PyTorch through safetensors", "[safetensors]
   save_model(*ours, from_us, DType::bf16);
   // torch reads our file with its own parser of the format (no safetensors package needed), runs the
   // reference CNN on a fixed input, writes its logits and a modified state dict back as safetensors
-  std::string script = tmp("peer.py");
-  std::ofstream(script) << R"(import json, struct, sys, torch, torch.nn as nn
-def load(p):
-    raw = open(p, 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]; h = json.loads(raw[8:8+n]); out = {}
-    dt = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'I64': torch.int64}
-    for k, v in h.items():
-        if k == '__metadata__': continue
-        b, e = v['data_offsets']
-        out[k] = torch.frombuffer(bytearray(raw[8+n+b:8+n+e]), dtype=dt[v['dtype']]).reshape(v['shape'])
-    return out
-def save(sd, p):
-    names = {torch.float32: 'F32'}; h = {}; off = 0; blobs = []
-    for k in sorted(sd):
-        t = sd[k].contiguous(); b = t.numpy().tobytes(); h[k] = {'dtype': names[t.dtype], 'shape': list(t.shape), 'data_offsets': [off, off + len(b)]}; off += len(b); blobs.append(b)
-    s = json.dumps(h).encode(); s += b' ' * ((8 - len(s) % 8) % 8)
-    open(p, 'wb').write(struct.pack('<Q', len(s)) + s + b''.join(blobs))
-m = nn.Sequential()
-m.add_module('conv1', nn.Conv2d(3, 32, 3, padding=1)); m.add_module('r1', nn.ReLU()); m.add_module('p1', nn.MaxPool2d(2))
-m.add_module('conv2', nn.Conv2d(32, 64, 3, padding=1)); m.add_module('r2', nn.ReLU()); m.add_module('p2', nn.MaxPool2d(2))
-m.add_module('flat', nn.Flatten()); m.add_module('fc', nn.Linear(4096, 10))
-sd = {k: v.float() for k, v in load(sys.argv[1]).items()}
-m.load_state_dict(sd, strict=True)
-x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32) / 3000.0 - 1.0
-print(' '.join('%.6f' % v for v in m(x).flatten().tolist()), file=open(sys.argv[3], 'w'))
-with torch.no_grad():
-    for p in m.parameters(): p.mul_(2.0)
-save(m.state_dict(), sys.argv[2])
-)";
-  int rc = std::system(("/usr/bin/python3 " + script + " " + from_us + " " + from_torch + " " + out).c_str());
+  int rc = std::system(("/usr/bin/python3 " + std::string(DISTLAB_SOURCE_DIR) + "/tests/torch_peer.py logits " + from_us + " " +
+                        from_torch + " " + out).c_str());
   REQUIRE(rc == 0);
   // torch's logits on our weights equal ours
   Batch b;
@@ -187,5 +163,58 @@ save(m.state_dict(), sys.argv[2])
   auto pb = back->parameters(), pf = bf->parameters();
   for (size_t i = 0; i < pb.size(); i++)
     for (int64_t j = 0; j < pb[i]->data.numel(); j += 97) REQUIRE(pb[i]->data.f32()[j] == 2.0f * pf[i]->data.f32()[j]);
-  for (auto p : {from_us, from_torch, out, script}) fs::remove(p);
+  for (auto p : {from_us, from_torch, out}) fs::remove(p);
+}
+
+TEST_CASE("SGD steps of the CNN, with and without BatchNorm, match PyTorch's", "[safetensors][torch]") {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    WARN("skipped: Debian's python3-torch is not installed (apt-get install python3-torch)");
+    return;
+  }
+  for (bool bn : {false, true}) {
+    INFO("batchnorm " << bn);
+    Runtime rt;
+    auto model = build_model(rt, cnn_spec(bn));
+    model->init(11);
+    std::string init = tmp("train-init.safetensors"), after = tmp("train-after.safetensors"), losses = tmp("losses.txt");
+    save_model(*model, init, DType::f32);
+    const int steps = 4;
+    const float lr = 0.05f;
+    int rc = std::system(("/usr/bin/python3 " + std::string(DISTLAB_SOURCE_DIR) + "/tests/torch_peer.py train " + init + " " +
+                          after + " " + losses + (bn ? " bn " : " plain ") + std::to_string(steps) + " 0.05").c_str());
+    REQUIRE(rc == 0);
+    // our side: the same batch, the same steps
+    Batch b;
+    b.B = 8;
+    b.x = rt.empty({8, 3, 32, 32}, Category::activations);
+    for (int64_t i = 0; i < b.x.numel(); i++) b.x.f32()[i] = std::sin((float(i) / 3000.0f - 1.0f) * 7.0f);
+    for (int i = 0; i < 8; i++) b.targets.push_back(i % 10);
+    SGD opt(model->parameters(), SGDOptions{0.9f, 0.0f, 0.0f, false});
+    CrossEntropyLoss ce;
+    std::ifstream in(losses);
+    for (int s = 0; s < steps; s++) {
+      Tensor logits = model->forward(rt, b);
+      double loss = ce.forward(rt, logits, b.targets);
+      Tensor d = ce.backward(rt);
+      model->backward(rt, d, nullptr);
+      opt.step(rt, lr);
+      model->zero_grad();
+      double theirs;
+      in >> theirs;
+      CHECK(loss == Approx(theirs).epsilon(1e-4));
+    }
+    auto theirs = build_model(rt, cnn_spec(bn));
+    load_model(*theirs, after);
+    auto po = model->parameters(), pt = theirs->parameters();
+    for (size_t i = 0; i < po.size(); i++) {
+      INFO(po[i]->name);
+      for (int64_t j = 0; j < po[i]->data.numel(); j++) REQUIRE(po[i]->data.f32()[j] == Approx(pt[i]->data.f32()[j]).margin(2e-4));
+    }
+    auto bo = model->buffers(), bt = theirs->buffers();
+    for (size_t i = 0; i < bo.size(); i++) {
+      INFO(bo[i]->name);
+      for (int64_t j = 0; j < bo[i]->data.numel(); j++) REQUIRE(bo[i]->data.f32()[j] == Approx(bt[i]->data.f32()[j]).margin(1e-4));
+    }
+    for (auto p : {init, after, losses}) fs::remove(p);
+  }
 }

@@ -33,7 +33,7 @@ DataSets open_datasets(const DataSpec& spec);
 
 // Learnable synthetic sets (deterministic in the seed).
 std::unique_ptr<ImageDataset> synthetic_images(int64_t n, int64_t C, int64_t H, int64_t W, int64_t classes,
-                                               uint64_t seed, const std::string& label);
+                                               uint64_t seed, const std::string& label, uint64_t class_seed = 0);
 // A stream where each token follows its predecessor through a fixed random map with probability 0.8 and
 // is uniform otherwise: a model can learn it down to about 0.8·0 + 0.2·ln(V) nats plus the mixing.
 std::vector<int32_t> synthetic_tokens(int64_t n, int64_t vocab, uint64_t seed);
