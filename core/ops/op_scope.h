@@ -8,9 +8,10 @@ namespace distlab {
 
 class OpScope {
  public:
-  OpScope(Runtime& rt, const char* name, double flops, double bytes, Stream s = Stream::compute)
-      : rt_(rt), name_(name), flops_(flops), bytes_(bytes), stream_(s), t0_(rt.trace.now_us()) {}
-  ~OpScope() { rt_.trace.record(name_, stream_, flops_, bytes_, t0_, rt_.trace.now_us()); }
+  // scales_with_batch: false for work that doesn't grow with the micro-batch (optimizer steps)
+  OpScope(Runtime& rt, const char* name, double flops, double bytes, bool scales_with_batch = true)
+      : rt_(rt), name_(name), flops_(flops), bytes_(bytes), scales_(scales_with_batch), t0_(rt.trace.now_us()) {}
+  ~OpScope() { rt_.trace.record(name_, Stream::compute, flops_, bytes_, t0_, rt_.trace.now_us(), scales_); }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
@@ -18,7 +19,7 @@ class OpScope {
   Runtime& rt_;
   const char* name_;
   double flops_, bytes_;
-  Stream stream_;
+  bool scales_;
   double t0_;
 };
 

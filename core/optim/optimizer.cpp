@@ -19,7 +19,7 @@ void SGD::step(Runtime& rt, float lr) {
       bufs_[i] = rt.empty(p.data.shape(), Category::optim_state, "momentum of " + p.name);
       first = true;
     }
-    OpScope op(rt, "sgd_step", 4.0 * n, 4.0 * 4 * n);
+    OpScope op(rt, "sgd_step", 4.0 * n, 4.0 * 4 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
     float* w = p.data.f32();
     const float* g = p.grad.f32();
@@ -60,7 +60,7 @@ void AdamW::step(Runtime& rt, float lr) {
       m_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg of " + p.name);
       v_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg_sq of " + p.name);
     }
-    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n);
+    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
     float* w = p.data.f32();
     const float* g = p.grad.f32();
@@ -84,7 +84,7 @@ double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double
   int64_t n = 0;
   for (auto* p : params)
     if (p->grad.defined()) n += p->grad.numel();
-  OpScope op(rt, "grad_norm", 2.0 * n, 4.0 * n);
+  OpScope op(rt, "grad_norm", 2.0 * n, 4.0 * n, /*scales_with_batch=*/false);
   if (rt.is_meta()) return 0.0;
   double ss = 0;
   for (auto* p : params) {

@@ -1,6 +1,7 @@
-// Trace events: every kernel and (later) every collective records what it did — FLOPs, bytes moved, the
-// stream it ran on, wall time. Totals per step feed the metrics and the cost model; the event list is kept
-// only when a trace file was asked for.
+// Trace events: every kernel and every collective records what it did — FLOPs, bytes moved, the stream it
+// ran on, wall time, and for collectives the operation, payload, group and sequence number. Totals per
+// step feed the metrics; the event list (kept when asked for) feeds the cost model's replay and the
+// Chrome trace.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -10,14 +11,27 @@
 namespace distlab {
 
 enum class Stream { compute, comm };
+enum class EventKind {
+  compute,     // a kernel on the compute stream
+  collective,  // a collective (or send/recv) issued on the comm stream
+  wait,        // the compute stream waits for collective `seq` of `group` to finish
+};
 
 struct TraceEvent {
-  std::string name;  // "matmul_forward", "conv2d_backward", ...
+  std::string name;  // "matmul_forward", "conv2d_backward", "all_reduce", ...
+  EventKind kind = EventKind::compute;
   Stream stream = Stream::compute;
   double flops = 0;
-  double bytes = 0;    // bytes read + written (a memory-traffic estimate for the cost model)
-  double t_begin_us = 0;  // wall clock, microseconds since the trace's epoch
+  double bytes = 0;        // bytes read + written (a memory-traffic estimate for the cost model)
+  double t_begin_us = 0;   // wall clock, microseconds since the trace's epoch
   double t_end_us = 0;
+  bool scales_with_batch = true;  // compute whose work is proportional to the micro-batch (not optimizer steps)
+  // collectives and waits
+  std::string op;             // all_reduce | reduce_scatter | all_gather | broadcast | send | recv | barrier
+  int64_t payload_bytes = 0;  // S in the α-β formulas: the full tensor's bytes (all_reduce), the gathered output (all_gather)
+  int group_size = 1;
+  int64_t seq = -1;           // sequence number within the group: a wait names the collective it waits for
+  std::string group = "world";
 };
 
 class Trace {
@@ -26,8 +40,11 @@ class Trace {
   double now_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
   }
-  void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us);
+  void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us,
+              bool scales_with_batch = true);
+  void record(TraceEvent e);  // collectives and waits
   void keep_events(bool on) { keep_events_ = on; }
+  bool keeping_events() const { return keep_events_; }
   const std::vector<TraceEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   // running totals since the last reset_totals()
