@@ -7,14 +7,99 @@
 
 namespace distlab {
 
-const std::vector<HardwareProfile>& hardware_profiles() {
-  static const std::vector<HardwareProfile> p = {
-      {"t4", 16LL << 30, "NVIDIA T4 data sheet: 16 GB GDDR6"},
-      {"a100-40g", 40LL << 30, "NVIDIA A100 data sheet: 40 GB HBM2"},
-      {"a100-80g", 80LL << 30, "NVIDIA A100 data sheet: 80 GB HBM2e"},
-      {"h100", 80LL << 30, "NVIDIA H100 SXM data sheet: 80 GB HBM3"},
-      {"h200", 141000000000LL, "NVIDIA H200 data sheet: 141 GB HBM3e"},
+namespace {
+
+// Collective latency α. NCCL's own tuning model (src/graph/tuning.cc) charges a ring all-reduce with the
+// low-latency protocol about 6.8 µs of base latency plus a per-hop latency (≈0.6 µs over NVLink, ≈1.0 µs
+// over PCIe). Our α-β model has no base term, so we spread it over the 2(n−1) steps of the ring that the
+// profile is meant for: 8 ranks over NVLink → (6.8 + 14·0.6)/14 ≈ 1.1 µs; 2 ranks over PCIe →
+// (6.8 + 2·1.0)/2 ≈ 4.4 µs. That keeps small all-reduces at the ~10–20 µs nccl-tests shows.
+constexpr double kAlphaNvlink_s = 1.1e-6;
+constexpr double kAlphaPcie2_s = 4.4e-6;
+
+std::vector<HardwareProfile> make_profiles() {
+  std::vector<HardwareProfile> p;
+  // Memory-only profiles (capacity as the vendor's data sheet states it).
+  p.push_back({.name = "t4", .memory_bytes = 16LL << 30, .source = "NVIDIA T4 data sheet: 16 GB GDDR6"});
+  p.push_back({.name = "a100-40g", .memory_bytes = 40LL << 30, .source = "NVIDIA A100 data sheet: 40 GB HBM2"});
+  p.push_back({.name = "a100-80g", .memory_bytes = 80LL << 30, .source = "NVIDIA A100 data sheet: 80 GB HBM2e"});
+  p.push_back({.name = "h100", .memory_bytes = 80LL << 30, .source = "NVIDIA H100 SXM data sheet: 80 GB HBM3"});
+
+  // 2×T4 in one machine, talking over PCIe gen3 x16 (no NVLink), e.g. a 2-GPU cloud VM.
+  p.push_back({
+      .name = "t4-pcie",
+      .memory_bytes = 16LL << 30,                // T4 data sheet: 16 GB GDDR6
+      .source = "T4 data sheet; PCIe gen3 busbw from nccl-tests on 2 GPUs; α from NCCL's tuning model",
+      .fp32_flops_per_s = 8.1e12,                // T4 data sheet: 8.1 TFLOPS fp32
+      .low_precision_flops_per_s = 65e12,        // T4 data sheet: 65 TFLOPS fp16 tensor cores (no bf16 on Turing)
+      .mem_bw_bytes_per_s = 320e9,               // T4 data sheet: 320 GB/s
+      .intra_node_busbw_bytes_per_s = 11e9,      // nccl-tests all_reduce, 2 GPUs on PCIe gen3 x16: ~10–12 GB/s
+      .inter_node_busbw_bytes_per_s = 3e9,       // estimate: 25–32 Gb/s cloud Ethernet, one NIC per VM
+      .collective_latency_s = kAlphaPcie2_s,
+      .launch_overhead_s = 5e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
+  });
+  // One DGX/HGX A100 node: 8× A100 SXM4 80GB on NVLink3 / NVSwitch, 8× HDR InfiniBand NICs.
+  p.push_back({
+      .name = "a100-nvlink",
+      .memory_bytes = 80LL << 30,                // A100 data sheet: 80 GB HBM2e
+      .source = "A100 SXM data sheet; NVLink busbw from nccl-tests on 8 GPUs; IB from nccl-tests multi-node",
+      .fp32_flops_per_s = 19.5e12,               // A100 data sheet: 19.5 TFLOPS fp32 (156 with TF32)
+      .low_precision_flops_per_s = 312e12,       // A100 data sheet: 312 TFLOPS bf16/fp16 dense
+      .mem_bw_bytes_per_s = 2.039e12,            // A100 80GB SXM data sheet: 2,039 GB/s
+      .intra_node_busbw_bytes_per_s = 230e9,     // nccl-tests all_reduce_perf, 8×A100 one node: ~230 GB/s
+      .inter_node_busbw_bytes_per_s = 180e9,     // 8× HDR 200 Gb/s (24 GB/s each); nccl-tests reach ~90 % of the NICs' sum
+      .collective_latency_s = kAlphaNvlink_s,
+      .launch_overhead_s = 4e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
+  });
+  // One HGX H100 node: 8× H100 SXM5 on NVLink4 / NVSwitch, 8× NDR 400 Gb/s NICs.
+  HardwareProfile h100{
+      .name = "h100-nvlink",
+      .memory_bytes = 80LL << 30,                // H100 SXM data sheet: 80 GB HBM3
+      .source = "H100 SXM data sheet; NVLink busbw from nccl-tests on 8 GPUs (ring); NDR from nccl-tests",
+      .fp32_flops_per_s = 67e12,                 // H100 SXM data sheet: 67 TFLOPS fp32
+      .low_precision_flops_per_s = 989e12,       // H100 SXM data sheet: 989 TFLOPS bf16 dense (1,979 is with sparsity)
+      .mem_bw_bytes_per_s = 3.35e12,             // H100 SXM data sheet: 3.35 TB/s
+      .intra_node_busbw_bytes_per_s = 360e9,     // nccl-tests all_reduce, 8×H100, ring ~360 GB/s (NVLS reaches ~475)
+      .inter_node_busbw_bytes_per_s = 340e9,     // 8× NDR 400 Gb/s, 46–48 GB/s each (nccl-tests), ~90 % of the sum
+      .collective_latency_s = kAlphaNvlink_s,
+      .launch_overhead_s = 4e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
   };
+  p.push_back(h100);
+  // H200: the H100's compute and links with bigger, faster memory.
+  HardwareProfile h200 = h100;
+  h200.name = "h200";
+  h200.memory_bytes = 141000000000LL;            // H200 data sheet: 141 GB HBM3e
+  h200.mem_bw_bytes_per_s = 4.8e12;              // H200 data sheet: 4.8 TB/s
+  h200.source = "H200 data sheet: 141 GB HBM3e, 4.8 TB/s; compute and links as h100-nvlink";
+  p.push_back(h200);
+  // The machine the course's CPU labs run on: a 2-core AMD EPYC with AVX2, ranks as processes over
+  // loopback Gloo. One rank = one core (2 ranks share the machine), so the peak is one thread's sgemm.
+  p.push_back({
+      .name = "cpu",
+      .memory_bytes = 8LL << 30,                 // a per-rank share of this machine's 23 GiB of RAM
+      .source = "measured here: OpenBLAS sgemm, memcpy and Gloo all-reduce over loopback on a 2-core EPYC",
+      .fp32_flops_per_s = 87e9,                  // measured here: sgemm ≈ 87 GFLOP/s on one thread (≈174 with 2)
+      .low_precision_flops_per_s = 87e9,         // no bf16 units: bf16 math runs in fp32
+      .mem_bw_bytes_per_s = 7e9,                 // measured here: memcpy ≈ 7 GB/s
+      .intra_node_busbw_bytes_per_s = 1.3e9,     // measured here: Gloo ring all-reduce, 2 ranks, loopback
+      .inter_node_busbw_bytes_per_s = 0.11e9,    // estimate: 1 Gb/s Ethernet between two such machines
+      .collective_latency_s = 50e-6,             // measured here: Gloo over loopback, α ≈ 50 µs per step
+      .launch_overhead_s = 5e-6,                 // estimate: one OpenMP fork/join per op
+  });
+  return p;
+}
+
+std::string profile_names(bool with_cost_model_only) {
+  std::string names;
+  for (const auto& p : hardware_profiles())
+    if (!with_cost_model_only || p.has_cost_model()) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
+}  // namespace
+
+const std::vector<HardwareProfile>& hardware_profiles() {
+  static const std::vector<HardwareProfile> p = make_profiles();
   return p;
 }
 
@@ -24,12 +109,20 @@ std::optional<HardwareProfile> find_profile(const std::string& name) {
   return std::nullopt;
 }
 
+HardwareProfile require_profile(const std::string& name, const std::string& what, bool need_cost_model) {
+  auto p = find_profile(name);
+  if (!p) throw ConfigError(what + ": unknown hardware profile '" + name + "'", "use one of: " + profile_names(need_cost_model));
+  if (need_cost_model && !p->has_cost_model())
+    throw ConfigError(what + ": profile '" + name + "' only carries device memory, not FLOP/s or link bandwidths",
+                      "for modeled time use a link-aware profile: " + profile_names(true));
+  return *p;
+}
+
 int64_t parse_device_memory(const std::string& text, const std::string& what) {
   if (auto p = find_profile(text)) return p->memory_bytes;
   if (!text.empty() && !std::isdigit(static_cast<unsigned char>(text[0])) && text[0] != '.') {
-    std::string names;
-    for (const auto& p : hardware_profiles()) names += (names.empty() ? "" : ", ") + p.name;
-    throw ConfigError(what + ": unknown device profile '" + text + "'", "use a size such as 16GiB or a profile: " + names);
+    throw ConfigError(what + ": unknown device profile '" + text + "'",
+                      "use a size such as 16GiB or a profile: " + profile_names(false));
   }
   return parse_bytes(text, what);
 }

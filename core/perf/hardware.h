@@ -1,5 +1,10 @@
-// Hardware profiles. This version carries the simulated device memory of each (nominal capacity, as the
-// vendor's data sheet states it); the cost model adds FLOP/s and link bandwidths to the same table.
+// Hardware profiles: what one rank's device can do, as the cost model sees it.
+//
+// Two kinds of profile share one table:
+//   - memory profiles (t4, a100-40g, a100-80g, h100): only the simulated device memory, for "does it fit?";
+//   - link-aware profiles (t4-pcie, a100-nvlink, h100-nvlink, h200, cpu): memory plus peak FLOP/s, memory
+//     bandwidth and the links between ranks, for the cost model's modeled step time.
+// Every number carries its source (a data sheet, nccl-tests, or "measured here").
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -10,12 +15,28 @@ namespace distlab {
 
 struct HardwareProfile {
   std::string name;
-  int64_t memory_bytes;
-  std::string source;  // where the number comes from
+  int64_t memory_bytes = 0;
+  std::string source;  // where the numbers come from
+
+  // --- cost model (all zero for a memory-only profile; see has_cost_model()) ---
+  double fp32_flops_per_s = 0;          // peak dense fp32 (no TF32)
+  double low_precision_flops_per_s = 0; // peak dense bf16/fp16 (tensor cores where there are any)
+  double mem_bw_bytes_per_s = 0;        // device memory bandwidth (HBM / GDDR / DRAM)
+  // The "busbw" nccl-tests reports for a large all-reduce: what each rank's link carries per second.
+  // The α-β formulas in cost_model.cpp are written so that this is exactly the busbw they yield.
+  double intra_node_busbw_bytes_per_s = 0;  // ranks on one node (NVLink, PCIe, loopback)
+  double inter_node_busbw_bytes_per_s = 0;  // a ring that crosses nodes (InfiniBand, Ethernet)
+  double collective_latency_s = 0;          // α: fixed cost of one ring step
+  double launch_overhead_s = 0;             // fixed cost of one kernel (launch, small-kernel tail)
+
+  bool has_cost_model() const { return fp32_flops_per_s > 0 && mem_bw_bytes_per_s > 0 && intra_node_busbw_bytes_per_s > 0; }
 };
 
 const std::vector<HardwareProfile>& hardware_profiles();
 std::optional<HardwareProfile> find_profile(const std::string& name);
+// Like find_profile, but throws ConfigError naming `what` and listing the profiles when there is none, and
+// (with need_cost_model) when the profile only carries memory.
+HardwareProfile require_profile(const std::string& name, const std::string& what, bool need_cost_model = false);
 // "16GiB" / "80GB" / a profile name ("t4", "a100-80g", ...) -> bytes. ConfigError naming `what` otherwise.
 int64_t parse_device_memory(const std::string& text, const std::string& what);
 

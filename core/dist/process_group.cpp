@@ -1,0 +1,407 @@
+#include "core/dist/process_group.h"
+
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/dist/errors.h"
+#include "core/util/units.h"
+
+namespace distlab {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+ProcessGroupOptions options_from_env(Millis timeout) {
+  ProcessGroupOptions o;
+  o.timeout = timeout;
+  const char* d = std::getenv("DISTLAB_DEBUG");
+  o.fingerprints = d && std::string(d) == "detail";
+  return o;
+}
+
+// ---- Work ----
+
+void Work::wait() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return done_; });
+  if (on_wait_) {
+    auto f = std::move(on_wait_);
+    on_wait_ = nullptr;
+    l.unlock();
+    f();
+    l.lock();
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::done() {
+  std::lock_guard<std::mutex> g(mu_);
+  return done_;
+}
+
+// ---- construction: Gloo's full mesh over our store ----
+
+ProcessGroup::ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions opts, Trace* trace, std::string name,
+                           std::vector<int> global_ranks)
+    : store_(store), keys_("pg/" + name, store), rank_(rank), size_(size), opts_(opts), trace_(trace),
+      name_(std::move(name)), global_ranks_(std::move(global_ranks)) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw CommError(fmt::format("process group {}: rank {} is not in 0..{}", name_, rank, size - 1),
+                    "RANK must be below WORLD_SIZE: start workers with distlab run");
+  if (global_ranks_.empty())
+    for (int r = 0; r < size; r++) global_ranks_.push_back(r);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = opts_.host;
+  attr.ai_family = AF_INET;
+  device_ = gloo::transport::tcp::CreateDevice(attr);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(opts_.timeout);  // before any options object copies it
+  PrefixStore gloo_keys("gloo/" + name_, store_);
+  try {
+    ctx->connectFullMesh(gloo_keys, device_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {} could not connect process group '{}' of {} ranks: {}", rank, name_, size, e.what()),
+                    "a rank did not start or could not be reached; check every rank's output and the network");
+  }
+  context_ = ctx;
+  worker_ = std::thread([this] { run_loop(); });
+}
+
+ProcessGroup::~ProcessGroup() {
+  {
+    std::lock_guard<std::mutex> g(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  worker_.join();
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end())
+    throw CommError(fmt::format("rank {} called new_group({}) without being a member", rank_, fmt::join(ranks, ",")),
+                    "only the members of a group create it");
+  for (int r : ranks)
+    if (r < 0 || r >= size_) throw CommError(fmt::format("new_group: rank {} is not in group '{}' of {} ranks", r, name_, size_));
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(global_ranks_[size_t(r)]);
+  std::string sub = fmt::format("{}.{}[{}]", name_, subgroups_++, fmt::join(ranks, ","));
+  return std::make_unique<ProcessGroup>(store_, int(it - ranks.begin()), int(ranks.size()), opts_, trace_, sub, global);
+}
+
+// ---- the queue: one operation at a time, in sequence order ----
+
+std::shared_ptr<Work> ProcessGroup::submit(const char* op, int64_t count, int64_t payload_bytes, bool collective,
+                                           std::function<void(int64_t seq)> body) {
+  auto work = std::make_shared<Work>();
+  const int64_t seq = collective ? next_seq_++ : -1;
+  if (trace_ && collective) {
+    TraceEvent e;
+    e.name = op;
+    e.kind = EventKind::collective;
+    e.stream = Stream::comm;
+    e.op = op;
+    e.payload_bytes = payload_bytes;
+    e.group_size = size_;
+    e.seq = seq;
+    e.group = name_;
+    e.t_begin_us = e.t_end_us = trace_->now_us();
+    trace_->record(e);
+    Trace* t = trace_;
+    std::string group = name_;
+    work->on_wait_ = [t, seq, group, op] {
+      TraceEvent w;
+      w.name = std::string("wait ") + op;
+      w.kind = EventKind::wait;
+      w.stream = Stream::compute;
+      w.op = op;
+      w.seq = seq;
+      w.group = group;
+      w.t_begin_us = w.t_end_us = t->now_us();
+      t->record(w);
+    };
+  }
+  {
+    std::lock_guard<std::mutex> g(queue_mu_);
+    queue_.push_back(Call{op, seq, count, std::move(body), work});
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
+void ProcessGroup::run_loop() {
+  for (;;) {
+    Call c;
+    {
+      std::unique_lock<std::mutex> l(queue_mu_);
+      queue_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      c = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      execute(c);
+    } catch (...) {
+      std::lock_guard<std::mutex> g(c.work->mu_);
+      c.work->error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> g(c.work->mu_);
+      c.work->done_ = true;
+    }
+    c.work->cv_.notify_all();
+  }
+}
+
+void ProcessGroup::execute(Call& c) {
+  if (c.seq >= 0 && opts_.fingerprints) check_fingerprint(c);
+  if (c.seq >= 0 && opts_.track_arrivals && size_ > 1) keys_.set(fmt::format("arrive/{}/{}", c.seq, rank_), {});
+  try {
+    c.body(c.seq);
+  } catch (const Error&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    fail(c, e.what());
+  } catch (const gloo::Exception& e) {
+    fail(c, e.what());
+  }
+}
+
+void ProcessGroup::fail(const Call& c, const std::string& what) {
+  std::string arrived = "unknown", missing;
+  if (opts_.track_arrivals) {
+    arrived.clear();
+    for (int r = 0; r < size_; r++) {
+      bool here = false;
+      try {
+        here = keys_.check({fmt::format("arrive/{}/{}", c.seq, r)});
+      } catch (const Error&) {
+        arrived = "unknown (the store is gone)";
+        break;
+      }
+      (here ? arrived : missing) += fmt::format("{}{}", (here ? arrived : missing).empty() ? "" : ", ", r);
+    }
+  }
+  const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
+  throw CommError(
+      fmt::format("rank {}: {} #{} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op, c.seq,
+                  c.count, format_bytes(double(c.count) * 4), name_,
+                  timed_out ? fmt::format("timed out after {:.1f} s", opts_.timeout.count() / 1000.0) : "failed", what,
+                  arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing),
+      timed_out ? "a rank never called this collective: a rank-dependent branch (an extra all_reduce on rank 0, an early "
+                  "exit, a stuck loop)? rerun with DISTLAB_DEBUG=detail to compare every collective across ranks"
+                : "another rank failed or exited: its own output says why (distlab run prints it)");
+}
+
+void ProcessGroup::check_fingerprint(const Call& c) {
+  const std::string mine = fmt::format("{} #{} of {} f32", c.op, c.seq, c.count);
+  keys_.set_string(fmt::format("fp/{}/{}", c.seq, rank_), mine);
+  for (int r = 0; r < size_; r++) {
+    if (r == rank_) continue;
+    const std::string key = fmt::format("fp/{}/{}", c.seq, r);
+    try {
+      keys_.wait({key}, opts_.timeout);
+    } catch (const StoreError&) {
+      throw CommError(fmt::format("rank {}: {} on group '{}': rank {} did not reach collective #{} within {:.1f} s", rank_,
+                                  mine, name_, r, c.seq, opts_.timeout.count() / 1000.0),
+                      "that rank is stuck, exited, or runs fewer collectives: compare the ranks' code paths");
+    }
+    std::string theirs = keys_.get_string(key);
+    if (theirs != mine)
+      throw MismatchError(fmt::format("collective mismatch on group '{}': rank {} called {}; rank {} called {}", name_,
+                                      rank_, mine, r, theirs),
+                          "every rank must issue the same collectives in the same order with the same sizes");
+  }
+}
+
+void ProcessGroup::count(const char* op, int64_t sent, int64_t received) {
+  std::lock_guard<std::mutex> g(counters_mu_);
+  auto& k = counters_[op];
+  k.calls++;
+  k.bytes_sent += sent;
+  k.bytes_received += received;
+}
+
+std::map<std::string, CommCounters> ProcessGroup::counters() const {
+  std::lock_guard<std::mutex> g(counters_mu_);
+  return counters_;
+}
+
+CommCounters ProcessGroup::total_counters() const {
+  std::lock_guard<std::mutex> g(counters_mu_);
+  CommCounters t;
+  for (const auto& [op, k] : counters_) {
+    t.calls += k.calls;
+    t.bytes_sent += k.bytes_sent;
+    t.bytes_received += k.bytes_received;
+  }
+  return t;
+}
+
+void ProcessGroup::reset_counters() {
+  std::lock_guard<std::mutex> g(counters_mu_);
+  counters_.clear();
+}
+
+// ---- the collectives ----
+
+std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, ReduceOp op) {
+  return submit("all_reduce", n, n * 4, true, [=](int64_t seq) {
+    // Gloo's ring: reduce-scatter then all-gather, each rank sending 2(n-1)/n of the buffer
+    const int64_t moved = size_ > 1 ? 2 * (size_ - 1) * n * 4 / size_ : 0;
+    if (size_ > 1 && n > 0) {
+      gloo::AllreduceOptions o(context_);
+      o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      o.setOutput(data, size_t(n));
+      o.setTag(uint32_t(seq & 0xffffff));
+      o.setTimeout(opts_.timeout);
+      if (op == ReduceOp::max)
+        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<float>));
+      else
+        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      gloo::allreduce(o);
+    }
+    if (op == ReduceOp::avg && size_ > 1) {
+      const float inv = 1.0f / float(size_);
+      for (int64_t i = 0; i < n; i++) data[i] *= inv;
+    }
+    count("all_reduce", moved, moved);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
+  return submit("reduce_scatter", n, n * size_ * 4, true, [=](int64_t seq) {
+    ring_reduce_scatter(out, in, n, op, seq);
+    const int64_t moved = (size_ - 1) * n * 4;
+    count("reduce_scatter", moved, moved);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in, int64_t n) {
+  return submit("all_gather", n, n * size_ * 4, true, [=](int64_t seq) {
+    (void)seq;
+    if (size_ > 1 && n > 0) {
+      gloo::AllgatherOptions o(context_);
+      o.setInput(const_cast<float*>(in), size_t(n));
+      o.setOutput(out, size_t(n * size_));
+      o.setTimeout(opts_.timeout);
+      gloo::allgather(o);
+    } else if (n > 0) {
+      std::memcpy(out, in, size_t(n) * 4);
+    }
+    const int64_t moved = (size_ - 1) * n * 4;
+    count("all_gather", moved, moved);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int root) {
+  if (root < 0 || root >= size_) throw CommError(fmt::format("broadcast: root {} is not a rank of group '{}' ({} ranks)", root, name_, size_));
+  return submit("broadcast", n, n * 4, true, [=](int64_t seq) {
+    (void)seq;
+    if (size_ > 1 && n > 0) {
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(data, size_t(n));
+      o.setRoot(root);
+      o.setTimeout(opts_.timeout);
+      gloo::broadcast(o);
+    }
+    // one-to-all: the root sends the buffer to each other rank
+    count("broadcast", rank_ == root ? (size_ - 1) * n * 4 : 0, rank_ == root ? 0 : n * 4);
+  });
+}
+
+void ProcessGroup::barrier() {
+  submit("barrier", 0, 0, true, [=](int64_t) {
+    if (size_ > 1) {
+      gloo::BarrierOptions o(context_);
+      o.setTimeout(opts_.timeout);
+      gloo::barrier(o);
+    }
+    count("barrier", 0, 0);
+  })->wait();
+}
+
+// Point-to-point slots: the k-th message from a to b with tag t uses slot (t, k) on both sides.
+uint64_t ProcessGroup::p2p_slot(int peer, int tag, bool sending) {
+  uint64_t k = p2p_count_[{sending ? peer : -1 - peer, tag}]++;
+  return (uint64_t(1) << 62) | (uint64_t(uint32_t(tag)) << 32) | (k & 0xffffffffu);
+}
+
+void ProcessGroup::send(const float* data, int64_t n, int dst, int tag) {
+  if (dst < 0 || dst >= size_ || dst == rank_)
+    throw CommError(fmt::format("rank {}: send to rank {} in group '{}' of {} ranks", rank_, dst, name_, size_), "send to another rank of the group");
+  const uint64_t slot = p2p_slot(dst, tag, true);
+  submit("send", n, n * 4, false, [=](int64_t) {
+    if (n > 0) {
+      auto buf = context_->createUnboundBuffer(const_cast<float*>(data), size_t(n) * 4);
+      buf->send(dst, slot);
+      buf->waitSend(opts_.timeout);
+    }
+    count("send", n * 4, 0);
+  })->wait();
+}
+
+void ProcessGroup::recv(float* data, int64_t n, int src, int tag) {
+  if (src < 0 || src >= size_ || src == rank_)
+    throw CommError(fmt::format("rank {}: recv from rank {} in group '{}' of {} ranks", rank_, src, name_, size_), "receive from another rank of the group");
+  const uint64_t slot = p2p_slot(src, tag, false);
+  submit("recv", n, n * 4, false, [=](int64_t) {
+    if (n > 0) {
+      auto buf = context_->createUnboundBuffer(data, size_t(n) * 4);
+      buf->recv(src, slot);
+      buf->waitRecv(opts_.timeout);
+    }
+    count("recv", 0, n * 4);
+  })->wait();
+}
+
+// Ring reduce-scatter (Gloo has no options-style one): split the buffer into size() chunks; in step s
+// (0..size-2) rank r sends its partial chunk (r-s-1) mod N to the right neighbour and adds the left
+// neighbour's partial chunk (r-s-2) mod N into its own. After N-1 steps chunk r holds the full reduction.
+void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq) {
+  const int N = size_;
+  if (N == 1 || n == 0) {
+    if (n > 0) std::memcpy(out, in, size_t(n) * 4);
+    return;
+  }
+  std::vector<float> acc(in, in + n * N), tmp(static_cast<size_t>(n));
+  const int right = (rank_ + 1) % N, left = (rank_ + N - 1) % N;
+  auto send_buf = context_->createUnboundBuffer(acc.data(), acc.size() * 4);
+  auto recv_buf = context_->createUnboundBuffer(tmp.data(), tmp.size() * 4);
+  for (int s = 0; s < N - 1; s++) {
+    const int send_chunk = ((rank_ - s - 1) % N + N) % N, recv_chunk = ((rank_ - s - 2) % N + N) % N;
+    const uint64_t slot = (uint64_t(2) << 60) | (uint64_t(seq) << 8) | uint64_t(s);
+    send_buf->send(right, slot, size_t(send_chunk * n) * 4, size_t(n) * 4);
+    recv_buf->recv(left, slot, 0, size_t(n) * 4);
+    recv_buf->waitRecv(opts_.timeout);
+    send_buf->waitSend(opts_.timeout);
+    float* dst = acc.data() + recv_chunk * n;
+    if (op == ReduceOp::max)
+      for (int64_t i = 0; i < n; i++) dst[i] = std::max(dst[i], tmp[size_t(i)]);
+    else
+      for (int64_t i = 0; i < n; i++) dst[i] += tmp[size_t(i)];
+  }
+  const float scale = op == ReduceOp::avg ? 1.0f / float(N) : 1.0f;
+  for (int64_t i = 0; i < n; i++) out[i] = acc[size_t(rank_ * n + i)] * scale;
+}
+
+}  // namespace distlab

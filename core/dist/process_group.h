@@ -1,0 +1,149 @@
+// ProcessGroup: the handful of collectives the strategies need, over Gloo (TCP; CPU tensors).
+//
+// Every operation gets the next sequence number of its group, in program order, so rank r's k-th
+// collective pairs with every other rank's k-th. Operations run one at a time, in that order, on the
+// group's communication thread: the blocking forms enqueue and wait, the async forms return a Work to
+// wait() on later — that is what lets DDP overlap a bucket's all_reduce with the rest of backward.
+//
+// A collective that some rank never joins fails on the others after `timeout` with a CommError naming the
+// operation, its sequence number, its size and the ranks that arrived. With DISTLAB_DEBUG=detail each
+// collective first exchanges a fingerprint (op, sequence, count, dtype) through the store, so ranks that
+// call different collectives fail at once, naming both sides.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/dist/store.h"
+#include "core/perf/trace.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace distlab {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+struct CommCounters {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;      // by this rank, as the algorithm moves them (ring: 2(n-1)/n·S for all_reduce)
+  int64_t bytes_received = 0;
+};
+
+struct ProcessGroupOptions {
+  Millis timeout{300000};     // dist.timeout_s
+  bool fingerprints = false;  // DISTLAB_DEBUG=detail
+  bool track_arrivals = true; // note arrivals in the store, so a timeout can say who never came
+  std::string host = "127.0.0.1";  // this rank's address for Gloo's connections
+};
+// Options from the environment: DISTLAB_DEBUG=detail turns fingerprints on.
+ProcessGroupOptions options_from_env(Millis timeout);
+
+class Work {
+ public:
+  void wait();  // blocks until the operation finished; rethrows its error
+  bool done();
+
+ private:
+  friend class ProcessGroup;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::function<void()> on_wait_;  // records the trace's wait event on the caller's thread
+};
+
+class ProcessGroup {
+ public:
+  // Joins `size` ranks through `store` (every rank calls this with its rank). `trace` (optional) receives
+  // collective and wait events for the cost model. `name` prefixes the group's keys in the store.
+  ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions opts = {}, Trace* trace = nullptr,
+               std::string name = "world", std::vector<int> global_ranks = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  // data (n), the same n on every rank; avg divides the sum by size()
+  void all_reduce(float* data, int64_t n, ReduceOp op = ReduceOp::sum) { all_reduce_async(data, n, op)->wait(); }
+  // in (size·n) -> out (n): rank r gets the reduction of every rank's slot r (a ring: n-1 steps)
+  void reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(out, in, n, op)->wait();
+  }
+  // in (n) -> out (size·n): slot r holds rank r's input
+  void all_gather(float* out, const float* in, int64_t n) { all_gather_async(out, in, n)->wait(); }
+  void broadcast(float* data, int64_t n, int root) { broadcast_async(data, n, root)->wait(); }
+  void barrier();
+  // point to point; a send pairs with the matching recv of the same tag, in order
+  void send(const float* data, int64_t n, int dst, int tag = 0);
+  void recv(float* data, int64_t n, int src, int tag = 0);
+
+  std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> all_gather_async(float* out, const float* in, int64_t n);
+  std::shared_ptr<Work> broadcast_async(float* data, int64_t n, int root);
+
+  // A group of some of this group's ranks (ranks in this group's numbering). Only members call it, each
+  // with the same list, in the same order relative to their other new_group calls.
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
+  std::map<std::string, CommCounters> counters() const;  // per operation name
+  CommCounters total_counters() const;
+  void reset_counters();
+  int64_t sequence() const { return next_seq_; }  // collectives issued so far
+  Store& store() { return store_; }
+
+ private:
+  struct Call {
+    const char* op;
+    int64_t seq, count;  // seq -1: point-to-point, outside the group's collective sequence
+    std::function<void(int64_t seq)> body;
+    std::shared_ptr<Work> work;
+  };
+  std::shared_ptr<Work> submit(const char* op, int64_t count, int64_t payload_bytes, bool collective,
+                               std::function<void(int64_t seq)> body);
+  void run_loop();
+  void execute(Call& c);
+  void check_fingerprint(const Call& c);
+  [[noreturn]] void fail(const Call& c, const std::string& what);
+  void count(const char* op, int64_t sent, int64_t received);
+  void ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq);
+  uint64_t p2p_slot(int peer, int tag, bool sending);
+
+  Store& store_;
+  PrefixStore keys_;
+  int rank_, size_;
+  ProcessGroupOptions opts_;
+  Trace* trace_;
+  std::string name_;
+  std::vector<int> global_ranks_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  int64_t next_seq_ = 0;
+  int subgroups_ = 0;
+  std::map<std::pair<int, int>, uint64_t> p2p_count_;  // (peer, tag) -> messages so far, per direction sign
+  mutable std::mutex counters_mu_;
+  std::map<std::string, CommCounters> counters_;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Call> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace distlab

@@ -1,0 +1,344 @@
+// The cost model against its definitions: the α-β ring formulas written out here, nccl-tests' busbw
+// conventions, timelines worked out by hand on a profile with round numbers, references that need no
+// numbers at all (1 rank → speed-up 1; no communication → speed-up N), and the course's claim about
+// overlapping DDP's all-reduce with backward on 2×T4.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/perf/chrome_trace.h"
+#include "core/perf/cost_model.h"
+#include "core/perf/hardware.h"
+#include "core/util/error.h"
+
+using namespace distlab;
+using Ranks = std::vector<std::vector<TraceEvent>>;
+
+namespace {
+
+TraceEvent compute(const std::string& name, double flops, double bytes = 0, bool scales = true) {
+  TraceEvent e;
+  e.name = name;
+  e.flops = flops;
+  e.bytes = bytes;
+  e.scales_with_batch = scales;
+  return e;
+}
+
+TraceEvent collective(const std::string& op, int64_t bytes, int n, int64_t seq, const std::string& group = "world") {
+  TraceEvent e;
+  e.name = op;
+  e.kind = EventKind::collective;
+  e.stream = Stream::comm;
+  e.op = op;
+  e.payload_bytes = bytes;
+  e.group_size = n;
+  e.seq = seq;
+  e.group = group;
+  return e;
+}
+
+TraceEvent wait_for(int64_t seq, const std::string& group = "world") {
+  TraceEvent e;
+  e.name = "wait";
+  e.kind = EventKind::wait;
+  e.seq = seq;
+  e.group = group;
+  return e;
+}
+
+// Round numbers, so that timelines can be worked out by hand: 1 GFLOP/s, 1 GB/s everywhere.
+HardwareProfile round_profile(double alpha_s = 0, double launch_s = 0) {
+  HardwareProfile hw = *find_profile("cpu");
+  hw.name = "round";
+  hw.fp32_flops_per_s = hw.low_precision_flops_per_s = 1e9;
+  hw.mem_bw_bytes_per_s = hw.intra_node_busbw_bytes_per_s = hw.inter_node_busbw_bytes_per_s = 1e9;
+  hw.collective_latency_s = alpha_s;
+  hw.launch_overhead_s = launch_s;
+  return hw;
+}
+
+const std::vector<std::string> kOps = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
+
+// The formulas as the course states them: (latency steps, bandwidth factor).
+std::pair<double, double> ring_terms(const std::string& op, int n) {
+  if (op == "all_reduce") return {2.0 * (n - 1), 2.0 * (n - 1) / n};
+  if (op == "reduce_scatter" || op == "all_gather") return {double(n - 1), double(n - 1) / n};
+  if (op == "broadcast") return {double(n - 1), 1.0};
+  if (op == "barrier") return {2.0 * (n - 1), 0.0};
+  return {1.0, 1.0};  // send, recv
+}
+
+// A CIFAR CNN with one hidden FC layer, per image at 32×32: conv1 3→32 (896 params, 1.77 MFLOP), pool,
+// conv2 32→64 (18,496 params, 9.44 MFLOP), pool, fc1 4096→128 (524,416 params), fc2 128→10 (1,290 params):
+// 545,098 parameters (2.18 MB of fp32 gradients), ≈12.3 MFLOP forward, ≈37 MFLOP forward+backward.
+// Bytes are activations in+out per image plus the weights once per batch (gradients too in backward).
+struct Layer {
+  const char* name;
+  double fwd_flops_per_image, act_bytes_per_image;
+  int64_t params;
+};
+const std::vector<Layer> kCnn = {
+    {"conv1", 2.0 * 32 * 32 * 32 * 27, 4.0 * (3 * 32 * 32 + 32 * 32 * 32), 896},
+    {"relu_pool1", 2.0 * 32 * 32 * 32, 4.0 * (2 * 32 * 32 * 32 + 32 * 16 * 16), 0},
+    {"conv2", 2.0 * 16 * 16 * 64 * 288, 4.0 * (32 * 16 * 16 + 64 * 16 * 16), 18496},
+    {"relu_pool2", 2.0 * 64 * 16 * 16, 4.0 * (2 * 64 * 16 * 16 + 64 * 8 * 8), 0},
+    {"fc1", 2.0 * 4096 * 128, 4.0 * (4096 + 128), 524416},
+    {"fc2", 2.0 * 128 * 10, 4.0 * (128 + 10), 1290},
+};
+
+enum class Sync { overlapped, exposed };
+
+// One DDP step of one rank: forward, backward in reverse with one all-reduce per layer's gradients, waits,
+// SGD. overlapped: each all-reduce is issued right after its layer's backward (DDP with small buckets);
+// exposed: all of them are issued after the last backward kernel (the naive version), same bytes.
+std::vector<TraceEvent> ddp_step(int batch, int n_ranks, Sync sync) {
+  std::vector<TraceEvent> ev, pending;
+  int64_t seq = 0, total_params = 0;
+  for (const Layer& l : kCnn)
+    ev.push_back(compute(std::string(l.name) + "_forward", batch * l.fwd_flops_per_image,
+                         batch * l.act_bytes_per_image + 4.0 * l.params));
+  for (auto l = kCnn.rbegin(); l != kCnn.rend(); ++l) {
+    ev.push_back(compute(std::string(l->name) + "_backward", 2 * batch * l->fwd_flops_per_image,
+                         2 * batch * l->act_bytes_per_image + 8.0 * l->params));
+    if (l->params == 0) continue;
+    total_params += l->params;
+    (sync == Sync::overlapped ? ev : pending).push_back(collective("all_reduce", 4 * l->params, n_ranks, seq++));
+  }
+  ev.insert(ev.end(), pending.begin(), pending.end());
+  for (int64_t s = 0; s < seq; s++) ev.push_back(wait_for(s));
+  // SGD with momentum reads p, g, m and writes p, m; it does not grow with the batch.
+  ev.push_back(compute("sgd_step", 3.0 * total_params, 20.0 * total_params, /*scales=*/false));
+  return ev;
+}
+
+Ranks symmetric(int n_ranks, int batch, Sync sync) { return Ranks(n_ranks, ddp_step(batch, n_ranks, sync)); }
+
+}  // namespace
+
+TEST_CASE("profiles: memory and link-aware profiles are all found", "[costmodel]") {
+  for (const char* name : {"t4", "a100-40g", "a100-80g", "h100", "h200", "t4-pcie", "a100-nvlink", "h100-nvlink", "cpu"}) {
+    INFO(name);
+    REQUIRE(find_profile(name).has_value());
+    CHECK(parse_device_memory(name, "test") == find_profile(name)->memory_bytes);
+  }
+  CHECK(find_profile("t4-pcie")->memory_bytes == (16LL << 30));
+  CHECK(find_profile("h200")->memory_bytes == 141000000000LL);
+  for (const char* name : {"t4-pcie", "a100-nvlink", "h100-nvlink", "h200", "cpu"}) {
+    INFO(name);
+    const HardwareProfile p = require_profile(name, "test", /*need_cost_model=*/true);
+    CHECK(p.low_precision_flops_per_s >= p.fp32_flops_per_s);
+    CHECK(p.inter_node_busbw_bytes_per_s <= p.intra_node_busbw_bytes_per_s);
+    CHECK(p.collective_latency_s > 0);
+  }
+  CHECK_THROWS_AS(require_profile("t4", "test", true), ConfigError);
+  CHECK_THROWS_AS(require_profile("v100", "test"), ConfigError);
+  CHECK_THROWS_AS(compute_time(compute("x", 1), *find_profile("a100-80g")), ConfigError);
+}
+
+TEST_CASE("compute_time is the roofline plus the launch overhead", "[costmodel]") {
+  const HardwareProfile hw = *find_profile("t4-pcie");
+  const double flops = 1e9, bytes = 1e6;  // compute-bound: 123 µs of math, 3 µs of memory
+  CHECK(compute_time(compute("gemm", flops, bytes), hw) == Approx(flops / hw.fp32_flops_per_s + hw.launch_overhead_s));
+  CHECK(compute_time(compute("gemm", flops, bytes), hw, true) ==
+        Approx(std::max(flops / hw.low_precision_flops_per_s, bytes / hw.mem_bw_bytes_per_s) + hw.launch_overhead_s));
+  // memory-bound: an elementwise op over 64 MB
+  CHECK(compute_time(compute("relu", 16e6, 64e6), hw) == Approx(64e6 / hw.mem_bw_bytes_per_s + hw.launch_overhead_s));
+  CHECK(compute_time(compute("empty", 0, 0), hw) == Approx(hw.launch_overhead_s));
+}
+
+TEST_CASE("ring formulas follow nccl-tests' algbw/busbw conventions", "[costmodel]") {
+  const HardwareProfile hw = *find_profile("t4-pcie");
+  const HardwareProfile no_latency = round_profile(0);
+  for (const std::string& op : kOps) {
+    for (int n = 1; n <= 4; n++) {
+      for (int64_t bytes : {int64_t(0), int64_t(1), int64_t(7), int64_t(1) << 20, int64_t(1000000007)}) {
+        INFO(op << " n=" << n << " S=" << bytes);
+        const auto [steps, factor] = ring_terms(op, n);
+        const double expected_s = n == 1 ? 0 : steps * hw.collective_latency_s + double(bytes) / hw.intra_node_busbw_bytes_per_s * factor;
+        CHECK(collective_time(op, bytes, n, hw) == Approx(expected_s));
+        CHECK(busbw_factor(op, n) == Approx(factor));
+        // Without latency, the busbw computed from the time is exactly the profile's bus bandwidth.
+        if (n > 1 && bytes > 0 && op != "barrier") {
+          const double t_s = collective_time(op, bytes, n, no_latency);
+          CHECK(algbw(bytes, t_s) * busbw_factor(op, n) == Approx(no_latency.intra_node_busbw_bytes_per_s));
+        }
+      }
+    }
+  }
+  SECTION("n = 1 costs nothing; S = 0 costs latency only") {
+    CHECK(collective_time("all_reduce", 1 << 30, 1, hw) == 0);
+    CHECK(collective_time("all_reduce", 0, 4, hw) == Approx(6 * hw.collective_latency_s));
+    CHECK(collective_time("all_gather", 0, 3, hw) == Approx(2 * hw.collective_latency_s));
+  }
+  SECTION("a large all-reduce reaches the profile's busbw; inter-node is slower") {
+    const double t_s = collective_time("all_reduce", int64_t(1) << 30, 8, hw);
+    CHECK(algbw(int64_t(1) << 30, t_s) * busbw_factor("all_reduce", 8) == Approx(hw.intra_node_busbw_bytes_per_s).epsilon(0.01));
+    CHECK(collective_time("all_reduce", int64_t(1) << 30, 8, hw, Link::inter_node) > t_s);
+  }
+  CHECK_THROWS_AS(collective_time("all_to_all", 8, 2, hw), Error);
+  CHECK_THROWS_AS(collective_time("all_reduce", -1, 2, hw), Error);
+}
+
+TEST_CASE("replay: a straggler delays the collective on the other rank", "[costmodel]") {
+  const double alpha_s = 1e-4;
+  const HardwareProfile hw = round_profile(alpha_s);
+  // rank 0 computes 1 ms, rank 1 computes 3 ms; both then all-reduce 1 MB and wait for it.
+  Ranks ranks = {{compute("fwd", 1e6), collective("all_reduce", 1000000, 2, 0), wait_for(0)},
+                 {compute("fwd", 3e6), collective("all_reduce", 1000000, 2, 0), wait_for(0)}};
+  const ReplayResult r = replay(ranks, hw);
+  const double t_ar_s = 2 * alpha_s + 1e6 / 1e9 * 1.0;  // 2(n−1)α + S/B·2(n−1)/n at n = 2
+  const double end_s = 3e-3 + t_ar_s;
+  CHECK(r.step_s == Approx(end_s));
+  for (const ModeledEvent& e : r.events)
+    if (e.kind == EventKind::collective) {
+      CHECK(e.start_s == Approx(3e-3));  // when the straggler issued it, not when rank 0 did
+      CHECK(e.end_s == Approx(end_s));
+    }
+  CHECK(r.ranks[0].compute_s == Approx(1e-3));
+  CHECK(r.ranks[0].exposed_comm_s == Approx(end_s - 1e-3));  // rank 0 also waits for rank 1
+  CHECK(r.ranks[1].exposed_comm_s == Approx(t_ar_s));
+  CHECK(r.exposed_comm_s == Approx(end_s - 1e-3));
+  CHECK(r.exposed_comm_mean_s == Approx((end_s - 1e-3 + t_ar_s) / 2));
+}
+
+TEST_CASE("replay: comm streams run collectives in order and overlap compute", "[costmodel]") {
+  const HardwareProfile hw = round_profile(0);
+  // Two 1 MB all-reduces (1 ms each at n = 2) issued at 1 ms and 2 ms: the second queues behind the
+  // first (starts at 2 ms, ends at 3 ms) while 2 ms of compute runs; the final wait costs nothing extra.
+  std::vector<TraceEvent> rank = {compute("b1", 1e6), collective("all_reduce", 1000000, 2, 0), compute("b2", 1e6),
+                                  collective("all_reduce", 1000000, 2, 1), compute("b3", 1e6), wait_for(0), wait_for(1)};
+  const ReplayResult r = replay(Ranks(2, rank), hw);
+  CHECK(r.step_s == Approx(3e-3));
+  CHECK(r.compute_s == Approx(3e-3));
+  CHECK(r.comm_s == Approx(2e-3));
+  CHECK(r.exposed_comm_s == Approx(0).margin(1e-12));
+}
+
+TEST_CASE("replay: bucketed all-reduce exposes less communication than the naive one", "[costmodel]") {
+  for (const char* name : {"t4-pcie", "cpu", "a100-nvlink"}) {
+    INFO(name);
+    const HardwareProfile hw = *find_profile(name);
+    const ReplayResult naive = replay(symmetric(2, 64, Sync::exposed), hw);
+    const ReplayResult bucketed = replay(symmetric(2, 64, Sync::overlapped), hw);
+    CHECK(naive.comm_s == Approx(bucketed.comm_s));  // same bytes, same collectives
+    CHECK(naive.compute_s == Approx(bucketed.compute_s));
+    // naive: nothing overlaps, so everything the comm stream does is exposed
+    CHECK(naive.exposed_comm_s == Approx(naive.comm_s));
+    CHECK(bucketed.exposed_comm_s < naive.exposed_comm_s);
+    CHECK(bucketed.step_s < naive.step_s);
+    // the last bucket is issued after the last backward kernel, so it can never be hidden
+    CHECK(bucketed.exposed_comm_s >= collective_time("all_reduce", 4 * kCnn.front().params, 2, hw) * (1 - 1e-9));
+  }
+}
+
+TEST_CASE("modeled speed-up: references without numbers", "[costmodel]") {
+  const HardwareProfile hw = *find_profile("t4-pcie");
+  // One rank: the same step, speed-up exactly 1.
+  CHECK(modeled_speedup(symmetric(1, 64, Sync::overlapped), hw) == Approx(1));
+  // Four ranks that never talk and have no per-rank work: perfect scaling.
+  Ranks independent(4, {compute("fwd", 1e9, 1e6), compute("bwd", 2e9, 2e6)});
+  CHECK(modeled_speedup(independent, hw) == Approx(4));
+  CHECK(single_rank_time_s(ddp_step(64, 2, Sync::overlapped), 2, hw) <
+        2 * replay(symmetric(1, 64, Sync::overlapped), hw).step_s);  // the optimizer runs once, not twice
+}
+
+TEST_CASE("modeled speed-up: CIFAR CNN DDP on 2×T4 over PCIe", "[costmodel]") {
+  const HardwareProfile hw = *find_profile("t4-pcie");
+  const ReplayResult over = replay(symmetric(2, 64, Sync::overlapped), hw);
+  const ReplayResult naive = replay(symmetric(2, 64, Sync::exposed), hw);
+  const double t1_s = single_rank_time_s(ddp_step(64, 2, Sync::overlapped), 2, hw);
+  const double speedup_over = modeled_speedup(symmetric(2, 64, Sync::overlapped), hw);
+  const double speedup_naive = modeled_speedup(symmetric(2, 64, Sync::exposed), hw);
+  WARN("t4-pcie, CIFAR CNN 545K params, batch 64/rank: t_1 " << t1_s * 1e6 << " us; overlapped t_2 "
+       << over.step_s * 1e6 << " us (compute " << over.compute_s * 1e6 << ", comm " << over.comm_s * 1e6
+       << ", exposed " << over.exposed_comm_s * 1e6 << ") speed-up " << speedup_over << "; exposed t_2 "
+       << naive.step_s * 1e6 << " us (exposed " << naive.exposed_comm_s * 1e6 << ") speed-up " << speedup_naive);
+  CHECK(speedup_over == Approx(t1_s / over.step_s));
+  CHECK(speedup_over >= 1.8);
+  CHECK(speedup_naive < 1.8);
+  CHECK(speedup_naive < speedup_over);
+}
+
+TEST_CASE("replay: traces that could not have run are errors, not hangs", "[costmodel]") {
+  const HardwareProfile hw = round_profile(1e-5);
+  const TraceEvent c = compute("fwd", 1e6);
+  SECTION("a collective missing on one rank") {
+    Ranks r = {{c, collective("all_reduce", 8, 2, 0), wait_for(0)}, {c}};
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("1 participant(s)") && Catch::Contains("group_size 2"));
+  }
+  SECTION("more participants than group_size (a group name shared by two communicators)") {
+    Ranks r(3, {collective("all_reduce", 8, 2, 0, "dp"), wait_for(0, "dp")});
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("3 participant(s)"));
+  }
+  SECTION("a wait with no matching collective") {
+    Ranks r(2, {c, wait_for(5)});
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("waits for collective seq 5"));
+  }
+  SECTION("a wait before its collective") {
+    Ranks r(2, {wait_for(0), collective("all_reduce", 8, 2, 0)});
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("did not issue before the wait"));
+  }
+  SECTION("ranks disagree on the collective") {
+    Ranks r = {{collective("all_reduce", 8, 2, 0)}, {collective("all_gather", 8, 2, 0)}};
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("disagree"));
+  }
+  SECTION("two groups issued in opposite orders deadlock") {
+    Ranks r = {{collective("all_reduce", 8, 2, 0, "a"), collective("all_reduce", 8, 2, 0, "b"), wait_for(0, "a")},
+               {collective("all_reduce", 8, 2, 0, "b"), collective("all_reduce", 8, 2, 0, "a"), wait_for(0, "a")}};
+    CHECK_THROWS_WITH(replay(r, hw), Catch::Contains("deadlock"));
+  }
+  SECTION("a send and its recv are one transfer") {
+    Ranks r = {{collective("send", 1000000, 2, 0, "p2p"), wait_for(0, "p2p")},
+               {collective("recv", 1000000, 2, 0, "p2p"), wait_for(0, "p2p")}};
+    CHECK(replay(r, hw).step_s == Approx(1e-5 + 1e-3));
+  }
+}
+
+TEST_CASE("Chrome trace: valid JSON with a process per rank and compute/comm threads", "[costmodel]") {
+  const HardwareProfile hw = *find_profile("t4-pcie");
+  const Ranks ranks = symmetric(2, 8, Sync::overlapped);
+  auto check = [](const nlohmann::json& doc) {
+    REQUIRE(doc.contains("traceEvents"));
+    std::set<int> pids, compute_tids, comm_tids;
+    std::set<std::string> names;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] == "M") {
+        names.insert(e["args"]["name"].get<std::string>());
+        continue;
+      }
+      REQUIRE(e["ph"] == "X");
+      CHECK(e["dur"].get<double>() >= 0);
+      pids.insert(e["pid"].get<int>());
+      (e["cat"] == "collective" ? comm_tids : compute_tids).insert(e["tid"].get<int>());
+    }
+    CHECK(pids == std::set<int>{0, 1});
+    CHECK(comm_tids == std::set<int>{1});
+    CHECK(compute_tids == std::set<int>{0});
+    for (const char* n : {"rank 0", "rank 1", "compute", "comm"}) CHECK(names.count(n) == 1);
+  };
+  SECTION("modeled") {
+    const ReplayResult r = replay(ranks, hw);
+    const nlohmann::json doc = nlohmann::json::parse(chrome_trace_json(r));
+    check(doc);
+    CHECK(doc["otherData"]["profile"] == "t4-pcie");
+    const std::string path = "test_cost_model_trace.json";
+    write_chrome_trace(path, chrome_trace_json(r));
+    std::ifstream f(path);
+    CHECK(nlohmann::json::parse(f) == doc);
+    std::remove(path.c_str());
+  }
+  SECTION("measured") {
+    Ranks measured = ranks;
+    for (auto& rank : measured)
+      for (size_t i = 0; i < rank.size(); i++) rank[i].t_begin_us = double(i), rank[i].t_end_us = i + 0.5;
+    check(nlohmann::json::parse(chrome_trace_json(measured)));
+  }
+  CHECK_THROWS_AS(write_chrome_trace("/nonexistent-dir/x.json", "{}"), IoError);
+}

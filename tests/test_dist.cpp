@@ -1,0 +1,232 @@
+// ProcessGroup collectives with ranks as threads: every collective against a locally computed reference,
+// on world sizes 1-4 and awkward sizes (0, 1, primes, not divisible by the world size).
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+
+#include "core/dist/errors.h"
+#include "core/dist/tcp_store.h"
+#include "dist_harness.h"
+
+using namespace distlab;
+using namespace distlab::testing;
+
+namespace {
+const std::vector<int64_t> kSizes = {0, 1, 2, 7, 13, 1000, 4099};
+float value(int rank, int64_t i) { return float((rank + 1) * 1000 + i % 97) * 0.5f + float(i % 3) * 0.25f; }
+}  // namespace
+
+TEST_CASE("all_reduce sum, avg and max equal the reference", "[dist]") {
+  for (int world = 1; world <= 4; world++) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      for (int64_t n : kSizes) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          std::vector<float> x(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; i++) x[size_t(i)] = value(pg.rank(), i);
+          pg.all_reduce(x.data(), n, op);
+          for (int64_t i = 0; i < n; i++) {
+            double s = 0, m = -1e30;
+            for (int r = 0; r < world; r++) {
+              s += value(r, i);
+              m = std::max(m, double(value(r, i)));
+            }
+            double want = op == ReduceOp::sum ? s : op == ReduceOp::avg ? s / world : m;
+            if (std::abs(x[size_t(i)] - want) > 1e-3 * std::abs(want)) FAIL("all_reduce " << reduce_op_name(op) << " n=" << n << " world=" << world);
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("reduce_scatter gives each rank the reduction of its slot", "[dist]") {
+  for (int world = 1; world <= 4; world++) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      for (int64_t n : kSizes) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          std::vector<float> in(static_cast<size_t>(n * world)), out(static_cast<size_t>(n), -1.0f);
+          for (int64_t i = 0; i < n * world; i++) in[size_t(i)] = value(pg.rank(), i);
+          pg.reduce_scatter(out.data(), in.data(), n, op);
+          for (int64_t i = 0; i < n; i++) {
+            const int64_t g = pg.rank() * n + i;
+            double s = 0, m = -1e30;
+            for (int r = 0; r < world; r++) {
+              s += value(r, g);
+              m = std::max(m, double(value(r, g)));
+            }
+            double want = op == ReduceOp::sum ? s : op == ReduceOp::avg ? s / world : m;
+            if (std::abs(out[size_t(i)] - want) > 1e-3 * std::abs(want)) FAIL("reduce_scatter n=" << n << " world=" << world);
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("all_gather and broadcast from every root", "[dist]") {
+  for (int world = 1; world <= 4; world++) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      for (int64_t n : kSizes) {
+        std::vector<float> in(static_cast<size_t>(n)), out(static_cast<size_t>(n * world));
+        for (int64_t i = 0; i < n; i++) in[size_t(i)] = value(pg.rank(), i);
+        pg.all_gather(out.data(), in.data(), n);
+        for (int r = 0; r < world; r++)
+          for (int64_t i = 0; i < n; i++) REQUIRE(out[size_t(r * n + i)] == value(r, i));
+        for (int root = 0; root < world; root++) {
+          std::vector<float> b(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; i++) b[size_t(i)] = value(pg.rank(), i);
+          pg.broadcast(b.data(), n, root);
+          for (int64_t i = 0; i < n; i++) REQUIRE(b[size_t(i)] == value(root, i));
+        }
+      }
+      pg.barrier();
+    });
+  }
+}
+
+TEST_CASE("send and recv around a ring, in order, with tags", "[dist]") {
+  for (int world = 2; world <= 4; world++) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      const int right = (pg.rank() + 1) % world, left = (pg.rank() + world - 1) % world;
+      for (int64_t n : {int64_t(1), int64_t(13), int64_t(4099)}) {
+        std::vector<float> mine(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; i++) mine[size_t(i)] = value(pg.rank(), i);
+        // even ranks send first, odd ranks receive first: no deadlock on any ring
+        if (pg.rank() % 2 == 0) {
+          pg.send(mine.data(), n, right, 3);
+          pg.recv(got.data(), n, left, 3);
+        } else {
+          pg.recv(got.data(), n, left, 3);
+          pg.send(mine.data(), n, right, 3);
+        }
+        for (int64_t i = 0; i < n; i++) REQUIRE(got[size_t(i)] == value(left, i));
+      }
+      auto c = pg.counters();
+      CHECK(c["send"].bytes_sent == 4 * (1 + 13 + 4099));
+      CHECK(c["recv"].bytes_received == 4 * (1 + 13 + 4099));
+    });
+  }
+}
+
+TEST_CASE("async collectives complete in order and can overlap compute", "[dist]") {
+  run_ranks(3, [](ProcessGroup& pg) {
+    std::vector<std::vector<float>> bufs(5, std::vector<float>(1000));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int b = 0; b < 5; b++) {
+      for (int i = 0; i < 1000; i++) bufs[size_t(b)][size_t(i)] = float(pg.rank() + b);
+      works.push_back(pg.all_reduce_async(bufs[size_t(b)].data(), 1000, ReduceOp::sum));
+    }
+    for (auto& w : works) w->wait();
+    for (int b = 0; b < 5; b++) CHECK(bufs[size_t(b)][999] == float(0 + 1 + 2 + 3 * b));
+    CHECK(pg.sequence() == 5);
+  });
+}
+
+TEST_CASE("counters: a ring all_reduce sends 2(n-1)/n of the buffer per rank", "[dist]") {
+  for (int world = 1; world <= 4; world++) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      std::vector<float> x(1200, 1.0f);
+      pg.all_reduce(x.data(), 1200);
+      auto c = pg.counters()["all_reduce"];
+      CHECK(c.calls == 1);
+      CHECK(c.bytes_sent == 2 * (world - 1) * 1200 * 4 / world);
+      std::vector<float> out(1200);
+      pg.reduce_scatter(out.data(), x.data(), 1200 / world);
+      CHECK(pg.counters()["reduce_scatter"].bytes_sent == (world - 1) * (1200 / world) * 4);
+    });
+  }
+}
+
+TEST_CASE("subgroups from lists of ranks", "[dist]") {
+  run_ranks(4, [](ProcessGroup& pg) {
+    std::vector<int> members = pg.rank() % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    auto sub = pg.new_group(members);
+    CHECK(sub->size() == 2);
+    CHECK(sub->rank() == pg.rank() / 2);
+    CHECK(sub->global_ranks() == members);
+    float x = float(pg.rank());
+    sub->all_reduce(&x, 1);
+    CHECK(x == float(pg.rank() % 2 == 0 ? 0 + 2 : 1 + 3));
+    float y = 1.0f;
+    pg.all_reduce(&y, 1);  // the parent group still works
+    CHECK(y == 4.0f);
+  });
+  CHECK_THROWS_AS(run_ranks(2, [](ProcessGroup& pg) { pg.new_group({1 - pg.rank()}); }), CommError);
+}
+
+TEST_CASE("a collective that one rank never joins times out on the others, naming it", "[dist][failure]") {
+  ProcessGroupOptions o;
+  o.timeout = Millis(1500);
+  auto t0 = std::chrono::steady_clock::now();
+  auto errors = run_ranks_collect(2, [](ProcessGroup& pg) {
+    float x[4096] = {};
+    pg.all_reduce(x, 4096);
+    if (pg.rank() == 0) pg.all_reduce(x, 4096);                             // the extra one
+    else std::this_thread::sleep_for(std::chrono::milliseconds(3000));     // alive, but never joins
+  }, o);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(secs < 8.0);
+  REQUIRE(errors[0]);
+  std::string m = message_of(errors[0]);
+  CHECK_THAT(m, Catch::Contains("all_reduce #1") && Catch::Contains("4096 f32") && Catch::Contains("rank 0"));
+  CHECK_THAT(m, Catch::Contains("arrived: 0") && Catch::Contains("missing: 1"));
+  CHECK_FALSE(errors[1]);
+}
+
+TEST_CASE("DISTLAB_DEBUG=detail: mismatched collectives fail at once naming both sides", "[dist][failure]") {
+  ProcessGroupOptions o;
+  o.fingerprints = true;
+  o.timeout = Millis(5000);
+  auto t0 = std::chrono::steady_clock::now();
+  auto errors = run_ranks_collect(2, [](ProcessGroup& pg) {
+    std::vector<float> x(4096);
+    pg.all_reduce(x.data(), 10);  // #0 matches
+    if (pg.rank() == 0) pg.all_reduce(x.data(), 4096);
+    else pg.broadcast(x.data(), 10, 0);
+  }, o);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(secs < 3.0);
+  for (int r = 0; r < 2; r++) {
+    REQUIRE(errors[size_t(r)]);
+    std::string m = message_of(errors[size_t(r)]);
+    CHECK_THAT(m, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("broadcast #1 of 10 f32"));
+  }
+}
+
+TEST_CASE("the TCP store: set, blocking get, add, wait, check, timeouts", "[dist][store]") {
+  TcpStoreServer server("127.0.0.1", 0);
+  REQUIRE(server.port() > 0);
+  TcpStore a("127.0.0.1", server.port(), Millis(2000)), b("127.0.0.1", server.port(), Millis(2000));
+  a.set_string("k", "v");
+  CHECK(b.get_string("k") == "v");
+  CHECK(a.add("n", 2) == 2);
+  CHECK(b.add("n", 3) == 5);
+  CHECK(a.check({"k", "n"}));
+  CHECK_FALSE(a.check({"k", "nope"}));
+  std::thread later([&] {
+    std::this_thread::sleep_for(Millis(200));
+    b.set_string("late", "x");
+  });
+  CHECK(a.get_string("late") == "x");  // blocked until set
+  later.join();
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(a.wait({"never"}, Millis(300)), Catch::Contains("never") && Catch::Contains("timed out"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK_THROWS_AS(TcpStore("127.0.0.1", 1, Millis(200)), StoreError);  // nothing listens there
+}
+
+TEST_CASE("Gloo rendezvous through the TCP store", "[dist][store]") {
+  TcpStoreServer server("127.0.0.1", 0);
+  std::vector<std::thread> ts;
+  std::vector<float> results(3);
+  for (int r = 0; r < 3; r++)
+    ts.emplace_back([&, r] {
+      TcpStore s("127.0.0.1", server.port(), Millis(10000));
+      ProcessGroup pg(s, r, 3);
+      float x = float(r + 1);
+      pg.all_reduce(&x, 1);
+      results[size_t(r)] = x;
+    });
+  for (auto& t : ts) t.join();
+  CHECK(results == std::vector<float>{6, 6, 6});
+}
