@@ -4,6 +4,11 @@
 
 #include <iostream>
 
+#include <unistd.h>
+
+#include <climits>
+
+#include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
 #include "core/util/error.h"
 
@@ -12,8 +17,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   distlab::add_train_command(app, exit_code);
+  char self[PATH_MAX] = {};
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  // `distlab run ... -- PROGRAM ARGS`: the program's arguments are not ours to parse
+  std::vector<std::string> program;
+  std::vector<char*> ours(argv, argv + argc);
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == "--") {
+      program.assign(argv + i + 1, argv + argc);
+      ours.resize(size_t(i));
+      break;
+    }
+  distlab::add_run_command(app, exit_code, n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]), program);
   try {
-    app.parse(argc, argv);
+    app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const distlab::Error& e) {

@@ -1,0 +1,67 @@
+#include "core/dist/env.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "core/dist/errors.h"
+
+namespace distlab {
+
+static int int_var(const char* name, bool required, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    if (required)
+      throw CommError(fmt::format("environment variable {} is not set", name),
+                      "start workers with `distlab run -n N ...` (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
+    return fallback;
+  }
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x < 0) throw CommError(fmt::format("environment variable {}='{}' is not a non-negative integer", name, v));
+  return int(x);
+}
+
+LaunchEnv read_launch_env() {
+  LaunchEnv e;
+  if (!std::getenv("RANK") && !std::getenv("WORLD_SIZE")) return e;
+  e.launched = true;
+  e.rank = int_var("RANK", true, 0);
+  e.world_size = int_var("WORLD_SIZE", true, 1);
+  e.local_rank = int_var("LOCAL_RANK", false, e.rank);
+  e.local_world_size = int_var("LOCAL_WORLD_SIZE", false, e.world_size);
+  if (e.world_size < 1 || e.rank >= e.world_size)
+    throw CommError(fmt::format("RANK={} is not below WORLD_SIZE={}", e.rank, e.world_size), "each rank must be in 0..WORLD_SIZE-1");
+  if (const char* a = std::getenv("MASTER_ADDR"); a && *a) e.master_addr = a;
+  e.master_port = int_var("MASTER_PORT", e.world_size > 1, 0);
+  return e;
+}
+
+std::string local_address_for(const std::string& master_addr) {
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) return "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(master_addr.c_str(), "9", &hints, &res) != 0 || !res)
+    throw CommError(fmt::format("cannot resolve MASTER_ADDR '{}'", master_addr), "use an IP address or a name this machine resolves");
+  // a UDP "connect" sends nothing; it only picks the route, whose source address is ours
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  std::string ip = "127.0.0.1";
+  if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof me;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      ip = inet_ntop(AF_INET, &me.sin_addr, buf, sizeof buf);
+    }
+  }
+  ::close(fd);
+  freeaddrinfo(res);
+  return ip;
+}
+
+}  // namespace distlab

@@ -1,0 +1,298 @@
+#include "core/dist/launcher.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "core/dist/errors.h"
+#include "core/dist/tcp_store.h"
+
+namespace distlab {
+
+namespace {
+
+std::atomic<int> g_interrupted{0};  // set by SIGINT/SIGTERM in the launcher (a signal handler needs a global)
+void on_signal(int sig) { g_interrupted = sig; }
+
+struct Worker {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;        // the read end of the worker's stdout+stderr
+  std::string partial;    // an unfinished line
+  std::deque<std::string> tail;
+  std::unique_ptr<std::ofstream> log;
+  bool running = false;
+  int status = 0;         // waitpid status once exited
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int s = WTERMSIG(status);
+    return fmt::format("killed by signal {} ({})", s, sigabbrev_np(s) ? std::string("SIG") + sigabbrev_np(s) : "?");
+  }
+  return "unknown status";
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+pid_t spawn(const LaunchOptions& o, Worker& w, int world, int port, int out_write, int out_read) {
+  pid_t pid = fork();
+  if (pid < 0) throw Error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);                    // its own process group: we can signal it and its children at once
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the launcher itself dies
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    dup2(out_write, STDOUT_FILENO);
+    dup2(out_write, STDERR_FILENO);
+    close(out_write);
+    close(out_read);
+    const int threads = o.threads_per_rank > 0 ? o.threads_per_rank
+                                               : std::max(1, int(std::thread::hardware_concurrency()) / o.nproc_per_node);
+    setenv("RANK", std::to_string(w.rank).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(w.local_rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+    setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+    setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    fprintf(stderr, "distlab run: cannot start '%s': %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+class Group {
+ public:
+  Group(const LaunchOptions& o, int attempt) : o_(o), attempt_(attempt) {}
+
+  // Runs one attempt; returns 0 on success, 1 on a rank's failure, 130 on interrupt.
+  int run(int port) {
+    const int world = o_.nnodes * o_.nproc_per_node;
+    for (int l = 0; l < o_.nproc_per_node; l++) {
+      Worker w;
+      w.local_rank = l;
+      w.rank = o_.node_rank * o_.nproc_per_node + l;
+      int fds[2];
+      if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
+      w.pid = spawn(o_, w, world, port, fds[1], fds[0]);
+      close(fds[1]);
+      w.out_fd = fds[0];
+      w.running = true;
+      if (!o_.log_dir.empty()) {
+        std::string name = attempt_ ? fmt::format("rank_{}.attempt{}.log", w.rank, attempt_) : fmt::format("rank_{}.log", w.rank);
+        w.log = std::make_unique<std::ofstream>(std::filesystem::path(o_.log_dir) / name);
+      }
+      workers_.push_back(std::move(w));
+    }
+    return supervise();
+  }
+
+ private:
+  void on_line(Worker& w, const std::string& line) {
+    if (w.rank == 0) {
+      std::cout << line << "\n";
+      std::cout.flush();
+    }
+    if (w.log) *w.log << line << "\n" << std::flush;
+    w.tail.push_back(line);
+    if (int(w.tail.size()) > o_.tail_lines) w.tail.pop_front();
+  }
+
+  void drain(Worker& w, bool until_eof) {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = read(w.out_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (n == 0 && !w.partial.empty()) {
+          on_line(w, w.partial);
+          w.partial.clear();
+        }
+        return;
+      }
+      w.partial.append(buf, size_t(n));
+      size_t pos;
+      while ((pos = w.partial.find('\n')) != std::string::npos) {
+        on_line(w, w.partial.substr(0, pos));
+        w.partial.erase(0, pos + 1);
+      }
+      if (!until_eof) return;
+    }
+  }
+
+  void poll_output(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<Worker*> owners;
+    for (auto& w : workers_)
+      if (w.out_fd >= 0) {
+        fds.push_back({w.out_fd, POLLIN, 0});
+        owners.push_back(&w);
+      }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      return;
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (size_t i = 0; i < fds.size(); i++) {
+      if (fds[i].revents & POLLIN) drain(*owners[i], false);
+      else if (fds[i].revents & (POLLHUP | POLLERR)) {
+        drain(*owners[i], true);
+        close(owners[i]->out_fd);
+        owners[i]->out_fd = -1;
+      }
+    }
+  }
+
+  bool reap() {  // true when some worker exited since the last call
+    bool any = false;
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int st;
+      if (waitpid(w.pid, &st, WNOHANG) == w.pid) {
+        w.running = false;
+        w.status = st;
+        any = true;
+      }
+    }
+    return any;
+  }
+
+  void signal_all(int sig) {
+    for (auto& w : workers_)
+      if (w.running) kill(-w.pid, sig);
+  }
+
+  void stop_all() {
+    signal_all(SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.grace_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      reap();
+      bool alive = false;
+      for (auto& w : workers_) alive = alive || w.running;
+      if (!alive) break;
+      poll_output(50);
+    }
+    signal_all(SIGKILL);
+    for (auto& w : workers_)
+      if (w.running) {
+        waitpid(w.pid, &w.status, 0);
+        w.running = false;
+      }
+    for (auto& w : workers_)
+      if (w.out_fd >= 0) {
+        drain(w, true);
+        close(w.out_fd);
+        w.out_fd = -1;
+      }
+  }
+
+  int supervise() {
+    for (;;) {
+      poll_output(100);
+      reap();
+      if (g_interrupted) {
+        std::cerr << fmt::format("distlab run: interrupted (signal {}): stopping {} worker(s)\n", int(g_interrupted),
+                                 workers_.size());
+        stop_all();
+        return 130;
+      }
+      const Worker* first_failure = nullptr;
+      bool all_done = true;
+      for (auto& w : workers_) {
+        if (w.running) all_done = false;
+        else if (failed(w.status) && !first_failure) first_failure = &w;
+      }
+      if (first_failure) {
+        const Worker& f = *first_failure;
+        const int rank = f.rank, status = f.status;
+        stop_all();
+        report_failure(rank, status);
+        return 1;
+      }
+      if (all_done) {
+        for (auto& w : workers_)
+          if (w.out_fd >= 0) {
+            drain(w, true);
+            close(w.out_fd);
+            w.out_fd = -1;
+          }
+        return 0;
+      }
+    }
+  }
+
+  void report_failure(int rank, int status) {
+    const Worker* f = nullptr;
+    for (auto& w : workers_)
+      if (w.rank == rank) f = &w;
+    std::string msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) failed: {}", rank, f->local_rank, f->pid,
+                                  describe_status(status));
+    msg += fmt::format("; stopped the other {} worker(s)\n", workers_.size() - 1);
+    msg += fmt::format("---- last {} lines of rank {} ----\n", f->tail.size(), rank);
+    for (const auto& l : f->tail) msg += "  " + l + "\n";
+    for (const auto& w : workers_)
+      if (w.rank != rank && failed(w.status) && !(WIFSIGNALED(w.status) && (WTERMSIG(w.status) == SIGTERM || WTERMSIG(w.status) == SIGKILL)))
+        msg += fmt::format("  (rank {} also ended: {})\n", w.rank, describe_status(w.status));
+    if (!o_.log_dir.empty()) msg += fmt::format("every rank's output is in {}\n", o_.log_dir);
+    else msg += "keep every rank's output with --log-dir DIR\n";
+    std::cerr << msg;
+    std::cerr.flush();
+  }
+
+  const LaunchOptions& o_;
+  int attempt_;
+  std::vector<Worker> workers_;
+};
+
+}  // namespace
+
+int launch(const LaunchOptions& o) {
+  if (o.nproc_per_node < 1) throw ConfigError("--nproc-per-node must be at least 1");
+  if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw ConfigError(fmt::format("--node-rank {} is not in 0..{} (--nnodes {})", o.node_rank, o.nnodes - 1, o.nnodes));
+  if (o.argv.empty()) throw ConfigError("distlab run: nothing to run", "give a subcommand (train CONFIG) or -- PROGRAM ARGS");
+  if (o.nnodes > 1 && o.master_port == 0)
+    throw ConfigError("--master-port 0 works on one node only", "the other nodes must know the port: pick one, e.g. --master-port 29500");
+  if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  for (int attempt = 0;; attempt++) {
+    // node 0 hosts the store; a fresh one per attempt, so a restarted group starts from clean keys
+    std::unique_ptr<TcpStoreServer> server;
+    int port = o.master_port;
+    if (o.node_rank == 0) {
+      server = std::make_unique<TcpStoreServer>("0.0.0.0", o.master_port);
+      port = server->port();
+    }
+    Group g(o, attempt);
+    int rc = g.run(port);
+    if (rc != 1 || attempt >= o.max_restarts) return rc;
+    std::cerr << fmt::format("distlab run: restarting the group (attempt {} of {})\n", attempt + 2, o.max_restarts + 1);
+  }
+}
+
+}  // namespace distlab

@@ -1,0 +1,29 @@
+// The launcher behind `distlab run` — our torchrun. It hosts the rendezvous store (on node 0), starts one
+// worker process per local rank with torchrun's environment, shows rank 0's output, keeps every rank's
+// output (the last lines in memory, all of it under --log-dir), and supervises: when a worker fails it stops
+// the others (SIGTERM, then SIGKILL after a grace period), says which rank failed, how, and its last lines,
+// and exits non-zero. Ctrl-C stops everything. --max-restarts restarts the whole group.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace distlab {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;      // 0 picks a free port (single node only)
+  std::string log_dir;          // every rank's output, rank_<r>.log (and attempt suffixes on restarts)
+  int max_restarts = 0;
+  double grace_s = 5.0;         // between SIGTERM and SIGKILL
+  int tail_lines = 20;          // lines of a failed rank's output to show
+  std::vector<std::string> argv;  // the worker's command line (argv[0] is the program)
+  int threads_per_rank = 0;     // OMP_NUM_THREADS for workers (0: cores / local ranks)
+};
+
+// Runs the job to completion; returns the launcher's exit code (0 all ranks succeeded, 1 a rank failed,
+// 130 interrupted). Prints to stdout/stderr.
+int launch(const LaunchOptions& opts);
+
+}  // namespace distlab
