@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <sstream>
 
+#include "core/dist/env.h"
+#include "core/dist/errors.h"
+#include "core/dist/tcp_store.h"
 #include "core/perf/hardware.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
@@ -19,6 +23,20 @@ struct TrainArgs {
   bool help_config = false;
 };
 
+// Every rank must run the same config (the same file and overrides): rank 0 publishes it, the others compare.
+void check_same_config(ProcessGroup& pg, const RunConfig& cfg) {
+  const std::string mine = config_fingerprint(cfg);
+  if (pg.rank() == 0) pg.store().set_string("config", mine);
+  const std::string theirs = pg.store().get_string("config");
+  if (theirs == mine) return;
+  std::string diff;
+  std::istringstream a(mine), b(theirs);
+  for (std::string x, y; std::getline(a, x) && std::getline(b, y);)
+    if (x != y) diff += fmt::format("\n  rank {}: {}   rank 0: {}", pg.rank(), x, y);
+  throw ConfigError(fmt::format("rank {} runs a different config from rank 0:{}", pg.rank(), diff),
+                    "every rank must get the same config file and --set overrides");
+}
+
 int run_train(const TrainArgs& a) {
   if (a.help_config) {
     std::cout << "config keys (section.key  type  default  meaning):\n" << config_reference();
@@ -30,10 +48,24 @@ int run_train(const TrainArgs& a) {
   if (!a.metrics.empty()) sets.push_back("log.metrics=" + a.metrics);
   RunConfig cfg = load_config(a.config, sets);
   parse_dtype(a.save_dtype);
-  Runtime rt(parse_device(cfg.train.device), 0);
-  MetricsWriter metrics(cfg.log.metrics);
+  // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
+  const LaunchEnv env = read_launch_env();
+  Runtime rt(parse_device(cfg.train.device), env.rank);
+  std::unique_ptr<TcpStore> store;
+  std::unique_ptr<ProcessGroup> pg;
+  if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != "none")) {
+    const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
+    store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+    ProcessGroupOptions po = options_from_env(timeout);
+    po.host = local_address_for(env.master_addr);
+    pg = std::make_unique<ProcessGroup>(*store, env.rank, env.world_size, po, &rt.trace);
+    check_same_config(*pg, cfg);
+  }
+  const bool rank0 = env.rank == 0;
+  MetricsWriter metrics(rank0 ? cfg.log.metrics : "");
+  std::ostringstream quiet;  // ranks other than 0 don't print progress
   try {
-    Trainer trainer(cfg, rt, std::cout);
+    Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get());
     trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     metrics.finish();
   } catch (const Error& e) {

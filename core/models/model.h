@@ -12,6 +12,8 @@
 
 namespace distlab {
 
+class ProcessGroup;
+
 struct BackwardHook {
   virtual ~BackwardHook() = default;
   // Called once per unit, in reverse order of the forward, right after the unit's gradients are final.
@@ -30,6 +32,9 @@ class Model {
   virtual void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) = 0;
   virtual void set_training(bool on) = 0;
   virtual void init(uint64_t seed) = 0;  // deterministic: same seed, same weights
+  // Turns every BatchNorm into SyncBatchNorm over `pg` (nullptr turns it back); models without BatchNorm
+  // have nothing to do.
+  virtual void set_sync_batchnorm(ProcessGroup* pg) {}
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

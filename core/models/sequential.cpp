@@ -1,5 +1,6 @@
 #include "core/models/sequential.h"
 
+#include "core/nn/norm.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -62,6 +63,15 @@ void Sequential::set_training(bool on) {
 void Sequential::init(uint64_t seed) {
   Rng rng(seed);
   for (auto& l : layers_) l->init(rng);
+}
+
+}  // namespace distlab
+
+namespace distlab {
+
+void Sequential::set_sync_batchnorm(ProcessGroup* pg) {
+  for (auto& l : layers_)
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(l.get())) bn->set_sync_group(pg);
 }
 
 }  // namespace distlab

@@ -15,6 +15,7 @@ class Sequential : public Model {
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   void set_training(bool on) override;
   void init(uint64_t seed) override;
+  void set_sync_batchnorm(ProcessGroup* pg) override;
   void add(std::unique_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/dist/process_group.h"
 #include "core/ops/cpu/norm.h"
 #include "core/util/error.h"
 
@@ -76,8 +77,10 @@ Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
                        "use a larger train.micro_batch, or SyncBatchNorm across ranks");
     Tensor var = rt.empty({C_}, Category::activations, "BatchNorm var");
     batchnorm_stats(rt, mean_.f32(), var.f32(), x.f32(), B, C_, HW);
+    count_ = double(B * HW);
+    if (sync_ && !rt.is_meta()) count_ = sync_statistics(rt, mean_.f32(), var.f32(), B * HW);
     if (!rt.is_meta()) {
-      const double n = double(B * HW);
+      const double n = count_;
       float* rm = running_mean.data.f32();
       float* rv = running_var.data.f32();
       for (int64_t c = 0; c < C_; c++) {
@@ -117,10 +120,45 @@ Tensor BatchNorm2d::backward(Runtime& rt, const Tensor& dout) {
     weight.grad_for_accumulate();
     bias.grad_for_accumulate();
   }
+  // SyncBatchNorm: the parameter gradients above stay local (DDP averages them); the input gradient needs
+  // both sums over every rank
+  if (sync_ && !rt.is_meta()) sync_->all_reduce(sum_dy, 2 * C_, ReduceOp::sum);
   batchnorm_backward_apply(rt, dx.f32(), dout.f32(), saved_x_.f32(), mean_.f32(), rstd_.f32(), weight.data.f32(),
-                           sum_dy, sum_dy_xhat, double(B * HW), B, C_, HW);
+                           sum_dy, sum_dy_xhat, count_, B, C_, HW);
   saved_x_ = mean_ = rstd_ = Tensor();
   return dx;
+}
+
+}  // namespace distlab
+
+namespace distlab {
+
+double BatchNorm2d::sync_statistics(Runtime& rt, float* mean, float* var, int64_t local_count) {
+  const int n = sync_->size();
+  std::vector<float> mine(static_cast<size_t>(2 * C_ + 1)), all(static_cast<size_t>((2 * C_ + 1) * n));
+  std::copy(mean, mean + C_, mine.begin());
+  std::copy(var, var + C_, mine.begin() + C_);
+  mine[size_t(2 * C_)] = float(local_count);
+  sync_->all_gather(all.data(), mine.data(), 2 * C_ + 1);
+  double total = 0;
+  for (int r = 0; r < n; r++) total += all[size_t(r * (2 * C_ + 1) + 2 * C_)];
+  for (int64_t c = 0; c < C_; c++) {
+    double m = 0;
+    for (int r = 0; r < n; r++) {
+      const float* row = &all[size_t(r * (2 * C_ + 1))];
+      m += double(row[2 * C_]) * row[c];
+    }
+    m /= total;
+    double v = 0;
+    for (int r = 0; r < n; r++) {
+      const float* row = &all[size_t(r * (2 * C_ + 1))];
+      const double d = row[c] - m;
+      v += double(row[2 * C_]) * (row[C_ + c] + d * d);
+    }
+    mean[c] = float(m);
+    var[c] = float(v / total);
+  }
+  return total;
 }
 
 }  // namespace distlab

@@ -21,6 +21,10 @@ class LayerNorm : public Layer {
   Tensor saved_x_, mean_, rstd_;
 };
 
+class ProcessGroup;
+
+// With sync_group set it is SyncBatchNorm: the batch statistics (and backward's sums) cover every rank's
+// micro-batch, so N ranks of B samples normalize exactly as one device with N·B samples.
 class BatchNorm2d : public Layer {
  public:
   BatchNorm2d(Runtime& rt, const std::string& prefix, int64_t C, float eps = 1e-5f, float momentum = 0.1f);
@@ -33,10 +37,15 @@ class BatchNorm2d : public Layer {
   Parameter weight, bias;        // (C), (C)
   Buffer running_mean, running_var;  // (C); the variance kept is the unbiased one, as PyTorch
   Buffer num_batches_tracked;        // () — an integer count in PyTorch, kept here as a float scalar
+  void set_sync_group(ProcessGroup* pg) { sync_ = pg; }
 
  private:
+  // global mean and biased variance (C) from every rank's local ones (Chan's parallel combination)
+  double sync_statistics(Runtime& rt, float* mean, float* var, int64_t local_count);
+  ProcessGroup* sync_ = nullptr;
   int64_t C_;
   float eps_, momentum_;
+  double count_ = 0;  // values per channel behind the statistics (all ranks' under SyncBatchNorm)
   Tensor saved_x_, mean_, rstd_;
 };
 

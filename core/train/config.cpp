@@ -118,10 +118,16 @@ const std::vector<Key>& keys() {
       KEY("optim.step_size", Kind::integer, int64_t, optim.step_size, "step: steps between decays"),
       KEY("optim.gamma", Kind::real, double, optim.gamma, "step: decay factor"),
       KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine: final learning rate"),
-      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank)"),
+      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp"),
+      KEY("parallel.ddp_mode", Kind::string, std::string, parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive"),
       KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP bucket size in MiB"),
+      KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
+      KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.dtype", Kind::string, std::string, precision, "fp32"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
+      KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h200, cpu"),
+      KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
+      KEY("log.trace_step", Kind::integer, int64_t, log.trace_step, "the step (1-based) that is traced and modeled"),
   };
   return k;
 }
@@ -195,7 +201,7 @@ void walk(RunConfig& c, const toml::table& t, const std::string& file) {
     std::string s(section.str());
     if (!node.is_table()) {
       throw ConfigError(fmt::format("{}: '{}' is outside any section", where(file, node), s),
-                        "keys live in sections: [model], [data], [train], [optim], [parallel], [precision], [log]");
+                        "keys live in sections: [model], [data], [train], [optim], [parallel], [dist], [precision], [log]");
     }
     for (const auto& [key, value] : *node.as_table()) {
       std::string name = s + "." + std::string(key.str());
@@ -279,8 +285,17 @@ void validate(const RunConfig& c) {
           "optim.schedule", "is '" + c.optim.schedule + "'", "use constant, step or cosine");
   require(c.optim.warmup_steps >= 0, c, "optim.warmup_steps", "must not be negative", "");
   require(c.optim.step_size >= 1, c, "optim.step_size", "must be at least 1", "");
-  require(c.parallel.strategy == "none", c, "parallel.strategy", "is '" + c.parallel.strategy + "'",
-          "a single-rank `distlab train` runs strategy none");
+  require(c.parallel.strategy == "none" || c.parallel.strategy == "ddp", c, "parallel.strategy",
+          "is '" + c.parallel.strategy + "'", "use none or ddp");
+  require(c.parallel.ddp_mode == "bucketed" || c.parallel.ddp_mode == "naive", c, "parallel.ddp_mode",
+          "is '" + c.parallel.ddp_mode + "'", "use bucketed or naive");
+  require(c.dist.timeout_s > 0, c, "dist.timeout_s", "must be positive", "");
+  require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");
+  if (!c.log.profile.empty()) {
+    auto hw = find_profile(c.log.profile);
+    require(hw && hw->has_cost_model(), c, "log.profile", "is '" + c.log.profile + "', not a profile with a cost model",
+            "use t4-pcie, a100-nvlink, h100-nvlink, h200 or cpu");
+  }
   require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
   require(c.precision == "fp32", c, "precision.dtype", "is '" + c.precision + "'", "this version trains in fp32");
 }
@@ -318,6 +333,13 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
                       "the file is not valid TOML");
   }
   return finish(std::move(t), path, overrides);
+}
+
+std::string config_fingerprint(const RunConfig& c) {
+  std::string s;
+  for (const auto& k : keys())
+    if (std::string(k.name) != "log.metrics" && std::string(k.name) != "log.trace") s += std::string(k.name) + "=" + k.show(c) + "\n";
+  return s;
 }
 
 std::string config_reference() {

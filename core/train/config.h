@@ -46,12 +46,21 @@ struct OptimOptions {
 };
 
 struct ParallelOptions {
-  std::string strategy = "none";
+  std::string strategy = "none";     // none | ddp
+  std::string ddp_mode = "bucketed"; // bucketed | naive
   double bucket_mb = 25.0;
+  bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
+};
+
+struct DistOptions {
+  double timeout_s = 300.0;  // a collective some rank never joins fails after this
 };
 
 struct LogOptions {
   std::string metrics;  // JSON Lines file ("" = none)
+  std::string profile;  // hardware profile for the modeled time ("" = none): t4-pcie, a100-nvlink, h100-nvlink, h200, cpu
+  std::string trace;    // Chrome trace file of one step ("" = none)
+  int64_t trace_step = 2;  // which step (1-based) is traced and modeled
 };
 
 struct RunConfig {
@@ -61,6 +70,7 @@ struct RunConfig {
   TrainOptions train;
   OptimOptions optim;
   ParallelOptions parallel;
+  DistOptions dist;
   std::string precision = "fp32";
   LogOptions log;
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
@@ -71,6 +81,8 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 // The same from TOML text (for tests); `name` stands for the file in messages.
 RunConfig parse_config(const std::string& toml_text, const std::string& name,
                        const std::vector<std::string>& overrides = {});
+// Every key's value, "key=value" one per line: ranks compare it to make sure they run the same config.
+std::string config_fingerprint(const RunConfig& c);
 // Every declared key as "section.key  type  default  meaning", for `distlab train --help-config`.
 std::string config_reference();
 

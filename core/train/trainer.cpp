@@ -7,6 +7,10 @@
 #include <thread>
 
 #include "core/ckpt/safetensors.h"
+#include "core/data/distributed_sampler.h"
+#include "core/perf/chrome_trace.h"
+#include "core/perf/cost_model.h"
+#include "core/perf/trace_io.h"
 #include "core/nn/loss.h"
 #include "core/perf/hardware.h"
 #include "core/util/error.h"
@@ -46,8 +50,19 @@ static ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta) {
   return s;
 }
 
-Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log) : cfg_(cfg), rt_(rt), log_(log) {
-  const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : int(std::max(1u, std::thread::hardware_concurrency()));
+static int default_threads() {
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);  // set by distlab run
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg)
+    : cfg_(cfg), rt_(rt), log_(log), pg_(pg) {
+  if (world() > 1 && cfg.parallel.strategy == "none")
+    throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world()),
+                      "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
+  if (world() > 1 && rt.is_meta())
+    throw ConfigError("the meta device runs on one rank", "plan a model with `distlab train ... --device meta` without distlab run");
+  const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : default_threads();
   set_compute_threads(threads);
   if (!cfg.train.device_mem.empty()) rt.memory.set_capacity(parse_device_memory(cfg.train.device_mem, "train.device_mem"));
   if (!rt.is_meta()) data_ = open_datasets(cfg.data);
@@ -56,7 +71,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log) : cfg_(cf
   // batch sizes: micro × ranks × accum = global (one rank here)
   micro_batch_ = cfg.train.micro_batch;
   if (cfg.train.global_batch > 0) {
-    const int64_t world = 1, per = world * cfg.train.accum_steps;
+    const int64_t world = this->world(), per = world * cfg.train.accum_steps;
     if (cfg.train.global_batch % per != 0)
       throw ConfigError(fmt::format("train.global_batch {} is not divisible by ranks ({}) x train.accum_steps ({})",
                                     cfg.train.global_batch, world, cfg.train.accum_steps),
@@ -71,7 +86,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log) : cfg_(cf
 
   if (!rt.is_meta()) {
     std::shared_ptr<Sampler> sampler;
-    if (cfg.train.shuffle) sampler = std::make_shared<RandomSampler>(data_.train->size(), cfg.train.seed);
+    if (cfg.parallel.strategy == "ddp")  // each rank its slice of one global order
+      sampler = std::make_shared<DistributedSampler>(data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.shuffle,
+                                                     cfg.train.seed, false);
+    else if (cfg.train.shuffle) sampler = std::make_shared<RandomSampler>(data_.train->size(), cfg.train.seed);
     else sampler = std::make_shared<SequentialSampler>(data_.train->size());
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last);
     if (loader_->batches_per_epoch() < 1)
@@ -90,6 +108,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log) : cfg_(cf
 
   model_ = build_model(rt, spec_);
   model_->init(cfg.train.seed);
+  if (cfg.parallel.strategy == "ddp" && pg_) {
+    if (cfg.parallel.sync_batchnorm) model_->set_sync_batchnorm(pg_);
+    ddp_ = make_ddp(cfg.parallel.ddp_mode, *pg_, *model_, rt, cfg.parallel.bucket_mb);  // broadcasts rank 0's weights
+  }
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(model_->parameters(),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -128,6 +150,10 @@ Batch Trainer::next_batch() {
 double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.memory.reset_peaks();
   rt_.trace.reset_totals();
+  const bool traced = (!cfg_.log.profile.empty() || !cfg_.log.trace.empty()) && step + 1 == std::min(cfg_.log.trace_step, total_steps_);
+  rt_.trace.keep_events(traced);
+  rt_.trace.clear_events();
+  const CommCounters comm_before = pg_ ? pg_->total_counters() : CommCounters{};
   const double t0 = rt_.trace.now_us();
   CrossEntropyLoss ce;
   double loss_sum = 0;
@@ -139,9 +165,12 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     loss_sum += ce.forward(rt_, logits, b.targets);
     Tensor dlogits = ce.backward(rt_, 1.0f / float(k));  // the mean over the big batch: loss / k
     logits = Tensor();
-    model_->backward(rt_, dlogits, nullptr);
+    if (ddp_) ddp_->set_sync(micro == k - 1);  // no_sync on all but the last micro-step
+    model_->backward(rt_, dlogits, ddp_.get());
+    if (ddp_) ddp_->finish_backward(rt_);
     samples += b.samples();
   }
+  rt_.trace.keep_events(false);
   const double grad_norm = clip_grad_norm(rt_, model_->parameters(), cfg_.optim.clip_grad_norm);
   const double lr = schedule_.lr_at(step);
   opt_->step(rt_, float(lr));
@@ -151,13 +180,72 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   const MemoryStats& m = rt_.memory.stats();
   for (int i = 0; i < kNumCategories; i++) peak_[size_t(i)] = std::max(peak_[size_t(i)], m.peak[size_t(i)]);
   peak_total_ = std::max(peak_total_, m.peak_total);
-  const double loss = loss_sum / double(k);
+  double loss = loss_sum / double(k);
+  const CommCounters comm = pg_ ? pg_->total_counters() : CommCounters{};
+  if (pg_ && pg_->size() > 1 && !rt_.is_meta()) {  // report the global batch's loss, as one device would see it
+    float l = float(loss);
+    pg_->all_reduce(&l, 1, ReduceOp::avg);
+    loss = l;
+    samples *= pg_->size();
+  }
+  if (traced) modeled_ = model_time(step);
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
                         {"lr", lr}, {"grad_norm", grad_norm}, {"samples", samples}, {"wall_s", wall_s},
+                        {"comm_bytes_sent", comm.bytes_sent - comm_before.bytes_sent},
+                        {"comm_calls", comm.calls - comm_before.calls},
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
                                                                   {"peak_total", m.peak_total}}}};
   metrics.write(rec);
   return loss;
+}
+
+// FNV-1a over every parameter's bytes: DDP replicas must stay bitwise equal, step after step.
+static uint64_t parameter_hash(Model& m) {
+  uint64_t h = 1469598103934665603ULL;
+  for (auto* p : m.parameters()) {
+    const auto* b = static_cast<const unsigned char*>(p->data.data());
+    for (int64_t i = 0; b && i < p->data.nbytes(); i++) h = (h ^ b[i]) * 1099511628211ULL;
+  }
+  return h;
+}
+
+bool Trainer::parameters_equal_across_ranks() {
+  const std::string key = "final_params/";
+  pg_->store().set_string(key + std::to_string(pg_->rank()), std::to_string(parameter_hash(*model_)));
+  bool equal = true;
+  const std::string mine = std::to_string(parameter_hash(*model_));
+  for (int r = 0; r < pg_->size(); r++) equal = equal && pg_->store().get_string(key + std::to_string(r)) == mine;
+  if (!equal && is_rank0()) log_ << "WARNING: the ranks' parameters differ at the end: the replicas diverged\n";
+  return equal;
+}
+
+// Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
+nlohmann::json Trainer::model_time(int64_t step) {
+  std::vector<std::vector<TraceEvent>> ranks;
+  if (pg_ && pg_->size() > 1) {
+    const std::string key = fmt::format("trace/{}/", step);
+    pg_->store().set_string(key + std::to_string(pg_->rank()), events_to_json(rt_.trace.events()).dump());
+    if (!is_rank0()) return {};
+    for (int r = 0; r < pg_->size(); r++) ranks.push_back(events_from_json(nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)))));
+  } else {
+    ranks.push_back(rt_.trace.events());
+  }
+  nlohmann::json out = {{"traced_step", step + 1}};
+  if (!cfg_.log.profile.empty()) {
+    const HardwareProfile hw = *find_profile(cfg_.log.profile);
+    ReplayResult r = replay(ranks, hw);
+    out["profile"] = hw.name;
+    out["modeled_step_s"] = r.step_s;
+    out["modeled_compute_s"] = r.compute_s;
+    out["modeled_comm_s"] = r.comm_s;
+    out["modeled_exposed_comm_s"] = r.exposed_comm_s;
+    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], int(ranks.size()), hw);
+    out["modeled_speedup"] = modeled_speedup(ranks, hw);
+    if (!cfg_.log.trace.empty()) write_chrome_trace(cfg_.log.trace, chrome_trace_json(r));
+  } else if (!cfg_.log.trace.empty()) {
+    write_chrome_trace(cfg_.log.trace, chrome_trace_json(ranks));
+  }
+  return out;
 }
 
 nlohmann::json Trainer::evaluate() {
@@ -186,14 +274,17 @@ nlohmann::json Trainer::evaluate() {
 
 nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const int64_t nparams = model_->num_parameters();
-  log_ << fmt::format("distlab train {} | device {} (rank 0 of 1) | {} threads\n", cfg_.source, device_name(rt_.device), compute_threads());
+  log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {}{} | {} threads per rank\n", cfg_.source,
+                      device_name(rt_.device), world(), cfg_.parallel.strategy,
+                      cfg_.parallel.strategy == "ddp" ? " (" + cfg_.parallel.ddp_mode + ")" : "", compute_threads());
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters\n{}", spec_.name, nparams, model_->describe());
   if (spec_.name == "gpt")
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
                         gpt_params_closed_form(spec_), 100.0 * double(nparams - gpt_params_closed_form(spec_)) / double(nparams));
-  log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x accum {} | {} steps\n", opt_->describe(), cfg_.optim.lr,
-                      cfg_.optim.schedule, micro_batch_, cfg_.train.accum_steps, total_steps_);
+  log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
+                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, world(), cfg_.train.accum_steps,
+                      micro_batch_ * world() * cfg_.train.accum_steps, total_steps_);
   if (!out.init_path.empty()) {
     load_model(*model_, out.init_path);
     log_ << "loaded weights from " << out.init_path << "\n";
@@ -203,10 +294,10 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (loader_) loader_->start_epoch(0);
   const double t_start = rt_.trace.now_us();
   double loss = 0, samples = 0;
-  nlohmann::json last_eval;
+  nlohmann::json last_eval = nlohmann::json::object();
   for (int64_t step = 0; step < total_steps_; step++) {
     loss = train_step(step, metrics);
-    samples += double(micro_batch_ * cfg_.train.accum_steps);
+    samples += double(micro_batch_ * cfg_.train.accum_steps * world());
     if (!rt_.is_meta() && !std::isfinite(loss))
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
                   "the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data");
@@ -218,7 +309,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
-    if ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last) {
+    if (is_rank0() && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
       last_eval = evaluate();
       last_eval["step"] = step + 1;
       metrics.write(last_eval);
@@ -229,7 +320,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
   }
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
-  if (!out.save_path.empty()) {
+  const bool replicas_equal = pg_ && pg_->size() > 1 ? parameters_equal_across_ranks() : true;
+  if (!out.save_path.empty() && is_rank0()) {
     save_model(*model_, out.save_path, parse_dtype(out.save_dtype));
     log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
   }
@@ -245,7 +337,17 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"synthetic_data", data_.synthetic},
                             {"peak_memory", memory_json(peak_)},
                             {"peak_memory_total", peak_total_},
-                            {"flops_per_step", last_step_flops_}};
+                            {"flops_per_step", last_step_flops_},
+                            {"world_size", world()},
+                            {"params_equal_across_ranks", replicas_equal},
+                            {"strategy", cfg_.parallel.strategy}};
+  for (auto& [k, v] : modeled_.items()) summary[k] = v;
+  if (pg_) {
+    nlohmann::json comm = nlohmann::json::object();
+    for (const auto& [op, c] : pg_->counters())
+      comm[op] = {{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}};
+    summary["comm"] = comm;
+  }
   metrics.write(summary);
   // memory by category, with bytes per parameter (the course's 4 + 4 + 8 = 16 for fp32 AdamW)
   log_ << fmt::format("memory (peak per category{}):\n", rt_.memory.capacity() >= 0 ? ", capacity " + format_bytes(double(rt_.memory.capacity())) : "");
@@ -255,6 +357,12 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           double(peak_[size_t(i)]) / double(nparams));
   log_ << fmt::format("  {:<13} {:>12}\n", "peak total", format_bytes(double(peak_total_)));
   log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
+  if (modeled_.contains("modeled_step_s"))
+    log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
+                        "speed-up over one rank {:.2f}x\n",
+                        modeled_["profile"].get<std::string>(), modeled_["traced_step"].get<int64_t>(),
+                        1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
+                        1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>());
   return summary;
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "core/data/loader.h"
+#include "core/dist/process_group.h"
+#include "core/parallel/ddp.h"
 #include "core/models/model.h"
 #include "core/optim/optimizer.h"
 #include "core/train/config.h"
@@ -25,7 +27,8 @@ struct TrainOutputs {
 
 class Trainer {
  public:
-  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log);
+  // pg: the ranks of a data-parallel job (nullptr: one rank). Only rank 0 logs, evaluates and saves.
+  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg = nullptr);
   // Runs every step; returns the summary record (also written to the metrics file).
   nlohmann::json run(MetricsWriter& metrics, const TrainOutputs& out = {});
   Model& model() { return *model_; }
@@ -37,6 +40,10 @@ class Trainer {
   Batch next_batch();
   Batch meta_batch(int64_t B);
   double train_step(int64_t step, MetricsWriter& metrics);  // returns the mean loss of the step
+  nlohmann::json model_time(int64_t step);                  // the modeled time of the traced step
+  bool parameters_equal_across_ranks();                     // compares a hash of every rank's parameters
+  bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
+  int world() const { return pg_ ? pg_->size() : 1; }
 
   const RunConfig& cfg_;
   Runtime& rt_;
@@ -46,6 +53,9 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
+  ProcessGroup* pg_;
+  std::unique_ptr<DataParallel> ddp_;
+  nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;
   std::array<int64_t, kNumCategories> peak_{};

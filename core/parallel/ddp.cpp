@@ -1,0 +1,120 @@
+#include "core/parallel/ddp.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/util/error.h"
+
+namespace distlab {
+
+void broadcast_model(ProcessGroup& pg, Model& model) {
+  for (auto* p : model.parameters()) pg.broadcast(p->data.f32(), p->data.numel(), 0);
+  for (auto* b : model.buffers()) pg.broadcast(b->data.f32(), b->data.numel(), 0);
+}
+
+// A parameter that got no gradient this step (unused) contributes zeros, as DDP's find_unused_parameters.
+static float* grad_or_zeros(Parameter& p) { return p.grad_for_accumulate().f32(); }
+
+NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(model.parameters()) { broadcast_model(pg, model); }
+
+void NaiveDDP::finish_backward(Runtime& rt) {
+  if (!sync_) return;
+  for (auto* p : params_) pg_.all_reduce(grad_or_zeros(*p), p->data.numel(), ReduceOp::avg);
+}
+
+BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
+    : pg_(pg), rt_(rt), params_(model.parameters()) {
+  broadcast_model(pg, model);
+  const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
+  where_.resize(params_.size());
+  marked_.assign(params_.size(), false);
+  Bucket cur;
+  int64_t bytes = 0;
+  std::vector<int64_t> sizes;
+  auto close = [&] {
+    if (cur.params.empty()) return;
+    buckets_.push_back(std::move(cur));
+    sizes.push_back(bytes / 4);
+    cur = Bucket();
+    bytes = 0;
+  };
+  for (size_t k = params_.size(); k-- > 0;) {  // reverse: the order backward finishes them
+    const int64_t b = params_[k]->data.numel() * 4;
+    if (bytes > 0 && bytes + b > cap) close();
+    where_[k] = {int64_t(buckets_.size()), bytes / 4};
+    cur.params.push_back(params_[k]);
+    bytes += b;
+  }
+  close();
+  for (size_t i = 0; i < buckets_.size(); i++)
+    buckets_[i].flat = rt.zeros({sizes[i]}, Category::comm_buffers, fmt::format("DDP bucket {}", i));
+}
+
+std::vector<std::string> BucketedDDP::bucket_names(int64_t b) const {
+  std::vector<std::string> n;
+  for (auto* p : buckets_[size_t(b)].params) n.push_back(p->name);
+  return n;
+}
+
+void BucketedDDP::after_layer_backward(int unit, const std::vector<Parameter*>& params) {
+  if (!sync_) return;
+  for (auto* p : params) {
+    for (size_t k = 0; k < params_.size(); k++) {
+      if (params_[k] != p || marked_[k]) continue;
+      marked_[k] = true;
+      buckets_[size_t(where_[k].first)].ready++;
+    }
+  }
+  launch_ready_buckets();
+}
+
+// Buckets start strictly in order 0, 1, 2...: every rank must issue the same all_reduces in the same order.
+void BucketedDDP::launch_ready_buckets() {
+  while (next_to_launch_ < int64_t(buckets_.size())) {
+    Bucket& b = buckets_[size_t(next_to_launch_)];
+    if (b.ready < int64_t(b.params.size())) return;
+    float* flat = b.flat.f32();
+    int64_t off = 0;
+    for (auto* p : b.params) {
+      const int64_t n = p->data.numel();
+      if (flat) std::memcpy(flat + off, grad_or_zeros(*p), size_t(n) * 4);
+      off += n;
+    }
+    b.work = pg_.all_reduce_async(flat, b.flat.numel(), ReduceOp::avg);
+    next_to_launch_++;
+  }
+}
+
+void BucketedDDP::finish_backward(Runtime& rt) {
+  if (!sync_) return;
+  // parameters the model never reported (none in our models) are treated as ready now
+  for (size_t k = 0; k < params_.size(); k++)
+    if (!marked_[k]) {
+      marked_[k] = true;
+      buckets_[size_t(where_[k].first)].ready++;
+    }
+  launch_ready_buckets();
+  for (auto& b : buckets_) {
+    b.work->wait();
+    const float* flat = b.flat.f32();
+    int64_t off = 0;
+    for (auto* p : b.params) {
+      const int64_t n = p->data.numel();
+      if (flat) std::memcpy(p->grad.f32(), flat + off, size_t(n) * 4);
+      off += n;
+    }
+    b.work.reset();
+    b.ready = 0;
+  }
+  marked_.assign(params_.size(), false);
+  next_to_launch_ = 0;
+}
+
+std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
+  if (mode == "naive") return std::make_unique<NaiveDDP>(pg, model);
+  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb);
+  throw ConfigError("unknown parallel.ddp_mode '" + mode + "'", "use bucketed (the default) or naive");
+}
+
+}  // namespace distlab

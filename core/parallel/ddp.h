@@ -1,0 +1,81 @@
+// DistributedDataParallel: every rank holds the whole model and sees a different slice of the data;
+// after backward the gradients are averaged across ranks, so every rank takes the same optimizer step a
+// single device would take on the whole global batch.
+//
+// Two implementations, side by side (picotron's DataParallelNaive / DataParallelBucket):
+//  - NaiveDDP: after the whole backward, one blocking all_reduce per parameter.
+//  - BucketedDDP: parameters are packed, in reverse order (the order backward produces their gradients),
+//    into buckets of about bucket_mb MiB. The model calls after_layer_backward(unit, params) right after a
+//    unit's gradients are final; as soon as every gradient of the next bucket is ready, the bucket is
+//    copied into its flat buffer and an async all_reduce starts — while backward goes on with the earlier
+//    layers. finish_backward() waits for them (in bucket order, the same on every rank) and copies back.
+// Both broadcast rank 0's parameters and buffers at construction, so every replica starts equal. With
+// set_sync(false) (PyTorch's no_sync) the hooks do nothing: gradients accumulate locally over micro-steps,
+// and only the last micro-step communicates.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/dist/process_group.h"
+#include "core/models/model.h"
+
+namespace distlab {
+
+class DataParallel : public BackwardHook {
+ public:
+  ~DataParallel() override = default;
+  virtual void finish_backward(Runtime& rt) = 0;  // all gradients averaged when it returns (if syncing)
+  void set_sync(bool on) { sync_ = on; }           // false: no_sync() for accumulation micro-steps
+  bool sync() const { return sync_; }
+  virtual int64_t all_reduces_per_step() const = 0;
+
+ protected:
+  bool sync_ = true;
+};
+
+// Copies rank 0's parameters and buffers to every rank.
+void broadcast_model(ProcessGroup& pg, Model& model);
+
+class NaiveDDP : public DataParallel {
+ public:
+  NaiveDDP(ProcessGroup& pg, Model& model);
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
+  void finish_backward(Runtime& rt) override;
+  int64_t all_reduces_per_step() const override { return int64_t(params_.size()); }
+
+ private:
+  ProcessGroup& pg_;
+  std::vector<Parameter*> params_;
+};
+
+class BucketedDDP : public DataParallel {
+ public:
+  BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
+  void finish_backward(Runtime& rt) override;
+  int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }
+  int64_t num_buckets() const { return int64_t(buckets_.size()); }
+  // the parameter names of bucket b, in the order they sit in the flat buffer
+  std::vector<std::string> bucket_names(int64_t b) const;
+
+ private:
+  struct Bucket {
+    std::vector<Parameter*> params;  // reverse model order
+    Tensor flat;                     // (Σ numel), category comm_buffers
+    std::shared_ptr<Work> work;
+    int64_t ready = 0;
+  };
+  void launch_ready_buckets();
+  ProcessGroup& pg_;
+  Runtime& rt_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<int64_t, int64_t>> where_;  // parameter index -> (bucket, offset)
+  std::vector<Parameter*> params_;
+  std::vector<bool> marked_;
+  int64_t next_to_launch_ = 0;
+};
+
+std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt,
+                                       double bucket_mb);
+
+}  // namespace distlab

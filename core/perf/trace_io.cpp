@@ -1,0 +1,35 @@
+#include "core/perf/trace_io.h"
+
+namespace distlab {
+
+nlohmann::json events_to_json(const std::vector<TraceEvent>& events) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& e : events)
+    a.push_back({e.name, int(e.kind), int(e.stream), e.flops, e.bytes, e.t_begin_us, e.t_end_us, e.scales_with_batch, e.op,
+                 e.payload_bytes, e.group_size, e.seq, e.group});
+  return a;
+}
+
+std::vector<TraceEvent> events_from_json(const nlohmann::json& j) {
+  std::vector<TraceEvent> out;
+  for (const auto& x : j) {
+    TraceEvent e;
+    e.name = x[0].get<std::string>();
+    e.kind = EventKind(x[1].get<int>());
+    e.stream = Stream(x[2].get<int>());
+    e.flops = x[3].get<double>();
+    e.bytes = x[4].get<double>();
+    e.t_begin_us = x[5].get<double>();
+    e.t_end_us = x[6].get<double>();
+    e.scales_with_batch = x[7].get<bool>();
+    e.op = x[8].get<std::string>();
+    e.payload_bytes = x[9].get<int64_t>();
+    e.group_size = x[10].get<int>();
+    e.seq = x[11].get<int64_t>();
+    e.group = x[12].get<std::string>();
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace distlab
