@@ -1,0 +1,163 @@
+// `distlab run` end to end with real processes: environment, failures, timeouts, restarts, two nodes.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+using namespace std::string_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+  double secs;
+};
+
+Result sh(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int status = pclose(p);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
+}
+
+std::string run(const std::string& args) { return "timeout 60 "s + DISTLAB_BINARY + " run " + args; }
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+// processes whose argv[0] is exactly `marker` (set with bash's exec -a)
+int count_processes(const std::string& marker) {
+  int n = 0;
+  for (const auto& d : fs::directory_iterator("/proc")) {
+    std::ifstream f(d.path() / "cmdline");
+    std::string argv0;
+    if (f && std::getline(f, argv0, '\0') && argv0 == marker) n++;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("workers get torchrun's environment; only rank 0 prints; --log-dir keeps every rank", "[launcher]") {
+  fs::path logs = fs::temp_directory_path() / ("distlab-logs-" + std::to_string(getpid()));
+  Result r = sh(run("-n 3 --master-port 0 --log-dir " + logs.string() +
+                    " -- bash -c 'echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lw=$LOCAL_WORLD_SIZE "
+                    "addr=$MASTER_ADDR port=$MASTER_PORT'"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("rank=0 local=0 world=3 lw=3 addr=127.0.0.1 port="));
+  CHECK_THAT(r.out, !Catch::Contains("rank=1"));
+  for (int k = 0; k < 3; k++) CHECK(fs::exists(logs / ("rank_" + std::to_string(k) + ".log")));
+  fs::remove_all(logs);
+  Result ok = sh(run("-n 2 --master-port 0 -- "s + FIXTURE_WORKER + " ok"));
+  CHECK(ok.code == 0);
+  CHECK_THAT(ok.out, Catch::Contains("rank 0 of 2: sum 3"));
+}
+
+TEST_CASE("a worker that exits non-zero stops the others and is named with its last lines", "[launcher][failure]") {
+  Result r = sh(run("-n 3 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " fail-rank 1"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.secs < 10.0);
+  CHECK_THAT(r.out, Catch::Contains("rank 1") && Catch::Contains("exit code 3") && Catch::Contains("about to fail on purpose"));
+}
+
+TEST_CASE("a worker killed by SIGKILL: the launcher says so, and leaves no orphans", "[launcher][failure]") {
+  const std::string marker = "distlab-orphan-marker-" + std::to_string(getpid());
+  Result r = sh(run("-n 2 --master-port 0 --grace 2 -- bash -c 'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
+                    "exec -a " + marker + " sleep 30'"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.secs < 10.0);
+  CHECK_THAT(r.out, Catch::Contains("rank 1") && Catch::Contains("signal 9"));
+  CHECK(count_processes(marker) == 0);
+}
+
+TEST_CASE("an extra all_reduce on rank 0 fails within the timeout, naming the collective", "[launcher][failure]") {
+  Result r = sh("FIXTURE_TIMEOUT_MS=2000 " + run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " extra"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.secs < 15.0);
+  CHECK_THAT(r.out, Catch::Contains("all_reduce #1") && Catch::Contains("4096 f32") && Catch::Contains("timed out"));
+  CHECK_THAT(r.out, Catch::Contains("missing: 1"));
+}
+
+TEST_CASE("DISTLAB_DEBUG=detail names both sides of a mismatched collective", "[launcher][failure]") {
+  Result r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " mismatch"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.secs < 10.0);
+  CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("broadcast #1 of 10 f32"));
+}
+
+TEST_CASE("--max-restarts restarts the whole group", "[launcher]") {
+  fs::path flag = fs::temp_directory_path() / ("distlab-flaky-" + std::to_string(getpid()));
+  fs::remove(flag);
+  Result r = sh(run("-n 2 --master-port 0 --grace 2 --max-restarts 1 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("restarting the group"));
+  fs::remove(flag);
+  Result no = sh(run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
+  CHECK(no.code == 1);
+  fs::remove(flag);
+}
+
+TEST_CASE("Ctrl-C stops every worker", "[launcher][failure]") {
+  const std::string marker = "distlab-sigint-marker-" + std::to_string(getpid());
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(DISTLAB_BINARY, DISTLAB_BINARY, "run", "-n", "2", "--master-port", "0", "--grace", "2", "--", "bash", "-c",
+          ("exec -a " + marker + " sleep 30").c_str(), nullptr);
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  CHECK(count_processes(marker) == 2);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  CHECK(count_processes(marker) == 0);
+}
+
+TEST_CASE("two launchers on loopback make one job of two nodes", "[launcher]") {
+  const int port = free_port();
+  const std::string common = "--nnodes 2 --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " -n 1 -- "s + FIXTURE_WORKER + " ok";
+  std::string node1_out;
+  std::thread node1([&] { node1_out = sh(run("--node-rank 1 " + common)).out; });
+  Result node0 = sh(run("--node-rank 0 " + common));
+  node1.join();
+  INFO(node0.out << "\n---\n" << node1_out);
+  CHECK(node0.code == 0);
+  CHECK_THAT(node0.out, Catch::Contains("rank 0 of 2: sum 3"));
+  CHECK_THAT(run("--nnodes 2 --master-port 0 -n 1 -- true"), Catch::Contains("run"));
+  Result bad = sh(run("--nnodes 2 --node-rank 0 --master-port 0 -n 1 -- true"));
+  CHECK(bad.code == 1);
+  CHECK_THAT(bad.out, Catch::Contains("--master-port 0 works on one node only"));
+}
