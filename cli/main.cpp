@@ -8,6 +8,7 @@
 
 #include <climits>
 
+#include "cli/bench_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
 #include "core/util/error.h"
@@ -28,7 +29,9 @@ int main(int argc, char** argv) {
       ours.resize(size_t(i));
       break;
     }
-  distlab::add_run_command(app, exit_code, n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]), program);
+  const std::string self_exe = n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]);
+  distlab::add_run_command(app, exit_code, self_exe, program);
+  distlab::add_bench_command(app, exit_code, self_exe);
   try {
     app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {

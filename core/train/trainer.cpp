@@ -294,9 +294,15 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (loader_) loader_->start_epoch(0);
   const double t_start = rt_.trace.now_us();
   double loss = 0, samples = 0;
+  double steady_samples = 0, steady_s = 0;  // steps after the first (warm-up), without evaluation
   nlohmann::json last_eval = nlohmann::json::object();
   for (int64_t step = 0; step < total_steps_; step++) {
+    const double t_step = rt_.trace.now_us();
     loss = train_step(step, metrics);
+    if (step > 0 || total_steps_ == 1) {
+      steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
+      steady_samples += double(micro_batch_ * cfg_.train.accum_steps * world());
+    }
     samples += double(micro_batch_ * cfg_.train.accum_steps * world());
     if (!rt_.is_meta() && !std::isfinite(loss))
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
@@ -330,7 +336,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"final_loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
                             {"test_loss", last_eval.value("loss", nlohmann::json(nullptr))},
                             {"test_accuracy", last_eval.value("accuracy", nlohmann::json(nullptr))},
-                            {"samples_per_s", samples / std::max(wall, 1e-9)},
+                            {"samples_per_s", steady_samples / std::max(steady_s, 1e-9)},
                             {"wall_s", wall},
                             {"params", nparams},
                             {"device", device_name(rt_.device)},

@@ -1,0 +1,208 @@
+// `distlab bench comm -n N` — measures all_reduce, reduce_scatter, all_gather and broadcast like nccl-tests:
+// for each size, the mean time over iterations (the slowest rank's), algbw = S / t, busbw = algbw times the
+// algorithm's bus factor (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for
+// broadcast), and #wrong, the elements that differ from the expected result. A row of raw Gloo ring
+// all_reduce (no ProcessGroup around it) is the baseline our all_reduce is held to.
+#include "cli/bench_cmd.h"
+
+#include <fmt/format.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/dist/env.h"
+#include "core/dist/launcher.h"
+#include "core/dist/process_group.h"
+#include "core/dist/tcp_store.h"
+#include "core/perf/cost_model.h"
+#include "core/util/units.h"
+
+namespace distlab {
+
+namespace {
+
+struct BenchArgs {
+  int nproc = 2;
+  std::string min_size = "1KiB", max_size = "128MiB", json;
+  int iters = 0;  // 0: by size
+};
+
+int iterations_for(int64_t bytes, int fixed) {
+  if (fixed > 0) return fixed;
+  if (bytes <= (1 << 20)) return 20;
+  if (bytes <= (16 << 20)) return 8;
+  return 4;
+}
+
+// The slowest rank's mean time: what a collective costs the job.
+double slowest(ProcessGroup& pg, double t) {
+  float v = float(t);
+  pg.all_reduce(&v, 1, ReduceOp::max);
+  return v;
+}
+
+struct Row {
+  std::string op;
+  int64_t bytes, count;
+  double time_s, algbw, busbw;
+  int64_t wrong;
+};
+
+Row measure(ProcessGroup& pg, const std::string& op, int64_t bytes, int iters, gloo::Context* raw) {
+  const int n = pg.size(), r = pg.rank();
+  // S is the full buffer (nccl-tests' convention): all_reduce/broadcast of S, reduce_scatter from S, all_gather to S
+  const bool split = op == "reduce_scatter" || op == "all_gather";
+  const int64_t count = bytes / 4, chunk = split ? count / n : count;
+  std::vector<float> in(static_cast<size_t>(split ? (op == "reduce_scatter" ? chunk * n : chunk) : count));
+  std::vector<float> out(static_cast<size_t>(op == "all_gather" ? chunk * n : op == "reduce_scatter" ? chunk : 0));
+  auto fill = [&] {
+    for (size_t i = 0; i < in.size(); i++) in[i] = float((r + 1) * (int64_t(i) % 7 + 1));
+  };
+  auto run_once = [&] {
+    if (op == "all_reduce" || op == "raw_gloo_all_reduce") {
+      if (raw) {
+        gloo::AllreduceOptions o(std::shared_ptr<gloo::Context>(raw, [](gloo::Context*) {}));
+        o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        o.setOutput(in.data(), in.size());
+        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        gloo::allreduce(o);
+      } else {
+        pg.all_reduce(in.data(), int64_t(in.size()));
+      }
+    } else if (op == "reduce_scatter") {
+      pg.reduce_scatter(out.data(), in.data(), chunk);
+    } else if (op == "all_gather") {
+      pg.all_gather(out.data(), in.data(), chunk);
+    } else {
+      pg.broadcast(in.data(), int64_t(in.size()), 0);
+    }
+  };
+  // one checked run
+  fill();
+  run_once();
+  int64_t wrong = 0;
+  const double tri = double(n) * (n + 1) / 2;  // Σ (rank + 1)
+  if (op == "all_reduce" || op == "raw_gloo_all_reduce") {
+    for (size_t i = 0; i < in.size(); i++) wrong += in[i] != float(tri * (int64_t(i) % 7 + 1));
+  } else if (op == "reduce_scatter") {
+    for (int64_t i = 0; i < chunk; i++) wrong += out[size_t(i)] != float(tri * ((r * chunk + i) % 7 + 1));
+  } else if (op == "all_gather") {
+    for (int q = 0; q < n; q++)
+      for (int64_t i = 0; i < chunk; i++) wrong += out[size_t(q * chunk + i)] != float((q + 1) * (i % 7 + 1));
+  } else {
+    for (size_t i = 0; i < in.size(); i++) wrong += in[i] != float(int64_t(i) % 7 + 1);
+  }
+  float w = float(wrong);
+  pg.all_reduce(&w, 1);
+  pg.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < iters; k++) run_once();
+  const double t = slowest(pg, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  const std::string model_op = op == "raw_gloo_all_reduce" ? "all_reduce" : op;
+  const double algbw = double(bytes) / t;
+  return Row{op, bytes, count, t, algbw, algbw * busbw_factor(model_op, n), int64_t(w)};
+}
+
+int worker(const BenchArgs& a) {
+  LaunchEnv env = read_launch_env();
+  TcpStore store(env.master_addr, env.master_port, Millis(60000));
+  ProcessGroupOptions po;
+  po.timeout = Millis(120000);
+  po.track_arrivals = false;  // raw collective speed, as nccl-tests measures it
+  po.host = local_address_for(env.master_addr);
+  ProcessGroup pg(store, env.rank, env.world_size, po);
+  // the baseline: a Gloo context of our own, used without any ProcessGroup machinery
+  gloo::transport::tcp::attr attr;
+  attr.hostname = po.host;
+  attr.ai_family = AF_INET;
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  auto raw = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
+  raw->setTimeout(po.timeout);
+  PrefixStore raw_keys("bench-raw-gloo", store);
+  raw->connectFullMesh(raw_keys, dev);
+
+  const int64_t lo = parse_bytes(a.min_size, "--min"), hi = parse_bytes(a.max_size, "--max");
+  const bool print = env.rank == 0;
+  nlohmann::json rows = nlohmann::json::array();
+  double busbw_sum = 0;
+  int busbw_n = 0;
+  if (print)
+    std::cout << fmt::format("# distlab bench comm: {} ranks, Gloo over TCP, float32, sum\n#\n", env.world_size)
+              << fmt::format("# {:>22} {:>12} {:>12} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "op", "size", "count", "type", "time",
+                             "algbw", "busbw", "#wrong")
+              << fmt::format("# {:>22} {:>12} {:>12} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "", "(B)", "(elements)", "", "(us)", "(GB/s)",
+                             "(GB/s)", "");
+  for (std::string op : {"all_reduce", "raw_gloo_all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+    for (int64_t bytes = lo; bytes <= hi; bytes *= 2) {
+      const int64_t b = (op == "reduce_scatter" || op == "all_gather") ? bytes / (4 * env.world_size) * 4 * env.world_size : bytes;
+      Row row = measure(pg, op, b, iterations_for(b, a.iters), op == "raw_gloo_all_reduce" ? raw.get() : nullptr);
+      if (op != "raw_gloo_all_reduce") {
+        busbw_sum += row.busbw;
+        busbw_n++;
+      }
+      if (print)
+        std::cout << fmt::format("  {:>22} {:>12} {:>12} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", op, row.bytes, row.count,
+                                 "float", row.time_s * 1e6, row.algbw / 1e9, row.busbw / 1e9, row.wrong)
+                  << std::flush;
+      rows.push_back({{"op", op}, {"bytes", row.bytes}, {"count", row.count}, {"time_us", row.time_s * 1e6},
+                      {"algbw_gbps", row.algbw / 1e9}, {"busbw_gbps", row.busbw / 1e9}, {"wrong", row.wrong}});
+    }
+  }
+  if (print) {
+    // ours against raw Gloo at the largest size
+    double ours = 0, base = 0;
+    for (const auto& r : rows) {
+      if (r["bytes"] != hi) continue;
+      if (r["op"] == "all_reduce") ours = r["busbw_gbps"];
+      if (r["op"] == "raw_gloo_all_reduce") base = r["busbw_gbps"];
+    }
+    std::cout << fmt::format("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {:.4f} GB/s\n", busbw_sum / busbw_n / 1e9)
+              << fmt::format("# all_reduce at {}: {:.3f} GB/s busbw = {:.1f} % of raw Gloo ring ({:.3f} GB/s)\n",
+                             format_bytes(double(hi)), ours, base > 0 ? 100 * ours / base : 0.0, base);
+    std::string path = a.json.empty() ? fmt::format("bench/results/comm_n{}.json", env.world_size) : a.json;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path());
+    std::ofstream(path) << nlohmann::json{{"world_size", env.world_size}, {"rows", rows},
+                                          {"avg_busbw_gbps", busbw_sum / busbw_n / 1e9},
+                                          {"all_reduce_vs_raw_gloo", base > 0 ? ours / base : 0.0}}.dump(2)
+                        << "\n";
+    std::cout << "# wrote " << path << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_exe) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* comm = bench->add_subcommand("comm", "collectives like nccl-tests: time, algbw, busbw, #wrong, 1 KiB..128 MiB");
+  comm->add_option("-n,--nproc-per-node", a->nproc, "ranks (default 2)");
+  comm->add_option("--min", a->min_size, "smallest size (default 1KiB)");
+  comm->add_option("--max", a->max_size, "largest size (default 128MiB)");
+  comm->add_option("--iters", a->iters, "iterations per size (default: 20 small, 8 medium, 4 large)");
+  comm->add_option("--json", a->json, "where to write the results (default bench/results/comm_n<N>.json)");
+  comm->callback([a, &exit_code, self_exe]() {
+    if (std::getenv("RANK")) {  // we are a worker of the job below
+      exit_code = worker(*a);
+      return;
+    }
+    LaunchOptions o;
+    o.nproc_per_node = a->nproc;
+    o.master_port = 0;
+    o.threads_per_rank = 1;
+    o.argv = {self_exe, "bench", "comm", "--min", a->min_size, "--max", a->max_size, "--iters", std::to_string(a->iters)};
+    if (!a->json.empty()) o.argv.insert(o.argv.end(), {"--json", a->json});
+    exit_code = launch(o);
+  });
+}
+
+}  // namespace distlab
