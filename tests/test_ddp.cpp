@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
@@ -120,4 +121,26 @@ TEST_CASE("strategy none on several ranks is refused with a hint", "[ddp][e2e]")
   int st = pclose(p);
   CHECK(WEXITSTATUS(st) == 1);
   CHECK_THAT(out, Catch::Contains("parallel.strategy=ddp"));
+}
+
+TEST_CASE("log.trace writes a Chrome trace with a compute and a comm track per rank", "[ddp][e2e][costmodel]") {
+  const std::string trace = (fs::temp_directory_path() / ("distlab-trace-" + std::to_string(getpid()) + ".json")).string();
+  for (const std::string profile : {"h100-nvlink", "cpu", ""}) {
+    INFO("profile " << profile);
+    RunOut r = train(2, "--set train.steps=2 --set log.trace=" + trace + (profile.empty() ? "" : " --set log.profile=" + profile));
+    REQUIRE(r.code == 0);
+    std::ifstream in(trace);
+    auto j = nlohmann::json::parse(in);
+    std::set<std::pair<int, int>> tracks;
+    for (const auto& e : j["traceEvents"])
+      if (e["ph"] == "X") tracks.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+    CHECK(tracks.count({0, 0}) == 1);
+    CHECK(tracks.count({1, 0}) == 1);
+    if (!profile.empty()) {
+      CHECK(tracks.count({0, 1}) == 1);  // modeled collectives on the comm stream
+      CHECK(r.summary["profile"] == profile);
+      CHECK(r.summary["modeled_step_s"].get<double>() > 0);
+    }
+    fs::remove(trace);
+  }
 }

@@ -115,7 +115,7 @@ TEST_CASE("DISTLAB_DEBUG=detail names both sides of a mismatched collective", "[
   CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("broadcast #1 of 10 f32"));
 }
 
-TEST_CASE("--max-restarts restarts the whole group", "[launcher]") {
+TEST_CASE("the whole group restarts with --max-restarts", "[launcher]") {
   fs::path flag = fs::temp_directory_path() / ("distlab-flaky-" + std::to_string(getpid()));
   fs::remove(flag);
   Result r = sh(run("-n 2 --master-port 0 --grace 2 --max-restarts 1 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));

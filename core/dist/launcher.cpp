@@ -25,8 +25,15 @@ namespace distlab {
 
 namespace {
 
-std::atomic<int> g_interrupted{0};  // set by SIGINT/SIGTERM in the launcher (a signal handler needs a global)
+// Signal handlers can only reach globals: the interrupt flag, and a self-pipe that wakes poll() the moment a
+// worker exits, so the first rank to fail is reaped (and blamed) before the ranks that fail because of it.
+std::atomic<int> g_interrupted{0};
+int g_sigchld_pipe[2] = {-1, -1};
 void on_signal(int sig) { g_interrupted = sig; }
+void on_sigchld(int) {
+  const char c = 1;
+  [[maybe_unused]] ssize_t n = write(g_sigchld_pipe[1], &c, 1);
+}
 
 struct Worker {
   int rank = 0, local_rank = 0;
@@ -37,6 +44,7 @@ struct Worker {
   std::unique_ptr<std::ofstream> log;
   bool running = false;
   int status = 0;         // waitpid status once exited
+  int exit_order = -1;    // 0 for the first worker reaped, 1 for the next...
 };
 
 std::string describe_status(int status) {
@@ -149,11 +157,15 @@ class Group {
         fds.push_back({w.out_fd, POLLIN, 0});
         owners.push_back(&w);
       }
-    if (fds.empty()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
-      return;
-    }
+    fds.push_back({g_sigchld_pipe[0], POLLIN, 0});
     if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    if (fds.back().revents & POLLIN) {
+      char buf[64];
+      while (read(g_sigchld_pipe[0], buf, sizeof buf) > 0) {
+      }
+      reap();
+    }
+    fds.pop_back();
     for (size_t i = 0; i < fds.size(); i++) {
       if (fds[i].revents & POLLIN) drain(*owners[i], false);
       else if (fds[i].revents & (POLLHUP | POLLERR)) {
@@ -172,6 +184,7 @@ class Group {
       if (waitpid(w.pid, &st, WNOHANG) == w.pid) {
         w.running = false;
         w.status = st;
+        w.exit_order = exits_++;
         any = true;
       }
     }
@@ -221,7 +234,7 @@ class Group {
       bool all_done = true;
       for (auto& w : workers_) {
         if (w.running) all_done = false;
-        else if (failed(w.status) && !first_failure) first_failure = &w;
+        else if (failed(w.status) && (!first_failure || w.exit_order < first_failure->exit_order)) first_failure = &w;
       }
       if (first_failure) {
         const Worker& f = *first_failure;
@@ -263,6 +276,7 @@ class Group {
   const LaunchOptions& o_;
   int attempt_;
   std::vector<Worker> workers_;
+  int exits_ = 0;
 };
 
 }  // namespace
@@ -280,6 +294,11 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  if (g_sigchld_pipe[0] < 0 && pipe2(g_sigchld_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("pipe failed");
+  struct sigaction sc {};
+  sc.sa_handler = on_sigchld;
+  sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sc, nullptr);
   for (int attempt = 0;; attempt++) {
     // node 0 hosts the store; a fresh one per attempt, so a restarted group starts from clean keys
     std::unique_ptr<TcpStoreServer> server;
