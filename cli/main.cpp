@@ -11,6 +11,7 @@
 #include "cli/bench_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
+#include "core/dist/error_file.h"
 #include "core/util/error.h"
 
 int main(int argc, char** argv) {
@@ -39,10 +40,12 @@ int main(int argc, char** argv) {
   } catch (const distlab::Error& e) {
     std::cout.flush();
     std::cerr << "distlab: error: " << e.full() << "\n";
+    distlab::record_worker_error(e);
     return 1;
   } catch (const std::exception& e) {
     std::cout.flush();
     std::cerr << "distlab: error: " << e.what() << "\n";
+    distlab::record_worker_error(e);
     return 1;
   }
   return exit_code;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/dist/env.h"
+#include "core/dist/error_file.h"
 #include "core/dist/process_group.h"
 #include "core/dist/tcp_store.h"
 
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::cerr << "fixture: " << e.what() << std::endl;
+    record_worker_error(e);
     return 1;
   }
   return 0;

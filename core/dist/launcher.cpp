@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
+#include <tuple>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -18,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "core/dist/error_file.h"
 #include "core/dist/errors.h"
 #include "core/dist/tcp_store.h"
 
@@ -45,6 +48,8 @@ struct Worker {
   bool running = false;
   int status = 0;         // waitpid status once exited
   int exit_order = -1;    // 0 for the first worker reaped, 1 for the next...
+  std::string error_file; // where the worker explains its failure (DISTLAB_ERROR_FILE)
+  bool stopped_by_us = false;  // still running when we sent SIGTERM: a victim, not a culprit
 };
 
 std::string describe_status(int status) {
@@ -80,6 +85,7 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, int port, int out_writ
     setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    setenv("DISTLAB_ERROR_FILE", w.error_file.c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -101,6 +107,8 @@ class Group {
       Worker w;
       w.local_rank = l;
       w.rank = o_.node_rank * o_.nproc_per_node + l;
+      w.error_file = fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt_, w.rank);
+      std::filesystem::remove(w.error_file);
       int fds[2];
       if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
       w.pid = spawn(o_, w, world, port, fds[1], fds[0]);
@@ -197,6 +205,8 @@ class Group {
   }
 
   void stop_all() {
+    reap();  // whoever already exited did so on its own
+    for (auto& w : workers_) w.stopped_by_us = w.running;
     signal_all(SIGTERM);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.grace_s);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -237,10 +247,15 @@ class Group {
         else if (failed(w.status) && (!first_failure || w.exit_order < first_failure->exit_order)) first_failure = &w;
       }
       if (first_failure) {
-        const Worker& f = *first_failure;
-        const int rank = f.rank, status = f.status;
+        // a rank that failed because a peer vanished: give the peer a moment to finish exiting, so its own
+        // exit status (the real cause) is what we report
+        if (read_worker_error(first_failure->error_file).secondary) {
+          auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          while (std::chrono::steady_clock::now() < until && !primary_failure_seen()) poll_output(20);
+        }
         stop_all();
-        report_failure(rank, status);
+        const Worker& culprit = blame();
+        report_failure(culprit.rank, culprit.status);
         return 1;
       }
       if (all_done) {
@@ -253,6 +268,28 @@ class Group {
         return 0;
       }
     }
+  }
+
+  bool primary_failure_seen() {
+    reap();
+    for (auto& w : workers_)
+      if (!w.running && failed(w.status) && !read_worker_error(w.error_file).secondary) return true;
+    return false;
+  }
+
+  // The rank that failed first: workers we stopped are victims; an error marked secondary (a peer's
+  // connection dropped) came after someone else's; then the earliest recorded time, then reap order.
+  const Worker& blame() {
+    const Worker* best = nullptr;
+    auto key = [](const Worker& w) {
+      WorkerError e = read_worker_error(w.error_file);
+      const bool victim = w.stopped_by_us && WIFSIGNALED(w.status) &&
+                          (WTERMSIG(w.status) == SIGTERM || WTERMSIG(w.status) == SIGKILL);
+      return std::make_tuple(e.secondary, victim, e.present ? e.time_ns : LLONG_MAX, w.exit_order);
+    };
+    for (auto& w : workers_)
+      if (failed(w.status) && (!best || key(w) < key(*best))) best = &w;
+    return *best;
   }
 
   void report_failure(int rank, int status) {
@@ -309,6 +346,8 @@ int launch(const LaunchOptions& o) {
     }
     Group g(o, attempt);
     int rc = g.run(port);
+    for (int r = 0; r < o.nproc_per_node; r++)
+      std::filesystem::remove(fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt, o.node_rank * o.nproc_per_node + r));
     if (rc != 1 || attempt >= o.max_restarts) return rc;
     std::cerr << fmt::format("distlab run: restarting the group (attempt {} of {})\n", attempt + 2, o.max_restarts + 1);
   }

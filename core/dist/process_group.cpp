@@ -202,11 +202,14 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
     }
   }
   const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
-  throw CommError(
-      fmt::format("rank {}: {} #{} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op, c.seq,
+  const bool peer_lost = what.find("closed by peer") != std::string::npos || what.find("reset by peer") != std::string::npos ||
+                         what.find("Broken pipe") != std::string::npos;
+  const std::string message = fmt::format("rank {}: {} #{} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op, c.seq,
                   c.count, format_bytes(double(c.count) * 4), name_,
                   timed_out ? fmt::format("timed out after {:.1f} s", opts_.timeout.count() / 1000.0) : "failed", what,
-                  arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing),
+                  arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing);
+  if (peer_lost) throw PeerLostError(message, "another rank failed or exited first: its own output says why (distlab run prints it)");
+  throw CommError(message,
       timed_out ? "a rank never called this collective: a rank-dependent branch (an extra all_reduce on rank 0, an early "
                   "exit, a stuck loop)? rerun with DISTLAB_DEBUG=detail to compare every collective across ranks"
                 : "another rank failed or exited: its own output says why (distlab run prints it)");

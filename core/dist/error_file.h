@@ -1,0 +1,21 @@
+// How a worker tells its launcher why it failed (torchrun's error file, in small): the launcher sets
+// DISTLAB_ERROR_FILE; a failing worker writes {time_ns, message, secondary}. "secondary" marks an error
+// caused by another rank's failure (its connection closed or reset), so the launcher blames the rank that
+// failed first, not the ones that noticed it.
+#pragma once
+#include <exception>
+#include <string>
+
+namespace distlab {
+
+void record_worker_error(const std::exception& e);
+
+struct WorkerError {
+  bool present = false;
+  long long time_ns = 0;
+  bool secondary = false;
+  std::string message;
+};
+WorkerError read_worker_error(const std::string& path);
+
+}  // namespace distlab
