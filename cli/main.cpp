@@ -9,6 +9,7 @@
 #include <climits>
 
 #include "cli/bench_cmd.h"
+#include "cli/lab_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
 #include "core/dist/error_file.h"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   const std::string self_exe = n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]);
   distlab::add_run_command(app, exit_code, self_exe, program);
   distlab::add_bench_command(app, exit_code, self_exe);
+  distlab::add_lab_commands(app, exit_code, self_exe);
   try {
     app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {

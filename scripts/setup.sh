@@ -2,7 +2,7 @@
 # Installs the Debian packages distlab needs. Safe to run twice: installs only what is missing.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config zlib1g-dev libgloo-dev libopenblas-dev libfmt-dev libcli11-dev
-      libtomlplusplus-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+      libtomlplusplus-dev nlohmann-json3-dev catch2 dataset-fashion-mnist bubblewrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,7 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace distlab {
+// `distlab lab list|show|build`, `distlab grade`, and the hidden `distlab lab-check` the grader runs.
+void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe);
+}  // namespace distlab

@@ -1,0 +1,75 @@
+#include "grader/lab.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <toml++/toml.h>
+
+#include "core/util/error.h"
+
+namespace fs = std::filesystem;
+
+namespace distlab::grader {
+
+int Lab::max_points() const {
+  int p = 0;
+  for (const auto& c : checks) p += c.points;
+  return p;
+}
+
+static Lab read_lab(const fs::path& dir) {
+  const std::string file = (dir / "lab.toml").string();
+  toml::table t;
+  try {
+    t = toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}: {}", file, e.source().begin.line, e.description()));
+  }
+  Lab lab;
+  lab.dir = dir.string();
+  lab.name = dir.filename().string();
+  lab.id = lab.name.substr(0, 2);
+  lab.title = t["lab"]["title"].value_or(std::string(lab.name));
+  if (auto* files = t["lab"]["files"].as_array())
+    for (auto& f : *files) lab.files.push_back(f.value_or(std::string()));
+  if (lab.files.empty()) throw ConfigError(file + ": [lab] files is missing", "list the student's files: files = [\"ring.cpp\"]");
+  if (auto* checks = t["check"].as_array()) {
+    for (auto& node : *checks) {
+      auto* c = node.as_table();
+      if (!c) continue;
+      CheckSpec s;
+      s.name = (*c)["name"].value_or(std::string());
+      s.points = (*c)["points"].value_or(0);
+      s.timeout_s = (*c)["timeout_s"].value_or(60.0);
+      s.memory_mb = (*c)["memory_mb"].value_or(int64_t(4096));
+      s.what = (*c)["what"].value_or(std::string());
+      s.hint = (*c)["hint"].value_or(std::string());
+      if (s.name.empty() || s.points <= 0)
+        throw ConfigError(fmt::format("{}: a [[check]] needs a name and positive points", file));
+      lab.checks.push_back(s);
+    }
+  }
+  return lab;
+}
+
+std::vector<Lab> all_labs(const std::string& source_dir) {
+  std::vector<Lab> labs;
+  const fs::path root = fs::path(source_dir) / "labs";
+  if (!fs::exists(root)) return labs;
+  for (const auto& d : fs::directory_iterator(root))
+    if (d.is_directory() && fs::exists(d.path() / "lab.toml")) labs.push_back(read_lab(d.path()));
+  std::sort(labs.begin(), labs.end(), [](const Lab& a, const Lab& b) { return a.name < b.name; });
+  return labs;
+}
+
+Lab find_lab(const std::string& source_dir, const std::string& key) {
+  std::string names;
+  for (auto& lab : all_labs(source_dir)) {
+    if (lab.id == key || lab.name == key || (key.size() == 1 && lab.id == "0" + key)) return lab;
+    names += (names.empty() ? "" : ", ") + lab.name;
+  }
+  throw ConfigError(fmt::format("no lab '{}'", key), "the labs: " + names + " (distlab lab list)");
+}
+
+}  // namespace distlab::grader

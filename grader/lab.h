@@ -1,0 +1,31 @@
+// A lab as the grader sees it: read from labs/NN-name/lab.toml. Later labs add checks there without
+// touching the harness.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace distlab::grader {
+
+struct CheckSpec {
+  std::string name;   // the check's id in the lab's check table
+  int points = 0;
+  double timeout_s = 60;
+  int64_t memory_mb = 4096;
+  std::string what;   // what it checks, for the table and `lab show`
+  std::string hint;   // shown when it fails
+};
+
+struct Lab {
+  std::string id;       // "01"
+  std::string name;     // "01-collectives"
+  std::string title;
+  std::string dir;      // labs/01-collectives
+  std::vector<std::string> files;  // the student's files (student/<file>)
+  std::vector<CheckSpec> checks;
+  int max_points() const;
+};
+
+std::vector<Lab> all_labs(const std::string& source_dir);
+Lab find_lab(const std::string& source_dir, const std::string& id_or_name);  // ConfigError listing the labs
+
+}  // namespace distlab::grader

@@ -1,0 +1,107 @@
+#include "grader/report.h"
+
+#include <fmt/format.h>
+
+namespace distlab::grader {
+
+int Grade::points() const {
+  int p = 0;
+  for (const auto& c : checks) p += c.points;
+  return p;
+}
+
+static std::string indent(const std::string& s, const std::string& pad) {
+  std::string out = pad;
+  for (char c : s) {
+    out += c;
+    if (c == '\n') out += pad;
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == '\n')) out.pop_back();
+  return out;
+}
+
+std::string table(const Grade& g) {
+  std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, g.student);
+  if (!g.built) return t + "BUILD FAILED: no check ran\n" + indent(g.build_log, "  ") + "\n";
+  t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>6}\n", "check", "points", "max", "result", "time");
+  for (const auto& c : g.checks) {
+    t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>5.1f}s\n", c.spec.name, c.points, c.spec.points,
+                     c.status == "pass" ? "pass" : "FAIL(" + c.status + ")", c.seconds);
+    if (c.status != "pass") {
+      if (!c.expected.empty()) t += indent("expected: " + c.expected, "      ") + "\n";
+      if (!c.seen.empty()) t += indent("seen:     " + c.seen, "      ") + "\n";
+      if (!c.hint.empty()) t += indent("hint:     " + c.hint, "      ") + "\n";
+    }
+  }
+  t += fmt::format("  {:<34} {:>6} {:>4}\n", "total", g.points(), g.lab.max_points());
+  return t;
+}
+
+nlohmann::json to_json(const Grade& g) {
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : g.checks)
+    checks.push_back({{"name", c.spec.name}, {"points", c.points}, {"max", c.spec.points}, {"status", c.status},
+                      {"expected", c.expected}, {"seen", c.seen}, {"hint", c.hint}, {"seconds", c.seconds}});
+  return {{"lab", g.lab.name}, {"student", g.student}, {"built", g.built}, {"build_log", g.build_log},
+          {"points", g.points()}, {"max_points", g.lab.max_points()}, {"checks", checks}};
+}
+
+static std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string to_junit(const Grade& g) {
+  int failures = 0;
+  for (const auto& c : g.checks) failures += c.status != "pass";
+  std::string x = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n",
+                              xml_escape(g.lab.name + " " + g.student), g.built ? g.checks.size() : 1, g.built ? failures : 1);
+  if (!g.built) x += "  <testcase name=\"build\"><failure message=\"build failed\">" + xml_escape(g.build_log) + "</failure></testcase>\n";
+  for (const auto& c : g.checks) {
+    x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", xml_escape(c.spec.name), c.seconds);
+    if (c.status != "pass")
+      x += fmt::format("<failure message=\"{}\">expected: {}\nseen: {}\nhint: {}</failure>", xml_escape(c.status),
+                       xml_escape(c.expected), xml_escape(c.seen), xml_escape(c.hint));
+    x += "</testcase>\n";
+  }
+  return x + "</testsuite>\n";
+}
+
+std::string gradebook_csv(const std::vector<Grade>& grades) {
+  if (grades.empty()) return "";
+  auto quote = [](std::string s) {  // one line per student: newlines become spaces
+    std::string o = "\"";
+    for (char c : s) o += c == '"' ? std::string("\"\"") : c == '\n' ? std::string(" ") : std::string(1, c);
+    return o + "\"";
+  };
+  std::string csv = "student";
+  for (const auto& c : grades.front().lab.checks) csv += "," + c.name;
+  csv += ",total,max,error\n";
+  for (const auto& g : grades) {
+    csv += quote(g.student);
+    for (const auto& spec : g.lab.checks) {
+      int p = 0;
+      for (const auto& c : g.checks)
+        if (c.spec.name == spec.name) p = c.points;
+      csv += "," + std::to_string(p);
+    }
+    std::string err;
+    if (!g.built) err = "build failed: " + g.build_log.substr(0, 300);
+    for (const auto& c : g.checks)
+      if (err.empty() && (c.status == "crash" || c.status == "timeout" || c.status == "error"))
+        err = c.spec.name + ": " + c.status + ": " + c.seen.substr(0, 200);
+    csv += fmt::format(",{},{},{}\n", g.points(), g.lab.max_points(), quote(err));
+  }
+  return csv;
+}
+
+}  // namespace distlab::grader
