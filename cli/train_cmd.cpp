@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -37,6 +40,21 @@ void check_same_config(ProcessGroup& pg, const RunConfig& cfg) {
                     "every rank must get the same config file and --set overrides");
 }
 
+// A lab's config runs the student's code: the plugin `distlab lab build` made (or lab.plugin).
+const LabHooks* load_lab_hooks(const RunConfig& cfg) {
+  if ((cfg.lab.name.empty() && cfg.lab.plugin.empty()) || cfg.lab.plugin == "none") return nullptr;  // none: the engine's
+  const std::string path = !cfg.lab.plugin.empty() ? cfg.lab.plugin
+                                                   : (std::filesystem::path(DISTLAB_BUILD_DIR) / "labs" / cfg.lab.name / "student.so").string();
+  if (!std::filesystem::exists(path))
+    throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", cfg.lab.name, path),
+                      fmt::format("run `distlab lab build {}` first", cfg.lab.name.substr(0, 2)));
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) throw ConfigError(fmt::format("cannot load the lab plugin {}: {}", path, dlerror()), "rebuild it: distlab lab build NN");
+  auto* hooks = static_cast<const LabHooks*>(dlsym(h, "distlab_lab_hooks"));
+  if (!hooks) throw ConfigError(fmt::format("{} has no distlab_lab_hooks table", path), "keep the table at the bottom of the lab's file");
+  return hooks;
+}
+
 int run_train(const TrainArgs& a) {
   if (a.help_config) {
     std::cout << "config keys (section.key  type  default  meaning):\n" << config_reference();
@@ -65,7 +83,9 @@ int run_train(const TrainArgs& a) {
   MetricsWriter metrics(rank0 ? cfg.log.metrics : "");
   std::ostringstream quiet;  // ranks other than 0 don't print progress
   try {
-    Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get());
+    const LabHooks* hooks = load_lab_hooks(cfg);
+    if (hooks && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
+    Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), hooks);
     trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     metrics.finish();
   } catch (const Error& e) {

@@ -18,6 +18,7 @@ using CheckFn = std::function<CheckResult(void* plugin_handle)>;
 // The checks a lab's lab.toml may name (check name -> function); empty for an unknown lab.
 std::map<std::string, CheckFn> checks_for_lab(const std::string& lab_id);
 std::map<std::string, CheckFn> lab01_checks();
+std::map<std::string, CheckFn> lab02_checks();
 
 // Looks up `symbol` in the plugin; throws distlab::Error naming it if missing.
 void* plugin_symbol(void* handle, const char* symbol);

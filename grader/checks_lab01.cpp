@@ -152,6 +152,7 @@ std::map<std::string, CheckFn> lab01_checks() {
 
 std::map<std::string, CheckFn> checks_for_lab(const std::string& id) {
   if (id == "01") return lab01_checks();
+  if (id == "02") return lab02_checks();
   return {};
 }
 

@@ -6,7 +6,7 @@ becomes a stub that fails with the task's name. One source, two views (needle's 
 import pathlib, re, sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
-pattern = re.compile(r"^([ \t]*)/// BEGIN SOLUTION\n.*?^[ \t]*/// END SOLUTION\n", re.S | re.M)
+pattern = re.compile(r"^([ \t]*)/// BEGIN SOLUTION[ \t]*(.*?)\n.*?^[ \t]*/// END SOLUTION\n", re.S | re.M)
 stale = []
 for sol_dir in sorted((root / "solutions").glob("*-*")):
     lab = next((root / "labs").glob(sol_dir.name.split("-")[0] + "-*"))
@@ -15,7 +15,7 @@ for sol_dir in sorted((root / "solutions").glob("*-*")):
         def stub(m, counter=[0]):
             counter[0] += 1
             func = re.findall(r"\n\w[^\n;{]*\b(\w+)\([^)]*\)[^;{]*\{[^{}]*$", text[:m.start()])
-            name = func[-1] if func else f"task {counter[0]}"
+            name = m.group(2).strip() or (func[-1] if func else f"task {counter[0]}")
             ind = m.group(1)
             return (f"{ind}// TODO({lab.name}): implement {name}. Read labs/{lab.name}/README.md.\n"
                     f"{ind}throw distlab::Error(\"{lab.name}: {name} is not implemented yet\",\n"

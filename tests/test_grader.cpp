@@ -182,3 +182,45 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit", "[grader][lab01]")
   CHECK_THAT(out4, Catch::Contains("01-collectives"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("lab 02: solution, skeleton and the mutants of the course's pitfalls", "[grader][lab02]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs02-" + std::to_string(getpid()));
+  fs::remove_all(subs);
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/02-ddp-cifar/student/ddp.cpp")},
+      // every rank reads all the data (self-test Q6): same curve as one card, no speed-up
+      {"no_sampler", replace(solution, "  for (int64_t i = rank; i < total; i += replicas) mine.push_back(order[size_t(i)]);",
+                             "  mine.assign(order.begin(), order.begin() + (n + replicas - 1) / replicas * replicas);")},
+      {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < n; i++) g[i] /= float(pg.size());\n", "")},
+      {"no_set_epoch", replace(solution, "seeded_permutation(n, seed + uint64_t(epoch))", "seeded_permutation(n, seed)")},
+      {"forward_buckets", replace(solution, "for (size_t k = params.size(); k-- > 0;) {", "for (size_t k = 0; k < params.size(); k++) {")},
+  };
+  for (const auto& [name, text] : files) {
+    fs::create_directories(subs / name);
+    std::ofstream(subs / name / "ddp.cpp") << text;
+  }
+  const fs::path csv = subs / "grades.csv";
+  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " grade 02 --submissions " + subs.string() + " --csv " +
+                   csv.string() + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  pclose(p);
+  INFO(out);
+  auto rows = parse_csv(read(csv));
+  INFO(read(csv));
+  CHECK(rows["solution"].total == 13);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["no_sampler"].points["modeled_speedup_t4"] == 0);
+  CHECK(rows["no_sampler"].points["sampler_disjoint_covering"] == 0);
+  CHECK(rows["sum_not_average"].points["curve_matches_one_rank"] == 0);
+  CHECK(rows["sum_not_average"].points["sampler_disjoint_covering"] == 2);
+  CHECK(rows["no_set_epoch"].points["sampler_set_epoch"] == 0);
+  CHECK(rows["no_set_epoch"].points["curve_matches_one_rank"] == 3);
+  CHECK(rows["forward_buckets"].points["bucketed_overlap"] == 0);
+  CHECK(rows["forward_buckets"].points["curve_matches_one_rank"] == 3);
+  fs::remove_all(subs);
+}

@@ -63,8 +63,16 @@ struct LogOptions {
   int64_t trace_step = 2;  // which step (1-based) is traced and modeled
 };
 
+// A lab's config (labs/NN-name/lab.toml) also carries the grader's [lab] and [[check]] tables; a run
+// reads only lab.plugin from them: the student's code, built by `distlab lab build`.
+struct LabOptions {
+  std::string name;    // "02-ddp-cifar" when the file has a [lab] section ("" otherwise)
+  std::string plugin;  // the .so with the student's implementation ("" = the default build of student/)
+};
+
 struct RunConfig {
   std::string source;  // the file it came from
+  LabOptions lab;
   ModelSpec model;
   DataSpec data;
   TrainOptions train;
