@@ -82,12 +82,15 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                              l.dir.substr(p.source_dir.size() + 1), fmt::join(l.files, ", student/"), l.id, l.id);
   });
   auto build_id = std::make_shared<std::string>();
+  auto build_solution = std::make_shared<bool>(false);
   auto* build = lab->add_subcommand("build", "compile your student/ code into the lab's plugin");
   build->add_option("lab", *build_id, "lab number or name")->required();
-  build->callback([build_id, self_exe, &exit_code] {
+  build->add_flag("--solution", *build_solution, "build solutions/NN-* instead (build/labs/NN-*/solution.so)");
+  build->callback([build_id, build_solution, self_exe, &exit_code] {
     auto p = paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *build_id);
-    auto b = grader::build_plugin(p, l, (fs::path(l.dir) / "student").string(), "student");
+    auto b = *build_solution ? grader::build_plugin(p, l, (fs::path(p.source_dir) / "solutions" / l.name).string(), "solution")
+                             : grader::build_plugin(p, l, (fs::path(l.dir) / "student").string(), "student");
     if (!b.ok) {
       std::cerr << "build failed:\n" << b.log;
       exit_code = 2;
