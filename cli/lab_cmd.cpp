@@ -114,7 +114,14 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_flag("--no-sandbox", a->no_sandbox, "run checks without bubblewrap (rlimits only)");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
-    auto l = grader::find_lab(p.source_dir, a->lab);
+    grader::Lab l;
+    try {
+      l = grader::find_lab(p.source_dir, a->lab);
+    } catch (const Error& e) {  // a usage error: exit 2, as for a build error
+      std::cerr << "distlab: error: " << e.full() << "\n";
+      exit_code = 2;
+      return;
+    }
     const grader::Sandbox sb = grader::detect_sandbox(!a->no_sandbox);
     if (!a->submissions.empty()) {
       if (!fs::is_directory(a->submissions))
