@@ -53,6 +53,9 @@ ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, i
     setrlimit(RLIMIT_CPU, &cpu);
     rlimit core{0, 0};
     setrlimit(RLIMIT_CORE, &core);
+    // RLIMIT_AS caps address space, not memory: glibc's per-thread malloc arenas reserve 64 MiB each, so
+    // a check with a dozen threads (ranks, Gloo, OpenMP) would hit the cap without using the memory
+    setenv("MALLOC_ARENA_MAX", "2", 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
