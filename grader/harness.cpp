@@ -165,9 +165,15 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
   std::vector<CheckOutcome> out;
   for (const auto& spec : lab.checks) {
     std::vector<std::string> argv;
-    if (sb.bubblewrap)
+    if (sb.bubblewrap) {
       argv = {"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-net",
-              "--unshare-pid", "--die-with-parent", "--chdir", "/tmp"};
+              "--unshare-pid", "--die-with-parent"};
+      // the private /tmp must not hide the checkout, the build or the plugin when they live under /tmp
+      for (const std::string& d : {p.source_dir, p.build_dir, p.lib_dir, fs::path(plugin).parent_path().string(),
+                                   fs::path(p.self_exe).parent_path().string()})
+        for (const auto& a : {std::string("--ro-bind"), d, d}) argv.push_back(a);
+      for (const auto& a : {"--chdir", "/tmp"}) argv.push_back(a);
+    }
     for (const auto& a : {p.self_exe, std::string("lab-check"), lab.id, spec.name, plugin}) argv.push_back(a);
     const std::string cwd = sb.bubblewrap ? "" : fs::temp_directory_path().string();
     ProcResult r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd);
