@@ -11,9 +11,9 @@
 
 namespace distlab::testing {
 
-// Runs fn(pg) on `world` ranks; rethrows the first exception (by rank) after all threads finish.
-inline void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, ProcessGroupOptions opts = {},
-                      Millis store_timeout = Millis(20000)) {
+// Runs fn(pg) on `world` ranks; returns each rank's exception (or nullptr).
+inline std::vector<std::exception_ptr> run_ranks_collect(int world, const std::function<void(ProcessGroup&)>& fn,
+                                                          ProcessGroupOptions opts = {}, Millis store_timeout = Millis(20000)) {
   MemoryStore store(store_timeout);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
@@ -28,28 +28,14 @@ inline void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, P
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  return errors;
 }
 
-// The same, but returns each rank's exception (or nullptr) instead of throwing.
-inline std::vector<std::exception_ptr> run_ranks_collect(int world, const std::function<void(ProcessGroup&)>& fn,
-                                                          ProcessGroupOptions opts = {}) {
-  MemoryStore store(Millis(20000));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; r++) {
-    threads.emplace_back([&, r] {
-      try {
-        ProcessGroup pg(store, r, world, opts);
-        fn(pg);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+// The same, rethrowing the first exception (by rank) after all threads finish.
+inline void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, ProcessGroupOptions opts = {},
+                      Millis store_timeout = Millis(20000)) {
+  for (auto& e : run_ranks_collect(world, fn, opts, store_timeout))
+    if (e) std::rethrow_exception(e);
 }
 
 inline std::string message_of(const std::exception_ptr& e) {
