@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,8 @@ namespace distlab::grader {
 
 namespace {
 
+constexpr int64_t kMaxPids = 256;  // processes + threads of one check (a 4-rank job uses about 60)
+
 struct ProcResult {
   int status = 0;
   bool timed_out = false;
@@ -34,7 +37,38 @@ struct ProcResult {
 
 // Runs argv with stdout+stderr captured, in its own process group, with rlimits; kills the group at the
 // wall-clock limit.
-ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, int64_t memory_mb, const std::string& cwd) {
+// A pids cgroup (v1, as root) that caps the processes and threads of one check: RLIMIT_NPROC means nothing
+// to root, and a fork bomb must fail its check, not the machine. Empty path when unavailable.
+std::string make_pids_cgroup(int64_t max_pids) {
+  static int counter = 0;
+  const fs::path root = "/sys/fs/cgroup/pids";
+  if (!fs::exists(root / "cgroup.procs")) return "";
+  const fs::path cg = root / fmt::format("distlab-check-{}-{}", getpid(), counter++);
+  std::error_code ec;
+  fs::create_directory(cg, ec);
+  if (ec) return "";
+  std::ofstream(cg / "pids.max") << max_pids;
+  return cg.string();
+}
+
+void remove_cgroup(const std::string& cg) {
+  if (cg.empty()) return;
+  for (int i = 0; i < 100; i++) {  // rmdir succeeds once the last process is gone
+    std::ifstream procs(fs::path(cg) / "cgroup.procs");
+    pid_t pid;
+    bool any = false;
+    while (procs >> pid) {
+      kill(pid, SIGKILL);
+      any = true;
+    }
+    if (!any && ::rmdir(cg.c_str()) == 0) return;
+    usleep(20000);
+  }
+}
+
+ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, int64_t memory_mb, const std::string& cwd,
+                       int64_t max_pids = 0) {
+  const std::string cg = max_pids > 0 ? make_pids_cgroup(max_pids) : "";
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
   const auto t0 = std::chrono::steady_clock::now();
@@ -42,6 +76,7 @@ ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, i
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!cg.empty()) std::ofstream(fs::path(cg) / "cgroup.procs") << getpid() << std::flush;
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
@@ -98,6 +133,7 @@ ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, i
   }
   if (r.timed_out) waitpid(pid, &r.status, 0);
   kill(-pid, SIGKILL);  // nothing of it survives (a fork bomb's leftovers included)
+  remove_cgroup(cg);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -155,7 +191,9 @@ Sandbox detect_sandbox(bool allow) {
                                20, 1024, "");
     s.bubblewrap = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
   }
-  s.note = s.bubblewrap ? "sandbox: bubblewrap (read-only root, private /tmp, no network, own PID namespace) + rlimits"
+  const bool pids = fs::exists("/sys/fs/cgroup/pids/cgroup.procs") && geteuid() == 0;
+  s.note = s.bubblewrap ? std::string("sandbox: bubblewrap (read-only root, private /tmp, no network, own PID namespace) + rlimits") +
+                              (pids ? " + at most " + std::to_string(kMaxPids) + " tasks (pids cgroup)" : "")
                         : allow ? "sandbox: bubblewrap unavailable (apt-get install bubblewrap); rlimits and a process group only"
                                 : "sandbox: off (--no-sandbox); rlimits and a process group only";
   return s;
@@ -176,11 +214,12 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
     }
     for (const auto& a : {p.self_exe, std::string("lab-check"), lab.id, spec.name, plugin}) argv.push_back(a);
     const std::string cwd = sb.bubblewrap ? "" : fs::temp_directory_path().string();
-    ProcResult r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd);
+    ProcResult r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd, kMaxPids);
     // Gloo's rendezvous of thread ranks in a fresh process fails now and then ("could not connect process
     // group ... Connection closed by peer", about 1 run in 20 after a crashed check): the submission never
     // ran. That is the harness's failure, not the student's: run the check once more.
-    if (r.output.find("could not connect process group") != std::string::npos) r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd);
+    if (r.output.find("could not connect process group") != std::string::npos)
+      r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd, kMaxPids);
     CheckOutcome o;
     o.spec = spec;
     o.seconds = r.seconds;

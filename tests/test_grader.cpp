@@ -119,7 +119,7 @@ TEST_CASE("lab 01: solution, skeleton, mutants and misbehaving submissions", "[g
   };
   for (const auto& [name, text] : files) {
     fs::create_directories(subs / name);
-    std::ofstream(subs / name / "ring.cpp") << (name == "hog" || name == "escape" ? "#include <cstdio>\n#include <stdexcept>\n" : "") << text;
+    std::ofstream(subs / name / "ring.cpp") << "#include <unistd.h>\n#include <cstdio>\n#include <stdexcept>\n" << text;
   }
   const fs::path csv = subs / "grades.csv";
   const std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " grade 01 --submissions " + subs.string() +
