@@ -26,7 +26,7 @@ namespace distlab::grader {
 
 namespace {
 
-constexpr int64_t kMaxPids = 256;  // processes + threads of one check (a 4-rank job uses about 60)
+constexpr int64_t kMaxPids = 256;  // processes + threads of one check (lab 02 runs 2-rank jobs inside one)
 
 struct ProcResult {
   int status = 0;
