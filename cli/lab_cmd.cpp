@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/ckpt/atomic_file.h"
 #include "core/util/error.h"
 #include "grader/harness.h"
 #include "grader/report.h"
@@ -17,9 +18,7 @@ namespace distlab {
 
 namespace {
 
-grader::Paths paths(const std::string& self_exe) {
-  return {DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, DISTLAB_LIB_DIR, self_exe};
-}
+grader::Paths paths(const std::string& self_exe) { return {DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe}; }
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
@@ -28,35 +27,110 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-fs::path last_grade_path(const grader::Paths& p, const grader::Lab& lab) {
-  return fs::path(p.build_dir) / "labs" / lab.name / "last_grade.json";
+void write_atomically(const std::string& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text);
+  f.commit();
 }
 
+fs::path lab_build_dir(const grader::Paths& p, const grader::Lab& lab) { return fs::path(p.build_dir) / "labs" / lab.name; }
+fs::path last_grade_path(const grader::Paths& p, const grader::Lab& lab) { return lab_build_dir(p, lab) / "last_grade.json"; }
+
+// last_grade.json: {"last": <grade>, "best": {"points": P, "max_points": M}}. A broken file is reported,
+// never a crash.
 std::string status_of(const grader::Paths& p, const grader::Lab& lab) {
-  if (fs::exists(last_grade_path(p, lab))) {
-    auto j = nlohmann::json::parse(read_file(last_grade_path(p, lab)));
-    const int pts = j["points"], max = j["max_points"];
-    return fmt::format("{} ({}/{})", pts == max ? "passed" : "graded", pts, max);
+  const fs::path f = last_grade_path(p, lab);
+  if (fs::exists(f)) {
+    auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    try {
+      const auto& last = j.at("last");
+      const auto& best = j.at("best");
+      const int pts = last.at("points"), max = last.at("max_points"), bp = best.at("points");
+      return fmt::format("{} (last {}/{}, best {}/{})", bp == max ? "passed" : "graded", pts, max, bp, max);
+    } catch (const std::exception&) {
+      return fmt::format("unreadable grade record ({}: delete it and grade again)", f.string());
+    }
   }
-  if (fs::exists(fs::path(p.build_dir) / "labs" / lab.name / "student.so")) return "built";
+  if (fs::exists(lab_build_dir(p, lab) / "student.so")) return "built";
   return "not started";
 }
 
+void record_grade(const grader::Paths& p, const grader::Lab& lab, const grader::Grade& g) {
+  const fs::path f = last_grade_path(p, lab);
+  int best = g.points();
+  if (fs::exists(f)) {
+    auto old = nlohmann::json::parse(read_file(f), nullptr, false);
+    if (old.is_object() && old.contains("best") && old["best"].is_object() && old["best"].value("max_points", -1) == lab.max_points())
+      best = std::max(best, old["best"].value("points", 0));
+  }
+  nlohmann::json rec = {{"last", grader::to_json(g)}, {"best", {{"points", best}, {"max_points", lab.max_points()}}}};
+  write_atomically(f.string(), rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
 grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const std::string& src, const std::string& who,
-                           const grader::Sandbox& sb, bool quiet) {
+                           const std::string& plugin, const SandboxSupport& sb, grader::SharedResults& shared, bool quiet) {
   grader::Grade g;
   g.student = who;
   g.lab = lab;
-  const std::string tag = who == "student" || who == "solution" ? who : "sub-" + who;
   if (!quiet) std::cout << fmt::format("building {} from {} ...\n", lab.name, src) << std::flush;
-  grader::BuildResult b = grader::build_plugin(p, lab, src, tag);
+  grader::BuildResult b = grader::build_plugin(p, lab, src, plugin, sb);
   g.built = b.ok;
   g.build_log = b.log;
   if (b.ok) {
-    if (!quiet) std::cout << fmt::format("running {} checks ({})\n", lab.checks.size(), sb.note) << std::flush;
-    g.checks = grader::run_checks(p, lab, b.plugin, sb);
+    if (!quiet) std::cout << fmt::format("running {} checks ({})\n", lab.checks.size(), sb.describe()) << std::flush;
+    g.checks = grader::run_checks(p, lab, b.plugin, sb, shared);
   }
   return g;
+}
+
+struct GradeArgs {
+  std::string lab, json, junit, submissions, csv, feedback;
+  bool solution = false, no_sandbox = false, require_sandbox = false;
+};
+
+// `--submissions DIR`: every subfolder built and graded on its own; a CSV row and a feedback file each.
+int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeArgs& a, const SandboxSupport& sb) {
+  if (!fs::is_directory(a.submissions))
+    throw ConfigError("--submissions " + a.submissions + " is not a folder", "give a folder with one subfolder per student");
+  std::vector<fs::path> dirs;
+  for (const auto& d : fs::directory_iterator(a.submissions))
+    if (d.is_directory() && !d.is_symlink()) dirs.push_back(d.path());
+  std::sort(dirs.begin(), dirs.end());
+  const fs::path feedback = !a.feedback.empty() ? fs::path(a.feedback)
+                            : !a.csv.empty()    ? fs::absolute(a.csv).parent_path() / "feedback"
+                                                : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-feedback");
+  fs::create_directories(feedback);
+  std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
+  std::vector<grader::Grade> grades;
+  grader::SharedResults shared;  // the references, computed once for the batch
+  for (const auto& d : dirs) {
+    char tmpl[] = "/tmp/distlab-plugin-XXXXXX";  // each plugin in a folder of its own, gone after its grading
+    if (!mkdtemp(tmpl)) throw IoError("cannot create a temporary folder for a plugin");
+    grader::Grade g;
+    try {
+      g = grade_folder(p, l, d.string(), d.filename().string(), std::string(tmpl) + "/plugin.so", sb, shared, true);
+    } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
+      g.student = d.filename().string();
+      g.lab = l;
+      g.built = false;
+      g.build_log = std::string("grading failed: ") + e.what();
+    }
+    std::error_code ec;
+    fs::remove_all(tmpl, ec);
+    std::erase_if(shared.items, [](const auto& kv) { return kv.first.rfind("engine:", 0) != 0; });  // this student's own results
+    write_atomically((feedback / (g.student + ".txt")).string(), grader::table(g));
+    grades.push_back(g);
+    std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
+                             g.built ? "" : "  (build failed)")
+              << std::flush;
+  }
+  if (!a.csv.empty()) write_atomically(a.csv, grader::gradebook_csv(grades));
+  if (!a.json.empty()) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& g : grades) all.push_back(grader::to_json(g));
+    write_atomically(a.json, all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  }
+  return 0;
 }
 
 }  // namespace
@@ -89,8 +163,10 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   build->callback([build_id, build_solution, self_exe, &exit_code] {
     auto p = paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *build_id);
-    auto b = *build_solution ? grader::build_plugin(p, l, (fs::path(p.source_dir) / "solutions" / l.name).string(), "solution")
-                             : grader::build_plugin(p, l, (fs::path(l.dir) / "student").string(), "student");
+    const SandboxSupport sb = probe_sandbox();
+    const std::string tag = *build_solution ? "solution" : "student";
+    const std::string src = *build_solution ? (fs::path(p.source_dir) / "solutions" / l.name).string() : (fs::path(l.dir) / "student").string();
+    auto b = grader::build_plugin(p, l, src, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
     if (!b.ok) {
       std::cerr << "build failed:\n" << b.log;
       exit_code = 2;
@@ -99,10 +175,6 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     std::cout << "built " << b.plugin << "\n";
   });
 
-  struct GradeArgs {
-    std::string lab, json, junit, submissions, csv;
-    bool solution = false, no_sandbox = false;
-  };
   auto a = std::make_shared<GradeArgs>();
   auto* grade = app.add_subcommand("grade", "build and grade a lab; a table that explains every point");
   grade->add_option("lab", a->lab, "lab number or name")->required();
@@ -111,7 +183,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--junit", a->junit, "write the result as JUnit XML");
   grade->add_option("--submissions", a->submissions, "grade every subfolder of DIR (each a copy of student/)");
   grade->add_option("--csv", a->csv, "with --submissions: the gradebook, one row per student");
-  grade->add_flag("--no-sandbox", a->no_sandbox, "run checks without bubblewrap (rlimits only)");
+  grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV)");
+  grade->add_flag("--no-sandbox", a->no_sandbox, "run the plugin without bubblewrap (your own code only: it can then read your files)");
+  grade->add_flag("--require-sandbox", a->require_sandbox, "refuse to grade unless bubblewrap and cgroups all work (for instructors)");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
     grader::Lab l;
@@ -122,46 +196,31 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       exit_code = 2;
       return;
     }
-    const grader::Sandbox sb = grader::detect_sandbox(!a->no_sandbox);
-    if (!a->submissions.empty()) {
-      if (!fs::is_directory(a->submissions))
-        throw ConfigError("--submissions " + a->submissions + " is not a folder", "give a folder with one subfolder per student");
-      std::vector<grader::Grade> grades;
-      std::vector<fs::path> dirs;
-      for (const auto& d : fs::directory_iterator(a->submissions))
-        if (d.is_directory()) dirs.push_back(d.path());
-      std::sort(dirs.begin(), dirs.end());
-      std::cout << sb.note << "\n";
-      for (const auto& d : dirs) {
-        grades.push_back(grade_folder(p, l, d.string(), d.filename().string(), sb, true));
-        std::cout << fmt::format("{:<24} {:>3}/{}{}\n", d.filename().string(), grades.back().points(), l.max_points(),
-                                 grades.back().built ? "" : "  (build failed)")
-                  << std::flush;
-      }
-      if (!a->csv.empty()) std::ofstream(a->csv) << grader::gradebook_csv(grades);
-      if (!a->json.empty()) {
-        nlohmann::json all = nlohmann::json::array();
-        for (const auto& g : grades) all.push_back(grader::to_json(g));
-        std::ofstream(a->json) << all.dump(2) << "\n";
-      }
-      exit_code = 0;
+    SandboxSupport sb = probe_sandbox();
+    if (a->no_sandbox) {
+      sb.bwrap = false;
+      sb.why_not = "--no-sandbox";
+    }
+    if (a->require_sandbox && !sb.complete()) {
+      std::cerr << "distlab: error: --require-sandbox: " << sb.describe() << "\n";
+      exit_code = 2;
       return;
     }
-    const std::string src = a->solution ? (fs::path(p.source_dir) / "solutions" / l.name).string()
-                                        : (fs::path(l.dir) / "student").string();
-    grader::Grade g = grade_folder(p, l, src, a->solution ? "solution" : "student", sb, false);
+    if (!sb.bwrap) std::cerr << "WARNING: " << sb.describe() << "\n";
+    if (!a->submissions.empty()) {
+      exit_code = grade_submissions(p, l, *a, sb);
+      return;
+    }
+    const std::string tag = a->solution ? "solution" : "student";
+    const std::string src = a->solution ? (fs::path(p.source_dir) / "solutions" / l.name).string() : (fs::path(l.dir) / "student").string();
+    grader::SharedResults shared;
+    grader::Grade g = grade_folder(p, l, src, tag, (lab_build_dir(p, l) / (tag + ".so")).string(), sb, shared, false);
     std::cout << grader::table(g);
-    if (!a->json.empty()) std::ofstream(a->json) << grader::to_json(g).dump(2) << "\n";
-    if (!a->junit.empty()) std::ofstream(a->junit) << grader::to_junit(g);
-    if (!a->solution && g.built) std::ofstream(last_grade_path(p, l)) << grader::to_json(g).dump() << "\n";
+    if (!a->json.empty()) write_atomically(a->json, grader::to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!a->junit.empty()) write_atomically(a->junit, grader::to_junit(g));
+    if (!a->solution && g.built) record_grade(p, l, g);
     exit_code = !g.built ? 2 : g.points() == l.max_points() ? 0 : 1;
   });
-
-  auto c = std::make_shared<std::vector<std::string>>();
-  auto* check = app.add_subcommand("lab-check", "(used by the grader) run one check in this process");
-  check->group("");  // hidden from --help
-  check->add_option("args", *c, "LAB CHECK PLUGIN")->expected(3)->required();
-  check->callback([c, &exit_code] { exit_code = grader::run_check_in_child((*c)[0], (*c)[1], (*c)[2]); });
 }
 
 }  // namespace distlab

@@ -2,6 +2,6 @@
 #include <CLI/CLI.hpp>
 
 namespace distlab {
-// `distlab lab list|show|build`, `distlab grade`, and the hidden `distlab lab-check` the grader runs.
+// `distlab lab list|show|build` and `distlab grade`.
 void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe);
 }  // namespace distlab

@@ -40,19 +40,22 @@ void check_same_config(ProcessGroup& pg, const RunConfig& cfg) {
                     "every rank must get the same config file and --set overrides");
 }
 
-// A lab's config runs the student's code: the plugin `distlab lab build` made (or lab.plugin).
-const LabHooks* load_lab_hooks(const RunConfig& cfg) {
+// A lab's config runs the student's code: the plugin `distlab lab build` made (or lab.plugin), in a process
+// of its own beside this rank (core/train/lab_plugin.h).
+std::unique_ptr<LabPlugin> start_lab_plugin(const RunConfig& cfg) {
   if ((cfg.lab.name.empty() && cfg.lab.plugin.empty()) || cfg.lab.plugin == "none") return nullptr;  // none: the engine's
   const std::string path = !cfg.lab.plugin.empty() ? cfg.lab.plugin
                                                    : (std::filesystem::path(DISTLAB_BUILD_DIR) / "labs" / cfg.lab.name / "student.so").string();
-  if (!std::filesystem::exists(path))
+  if (!std::filesystem::is_regular_file(path))
     throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", cfg.lab.name, path),
                       fmt::format("run `distlab lab build {}` first", cfg.lab.name.substr(0, 2)));
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) throw ConfigError(fmt::format("cannot load the lab plugin {}: {}", path, dlerror()), "rebuild it: distlab lab build NN");
-  auto* hooks = static_cast<const LabHooks*>(dlsym(h, "distlab_lab_hooks"));
-  if (!hooks) throw ConfigError(fmt::format("{} has no distlab_lab_hooks table", path), "keep the table at the bottom of the lab's file");
-  return hooks;
+  LabPluginOptions o;
+  o.host_exe = (std::filesystem::canonical("/proc/self/exe").parent_path() / "distlab-labhost").string();
+  o.plugin = std::filesystem::absolute(path).string();
+  o.lab_name = cfg.lab.name.empty() ? std::filesystem::path(path).parent_path().filename().string() : cfg.lab.name;
+  o.sandbox = cfg.lab.sandbox;
+  o.timeout_s = cfg.dist.timeout_s;
+  return std::make_unique<LabPlugin>(o);
 }
 
 int run_train(const TrainArgs& a) {
@@ -83,9 +86,9 @@ int run_train(const TrainArgs& a) {
   MetricsWriter metrics(rank0 ? cfg.log.metrics : "");
   std::ostringstream quiet;  // ranks other than 0 don't print progress
   try {
-    const LabHooks* hooks = load_lab_hooks(cfg);
-    if (hooks && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
-    Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), hooks);
+    std::unique_ptr<LabPlugin> lab = start_lab_plugin(cfg);
+    if (lab && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
+    Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
     trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     metrics.finish();
   } catch (const Error& e) {

@@ -1,26 +1,62 @@
-// What a check reports, and the registry of checks by lab. Checks run inside a sandboxed child process
-// (`distlab lab-check`), with the student's plugin loaded; references come from the engine, never from the
-// submission.
+// What a check is: a function that runs in the grader's own process (never in one that loads a plugin),
+// starts the student's plugin in sandboxed processes (core/lab/plugin_process.h), feeds them inputs, takes
+// back data, computes the references from the engine itself, and decides. The plugin never sees a verdict
+// and can't forge one: whatever it prints is only shown, never parsed.
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 
+#include "core/lab/plugin_process.h"
+#include "grader/lab.h"
+
 namespace distlab::grader {
+
+struct Paths {
+  std::string source_dir;  // the repository (labs/, solutions/)
+  std::string build_dir;   // where plugins go (build/labs/...)
+  std::string self_exe;    // this distlab binary
+  std::string host_exe() const;  // distlab-labhost beside it
+};
 
 struct CheckResult {
   bool passed = false;
   std::string expected, seen;  // what should have happened, what did
   std::string detail;          // extra evidence (optional)
+  std::string hint;            // replaces lab.toml's hint when what was seen calls for another one
 };
 
-using CheckFn = std::function<CheckResult(void* plugin_handle)>;
+// A check that cannot finish: the plugin crashed, hung, deadlocked or threw. `status` is the report's word.
+struct CheckAbort : std::runtime_error {
+  std::string status;  // crash | timeout | deadlock | error
+  CheckAbort(std::string status_, const std::string& what) : std::runtime_error(what), status(std::move(status_)) {}
+};
+
+// Results a lab shares between its checks during one grading (lab 02's training jobs), keyed by name.
+struct SharedResults {
+  std::map<std::string, std::shared_ptr<void>> items;
+};
+
+struct CheckContext {
+  const Paths& paths;
+  const Lab& lab;
+  const CheckSpec& spec;
+  std::string plugin;  // the student's .so
+  const SandboxSupport& sandbox;
+  const CheckCgroup& cgroup;  // every process of this check joins it
+  wire::Clock::time_point deadline;
+  SharedResults& shared;
+  // how to start the plugin for this check (`name` appears in messages: "rank 1's plugin")
+  PluginLaunch launch(const std::string& name) const;
+  double seconds_left() const;
+};
+
+using CheckFn = std::function<CheckResult(CheckContext&)>;
 // The checks a lab's lab.toml may name (check name -> function); empty for an unknown lab.
 std::map<std::string, CheckFn> checks_for_lab(const std::string& lab_id);
 std::map<std::string, CheckFn> lab01_checks();
 std::map<std::string, CheckFn> lab02_checks();
-
-// Looks up `symbol` in the plugin; throws distlab::Error naming it if missing.
-void* plugin_symbol(void* handle, const char* symbol);
 
 }  // namespace distlab::grader

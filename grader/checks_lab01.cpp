@@ -1,18 +1,16 @@
-// Lab 01's checks: the student's ring collectives against the engine's built-in ones, their traffic
-// against the bandwidth-optimal 2(N−1)/N·S, and their modeled time against the ring formula.
-#include <dlfcn.h>
+// Lab 01's checks. Each rank of a ring is the student's plugin in a sandbox of its own; the only way
+// between them is this file's relay, which delivers every send to its recv, counts every byte and message,
+// and sees a deadlock for what it is (every rank waiting, nothing on its way). Results are compared with
+// sums the grader computes itself; traffic and modeled time come from the relay's counts.
 #include <fmt/format.h>
+#include <poll.h>
 
 #include <cmath>
-#include <exception>
-#include <mutex>
-#include <thread>
+#include <deque>
 
-#include "core/dist/errors.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
 #include "grader/check.h"
-#include "labs/01-collectives/api.h"
 
 namespace distlab::grader {
 
@@ -20,121 +18,257 @@ namespace {
 
 const std::vector<int> kWorlds = {2, 3, 4};
 const std::vector<int64_t> kSizes = {0, 1, 7, 1000, (1 << 20) + 3};
+constexpr uint64_t kMaxInFlight = uint64_t(512) << 20;  // bytes sent and not yet received, over all ranks
 
-float value(int rank, int64_t i) { return float((rank + 1) * 3 + i % 11) * 0.25f; }
+float value(int rank, int64_t i) { return float((rank + 1) * 3 + i % 11) * 0.25f; }  // sums are exact in fp32
 
-// Runs fn on `world` thread ranks; the first failure (rank order) is rethrown.
-void on_ranks(int world, const std::function<void(ProcessGroup&)>& fn) {
-  MemoryStore store(Millis(10000));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> ts;
-  ProcessGroupOptions o;
-  o.timeout = Millis(10000);
-  o.track_arrivals = false;
-  for (int r = 0; r < world; r++)
-    ts.emplace_back([&, r] {
-      try {
-        ProcessGroup pg(store, r, world, o);
-        fn(pg);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+struct Traffic {
+  int64_t bytes_sent = 0, bytes_received = 0, messages = 0;
+};
+
+struct RingRun {
+  std::vector<std::vector<float>> out;  // per rank
+  std::vector<Traffic> traffic;         // per rank, this call only
+};
+
+const char* fn_name(labproto::Fn fn) {
+  return fn == labproto::kRingReduceScatter ? "ring_reduce_scatter" : fn == labproto::kRingAllGather ? "ring_all_gather" : "ring_all_reduce";
 }
 
-const Lab01Api& api(void* h) { return *static_cast<Lab01Api*>(plugin_symbol(h, "distlab_lab01")); }
+// N plugin processes and the relay between them.
+class Ring {
+ public:
+  Ring(CheckContext& ctx, int world) : ctx_(ctx), world_(world) {
+    for (int r = 0; r < world; r++) procs_.push_back(std::make_unique<PluginProcess>(ctx.launch(fmt::format("rank {} of {}", r, world))));
+    for (auto& p : procs_) p->wait_ready(ctx.deadline);
+  }
 
-// Compares the student's op with the engine's on every world size and size; the first mismatch fails.
-CheckResult compare(void* h, const std::string& op) {
-  const Lab01Api& a = api(h);
-  for (int world : kWorlds) {
-    for (int64_t n : kSizes) {
-      std::string bad;
-      std::mutex mu;
-      on_ranks(world, [&](ProcessGroup& pg) {
-        const int r = pg.rank();
-        std::vector<float> in, ours, ref;
-        if (op == "all_reduce") {
-          in.resize(size_t(n));
-          for (int64_t i = 0; i < n; i++) in[size_t(i)] = value(r, i);
-          ours = in;
-          ref = in;
-          a.all_reduce(pg, ours.data(), n);
-          pg.all_reduce(ref.data(), n);
-        } else if (op == "all_gather") {
-          in.resize(size_t(n));
-          for (int64_t i = 0; i < n; i++) in[size_t(i)] = value(r, i);
-          ours.assign(size_t(n * world), -1.0f);
-          ref = ours;
-          a.all_gather(pg, ours.data(), in.data(), n);
-          pg.all_gather(ref.data(), in.data(), n);
+  RingRun run(labproto::Fn fn, int64_t n, const std::vector<std::vector<float>>& inputs) {
+    const std::string during = fmt::format("{} on {} ranks with n = {}", fn_name(fn), world_, n);
+    RingRun res;
+    res.out.resize(size_t(world_));
+    res.traffic.resize(size_t(world_));
+    using Queue = std::deque<std::vector<char>>;
+    std::vector<std::vector<Queue>> queue(static_cast<size_t>(world_), std::vector<Queue>(static_cast<size_t>(world_)));
+    std::vector<int> waits_for(size_t(world_), -1);  // the rank a blocked recv waits for
+    std::vector<int64_t> wants(size_t(world_), 0);   // its count
+    std::vector<bool> done(size_t(world_), false);
+    uint64_t in_flight = 0;
+    for (int r = 0; r < world_; r++) {
+      wire::Frame f;
+      f.op = labproto::kCall;
+      f.arg[0] = fn;
+      f.arg[1] = r;
+      f.arg[2] = world_;
+      f.arg[3] = n;
+      procs_[size_t(r)]->send(f, inputs[size_t(r)].data(), inputs[size_t(r)].size() * 4, ctx_.deadline, during.c_str());
+    }
+    // hands the oldest message from src to dst, which is waiting for it
+    auto deliver = [&](int src, int dst) {
+      auto& q = queue[size_t(src)][size_t(dst)];
+      std::vector<char> msg = std::move(q.front());
+      q.pop_front();
+      in_flight -= msg.size();
+      if (int64_t(msg.size()) != wants[size_t(dst)] * 4)
+        throw CheckAbort("error", fmt::format("during {}: rank {} receives {} floats from rank {}, but the message rank {} sent has {}",
+                                              during, dst, wants[size_t(dst)], src, src, msg.size() / 4));
+      wire::Frame f;
+      f.op = labproto::kData;
+      procs_[size_t(dst)]->send(f, msg.data(), msg.size(), ctx_.deadline, during.c_str());
+      res.traffic[size_t(dst)].bytes_received += int64_t(msg.size());
+      waits_for[size_t(dst)] = -1;
+    };
+    for (int remaining = world_; remaining > 0;) {
+      // nothing can move: every rank still running waits for a message that nobody will send
+      bool any_running = false;
+      for (int r = 0; r < world_; r++)
+        if (!done[size_t(r)] && waits_for[size_t(r)] < 0) any_running = true;
+      if (!any_running) throw CheckAbort("deadlock", describe_deadlock(during, waits_for, done));
+      std::vector<pollfd> fds;
+      for (int r = 0; r < world_; r++)
+        if (!done[size_t(r)]) fds.push_back({procs_[size_t(r)]->fd(), POLLIN, 0});
+      const int left_ms = int(std::min(1000.0, ctx_.seconds_left() * 1000));
+      if (left_ms <= 0) throw CheckAbort("timeout", describe_timeout(during, waits_for, done));
+      if (poll(fds.data(), fds.size(), left_ms) <= 0) continue;
+      for (const auto& pfd : fds) {
+        if (!(pfd.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        int r = 0;
+        while (procs_[size_t(r)]->fd() != pfd.fd) r++;
+        wire::Frame f;
+        std::vector<char> payload;
+        procs_[size_t(r)]->receive(f, payload, ctx_.deadline, during.c_str());
+        if (f.op == labproto::kSend) {
+          const int dst = int(f.arg[0]);
+          if (dst < 0 || dst >= world_ || dst == r) throw CheckAbort("error", fmt::format("during {}: rank {} sent to rank {}", during, r, dst));
+          in_flight += payload.size();
+          if (in_flight > kMaxInFlight)
+            throw CheckAbort("error", fmt::format("during {}: more than {} MiB sent and not received: do the ranks ever recv?",
+                                                  during, kMaxInFlight >> 20));
+          res.traffic[size_t(r)].bytes_sent += int64_t(payload.size());
+          res.traffic[size_t(r)].messages++;
+          queue[size_t(r)][size_t(dst)].push_back(std::move(payload));
+          if (waits_for[size_t(dst)] == r) deliver(r, dst);
+        } else if (f.op == labproto::kRecv) {
+          const int src = int(f.arg[0]);
+          if (src < 0 || src >= world_ || src == r || f.arg[1] < 0)
+            throw CheckAbort("error", fmt::format("during {}: rank {} asked to receive from rank {}", during, r, src));
+          waits_for[size_t(r)] = src;
+          wants[size_t(r)] = f.arg[1];
+          if (!queue[size_t(src)][size_t(r)].empty()) deliver(src, r);
+        } else if (f.op == labproto::kReturn) {
+          res.out[size_t(r)].resize(payload.size() / 4);
+          if (!payload.empty()) std::memcpy(res.out[size_t(r)].data(), payload.data(), payload.size() / 4 * 4);
+          done[size_t(r)] = true;
+          remaining--;
+        } else if (f.op == labproto::kRaised) {
+          throw CheckAbort("error", fmt::format("rank {} threw during {}: {}", r, during,
+                                                sanitize_output(std::string(payload.begin(), payload.end()), 1500)));
         } else {
-          in.resize(size_t(n * world));
-          for (int64_t i = 0; i < n * world; i++) in[size_t(i)] = value(r, i);
-          ours.assign(size_t(n), -1.0f);
-          ref = ours;
-          a.reduce_scatter(pg, ours.data(), in.data(), n);
-          pg.reduce_scatter(ref.data(), in.data(), n);
+          throw CheckAbort("error", fmt::format("during {}: rank {} sent opcode {}", during, r, f.op));
         }
-        for (size_t i = 0; i < ref.size(); i++)
-          if (std::abs(ours[i] - ref[i]) > 1e-5f * std::max(1.0f, std::abs(ref[i]))) {
-            std::lock_guard<std::mutex> g(mu);
-            if (bad.empty()) bad = fmt::format("rank {} element {}: {} instead of {}", r, i, ours[i], ref[i]);
-            break;
-          }
-      });
-      if (!bad.empty())
-        return {false, fmt::format("the built-in {} result on {} ranks, {} elements", op, world, n), bad, ""};
+      }
+    }
+    for (int s = 0; s < world_; s++)
+      for (int d = 0; d < world_; d++)
+        if (!queue[size_t(s)][size_t(d)].empty())
+          throw CheckAbort("error", fmt::format("during {}: rank {} sent {} message(s) to rank {} that were never received", during, s,
+                                                queue[size_t(s)][size_t(d)].size(), d));
+    return res;
+  }
+
+ private:
+  std::string describe_deadlock(const std::string& during, const std::vector<int>& waits_for, const std::vector<bool>& done) const {
+    std::string who;
+    bool all_waiting = true;
+    for (int r = 0; r < world_; r++) {
+      if (done[size_t(r)]) {
+        all_waiting = false;
+        continue;
+      }
+      who += fmt::format("{}rank {} waits in recv for rank {}{}", who.empty() ? "" : ", ", r, waits_for[size_t(r)],
+                         done[size_t(waits_for[size_t(r)])] ? " (which has already returned)" : "");
+    }
+    return fmt::format("deadlock during {}: {}, and no message is on its way. {}", during, who,
+                       all_waiting ? "Every rank is waiting to receive: order your sends and receives so that each recv has "
+                                     "a send before it on the other side (in the ring: send to the right, then receive from the left)."
+                                   : "A rank returned while its neighbour still expected a message from it: both sides must "
+                                     "run the same number of steps.");
+  }
+
+  std::string describe_timeout(const std::string& during, const std::vector<int>& waits_for, const std::vector<bool>& done) const {
+    std::string who;
+    for (int r = 0; r < world_; r++)
+      who += fmt::format("{}rank {} {}", who.empty() ? "" : ", ", r,
+                         done[size_t(r)] ? "returned" : waits_for[size_t(r)] >= 0 ? fmt::format("waits for rank {}", waits_for[size_t(r)])
+                                                                                 : std::string("is computing"));
+    std::string tail;
+    for (const auto& p : procs_)
+      if (auto t = p->output_tail(300); !t.empty()) tail += "\n" + p->name() + ": " + t;
+    return fmt::format("still running after {:.0f} s during {} ({}){}", ctx_.spec.timeout_s, during, who, tail);
+  }
+
+  CheckContext& ctx_;
+  int world_;
+  std::vector<std::unique_ptr<PluginProcess>> procs_;
+};
+
+std::vector<std::vector<float>> inputs_for(labproto::Fn fn, int world, int64_t n) {
+  std::vector<std::vector<float>> in(static_cast<size_t>(world));
+  const int64_t len = fn == labproto::kRingReduceScatter ? n * world : n;
+  for (int r = 0; r < world; r++)
+    for (int64_t i = 0; i < len; i++) in[size_t(r)].push_back(value(r, i));
+  return in;
+}
+
+// What every rank must end with, computed here.
+std::vector<float> expected(labproto::Fn fn, int world, int rank, int64_t n) {
+  std::vector<float> want;
+  if (fn == labproto::kRingAllGather) {
+    for (int q = 0; q < world; q++)
+      for (int64_t i = 0; i < n; i++) want.push_back(value(q, i));
+  } else {
+    const int64_t off = fn == labproto::kRingReduceScatter ? rank * n : 0;
+    for (int64_t i = 0; i < n; i++) {
+      float s = 0;
+      for (int q = 0; q < world; q++) s += value(q, off + i);
+      want.push_back(s);
+    }
+  }
+  return want;
+}
+
+// "" when every rank's output is right; else the first difference.
+std::string first_difference(const RingRun& run, labproto::Fn fn, int world, int64_t n) {
+  for (int r = 0; r < world; r++) {
+    const auto want = expected(fn, world, r, n);
+    const auto& got = run.out[size_t(r)];
+    if (got.size() != want.size()) return fmt::format("rank {} returned {} floats instead of {}", r, got.size(), want.size());
+    for (size_t i = 0; i < want.size(); i++)
+      if (!(std::abs(got[i] - want[i]) <= 1e-5f * std::max(1.0f, std::abs(want[i]))))
+        return fmt::format("rank {} element {}: {} instead of {}", r, i, got[i], want[i]);
+  }
+  return "";
+}
+
+CheckResult compare(CheckContext& ctx, labproto::Fn fn) {
+  for (int world : kWorlds) {
+    Ring ring(ctx, world);
+    for (int64_t n : kSizes) {
+      RingRun run = ring.run(fn, n, inputs_for(fn, world, n));
+      if (auto bad = first_difference(run, fn, world, n); !bad.empty())
+        return {false, fmt::format("the sum of the ranks' inputs ({} on {} ranks, n = {})", fn_name(fn), world, n), bad, ""};
     }
   }
   return {true, "", "", ""};
 }
 
-// Bytes each rank sends in one all_reduce of S bytes, read from the process group's send counters.
-CheckResult traffic(void* h) {
-  const Lab01Api& a = api(h);
+// Bytes each rank sends: the relay counted them. Optimal: (N−1)/N·S for reduce-scatter and all-gather
+// (S: the N·n floats of the full buffer), 2(N−1)/N·S for all-reduce. Only a correct result counts.
+CheckResult traffic(CheckContext& ctx, const std::vector<labproto::Fn>& fns) {
   for (int world : kWorlds) {
-    const int64_t n = 1000003;  // not divisible by 2, 3 or 4
-    const double S = double(n) * 4, optimal = 2.0 * (world - 1) / world * S;
-    std::vector<double> sent(static_cast<size_t>(world));
-    on_ranks(world, [&](ProcessGroup& pg) {
-      std::vector<float> x(static_cast<size_t>(n), 1.0f);
-      a.all_reduce(pg, x.data(), n);
-      sent[size_t(pg.rank())] = double(pg.counters()["send"].bytes_sent);
-    });
-    const double worst = *std::max_element(sent.begin(), sent.end());
-    const double slack = 2.0 * (world - 1) * 4;  // chunks may differ by one element
-    if (std::abs(worst - optimal) > slack)
-      return {false, fmt::format("each rank sends 2(N-1)/N·S = {:.0f} bytes on {} ranks (S = {:.0f})", optimal, world, S),
-              fmt::format("the busiest rank sent {:.0f} bytes ({:.2f}x the optimum)", worst, worst / optimal), ""};
+    Ring ring(ctx, world);
+    for (labproto::Fn fn : fns) {
+      const int64_t n = fn == labproto::kRingAllReduce ? 1000003 : 250001;  // not divisible by 2, 3 or 4
+      RingRun run = ring.run(fn, n, inputs_for(fn, world, n));
+      if (auto bad = first_difference(run, fn, world, n); !bad.empty())
+        return {false, fmt::format("a correct {} (traffic counts only then)", fn_name(fn)), bad, ""};
+      const double S = double(fn == labproto::kRingAllReduce ? n : n * world) * 4;
+      const double phases = fn == labproto::kRingAllReduce ? 2 : 1;
+      const double optimal = phases * (world - 1) / world * S, slack = phases * (world - 1) * 4.0;  // chunks differ by one float
+      int64_t worst = 0;
+      for (const auto& t : run.traffic) worst = std::max(worst, t.bytes_sent);
+      if (std::abs(double(worst) - optimal) > slack)
+        return {false,
+                fmt::format("each rank sends {}(N-1)/N·S = {:.0f} bytes in {} on {} ranks (S = {:.0f})", phases > 1 ? "2" : "", optimal,
+                            fn_name(fn), world, S),
+                fmt::format("the busiest rank sent {} bytes ({:.2f}x the optimum)", worst, double(worst) / optimal), "",
+                double(worst) > optimal ? "gathering to one rank and sending back moves (N-1)·S through the root: pass chunks of S/N "
+                                          "around the ring instead"
+                                        : "a rank must send every chunk it owns on: check the number of steps (N-1 per phase)"};
+    }
   }
   return {true, "", "", ""};
 }
 
-// The modeled time on two T4s over PCIe: each rank's messages each pay the latency α, and its bytes cross
+// The modeled time on four T4s over PCIe: each rank's messages each pay the latency α, and its bytes cross
 // its link at the bus bandwidth, whichever of sent or received is larger. A ring comes out at exactly the
 // formula 2(N−1)·α + 2(N−1)/N·S/B; gathering to a root and broadcasting back is (N−1) times slower.
-CheckResult modeled_time(void* h) {
-  const Lab01Api& a = api(h);
+CheckResult modeled_time(CheckContext& ctx) {
   const HardwareProfile hw = *find_profile("t4-pcie");
   const int world = 4;
   const int64_t n = 1 << 20;
-  std::vector<double> t(static_cast<size_t>(world));
-  on_ranks(world, [&](ProcessGroup& pg) {
-    std::vector<float> x(static_cast<size_t>(n), 1.0f);
-    a.all_reduce(pg, x.data(), n);
-    auto c = pg.counters();
-    const double msgs = double(c["send"].calls), bytes = double(std::max(c["send"].bytes_sent, c["recv"].bytes_received));
-    t[size_t(pg.rank())] = msgs * hw.collective_latency_s + bytes / hw.intra_node_busbw_bytes_per_s;
-  });
-  const double ours = *std::max_element(t.begin(), t.end());
-  const double ring = collective_time("all_reduce", n * 4, world, hw);
-  if (std::abs(ours - ring) > 0.05 * ring)
-    return {false, fmt::format("the ring formula on t4-pcie: {:.1f} us for 4 MiB on 4 ranks", ring * 1e6),
-            fmt::format("{:.1f} us ({:.2f}x)", ours * 1e6, ours / ring), ""};
+  Ring ring(ctx, world);
+  RingRun run = ring.run(labproto::kRingAllReduce, n, inputs_for(labproto::kRingAllReduce, world, n));
+  if (auto bad = first_difference(run, labproto::kRingAllReduce, world, n); !bad.empty())
+    return {false, "a correct all_reduce (its time counts only then)", bad, ""};
+  double ours = 0;
+  for (const auto& t : run.traffic)
+    ours = std::max(ours, double(t.messages) * hw.collective_latency_s +
+                              double(std::max(t.bytes_sent, t.bytes_received)) / hw.intra_node_busbw_bytes_per_s);
+  const double ring_s = collective_time("all_reduce", n * 4, world, hw);
+  if (std::abs(ours - ring_s) > 0.05 * ring_s)
+    return {false, fmt::format("the ring formula on t4-pcie: {:.1f} us for 4 MiB on 4 ranks", ring_s * 1e6),
+            fmt::format("{:.1f} us ({:.2f}x)", ours * 1e6, ours / ring_s), ""};
   return {true, "", "", ""};
 }
 
@@ -142,10 +276,12 @@ CheckResult modeled_time(void* h) {
 
 std::map<std::string, CheckFn> lab01_checks() {
   return {
-      {"reduce_scatter_equals_builtin", [](void* h) { return compare(h, "reduce_scatter"); }},
-      {"all_gather_equals_builtin", [](void* h) { return compare(h, "all_gather"); }},
-      {"all_reduce_equals_builtin", [](void* h) { return compare(h, "all_reduce"); }},
-      {"all_reduce_bandwidth_optimal", traffic},
+      {"reduce_scatter_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingReduceScatter); }},
+      {"all_gather_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingAllGather); }},
+      {"all_reduce_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingAllReduce); }},
+      {"reduce_scatter_all_gather_traffic",
+       [](CheckContext& c) { return traffic(c, {labproto::kRingReduceScatter, labproto::kRingAllGather}); }},
+      {"all_reduce_bandwidth_optimal", [](CheckContext& c) { return traffic(c, {labproto::kRingAllReduce}); }},
       {"all_reduce_modeled_time", modeled_time},
   };
 }
@@ -154,12 +290,6 @@ std::map<std::string, CheckFn> checks_for_lab(const std::string& id) {
   if (id == "01") return lab01_checks();
   if (id == "02") return lab02_checks();
   return {};
-}
-
-void* plugin_symbol(void* handle, const char* symbol) {
-  void* p = dlsym(handle, symbol);
-  if (!p) throw Error(fmt::format("the plugin has no symbol '{}'", symbol), "keep the table at the bottom of the lab's file");
-  return p;
 }
 
 }  // namespace distlab::grader

@@ -1,14 +1,15 @@
-// Lab 02's checks. Sampler checks call the student's function and compare with the engine's
-// DistributedSampler. Training checks run real jobs through `distlab run` (inside the check's sandbox):
-// the student's code via --set lab.plugin, and the references with the engine's own (lab.plugin=none).
+// Lab 02's checks. Sampler checks ask the student's plugin (in its sandboxed host) for indices and compare
+// them with the engine's DistributedSampler here. Training checks run real jobs through `distlab run`:
+// the trainers are the engine's, the student's sampler and DDP run in sandboxed processes beside them,
+// and losses, parameters, collectives and modeled times are measured by the trainers, where the plugin
+// can't reach. A job's result is shared by the checks that need it (one student job hanging costs one
+// timeout, not five); the student's job may take a few times the reference's own time.
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <climits>
-#include <dlfcn.h>
 #include <cmath>
-#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,7 +17,6 @@
 
 #include "core/data/distributed_sampler.h"
 #include "core/models/zoo.h"
-#include "core/train/lab_hooks.h"
 #include "core/util/error.h"
 #include "grader/check.h"
 
@@ -26,92 +26,72 @@ namespace distlab::grader {
 
 namespace {
 
-const LabHooks& hooks(void* h) { return *static_cast<LabHooks*>(plugin_symbol(h, "distlab_lab_hooks")); }
+// ---- the sampler, asked directly ----
 
-std::string self_exe() {
-  char buf[PATH_MAX] = {};
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, size_t(n)) : "distlab";
+std::vector<int64_t> ask_sampler(CheckContext& ctx, PluginProcess& p, int64_t n, int world, int rank, int64_t epoch, bool drop) {
+  wire::Frame f;
+  f.op = labproto::kCall;
+  const int64_t args[] = {labproto::kSamplerIndices, n, world, rank, 17, epoch, 1 | (drop ? 2 : 0)};
+  for (int k = 0; k < 7; k++) f.arg[k] = args[k];
+  const std::string during = fmt::format("sampler_indices(n={}, replicas={}, rank={}, epoch={}, drop_last={})", n, world, rank, epoch, drop);
+  p.send(f, nullptr, 0, ctx.deadline, during.c_str());
+  std::vector<char> raw;
+  p.receive(f, raw, ctx.deadline, during.c_str(), uint64_t(1) << 20);
+  if (f.op == labproto::kRaised)
+    throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(raw.begin(), raw.end()), 1500)));
+  if (f.op != labproto::kReturn || raw.size() % 8) throw CheckAbort("error", during + " sent a broken answer");
+  std::vector<int64_t> v(raw.size() / 8);
+  if (!v.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+  return v;
 }
 
-std::string plugin_path(void* h) {
-  Dl_info info{};
-  dladdr(plugin_symbol(h, "distlab_lab_hooks"), &info);
-  return info.dli_fname ? info.dli_fname : "";
+std::string show(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 12; i++) s += (i ? ", " : "") + std::to_string(v[i]);
+  return "[" + s + (v.size() > 12 ? ", ..." : "") + "]";
 }
 
-struct Job {
-  std::string output;
-  std::vector<double> losses;
-  nlohmann::json summary, first_step;
-};
-
-// One training job of the lab's config; plugin "none" runs the engine's own implementation.
-Job train(int ranks, const std::string& plugin, const std::string& sets) {
-  const std::string metrics = (fs::temp_directory_path() / fmt::format("lab02-{}-{}.jsonl", getpid(), ranks)).string();
-  const std::string cmd = fmt::format("{} run -n {} --master-port 0 --grace 2 train {}/labs/02-ddp-cifar/lab.toml --set lab.plugin={} "
-                                      "--set train.log_every=1000 --metrics {} {} 2>&1",
-                                      self_exe(), ranks, DISTLAB_GRADER_SOURCE_DIR, plugin, metrics, sets);
-  Job j;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) j.output.append(buf, n);
-  const int st = pclose(p);
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto r = nlohmann::json::parse(line);
-    if (r["kind"] == "step") {
-      if (j.first_step.is_null()) j.first_step = r;
-      j.losses.push_back(r["loss"].get<double>());
-    }
-    if (r["kind"] == "summary") j.summary = r;
-  }
-  fs::remove(metrics);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || j.summary.is_null()) {
-    std::string tail = j.output.size() > 1500 ? j.output.substr(j.output.size() - 1500) : j.output;
-    throw Error(fmt::format("the {}-rank training job failed:\n{}", ranks, tail));
-  }
-  return j;
-}
-
-const std::string kCurve = "--set optim.lr=0.002 --set train.steps=50 --set parallel.ddp_mode=naive --set log.profile=";
-
-CheckResult sampler_check(void* h, const std::string& which) {
-  const LabHooks& k = hooks(h);
+CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
+  PluginProcess p(ctx.launch("the plugin"));
+  p.wait_ready(ctx.deadline);
   for (int64_t n : {0, 1, 2, 7, 10, 13, 100, 1000}) {
     for (int world = 1; world <= 4; world++) {
       for (bool drop : {false, true}) {
         if (which == "covering" && drop) continue;
         std::vector<int64_t> all;
+        std::vector<std::vector<int64_t>> epoch0(static_cast<size_t>(world));
         for (int r = 0; r < world; r++) {
           for (int64_t epoch : {int64_t(0), int64_t(1)}) {
             if (which != "set_epoch" && epoch == 1) continue;
-            auto mine = k.sampler_indices(n, world, r, 17, epoch, true, drop);
-            DistributedSampler ref(n, world, r, true, 17, drop);
-            auto want = ref.indices(epoch);
+            auto mine = ask_sampler(ctx, p, n, world, r, epoch, drop);
+            auto want = DistributedSampler(n, world, r, true, 17, drop).indices(epoch);
             if (which == "covering") {
               if (int64_t(mine.size()) != (n + world - 1) / world)
                 return {false, fmt::format("rank {} of {} gets ceil({}/{}) = {} indices", r, world, n, world, (n + world - 1) / world),
                         fmt::format("{} indices", mine.size()), ""};
               all.insert(all.end(), mine.begin(), mine.end());
-            } else if (mine != want) {
-              auto show = [](const std::vector<int64_t>& v) {
-                std::string s;
-                for (size_t i = 0; i < v.size() && i < 12; i++) s += (i ? ", " : "") + std::to_string(v[i]);
-                return "[" + s + (v.size() > 12 ? ", ..." : "") + "]";
-              };
-              return {false, fmt::format("n={} N={} rank {} epoch {} drop_last={}: {}", n, world, r, epoch, drop, show(want)),
-                      show(mine), ""};
+              continue;
             }
+            if (epoch == 0) epoch0[size_t(r)] = mine;
+            if (mine == want) continue;
+            CheckResult bad{false, fmt::format("n={} N={} rank {} epoch {} drop_last={}: {}", n, world, r, epoch, drop, show(want)),
+                            show(mine), ""};
+            if (epoch == 1 && mine == epoch0[size_t(r)] && n > 2)
+              bad.hint = "epoch 1 repeats epoch 0's order: shuffle with seeded_permutation(n, seed + epoch)";
+            return bad;
           }
         }
         if (which == "covering") {
           std::set<int64_t> distinct(all.begin(), all.end());
           for (auto i : distinct)
             if (i < 0 || i >= n) return {false, fmt::format("indices in 0..{}", n - 1), fmt::format("index {}", i), ""};
-          if (int64_t(distinct.size()) != n)
-            return {false, fmt::format("the {} ranks together see all {} samples", world, n),
-                    fmt::format("{} distinct samples", distinct.size()), ""};
+          if (int64_t(distinct.size()) != n) {
+            CheckResult bad{false, fmt::format("the {} ranks together see all {} samples", world, n),
+                            fmt::format("{} distinct samples", distinct.size()), ""};
+            if (int64_t(all.size()) > n + world) bad.hint = "each rank must take only its share: positions r, r+N, r+2N, ...";
+            else bad.hint = "every rank must slice ONE shared permutation (the same seed on every rank), not shuffle on its own";
+            return bad;
+          }
           if (int64_t(all.size()) - n != (n ? (world - n % world) % world : 0))
             return {false, fmt::format("only the {} padding samples repeat", (world - n % world) % world),
                     fmt::format("{} repeated", int64_t(all.size()) - n), ""};
@@ -122,45 +102,145 @@ CheckResult sampler_check(void* h, const std::string& which) {
   return {true, "", "", ""};
 }
 
-CheckResult curve(void* h, bool params_only) {
-  Job ref = train(1, "none", kCurve);
-  Job mine = train(2, plugin_path(h), kCurve);
-  if (params_only) {
-    if (mine.summary.value("params_equal_across_ranks", false)) return {true, "", "", ""};
-    return {false, "bitwise-equal parameters on both ranks after 50 steps", "the replicas differ", ""};
+// ---- training jobs ----
+
+struct Job {
+  bool ok = false;
+  std::string failure;  // why not ok (sanitized output tail)
+  std::string status;   // for CheckAbort when not ok: timeout | error
+  double seconds = 0;
+  std::vector<double> losses;
+  nlohmann::json summary, first_step;
+};
+
+// One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation. Every
+// argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
+Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s) {
+  char tmpl[] = "/tmp/distlab-lab02-XXXXXX";
+  if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the training job");
+  const fs::path dir = tmpl;
+  const std::string metrics = (dir / "metrics.jsonl").string();
+  std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
+                                   "train", ctx.lab.dir + "/lab.toml", "--set", "lab.plugin=" + plugin,
+                                   "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
+                                   "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(10.0, limit_s)),
+                                   "--metrics", metrics};
+  for (const auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
   }
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
-    const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
-    if (d > worst) {
-      worst = d;
-      at = i;
+  SpawnOptions o;
+  o.cgroup = &ctx.cgroup;
+  o.file_mb = 256;
+  RunResult r = run_to_end(argv, o, limit_s, 3000);
+  Job j;
+  j.seconds = r.seconds;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    auto rec = nlohmann::json::parse(line, nullptr, false);
+    if (rec.is_discarded() || !rec.is_object()) continue;
+    if (rec.value("kind", "") == "step") {
+      if (j.first_step.is_null()) j.first_step = rec;
+      j.losses.push_back(rec.value("loss", 0.0));
     }
+    if (rec.value("kind", "") == "summary") j.summary = rec;
   }
-  if (mine.losses.size() == ref.losses.size() && worst < 1e-5) return {true, "", "", ""};
-  return {false, fmt::format("the 1-rank loss curve within 1e-5 relative (step {}: {:.6f})", at + 1, ref.losses[at]),
-          fmt::format("{:.6f} at step {} ({:.1e} relative)", mine.losses[at], at + 1, worst), ""};
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  j.ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && j.summary.is_object();
+  if (!j.ok) {
+    j.status = r.timed_out ? "timeout" : "error";
+    j.failure = r.timed_out ? fmt::format("the {}-rank training job was still running after {:.0f} s and was stopped:\n{}", ranks, limit_s, r.output)
+                            : fmt::format("the {}-rank training job failed ({}):\n{}", ranks, describe_wait_status(r.status), r.output);
+  }
+  return j;
+}
+
+// A job shared by the checks of one grading: run once, its result (or failure) reused.
+const Job& job(CheckContext& ctx, const std::string& key, int ranks, bool student, const std::vector<std::string>& sets) {
+  auto& slot = ctx.shared.items[student ? key + ":" + ctx.plugin : "engine:" + key];  // references serve a whole batch
+  if (!slot) {
+    double limit = ctx.seconds_left();
+    if (student) {  // a few times what the engine's own DDP took on the same job, and never past the check's limit
+      const Job& ref = job(ctx, "ref:" + key, ranks, false, sets);
+      if (ref.ok) limit = std::min(limit, 4 * ref.seconds + 30);
+    }
+    slot = std::make_shared<Job>(run_job(ctx, ranks, student ? ctx.plugin : "none", sets, limit));
+  }
+  const Job& j = *static_cast<const Job*>(slot.get());
+  if (!j.ok) throw CheckAbort(j.status, j.failure);
+  return j;
+}
+
+const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=40", "log.profile="};
+const std::vector<std::string> kShort = {"train.steps=3"};
+
+std::vector<std::string> with(std::vector<std::string> v, const std::string& s) {
+  v.push_back(s);
+  return v;
+}
+
+// Both DDPs of the student (naive and bucketed) against one rank with the same global batch.
+CheckResult curve(CheckContext& ctx) {
+  const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
+  for (const std::string mode : {"naive", "bucketed"}) {
+    const Job& mine = job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode));
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+      const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
+      if (!(d <= worst)) {
+        worst = d;
+        at = i;
+      }
+    }
+    if (mine.losses.size() == ref.losses.size() && worst < 1e-5) continue;
+    CheckResult bad{false, fmt::format("{} DDP on 2 ranks: the 1-rank loss curve within 1e-5 relative (step {}: {:.6f})", mode, at + 1,
+                                       ref.losses.empty() ? 0.0 : ref.losses[at]),
+                    mine.losses.size() != ref.losses.size() ? fmt::format("{} steps instead of {}", mine.losses.size(), ref.losses.size())
+                                                            : fmt::format("{:.6f} at step {} ({:.1e} relative)", mine.losses[at], at + 1, worst),
+                    ""};
+    if (!mine.summary.value("params_equal_across_ranks", true))
+      bad.hint = mode == "naive" ? "the replicas diverged: every rank must end backward with the same averaged gradient"
+                                 : "the replicas diverged: wait for every bucket and copy its result back into grads[i].data";
+    else if (worst > 0.2 && mine.losses.size() > 1 && mine.losses.back() > ref.losses.back())
+      bad.hint = "the curve runs away: all_reduce gives the SUM over ranks; the gradient of the global batch's mean loss is the average";
+    return bad;
+  }
+  return {true, "", "", ""};
+}
+
+CheckResult params_equal(CheckContext& ctx) {
+  for (const std::string mode : {"naive", "bucketed"}) {
+    const Job& mine = job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode));
+    if (!mine.summary.value("params_equal_across_ranks", false))
+      return {false, fmt::format("{} DDP: bitwise-equal parameters on both ranks after {} steps", mode, mine.losses.size()),
+              "the replicas differ", ""};
+  }
+  return {true, "", "", ""};
 }
 
 // An epoch's modeled time: steps per epoch x modeled time per step. One rank takes dataset/global_batch
 // steps of the whole global batch (modeled_single_rank_s); N ranks take as many steps as the sampler gives
 // each of them.
-CheckResult speedup(void* h) {
-  Job mine = train(2, plugin_path(h), "--set train.steps=3");
+CheckResult speedup(CheckContext& ctx) {
+  const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const auto& s = mine.summary;
-  const double one = double(s["dataset_size"].get<int64_t>()) / 128.0 * s["modeled_single_rank_s"].get<double>();
-  const double two = double(s["steps_per_epoch"].get<int64_t>()) * s["modeled_step_s"].get<double>();
-  const double x = one / two;
+  const double one = double(s.value("dataset_size", int64_t(0))) / 128.0 * s.value("modeled_single_rank_s", 0.0);
+  const double two = double(s.value("steps_per_epoch", int64_t(0))) * s.value("modeled_step_s", 0.0);
+  const double x = two > 0 ? one / two : 0;
   if (x >= 1.8) return {true, "", "", ""};
-  const int64_t per_rank = s["samples_per_epoch_per_rank"];
-  std::string why = per_rank >= s["dataset_size"].get<int64_t>()
-                        ? fmt::format("each rank visits {} samples per epoch, the whole data set: without a DistributedSampler two "
-                                      "ranks take as many steps per epoch as one, so there is no speed-up",
-                                      per_rank)
-                        : fmt::format("the modeled step takes {:.2f} ms with {:.2f} ms of exposed communication",
-                                      1e3 * s["modeled_step_s"].get<double>(), 1e3 * s["modeled_exposed_comm_s"].get<double>());
-  return {false, "an epoch >= 1.8x faster on 2 T4s than on one", fmt::format("{:.2f}x: {}", x, why), ""};
+  const int64_t per_rank = s.value("samples_per_epoch_per_rank", int64_t(0));
+  if (per_rank >= s.value("dataset_size", int64_t(1)))
+    return {false, "an epoch >= 1.8x faster on 2 T4s than on one",
+            fmt::format("{:.2f}x: each rank visits {} samples per epoch, the whole data set, so two ranks take as many steps per "
+                        "epoch as one",
+                        x, per_rank),
+            "", "each rank must see only its 1/N of the data: that is what the DistributedSampler is for"};
+  return {false, "an epoch >= 1.8x faster on 2 T4s than on one",
+          fmt::format("{:.2f}x: the modeled step takes {:.2f} ms with {:.2f} ms of exposed communication", x, 1e3 * s.value("modeled_step_s", 0.0),
+                      1e3 * s.value("modeled_exposed_comm_s", 0.0)),
+          "", "too much communication is exposed: send fewer, larger messages (buckets) and start them during backward"};
 }
 
 int64_t expected_buckets(double bucket_mb) {
@@ -183,18 +263,20 @@ int64_t expected_buckets(double bucket_mb) {
   return buckets;
 }
 
-CheckResult bucket_count(void* h) {
-  Job mine = train(2, plugin_path(h), "--set train.steps=3");
+// The trainer counts the collectives it runs for the plugin: one all_reduce per bucket.
+CheckResult bucket_count(CheckContext& ctx) {
+  const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const int64_t want = expected_buckets(0.05);
-  const int64_t calls = mine.first_step["comm_calls"].get<int64_t>();  // collectives during backward and the step
+  const int64_t calls = mine.first_step.value("comm_calls", int64_t(-1));
   if (calls == want) return {true, "", "", ""};
-  return {false, fmt::format("{} all_reduces per step: one per bucket of <= 0.05 MiB", want), fmt::format("{}", calls), ""};
+  return {false, fmt::format("{} all_reduces per step: one per bucket of <= 0.05 MiB", want), fmt::format("{}", calls), "",
+          calls > want ? "copy a whole bucket into one flat buffer and all_reduce it once" : "every parameter must be in some bucket"};
 }
 
-CheckResult overlap(void* h) {
-  Job naive = train(2, "none", "--set train.steps=3 --set parallel.ddp_mode=naive");
-  Job mine = train(2, plugin_path(h), "--set train.steps=3");
-  const double n = naive.summary["modeled_exposed_comm_s"], b = mine.summary["modeled_exposed_comm_s"];
+CheckResult overlap(CheckContext& ctx) {
+  const Job& naive = job(ctx, "short-2-engine-naive", 2, false, with(kShort, "parallel.ddp_mode=naive"));
+  const Job& mine = job(ctx, "short-2", 2, true, kShort);
+  const double n = naive.summary.value("modeled_exposed_comm_s", 0.0), b = mine.summary.value("modeled_exposed_comm_s", 1e9);
   if (b <= 0.5 * n) return {true, "", "", ""};
   return {false, fmt::format("at most half of naive DDP's exposed communication ({:.1f} us)", n * 1e6),
           fmt::format("{:.1f} us: the buckets' all_reduces don't run during backward", b * 1e6), ""};
@@ -204,11 +286,11 @@ CheckResult overlap(void* h) {
 
 std::map<std::string, CheckFn> lab02_checks() {
   return {
-      {"sampler_disjoint_covering", [](void* h) { return sampler_check(h, "covering"); }},
-      {"sampler_padding_rules", [](void* h) { return sampler_check(h, "padding"); }},
-      {"sampler_set_epoch", [](void* h) { return sampler_check(h, "set_epoch"); }},
-      {"curve_matches_one_rank", [](void* h) { return curve(h, false); }},
-      {"params_equal_across_ranks", [](void* h) { return curve(h, true); }},
+      {"sampler_disjoint_covering", [](CheckContext& c) { return sampler_check(c, "covering"); }},
+      {"sampler_padding_rules", [](CheckContext& c) { return sampler_check(c, "padding"); }},
+      {"sampler_set_epoch", [](CheckContext& c) { return sampler_check(c, "set_epoch"); }},
+      {"curve_matches_one_rank", curve},
+      {"params_equal_across_ranks", params_equal},
       {"modeled_speedup_t4", speedup},
       {"bucketed_allreduces", bucket_count},
       {"bucketed_overlap", overlap},

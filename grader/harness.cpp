@@ -1,24 +1,13 @@
 #include "grader/harness.h"
 
-#include <dlfcn.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
-#include "grader/check.h"
 
 namespace fs = std::filesystem;
 
@@ -26,258 +15,197 @@ namespace distlab::grader {
 
 namespace {
 
-constexpr int64_t kMaxPids = 256;  // processes + threads of one check (lab 02 runs 2-rank jobs inside one)
+constexpr int64_t kMaxTasks = 256;           // processes + threads of one check (lab 02 runs 2-rank jobs)
+constexpr uintmax_t kMaxSourceBytes = 1 << 20;  // one student file
 
-struct ProcResult {
-  int status = 0;
-  bool timed_out = false;
-  std::string output;
-  double seconds = 0;
+// A private folder for one build: removed, whatever happens, when it goes out of scope.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const fs::path& parent) {
+    fs::create_directories(parent);
+    std::string tmpl = (parent / "build-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw IoError(fmt::format("cannot create a build folder under {}", parent.string()));
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
 };
 
-// Runs argv with stdout+stderr captured, in its own process group, with rlimits; kills the group at the
-// wall-clock limit.
-// A pids cgroup (v1, as root) that caps the processes and threads of one check: RLIMIT_NPROC means nothing
-// to root, and a fork bomb must fail its check, not the machine. Empty path when unavailable.
-std::string make_pids_cgroup(int64_t max_pids) {
-  static int counter = 0;
-  const fs::path root = "/sys/fs/cgroup/pids";
-  if (!fs::exists(root / "cgroup.procs")) return "";
-  const fs::path cg = root / fmt::format("distlab-check-{}-{}", getpid(), counter++);
+void copy_file_checked(const fs::path& from, const fs::path& to) {
   std::error_code ec;
-  fs::create_directory(cg, ec);
-  if (ec) return "";
-  std::ofstream(cg / "pids.max") << max_pids;
-  return cg.string();
-}
-
-void remove_cgroup(const std::string& cg) {
-  if (cg.empty()) return;
-  for (int i = 0; i < 100; i++) {  // rmdir succeeds once the last process is gone
-    std::ifstream procs(fs::path(cg) / "cgroup.procs");
-    pid_t pid;
-    bool any = false;
-    while (procs >> pid) {
-      kill(pid, SIGKILL);
-      any = true;
-    }
-    if (!any && ::rmdir(cg.c_str()) == 0) return;
-    usleep(20000);
-  }
-}
-
-ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, int64_t memory_mb, const std::string& cwd,
-                       int64_t max_pids = 0) {
-  const std::string cg = max_pids > 0 ? make_pids_cgroup(max_pids) : "";
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
-  const auto t0 = std::chrono::steady_clock::now();
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (!cg.empty()) std::ofstream(fs::path(cg) / "cgroup.procs") << getpid() << std::flush;
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    rlimit as{rlim_t(memory_mb) << 20, rlim_t(memory_mb) << 20};
-    setrlimit(RLIMIT_AS, &as);
-    rlimit fsize{rlim_t(256) << 20, rlim_t(256) << 20};
-    setrlimit(RLIMIT_FSIZE, &fsize);
-    rlimit cpu{rlim_t(timeout_s * 4 + 5), rlim_t(timeout_s * 4 + 10)};
-    setrlimit(RLIMIT_CPU, &cpu);
-    rlimit core{0, 0};
-    setrlimit(RLIMIT_CORE, &core);
-    // RLIMIT_AS caps address space, not memory: glibc's per-thread malloc arenas reserve 64 MiB each, so
-    // a check with a dozen threads (ranks, Gloo, OpenMP) would hit the cap without using the memory
-    setenv("MALLOC_ARENA_MAX", "2", 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  ProcResult r;
-  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
-  char buf[65536];
-  for (;;) {
-    const int ms = int(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count()));
-    pollfd p{fds[0], POLLIN, 0};
-    int rc = poll(&p, 1, std::min(ms, 200));
-    if (rc > 0) {
-      ssize_t n = read(fds[0], buf, sizeof buf);
-      if (n > 0) {
-        if (r.output.size() < (1u << 20)) r.output.append(buf, size_t(n));  // a flood of output is cut
-        continue;
-      }
-      break;  // EOF: the child (and its children) closed their output
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      r.timed_out = true;
-      kill(-pid, SIGKILL);
-      break;
-    }
-  }
-  close(fds[0]);
-  if (!r.timed_out) {
-    // output closed; the process may still linger (or a grandchild kept nothing open): bounded wait
-    while (waitpid(pid, &r.status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        r.timed_out = true;
-        kill(-pid, SIGKILL);
-        break;
-      }
-      usleep(2000);
-    }
-  }
-  if (r.timed_out) waitpid(pid, &r.status, 0);
-  kill(-pid, SIGKILL);  // nothing of it survives (a fork bomb's leftovers included)
-  remove_cgroup(cg);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
-
-std::string last_lines(const std::string& s, int n) {
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start < s.size()) {
-    size_t e = s.find('\n', start);
-    if (e == std::string::npos) e = s.size();
-    std::string l = s.substr(start, e - start);
-    if (l.rfind("DISTLAB_CHECK_RESULT", 0) != 0 && !l.empty()) lines.push_back(l);
-    start = e + 1;
-  }
-  std::string out;
-  for (size_t i = lines.size() > size_t(n) ? lines.size() - size_t(n) : 0; i < lines.size(); i++) out += lines[i] + "\n";
-  return out;
+  fs::create_directories(to.parent_path(), ec);
+  if (!fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec))
+    throw IoError(fmt::format("cannot copy {} to {}: {}", from.string(), to.string(), ec.message()));
+  fs::permissions(to, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
 }
 
 }  // namespace
 
-BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_dir, const std::string& tag) {
+std::string Paths::host_exe() const { return (fs::path(self_exe).parent_path() / "distlab-labhost").string(); }
+
+PluginLaunch CheckContext::launch(const std::string& name) const {
+  PluginLaunch l;
+  l.host_exe = paths.host_exe();
+  l.plugin = plugin;
+  l.lab_id = lab.id;
+  l.sandbox = sandbox.bwrap;
+  l.memory_mb = spec.memory_mb;
+  l.cpu_s = spec.timeout_s * 2 + 5;
+  l.cgroup = &cgroup;
+  l.name = name;
+  return l;
+}
+
+double CheckContext::seconds_left() const {
+  return std::max(0.0, std::chrono::duration<double>(deadline - wire::Clock::now()).count());
+}
+
+BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_dir, const std::string& out,
+                         const SandboxSupport& sb) {
   BuildResult b;
-  const fs::path out_dir = fs::path(p.build_dir) / "labs" / lab.name;
-  fs::create_directories(out_dir);
-  b.plugin = (out_dir / (tag + ".so")).string();
-  std::vector<std::string> argv = {"g++", "-std=c++20", "-O2", "-fPIC", "-shared", "-w", "-I" + p.source_dir};
+  b.plugin = out;
+  // what the compiler sees: copies of the student's files (regular files only, no links) and the lab's API
+  std::vector<fs::path> sources;
   for (const auto& f : lab.files) {
     const fs::path src = fs::path(src_dir) / f;
-    if (!fs::exists(src)) {
+    std::error_code ec;
+    const auto st = fs::symlink_status(src, ec);
+    if (ec || !fs::exists(st)) {
       b.log = fmt::format("{}: missing (the lab's files: {})", src.string(), fmt::join(lab.files, ", "));
       return b;
     }
-    argv.push_back(src.string());
+    if (fs::is_symlink(st) || !fs::is_regular_file(st)) {
+      b.log = fmt::format("{}: refused: a submission's files must be regular files, not links or devices", src.string());
+      return b;
+    }
+    if (fs::file_size(src) > kMaxSourceBytes) {
+      b.log = fmt::format("{}: refused: larger than {} bytes", src.string(), kMaxSourceBytes);
+      return b;
+    }
+    sources.push_back(src);
   }
-  const std::string tmp = b.plugin + ".partial";
-  for (auto a : {"-o", tmp.c_str()}) argv.push_back(a);
-  argv.push_back("-L" + p.lib_dir);
-  argv.push_back("-ldistlab_core");
-  argv.push_back("-Wl,-rpath," + p.lib_dir);
-  ProcResult r = run_process(argv, 300, 8192, "");
+  TempDir tmp(fs::path(p.build_dir) / "labs" / lab.name);
+  const std::string api_rel = fs::path(lab.dir).lexically_relative(p.source_dir).string() + "/api.h";
+  copy_file_checked(fs::path(lab.dir) / "api.h", tmp.path / "include" / api_rel);
+  for (size_t i = 0; i < sources.size(); i++) copy_file_checked(sources[i], tmp.path / "src" / lab.files[i]);
+  fs::create_directories(tmp.path / "out");
+  fs::permissions(tmp.path / "out", fs::perms::all);
+
+  const bool boxed = sb.bwrap;
+  const std::string inc = boxed ? "/work/include" : (tmp.path / "include").string();
+  const std::string srcd = boxed ? "/work/src" : (tmp.path / "src").string();
+  const std::string outd = boxed ? "/work/out" : (tmp.path / "out").string();
+  // -Wl,--no-undefined: the plugin links against nothing but the C++ runtime, so a declaration of any
+  // engine function fails here, with the linker naming it
+  std::vector<std::string> cmd = {"g++", "-std=c++20", "-O2", "-fPIC", "-shared", "-w", "-I" + inc};
+  for (const auto& f : lab.files) cmd.push_back(srcd + "/" + f);
+  for (const auto& a : {std::string("-o"), outd + "/plugin.so", std::string("-Wl,--no-undefined")}) cmd.push_back(a);
+  if (boxed) {
+    SandboxPolicy pol;
+    pol.ro_binds = {{(tmp.path / "include").string(), "/work/include"}, {(tmp.path / "src").string(), "/work/src"}};
+    pol.rw_binds = {{(tmp.path / "out").string(), "/work/out"}};
+    pol.tmpfs_mb = 512;
+    pol.chdir = "/work/src";
+    cmd = sandbox_command(pol, cmd);
+  }
+  CheckCgroup cg(4096, 64);
+  SpawnOptions o;
+  o.cgroup = &cg;
+  o.memory_mb = 4096;
+  o.cpu_s = 300;
+  o.file_mb = 128;
+  RunResult r = run_to_end(cmd, o, 300, 12000);
   b.log = r.output;
-  b.ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
-  if (b.ok) fs::rename(tmp, b.plugin);
-  else fs::remove(tmp);
-  if (r.timed_out) b.log += "\n(compilation took longer than 300 s and was stopped)";
+  if (r.timed_out) {
+    b.log += "\n(compilation took longer than 300 s and was stopped)";
+    return b;
+  }
+  b.ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && fs::exists(tmp.path / "out" / "plugin.so");
+  if (!b.ok) return b;
+  // the finished plugin replaces an earlier one only now, whole
+  std::error_code ec;
+  fs::create_directories(fs::path(out).parent_path(), ec);
+  const std::string partial = out + ".partial";
+  fs::copy_file(tmp.path / "out" / "plugin.so", partial, fs::copy_options::overwrite_existing, ec);
+  if (!ec) fs::rename(partial, out, ec);
+  if (ec) {
+    b.ok = false;
+    b.log = fmt::format("cannot write {}: {}", out, ec.message());
+  }
   return b;
 }
 
-Sandbox detect_sandbox(bool allow) {
-  Sandbox s;
-  if (allow) {
-    ProcResult r = run_process({"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-                                "--unshare-net", "--unshare-pid", "--die-with-parent", "true"},
-                               20, 1024, "");
-    s.bubblewrap = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+std::string probe_plugin(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb) {
+  CheckCgroup cg(1024, 16);
+  PluginLaunch l;
+  l.host_exe = p.host_exe();
+  l.plugin = plugin;
+  l.lab_id = lab.id;
+  l.sandbox = sb.bwrap;
+  l.memory_mb = 1024;
+  l.cpu_s = 30;
+  l.cgroup = &cg;
+  try {
+    PluginProcess proc(l);
+    proc.wait_ready(wire::after_seconds(20));
+  } catch (const PluginError& e) {
+    return e.what();
   }
-  const bool pids = fs::exists("/sys/fs/cgroup/pids/cgroup.procs") && geteuid() == 0;
-  s.note = s.bubblewrap ? std::string("sandbox: bubblewrap (read-only root, private /tmp, no network, own PID namespace) + rlimits") +
-                              (pids ? " + at most " + std::to_string(kMaxPids) + " tasks (pids cgroup)" : "")
-                        : allow ? "sandbox: bubblewrap unavailable (apt-get install bubblewrap); rlimits and a process group only"
-                                : "sandbox: off (--no-sandbox); rlimits and a process group only";
-  return s;
+  return "";
 }
 
-std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::string& plugin, const Sandbox& sb) {
+std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb,
+                                     SharedResults& shared) {
   std::vector<CheckOutcome> out;
+  const auto checks = checks_for_lab(lab.id);
+  const std::string load_failure = probe_plugin(p, lab, plugin, sb);
   for (const auto& spec : lab.checks) {
-    std::vector<std::string> argv;
-    if (sb.bubblewrap) {
-      argv = {"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-net",
-              "--unshare-pid", "--die-with-parent"};
-      // the private /tmp must not hide the checkout, the build or the plugin when they live under /tmp
-      for (const std::string& d : {p.source_dir, p.build_dir, p.lib_dir, fs::path(plugin).parent_path().string(),
-                                   fs::path(p.self_exe).parent_path().string()})
-        for (const auto& a : {std::string("--ro-bind"), d, d}) argv.push_back(a);
-      for (const auto& a : {"--chdir", "/tmp"}) argv.push_back(a);
-    }
-    for (const auto& a : {p.self_exe, std::string("lab-check"), lab.id, spec.name, plugin}) argv.push_back(a);
-    const std::string cwd = sb.bubblewrap ? "" : fs::temp_directory_path().string();
-    ProcResult r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd, kMaxPids);
-    // Gloo's rendezvous of thread ranks in a fresh process fails now and then ("could not connect process
-    // group ... Connection closed by peer", about 1 run in 20 after a crashed check): the submission never
-    // ran. That is the harness's failure, not the student's: run the check once more.
-    if (r.output.find("could not connect process group") != std::string::npos)
-      r = run_process(argv, spec.timeout_s, spec.memory_mb, cwd, kMaxPids);
     CheckOutcome o;
     o.spec = spec;
-    o.seconds = r.seconds;
     o.hint = spec.hint;
-    const auto pos = r.output.rfind("DISTLAB_CHECK_RESULT ");
-    if (r.timed_out) {
-      o.status = "timeout";
-      o.expected = fmt::format("finished within {:.0f} s", spec.timeout_s);
-      o.seen = "still running: stopped (a deadlock? every send needs a matching recv)";
-    } else if (pos != std::string::npos) {
-      auto j = nlohmann::json::parse(r.output.substr(pos + 21, r.output.find('\n', pos) - pos - 21));
-      o.status = j["status"];
-      o.expected = j["expected"];
-      o.seen = j["seen"];
-    } else if (WIFSIGNALED(r.status)) {
-      const int s = WTERMSIG(r.status);
-      o.status = "crash";
-      o.expected = "the check runs to completion";
-      o.seen = fmt::format("killed by signal {} ({}){}", s, sigabbrev_np(s) ? sigabbrev_np(s) : "?",
-                           s == SIGXCPU ? ": CPU time limit" : s == SIGSEGV ? ": invalid memory access" : "");
+    const auto t0 = wire::Clock::now();
+    auto it = checks.find(spec.name);
+    if (!load_failure.empty()) {
+      o.status = "error";
+      o.expected = "the plugin loads";
+      o.seen = load_failure;
+    } else if (it == checks.end()) {
+      o.status = "error";
+      o.expected = "a check the grader knows";
+      o.seen = fmt::format("lab {} has no check '{}' (lab.toml names it)", lab.id, spec.name);
     } else {
-      o.status = "crash";
-      o.expected = "the check runs to completion";
-      o.seen = fmt::format("exited with code {}{}", WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1,
-                           r.output.find("bad_alloc") != std::string::npos ? " (out of memory: the check's limit is " +
-                                                                                 std::to_string(spec.memory_mb) + " MiB)"
-                                                                           : "");
+      CheckCgroup cg(spec.memory_mb, kMaxTasks);
+      CheckContext ctx{p, lab, spec, plugin, sb, cg, wire::after_seconds(spec.timeout_s), shared};
+      try {
+        CheckResult r = it->second(ctx);
+        o.status = r.passed ? "pass" : "fail";
+        o.expected = r.expected;
+        o.seen = r.seen + (r.detail.empty() ? "" : "\n" + r.detail);
+        if (!r.hint.empty()) o.hint = r.hint;
+      } catch (const CheckAbort& e) {
+        o.status = e.status;
+        o.seen = e.what();
+      } catch (const PluginError& e) {
+        o.status = e.kind == "raised" ? "error" : e.kind == "timeout" ? "timeout" : e.kind == "crash" ? "crash" : "error";
+        o.seen = e.what();
+      } catch (const Error& e) {
+        o.status = "error";
+        o.seen = e.full();
+      } catch (const std::exception& e) {
+        o.status = "error";
+        o.seen = e.what();
+      }
+      if (o.status != "pass" && cg.oom_killed())
+        o.seen += fmt::format("\n(the check's processes hit their memory limit of {} MiB)", spec.memory_mb);
+      if (o.expected.empty() && o.status != "pass" && o.status != "fail") o.expected = "the check runs to completion";
     }
-    if (o.status != "pass" && o.seen.find('\n') == std::string::npos) {
-      std::string tail = last_lines(r.output, 4);
-      if (!tail.empty() && o.status != "fail") o.seen += "\n" + tail;
-    }
+    o.seconds = std::chrono::duration<double>(wire::Clock::now() - t0).count();
     o.points = o.status == "pass" ? spec.points : 0;
     out.push_back(o);
   }
   return out;
-}
-
-int run_check_in_child(const std::string& lab_id, const std::string& check, const std::string& plugin) {
-  nlohmann::json j = {{"status", "error"}, {"expected", ""}, {"seen", ""}};
-  auto checks = checks_for_lab(lab_id);
-  auto it = checks.find(check);
-  if (it == checks.end()) {
-    j["seen"] = fmt::format("lab {} has no check '{}'", lab_id, check);
-  } else if (void* h = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL); !h) {
-    j["seen"] = fmt::format("cannot load the plugin: {}", dlerror());
-  } else {
-    try {
-      CheckResult r = it->second(h);
-      j = {{"status", r.passed ? "pass" : "fail"}, {"expected", r.expected}, {"seen", r.seen + (r.detail.empty() ? "" : "\n" + r.detail)}};
-    } catch (const Error& e) {
-      j = {{"status", "error"}, {"expected", "no exception"}, {"seen", e.full()}};
-    } catch (const std::exception& e) {
-      j = {{"status", "error"}, {"expected", "no exception"}, {"seen", e.what()}};
-    }
-  }
-  std::cout << "DISTLAB_CHECK_RESULT " << j.dump() << std::endl;
-  return 0;
 }
 
 }  // namespace distlab::grader

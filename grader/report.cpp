@@ -80,6 +80,8 @@ std::string gradebook_csv(const std::vector<Grade>& grades) {
   if (grades.empty()) return "";
   auto quote = [](std::string s) {  // one line per student: newlines become spaces
     std::string o = "\"";
+    // a cell a spreadsheet would run as a formula is shown as text
+    if (!s.empty() && std::string("=+-@\t\r").find(s[0]) != std::string::npos) o += "'";
     for (char c : s) o += c == '"' ? std::string("\"\"") : c == '\n' ? std::string(" ") : std::string(1, c);
     return o + "\"";
   };

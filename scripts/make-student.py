@@ -18,10 +18,10 @@ for sol_dir in sorted((root / "solutions").glob("*-*")):
             name = m.group(2).strip() or (func[-1] if func else f"task {counter[0]}")
             ind = m.group(1)
             return (f"{ind}// TODO({lab.name}): implement {name}. Read labs/{lab.name}/README.md.\n"
-                    f"{ind}throw distlab::Error(\"{lab.name}: {name} is not implemented yet\",\n"
-                    f"{ind}                     \"fill in the TODO in labs/{lab.name}/student/{src.name}\");\n")
+                    f"{ind}throw std::logic_error(\"{lab.name}: {name} is not implemented yet: \"\n"
+                    f"{ind}                       \"fill in the TODO in labs/{lab.name}/student/{src.name}\");\n")
         student = pattern.sub(stub, text)
-        student = student.replace('#include "labs/', '#include "core/util/error.h"\n#include "labs/', 1)
+        student = student.replace('#include "labs/', '#include <stdexcept>\n\n#include "labs/', 1)
         dst = lab / "student" / src.name
         if "--check" in sys.argv:
             if not dst.exists() or dst.read_text() != student:

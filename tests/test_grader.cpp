@@ -1,7 +1,9 @@
-// The grader must be able to fail: the solution gets full marks, the untouched skeleton zero on every
-// implementation check, and each mutant loses the points of the check that targets it. A submission that
-// doesn't compile, crashes, hangs, allocates without bound or writes outside its temp folder costs only
-// its own points, and the batch goes on.
+// The grader must be able to fail, and must not be fooled. The solution gets full marks, the untouched
+// skeleton zero; each mutant loses the points of the check that targets it; and each attack a hostile
+// student can write scores zero on the checks it targets, or harms nothing and reads nothing: forged
+// output, an early exit, engine internals declared extern, the instructor's files included or opened,
+// writes outside the sandbox, memory and fork storms, deadlocks. A crash, hang or flood costs only its
+// own check, and the batch's CSV and JSON stay whole.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 using namespace std::string_literals;
@@ -29,7 +32,7 @@ std::string replace(std::string s, const std::string& from, const std::string& t
   return s.replace(pos, from.size(), to);
 }
 
-// The body of function `name` (from its opening brace to the matching close) replaced by `body`.
+// The body of the function starting at `signature` (its braces) replaced by `body`.
 std::string replace_body(const std::string& s, const std::string& signature, const std::string& body) {
   auto pos = s.find(signature);
   REQUIRE(pos != std::string::npos);
@@ -49,26 +52,30 @@ struct Row {
   std::string error;
 };
 
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> f;
+  std::string cur;
+  bool q = false;
+  for (char c : line) {
+    if (c == '"') q = !q;
+    else if (c == ',' && !q) {
+      f.push_back(cur);
+      cur.clear();
+    } else cur += c;
+  }
+  f.push_back(cur);
+  return f;
+}
+
 std::map<std::string, Row> parse_csv(const std::string& csv) {
   std::istringstream in(csv);
   std::string header;
   std::getline(in, header);
-  std::vector<std::string> cols;
-  std::stringstream hs(header);
-  for (std::string c; std::getline(hs, c, ',');) cols.push_back(c);
+  const auto cols = csv_fields(header);
   std::map<std::string, Row> rows;
   for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> f;
-    std::string cur;
-    bool q = false;
-    for (char c : line) {
-      if (c == '"') q = !q;
-      else if (c == ',' && !q) {
-        f.push_back(cur);
-        cur.clear();
-      } else cur += c;
-    }
-    f.push_back(cur);
+    auto f = csv_fields(line);
+    REQUIRE(f.size() == cols.size());
     Row r;
     for (size_t k = 1; k + 3 < cols.size(); k++) r.points[cols[k]] = std::stoi(f[k]);
     r.total = std::stoi(f[cols.size() - 3]);
@@ -78,99 +85,163 @@ std::map<std::string, Row> parse_csv(const std::string& csv) {
   return rows;
 }
 
+std::pair<int, std::string> run(const std::string& args) {
+  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WEXITSTATUS(st), out};
+}
+
+// Writes each submission into its own folder of `subs`, grades the batch, returns the CSV's rows.
+std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
+                                       const std::string& file_name, std::string* json = nullptr) {
+  fs::remove_all(subs);
+  for (const auto& [name, text] : files) {
+    fs::create_directories(subs / name);
+    std::ofstream(subs / name / file_name) << text;
+  }
+  const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
+  auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string());
+  INFO(out);
+  REQUIRE(code == 0);
+  INFO(read(csv));
+  if (json) *json = read(js);
+  return parse_csv(read(csv));
+}
+
+const std::string kHeaders = "#include <dlfcn.h>\n#include <fcntl.h>\n#include <unistd.h>\n#include <cstdio>\n#include <cstdlib>\n"
+                             "#include <stdexcept>\n#include <string>\n#include <vector>\n";
+
 }  // namespace
 
-TEST_CASE("lab 01: solution, skeleton, mutants and misbehaving submissions", "[grader][lab01]") {
+TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissions", "[grader][lab01]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
-  const std::string solution = read(src / "solutions/01-collectives/ring.cpp");
-  const std::string skeleton = read(src / "labs/01-collectives/student/ring.cpp");
-  const fs::path subs = fs::temp_directory_path() / ("distlab-subs-" + std::to_string(getpid()));
+  const std::string solution = kHeaders + read(src / "solutions/01-collectives/ring.cpp");
+  const std::string skeleton = kHeaders + read(src / "labs/01-collectives/student/ring.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs01-" + std::to_string(getpid()));
   const fs::path marker = src / ("escape-marker-" + std::to_string(getpid()));
-  fs::remove_all(subs);
+  const std::string in_all_gather = "static void all_gather_phase(";
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", skeleton},
       // gather to rank 0, add, broadcast back: right numbers, (N-1)·S bytes from the root
       {"naive", replace_body(solution, "void ring_all_reduce(", R"(
-  const int N = pg.size();
+  const int N = comm.size();
   if (N == 1 || count == 0) return;
   std::vector<float> tmp(static_cast<size_t>(count));
-  if (pg.rank() == 0) {
+  if (comm.rank() == 0) {
     for (int r = 1; r < N; r++) {
-      pg.recv(tmp.data(), count, r);
+      comm.recv(tmp.data(), count, r);
       for (int64_t i = 0; i < count; i++) data[i] += tmp[size_t(i)];
     }
-    for (int r = 1; r < N; r++) pg.send(data, count, r);
+    for (int r = 1; r < N; r++) comm.send(data, count, r);
   } else {
-    pg.send(data, count, 0);
-    pg.recv(data, count, 0);
+    comm.send(data, count, 0);
+    comm.recv(data, count, 0);
   })")},
       // the all-gather phase starts one chunk off
-      {"off_by_one", replace(solution, "const int sc = ((r + 1 - s) % N + N) % N, rc = ((r - s) % N + N) % N;",
-                             "const int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;")},
-      {"no_compile", replace(solution, "const int N = pg.size(), r = pg.rank();", "const int N = pg.size() r = pg.rank();")},
-      {"crash", replace_body(solution, "void ring_all_gather(", "  volatile float* p = nullptr;\n  *p = out[0];")},
-      {"hang", replace_body(solution, "void ring_all_gather(", "  for (volatile int i = 0;; i++) {\n  }")},
-      {"hog", replace_body(solution, "void ring_all_gather(",
-                           "  std::vector<std::vector<char>> v;\n  for (;;) v.emplace_back(size_t(1) << 28, 'x');")},
-      {"escape", replace_body(solution, "void ring_all_gather(",
+      {"off_by_one", replace(solution, "const int sc = mod(r - s, N), rc = mod(r - s - 1, N);",
+                             "const int sc = mod(r - s + 1, N), rc = mod(r - s, N);")},
+      // every rank receives first: nothing can move
+      {"deadlock", replace(solution, "    comm.send(data + chunk_begin(sc, count, N), chunk_size(sc, count, N), mod(r + 1, N));\n"
+                                             "    comm.recv(data + chunk_begin(rc, count, N), chunk_size(rc, count, N), mod(r - 1, N));",
+                                   "    comm.recv(data + chunk_begin(rc, count, N), chunk_size(rc, count, N), mod(r - 1, N));\n"
+                                   "    comm.send(data + chunk_begin(sc, count, N), chunk_size(sc, count, N), mod(r + 1, N));")},
+      {"no_compile", replace(solution, "const int N = comm.size(), r = comm.rank();\n  std::vector<float> incoming",
+                             "const int N = comm.size() r = comm.rank();\n  std::vector<float> incoming")},
+      {"crash", replace_body(solution, in_all_gather, "  volatile float* p = nullptr;\n  *p = data[0];")},
+      {"hang", replace_body(solution, in_all_gather, "  for (volatile int i = 0;; i++) {\n  }")},
+      {"hog", replace_body(solution, in_all_gather, "  std::vector<std::vector<char>> v;\n  for (;;) v.emplace_back(size_t(1) << 28, 'x');")},
+      // two processes of 3 GiB each: under the per-process limit, over the check's cgroup
+      {"fork_hog", replace_body(solution, in_all_gather,
+                                "  fork();\n  std::vector<char> v(size_t(3) << 30, 'x');\n  volatile char c = v[v.size() / 2];\n"
+                                "  throw std::runtime_error(\"allocated\" + std::to_string(c));")},
+      {"escape", replace_body(solution, in_all_gather,
                               "  FILE* f = std::fopen(\"" + marker.string() + "\", \"w\");\n  if (f) std::fputs(\"x\", f);\n"
                               "  throw std::runtime_error(f ? \"wrote outside\" : \"could not write outside\");")},
+      // a global constructor that prints a forged verdict and exits before any check runs
+      {"forged_exit", skeleton + "\nstatic int forged = [] { std::puts(\"DISTLAB_CHECK_RESULT {\\\"status\\\":\\\"pass\\\","
+                                 "\\\"expected\\\":\\\"\\\",\\\"seen\\\":\\\"\\\"}\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+      // the same line, printed a thousand times around a correct solution with a flood of debug output
+      {"chatty", replace(solution, "void ring_all_reduce(Comm& comm, float* data, int64_t count) {",
+                         "void ring_all_reduce(Comm& comm, float* data, int64_t count) {\n"
+                         "  for (int i = 0; i < 2000; i++) std::printf(\"DISTLAB_CHECK_RESULT {\\\"status\\\":\\\"fail\\\"} "
+                         "debug \\xff\\xfe line %d\\n\", i);")},
+      // the engine's collectives, declared by hand
+      {"extern_engine", "namespace distlab { struct ProcessGroup { void all_reduce(float*, long, int); }; }\n" +
+                            replace_body(solution, "void ring_all_reduce(",
+                                         "  reinterpret_cast<distlab::ProcessGroup*>(&comm)->all_reduce(data, count, 0);")},
+      {"include_solution", "#include \"solutions/01-collectives/ring.cpp\"\n"},
+      {"include_abs", "#include \"" + (src / "solutions/01-collectives/ring.cpp").string() + "\"\n"},
+      {"include_passwd", "#include \"/etc/passwd\"\n"},
+      {"include_stdin", "#include \"/dev/stdin\"\n"},
+      // load the instructor's plugin at run time, or read the solution, /etc/shadow, /root: none is there
+      {"snoop", replace_body(solution, in_all_gather,
+                             "  const char* paths[] = {\"" + (src / "solutions/01-collectives/ring.cpp").string() + "\", \"/etc/shadow\", \"/root\", \"" +
+                                 (fs::path(DISTLAB_SOURCE_DIR) / "build/labs/01-collectives/solution.so").string() + "\"};\n"
+                                 "  for (const char* p : paths) if (access(p, F_OK) == 0) throw std::runtime_error(std::string(\"can see \") + p);\n"
+                                 "  if (dlopen(paths[3], RTLD_NOW)) throw std::runtime_error(\"loaded the solution\");\n"
+                                 "  if (getuid() == 0) throw std::runtime_error(\"root\");\n"
+                                 "  const int N = comm.size(), r = comm.rank();\n"
+                                 "  for (int s = 0; s < N - 1; s++) {\n"
+                                 "    const int sc = mod(r - s, N), rc = mod(r - s - 1, N);\n"
+                                 "    comm.send(data + chunk_begin(sc, count, N), chunk_size(sc, count, N), mod(r + 1, N));\n"
+                                 "    comm.recv(data + chunk_begin(rc, count, N), chunk_size(rc, count, N), mod(r - 1, N));\n"
+                                 "  }")},
+      {"=HYPERLINK(1)", skeleton},
   };
-  for (const auto& [name, text] : files) {
-    fs::create_directories(subs / name);
-    std::ofstream(subs / name / "ring.cpp") << "#include <unistd.h>\n#include <cstdio>\n#include <stdexcept>\n" << text;
-  }
-  const fs::path csv = subs / "grades.csv";
-  const std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " grade 01 --submissions " + subs.string() +
-                          " --csv " + csv.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  INFO(out);
-  REQUIRE(WEXITSTATUS(st) == 0);
-  auto rows = parse_csv(read(csv));
-  INFO(read(csv));
-  CHECK(rows["solution"].total == 10);
+  std::string json;
+  auto rows = grade_batch("01", subs, files, "ring.cpp", &json);
+  CHECK(rows["solution"].total == 12);
   CHECK(rows["skeleton"].total == 0);
-  CHECK(rows["naive"].points["all_reduce_equals_builtin"] == 3);   // right numbers...
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["chatty"].total == 12);  // debug output is never mistaken for a result, nor for a crash
+  CHECK(rows["naive"].points["all_reduce_equals_builtin"] == 3);  // right numbers...
   CHECK(rows["naive"].points["all_reduce_bandwidth_optimal"] == 0);  // ...wrong traffic
   CHECK(rows["naive"].points["all_reduce_modeled_time"] == 0);
+  CHECK(rows["naive"].points["reduce_scatter_all_gather_traffic"] == 2);
   CHECK(rows["off_by_one"].points["all_reduce_equals_builtin"] == 0);
   CHECK(rows["off_by_one"].points["reduce_scatter_equals_builtin"] == 2);
-  CHECK(rows["no_compile"].total == 0);
-  CHECK_THAT(rows["no_compile"].error, Catch::Contains("build failed"));
-  for (const std::string bad : {"crash", "hang", "hog", "escape"}) {
+  CHECK(rows["deadlock"].points["all_reduce_equals_builtin"] == 0);
+  CHECK(rows["deadlock"].points["reduce_scatter_equals_builtin"] == 2);
+  CHECK_THAT(rows["deadlock"].error, Catch::Contains("deadlock") && Catch::Contains("Every rank is waiting to receive"));
+  for (const std::string bad : {"no_compile", "extern_engine", "include_solution", "include_abs", "include_passwd", "include_stdin"}) {
+    INFO(bad);
+    CHECK(rows[bad].total == 0);
+    CHECK_THAT(rows[bad].error, Catch::Contains("build failed"));
+  }
+  CHECK_THAT(rows["extern_engine"].error, Catch::Contains("undefined reference"));
+  CHECK_THAT(rows["include_passwd"].error, !Catch::Contains("root:x:0"));
+  for (const std::string bad : {"crash", "hang", "hog", "fork_hog", "escape"}) {
     INFO(bad);
     CHECK(rows[bad].points["all_gather_equals_builtin"] == 0);
-    CHECK(rows[bad].points["all_reduce_equals_builtin"] == 3);  // only its own check is lost
+    CHECK(rows[bad].points["all_reduce_equals_builtin"] == 3);  // only the checks that run all_gather are lost
     CHECK(rows[bad].total == 8);
   }
-  CHECK_THAT(rows["crash"].error, Catch::Contains("crash"));
+  CHECK_THAT(rows["crash"].error, Catch::Contains("SEGV"));
   CHECK_THAT(rows["hang"].error, Catch::Contains("timeout"));
-  CHECK(!fs::exists(marker));  // the sandbox's root is read-only
+  CHECK(rows["snoop"].total == 12);  // it found none of the files it looked for
+  CHECK(!fs::exists(marker));        // nothing outside the sandbox is writable
+  CHECK(read(subs.string() + "-grades.csv").find("\"'=HYPERLINK(1)\"") != std::string::npos);  // not a formula
+  // the JSON report is whole and valid, invalid UTF-8 in a submission's output included
+  auto all = nlohmann::json::parse(json);
+  CHECK(all.size() == files.size());
+  // each student gets the table they would have seen
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "deadlock.txt"), Catch::Contains("all_reduce_equals_builtin") && Catch::Contains("hint:"));
   fs::remove(marker);
   fs::remove_all(subs);
 }
 
-TEST_CASE("grade reports: table, exit codes, JSON and JUnit", "[grader][lab01]") {
+TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the last and best grade", "[grader][lab01]") {
   const fs::path dir = fs::temp_directory_path() / ("distlab-grade-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  auto run = [&](const std::string& args) {
-    FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " " + args + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    int st = pclose(p);
-    return std::make_pair(WEXITSTATUS(st), out);
-  };
   auto [code, out] = run("grade 01 --solution --json " + (dir / "g.json").string() + " --junit " + (dir / "g.xml").string());
   INFO(out);
   CHECK(code == 0);
-  CHECK_THAT(out, Catch::Contains("total                                  10   10"));
-  CHECK_THAT(read(dir / "g.json"), Catch::Contains("\"points\": 10"));
+  CHECK_THAT(out, Catch::Contains("total                                  12   12"));
+  CHECK_THAT(read(dir / "g.json"), Catch::Contains("\"points\": 12"));
   CHECK_THAT(read(dir / "g.xml"), Catch::Contains("<testsuite") && Catch::Contains("failures=\"0\""));
   auto [code2, out2] = run("grade 99");
   CHECK(code2 == 2);
@@ -178,63 +249,63 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit", "[grader][lab01]")
   auto [code3, out3] = run("lab show 01");
   CHECK(code3 == 0);
   CHECK_THAT(out3, Catch::Contains("Ring collectives") && Catch::Contains("all_reduce_bandwidth_optimal (2 points)"));
+  // a broken grade record is reported, not a crash
+  const fs::path record = fs::path(DISTLAB_SOURCE_DIR) / "build/labs/01-collectives/last_grade.json";
+  const std::string saved = fs::exists(record) ? read(record) : "";
+  std::ofstream(record) << "";
   auto [code4, out4] = run("lab list");
-  CHECK_THAT(out4, Catch::Contains("01-collectives"));
+  CHECK(code4 == 0);
+  CHECK_THAT(out4, Catch::Contains("01-collectives") && Catch::Contains("unreadable grade record"));
+  std::ofstream(record) << R"({"last": {"points": 3, "max_points": 12}, "best": {"points": 12, "max_points": 12}})";
+  auto [code5, out5] = run("lab list");
+  CHECK_THAT(out5, Catch::Contains("last 3/12, best 12/12"));
+  if (saved.empty()) fs::remove(record);
+  else std::ofstream(record) << saved;
   fs::remove_all(dir);
 }
 
-TEST_CASE("lab 02: solution, skeleton and the mutants of the course's pitfalls", "[grader][lab02]") {
+TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submissions", "[grader][lab02]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
+  const std::string table = "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, lab02::sampler_indices, lab02::average_gradients, lab02::make_bucketed};";
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs02-" + std::to_string(getpid()));
-  fs::remove_all(subs);
   std::map<std::string, std::string> files = {
-      {"solution", solution},
+      {"John Smith; touch pwned", solution},  // a folder name is never run by a shell
       {"skeleton", read(src / "labs/02-ddp-cifar/student/ddp.cpp")},
-      // every rank reads all the data (self-test Q6): same curve as one card, no speed-up
+      // the engine's DDP behind empty entries: "not implemented", never the engine's own
+      {"null_hooks", replace(solution, table, "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, nullptr, nullptr, nullptr};")},
+      // every rank reads all the data (self-test Q6): no speed-up
       {"no_sampler", replace(solution, "  for (int64_t i = rank; i < total; i += replicas) mine.push_back(order[size_t(i)]);",
                              "  mine.assign(order.begin(), order.begin() + (n + replicas - 1) / replicas * replicas);")},
-      {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < n; i++) g[i] /= float(pg.size());\n", "")},
+      {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n", "")},
+      {"bucketed_sum", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "int64_t(b.flat.size()), ReduceOp::sum);")},
+      {"bucketed_no_copy_back", replace(solution, "        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);\n", "")},
       {"no_set_epoch", replace(solution, "seeded_permutation(n, seed + uint64_t(epoch))", "seeded_permutation(n, seed)")},
-      {"forward_buckets", replace(solution, "for (size_t k = params.size(); k-- > 0;) {", "for (size_t k = 0; k < params.size(); k++) {")},
+      {"forward_buckets", replace(solution, "for (size_t k = grads.size(); k-- > 0;) {", "for (size_t k = 0; k < grads.size(); k++) {")},
   };
-  for (const auto& [name, text] : files) {
-    fs::create_directories(subs / name);
-    std::ofstream(subs / name / "ddp.cpp") << text;
-  }
-  const fs::path csv = subs / "grades.csv";
-  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " grade 02 --submissions " + subs.string() + " --csv " +
-                   csv.string() + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  pclose(p);
-  INFO(out);
-  auto rows = parse_csv(read(csv));
-  INFO(read(csv));
-  CHECK(rows["solution"].total == 13);
+  auto rows = grade_batch("02", subs, files, "ddp.cpp");
+  CHECK(rows["John Smith; touch pwned"].total == 13);
+  CHECK(!fs::exists(fs::path(DISTLAB_SOURCE_DIR) / "pwned"));
+  CHECK(!fs::exists("pwned"));
   CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["null_hooks"].total == 0);
   CHECK(rows["no_sampler"].points["modeled_speedup_t4"] == 0);
   CHECK(rows["no_sampler"].points["sampler_disjoint_covering"] == 0);
   CHECK(rows["sum_not_average"].points["curve_matches_one_rank"] == 0);
   CHECK(rows["sum_not_average"].points["sampler_disjoint_covering"] == 2);
+  CHECK(rows["bucketed_sum"].points["curve_matches_one_rank"] == 0);
+  CHECK(rows["bucketed_no_copy_back"].points["curve_matches_one_rank"] == 0);
+  CHECK(rows["bucketed_no_copy_back"].points["params_equal_across_ranks"] == 0);
   CHECK(rows["no_set_epoch"].points["sampler_set_epoch"] == 0);
   CHECK(rows["no_set_epoch"].points["curve_matches_one_rank"] == 3);
   CHECK(rows["forward_buckets"].points["bucketed_overlap"] == 0);
   CHECK(rows["forward_buckets"].points["curve_matches_one_rank"] == 3);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "no_set_epoch.txt"), Catch::Contains("seed + epoch"));
   fs::remove_all(subs);
 }
 
 TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished one says what to do", "[grader][lab02]") {
   const std::string plugin = std::string(DISTLAB_SOURCE_DIR) + "/build-missing/none.so";
-  auto run = [&](const std::string& args) {
-    FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && timeout 120 " + DISTLAB_BINARY + " " + args + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    int st = pclose(p);
-    return std::make_pair(WEXITSTATUS(st), out);
-  };
   auto [c1, o1] = run("train labs/02-ddp-cifar/lab.toml --set lab.plugin=" + plugin);
   CHECK(c1 == 1);
   CHECK_THAT(o1, Catch::Contains("not built") && Catch::Contains("distlab lab build 02"));

@@ -126,6 +126,7 @@ const std::vector<Key>& keys() {
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.dtype", Kind::string, std::string, precision, "fp32"),
       KEY("lab.plugin", Kind::string, std::string, lab.plugin, "labs: the student's compiled code (default: the build of student/)"),
+      KEY("lab.sandbox", Kind::string, std::string, lab.sandbox, "labs: the plugin's process runs in bubblewrap: auto | require | off"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
       KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h200, cpu"),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
@@ -206,9 +207,9 @@ void walk(RunConfig& c, const toml::table& t, const std::string& file) {
       c.lab.name = std::filesystem::path(file).parent_path().filename().string();
       for (const auto& [key, value] : *node.as_table()) {
         const std::string k(key.str());
-        if (k == "plugin") apply(c, "lab.plugin", value, where(file, value));
+        if (k == "plugin" || k == "sandbox") apply(c, "lab." + k, value, where(file, value));
         else if (k != "title" && k != "files")
-          throw ConfigError(fmt::format("{}: unknown key 'lab.{}'", where(file, value), k), "[lab] holds title, files and plugin");
+          throw ConfigError(fmt::format("{}: unknown key 'lab.{}'", where(file, value), k), "[lab] holds title, files, plugin and sandbox");
       }
       continue;
     }
@@ -303,6 +304,8 @@ void validate(const RunConfig& c) {
   require(c.parallel.ddp_mode == "bucketed" || c.parallel.ddp_mode == "naive", c, "parallel.ddp_mode",
           "is '" + c.parallel.ddp_mode + "'", "use bucketed or naive");
   require(c.dist.timeout_s > 0, c, "dist.timeout_s", "must be positive", "");
+  require(c.lab.sandbox == "auto" || c.lab.sandbox == "require" || c.lab.sandbox == "off", c, "lab.sandbox",
+          "is '" + c.lab.sandbox + "'", "use auto, require or off");
   require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");
   if (!c.log.profile.empty()) {
     auto hw = find_profile(c.log.profile);

@@ -68,6 +68,7 @@ struct LogOptions {
 struct LabOptions {
   std::string name;    // "02-ddp-cifar" when the file has a [lab] section ("" otherwise)
   std::string plugin;  // the .so with the student's implementation ("" = the default build of student/)
+  std::string sandbox = "auto";  // where the plugin runs: auto (bubblewrap if it works) | require | off
 };
 
 struct RunConfig {

@@ -55,49 +55,8 @@ static int default_threads() {
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-namespace {
-
-// A lab's sampler function behind the Sampler interface.
-class LabSampler : public Sampler {
- public:
-  LabSampler(const LabHooks& h, int64_t n, int world, int rank, uint64_t seed, bool shuffle)
-      : h_(h), n_(n), world_(world), rank_(rank), seed_(seed), shuffle_(shuffle), size_(int64_t(indices(0).size())) {}
-  std::vector<int64_t> indices(int64_t epoch) const override {
-    return h_.sampler_indices(n_, world_, rank_, seed_, epoch, shuffle_, false);
-  }
-  int64_t size() const override { return size_; }
-
- private:
-  const LabHooks& h_;
-  int64_t n_;
-  int world_, rank_;
-  uint64_t seed_;
-  bool shuffle_;
-  int64_t size_;
-};
-
-// A lab's average_gradients as the naive DDP.
-class LabNaiveDDP : public DataParallel {
- public:
-  LabNaiveDDP(const LabHooks& h, ProcessGroup& pg, Model& m) : h_(h), pg_(pg), params_(m.parameters()) { broadcast_model(pg, m); }
-  void after_layer_backward(int, const std::vector<Parameter*>&) override {}
-  void finish_backward(Runtime&) override {
-    if (!sync_) return;
-    for (auto* p : params_) p->grad_for_accumulate();  // unused parameters contribute zeros
-    h_.average_gradients(pg_, params_);
-  }
-  int64_t all_reduces_per_step() const override { return int64_t(params_.size()); }
-
- private:
-  const LabHooks& h_;
-  ProcessGroup& pg_;
-  std::vector<Parameter*> params_;
-};
-
-}  // namespace
-
-Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, const LabHooks* hooks)
-    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), hooks_(hooks) {
+Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
+    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab) {
   if (world() > 1 && cfg.parallel.strategy == "none")
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world()),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
@@ -127,9 +86,8 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   if (!rt.is_meta()) {
     std::shared_ptr<Sampler> sampler;
-    if (cfg.parallel.strategy == "ddp" && hooks_ && hooks_->sampler_indices)  // the student's
-      sampler = std::make_shared<LabSampler>(*hooks_, data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.seed,
-                                             cfg.train.shuffle);
+    if (cfg.parallel.strategy == "ddp" && lab_)  // the student's
+      sampler = lab_->make_sampler(data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.seed, cfg.train.shuffle);
     else if (cfg.parallel.strategy == "ddp")  // each rank its slice of one global order
       sampler = std::make_shared<DistributedSampler>(data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.shuffle,
                                                      cfg.train.seed, false);
@@ -154,11 +112,8 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_->init(cfg.train.seed);
   if (cfg.parallel.strategy == "ddp" && pg_) {
     if (cfg.parallel.sync_batchnorm) model_->set_sync_batchnorm(pg_);
-    if (hooks_ && cfg.parallel.ddp_mode == "naive" && hooks_->average_gradients) {
-      ddp_ = std::make_unique<LabNaiveDDP>(*hooks_, *pg_, *model_);
-    } else if (hooks_ && cfg.parallel.ddp_mode == "bucketed" && hooks_->make_bucketed) {
-      broadcast_model(*pg_, *model_);
-      ddp_.reset(hooks_->make_bucketed(*pg_, *model_, rt, cfg.parallel.bucket_mb));
+    if (lab_) {
+      ddp_ = lab_->make_ddp(cfg.parallel.ddp_mode, *pg_, *model_, rt, cfg.parallel.bucket_mb);  // the student's
     } else {
       ddp_ = make_ddp(cfg.parallel.ddp_mode, *pg_, *model_, rt, cfg.parallel.bucket_mb);  // broadcasts rank 0's weights
     }

@@ -15,7 +15,7 @@
 #include "core/models/model.h"
 #include "core/optim/optimizer.h"
 #include "core/train/config.h"
-#include "core/train/lab_hooks.h"
+#include "core/train/lab_plugin.h"
 #include "core/train/metrics.h"
 
 namespace distlab {
@@ -30,7 +30,7 @@ class Trainer {
  public:
   // pg: the ranks of a data-parallel job (nullptr: one rank). Only rank 0 logs, evaluates and saves.
   // hooks: a lab's student code replacing the engine's sampler / DDP (nullptr: the engine's own)
-  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg = nullptr, const LabHooks* hooks = nullptr);
+  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg = nullptr, LabPlugin* lab = nullptr);
   // Runs every step; returns the summary record (also written to the metrics file).
   nlohmann::json run(MetricsWriter& metrics, const TrainOutputs& out = {});
   Model& model() { return *model_; }
@@ -56,7 +56,7 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;
-  const LabHooks* hooks_;
+  LabPlugin* lab_;
   std::unique_ptr<DataParallel> ddp_;
   nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;

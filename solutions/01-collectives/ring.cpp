@@ -1,11 +1,16 @@
-// Lab 01 — ring collectives on the process group's send and recv.
+// Lab 01 — ring collectives from nothing but send and recv.
 //
-// The ring (Baidu's ring all-reduce, NCCL's and Gloo's default): ranks form a circle, each sends only to
-// its right neighbour and receives only from its left one. Split the buffer into N chunks.
-//   reduce-scatter: N−1 steps; in step s rank r sends its partial sum of chunk (r − s) and adds the chunk
-//                   (r − s − 1) it receives. After N−1 steps rank r holds the full sum of chunk (r + 1).
-//   all-gather:     N−1 more steps passing the finished chunks around the circle.
-// Every rank sends 2(N−1) chunks of S/N bytes: 2(N−1)/N·S in all, whatever N is — bandwidth-optimal.
+// The ring (Baidu's ring all-reduce; NCCL's and Gloo's default): the N ranks form a circle, and each sends
+// only to its right neighbour (r + 1) and receives only from its left one (r − 1). A buffer of `count`
+// floats is split into N chunks; chunk c is [c·count/N, (c+1)·count/N), so sizes differ by at most one.
+//
+//   reduce-scatter phase: N−1 steps. In step s (0, 1, ..., N−2) rank r sends its partial sum of chunk
+//                         (r − s − 1) and adds the chunk (r − s − 2) that arrives from the left.
+//                         After the last step rank r holds the full sum of chunk r.
+//   all-gather phase:     N−1 more steps. In step s rank r sends chunk (r − s), which it has complete,
+//                         and receives chunk (r − s − 1) from the left.
+// (All chunk numbers mod N.) Each phase sends N−1 chunks of S/N bytes per rank, so an all-reduce sends
+// 2(N−1)/N·S per rank whatever N is: bandwidth-optimal, which is why its time barely grows with N.
 #include <algorithm>
 #include <vector>
 
@@ -13,72 +18,62 @@
 
 namespace lab01 {
 
-using distlab::ProcessGroup;
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+// chunk c of `count` floats split N ways starts here; it ends where chunk c + 1 starts
+static int64_t chunk_begin(int c, int64_t count, int N) { return int64_t(c) * count / N; }
+static int64_t chunk_size(int c, int64_t count, int N) { return chunk_begin(c + 1, count, N) - chunk_begin(c, count, N); }
 
-// Ranks send and receive in a fixed order that cannot deadlock on any ring: even ranks send first, odd
-// ranks receive first (a rank never waits on a neighbour that waits on it).
-static void exchange(ProcessGroup& pg, const float* send, int64_t ns, float* recv, int64_t nr) {
-  const int N = pg.size(), right = (pg.rank() + 1) % N, left = (pg.rank() + N - 1) % N;
-  if (pg.rank() % 2 == 0) {
-    pg.send(send, ns, right);
-    pg.recv(recv, nr, left);
-  } else {
-    pg.recv(recv, nr, left);
-    pg.send(send, ns, right);
+// data (count): on return rank r's chunk r holds the sum over ranks of chunk r (other chunks: partial sums).
+static void reduce_scatter_phase(Comm& comm, float* data, int64_t count) {
+  /// BEGIN SOLUTION
+  const int N = comm.size(), r = comm.rank();
+  std::vector<float> incoming(static_cast<size_t>(count / N + 1));
+  for (int s = 0; s < N - 1; s++) {
+    const int sc = mod(r - s - 1, N), rc = mod(r - s - 2, N);
+    comm.send(data + chunk_begin(sc, count, N), chunk_size(sc, count, N), mod(r + 1, N));
+    comm.recv(incoming.data(), chunk_size(rc, count, N), mod(r - 1, N));
+    float* dst = data + chunk_begin(rc, count, N);
+    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] += incoming[size_t(i)];
   }
+  /// END SOLUTION
 }
 
-// Chunk c of a buffer of `count` split N ways: [begin(c), begin(c+1)), sizes differing by at most one.
-static int64_t begin(int64_t c, int64_t count, int N) { return c * count / N; }
-
-void ring_reduce_scatter(ProcessGroup& pg, float* out, const float* in, int64_t n) {
+// data (count): on entry rank r's chunk r is final; on return every chunk is.
+static void all_gather_phase(Comm& comm, float* data, int64_t count) {
   /// BEGIN SOLUTION
-  const int N = pg.size(), r = pg.rank();
-  std::vector<float> acc(in, in + n * N), tmp(static_cast<size_t>(n));
-  // step s: send chunk (r − s − 1), receive chunk (r − s − 2): after N−1 steps chunk r is complete here
+  const int N = comm.size(), r = comm.rank();
   for (int s = 0; s < N - 1; s++) {
-    const int send_c = ((r - s - 1) % N + N) % N, recv_c = ((r - s - 2) % N + N) % N;
-    exchange(pg, acc.data() + send_c * n, n, tmp.data(), n);
-    for (int64_t i = 0; i < n; i++) acc[size_t(recv_c * n + i)] += tmp[size_t(i)];
+    const int sc = mod(r - s, N), rc = mod(r - s - 1, N);
+    comm.send(data + chunk_begin(sc, count, N), chunk_size(sc, count, N), mod(r + 1, N));
+    comm.recv(data + chunk_begin(rc, count, N), chunk_size(rc, count, N), mod(r - 1, N));
   }
+  /// END SOLUTION
+}
+
+void ring_reduce_scatter(Comm& comm, float* out, const float* in, int64_t n) {
+  /// BEGIN SOLUTION
+  // N slots of n are exactly the ring's N chunks
+  const int N = comm.size(), r = comm.rank();
+  std::vector<float> acc(in, in + n * N);
+  reduce_scatter_phase(comm, acc.data(), n * N);
   std::copy(acc.begin() + r * n, acc.begin() + (r + 1) * n, out);
   /// END SOLUTION
 }
 
-void ring_all_gather(ProcessGroup& pg, float* out, const float* in, int64_t n) {
+void ring_all_gather(Comm& comm, float* out, const float* in, int64_t n) {
   /// BEGIN SOLUTION
-  const int N = pg.size(), r = pg.rank();
-  std::copy(in, in + n, out + r * n);
-  // step s: pass on the chunk received in the previous step (first our own)
-  for (int s = 0; s < N - 1; s++) {
-    const int send_c = ((r - s) % N + N) % N, recv_c = ((r - s - 1) % N + N) % N;
-    exchange(pg, out + send_c * n, n, out + recv_c * n, n);
-  }
+  std::copy(in, in + n, out + comm.rank() * n);
+  all_gather_phase(comm, out, n * comm.size());
   /// END SOLUTION
 }
 
-void ring_all_reduce(ProcessGroup& pg, float* data, int64_t count) {
+void ring_all_reduce(Comm& comm, float* data, int64_t count) {
   /// BEGIN SOLUTION
-  const int N = pg.size(), r = pg.rank();
-  if (N == 1 || count == 0) return;
-  std::vector<float> tmp(static_cast<size_t>(count / N + 1));
-  // reduce-scatter over uneven chunks: after it, rank r owns the sum of chunk (r + 1)
-  for (int s = 0; s < N - 1; s++) {
-    const int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;
-    const int64_t sb = begin(sc, count, N), rb = begin(rc, count, N);
-    const int64_t sn = begin(sc + 1, count, N) - sb, rn = begin(rc + 1, count, N) - rb;
-    exchange(pg, data + sb, sn, tmp.data(), rn);
-    for (int64_t i = 0; i < rn; i++) data[rb + i] += tmp[size_t(i)];
-  }
-  // all-gather: circulate the finished chunks, starting with our own (r + 1)
-  for (int s = 0; s < N - 1; s++) {
-    const int sc = ((r + 1 - s) % N + N) % N, rc = ((r - s) % N + N) % N;
-    const int64_t sb = begin(sc, count, N), rb = begin(rc, count, N);
-    exchange(pg, data + sb, begin(sc + 1, count, N) - sb, data + rb, begin(rc + 1, count, N) - rb);
-  }
+  reduce_scatter_phase(comm, data, count);
+  all_gather_phase(comm, data, count);
   /// END SOLUTION
 }
 
 }  // namespace lab01
 
-extern "C" Lab01Api distlab_lab01 = {lab01::ring_reduce_scatter, lab01::ring_all_gather, lab01::ring_all_reduce};
+extern "C" const Lab01Plugin distlab_lab01 = {kLab01Abi, lab01::ring_reduce_scatter, lab01::ring_all_gather, lab01::ring_all_reduce};

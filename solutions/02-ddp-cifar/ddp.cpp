@@ -1,15 +1,11 @@
 // Lab 02 — DDP on CIFAR with two ranks: a DistributedSampler, gradient averaging, and buckets that
 // overlap communication with backward.
 #include <cstring>
-#include <map>
-#include <memory>
 #include <numeric>
 
 #include "labs/02-ddp-cifar/api.h"
 
 namespace lab02 {
-
-using namespace distlab;
 
 std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t seed, int64_t epoch, bool shuffle,
                                      bool drop_last) {
@@ -30,98 +26,86 @@ std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t
   /// END SOLUTION
 }
 
-void average_gradients(ProcessGroup& pg, const std::vector<Parameter*>& params) {
+void average_gradients(Comm& comm, std::vector<Grad>& grads) {
   /// BEGIN SOLUTION
   // the sum over ranks, then / N: the gradient of the mean loss over the global batch
-  for (auto* p : params) {
-    float* g = p->grad.f32();
-    const int64_t n = p->grad.numel();
-    pg.all_reduce(g, n, ReduceOp::sum);
-    for (int64_t i = 0; i < n; i++) g[i] /= float(pg.size());
+  for (auto& g : grads) {
+    comm.all_reduce(g.data, g.numel, ReduceOp::sum);
+    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());
   }
   /// END SOLUTION
 }
 
 // Buckets: parameters in REVERSE order (the order backward finishes them), about bucket_mb each. When the
-// model reports a unit's gradients ready and that completes the next bucket, copy the bucket's gradients
-// into its flat buffer and start an async all_reduce: the network works while backward goes on.
-class Bucketed : public DataParallel {
+// trainer reports gradients ready and that completes the next bucket, copy the bucket's gradients into
+// its flat buffer and start an async all_reduce: the network works while backward goes on.
+class BucketedDDP : public Bucketed {
  public:
-  Bucketed(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) : pg_(pg) {
-    /// BEGIN SOLUTION the buckets (Bucketed's constructor)
-    auto params = model.parameters();
+  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads), bucket_of_(grads.size()) {
+    /// BEGIN SOLUTION the buckets (BucketedDDP's constructor)
     const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
     int64_t bytes = 0;
-    for (size_t k = params.size(); k-- > 0;) {
-      if (buckets_.empty() || (bytes > 0 && bytes + params[k]->data.nbytes() > cap)) {
+    for (size_t k = grads.size(); k-- > 0;) {
+      const int64_t b = grads[k].numel * 4;
+      if (buckets_.empty() || (bytes > 0 && bytes + b > cap)) {
         buckets_.emplace_back();
         bytes = 0;
       }
-      buckets_.back().params.push_back(params[k]);
-      bucket_of_[params[k]] = buckets_.size() - 1;
-      bytes += params[k]->data.nbytes();
-    }
-    for (auto& b : buckets_) {
-      int64_t n = 0;
-      for (auto* p : b.params) n += p->data.numel();
-      b.flat.resize(static_cast<size_t>(n));
+      buckets_.back().members.push_back(int(k));
+      buckets_.back().flat.resize(buckets_.back().flat.size() + size_t(grads[k].numel));
+      bucket_of_[k] = buckets_.size() - 1;
+      bytes += b;
     }
     /// END SOLUTION
   }
 
-  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
-    /// BEGIN SOLUTION after_layer_backward
-    if (!sync_) return;
-    for (auto* p : params) buckets_[bucket_of_.at(p)].ready++;
+  void after_backward(int unit, const std::vector<int>& ready) override {
+    /// BEGIN SOLUTION after_backward
+    for (int i : ready) buckets_[bucket_of_[size_t(i)]].ready++;
     // start buckets strictly in order, so every rank issues the same all_reduces in the same order
-    while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].params.size()) {
+    while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) {
       Bucket& b = buckets_[next_++];
       size_t off = 0;
-      for (auto* p : b.params) {
-        std::memcpy(b.flat.data() + off, p->grad_for_accumulate().f32(), size_t(p->data.numel()) * 4);
-        off += size_t(p->data.numel());
+      for (int i : b.members) {
+        std::memcpy(b.flat.data() + off, grads_[size_t(i)].data, size_t(grads_[size_t(i)].numel) * 4);
+        off += size_t(grads_[size_t(i)].numel);
       }
-      b.work = pg_.all_reduce_async(b.flat.data(), int64_t(b.flat.size()), ReduceOp::avg);
+      b.handle = comm_.all_reduce_async(b.flat.data(), int64_t(b.flat.size()), ReduceOp::avg);
     }
     /// END SOLUTION
   }
 
-  void finish_backward(Runtime& rt) override {
+  void finish_backward() override {
     /// BEGIN SOLUTION finish_backward
-    if (!sync_) return;
     for (auto& b : buckets_) {
-      b.work->wait();  // before the optimizer touches the gradients
+      comm_.wait(b.handle);  // before the optimizer touches the gradients
       size_t off = 0;
-      for (auto* p : b.params) {
-        std::memcpy(p->grad.f32(), b.flat.data() + off, size_t(p->data.numel()) * 4);
-        off += size_t(p->data.numel());
+      for (int i : b.members) {
+        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);
+        off += size_t(grads_[size_t(i)].numel);
       }
-      b.work.reset();
       b.ready = 0;
     }
     next_ = 0;
     /// END SOLUTION
   }
 
-  int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }
-
  private:
   struct Bucket {
-    std::vector<Parameter*> params;
-    std::vector<float> flat;
-    std::shared_ptr<Work> work;
+    std::vector<int> members;  // indices into grads, reverse model order
+    std::vector<float> flat;   // the members' gradients back to back
+    int handle = -1;
     size_t ready = 0;
   };
-  ProcessGroup& pg_;
+  Comm& comm_;
+  std::vector<Grad>& grads_;
   std::vector<Bucket> buckets_;
-  std::map<Parameter*, size_t> bucket_of_;
+  std::vector<size_t> bucket_of_;  // grads index -> bucket
   size_t next_ = 0;
 };
 
-DataParallel* make_bucketed(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
-  return new Bucketed(pg, model, rt, bucket_mb);
-}
+Bucketed* make_bucketed(Comm& comm, std::vector<Grad>& grads, double bucket_mb) { return new BucketedDDP(comm, grads, bucket_mb); }
 
 }  // namespace lab02
 
-extern "C" distlab::LabHooks distlab_lab_hooks = {lab02::sampler_indices, lab02::average_gradients, lab02::make_bucketed};
+extern "C" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, lab02::sampler_indices, lab02::average_gradients, lab02::make_bucketed};

@@ -1,55 +1,62 @@
-// Lab 01 — ring collectives on the process group's send and recv.
+// Lab 01 — ring collectives from nothing but send and recv.
 //
-// The ring (Baidu's ring all-reduce, NCCL's and Gloo's default): ranks form a circle, each sends only to
-// its right neighbour and receives only from its left one. Split the buffer into N chunks.
-//   reduce-scatter: N−1 steps; in step s rank r sends its partial sum of chunk (r − s) and adds the chunk
-//                   (r − s − 1) it receives. After N−1 steps rank r holds the full sum of chunk (r + 1).
-//   all-gather:     N−1 more steps passing the finished chunks around the circle.
-// Every rank sends 2(N−1) chunks of S/N bytes: 2(N−1)/N·S in all, whatever N is — bandwidth-optimal.
+// The ring (Baidu's ring all-reduce; NCCL's and Gloo's default): the N ranks form a circle, and each sends
+// only to its right neighbour (r + 1) and receives only from its left one (r − 1). A buffer of `count`
+// floats is split into N chunks; chunk c is [c·count/N, (c+1)·count/N), so sizes differ by at most one.
+//
+//   reduce-scatter phase: N−1 steps. In step s (0, 1, ..., N−2) rank r sends its partial sum of chunk
+//                         (r − s − 1) and adds the chunk (r − s − 2) that arrives from the left.
+//                         After the last step rank r holds the full sum of chunk r.
+//   all-gather phase:     N−1 more steps. In step s rank r sends chunk (r − s), which it has complete,
+//                         and receives chunk (r − s − 1) from the left.
+// (All chunk numbers mod N.) Each phase sends N−1 chunks of S/N bytes per rank, so an all-reduce sends
+// 2(N−1)/N·S per rank whatever N is: bandwidth-optimal, which is why its time barely grows with N.
 #include <algorithm>
 #include <vector>
 
-#include "core/util/error.h"
+#include <stdexcept>
+
 #include "labs/01-collectives/api.h"
 
 namespace lab01 {
 
-using distlab::ProcessGroup;
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+// chunk c of `count` floats split N ways starts here; it ends where chunk c + 1 starts
+static int64_t chunk_begin(int c, int64_t count, int N) { return int64_t(c) * count / N; }
+static int64_t chunk_size(int c, int64_t count, int N) { return chunk_begin(c + 1, count, N) - chunk_begin(c, count, N); }
 
-// Ranks send and receive in a fixed order that cannot deadlock on any ring: even ranks send first, odd
-// ranks receive first (a rank never waits on a neighbour that waits on it).
-static void exchange(ProcessGroup& pg, const float* send, int64_t ns, float* recv, int64_t nr) {
-  const int N = pg.size(), right = (pg.rank() + 1) % N, left = (pg.rank() + N - 1) % N;
-  if (pg.rank() % 2 == 0) {
-    pg.send(send, ns, right);
-    pg.recv(recv, nr, left);
-  } else {
-    pg.recv(recv, nr, left);
-    pg.send(send, ns, right);
-  }
+// data (count): on return rank r's chunk r holds the sum over ranks of chunk r (other chunks: partial sums).
+static void reduce_scatter_phase(Comm& comm, float* data, int64_t count) {
+  // TODO(01-collectives): implement reduce_scatter_phase. Read labs/01-collectives/README.md.
+  throw std::logic_error("01-collectives: reduce_scatter_phase is not implemented yet: "
+                         "fill in the TODO in labs/01-collectives/student/ring.cpp");
 }
 
-// Chunk c of a buffer of `count` split N ways: [begin(c), begin(c+1)), sizes differing by at most one.
-static int64_t begin(int64_t c, int64_t count, int N) { return c * count / N; }
+// data (count): on entry rank r's chunk r is final; on return every chunk is.
+static void all_gather_phase(Comm& comm, float* data, int64_t count) {
+  // TODO(01-collectives): implement all_gather_phase. Read labs/01-collectives/README.md.
+  throw std::logic_error("01-collectives: all_gather_phase is not implemented yet: "
+                         "fill in the TODO in labs/01-collectives/student/ring.cpp");
+}
 
-void ring_reduce_scatter(ProcessGroup& pg, float* out, const float* in, int64_t n) {
+void ring_reduce_scatter(Comm& comm, float* out, const float* in, int64_t n) {
   // TODO(01-collectives): implement ring_reduce_scatter. Read labs/01-collectives/README.md.
-  throw distlab::Error("01-collectives: ring_reduce_scatter is not implemented yet",
-                       "fill in the TODO in labs/01-collectives/student/ring.cpp");
+  throw std::logic_error("01-collectives: ring_reduce_scatter is not implemented yet: "
+                         "fill in the TODO in labs/01-collectives/student/ring.cpp");
 }
 
-void ring_all_gather(ProcessGroup& pg, float* out, const float* in, int64_t n) {
+void ring_all_gather(Comm& comm, float* out, const float* in, int64_t n) {
   // TODO(01-collectives): implement ring_all_gather. Read labs/01-collectives/README.md.
-  throw distlab::Error("01-collectives: ring_all_gather is not implemented yet",
-                       "fill in the TODO in labs/01-collectives/student/ring.cpp");
+  throw std::logic_error("01-collectives: ring_all_gather is not implemented yet: "
+                         "fill in the TODO in labs/01-collectives/student/ring.cpp");
 }
 
-void ring_all_reduce(ProcessGroup& pg, float* data, int64_t count) {
+void ring_all_reduce(Comm& comm, float* data, int64_t count) {
   // TODO(01-collectives): implement ring_all_reduce. Read labs/01-collectives/README.md.
-  throw distlab::Error("01-collectives: ring_all_reduce is not implemented yet",
-                       "fill in the TODO in labs/01-collectives/student/ring.cpp");
+  throw std::logic_error("01-collectives: ring_all_reduce is not implemented yet: "
+                         "fill in the TODO in labs/01-collectives/student/ring.cpp");
 }
 
 }  // namespace lab01
 
-extern "C" Lab01Api distlab_lab01 = {lab01::ring_reduce_scatter, lab01::ring_all_gather, lab01::ring_all_reduce};
+extern "C" const Lab01Plugin distlab_lab01 = {kLab01Abi, lab01::ring_reduce_scatter, lab01::ring_all_gather, lab01::ring_all_reduce};

@@ -5,7 +5,8 @@
 #include <memory>
 #include <numeric>
 
-#include "core/util/error.h"
+#include <stdexcept>
+
 #include "labs/02-ddp-cifar/api.h"
 
 namespace lab02 {
@@ -15,14 +16,14 @@ using namespace distlab;
 std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t seed, int64_t epoch, bool shuffle,
                                      bool drop_last) {
   // TODO(02-ddp-cifar): implement sampler_indices. Read labs/02-ddp-cifar/README.md.
-  throw distlab::Error("02-ddp-cifar: sampler_indices is not implemented yet",
-                       "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+  throw std::logic_error("02-ddp-cifar: sampler_indices is not implemented yet: "
+                         "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
 }
 
 void average_gradients(ProcessGroup& pg, const std::vector<Parameter*>& params) {
   // TODO(02-ddp-cifar): implement average_gradients. Read labs/02-ddp-cifar/README.md.
-  throw distlab::Error("02-ddp-cifar: average_gradients is not implemented yet",
-                       "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+  throw std::logic_error("02-ddp-cifar: average_gradients is not implemented yet: "
+                         "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
 }
 
 // Buckets: parameters in REVERSE order (the order backward finishes them), about bucket_mb each. When the
@@ -32,20 +33,20 @@ class Bucketed : public DataParallel {
  public:
   Bucketed(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) : pg_(pg) {
     // TODO(02-ddp-cifar): implement the buckets (Bucketed's constructor). Read labs/02-ddp-cifar/README.md.
-    throw distlab::Error("02-ddp-cifar: the buckets (Bucketed's constructor) is not implemented yet",
-                         "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+    throw std::logic_error("02-ddp-cifar: the buckets (Bucketed's constructor) is not implemented yet: "
+                           "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
     // TODO(02-ddp-cifar): implement after_layer_backward. Read labs/02-ddp-cifar/README.md.
-    throw distlab::Error("02-ddp-cifar: after_layer_backward is not implemented yet",
-                         "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+    throw std::logic_error("02-ddp-cifar: after_layer_backward is not implemented yet: "
+                           "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
   void finish_backward(Runtime& rt) override {
     // TODO(02-ddp-cifar): implement finish_backward. Read labs/02-ddp-cifar/README.md.
-    throw distlab::Error("02-ddp-cifar: finish_backward is not implemented yet",
-                         "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+    throw std::logic_error("02-ddp-cifar: finish_backward is not implemented yet: "
+                           "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
   int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }

@@ -1,0 +1,136 @@
+#include "core/lab/plugin_process.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+namespace distlab {
+
+using wire::Clock;
+using wire::Io;
+
+PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw Error(fmt::format("cannot start {}: socketpair: {}", launch.name, strerror(errno)));
+  if (launch.output_fd < 0) {
+    log_fd_ = memfd_create("plugin-output", MFD_CLOEXEC);
+    if (log_fd_ < 0) log_fd_ = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  }
+  std::vector<std::string> argv = {launch.host_exe, launch.lab_id, launch.plugin};
+  if (launch.sandbox) {
+    SandboxPolicy p;
+    p.ro_binds = {{launch.host_exe, "/run/distlab-labhost"}, {launch.plugin, "/run/plugin.so"}};
+    p.tmpfs_mb = 64;
+    argv = sandbox_command(p, {"/run/distlab-labhost", launch.lab_id, "/run/plugin.so"});
+  }
+  SpawnOptions o;
+  o.output_fd = launch.output_fd >= 0 ? launch.output_fd : log_fd_;
+  o.fds = {{sv[1], 3}};
+  o.cgroup = launch.cgroup;
+  o.memory_mb = launch.memory_mb;
+  o.cpu_s = launch.cpu_s;
+  o.file_mb = 8;
+  try {
+    pid_ = spawn_process(argv, o);
+  } catch (...) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw;
+  }
+  ::close(sv[1]);
+  sock_ = sv[0];
+}
+
+PluginProcess::~PluginProcess() {
+  kill_now();
+  if (sock_ >= 0) ::close(sock_);
+  if (log_fd_ >= 0) ::close(log_fd_);
+}
+
+void PluginProcess::kill_now() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(-pid_, SIGKILL);
+    ::kill(pid_, SIGKILL);
+    if (waitpid(pid_, &status_, 0) == pid_) reaped_ = true;
+  }
+}
+
+std::string PluginProcess::output_tail(size_t max_bytes) const {
+  struct stat st{};
+  if (log_fd_ < 0 || fstat(log_fd_, &st) != 0 || st.st_size <= 0) return "";
+  const off_t from = st.st_size > off_t(max_bytes) ? st.st_size - off_t(max_bytes) : 0;
+  std::string s(size_t(st.st_size - from), '\0');
+  const ssize_t n = pread(log_fd_, s.data(), s.size(), from);
+  s.resize(n > 0 ? size_t(n) : 0);
+  return sanitize_output(from > 0 ? "[...]" + s : s, max_bytes + 8);
+}
+
+std::string PluginProcess::gone(const char* during) {
+  if (!reaped_) {
+    // the socket closed: the process exits now (or was killed); give it a moment, then make sure
+    for (int i = 0; i < 200 && !reaped_; i++) {
+      if (waitpid(pid_, &status_, WNOHANG) == pid_) reaped_ = true;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kill_now();
+  }
+  std::string s = fmt::format("{} {} during {}", launch_.name, describe_wait_status(status_), during);
+  const std::string tail = output_tail(1200);
+  if (!tail.empty()) s += "; its last output:\n" + tail;
+  return s;
+}
+
+void PluginProcess::wait_ready(Clock::time_point deadline) {
+  wire::Frame f;
+  std::vector<char> payload;
+  const Io r = wire::read_frame(sock_, f, payload, 64 << 10, deadline);
+  if (r == Io::timeout) {
+    kill_now();
+    throw PluginError("timeout", fmt::format("{} did not finish loading in time (a global constructor that never returns?)", launch_.name),
+                      "code at namespace scope runs when the plugin loads: keep it out of static initializers");
+  }
+  if (r != Io::ok) throw PluginError("crash", gone("loading"));
+  if (f.op == labproto::kLoadFailed)
+    throw PluginError("load", fmt::format("{} could not be loaded: {}", launch_.name,
+                                          sanitize_output(std::string(payload.begin(), payload.end()), 2000)));
+  if (f.op != labproto::kHello)
+    throw PluginError("protocol", fmt::format("{} sent opcode {} instead of its hello", launch_.name, f.op));
+}
+
+void PluginProcess::send(const wire::Frame& f, const void* payload, uint64_t bytes, Clock::time_point deadline, const char* during) {
+  const Io r = wire::write_frame(sock_, f, payload, bytes, deadline);
+  if (r == Io::timeout) {
+    kill_now();
+    throw PluginError("timeout", fmt::format("{} stopped reading its requests during {}", launch_.name, during));
+  }
+  if (r != Io::ok) throw PluginError("crash", gone(during));
+}
+
+void PluginProcess::receive(wire::Frame& f, std::vector<char>& payload, Clock::time_point deadline, const char* during,
+                            uint64_t max_bytes) {
+  const Io r = wire::read_frame(sock_, f, payload, max_bytes, deadline);
+  if (r == Io::ok) return;
+  if (r == Io::timeout) {
+    kill_now();
+    std::string s = fmt::format("{} did not answer in time during {} (an endless loop, or a wait that never ends?)", launch_.name, during);
+    const std::string tail = output_tail(800);
+    throw PluginError("timeout", tail.empty() ? s : s + "; its last output:\n" + tail);
+  }
+  if (r == Io::too_big) {
+    kill_now();
+    throw PluginError("protocol", fmt::format("{} sent a message of {} bytes during {}, over the limit of {}", launch_.name,
+                                              f.bytes, during, max_bytes));
+  }
+  throw PluginError("crash", gone(during));
+}
+
+}  // namespace distlab

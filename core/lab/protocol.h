@@ -1,0 +1,43 @@
+// What the engine (a trainer, or the grader) and a plugin's host process say to each other. The host
+// (grader/host/) loads the student's plugin and runs its functions on request; the plugin's only ways out
+// are the requests below, which the engine answers and counts. Numbers here are the wire format.
+#pragma once
+#include <cstdint>
+
+namespace distlab::labproto {
+
+constexpr uint64_t kMaxPayload = uint64_t(256) << 20;  // no single message is larger (lab 01's biggest is 16 MiB)
+
+enum Op : uint32_t {
+  // host -> engine, once: the plugin loaded and has the lab's table (arg0 = the table's ABI version)
+  kHello = 1,
+  kLoadFailed = 2,  // payload: why (dlopen's message, a missing table, a wrong ABI)
+  // engine -> host: run a function of the plugin (arg0 = Fn, more args per function, inputs in the payload)
+  kCall = 3,
+  kReturn = 4,  // host -> engine: the function returned; outputs in the payload
+  kRaised = 5,  // host -> engine: the function threw; payload: what()
+  kAbort = 6,   // engine -> host: give up the current call (payload: why); the host exits
+  // lab 01: point-to-point messages through the engine's relay
+  kSend = 10,  // arg0 = dst; payload: the floats
+  kRecv = 11,  // arg0 = src, arg1 = count; answered by kData (count floats) or kAbort
+  kData = 12,
+  // lab 02: collectives the engine runs for the plugin on its real process group
+  kAllReduce = 20,       // arg0 = ReduceOp; payload: floats; answered by kData
+  kAllReduceAsync = 21,  // arg0 = ReduceOp; payload: floats; answered by kHandle (arg0)
+  kWait = 22,            // arg0 = handle; answered by kData
+  kHandle = 23,
+};
+
+enum Fn : int64_t {
+  // lab 01 (args: rank, size, n)
+  kRingReduceScatter = 1,
+  kRingAllGather = 2,
+  kRingAllReduce = 3,
+  // lab 02
+  kSamplerIndices = 10,  // args: n, replicas, rank, seed, epoch, shuffle | drop_last << 1; returns int64s
+  kDdpInit = 11,         // args: rank, size, mode (0 naive, 1 bucketed), bucket_mb·1e6, #params; payload: numel + name\0 each
+  kDdpAfterBackward = 12,  // args: unit, #ready; payload: int32 indices, then their gradients
+  kDdpFinish = 13,         // payload: (naive) every gradient; returns every gradient
+};
+
+}  // namespace distlab::labproto

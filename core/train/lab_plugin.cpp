@@ -1,0 +1,207 @@
+#include "core/train/lab_plugin.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/util/error.h"
+
+namespace distlab {
+
+namespace {
+
+constexpr size_t kMaxPending = 4096;  // async collectives the plugin may have in flight
+
+wire::Clock::time_point deadline_in(double s) { return wire::after_seconds(s); }
+
+// The student's sampler: indices come from the plugin, checked before the loader uses them.
+class LabSampler : public Sampler {
+ public:
+  LabSampler(LabPlugin& plugin, int64_t n, int world, int rank, uint64_t seed, bool shuffle)
+      : plugin_(plugin), n_(n), world_(world), rank_(rank), seed_(seed), shuffle_(shuffle), size_(int64_t(indices(0).size())) {}
+
+  std::vector<int64_t> indices(int64_t epoch) const override {
+    const std::vector<char> raw = plugin_.call(labproto::kSamplerIndices, {n_, world_, rank_, int64_t(seed_), epoch, shuffle_ ? 1 : 0},
+                                               nullptr, 0, nullptr, nullptr, "sampler_indices");
+    if (raw.size() % 8) throw Error("the lab's sampler_indices returned a broken list", "return a std::vector<int64_t>");
+    std::vector<int64_t> v(raw.size() / 8);
+    if (!v.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+    for (int64_t i : v)
+      if (i < 0 || i >= n_)
+        throw Error(fmt::format("the lab's sampler_indices returned index {} for a data set of {} samples (epoch {}, rank {})", i, n_,
+                                epoch, rank_),
+                    "indices are positions 0..n-1 of the data set");
+    return v;
+  }
+  int64_t size() const override { return size_; }
+
+ private:
+  LabPlugin& plugin_;
+  int64_t n_;
+  int world_, rank_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t size_;
+};
+
+// The student's DDP (naive or bucketed) behind the engine's DataParallel.
+class LabDDP : public DataParallel {
+ public:
+  LabDDP(LabPlugin& plugin, bool naive, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
+      : plugin_(plugin), naive_(naive), pg_(pg), rt_(rt), params_(model.parameters()) {
+    broadcast_model(pg, model);
+    std::vector<char> table;
+    for (size_t i = 0; i < params_.size(); i++) {
+      index_[params_[i]] = int(i);
+      const int64_t numel = params_[i]->data.numel();
+      table.insert(table.end(), reinterpret_cast<const char*>(&numel), reinterpret_cast<const char*>(&numel) + 8);
+      table.insert(table.end(), params_[i]->name.begin(), params_[i]->name.end());
+      table.push_back('\0');
+      total_ += numel;
+    }
+    plugin_.call(labproto::kDdpInit, {pg.rank(), pg.size(), naive ? 0 : 1, int64_t(bucket_mb * 1e6), int64_t(params_.size())},
+                 table.data(), table.size(), &pg, &rt, naive ? "the naive DDP's setup" : "make_bucketed");
+  }
+
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
+    if (!sync_ || naive_) return;
+    std::vector<int32_t> ready;
+    for (auto* p : params) ready.push_back(index_.at(p));
+    std::vector<char> in(ready.size() * 4);
+    if (!ready.empty()) std::memcpy(in.data(), ready.data(), in.size());
+    for (auto* p : params) append(in, *p);
+    plugin_.call(labproto::kDdpAfterBackward, {unit, int64_t(ready.size())}, in.data(), in.size(), &pg_, &rt_, "after_backward");
+  }
+
+  void finish_backward(Runtime& rt) override {
+    if (!sync_) return;
+    std::vector<char> in;
+    if (naive_)
+      for (auto* p : params_) append(in, *p);
+    const std::vector<char> out = plugin_.call(labproto::kDdpFinish, {}, in.data(), in.size(), &pg_, &rt_,
+                                               naive_ ? "average_gradients" : "finish_backward");
+    if (out.size() != size_t(total_) * 4)
+      throw Error(fmt::format("the lab's DDP handed back {} bytes of gradients instead of {}", out.size(), total_ * 4),
+                  "keep the grads vector as the trainer gave it: write the averages into grads[i].data");
+    size_t at = 0;
+    for (auto* p : params_) {
+      const size_t bytes = size_t(p->data.numel()) * 4;
+      std::memcpy(p->grad_for_accumulate().f32(), out.data() + at, bytes);
+      at += bytes;
+    }
+  }
+
+  int64_t all_reduces_per_step() const override { return -1; }  // the student's choice: the counters tell
+
+ private:
+  // a parameter that got no gradient this step (unused) contributes zeros, as DDP's find_unused_parameters
+  static void append(std::vector<char>& v, Parameter& p) {
+    const char* g = reinterpret_cast<const char*>(p.grad_for_accumulate().f32());
+    v.insert(v.end(), g, g + p.data.numel() * 4);
+  }
+
+  LabPlugin& plugin_;
+  bool naive_;
+  ProcessGroup& pg_;
+  Runtime& rt_;
+  std::vector<Parameter*> params_;
+  std::map<Parameter*, int> index_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
+  bool boxed = o.sandbox != "off";
+  if (boxed) {
+    const SandboxSupport sb = probe_sandbox();
+    if (!sb.bwrap && o.sandbox == "require")
+      throw ConfigError("lab.sandbox = require, but " + sb.why_not, "install bubblewrap, or set lab.sandbox = auto");
+    boxed = sb.bwrap;
+  }
+  PluginLaunch l;
+  l.host_exe = o.host_exe;
+  l.plugin = o.plugin;
+  l.lab_id = o.lab_name.substr(0, 2);
+  l.sandbox = boxed;
+  l.memory_mb = 4096;
+  l.name = "the lab's plugin (" + o.plugin + ")";
+  l.output_fd = 2;  // what the student prints shows up with the rank's output
+  proc_ = std::make_unique<PluginProcess>(l);
+  try {
+    proc_->wait_ready(deadline_in(std::min(60.0, o.timeout_s)));
+  } catch (const PluginError& e) {
+    throw ConfigError(e.what(), fmt::format("rebuild it: distlab lab build {}", o.lab_name.substr(0, 2)));
+  }
+}
+
+std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes,
+                                  ProcessGroup* pg, Runtime* rt, const char* during) {
+  wire::Frame f;
+  f.op = labproto::kCall;
+  f.arg[0] = fn;
+  int k = 1;
+  for (int64_t a : args) f.arg[k++] = a;
+  const auto deadline = deadline_in(opt_.timeout_s);
+  proc_->send(f, in, in_bytes, deadline, during);
+  for (;;) {
+    wire::Frame r;
+    std::vector<char> payload;
+    proc_->receive(r, payload, deadline_in(opt_.timeout_s), during);
+    if (r.op == labproto::kReturn) return payload;
+    if (r.op == labproto::kRaised)
+      throw Error(fmt::format("{} (in the lab's {})", sanitize_output(std::string(payload.begin(), payload.end()), 2000), during),
+                  "the exception came from your code in " + opt_.plugin);
+    serve_collective(r, payload, pg, rt, during);
+  }
+}
+
+void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during) {
+  auto refuse = [&](const std::string& why) { throw Error(fmt::format("the lab's {} {}", during, why)); };
+  if (f.op != labproto::kAllReduce && f.op != labproto::kAllReduceAsync && f.op != labproto::kWait)
+    refuse(fmt::format("sent opcode {}", f.op));
+  if (!pg || !rt) refuse("asked for a collective where none is possible (the sampler has no process group)");
+  const auto reply = [&](labproto::Op op, const void* data, size_t bytes, int64_t arg) {
+    wire::Frame a;
+    a.op = op;
+    a.arg[0] = arg;
+    proc_->send(a, data, bytes, deadline_in(opt_.timeout_s), during);
+  };
+  if (f.op == labproto::kWait) {
+    auto it = pending_.find(f.arg[0]);
+    if (it == pending_.end()) refuse(fmt::format("waited for handle {}, which no all_reduce_async returned", f.arg[0]));
+    it->second.work->wait();
+    reply(labproto::kData, it->second.buffer.data(), size_t(it->second.buffer.nbytes()), 0);
+    pending_.erase(it);
+    return;
+  }
+  const int64_t op = f.arg[0];
+  if (op < 0 || op > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", op, payload.size()));
+  const int64_t n = int64_t(payload.size() / 4);
+  const ReduceOp rop = op == 0 ? ReduceOp::sum : op == 1 ? ReduceOp::avg : ReduceOp::max;
+  Tensor buf = rt->empty({std::max<int64_t>(n, 1)}, Category::comm_buffers, "lab all_reduce buffer");
+  if (n) std::memcpy(buf.f32(), payload.data(), payload.size());
+  if (f.op == labproto::kAllReduce) {
+    pg->all_reduce(buf.f32(), n, rop);
+    reply(labproto::kData, buf.data(), payload.size(), 0);
+    return;
+  }
+  if (pending_.size() >= kMaxPending) refuse(fmt::format("has more than {} all_reduce_async in flight: wait for them", kMaxPending));
+  Pending p;
+  p.work = pg->all_reduce_async(buf.f32(), n, rop);
+  p.buffer = std::move(buf);
+  const int64_t h = next_handle_++;
+  if (n == 0) p.buffer = Tensor();
+  pending_[h] = std::move(p);
+  reply(labproto::kHandle, nullptr, 0, h);
+}
+
+std::shared_ptr<Sampler> LabPlugin::make_sampler(int64_t n, int world, int rank, uint64_t seed, bool shuffle) {
+  return std::make_shared<LabSampler>(*this, n, world, rank, seed, shuffle);
+}
+
+std::unique_ptr<DataParallel> LabPlugin::make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
+  return std::make_unique<LabDDP>(*this, mode == "naive", pg, model, rt, bucket_mb);
+}
+
+}  // namespace distlab

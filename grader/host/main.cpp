@@ -1,0 +1,53 @@
+// distlab-labhost LAB PLUGIN — see host.h.
+#include <dlfcn.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "grader/host/host.h"
+
+namespace labhost {
+
+using namespace distlab;
+
+void put(labproto::Op op, const void* payload, uint64_t bytes, std::initializer_list<int64_t> args) {
+  wire::Frame f;
+  f.op = op;
+  int k = 0;
+  for (int64_t a : args) f.arg[k++] = a;
+  if (wire::write_frame(kFd, f, payload, bytes, forever()) != wire::Io::ok) _exit(3);
+}
+
+void get(wire::Frame& f, std::vector<char>& payload) {
+  if (wire::read_frame(kFd, f, payload, labproto::kMaxPayload, forever()) != wire::Io::ok) _exit(3);
+  if (f.op == labproto::kAbort) {
+    std::fprintf(stderr, "stopped by the grader: %.*s\n", int(payload.size()), payload.data());
+    _exit(3);
+  }
+}
+
+}  // namespace labhost
+
+int main(int argc, char** argv) {
+  using namespace labhost;
+  signal(SIGPIPE, SIG_IGN);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: distlab-labhost LAB PLUGIN (started by the grader or a trainer, with a socket on fd 3)\n");
+    return 2;
+  }
+  const std::string lab = argv[1];
+  void* h = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const std::string why = dlerror();
+    put(distlab::labproto::kLoadFailed, why.data(), why.size());
+    return 2;
+  }
+  if (lab == "01") return serve_lab01(h);
+  if (lab == "02") return serve_lab02(h);
+  const std::string why = "lab " + lab + " has no plugin host";
+  put(distlab::labproto::kLoadFailed, why.data(), why.size());
+  return 2;
+}
