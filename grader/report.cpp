@@ -99,7 +99,7 @@ std::string gradebook_csv(const std::vector<Grade>& grades) {
     std::string err;
     if (!g.built) err = "build failed: " + g.build_log.substr(0, 300);
     for (const auto& c : g.checks)
-      if (err.empty() && (c.status == "crash" || c.status == "timeout" || c.status == "error"))
+      if (err.empty() && c.status != "pass" && c.status != "fail")
         err = c.spec.name + ": " + c.status + ": " + c.seen.substr(0, 200);
     csv += fmt::format(",{},{},{}\n", g.points(), g.lab.max_points(), quote(err));
   }

@@ -83,7 +83,10 @@ std::string PluginProcess::gone(const char* during) {
     }
     kill_now();
   }
-  std::string s = fmt::format("{} {} during {}", launch_.name, describe_wait_status(status_), during);
+  // under bubblewrap the plugin's host is not our child: bwrap reports its death by signal N as exit 128 + N
+  int st = status_;
+  if (launch_.sandbox && WIFEXITED(st) && WEXITSTATUS(st) > 128) st = WEXITSTATUS(st) - 128;
+  std::string s = fmt::format("{} {} during {}", launch_.name, describe_wait_status(st), during);
   const std::string tail = output_tail(1200);
   if (!tail.empty()) s += "; its last output:\n" + tail;
   return s;

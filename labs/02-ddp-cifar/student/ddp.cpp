@@ -1,8 +1,6 @@
 // Lab 02 — DDP on CIFAR with two ranks: a DistributedSampler, gradient averaging, and buckets that
 // overlap communication with backward.
 #include <cstring>
-#include <map>
-#include <memory>
 #include <numeric>
 
 #include <stdexcept>
@@ -11,8 +9,6 @@
 
 namespace lab02 {
 
-using namespace distlab;
-
 std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t seed, int64_t epoch, bool shuffle,
                                      bool drop_last) {
   // TODO(02-ddp-cifar): implement sampler_indices. Read labs/02-ddp-cifar/README.md.
@@ -20,54 +16,51 @@ std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t
                          "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
 }
 
-void average_gradients(ProcessGroup& pg, const std::vector<Parameter*>& params) {
+void average_gradients(Comm& comm, std::vector<Grad>& grads) {
   // TODO(02-ddp-cifar): implement average_gradients. Read labs/02-ddp-cifar/README.md.
   throw std::logic_error("02-ddp-cifar: average_gradients is not implemented yet: "
                          "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
 }
 
 // Buckets: parameters in REVERSE order (the order backward finishes them), about bucket_mb each. When the
-// model reports a unit's gradients ready and that completes the next bucket, copy the bucket's gradients
-// into its flat buffer and start an async all_reduce: the network works while backward goes on.
-class Bucketed : public DataParallel {
+// trainer reports gradients ready and that completes the next bucket, copy the bucket's gradients into
+// its flat buffer and start an async all_reduce: the network works while backward goes on.
+class BucketedDDP : public Bucketed {
  public:
-  Bucketed(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) : pg_(pg) {
-    // TODO(02-ddp-cifar): implement the buckets (Bucketed's constructor). Read labs/02-ddp-cifar/README.md.
-    throw std::logic_error("02-ddp-cifar: the buckets (Bucketed's constructor) is not implemented yet: "
+  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads), bucket_of_(grads.size()) {
+    // TODO(02-ddp-cifar): implement the buckets (BucketedDDP's constructor). Read labs/02-ddp-cifar/README.md.
+    throw std::logic_error("02-ddp-cifar: the buckets (BucketedDDP's constructor) is not implemented yet: "
                            "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
-  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
-    // TODO(02-ddp-cifar): implement after_layer_backward. Read labs/02-ddp-cifar/README.md.
-    throw std::logic_error("02-ddp-cifar: after_layer_backward is not implemented yet: "
+  void after_backward(int unit, const std::vector<int>& ready) override {
+    // TODO(02-ddp-cifar): implement after_backward. Read labs/02-ddp-cifar/README.md.
+    throw std::logic_error("02-ddp-cifar: after_backward is not implemented yet: "
                            "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
-  void finish_backward(Runtime& rt) override {
+  void finish_backward() override {
     // TODO(02-ddp-cifar): implement finish_backward. Read labs/02-ddp-cifar/README.md.
     throw std::logic_error("02-ddp-cifar: finish_backward is not implemented yet: "
                            "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
-  int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }
-
  private:
   struct Bucket {
-    std::vector<Parameter*> params;
-    std::vector<float> flat;
-    std::shared_ptr<Work> work;
+    std::vector<int> members;  // indices into grads, reverse model order
+    std::vector<float> flat;   // the members' gradients back to back
+    int handle = -1;
     size_t ready = 0;
   };
-  ProcessGroup& pg_;
+  Comm& comm_;
+  std::vector<Grad>& grads_;
   std::vector<Bucket> buckets_;
-  std::map<Parameter*, size_t> bucket_of_;
+  std::vector<size_t> bucket_of_;  // grads index -> bucket
   size_t next_ = 0;
 };
 
-DataParallel* make_bucketed(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
-  return new Bucketed(pg, model, rt, bucket_mb);
-}
+Bucketed* make_bucketed(Comm& comm, std::vector<Grad>& grads, double bucket_mb) { return new BucketedDDP(comm, grads, bucket_mb); }
 
 }  // namespace lab02
 
-extern "C" distlab::LabHooks distlab_lab_hooks = {lab02::sampler_indices, lab02::average_gradients, lab02::make_bucketed};
+extern "C" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, lab02::sampler_indices, lab02::average_gradients, lab02::make_bucketed};
