@@ -100,7 +100,8 @@ std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& s
   fs::remove_all(subs);
   for (const auto& [name, text] : files) {
     fs::create_directories(subs / name);
-    std::ofstream(subs / name / file_name) << text;
+    if (text.rfind("@symlink:", 0) == 0) fs::create_symlink(text.substr(9), subs / name / file_name);
+    else std::ofstream(subs / name / file_name) << text;
   }
   const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
   auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string());
@@ -177,6 +178,7 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
       {"include_abs", "#include \"" + (src / "solutions/01-collectives/ring.cpp").string() + "\"\n"},
       {"include_passwd", "#include \"/etc/passwd\"\n"},
       {"include_stdin", "#include \"/dev/stdin\"\n"},
+      {"symlink", "@symlink:" + (src / "solutions/01-collectives/ring.cpp").string()},
       // load the instructor's plugin at run time, or read the solution, /etc/shadow, /root: none is there
       {"snoop", replace_body(solution, in_all_gather,
                              "  const char* paths[] = {\"" + (src / "solutions/01-collectives/ring.cpp").string() + "\", \"/etc/shadow\", \"/root\", \"" +
@@ -202,12 +204,13 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   CHECK(rows["deadlock"].points["all_reduce_equals_builtin"] == 0);
   CHECK(rows["deadlock"].points["reduce_scatter_equals_builtin"] == 2);
   CHECK_THAT(rows["deadlock"].error, Catch::Contains("deadlock") && Catch::Contains("Every rank is waiting to receive"));
-  for (const std::string bad : {"no_compile", "extern_engine", "include_solution", "include_abs", "include_passwd"}) {
+  for (const std::string bad : {"no_compile", "extern_engine", "include_solution", "include_abs", "include_passwd", "symlink"}) {
     INFO(bad);
     CHECK(rows[bad].total == 0);
     CHECK_THAT(rows[bad].error, Catch::Contains("build failed"));
   }
   CHECK_THAT(rows["extern_engine"].error, Catch::Contains("undefined reference"));
+  CHECK_THAT(rows["symlink"].error, Catch::Contains("not links"));
   CHECK_THAT(rows["include_passwd"].error, !Catch::Contains("root:x:0"));
   CHECK(rows["include_stdin"].total == 0);  // the compiler read an empty stdin instead of waiting on ours
   CHECK_THAT(rows["include_stdin"].error, Catch::Contains("no distlab_lab01 table"));

@@ -128,7 +128,7 @@ int serve_lab02(void* plugin) {
     try {
       switch (f.arg[0]) {
         case labproto::kSamplerIndices: {
-          if (!t->sampler_indices) throw std::logic_error("02-ddp-cifar: sampler_indices is not implemented (the table's entry is empty)");
+          if (!t->sampler_indices) throw std::logic_error("02-ddp-cifar: the plugin's table has no sampler_indices (its entry is empty)");
           auto v = t->sampler_indices(f.arg[1], int(f.arg[2]), int(f.arg[3]), uint64_t(f.arg[4]), f.arg[5], f.arg[6] & 1, f.arg[6] & 2);
           out.assign(reinterpret_cast<const char*>(v.data()), reinterpret_cast<const char*>(v.data() + v.size()));
           break;
@@ -139,9 +139,9 @@ int serve_lab02(void* plugin) {
           s.naive = f.arg[3] == 0;
           read_params(s, in, f.arg[5]);
           if (s.naive && !t->average_gradients)
-            throw std::logic_error("02-ddp-cifar: average_gradients is not implemented (the table's entry is empty)");
+            throw std::logic_error("02-ddp-cifar: the plugin's table has no average_gradients (its entry is empty)");
           if (!s.naive) {
-            if (!t->make_bucketed) throw std::logic_error("02-ddp-cifar: make_bucketed is not implemented (the table's entry is empty)");
+            if (!t->make_bucketed) throw std::logic_error("02-ddp-cifar: the plugin's table has no make_bucketed (its entry is empty)");
             s.ddp.reset(t->make_bucketed(*comm, s.grads, double(f.arg[4]) * 1e-6));
             if (!s.ddp) throw std::logic_error("02-ddp-cifar: make_bucketed returned nullptr");
           }
