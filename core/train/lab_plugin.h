@@ -3,7 +3,7 @@
 // interfaces — a Sampler whose indices come from the student's sampler_indices, and a DataParallel whose
 // hooks send the gradients over, run the collectives the student asks for on this rank's real process
 // group (counted and traced like the engine's own), and take the averaged gradients back.
-// An entry the student left empty is "not implemented", never "use the engine's".
+// An entry the student left empty fails with a message naming it: the engine's own code never stands in.
 #pragma once
 #include <map>
 #include <memory>
