@@ -272,6 +272,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   std::map<std::string, std::string> files = {
       {"John Smith; touch pwned", solution},  // a folder name is never run by a shell
       {"skeleton", read(src / "labs/02-ddp-cifar/student/ddp.cpp")},
+      // a global constructor that prints a forged verdict and exits before anything runs
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/02-ddp-cifar/student/ddp.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
       // the engine's DDP behind empty entries: "not implemented", never the engine's own
       {"null_hooks", replace(solution, table, "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, nullptr, nullptr, nullptr};")},
       // every rank reads all the data (self-test Q6): no speed-up
@@ -289,6 +292,7 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   CHECK(!fs::exists("pwned"));
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["null_hooks"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["no_sampler"].points["modeled_speedup_t4"] == 0);
   CHECK(rows["no_sampler"].points["sampler_disjoint_covering"] == 0);
   CHECK(rows["sum_not_average"].points["curve_matches_one_rank"] == 0);
