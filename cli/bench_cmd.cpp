@@ -3,7 +3,13 @@
 // algorithm's bus factor (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for
 // broadcast), and #wrong, the elements that differ from the expected result. A row of raw Gloo ring
 // all_reduce (no ProcessGroup around it) is the baseline our all_reduce is held to.
+//
+// `--ring DIR` adds lab 01's ring functions from DIR/ring.cpp (your own code, built as the grader builds
+// it, then loaded into this benchmark's ranks): their sends and receives go over Gloo's point-to-point
+// buffers, so your ring_all_reduce is measured against Gloo's ring on the same wire.
 #include "cli/bench_cmd.h"
+
+#include <dlfcn.h>
 
 #include <fmt/format.h>
 #include <gloo/allreduce.h>
@@ -13,17 +19,22 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "core/ckpt/atomic_file.h"
 #include "core/dist/env.h"
+#include "core/dist/errors.h"
 #include "core/dist/launcher.h"
 #include "core/dist/process_group.h"
 #include "core/dist/tcp_store.h"
 #include "core/perf/cost_model.h"
 #include "core/util/units.h"
+#include "grader/harness.h"
+#include "labs/01-collectives/api.h"
 
 namespace distlab {
 
@@ -32,8 +43,64 @@ namespace {
 struct BenchArgs {
   int nproc = 2;
   std::string min_size = "1KiB", max_size = "128MiB", json;
-  int iters = 0;  // 0: by size
+  int iters = 0;        // 0: by size
+  std::string ring;     // lab 01 folder with ring.cpp (the parent builds it)
+  std::string ring_so;  // the built plugin (what the workers load)
 };
+
+// ---- lab 01's Comm over Gloo's unbound buffers --------------------------------------------------------
+// The lab's send returns at once and the caller may reuse its buffer, so a send copies the data and
+// starts; the copies are waited for when the ring function returns. A recv blocks until its data is in.
+constexpr uint64_t kRingSlot = 0x1ab01;
+
+struct RingComm {
+  gloo::Context* ctx;
+  std::chrono::milliseconds timeout;
+  std::deque<std::vector<float>> copies;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
+
+  void finish() {
+    for (auto& b : sends) b->waitSend(timeout);
+    sends.clear();
+    copies.clear();
+  }
+};
+
+void check_peer(const RingComm& c, int peer, int64_t count, const char* what) {
+  if (peer < 0 || peer >= c.ctx->size || peer == c.ctx->rank)
+    throw CommError(fmt::format("rank {}: your ring's {} names rank {}", c.ctx->rank, what, peer), "the other ranks are 0..size()-1 except yourself");
+  if (count < 0) throw CommError(fmt::format("rank {}: your ring's {} of {} floats", c.ctx->rank, what, count), "counts are >= 0");
+}
+
+void ring_send(void* c, const float* data, int64_t count, int dst) {
+  auto& rc = *static_cast<RingComm*>(c);
+  check_peer(rc, dst, count, "send");
+  if (count == 0) return;  // nothing on the wire (the matching recv skips too)
+  rc.copies.emplace_back(data, data + count);
+  rc.sends.push_back(rc.ctx->createUnboundBuffer(rc.copies.back().data(), size_t(count) * 4));
+  rc.sends.back()->send(dst, kRingSlot);
+}
+
+void ring_recv(void* c, float* data, int64_t count, int src) {
+  auto& rc = *static_cast<RingComm*>(c);
+  check_peer(rc, src, count, "recv");
+  if (count == 0) return;
+  auto buf = rc.ctx->createUnboundBuffer(data, size_t(count) * 4);
+  buf->recv(src, kRingSlot);
+  buf->waitRecv(rc.timeout);
+}
+
+const lab01::Comm::Ops kRingOps = {ring_send, ring_recv};
+
+const Lab01Plugin* load_ring(const std::string& so) {
+  void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) throw ConfigError(fmt::format("--ring: cannot load {}: {}", so, dlerror()), "rebuild it with distlab bench comm --ring DIR");
+  auto* t = static_cast<const Lab01Plugin*>(dlsym(h, "distlab_lab01"));
+  if (!t || t->abi != kLab01Abi)
+    throw ConfigError(fmt::format("--ring: {} has no distlab_lab01 table of version {}", so, kLab01Abi),
+                      "keep the table at the bottom of ring.cpp as the lab's student file has it");
+  return t;
+}
 
 int iterations_for(int64_t bytes, int fixed) {
   if (fixed > 0) return fixed;
@@ -51,12 +118,16 @@ double slowest(ProcessGroup& pg, double t) {
 
 struct Row {
   std::string op;
-  int64_t bytes, count;
-  double time_s, algbw, busbw;
-  int64_t wrong;
+  int64_t bytes = 0, count = 0;
+  double time_s = 0, algbw = 0, busbw = 0;
+  int64_t wrong = 0;
 };
 
-Row measure(ProcessGroup& pg, const std::string& op, int64_t bytes, int iters, gloo::Context* raw) {
+// op is all_reduce | raw_gloo_all_reduce | reduce_scatter | all_gather | broadcast, or one of the first
+// four prefixed "ring_" with `ring` set: your lab 01 functions over `raw`.
+Row measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo::Context* raw, const Lab01Plugin* ring = nullptr) {
+  const std::string shown = op;
+  if (ring) op = op.substr(5);  // ring_all_reduce -> all_reduce
   const int n = pg.size(), r = pg.rank();
   // S is the full buffer (nccl-tests' convention): all_reduce/broadcast of S, reduce_scatter from S, all_gather to S
   const bool split = op == "reduce_scatter" || op == "all_gather";
@@ -66,8 +137,15 @@ Row measure(ProcessGroup& pg, const std::string& op, int64_t bytes, int iters, g
   auto fill = [&] {
     for (size_t i = 0; i < in.size(); i++) in[i] = float((r + 1) * (int64_t(i) % 7 + 1));
   };
+  RingComm rc{raw, std::chrono::milliseconds(30000), {}, {}};
+  lab01::Comm comm(r, n, &kRingOps, &rc);
   auto run_once = [&] {
-    if (op == "all_reduce" || op == "raw_gloo_all_reduce") {
+    if (ring) {
+      if (op == "all_reduce") ring->all_reduce(comm, in.data(), int64_t(in.size()));
+      if (op == "reduce_scatter") ring->reduce_scatter(comm, out.data(), in.data(), chunk);
+      if (op == "all_gather") ring->all_gather(comm, out.data(), in.data(), chunk);
+      rc.finish();
+    } else if (op == "all_reduce" || op == "raw_gloo_all_reduce") {
       if (raw) {
         gloo::AllreduceOptions o(std::shared_ptr<gloo::Context>(raw, [](gloo::Context*) {}));
         o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -108,7 +186,7 @@ Row measure(ProcessGroup& pg, const std::string& op, int64_t bytes, int iters, g
   const double t = slowest(pg, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
   const std::string model_op = op == "raw_gloo_all_reduce" ? "all_reduce" : op;
   const double algbw = double(bytes) / t;
-  return Row{op, bytes, count, t, algbw, algbw * busbw_factor(model_op, n), int64_t(w)};
+  return Row{shown, bytes, count, t, algbw, algbw * busbw_factor(model_op, n), int64_t(w)};
 }
 
 int worker(const BenchArgs& a) {
@@ -128,11 +206,13 @@ int worker(const BenchArgs& a) {
   raw->setTimeout(po.timeout);
   PrefixStore raw_keys("bench-raw-gloo", store);
   raw->connectFullMesh(raw_keys, dev);
+  const Lab01Plugin* ring = a.ring_so.empty() ? nullptr : load_ring(a.ring_so);
 
   const int64_t lo = parse_bytes(a.min_size, "--min"), hi = parse_bytes(a.max_size, "--max");
   const bool print = env.rank == 0;
   nlohmann::json rows = nlohmann::json::array();
   double busbw_sum = 0;
+  int64_t wrong = 0, yours_wrong = 0;  // elements that differ from the expected result
   int busbw_n = 0;
   if (print)
     std::cout << fmt::format("# distlab bench comm: {} ranks, Gloo over TCP, float32, sum\n#\n", env.world_size)
@@ -140,11 +220,23 @@ int worker(const BenchArgs& a) {
                              "algbw", "busbw", "#wrong")
               << fmt::format("# {:>22} {:>12} {:>12} {:>6} {:>10} {:>8} {:>8} {:>7}\n", "", "(B)", "(elements)", "", "(us)", "(GB/s)",
                              "(GB/s)", "");
-  for (std::string op : {"all_reduce", "raw_gloo_all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+  std::vector<std::string> ops = {"all_reduce", "raw_gloo_all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+  if (ring) ops.insert(ops.begin() + 2, {"ring_all_reduce", "ring_reduce_scatter", "ring_all_gather"});
+  for (const std::string& op : ops) {
+    const bool yours = op.rfind("ring_", 0) == 0;
     for (int64_t bytes = lo; bytes <= hi; bytes *= 2) {
-      const int64_t b = (op == "reduce_scatter" || op == "all_gather") ? bytes / (4 * env.world_size) * 4 * env.world_size : bytes;
-      Row row = measure(pg, op, b, iterations_for(b, a.iters), op == "raw_gloo_all_reduce" ? raw.get() : nullptr);
-      if (op != "raw_gloo_all_reduce") {
+      const bool split = op.find("reduce_scatter") != std::string::npos || op.find("all_gather") != std::string::npos;
+      const int64_t b = split ? bytes / (4 * env.world_size) * 4 * env.world_size : bytes;
+      Row row;
+      try {
+        row = measure(pg, op, b, iterations_for(b, a.iters), op == "raw_gloo_all_reduce" || yours ? raw.get() : nullptr,
+                      yours ? ring : nullptr);
+      } catch (const std::logic_error& e) {  // the lab's "not implemented yet" (every rank throws the same)
+        if (print) std::cout << fmt::format("  {:>22} skipped: {}\n", op, e.what());
+        break;
+      }
+      (yours ? yours_wrong : wrong) += row.wrong;
+      if (op != "raw_gloo_all_reduce" && !yours) {
         busbw_sum += row.busbw;
         busbw_n++;
       }
@@ -157,25 +249,45 @@ int worker(const BenchArgs& a) {
     }
   }
   if (print) {
-    // ours against raw Gloo at the largest size
-    double ours = 0, base = 0;
+    // ours (and yours) against raw Gloo at the largest size
+    double ours = 0, base = 0, yours = -1;
     for (const auto& r : rows) {
       if (r["bytes"] != hi) continue;
       if (r["op"] == "all_reduce") ours = r["busbw_gbps"];
       if (r["op"] == "raw_gloo_all_reduce") base = r["busbw_gbps"];
+      if (r["op"] == "ring_all_reduce") yours = r["busbw_gbps"];
     }
-    std::cout << fmt::format("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {:.4f} GB/s\n", busbw_sum / busbw_n / 1e9)
+    if (yours >= 0)
+      std::cout << fmt::format("# your ring_all_reduce at {}: {:.3f} GB/s busbw = {:.1f} % of raw Gloo ring\n", format_bytes(double(hi)),
+                               yours, base > 0 ? 100 * yours / base : 0.0);
+    if (ring) std::cout << fmt::format("# your ring's wrong values: {}{}\n", yours_wrong, yours_wrong ? " (see #wrong)" : " OK");
+    std::cout << fmt::format("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK")
+              << fmt::format("# Avg bus bandwidth    : {:.4f} GB/s\n", busbw_sum / busbw_n / 1e9)
               << fmt::format("# all_reduce at {}: {:.3f} GB/s busbw = {:.1f} % of raw Gloo ring ({:.3f} GB/s)\n",
                              format_bytes(double(hi)), ours, base > 0 ? 100 * ours / base : 0.0, base);
     std::string path = a.json.empty() ? fmt::format("bench/results/comm_n{}.json", env.world_size) : a.json;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path());
-    std::ofstream(path) << nlohmann::json{{"world_size", env.world_size}, {"rows", rows},
-                                          {"avg_busbw_gbps", busbw_sum / busbw_n / 1e9},
-                                          {"all_reduce_vs_raw_gloo", base > 0 ? ours / base : 0.0}}.dump(2)
-                        << "\n";
+    AtomicFile out(path);
+    out.write(nlohmann::json{{"world_size", env.world_size}, {"rows", rows}, {"wrong", wrong}, {"ring_wrong", yours_wrong},
+                             {"avg_busbw_gbps", busbw_sum / busbw_n / 1e9}, {"all_reduce_vs_raw_gloo", base > 0 ? ours / base : 0.0}}
+                  .dump(2) +
+              "\n");
+    out.commit();
     std::cout << "# wrote " << path << "\n";
   }
-  return 0;
+  return wrong == 0 ? 0 : 1;  // like nccl-tests, a wrong result of the engine's fails the run
+}
+
+// Builds DIR/ring.cpp as the grader does (sandboxed compiler where there is one, only the lab's API
+// visible); the plugin lands in build/labs/01-collectives/bench.so.
+std::string build_ring(const BenchArgs& a, const std::string& self_exe) {
+  const grader::Paths p{DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe};
+  const grader::Lab lab = grader::find_lab(p.source_dir, "01");
+  const std::string so = (std::filesystem::path(p.build_dir) / "labs" / lab.name / "bench.so").string();
+  std::cout << fmt::format("building {} from {} ...\n", lab.name, a.ring) << std::flush;
+  const grader::BuildResult b = grader::build_plugin(p, lab, a.ring, so, probe_sandbox());
+  if (!b.ok) throw ConfigError(fmt::format("--ring {}: the build failed:\n{}", a.ring, b.log), "the lines above say why");
+  return std::filesystem::absolute(so).string();
 }
 
 }  // namespace
@@ -190,17 +302,21 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
   comm->add_option("--max", a->max_size, "largest size (default 128MiB)");
   comm->add_option("--iters", a->iters, "iterations per size (default: 20 small, 8 medium, 4 large)");
   comm->add_option("--json", a->json, "where to write the results (default bench/results/comm_n<N>.json)");
+  comm->add_option("--ring", a->ring, "also measure lab 01's ring functions from DIR/ring.cpp (e.g. labs/01-collectives/student)");
+  comm->add_option("--ring-plugin", a->ring_so, "(set by the launcher: the ring plugin built from --ring)")->group("");
   comm->callback([a, &exit_code, self_exe]() {
     if (std::getenv("RANK")) {  // we are a worker of the job below
       exit_code = worker(*a);
       return;
     }
+    if (!a->ring.empty()) a->ring_so = build_ring(*a, self_exe);
     LaunchOptions o;
     o.nproc_per_node = a->nproc;
     o.master_port = 0;
     o.threads_per_rank = 1;
     o.argv = {self_exe, "bench", "comm", "--min", a->min_size, "--max", a->max_size, "--iters", std::to_string(a->iters)};
     if (!a->json.empty()) o.argv.insert(o.argv.end(), {"--json", a->json});
+    if (!a->ring_so.empty()) o.argv.insert(o.argv.end(), {"--ring-plugin", a->ring_so});
     exit_code = launch(o);
   });
 }

@@ -117,7 +117,9 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
     }
     std::error_code ec;
     fs::remove_all(tmpl, ec);
-    std::erase_if(shared.items, [](const auto& kv) { return kv.first.rfind("engine:", 0) != 0; });  // this student's own results
+    std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
+      return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;
+    });
     write_atomically((feedback / (g.student + ".txt")).string(), grader::table(g));
     grades.push_back(g);
     std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),

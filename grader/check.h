@@ -47,6 +47,7 @@ struct CheckContext {
   const SandboxSupport& sandbox;
   const CheckCgroup& cgroup;  // every process of this check joins it
   wire::Clock::time_point deadline;
+  double limit_s;  // the wall clock this check was given (deadline - its start)
   SharedResults& shared;
   // how to start the plugin for this check (`name` appears in messages: "rank 1's plugin")
   PluginLaunch launch(const std::string& name) const;
@@ -54,9 +55,19 @@ struct CheckContext {
 };
 
 using CheckFn = std::function<CheckResult(CheckContext&)>;
-// The checks a lab's lab.toml may name (check name -> function); empty for an unknown lab.
-std::map<std::string, CheckFn> checks_for_lab(const std::string& lab_id);
-std::map<std::string, CheckFn> lab01_checks();
-std::map<std::string, CheckFn> lab02_checks();
+
+// A check and where its wall-clock limit comes from. Most checks are quick calls into the plugin: their
+// limit is a few times what the reference solution took on the same check in this batch (harness.cpp),
+// so a hanging submission costs seconds, not lab.toml's ceiling. A check that runs references of its own
+// (lab 02's training jobs against the engine's) sets its limits itself.
+struct CheckDef {
+  CheckFn fn;
+  bool times_itself = false;
+};
+
+// The checks a lab's lab.toml may name; empty for an unknown lab.
+std::map<std::string, CheckDef> checks_for_lab(const std::string& lab_id);
+std::map<std::string, CheckDef> lab01_checks();
+std::map<std::string, CheckDef> lab02_checks();
 
 }  // namespace distlab::grader

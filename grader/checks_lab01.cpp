@@ -164,7 +164,7 @@ class Ring {
     std::string tail;
     for (const auto& p : procs_)
       if (auto t = p->output_tail(300); !t.empty()) tail += "\n" + p->name() + ": " + t;
-    return fmt::format("still running after {:.0f} s during {} ({}){}", ctx_.spec.timeout_s, during, who, tail);
+    return fmt::format("still running after {:.0f} s during {} ({}){}", ctx_.limit_s, during, who, tail);
   }
 
   CheckContext& ctx_;
@@ -274,19 +274,19 @@ CheckResult modeled_time(CheckContext& ctx) {
 
 }  // namespace
 
-std::map<std::string, CheckFn> lab01_checks() {
+std::map<std::string, CheckDef> lab01_checks() {
   return {
-      {"reduce_scatter_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingReduceScatter); }},
-      {"all_gather_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingAllGather); }},
-      {"all_reduce_equals_builtin", [](CheckContext& c) { return compare(c, labproto::kRingAllReduce); }},
+      {"reduce_scatter_equals_builtin", {[](CheckContext& c) { return compare(c, labproto::kRingReduceScatter); }}},
+      {"all_gather_equals_builtin", {[](CheckContext& c) { return compare(c, labproto::kRingAllGather); }}},
+      {"all_reduce_equals_builtin", {[](CheckContext& c) { return compare(c, labproto::kRingAllReduce); }}},
       {"reduce_scatter_all_gather_traffic",
-       [](CheckContext& c) { return traffic(c, {labproto::kRingReduceScatter, labproto::kRingAllGather}); }},
-      {"all_reduce_bandwidth_optimal", [](CheckContext& c) { return traffic(c, {labproto::kRingAllReduce}); }},
-      {"all_reduce_modeled_time", modeled_time},
+       {[](CheckContext& c) { return traffic(c, {labproto::kRingReduceScatter, labproto::kRingAllGather}); }}},
+      {"all_reduce_bandwidth_optimal", {[](CheckContext& c) { return traffic(c, {labproto::kRingAllReduce}); }}},
+      {"all_reduce_modeled_time", {modeled_time}},
   };
 }
 
-std::map<std::string, CheckFn> checks_for_lab(const std::string& id) {
+std::map<std::string, CheckDef> checks_for_lab(const std::string& id) {
   if (id == "01") return lab01_checks();
   if (id == "02") return lab02_checks();
   return {};

@@ -26,6 +26,7 @@ struct CheckOutcome {
   int points = 0;
   std::string expected, seen, hint;
   double seconds = 0;
+  double limit_s = 0;  // the wall clock it was given
 };
 
 // Loads the plugin once in its host, with a short limit: a plugin that hangs, crashes or fails to load

@@ -41,7 +41,8 @@ nlohmann::json to_json(const Grade& g) {
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : g.checks)
     checks.push_back({{"name", c.spec.name}, {"points", c.points}, {"max", c.spec.points}, {"status", c.status},
-                      {"expected", c.expected}, {"seen", c.seen}, {"hint", c.hint}, {"seconds", c.seconds}});
+                      {"expected", c.expected}, {"seen", c.seen}, {"hint", c.hint}, {"seconds", c.seconds},
+                      {"limit_s", c.limit_s}});
   return {{"lab", g.lab.name}, {"student", g.student}, {"built", g.built}, {"build_log", g.build_log},
           {"points", g.points()}, {"max_points", g.lab.max_points()}, {"checks", checks}};
 }

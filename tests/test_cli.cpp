@@ -114,3 +114,40 @@ TEST_CASE("Fashion-MNIST MLP reaches 85 % test accuracy", "[cli][slow]") {
   CHECK(nlohmann::json::parse(last)["test_accuracy"].get<double>() >= 0.85);
   fs::remove(m);
 }
+
+TEST_CASE("bench comm --ring measures lab 01's ring beside Gloo's and counts its wrong values", "[cli][bench]") {
+  const std::string json = tmp("ring.json");
+  Result r = run("bench comm -n 2 --ring solutions/01-collectives --min 4KiB --max 64KiB --iters 2 --json " + json);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("your ring_all_reduce at 64.00 KiB") != std::string::npos);
+  auto j = nlohmann::json::parse(std::ifstream(json));
+  int ring_rows = 0;
+  for (const auto& row : j["rows"])
+    if (row["op"].get<std::string>().rfind("ring_", 0) == 0) {
+      ring_rows++;
+      CHECK(row["wrong"] == 0);
+      CHECK(row["busbw_gbps"].get<double>() > 0);
+    }
+  CHECK(ring_rows == 3 * 5);  // three functions, 4..64 KiB
+  CHECK(j["ring_wrong"] == 0);
+
+  // a ring_all_reduce that returns at once: counted as wrong; the unimplemented functions are skipped
+  const fs::path dir = tmp("ring-mutant");
+  fs::create_directories(dir);
+  std::ifstream skel(std::string(DISTLAB_SOURCE_DIR) + "/labs/01-collectives/student/ring.cpp");
+  std::string src((std::istreambuf_iterator<char>(skel)), {});
+  const auto at = src.find("// TODO(01-collectives): implement ring_all_reduce");
+  REQUIRE(at != std::string::npos);
+  src.insert(at, "return;\n");
+  std::ofstream(dir / "ring.cpp") << src;
+  r = run("bench comm -n 2 --ring " + dir.string() + " --min 4KiB --max 8KiB --iters 2 --json " + json);
+  INFO(r.out);
+  CHECK(r.code == 0);  // the engine's collectives were right; your ring's wrong values are reported
+  CHECK(r.out.find("ring_reduce_scatter skipped: 01-collectives: ring_reduce_scatter is not implemented yet") != std::string::npos);
+  j = nlohmann::json::parse(std::ifstream(json));
+  CHECK(j["ring_wrong"].get<int64_t>() > 0);
+  CHECK(j["wrong"] == 0);
+  fs::remove_all(dir);
+  fs::remove(json);
+}

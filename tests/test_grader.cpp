@@ -228,6 +228,18 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   // the JSON report is whole and valid, invalid UTF-8 in a submission's output included
   auto all = nlohmann::json::parse(json);
   CHECK(all.size() == files.size());
+  // a hang costs a few times the reference solution's time on that check, not lab.toml's 30 s
+  for (const auto& g : all)
+    if (g["student"] == "hang")
+      for (const auto& c : g["checks"]) {
+        INFO(c.dump());
+        if (c["name"] == "all_gather_equals_builtin") {
+          CHECK(c["status"] == "timeout");
+          CHECK(c["limit_s"].get<double>() >= 10);
+          CHECK(c["limit_s"].get<double>() < 30);
+          CHECK_THAT(c["seen"].get<std::string>(), Catch::Contains("x the reference solution's time"));
+        }
+      }
   // each student gets the table they would have seen
   CHECK_THAT(read(subs.parent_path() / "feedback" / "deadlock.txt"), Catch::Contains("all_reduce_equals_builtin") && Catch::Contains("hint:"));
   fs::remove(marker);
