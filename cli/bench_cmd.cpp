@@ -31,6 +31,7 @@
 #include "core/dist/launcher.h"
 #include "core/dist/process_group.h"
 #include "core/dist/tcp_store.h"
+#include "core/dist/watchdog.h"
 #include "core/perf/cost_model.h"
 #include "core/util/units.h"
 #include "grader/harness.h"
@@ -191,7 +192,8 @@ Row measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo::Co
 
 int worker(const BenchArgs& a) {
   LaunchEnv env = read_launch_env();
-  TcpStore store(env.master_addr, env.master_port, Millis(60000));
+  LauncherWatchdog watchdog(env.launcher_pid, Millis(120000), fmt::format("rank {}", env.rank));
+  TcpStore store(env.master_addr, env.store_port, Millis(60000), env.store_token);
   ProcessGroupOptions po;
   po.timeout = Millis(120000);
   po.track_arrivals = false;  // raw collective speed, as nccl-tests measures it

@@ -11,7 +11,10 @@ void add_run_command(CLI::App& app, int& exit_code, const std::string& self_exe,
   sub->add_option("--nnodes", o->nnodes, "nodes in the job (default 1)");
   sub->add_option("--node-rank", o->node_rank, "this node's index, 0..nnodes-1 (node 0 hosts the rendezvous store)");
   sub->add_option("--master-addr", o->master_addr, "address of node 0 (default 127.0.0.1)");
-  sub->add_option("--master-port", o->master_port, "port of the rendezvous store on node 0 (default 29500; 0 = a free one)");
+  sub->add_option("--master-port", o->master_port,
+                  "port of distlab's rendezvous store on node 0 (default 29500; 0 = a free one); the program gets MASTER_PORT = "
+                  "another free port (with several nodes: this one + 1) for a store of its own, as PyTorch's rank 0 binds")
+      ->check(CLI::Range(0, 65535));
   sub->add_option("--log-dir", o->log_dir, "keep every rank's output in DIR/rank_<r>.log");
   sub->add_option("--max-restarts", o->max_restarts, "restart the whole group up to K times when a rank fails");
   sub->add_option("--grace", o->grace_s, "seconds between SIGTERM and SIGKILL when stopping workers (default 5)");

@@ -11,6 +11,7 @@
 #include "core/dist/env.h"
 #include "core/dist/errors.h"
 #include "core/dist/tcp_store.h"
+#include "core/dist/watchdog.h"
 #include "core/perf/hardware.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
@@ -72,11 +73,13 @@ int run_train(const TrainArgs& a) {
   // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
   const LaunchEnv env = read_launch_env();
   Runtime rt(parse_device(cfg.train.device), env.rank);
+  // ends this rank if its launcher dies or stays stopped past the collective timeout
+  LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
   std::unique_ptr<TcpStore> store;
   std::unique_ptr<ProcessGroup> pg;
   if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != "none")) {
     const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
-    store = std::make_unique<TcpStore>(env.master_addr, env.master_port, timeout);
+    store = std::make_unique<TcpStore>(env.master_addr, env.store_port, timeout, env.store_token);
     ProcessGroupOptions po = options_from_env(timeout);
     po.host = local_address_for(env.master_addr);
     pg = std::make_unique<ProcessGroup>(*store, env.rank, env.world_size, po, &rt.trace);

@@ -5,7 +5,19 @@
 //   mismatch       rank 0 calls all_reduce, rank 1 broadcast, as collective #1
 //   fail-rank R    rank R prints a line and exits 3 after the first all_reduce; the others wait in the next
 //   flaky FILE     fails on the first attempt (when FILE doesn't exist yet, it creates it), then succeeds
+//   stop-self R    rank R stops itself (SIGSTOP) after the first all_reduce; the others call another
+//   fuzz-store     rank 0 throws garbage at the job's store (random bytes, no token, half messages, 300
+//                  silent connections) while both ranks run 50 all_reduces and store round trips; then a
+//                  fresh client must still be served
+//   sleep          sleeps 60 s
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,13 +25,69 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <atomic>
 
 #include "core/dist/env.h"
+#include "core/dist/errors.h"
 #include "core/dist/error_file.h"
 #include "core/dist/process_group.h"
 #include "core/dist/tcp_store.h"
+#include "core/dist/watchdog.h"
 
 using namespace distlab;
+
+namespace {
+
+// A connection to the store that finishes within 1 s or not at all (a full backlog drops SYNs).
+int connect_within(const std::string& host, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+    close(fd);
+    return -1;
+  }
+  pollfd p{fd, POLLOUT, 0};
+  if (poll(&p, 1, 1000) != 1) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void fuzz_store(const LaunchEnv& env, std::atomic<int64_t>& sent) {
+  uint64_t seed = 12345;
+  auto next = [&] { return seed = seed * 6364136223846793005ULL + 1442695040888963407ULL; };
+  auto blast = [&](const std::string& bytes) {
+    int fd = connect_within(env.master_addr, env.store_port);
+    if (fd < 0) return;
+    [[maybe_unused]] ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    sent++;
+    close(fd);
+  };
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<char*>(&v), 4); };
+  for (int i = 0; i < 200; i++) {  // random bytes, random lengths
+    std::string b(next() % 4096 + 1, '\0');
+    for (auto& c : b) c = char(next() >> 56);
+    blast(b);
+  }
+  blast(u32(0xFFFFFFFFu) + "x");                              // a 4 GiB length
+  blast(u32(17) + std::string(1, '\x02') + std::string(16, '\0'));  // a get of zero keys, no token
+  blast(u32(1) + std::string(1, '\x09'));                       // an unknown request
+  blast(u32(100) + "half");                                    // half a message
+  std::vector<int> silent;                                     // connections that never say anything
+  for (int i = 0; i < 300; i++) {
+    int fd = connect_within(env.master_addr, env.store_port);
+    if (fd >= 0) silent.push_back(fd);
+  }
+  sent += int64_t(silent.size());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (int fd : silent) close(fd);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
@@ -27,7 +95,8 @@ int main(int argc, char** argv) {
     LaunchEnv env = read_launch_env();
     const char* t = std::getenv("FIXTURE_TIMEOUT_MS");
     Millis timeout(t ? std::atoi(t) : 3000);
-    TcpStore store(env.master_addr, env.master_port, timeout);
+    LauncherWatchdog watchdog(env.launcher_pid, timeout, fmt::format("rank {}", env.rank));
+    TcpStore store(env.master_addr, env.store_port, timeout, env.store_token);
     ProcessGroupOptions o = options_from_env(timeout);
     ProcessGroup pg(store, env.rank, env.world_size, o);
     float x[4096];
@@ -53,6 +122,34 @@ int main(int argc, char** argv) {
         return 5;
       }
       pg.barrier();
+    } else if (mode == "stop-self") {
+      if (env.rank == std::atoi(argv[2])) {
+        std::cout << "stopping myself" << std::endl;
+        raise(SIGSTOP);
+      }
+      pg.all_reduce(x, 4096);
+    } else if (mode == "fuzz-store") {
+      rlimit l;  // our own soft limit may be low (the test lowers the launcher's): take the hard one
+      getrlimit(RLIMIT_NOFILE, &l);
+      l.rlim_cur = l.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &l);
+      std::atomic<int64_t> sent{0};
+      std::thread fuzz;
+      if (env.rank == 0) fuzz = std::thread([&] { fuzz_store(env, sent); });
+      for (int i = 0; i < 50; i++) {
+        for (auto& v : x) v = float(env.rank + i);
+        pg.all_reduce(x, 4096);
+        if (x[0] != float(2 * i + 1)) throw CommError(fmt::format("all_reduce {} gave {}", i, x[0]));
+        store.set_string(fmt::format("fuzz/{}/{}", env.rank, i), "v");
+        if (store.get_string(fmt::format("fuzz/{}/{}", 1 - env.rank, i)) != "v") throw StoreError("lost a key");
+      }
+      if (fuzz.joinable()) fuzz.join();
+      // the store still accepts: a fresh client (its connect retries while silent ones are dropped)
+      TcpStore fresh(env.master_addr, env.store_port, Millis(30000), env.store_token);
+      fresh.set_string(fmt::format("fresh/{}", env.rank), "ok");
+      fresh.wait({"fresh/0", "fresh/1"});
+      pg.barrier();
+      std::cout << fmt::format("rank {}: fuzz-store done, {} hostile connections", env.rank, sent.load()) << std::endl;
     } else if (mode == "sleep") {
       std::this_thread::sleep_for(std::chrono::seconds(60));
     }

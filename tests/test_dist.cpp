@@ -1,6 +1,14 @@
 // ProcessGroup collectives with ranks as threads: every collective against a locally computed reference,
 // on world sizes 1-4 and awkward sizes (0, 1, primes, not divisible by the world size).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 
@@ -229,4 +237,142 @@ TEST_CASE("Gloo rendezvous through the TCP store", "[dist][store]") {
     });
   for (auto& t : ts) t.join();
   CHECK(results == std::vector<float>{6, 6, 6});
+}
+
+namespace {
+
+// A client that speaks the store's wire format by hand (core/dist/tcp_store.cpp), to send what TcpStore
+// never would.
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(int port) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~RawClient() { close(fd); }
+  void send_bytes(const std::string& b) { REQUIRE(::send(fd, b.data(), b.size(), MSG_NOSIGNAL) == ssize_t(b.size())); }
+  static std::string u32(uint32_t v) { return std::string(reinterpret_cast<char*>(&v), 4); }
+  static std::string i64(int64_t v) { return std::string(reinterpret_cast<char*>(&v), 8); }
+  static std::string str(const std::string& s) { return u32(uint32_t(s.size())) + s; }
+  void message(const std::string& body) { send_bytes(u32(uint32_t(body.size())) + body); }
+  // The reply's status byte (0 ok, 1 timed out, 2 refused), -1 when the server closed without a reply, -2 when
+  // nothing came within `ms`.
+  int reply(int ms = 5000, std::string* rest = nullptr) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return -2;
+    char len[4];
+    if (recv(fd, len, 4, MSG_WAITALL) != 4) return -1;
+    uint32_t n;
+    std::memcpy(&n, len, 4);
+    std::string body(n, '\0');
+    if (n && recv(fd, body.data(), n, MSG_WAITALL) != ssize_t(n)) return -1;
+    if (rest) *rest = body.substr(1);
+    return n ? uint8_t(body[0]) : -1;
+  }
+  bool closed_by_server(int ms = 5000) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return false;
+    char c;
+    return recv(fd, &c, 1, 0) == 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the TCP store answers garbage with errors, closes bad connections and keeps serving", "[dist][store]") {
+  TcpStoreServer server("127.0.0.1", 0, "s3cret");
+  const int port = server.port();
+  const std::string hello = std::string(1, '\x06') + RawClient::str("s3cret");
+  std::string why;
+  SECTION("no token, a wrong token") {
+    RawClient a(port);
+    a.message(std::string(1, '\x01') + RawClient::str("k") + RawClient::str("v"));  // set without hello
+    CHECK(a.reply(5000, &why) == 2);
+    CHECK_THAT(why, Catch::Contains("token"));
+    CHECK(a.closed_by_server());
+    RawClient b(port);
+    b.message(std::string(1, '\x06') + RawClient::str("guess"));
+    CHECK(b.reply() == 2);
+    CHECK(b.closed_by_server());
+    CHECK_THROWS_WITH(TcpStore("127.0.0.1", port, Millis(2000), "guess"), Catch::Contains("wrong token"));
+    TcpStore no_token("127.0.0.1", port, Millis(2000));
+    CHECK_THROWS_WITH(no_token.set_string("k", "v"), Catch::Contains("needs the job's token"));
+  }
+  SECTION("zero keys, too many keys, negative timeouts, unknown opcodes, trailing bytes") {
+    for (const std::string& bad : {std::string(1, '\x02') + RawClient::i64(0) + RawClient::i64(100),        // get of no key
+                                   std::string(1, '\x03') + RawClient::i64(0) + RawClient::i64(100),        // wait for no key
+                                   std::string(1, '\x03') + RawClient::i64(1 << 20) + RawClient::i64(100),  // a million keys
+                                   std::string(1, '\x02') + RawClient::i64(2) + RawClient::str("a") + RawClient::str("b") + RawClient::i64(1),
+                                   std::string(1, '\x03') + RawClient::i64(1) + RawClient::str("a") + RawClient::i64(-5),
+                                   std::string(1, '\x09'),                                                   // no such request
+                                   std::string(1, '\x05') + RawClient::i64(1) + RawClient::str("a") + "junk",
+                                   std::string(1, '\x01') + RawClient::str(std::string(5000, 'k')) + RawClient::str("v"),
+                                   std::string(1, '\x01') + RawClient::u32(0xFFFFFFF0u),                    // a field past the end
+                                   std::string()}) {                                                         // an empty message
+      RawClient c(port);
+      c.message(hello);
+      REQUIRE(c.reply() == 0);
+      c.message(bad);
+      CHECK(c.reply(5000, &why) == 2);
+      CHECK_THAT(why, Catch::Contains("malformed"));
+      CHECK(c.closed_by_server());
+    }
+  }
+  SECTION("a 4 GiB length prefix is refused without allocating it") {
+    RawClient c(port);
+    c.message(hello);
+    REQUIRE(c.reply() == 0);
+    c.send_bytes(RawClient::u32(0xFFFFFFFFu));
+    CHECK(c.reply(5000, &why) == 2);
+    CHECK_THAT(why, Catch::Contains("over"));
+  }
+  SECTION("add on a text key is the caller's error; the connection stays") {
+    TcpStore s("127.0.0.1", port, Millis(2000), "s3cret");
+    s.set_string("text", "hello");
+    CHECK_THROWS_WITH(s.add("text", 1), Catch::Contains("not an integer") && Catch::Contains("text"));
+    CHECK(s.add("counter", 2) == 2);  // the same connection still works
+    s.set_string("big", std::to_string(INT64_MAX));
+    CHECK_THROWS_WITH(s.add("big", 1), Catch::Contains("overflows"));
+  }
+  SECTION("a silent client and a half message are dropped; many of them don't stop the store") {
+    std::vector<std::unique_ptr<RawClient>> silent;
+    for (int i = 0; i < 200; i++) silent.push_back(std::make_unique<RawClient>(port));
+    RawClient half(port);
+    half.message(hello);
+    REQUIRE(half.reply() == 0);
+    half.send_bytes(RawClient::u32(100) + "0123456789");  // and nothing more
+    TcpStore s("127.0.0.1", port, Millis(5000), "s3cret");  // a worker among them is served at once
+    s.set_string("k", "v");
+    CHECK(s.get_string("k") == "v");
+    CHECK(silent[0]->closed_by_server(15000));  // kHelloWithin: 10 s
+    CHECK(silent[199]->closed_by_server(2000));
+    CHECK(server.rejected() >= 200);
+  }
+  // whatever came before, a well-behaved client is served
+  TcpStore good("127.0.0.1", port, Millis(2000), "s3cret");
+  good.set_string("after", "ok");
+  CHECK(good.get_string("after") == "ok");
+}
+
+TEST_CASE("the TCP store listens on the address it is given, not everywhere", "[dist][store]") {
+  TcpStoreServer server("127.0.0.1", 0);
+  CHECK_THROWS_WITH(TcpStoreServer("192.0.2.1", 0), Catch::Contains("cannot listen on 192.0.2.1"));  // not an address of ours
+  CHECK_THROWS_WITH(TcpStoreServer("127.0.0.1", 70000), Catch::Contains("70000"));
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  // the listening socket is not inherited by exec'd children (SOCK_CLOEXEC): checked through /proc
+  bool found_cloexec = false;
+  for (int fd = 3; fd < 256; fd++) {
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && a.sin_family == AF_INET && ntohs(a.sin_port) == server.port() &&
+        a.sin_addr.s_addr == htonl(INADDR_LOOPBACK)) {
+      found_cloexec = (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
+      break;
+    }
+    len = sizeof a;
+  }
+  CHECK(found_cloexec);
 }

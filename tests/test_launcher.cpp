@@ -161,3 +161,68 @@ TEST_CASE("two launchers on loopback make one job of two nodes", "[launcher]") {
   CHECK(bad.code == 1);
   CHECK_THAT(bad.out, Catch::Contains("--master-port 0 works on one node only"));
 }
+
+TEST_CASE("a PyTorch program runs unchanged: MASTER_PORT is free for torch's own store", "[launcher][torch]") {
+  INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
+  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  for (const std::string& port : {std::string("0"), std::to_string(free_port())}) {
+    Result r = sh("timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port " + port + " --log-dir " +
+                  (fs::temp_directory_path() / ("distlab-torch-" + std::to_string(getpid()))).string() +
+                  " -- /usr/bin/python3 tests/torch_ddp_min.py");
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("torch rank 0 of 2: all_reduce 3.0, broadcast [0.0, 1.0, 2.0, 3.0], local rank 0"));
+  }
+  fs::remove_all(fs::temp_directory_path() / ("distlab-torch-" + std::to_string(getpid())));
+}
+
+TEST_CASE("garbage thrown at the store during a live 2-rank run: the run finishes", "[launcher][store]") {
+  // the launcher with a low descriptor limit: 300 silent connections exhaust it, and it must keep accepting
+  Result r = sh("FIXTURE_TIMEOUT_MS=60000 bash -c 'ulimit -Sn 96; timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- " +
+                FIXTURE_WORKER + " fuzz-store'");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("rank 0: fuzz-store done"));
+}
+
+TEST_CASE("a launcher killed by SIGKILL leaves no workers nor their children, and frees its port", "[launcher][failure]") {
+  const std::string marker = "distlab-guard-marker-" + std::to_string(getpid());
+  const int port = free_port();
+  // bash waits for a background sleep: the sleep is the worker's child, which PDEATHSIG alone would orphan
+  Result started = sh(std::string(DISTLAB_BINARY) + " run -n 2 --master-port " + std::to_string(port) + " -- bash -c 'exec -a " + marker +
+                      " sleep 300 & wait' > /dev/null 2>&1 & echo $!");
+  const pid_t launcher = std::stoi(started.out);
+  for (int i = 0; i < 100 && count_processes(marker) < 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(count_processes(marker) == 2);
+  kill(launcher, SIGKILL);
+  for (int i = 0; i < 50 && count_processes(marker) > 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(count_processes(marker) == 0);
+  Result again = sh(run("-n 1 --master-port " + std::to_string(port) + " -- true"));
+  INFO(again.out);
+  CHECK(again.code == 0);
+}
+
+TEST_CASE("a stopped rank is named as the cause, not the rank that timed out waiting for it", "[launcher][failure]") {
+  Result r = sh("FIXTURE_TIMEOUT_MS=2000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " stop-self 1"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
+  CHECK_THAT(r.out, Catch::Contains("rank 0 failed waiting for it"));
+}
+
+TEST_CASE("workers of a stopped launcher end themselves after the timeout", "[launcher][failure]") {
+  const std::string marker = "distlab-stopped-launcher-" + std::to_string(getpid());
+  Result started = sh("FIXTURE_TIMEOUT_MS=1500 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- bash -c 'exec -a " + marker + " " +
+                      FIXTURE_WORKER + " sleep' > /dev/null 2>&1 & echo $!");
+  const pid_t launcher = std::stoi(started.out);
+  for (int i = 0; i < 100 && count_processes(marker) < 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(count_processes(marker) == 2);
+  kill(launcher, SIGSTOP);
+  for (int i = 0; i < 100 && count_processes(marker) > 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(count_processes(marker) == 0);  // 1.5 s stopped, then each worker's watchdog ends it
+  kill(launcher, SIGCONT);
+  for (int i = 0; i < 100 && kill(launcher, 0) == 0; i++) {
+    waitpid(launcher, nullptr, WNOHANG);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}

@@ -6,13 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "core/dist/errors.h"
 
 namespace distlab {
 
-static int int_var(const char* name, bool required, int fallback) {
+static int int_var(const char* name, bool required, int fallback, long max = 1 << 30) {
   const char* v = std::getenv(name);
   if (!v || !*v) {
     if (required)
@@ -21,8 +22,10 @@ static int int_var(const char* name, bool required, int fallback) {
     return fallback;
   }
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(v, &end, 10);
-  if (*end || x < 0) throw CommError(fmt::format("environment variable {}='{}' is not a non-negative integer", name, v));
+  if (*end || x < 0 || x > max || errno == ERANGE)
+    throw CommError(fmt::format("environment variable {}='{}' is not an integer in 0..{}", name, v, max));
   return int(x);
 }
 
@@ -37,7 +40,10 @@ LaunchEnv read_launch_env() {
   if (e.world_size < 1 || e.rank >= e.world_size)
     throw CommError(fmt::format("RANK={} is not below WORLD_SIZE={}", e.rank, e.world_size), "each rank must be in 0..WORLD_SIZE-1");
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) e.master_addr = a;
-  e.master_port = int_var("MASTER_PORT", e.world_size > 1, 0);
+  e.master_port = int_var("MASTER_PORT", e.world_size > 1, 0, 65535);
+  e.store_port = int_var("DISTLAB_STORE_PORT", false, e.master_port, 65535);
+  if (const char* t = std::getenv("DISTLAB_STORE_TOKEN")) e.store_token = t;
+  e.launcher_pid = int_var("DISTLAB_LAUNCHER_PID", false, 0);
   return e;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <exception>
 #include <string>
+#include <vector>
 
 namespace distlab {
 
@@ -14,6 +15,7 @@ struct WorkerError {
   bool present = false;
   long long time_ns = 0;
   bool secondary = false;
+  std::vector<int> waiting_for;  // ranks the failed collective waited for in vain
   std::string message;
 };
 WorkerError read_worker_error(const std::string& path);

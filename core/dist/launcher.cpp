@@ -5,7 +5,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +28,7 @@
 #include "core/dist/error_file.h"
 #include "core/dist/errors.h"
 #include "core/dist/tcp_store.h"
+#include "core/dist/watchdog.h"
 
 namespace distlab {
 
@@ -50,7 +56,108 @@ struct Worker {
   int exit_order = -1;    // 0 for the first worker reaped, 1 for the next...
   std::string error_file; // where the worker explains its failure (DISTLAB_ERROR_FILE)
   bool stopped_by_us = false;  // still running when we sent SIGTERM: a victim, not a culprit
+  char state_at_failure = 0;   // its /proc state when another rank's failure was seen (T: stopped)
 };
+
+// Where the workers meet: distlab's store (its port and token) and the port left to the program itself
+// (MASTER_PORT: PyTorch's rank 0 binds its own TCPStore there, as under torchrun).
+struct Rendezvous {
+  int store_port = 0;
+  std::string token;
+  int program_port = 0;
+};
+
+// The guard: a tiny process forked before anything else, which outlives a launcher killed with SIGKILL.
+// The launcher tells it every worker's process group over a pipe; when the pipe closes without "done"
+// (the launcher died), it kills those groups, so no worker (nor a worker's children, e.g. the `sleep` of
+// `bash -c 'sleep 300'`) is orphaned holding ports and cores. It allocates nothing after fork.
+class Guard {
+ public:
+  Guard() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
+    pid_ = fork();
+    if (pid_ < 0) throw Error(std::string("fork failed: ") + std::strerror(errno));
+    if (pid_ == 0) {
+      signal(SIGINT, SIG_IGN);  // Ctrl-C is the launcher's to handle; the guard waits for its verdict
+      signal(SIGTERM, SIG_IGN);
+      signal(SIGHUP, SIG_IGN);
+      if (fds[0] != 3) {
+        dup2(fds[0], 3);
+      }
+      syscall(SYS_close_range, 4U, ~0U, 0U);  // no port, pipe or file of the launcher's stays open in here
+      serve(3);
+    }
+    close(fds[0]);
+    fd_ = fds[1];
+  }
+  ~Guard() {
+    say('d', 0);
+    close(fd_);
+    waitpid(pid_, nullptr, 0);
+  }
+  void watch(pid_t group) { say('+', group); }
+  void forget(pid_t group) { say('-', group); }
+
+ private:
+  struct Msg {
+    char kind;
+    int32_t group;
+  };
+  void say(char kind, pid_t group) {
+    Msg m{kind, int32_t(group)};
+    [[maybe_unused]] ssize_t n = write(fd_, &m, sizeof m);  // 8 bytes: atomic on a pipe
+  }
+  [[noreturn]] static void serve(int fd) {
+    static pid_t groups[4096];
+    int n = 0;
+    Msg m;
+    for (;;) {
+      ssize_t r = read(fd, &m, sizeof m);
+      if (r < 0 && errno == EINTR) continue;
+      if (r != ssize_t(sizeof m)) break;  // the launcher is gone
+      if (m.kind == 'd') _exit(0);
+      if (m.kind == '+' && n < 4096) groups[n++] = m.group;
+      if (m.kind == '-')
+        for (int i = 0; i < n; i++)
+          if (groups[i] == m.group) groups[i] = groups[--n];
+    }
+    for (int i = 0; i < n; i++) kill(-groups[i], SIGKILL);
+    _exit(0);
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+std::string random_token() {
+  unsigned char b[16];
+  size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(std::string("getrandom failed: ") + std::strerror(errno));
+    got += size_t(n);
+  }
+  std::string t;
+  for (unsigned char c : b) t += fmt::format("{:02x}", c);
+  return t;
+}
+
+// A port nobody listens on right now, on the address the program's rank 0 will bind.
+int free_port_on(const std::string& host) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
@@ -63,12 +170,14 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-pid_t spawn(const LaunchOptions& o, Worker& w, int world, int port, int out_write, int out_read) {
+pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, int out_write, int out_read) {
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) throw Error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
-    setpgid(0, 0);                    // its own process group: we can signal it and its children at once
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the launcher itself dies
+    setsid();                          // its own session and process group: signalled, and killed, as a group
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // the worker itself dies with the launcher; the guard takes its children
+    if (getppid() != launcher) _exit(1);  // the launcher died before the line above
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     dup2(out_write, STDOUT_FILENO);
@@ -83,7 +192,10 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, int port, int out_writ
     setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
     setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
     setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(rv.program_port).c_str(), 1);
+    setenv("DISTLAB_STORE_PORT", std::to_string(rv.store_port).c_str(), 1);
+    setenv("DISTLAB_STORE_TOKEN", rv.token.c_str(), 1);
+    setenv("DISTLAB_LAUNCHER_PID", std::to_string(launcher).c_str(), 1);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
     setenv("DISTLAB_ERROR_FILE", w.error_file.c_str(), 1);
     std::vector<char*> args;
@@ -98,10 +210,10 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, int port, int out_writ
 
 class Group {
  public:
-  Group(const LaunchOptions& o, int attempt) : o_(o), attempt_(attempt) {}
+  Group(const LaunchOptions& o, int attempt, Guard& guard) : o_(o), attempt_(attempt), guard_(guard) {}
 
   // Runs one attempt; returns 0 on success, 1 on a rank's failure, 130 on interrupt.
-  int run(int port) {
+  int run(const Rendezvous& rv) {
     const int world = o_.nnodes * o_.nproc_per_node;
     for (int l = 0; l < o_.nproc_per_node; l++) {
       Worker w;
@@ -111,7 +223,8 @@ class Group {
       std::filesystem::remove(w.error_file);
       int fds[2];
       if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
-      w.pid = spawn(o_, w, world, port, fds[1], fds[0]);
+      w.pid = spawn(o_, w, world, rv, fds[1], fds[0]);
+      guard_.watch(w.pid);
       close(fds[1]);
       w.out_fd = fds[0];
       w.running = true;
@@ -190,6 +303,8 @@ class Group {
       if (!w.running) continue;
       int st;
       if (waitpid(w.pid, &st, WNOHANG) == w.pid) {
+        kill(-w.pid, SIGKILL);  // whatever it started and left behind in its group
+        guard_.forget(w.pid);
         w.running = false;
         w.status = st;
         w.exit_order = exits_++;
@@ -220,6 +335,8 @@ class Group {
     for (auto& w : workers_)
       if (w.running) {
         waitpid(w.pid, &w.status, 0);
+        kill(-w.pid, SIGKILL);
+        guard_.forget(w.pid);
         w.running = false;
       }
     for (auto& w : workers_)
@@ -253,9 +370,11 @@ class Group {
           auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
           while (std::chrono::steady_clock::now() < until && !primary_failure_seen()) poll_output(20);
         }
+        for (auto& w : workers_)
+          if (w.running) w.state_at_failure = process_state(w.pid);
         stop_all();
         const Worker& culprit = blame();
-        report_failure(culprit.rank, culprit.status);
+        report_failure(culprit, root_cause(culprit));
         return 1;
       }
       if (all_done) {
@@ -292,15 +411,39 @@ class Group {
     return *best;
   }
 
-  void report_failure(int rank, int status) {
-    const Worker* f = nullptr;
-    for (auto& w : workers_)
-      if (w.rank == rank) f = &w;
-    std::string msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) failed: {}", rank, f->local_rank, f->pid,
-                                  describe_status(status));
+  // A rank whose collective timed out waiting for ranks that were still alive (stopped, or stuck before
+  // the collective) did not cause the failure: the first of those did. nullptr: the culprit is the cause.
+  const Worker* root_cause(const Worker& culprit) {
+    for (int r : read_worker_error(culprit.error_file).waiting_for)
+      for (const auto& w : workers_)
+        if (w.rank == r && w.stopped_by_us) return &w;
+    return nullptr;
+  }
+
+  static std::string describe_state(char state) {
+    if (state == 'T' || state == 't') return "it was stopped (SIGSTOP, Ctrl-Z or a debugger)";
+    if (state == 'D') return "it was blocked in the kernel (disk or network I/O)";
+    return "it was alive but never reached the collective (stuck in a loop, or waiting on something else)";
+  }
+
+  void report_failure(const Worker& culprit, const Worker* cause) {
+    const Worker* f = &culprit;
+    const int rank = f->rank;
+    std::string msg;
+    if (cause) {
+      msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) stopped answering: {}; rank {} failed waiting for it ({})",
+                        cause->rank, cause->local_rank, cause->pid, describe_state(cause->state_at_failure), rank,
+                        describe_status(f->status));
+    } else {
+      msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) failed: {}", rank, f->local_rank, f->pid, describe_status(f->status));
+    }
     msg += fmt::format("; stopped the other {} worker(s)\n", workers_.size() - 1);
     msg += fmt::format("---- last {} lines of rank {} ----\n", f->tail.size(), rank);
     for (const auto& l : f->tail) msg += "  " + l + "\n";
+    if (cause) {
+      msg += fmt::format("---- last {} lines of rank {} ----\n", cause->tail.size(), cause->rank);
+      for (const auto& l : cause->tail) msg += "  " + l + "\n";
+    }
     for (const auto& w : workers_)
       if (w.rank != rank && failed(w.status) && !(WIFSIGNALED(w.status) && (WTERMSIG(w.status) == SIGTERM || WTERMSIG(w.status) == SIGKILL)))
         msg += fmt::format("  (rank {} also ended: {})\n", w.rank, describe_status(w.status));
@@ -312,6 +455,7 @@ class Group {
 
   const LaunchOptions& o_;
   int attempt_;
+  Guard& guard_;
   std::vector<Worker> workers_;
   int exits_ = 0;
 };
@@ -325,6 +469,8 @@ int launch(const LaunchOptions& o) {
   if (o.argv.empty()) throw ConfigError("distlab run: nothing to run", "give a subcommand (train CONFIG) or -- PROGRAM ARGS");
   if (o.nnodes > 1 && o.master_port == 0)
     throw ConfigError("--master-port 0 works on one node only", "the other nodes must know the port: pick one, e.g. --master-port 29500");
+  if (o.master_port < 0 || o.master_port > (o.nnodes > 1 ? 65534 : 65535))
+    throw ConfigError(fmt::format("--master-port {} is not a port (0..65535; with several nodes the program gets the next one too)", o.master_port));
   if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -336,16 +482,29 @@ int launch(const LaunchOptions& o) {
   sc.sa_handler = on_sigchld;
   sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sc, nullptr);
+  Guard guard;  // first, so that it holds nothing but its pipe
+  // One job's token: a worker of another job, or anything else that reaches the port, is refused. With
+  // several nodes every node's launcher must hand its workers the same one: DISTLAB_STORE_TOKEN.
+  std::string token;
+  if (const char* t = std::getenv("DISTLAB_STORE_TOKEN"); t && *t) token = t;
+  else if (o.nnodes == 1) token = random_token();
+  else if (o.node_rank == 0)
+    std::cerr << "distlab run: warning: the rendezvous store accepts any client on " << o.master_addr << ":" << o.master_port
+              << " (export the same DISTLAB_STORE_TOKEN=<random string> on every node to require it)\n";
   for (int attempt = 0;; attempt++) {
-    // node 0 hosts the store; a fresh one per attempt, so a restarted group starts from clean keys
+    // node 0 hosts the store, on the master address only; a fresh one per attempt, so a restarted group
+    // starts from clean keys
     std::unique_ptr<TcpStoreServer> server;
-    int port = o.master_port;
+    Rendezvous rv;
+    rv.store_port = o.master_port;
+    rv.token = token;
     if (o.node_rank == 0) {
-      server = std::make_unique<TcpStoreServer>("0.0.0.0", o.master_port);
-      port = server->port();
+      server = std::make_unique<TcpStoreServer>(o.master_addr, o.master_port, token);
+      rv.store_port = server->port();
     }
-    Group g(o, attempt);
-    int rc = g.run(port);
+    rv.program_port = o.nnodes > 1 ? o.master_port + 1 : free_port_on(o.master_addr);
+    Group g(o, attempt, guard);
+    int rc = g.run(rv);
     for (int r = 0; r < o.nproc_per_node; r++)
       std::filesystem::remove(fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt, o.node_rank * o.nproc_per_node + r));
     if (rc != 1 || attempt >= o.max_restarts) return rc;

@@ -188,6 +188,7 @@ void ProcessGroup::execute(Call& c) {
 
 void ProcessGroup::fail(const Call& c, const std::string& what) {
   std::string arrived = "unknown", missing;
+  std::vector<int> missing_ranks;
   if (opts_.track_arrivals) {
     arrived.clear();
     for (int r = 0; r < size_; r++) {
@@ -199,6 +200,7 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
         break;
       }
       (here ? arrived : missing) += fmt::format("{}{}", (here ? arrived : missing).empty() ? "" : ", ", r);
+      if (!here) missing_ranks.push_back(global_ranks_.empty() ? r : global_ranks_[size_t(r)]);
     }
   }
   const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
@@ -209,10 +211,12 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
                   timed_out ? fmt::format("timed out after {:.1f} s", opts_.timeout.count() / 1000.0) : "failed", what,
                   arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing);
   if (peer_lost) throw PeerLostError(message, "another rank failed or exited first: its own output says why (distlab run prints it)");
-  throw CommError(message,
+  CommError err(message,
       timed_out ? "a rank never called this collective: a rank-dependent branch (an extra all_reduce on rank 0, an early "
                   "exit, a stuck loop)? rerun with DISTLAB_DEBUG=detail to compare every collective across ranks"
                 : "another rank failed or exited: its own output says why (distlab run prints it)");
+  if (timed_out) err.waiting_for = missing_ranks;
+  throw err;
 }
 
 void ProcessGroup::check_fingerprint(const Call& c) {
@@ -224,9 +228,11 @@ void ProcessGroup::check_fingerprint(const Call& c) {
     try {
       keys_.wait({key}, opts_.timeout);
     } catch (const StoreError&) {
-      throw CommError(fmt::format("rank {}: {} on group '{}': rank {} did not reach collective #{} within {:.1f} s", rank_,
-                                  mine, name_, r, c.seq, opts_.timeout.count() / 1000.0),
-                      "that rank is stuck, exited, or runs fewer collectives: compare the ranks' code paths");
+      CommError err(fmt::format("rank {}: {} on group '{}': rank {} did not reach collective #{} within {:.1f} s", rank_, mine,
+                                name_, r, c.seq, opts_.timeout.count() / 1000.0),
+                    "that rank is stuck, exited, or runs fewer collectives: compare the ranks' code paths");
+      err.waiting_for = {global_ranks_.empty() ? r : global_ranks_[size_t(r)]};
+      throw err;
     }
     std::string theirs = keys_.get_string(key);
     if (theirs != mine)

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "core/dist/errors.h"
 
 namespace distlab {
@@ -64,7 +66,20 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = data_.find(key);
-    if (it != data_.end()) v = std::stoll(std::string(it->second.begin(), it->second.end()));
+    if (it != data_.end()) {
+      const std::string text(it->second.begin(), it->second.end());
+      size_t used = 0;
+      try {
+        v = std::stoll(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size())
+        throw StoreError(fmt::format("store add on key '{}': its value is not an integer", key.substr(0, 200)),
+                         "add works on keys written by add (counters); use another key name");
+    }
+    if ((delta > 0 && v > INT64_MAX - delta) || (delta < 0 && v < INT64_MIN - delta))
+      throw StoreError(fmt::format("store add on key '{}': {} + {} overflows a 64-bit integer", key.substr(0, 200), v, delta));
     v += delta;
     std::string s = std::to_string(v);
     data_[key] = std::vector<char>(s.begin(), s.end());

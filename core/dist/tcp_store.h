@@ -2,8 +2,15 @@
 // holds one client connection. Each request and reply is one buffer written with one write() on a socket
 // with TCP_NODELAY: Gloo's rendezvous does a dozen small round trips per rank, and Nagle's algorithm plus
 // split writes made it 10-20x slower (225 ms instead of 12 ms for 2 ranks, measured here).
+//
+// The port is reachable by anything on the network it listens on, so the server trusts no byte: it binds
+// the master address only (loopback for a one-node job), a client must first present the job's token
+// (random, from the launcher, in DISTLAB_STORE_TOKEN), every message is size-capped and checked, a bad
+// one is answered with an error and its connection closed, and a client that connects and says nothing
+// is dropped after a few seconds. Wire format and limits: tcp_store.cpp.
 #pragma once
 #include <atomic>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -15,27 +22,39 @@ namespace distlab {
 
 class TcpStoreServer {
  public:
-  // Listens on host:port (port 0 picks a free one: see port()). host "" or "0.0.0.0" listens everywhere.
-  TcpStoreServer(const std::string& host, int port);
+  // Listens on host:port (port 0 picks a free one: see port()). host "0.0.0.0" listens on every address;
+  // anything else must be an IPv4 address or a name of this machine. A non-empty token is required from
+  // every client before any request.
+  TcpStoreServer(const std::string& host, int port, std::string token = "");
   ~TcpStoreServer();  // stops serving and closes every connection
   int port() const { return port_; }
+  // connections served so far, and those closed for a bad message, a wrong token or silence (for tests)
+  int64_t connections() const { return accepted_; }
+  int64_t rejected() const { return rejected_; }
 
  private:
+  struct Conn {
+    int fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
   void accept_loop();
   void serve(int fd);
+  void reap_finished();  // joins the threads of closed connections (under mu_)
   int listen_fd_ = -1, port_ = 0;
+  std::string token_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> accepted_{0}, rejected_{0};
   MemoryStore data_;
   std::mutex mu_;
-  std::vector<int> client_fds_;
-  std::vector<std::thread> threads_;
+  std::list<Conn> conns_;
   std::thread acceptor_;
 };
 
 class TcpStore : public Store {
  public:
-  // Connects to host:port, retrying until `timeout` (the server may start after us).
-  TcpStore(const std::string& host, int port, Millis timeout = Millis(300000));
+  // Connects to host:port, retrying until `timeout` (the server may start after us), and presents `token`.
+  TcpStore(const std::string& host, int port, Millis timeout = Millis(300000), const std::string& token = "");
   ~TcpStore() override;
   void set(const std::string& key, const std::vector<char>& value) override;
   std::vector<char> get(const std::string& key) override;
@@ -45,7 +64,9 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
 
  private:
-  std::vector<char> request(const std::vector<char>& msg);
+  // Sends one request and reads its reply within `reply_within`; throws StoreError for a lost
+  // connection, a late reply or the server's error answer. Returns the reply after its status byte.
+  std::vector<char> request(const std::vector<char>& msg, Millis reply_within, uint8_t* status = nullptr);
   std::string where_;
   int fd_ = -1;
   std::mutex mu_;
