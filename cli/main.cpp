@@ -1,12 +1,13 @@
 // distlab: the command-line front of the engine. Each subcommand lives in its own file.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-
-#include <iostream>
-
 #include <unistd.h>
 
 #include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
 
 #include "cli/bench_cmd.h"
 #include "cli/lab_cmd.h"
@@ -16,6 +17,9 @@
 #include "core/util/error.h"
 
 int main(int argc, char** argv) {
+  // a write past a file size limit fails with EFBIG, which every writer reports, instead of killing us
+  signal(SIGXFSZ, SIG_IGN);
+  distlab::install_terminate_handler();
   CLI::App app{"distlab — a workbench for learning distributed training"};
   app.require_subcommand(1);
   int exit_code = 0;

@@ -10,6 +10,7 @@
 
 #include "core/dist/env.h"
 #include "core/dist/errors.h"
+#include "core/ckpt/atomic_file.h"
 #include "core/dist/tcp_store.h"
 #include "core/dist/watchdog.h"
 #include "core/perf/hardware.h"
@@ -70,6 +71,10 @@ int run_train(const TrainArgs& a) {
   if (!a.metrics.empty()) sets.push_back("log.metrics=" + a.metrics);
   RunConfig cfg = load_config(a.config, sets);
   parse_dtype(a.save_dtype);
+  // where the run will write, checked now rather than after the training
+  check_output_path(cfg.log.metrics, "log.metrics (--metrics)");
+  check_output_path(cfg.log.trace, "log.trace");
+  check_output_path(a.save, "--save");
   // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
   const LaunchEnv env = read_launch_env();
   Runtime rt(parse_device(cfg.train.device), env.rank);

@@ -5,6 +5,7 @@
 //   mismatch       rank 0 calls all_reduce, rank 1 broadcast, as collective #1
 //   fail-rank R    rank R prints a line and exits 3 after the first all_reduce; the others wait in the next
 //   flaky FILE     fails on the first attempt (when FILE doesn't exist yet, it creates it), then succeeds
+//   op-mismatch, root-mismatch, size-mismatch   the ranks disagree on a collective's op, root or size
 //   stop-self R    rank R stops itself (SIGSTOP) after the first all_reduce; the others call another
 //   fuzz-store     rank 0 throws garbage at the job's store (random bytes, no token, half messages, 300
 //                  silent connections) while both ranks run 50 all_reduces and store round trips; then a
@@ -91,6 +92,7 @@ void fuzz_store(const LaunchEnv& env, std::atomic<int64_t>& sent) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
+  install_terminate_handler();
   try {
     LaunchEnv env = read_launch_env();
     const char* t = std::getenv("FIXTURE_TIMEOUT_MS");
@@ -122,6 +124,12 @@ int main(int argc, char** argv) {
         return 5;
       }
       pg.barrier();
+    } else if (mode == "op-mismatch") {  // rank 0 sums, rank 1 takes the max
+      pg.all_reduce(x, 4096, env.rank == 0 ? ReduceOp::sum : ReduceOp::max);
+    } else if (mode == "root-mismatch") {  // each rank believes it is the root
+      pg.broadcast(x, 4096, env.rank);
+    } else if (mode == "size-mismatch") {  // rank 1 reduces fewer elements
+      pg.all_reduce(x, env.rank == 0 ? 4096 : 1000);
     } else if (mode == "stop-self") {
       if (env.rank == std::atoi(argv[2])) {
         std::cout << "stopping myself" << std::endl;

@@ -16,6 +16,16 @@ struct Result {
   std::string out;
 };
 
+Result shell(const std::string& script) {
+  std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && bash -c '" + script + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
 Result run(const std::string& args) {
   std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && timeout 120 " + DISTLAB_BINARY + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
@@ -77,7 +87,7 @@ TEST_CASE("out of memory exits non-zero with the breakdown and leaves no complet
 TEST_CASE("bad invocations explain themselves", "[cli]") {
   Result r = run("train configs/nope.toml");
   CHECK(r.code == 1);
-  CHECK_THAT(r.out, Catch::Contains("cannot be read"));
+  CHECK_THAT(r.out, Catch::Contains("does not exist"));
   r = run("train configs/fashion-mnist-mlp.toml --set train.stpes=3");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("did you mean 'train.steps'"));
@@ -148,4 +158,29 @@ TEST_CASE("bench comm --ring measures lab 01's ring beside Gloo's and counts its
   CHECK(j["wrong"] == 0);
   fs::remove_all(dir);
   fs::remove(json);
+}
+
+TEST_CASE("a full disk fails the run and keeps the earlier metrics file; missing output folders fail before training", "[cli][io]") {
+  const std::string m = tmp("full.jsonl");
+  std::ofstream(m) << "an earlier run's metrics\n";
+  // a file size limit of 8 KiB stands in for a full disk: the writes past it fail (EFBIG)
+  Result r = shell("ulimit -f 8; exec timeout 120 "s + DISTLAB_BINARY +
+                   " train configs/cifar-cnn.toml --set train.steps=40 --set data.synthetic_train=512 --metrics " + m);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("is the disk full"));
+  std::ifstream in(m);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text == "an earlier run's metrics\n");
+  fs::remove(m);
+  fs::remove(m + ".partial");
+
+  for (const std::string& flag : {"--save /nonexistent-folder/w.safetensors"s, "--metrics /nonexistent-folder/m.jsonl"s,
+                                  "--set log.trace=/nonexistent-folder/t.json"s, "--save /tmp"s}) {
+    r = run("train configs/cifar-cnn.toml --set train.steps=3 --set data.synthetic_train=512 " + flag);
+    INFO(flag << "\n" << r.out);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.out, Catch::Contains("does not exist") || Catch::Contains("is a folder"));
+    CHECK_THAT(r.out, !Catch::Contains("step     1/3"));  // refused before any training
+  }
 }

@@ -65,7 +65,7 @@ TEST_CASE("unknown keys, wrong types and impossible values name the key and file
   CHECK_THROWS_WITH(parse_config("[train]\ndevice_mem = \"16 potatoes\"\n", "run.toml"),
                     Catch::Contains("run.toml:2") && Catch::Contains("unknown unit"));
   CHECK_THROWS_WITH(parse_config("[train]\ndevice_mem = \"v100\"\n", "run.toml"), Catch::Contains("unknown device profile"));
-  CHECK_THROWS_WITH(load_config("/nonexistent/run.toml"), Catch::Contains("cannot be read"));
+  CHECK_THROWS_WITH(load_config("/nonexistent/run.toml"), Catch::Contains("does not exist"));
 }
 
 TEST_CASE("every example config parses", "[config]") {
@@ -74,4 +74,21 @@ TEST_CASE("every example config parses", "[config]") {
     CHECK_NOTHROW(load_config(std::string(DISTLAB_SOURCE_DIR) + "/configs/" + name + ".toml"));
   }
   CHECK_THAT(config_reference(), Catch::Contains("train.micro_batch"));
+}
+
+TEST_CASE("NaN, infinity and absurd sizes are refused with the key and where it was set", "[config]") {
+  CHECK_THROWS_WITH(parse_config("[optim]\nlr = nan\n", "run.toml"), Catch::Contains("run.toml:2") && Catch::Contains("optim.lr = nan is not a finite number"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"optim.gamma=nan"}), Catch::Contains("--set optim.gamma") && Catch::Contains("finite"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"dist.timeout_s=inf"}), Catch::Contains("dist.timeout_s = inf"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"dist.timeout_s=1e9"}), Catch::Contains("dist.timeout_s") && Catch::Contains("over the limit"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"train.threads=100000"}), Catch::Contains("train.threads") && Catch::Contains("over the limit"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"data.synthetic_train=1000000000000"}), Catch::Contains("data.synthetic_train"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"optim.gamma=0"}), Catch::Contains("optim.gamma must be positive"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"model.hidden=[8, 100000000]"}), Catch::Contains("model.hidden"));
+}
+
+TEST_CASE("a config path must be a readable regular file", "[config]") {
+  CHECK_THROWS_WITH(load_config("/tmp"), Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(load_config("/nonexistent/run.toml"), Catch::Contains("does not exist"));
+  CHECK_THROWS_WITH(load_config("/dev/zero"), Catch::Contains("not a regular file"));
 }

@@ -140,24 +140,31 @@ TEST_CASE("CIFAR-10 from a folder, and the synthetic fallback says so", "[data]"
   CHECK(real.train->size() == 20);
   CHECK(real.test->size() == 4);
   CHECK_FALSE(real.synthetic);
+  // a data.path that does not exist is an error, never a silent fall back
   s.path = d.file("nothing-here");
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.path") && Catch::Contains("nothing-here"));
+  // searched folders without CIFAR-10: the synthetic stand-in, which says so (or an error, if asked)
+  fs::create_directories(d.file("empty"));
+  s.path = d.file("empty");
   DataSets fake = open_datasets(s);
   CHECK(fake.synthetic);
   CHECK_THAT(fake.note, Catch::Contains("SYNTHETIC"));
   s.fallback = "error";
-  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("nothing-here") && Catch::Contains("CIFAR-10 not found"));
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("empty") && Catch::Contains("CIFAR-10 not found"));
 }
 
 TEST_CASE("a missing Fashion-MNIST says where it looked and how to get it", "[data]") {
   DataSpec s;
   s.name = "fashion-mnist";
   s.path = "/nonexistent/fmnist";
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.path '/nonexistent/fmnist'") && Catch::Contains("does not exist"));
+  s.path = "";
   setenv("DISTLAB_DATA", "/nonexistent/data", 1);
   bool system_has_it = fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
   if (system_has_it) {
-    CHECK(open_datasets(s).train->size() == 60000);  // falls through to the Debian package's folder
+    CHECK(open_datasets(s).train->size() == 60000);  // $DISTLAB_DATA is searched, then the Debian package's folder
   } else {
-    CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("/nonexistent/fmnist") && Catch::Contains("apt-get install dataset-fashion-mnist"));
+    CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("/nonexistent/data") && Catch::Contains("apt-get install dataset-fashion-mnist"));
   }
   unsetenv("DISTLAB_DATA");
 }
@@ -229,4 +236,40 @@ TEST_CASE("image batches are normalized per channel", "[data]") {
   CHECK(x[1] == Approx(2.0f));
   CHECK(x[2] == Approx((0.2f - 0.5f) / 0.25f));
   CHECK(b.targets == std::vector<int32_t>{1});
+}
+
+TEST_CASE("an IDX header whose count x rows x cols wraps around is refused", "[data]") {
+  TempDir d;
+  // 2^32-1 images of 2^32-1 x 2^32-1: the 64-bit product wraps; the header must be refused on its own terms
+  std::vector<uint8_t> v;
+  be32(v, 2051);
+  be32(v, 0xFFFFFFFFu);
+  be32(v, 0xFFFFFFFFu);
+  be32(v, 0xFFFFFFFFu);
+  for (int i = 0; i < 15; i++) v.push_back(0);
+  write_plain(d.file("wrap"), v);
+  CHECK_THROWS_WITH(read_idx_images(d.file("wrap")), Catch::Contains("not a plausible image file"));
+  std::vector<uint8_t> zero;
+  be32(zero, 2051);
+  be32(zero, 4);
+  be32(zero, 0);
+  be32(zero, 28);
+  write_plain(d.file("zero-rows"), zero);
+  CHECK_THROWS_AS(read_idx_images(d.file("zero-rows")), DataError);
+}
+
+TEST_CASE("data.path that is not a folder, and a text file that is a folder or a device, are errors", "[data]") {
+  TempDir d;
+  DataSpec s;
+  s.name = "fashion-mnist";
+  s.path = d.file("no-such-folder");
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.path") && Catch::Contains("does not exist"));
+  s.name = "cifar10";
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.path"));  // not a silent synthetic fallback
+  s = DataSpec{};
+  s.name = "tokens";
+  s.text_file = d.path.string();
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.text_file") && Catch::Contains("not a regular file"));
+  s.text_file = "/dev/zero";  // would read forever
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("not a regular file"));
 }

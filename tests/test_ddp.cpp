@@ -144,3 +144,52 @@ TEST_CASE("log.trace writes a Chrome trace with a compute and a comm track per r
     fs::remove(trace);
   }
 }
+
+namespace {
+
+std::pair<int, std::string> sh(const std::string& script) {
+  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + script + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+void write_idx(const fs::path& path, uint32_t magic, std::vector<uint32_t> dims, size_t payload, uint8_t fill) {
+  std::ofstream f(path, std::ios::binary);
+  for (uint32_t v : [&] { dims.insert(dims.begin(), magic); return dims; }())
+    for (int s = 24; s >= 0; s -= 8) f.put(char(v >> s));
+  for (size_t i = 0; i < payload; i++) f.put(char(fill + i % 7));
+}
+
+}  // namespace
+
+TEST_CASE("ranks that start from different weights or data, or end with different ones, fail the run", "[ddp][e2e]") {
+  const fs::path dir = fs::temp_directory_path() / ("distlab-replicas-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string bin = DISTLAB_BINARY, w = (dir / "w.safetensors").string();
+  const std::string cnn = " train configs/cifar-cnn.toml --set data.synthetic_train=512 --set train.steps=2 --set parallel.strategy=ddp";
+  auto [c0, o0] = sh("timeout 120 " + bin + " train configs/cifar-cnn.toml --set data.synthetic_train=512 --set train.steps=1 --save " + w);
+  REQUIRE(c0 == 0);
+  // --init on rank 0 only: rank 1 keeps its own weights after DDP's broadcast... no longer silently
+  auto [c1, o1] = sh("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 0 ]; then exec " + bin + cnn +
+                     " --init " + w + "; else exec " + bin + cnn + "; fi'");
+  INFO(o1);
+  CHECK(c1 == 1);
+  CHECK_THAT(o1, Catch::Contains("rank 1's conv1.weight differs from rank 0's at the start"));
+  // a Fashion-MNIST of its own on rank 1 (DISTLAB_DATA on one node only)
+  const fs::path fm = dir / "fm";
+  fs::create_directories(fm);
+  write_idx(fm / "train-images-idx3-ubyte", 2051, {256, 28, 28}, 256 * 784, 3);
+  write_idx(fm / "train-labels-idx1-ubyte", 2049, {256}, 256, 0);
+  write_idx(fm / "t10k-images-idx3-ubyte", 2051, {64, 28, 28}, 64 * 784, 5);
+  write_idx(fm / "t10k-labels-idx1-ubyte", 2049, {64}, 64, 0);
+  const std::string mlp = " train configs/fashion-mnist-mlp.toml --set train.steps=2 --set parallel.strategy=ddp";
+  auto [c2, o2] = sh("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then export DISTLAB_DATA=" +
+                     fm.string() + "; fi; exec " + bin + mlp + "'");
+  INFO(o2);
+  CHECK(c2 == 1);
+  CHECK_THAT(o2, Catch::Contains("rank 1 trains on other data than rank 0"));
+  fs::remove_all(dir);
+}

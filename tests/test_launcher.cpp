@@ -226,3 +226,26 @@ TEST_CASE("workers of a stopped launcher end themselves after the timeout", "[la
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
+
+TEST_CASE("DISTLAB_DEBUG=detail names a disagreement on the reduce op or the broadcast root", "[launcher][failure]") {
+  Result r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " op-mismatch"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32 (sum)") && Catch::Contains("all_reduce #1 of 4096 f32 (max)"));
+  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " root-mismatch"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("(root 0)") && Catch::Contains("(root 1)"));
+}
+
+TEST_CASE("collectives of different sizes end with a distlab message, with or without detail", "[launcher][failure]") {
+  Result r = sh("FIXTURE_TIMEOUT_MS=3000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("distlab run: rank"));
+  CHECK_THAT(r.out, Catch::Contains("DISTLAB_DEBUG=detail") || Catch::Contains("all_reduce #1"));
+  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("all_reduce #1 of 1000 f32"));
+}

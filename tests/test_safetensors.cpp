@@ -216,3 +216,39 @@ TEST_CASE("SGD steps of the CNN, with and without BatchNorm, match PyTorch's", "
     for (auto p : {init, after, losses}) fs::remove(p);
   }
 }
+
+TEST_CASE("safetensors with overlapping, holed or trailing data, or an integer weight, are refused", "[safetensors]") {
+  std::string path = tmp("tiles.safetensors");
+  auto write = [&](const std::string& h, size_t data) {
+    std::string len(8, '\0');
+    for (int i = 0; i < 8; i++) len[size_t(i)] = char((h.size() >> (8 * i)) & 0xff);
+    std::ofstream(path, std::ios::binary) << len << h << std::string(data, '\0');
+  };
+  // two names for the same bytes
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("overlaps"));
+  // a hole, and bytes after the last tensor
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("a hole"));
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12);
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("follow the last tensor"));
+  // a fractional tensor: 6 bytes of F32
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,6]}})", 6);
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("needs 8 bytes"));
+  // a negative or absurd dimension
+  write(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
+  CHECK_THROWS_AS(read_safetensors(path), DataError);
+  write(R"({"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  CHECK_THROWS_WITH(read_safetensors(path), Catch::Contains("cannot fit"));
+  // an I64 tensor where a float weight belongs
+  Runtime rt;
+  auto cnn = build_model(rt, cnn_spec(false));
+  std::string ok = tmp("tiles-ok.safetensors");
+  save_model(*cnn, ok, DType::f32);
+  StFile f = read_safetensors(ok);
+  f.tensors["fc.bias"] = StTensor{"I64", {10}, std::vector<uint8_t>(80, 0)};
+  write_safetensors(path, f);
+  CHECK_THROWS_WITH(load_model(*cnn, path), Catch::Contains("fc.bias has dtype I64 (F32, BF16 or F16 expected)"));
+  fs::remove(path);
+  fs::remove(ok);
+}

@@ -20,9 +20,15 @@ class AtomicFile {
   std::string partial_path() const { return path_ + ".partial"; }
 
  private:
+  [[noreturn]] void fail(const char* during);
   std::string path_;
   FILE* f_ = nullptr;
   bool committed_ = false;
+  bool failed_ = false;
 };
+
+// Before a run: the folder that will hold `path` exists and is writable, and `path` is not a folder
+// (IoError naming `what`, e.g. "--save"). A run that trains for an hour must not fail at the end on this.
+void check_output_path(const std::string& path, const std::string& what);
 
 }  // namespace distlab

@@ -1,5 +1,7 @@
 #include "core/ckpt/safetensors.h"
 
+#include <algorithm>
+#include <tuple>
 #include <fmt/format.h>
 
 #include <cstring>
@@ -29,6 +31,8 @@ StFile read_safetensors(const std::string& path) {
   if (n > raw.size() - 8)
     throw DataError(fmt::format("{}: header length {} runs past the end of the {}-byte file", path, n, raw.size()),
                     "the file is truncated or not safetensors");
+  if (n > (uint64_t(100) << 20))  // the format's own limit
+    throw DataError(fmt::format("{}: a header of {} bytes (safetensors allows 100 MB)", path, n), "is this a safetensors file?");
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + int64_t(n));
@@ -38,6 +42,7 @@ StFile read_safetensors(const std::string& path) {
   if (!h.is_object()) throw DataError(fmt::format("{}: the header is not a JSON object", path));
   const uint64_t data_bytes = raw.size() - 8 - n;
   StFile out;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;  // [begin, end) of each tensor
   for (auto& [name, v] : h.items()) {
     if (name == "__metadata__") {
       for (auto& [k, mv] : v.items())
@@ -51,6 +56,14 @@ StFile read_safetensors(const std::string& path) {
       auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
       int64_t es = st_dtype_size(t.dtype);
       if (es == 0) throw DataError(fmt::format("{}: tensor '{}' has unknown dtype '{}'", path, name, t.dtype));
+      uint64_t numel = 1;  // multiplied with a bound at each step, so it cannot wrap around
+      for (int64_t d : t.shape) {
+        if (d < 0 || d > (int64_t(1) << 40))
+          throw DataError(fmt::format("{}: tensor '{}' has a dimension of {}", path, name, d), "the header is corrupt");
+        numel = d == 0 ? 0 : numel > data_bytes ? numel : numel * uint64_t(d);
+      }
+      if (numel > data_bytes)
+        throw DataError(fmt::format("{}: tensor '{}' of shape {} cannot fit in {} data bytes", path, name, shape_str(t.shape), data_bytes));
       if (off.size() != 2 || off[0] > off[1] || off[1] > data_bytes)
         throw DataError(fmt::format("{}: tensor '{}' has data_offsets outside the file's {} data bytes", path, name, data_bytes),
                         "the file is truncated or corrupt");
@@ -58,11 +71,25 @@ StFile read_safetensors(const std::string& path) {
         throw DataError(fmt::format("{}: tensor '{}' of shape {} {} needs {} bytes but its offsets span {}", path, name,
                                     shape_str(t.shape), t.dtype, shape_numel(t.shape) * es, off[1] - off[0]));
       t.bytes.assign(raw.begin() + 8 + int64_t(n + off[0]), raw.begin() + 8 + int64_t(n + off[1]));
+      spans.emplace_back(off[0], off[1], name);
     } catch (const nlohmann::json::exception& e) {
       throw DataError(fmt::format("{}: entry '{}' of the header is malformed ({})", path, name, e.what()));
     }
     out.tensors[name] = std::move(t);
   }
+  // The tensors tile the data buffer exactly, as the format requires: no overlap (two names for the same
+  // bytes), no holes, nothing after the last one.
+  std::sort(spans.begin(), spans.end());
+  uint64_t at = 0;
+  for (const auto& [begin, end, name] : spans) {
+    if (begin != at)
+      throw DataError(fmt::format("{}: tensor '{}' starts at byte {} of the data, where {} was expected ({})", path, name, begin, at,
+                                  begin < at ? "it overlaps the tensor before it" : "a hole before it"),
+                      "the file is corrupt or was not written by a safetensors writer");
+    at = end;
+  }
+  if (at != data_bytes)
+    throw DataError(fmt::format("{}: {} bytes of data follow the last tensor", path, data_bytes - at), "the file is corrupt");
   return out;
 }
 
@@ -135,14 +162,15 @@ void load_model(Model& model, const std::string& path) {
       continue;
     }
     if (!dst->data()) continue;  // meta
-    if (s.dtype == "I64") {
-      int64_t v;
+    if (s.dtype == "I64" && dst->numel() == 1 && name.size() >= 20 && name.ends_with("num_batches_tracked")) {
+      int64_t v;  // BatchNorm's step counter, the one integer tensor of PyTorch's state dicts here
       std::memcpy(&v, s.bytes.data(), 8);
       dst->f32()[0] = float(v);
     } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") {
       convert(s.bytes.data(), parse_dtype(s.dtype), dst->data(), dst->dtype(), dst->numel());
     } else {
-      mismatched += fmt::format("{}{} has dtype {} (F32, BF16 or F16 expected)", mismatched.empty() ? "" : "; ", name, s.dtype);
+      mismatched += fmt::format("{}{} has dtype {} ({} expected)", mismatched.empty() ? "" : "; ", name, s.dtype,
+                                name.ends_with("num_batches_tracked") ? "I64" : "F32, BF16 or F16");
     }
   }
   std::string unexpected;

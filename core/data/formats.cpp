@@ -27,6 +27,10 @@ std::vector<uint8_t> read_file_maybe_gz(const std::string& path) {
     }
     if (n == 0) break;
     out.insert(out.end(), buf, buf + n);
+    if (out.size() > (size_t(4) << 30)) {  // a decompression bomb, or not a data set of this course
+      gzclose(f);
+      throw DataError(fmt::format("{}: more than 4 GiB once decompressed", path), "is this the right file?");
+    }
   }
   // a gzip file cut short reads as a clean EOF in some zlib versions: gzclose_r reports it
   int rc = gzclose(f);
@@ -51,6 +55,10 @@ IdxImages read_idx_images(const std::string& path) {
   im.count = be32(raw.data() + 4);
   im.rows = be32(raw.data() + 8);
   im.cols = be32(raw.data() + 12);
+  // each bounded first, so that the product below cannot wrap around to match the file's size
+  if (im.rows < 1 || im.rows > 65536 || im.cols < 1 || im.cols > 65536 || im.count > (int64_t(1) << 31))
+    throw DataError(fmt::format("{}: header says {} images of {}x{}: not a plausible image file", path, im.count, im.rows, im.cols),
+                    "the file is corrupt or not IDX images: fetch it again");
   const uint64_t want = uint64_t(im.count) * uint64_t(im.rows) * uint64_t(im.cols);
   if (raw.size() - 16 != want)
     throw DataError(fmt::format("{}: header says {} images of {}x{} ({} bytes) but the file holds {} bytes after it", path,

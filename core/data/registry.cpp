@@ -22,7 +22,14 @@ constexpr float kSyntheticContrastLo = 0.0f, kSyntheticContrastHi = 25.0f, kSynt
 // Candidate folders, in order: data.path, $DISTLAB_DATA/<sub>, $DISTLAB_DATA, then `system`.
 static std::vector<std::string> candidates(const DataSpec& s, const std::string& sub, const std::string& system) {
   std::vector<std::string> c;
-  if (!s.path.empty()) c.push_back(s.path);
+  if (!s.path.empty()) {  // a folder the user named is the only place looked: no silent fall back to another one
+    std::error_code ec;
+    if (!fs::is_directory(s.path, ec))
+      throw DataError(fmt::format("data.path '{}' is not a folder{}", s.path, fs::exists(s.path, ec) ? "" : " (it does not exist)"),
+                      "set data.path to the folder that holds the data files, or leave it unset to search $DISTLAB_DATA "
+                      "and the system folders");
+    return {s.path};
+  }
   if (const char* env = std::getenv("DISTLAB_DATA"); env && *env) {
     c.push_back((fs::path(env) / sub).string());
     c.push_back(env);
@@ -164,6 +171,14 @@ static DataSets open_tokens(const DataSpec& s) {
   std::vector<int32_t> all;
   std::string what;
   if (!s.text_file.empty()) {
+    constexpr uintmax_t kMaxText = uintmax_t(1) << 30;  // bytes become 4-byte tokens: 4 GiB in memory
+    std::error_code ec;
+    if (!fs::is_regular_file(s.text_file, ec))
+      throw DataError(fmt::format("data.text_file '{}' is not a regular file{}", s.text_file,
+                                  fs::exists(s.text_file, ec) ? " (a folder or a device?)" : " (it does not exist)"),
+                      "give the path of a text file");
+    if (fs::file_size(s.text_file, ec) > kMaxText)
+      throw DataError(fmt::format("data.text_file '{}' is larger than 1 GiB", s.text_file), "use a smaller text, or a slice of it");
     std::ifstream f(s.text_file, std::ios::binary);
     if (!f) throw DataError(fmt::format("data.text_file: cannot read '{}'", s.text_file), "give the path of a text file");
     std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

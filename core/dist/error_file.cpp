@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "core/dist/errors.h"
@@ -21,6 +22,31 @@ void record_worker_error(const std::exception& e) {
                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                       << "\n";
 }
+
+namespace {
+
+[[noreturn]] void on_terminate() {
+  std::string what = "an unknown error";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+      record_worker_error(x);
+    } catch (...) {
+    }
+  }
+  std::cout.flush();
+  std::cerr << "distlab: error: a communication thread failed: " << what
+            << "\n  hint: ranks that call collectives of different sizes or ops end like this: rerun with "
+               "DISTLAB_DEBUG=detail to compare every collective across ranks\n";
+  std::cerr.flush();
+  std::_Exit(1);
+}
+
+}  // namespace
+
+void install_terminate_handler() { std::set_terminate(on_terminate); }
 
 WorkerError read_worker_error(const std::string& path) {
   WorkerError w;

@@ -11,6 +11,11 @@ namespace distlab {
 
 void record_worker_error(const std::exception& e);
 
+// An exception thrown on a thread we don't own (Gloo's transport thread enforces that both sides of a
+// message have the same size) ends the process through std::terminate: this handler says what it was
+// and what usually causes it, records it for the launcher, and exits 1.
+void install_terminate_handler();
+
 struct WorkerError {
   bool present = false;
   long long time_ns = 0;

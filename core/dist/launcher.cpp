@@ -184,6 +184,9 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     dup2(out_write, STDERR_FILENO);
     close(out_write);
     close(out_read);
+    // nothing of the launcher's (the store's sockets, other ranks' pipes and logs) crosses the exec
+    constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC, Linux 5.11
+    syscall(SYS_close_range, 3U, ~0U, kCloseRangeCloexec);
     const int threads = o.threads_per_rank > 0 ? o.threads_per_rank
                                                : std::max(1, int(std::thread::hardware_concurrency()) / o.nproc_per_node);
     setenv("RANK", std::to_string(w.rank).c_str(), 1);
@@ -212,6 +215,8 @@ class Group {
  public:
   Group(const LaunchOptions& o, int attempt, Guard& guard) : o_(o), attempt_(attempt), guard_(guard) {}
 
+  bool log_failed() const { return log_failed_; }
+
   // Runs one attempt; returns 0 on success, 1 on a rank's failure, 130 on interrupt.
   int run(const Rendezvous& rv) {
     const int world = o_.nnodes * o_.nproc_per_node;
@@ -221,6 +226,15 @@ class Group {
       w.rank = o_.node_rank * o_.nproc_per_node + l;
       w.error_file = fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt_, w.rank);
       std::filesystem::remove(w.error_file);
+      if (!o_.log_dir.empty()) {  // opened before any worker starts: a bad --log-dir starts nothing
+        std::string name = attempt_ ? fmt::format("rank_{}.attempt{}.log", w.rank, attempt_) : fmt::format("rank_{}.log", w.rank);
+        w.log = std::make_unique<std::ofstream>(std::filesystem::path(o_.log_dir) / name);
+        if (!*w.log) throw IoError(fmt::format("cannot write {}", (std::filesystem::path(o_.log_dir) / name).string()),
+                                   "--log-dir must be a folder you can write");
+      }
+      workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) {
       int fds[2];
       if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
       w.pid = spawn(o_, w, world, rv, fds[1], fds[0]);
@@ -228,11 +242,6 @@ class Group {
       close(fds[1]);
       w.out_fd = fds[0];
       w.running = true;
-      if (!o_.log_dir.empty()) {
-        std::string name = attempt_ ? fmt::format("rank_{}.attempt{}.log", w.rank, attempt_) : fmt::format("rank_{}.log", w.rank);
-        w.log = std::make_unique<std::ofstream>(std::filesystem::path(o_.log_dir) / name);
-      }
-      workers_.push_back(std::move(w));
     }
     return supervise();
   }
@@ -243,7 +252,14 @@ class Group {
       std::cout << line << "\n";
       std::cout.flush();
     }
-    if (w.log) *w.log << line << "\n" << std::flush;
+    if (w.log && !log_failed_) {
+      *w.log << line << "\n" << std::flush;
+      if (!*w.log) {  // a full disk: say so once; the job goes on, and its exit code says the logs are incomplete
+        log_failed_ = true;
+        std::cerr << fmt::format("distlab run: writing {}/rank_{}.log failed (is the disk full?): the logs from here on are lost\n",
+                                 o_.log_dir, w.rank);
+      }
+    }
     w.tail.push_back(line);
     if (int(w.tail.size()) > o_.tail_lines) w.tail.pop_front();
   }
@@ -456,6 +472,7 @@ class Group {
   const LaunchOptions& o_;
   int attempt_;
   Guard& guard_;
+  bool log_failed_ = false;
   std::vector<Worker> workers_;
   int exits_ = 0;
 };
@@ -505,6 +522,7 @@ int launch(const LaunchOptions& o) {
     rv.program_port = o.nnodes > 1 ? o.master_port + 1 : free_port_on(o.master_addr);
     Group g(o, attempt, guard);
     int rc = g.run(rv);
+    if (rc == 0 && g.log_failed()) rc = 1;  // the job ran, but what --log-dir was to keep is incomplete
     for (int r = 0; r < o.nproc_per_node; r++)
       std::filesystem::remove(fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt, o.node_rank * o.nproc_per_node + r));
     if (rc != 1 || attempt >= o.max_restarts) return rc;

@@ -111,7 +111,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
 // ---- the queue: one operation at a time, in sequence order ----
 
 std::shared_ptr<Work> ProcessGroup::submit(const char* op, int64_t count, int64_t payload_bytes, bool collective,
-                                           std::function<void(int64_t seq)> body) {
+                                           std::function<void(int64_t seq)> body, std::string detail) {
   auto work = std::make_shared<Work>();
   const int64_t seq = collective ? next_seq_++ : -1;
   if (trace_ && collective) {
@@ -142,7 +142,7 @@ std::shared_ptr<Work> ProcessGroup::submit(const char* op, int64_t count, int64_
   }
   {
     std::lock_guard<std::mutex> g(queue_mu_);
-    queue_.push_back(Call{op, seq, count, std::move(body), work});
+    queue_.push_back(Call{op, seq, count, std::move(body), work, std::move(detail)});
   }
   queue_cv_.notify_one();
   return work;
@@ -220,7 +220,8 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
 }
 
 void ProcessGroup::check_fingerprint(const Call& c) {
-  const std::string mine = fmt::format("{} #{} of {} f32", c.op, c.seq, c.count);
+  // the op, its place in the sequence, the element count and type, and the reduce op or root
+  const std::string mine = fmt::format("{} #{} of {} f32{}", c.op, c.seq, c.count, c.detail.empty() ? "" : " (" + c.detail + ")");
   keys_.set_string(fmt::format("fp/{}/{}", c.seq, rank_), mine);
   for (int r = 0; r < size_; r++) {
     if (r == rank_) continue;
@@ -294,7 +295,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, Red
       for (int64_t i = 0; i < n; i++) data[i] *= inv;
     }
     count("all_reduce", moved, moved);
-  });
+  }, reduce_op_name(op));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
@@ -302,7 +303,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float
     ring_reduce_scatter(out, in, n, op, seq);
     const int64_t moved = (size_ - 1) * n * 4;
     count("reduce_scatter", moved, moved);
-  });
+  }, reduce_op_name(op));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in, int64_t n) {
@@ -335,7 +336,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int 
     }
     // one-to-all: the root sends the buffer to each other rank
     count("broadcast", rank_ == root ? (size_ - 1) * n * 4 : 0, rank_ == root ? 0 : n * 4);
-  });
+  }, fmt::format("root {}", root));
 }
 
 void ProcessGroup::barrier() {

@@ -114,9 +114,10 @@ class ProcessGroup {
     int64_t seq, count;  // seq -1: point-to-point, outside the group's collective sequence
     std::function<void(int64_t seq)> body;
     std::shared_ptr<Work> work;
+    std::string detail;  // what else every rank must agree on: the reduce op, the broadcast root
   };
   std::shared_ptr<Work> submit(const char* op, int64_t count, int64_t payload_bytes, bool collective,
-                               std::function<void(int64_t seq)> body);
+                               std::function<void(int64_t seq)> body, std::string detail = "");
   void run_loop();
   void execute(Call& c);
   void check_fingerprint(const Call& c);

@@ -1,5 +1,7 @@
 #include "core/perf/chrome_trace.h"
 
+#include "core/ckpt/atomic_file.h"
+
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -71,10 +73,9 @@ std::string chrome_trace_json(const std::vector<std::vector<TraceEvent>>& measur
 }
 
 void write_chrome_trace(const std::string& path, const std::string& json_text) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw IoError("cannot write Chrome trace '" + path + "'", "check that the directory exists and is writable");
-  f << json_text;
-  if (!f.flush()) throw IoError("failed writing Chrome trace '" + path + "'", "is the disk full?");
+  AtomicFile f(path);  // a failed write leaves an earlier trace as it was
+  f.write(json_text);
+  f.commit();
 }
 
 }  // namespace distlab

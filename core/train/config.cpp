@@ -1,5 +1,6 @@
 #include "core/train/config.h"
 
+#include <cmath>
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -195,6 +196,9 @@ void apply(RunConfig& c, const std::string& name, const toml::node& n, const std
   if (!kind_matches(k->kind, n))
     throw ConfigError(fmt::format("{}: {} must be {} {}", origin, name, k->kind == Kind::integer ? "an" : "a", kind_name(k->kind)),
                       fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
+  if (n.is_floating_point() && !std::isfinite(n.as_floating_point()->get()))
+    throw ConfigError(fmt::format("{}: {} = {} is not a finite number", origin, name, n.as_floating_point()->get()),
+                      fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
   k->set(c, n);
   c.origin[name] = origin;
 }
@@ -250,6 +254,41 @@ void require(bool ok, const RunConfig& c, const std::string& key, const std::str
   auto it = c.origin.find(key);
   std::string at = it == c.origin.end() ? "default" : it->second;
   throw ConfigError(fmt::format("{}: {} {}", at, key, problem), hint);
+}
+
+// Upper bounds: a value past them is a typo or an attack, never a run this machine could do. They are
+// far above any course run (and above what 24 GiB holds), so they refuse only what would otherwise crash
+// (a thread pool of 100000, a bad_alloc) or wait forever.
+void at_most(const RunConfig& c, const std::string& key, double v, double max, const std::string& why) {
+  require(v <= max, c, key, fmt::format("= {} is over the limit of {}", v, max), why);
+}
+
+void validate_bounds(const RunConfig& c) {
+  for (auto h : c.model.hidden) at_most(c, "model.hidden", double(h), 1 << 20, "a hidden size over a million is a typo");
+  at_most(c, "model.n_layer", double(c.model.n_layer), 4096, "");
+  at_most(c, "model.n_embd", double(c.model.n_embd), 1 << 16, "");
+  at_most(c, "model.block_size", double(c.model.block_size), 1 << 20, "");
+  at_most(c, "model.vocab_size", double(c.model.vocab_size), 1 << 24, "");
+  require(c.model.vocab_size >= 0, c, "model.vocab_size", "must not be negative", "0 takes the data's vocabulary");
+  at_most(c, "data.synthetic_train", double(c.data.synthetic_train), 1e6, "a million synthetic images is 3 GiB; use real data for more");
+  at_most(c, "data.synthetic_test", double(c.data.synthetic_test), 1e6, "");
+  at_most(c, "data.synthetic_tokens", double(c.data.synthetic_tokens), 1e9, "");
+  require(c.data.synthetic_tokens >= 2, c, "data.synthetic_tokens", "must be at least 2", "");
+  at_most(c, "data.vocab", double(c.data.vocab), 1 << 24, "");
+  at_most(c, "data.seq_len", double(c.data.seq_len), 1 << 20, "");
+  at_most(c, "train.micro_batch", double(c.train.micro_batch), 1 << 20, "");
+  at_most(c, "train.global_batch", double(c.train.global_batch), 1 << 24, "");
+  at_most(c, "train.accum_steps", double(c.train.accum_steps), 1 << 16, "");
+  at_most(c, "train.steps", double(c.train.steps), 1e9, "");
+  at_most(c, "train.epochs", double(c.train.epochs), 1e6, "");
+  at_most(c, "train.threads", double(c.train.threads), 1024, "more compute threads than any machine has cores only slows a rank down");
+  require(c.optim.gamma > 0, c, "optim.gamma", "must be positive", "the step schedule multiplies the lr by gamma");
+  require(c.optim.min_lr >= 0, c, "optim.min_lr", "must not be negative", "");
+  require(c.optim.weight_decay >= 0, c, "optim.weight_decay", "must not be negative", "");
+  require(c.optim.dampening >= 0 && c.optim.dampening <= 1, c, "optim.dampening", "must be in [0, 1]", "");
+  at_most(c, "optim.warmup_steps", double(c.optim.warmup_steps), 1e9, "");
+  at_most(c, "dist.timeout_s", c.dist.timeout_s, 7 * 24 * 3600.0, "a week; a collective that takes longer has hung");
+  at_most(c, "parallel.bucket_mb", c.parallel.bucket_mb, 1 << 16, "");
 }
 
 void validate(const RunConfig& c) {
@@ -314,6 +353,7 @@ void validate(const RunConfig& c) {
   }
   require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
   require(c.precision == "fp32", c, "precision.dtype", "is '" + c.precision + "'", "this version trains in fp32");
+  validate_bounds(c);
 }
 
 RunConfig finish(toml::table t, const std::string& name, const std::vector<std::string>& overrides) {
@@ -339,6 +379,14 @@ RunConfig parse_config(const std::string& text, const std::string& name, const s
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError(fmt::format("config file '{}' does not exist", path), "check the path: configs/ has examples");
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("config file '{}' is not a regular file (a folder or a device?)", path),
+                      "give a .toml file: configs/ has examples");
+  if (std::filesystem::file_size(path, ec) > (16u << 20))
+    throw ConfigError(fmt::format("config file '{}' is larger than 16 MiB", path), "a config is a few lines of TOML");
   toml::table t;
   try {
     t = toml::parse_file(path);

@@ -1,5 +1,7 @@
 #include "core/train/metrics.h"
 
+#include "core/util/error.h"
+
 namespace distlab {
 
 MetricsWriter::MetricsWriter(const std::string& path) {
@@ -18,7 +20,10 @@ void MetricsWriter::finish() {
 
 void MetricsWriter::fail(const std::string& message) {
   if (!file_) return;
-  write({{"kind", "error"}, {"message", message}});
+  try {
+    write({{"kind", "error"}, {"message", message}});
+  } catch (const Error&) {  // the metrics file itself is what failed: the run's own error says so
+  }
 }
 
 nlohmann::json memory_json(const std::array<int64_t, kNumCategories>& bytes) {

@@ -205,24 +205,54 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   return loss;
 }
 
-// FNV-1a over every parameter's bytes: DDP replicas must stay bitwise equal, step after step.
-static uint64_t parameter_hash(Model& m) {
-  uint64_t h = 1469598103934665603ULL;
-  for (auto* p : m.parameters()) {
-    const auto* b = static_cast<const unsigned char*>(p->data.data());
-    for (int64_t i = 0; b && i < p->data.nbytes(); i++) h = (h ^ b[i]) * 1099511628211ULL;
-  }
+// FNV-1a over a buffer's bytes: DDP replicas must stay bitwise equal, step after step.
+static uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; b && i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
   return h;
 }
 
-bool Trainer::parameters_equal_across_ranks() {
-  const std::string key = "final_params/";
-  pg_->store().set_string(key + std::to_string(pg_->rank()), std::to_string(parameter_hash(*model_)));
-  bool equal = true;
-  const std::string mine = std::to_string(parameter_hash(*model_));
-  for (int r = 0; r < pg_->size(); r++) equal = equal && pg_->store().get_string(key + std::to_string(r)) == mine;
-  if (!equal && is_rank0()) log_ << "WARNING: the ranks' parameters differ at the end: the replicas diverged\n";
-  return equal;
+// The data a rank trains on, in one number: its size and up to 16 samples spread over it. A rank whose
+// data came from another folder (DISTLAB_DATA on one node only), or another seed, differs here.
+static uint64_t data_hash(Runtime& rt, const Dataset& d) {
+  const int64_t n = d.size();
+  uint64_t h = fnv1a(&n, sizeof n);
+  std::vector<int64_t> at;
+  for (int64_t k = 0; k < std::min<int64_t>(n, 16); k++) at.push_back(k * n / std::min<int64_t>(n, 16));
+  if (at.empty()) return h;
+  Batch b = d.make_batch(rt, at);
+  if (b.x.defined() && b.x.data()) h = fnv1a(b.x.data(), size_t(b.x.nbytes()), h);
+  h = fnv1a(b.tokens.data(), b.tokens.size() * 4, h);
+  return fnv1a(b.targets.data(), b.targets.size() * 4, h);
+}
+
+void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data) {
+  // [[name, hash], ...] of this rank, published for the others
+  nlohmann::json mine = nlohmann::json::array();
+  for (auto* p : model_->parameters()) mine.push_back({p->name, std::to_string(fnv1a(p->data.data(), size_t(p->data.nbytes())))});
+  if (with_buffers_and_data) {
+    for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(fnv1a(b->data.data(), size_t(b->data.nbytes())))});
+    mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train) : 0)});
+  }
+  const std::string key = "replicas/" + when + "/";
+  pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
+  const auto ref = nlohmann::json::parse(pg_->store().get_string(key + "0"));
+  for (int r = 1; r < pg_->size(); r++) {
+    const auto theirs = r == pg_->rank() ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
+    for (size_t i = 0; i < ref.size(); i++) {
+      if (i < theirs.size() && theirs[i] == ref[i]) continue;
+      const std::string name = ref[i][0];
+      if (name == "the training data")
+        throw Error(fmt::format("rank {} trains on other data than rank 0 ({}): {}", r, when, data_.note),
+                    "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
+      throw Error(fmt::format("rank {}'s {} differs from rank 0's {}: the replicas {}", r, name, when,
+                              when == "at the end" ? "diverged during training" : "start from different weights"),
+                  when == "at the end"
+                      ? "every rank must apply the same averaged gradient to the same weights: is a gradient not averaged, or "
+                        "not copied back, on some rank?"
+                      : "give every rank the same --init file (or none): weights loaded after DDP's broadcast stay per rank");
+    }
+  }
 }
 
 // Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
@@ -295,6 +325,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     load_model(*model_, out.init_path);
     log_ << "loaded weights from " << out.init_path << "\n";
   }
+  const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
+  if (replicas) check_replicas("at the start", true);
   log_.flush();
   model_->set_training(true);
   if (loader_) loader_->start_epoch(0);
@@ -332,7 +364,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
   }
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
-  const bool replicas_equal = pg_ && pg_->size() > 1 ? parameters_equal_across_ranks() : true;
+  if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
   if (!out.save_path.empty() && is_rank0()) {
     save_model(*model_, out.save_path, parse_dtype(out.save_dtype));
     log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
@@ -354,7 +386,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
                             {"dataset_size", data_.train ? data_.train->size() : 0},
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / cfg_.train.accum_steps : 0},
-                            {"params_equal_across_ranks", replicas_equal},
+                            {"params_equal_across_ranks", true},  // checked above: a run whose replicas differ fails
                             {"strategy", cfg_.parallel.strategy}};
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {

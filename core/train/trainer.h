@@ -43,7 +43,9 @@ class Trainer {
   Batch meta_batch(int64_t B);
   double train_step(int64_t step, MetricsWriter& metrics);  // returns the mean loss of the step
   nlohmann::json model_time(int64_t step);                  // the modeled time of the traced step
-  bool parameters_equal_across_ranks();                     // compares a hash of every rank's parameters
+  // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
+  // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
+  void check_replicas(const std::string& when, bool with_buffers_and_data);
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
   int world() const { return pg_ ? pg_->size() : 1; }
 
