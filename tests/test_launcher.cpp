@@ -249,3 +249,36 @@ TEST_CASE("collectives of different sizes end with a distlab message, with or wi
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("all_reduce #1 of 1000 f32"));
 }
+
+TEST_CASE("a worker inherits no socket, pipe or file of the launcher's; a port out of range is refused", "[launcher]") {
+  // the worker lists its open descriptors: stdin, stdout and stderr (two ends of one pipe), and the
+  // listing's own folder; no socket (the store's), no other rank's pipe, no log file
+  Result r = sh(run("-n 2 --master-port 0 --log-dir " + (fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid()))).string() +
+                    " -- bash -c 'ls -l /proc/$$/fd; echo listed'"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("listed") && !Catch::Contains("socket:") && !Catch::Contains("rank_"));
+  size_t pipes = 0;
+  for (size_t at = r.out.find("pipe:"); at != std::string::npos; at = r.out.find("pipe:", at + 1)) pipes++;
+  CHECK(pipes == 2);
+  fs::remove_all(fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid())));
+  r = sh(run("-n 1 --master-port 70000 -- true"));
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("70000") && Catch::Contains("65535"));
+}
+
+TEST_CASE("launcher options out of range are refused before anything starts", "[launcher]") {
+  CHECK(sh(run("-n 1 --master-port 0 -- true")).code == 0);  // the same line with good values runs
+  for (const std::string bad : {"--threads-per-rank 100000", "--grace nan", "--grace -1", "--max-restarts -2"}) {
+    Result r = sh(run("-n 1 --master-port 0 " + bad + " -- true"));
+    INFO(bad << "\n" << r.out);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.out, Catch::Contains(bad.substr(0, bad.find(' '))));
+  }
+  for (const std::string bad : {"-n 0", "-n 100000"}) {
+    Result r = sh(run(bad + " --master-port 0 -- true"));
+    INFO(bad << "\n" << r.out);
+    CHECK(r.code != 0);
+  }
+}
