@@ -4,6 +4,11 @@
 // output, an early exit, engine internals declared extern, the instructor's files included or opened,
 // writes outside the sandbox, memory and fork storms, deadlocks. A crash, hang or flood costs only its
 // own check, and the batch's CSV and JSON stay whole.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,6 +129,32 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs01-" + std::to_string(getpid()));
   const fs::path marker = src / ("escape-marker-" + std::to_string(getpid()));
   const std::string in_all_gather = "void ring_all_gather(";
+  // listeners on the host that no plugin may reach
+  const std::string host_sock = (fs::temp_directory_path() / ("distlab-hostsock-" + std::to_string(getpid()))).string();
+  const std::string abstract_name = "distlab-hostsock-" + std::to_string(getpid());
+  fs::remove(host_sock);
+  std::vector<int> listeners;
+  auto listen_on = [&](int fd, const sockaddr* a, socklen_t len) {
+    REQUIRE(bind(fd, a, len) == 0);
+    REQUIRE(listen(fd, 8) == 0);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    listeners.push_back(fd);
+  };
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::snprintf(un.sun_path, sizeof un.sun_path, "%s", host_sock.c_str());
+  listen_on(socket(AF_UNIX, SOCK_STREAM, 0), reinterpret_cast<sockaddr*>(&un), sizeof un);
+  sockaddr_un ab{};
+  ab.sun_family = AF_UNIX;
+  std::snprintf(ab.sun_path + 1, sizeof ab.sun_path - 1, "%s", abstract_name.c_str());
+  listen_on(socket(AF_UNIX, SOCK_STREAM, 0), reinterpret_cast<sockaddr*>(&ab), socklen_t(sizeof(sa_family_t) + 1 + abstract_name.size()));
+  sockaddr_in lo{};
+  lo.sin_family = AF_INET;
+  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  listen_on(socket(AF_INET, SOCK_STREAM, 0), reinterpret_cast<sockaddr*>(&lo), sizeof lo);
+  socklen_t lo_len = sizeof lo;
+  getsockname(listeners.back(), reinterpret_cast<sockaddr*>(&lo), &lo_len);
+  const int tcp_port = ntohs(lo.sin_port);
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", skeleton},
@@ -188,6 +219,28 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
                                  "  if (getuid() == 0) throw std::runtime_error(\"root\");\n"
                                  "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
       {"=HYPERLINK(1)", skeleton},
+      // the grader's host from inside: a Unix socket in the host's /tmp, an abstract one, loopback TCP, and
+      // a /tmp filled past its size
+      {"reach_host", "#include <sys/socket.h>\n#include <sys/un.h>\n#include <netinet/in.h>\n#include <arpa/inet.h>\n" +
+                         replace_body(solution, in_all_gather,
+                             "  sockaddr_un u{};\n  u.sun_family = AF_UNIX;\n"
+                             "  std::snprintf(u.sun_path, sizeof u.sun_path, \"%s\", \"" + host_sock + "\");\n"
+                             "  int fd = socket(AF_UNIX, SOCK_STREAM, 0);\n"
+                             "  if (connect(fd, (sockaddr*)&u, sizeof u) == 0) throw std::runtime_error(\"reached a host Unix socket\");\n"
+                             "  close(fd);\n  u.sun_path[0] = 0;\n"
+                             "  std::snprintf(u.sun_path + 1, sizeof u.sun_path - 1, \"%s\", \"" + abstract_name + "\");\n"
+                             "  fd = socket(AF_UNIX, SOCK_STREAM, 0);\n"
+                             "  if (connect(fd, (sockaddr*)&u, socklen_t(sizeof(sa_family_t) + 1 + " + std::to_string(abstract_name.size()) + ")) == 0)\n"
+                             "    throw std::runtime_error(\"reached a host abstract socket\");\n"
+                             "  close(fd);\n  sockaddr_in a{};\n  a.sin_family = AF_INET;\n  a.sin_port = htons(" + std::to_string(tcp_port) + ");\n"
+                             "  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);\n  fd = socket(AF_INET, SOCK_STREAM, 0);\n"
+                             "  if (connect(fd, (sockaddr*)&a, sizeof a) == 0) throw std::runtime_error(\"reached the host's loopback\");\n"
+                             "  close(fd);\n"
+                             "  FILE* big = std::fopen(\"/tmp/fill\", \"w\");\n  std::vector<char> mb(1 << 20, 'x');\n  int wrote = 0;\n"
+                             "  while (big && wrote < 200 && std::fwrite(mb.data(), 1, mb.size(), big) == mb.size() && std::fflush(big) == 0) wrote++;\n"
+                             "  if (big) std::fclose(big);\n  std::remove(\"/tmp/fill\");\n"
+                             "  if (wrote >= 200) throw std::runtime_error(\"/tmp took 200 MiB\");\n"
+                             "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
   };
   std::string json;
   auto rows = grade_batch("01", subs, files, "ring.cpp", &json);
@@ -223,6 +276,12 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   CHECK_THAT(rows["crash"].error, Catch::Contains("SEGV"));
   CHECK_THAT(rows["hang"].error, Catch::Contains("timeout"));
   CHECK(rows["snoop"].total == 12);  // it found none of the files it looked for
+  CHECK(rows["reach_host"].total == 12);  // no host socket answered, and /tmp stopped it well before 200 MiB
+  for (int fd : listeners) {
+    CHECK(accept(fd, nullptr, nullptr) < 0);  // nobody connected
+    close(fd);
+  }
+  fs::remove(host_sock);
   CHECK(!fs::exists(marker));        // nothing outside the sandbox is writable
   CHECK(read(subs.string() + "-grades.csv").find("\"'=HYPERLINK(1)\"") != std::string::npos);  // not a formula
   // the JSON report is whole and valid, invalid UTF-8 in a submission's output included
