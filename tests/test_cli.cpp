@@ -16,9 +16,9 @@ struct Result {
   std::string out;
 };
 
-Result shell(const std::string& script) {
-  std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && bash -c '" + script + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+// A shell command line run in the source folder: its exit code and its stdout and stderr together.
+Result capture(const std::string& cmd) {
+  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
@@ -26,15 +26,8 @@ Result shell(const std::string& script) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-Result run(const std::string& args) {
-  std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && timeout 120 " + DISTLAB_BINARY + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result shell(const std::string& script) { return capture("bash -c '" + script + "'"); }
+Result run(const std::string& args) { return capture("timeout 120 "s + DISTLAB_BINARY + " " + args); }
 
 std::string tmp(const std::string& name) {
   return (fs::temp_directory_path() / ("distlab-cli-" + std::to_string(::getpid()) + "-" + name)).string();

@@ -3,6 +3,7 @@
 // resolve no engine symbol; it runs inside the sandbox (core/lab/sandbox.h), so it can touch no file of
 // the grader's. One file per lab serves that lab's functions.
 #pragma once
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ inline distlab::wire::Clock::time_point forever() { return distlab::wire::after_
 void put(distlab::labproto::Op op, const void* payload, uint64_t bytes, std::initializer_list<int64_t> args = {});
 // Reads the engine's next frame; exits when the engine is gone or sent kAbort.
 void get(distlab::wire::Frame& f, std::vector<char>& payload);
+
+// Tells the engine what the student's code threw (kRaised); returns the host's exit code.
+int report_raised(std::exception_ptr e);
 
 int serve_lab01(void* plugin);
 int serve_lab02(void* plugin);

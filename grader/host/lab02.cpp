@@ -175,14 +175,8 @@ int serve_lab02(void* plugin) {
         default:
           return 3;
       }
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      put(labproto::kRaised, what.data(), what.size());
-      return 1;
     } catch (...) {
-      const std::string what = "an exception that is not a std::exception";
-      put(labproto::kRaised, what.data(), what.size());
-      return 1;
+      return report_raised(std::current_exception());
     }
     put(labproto::kReturn, out.data(), out.size());
   }

@@ -29,6 +29,18 @@ void get(wire::Frame& f, std::vector<char>& payload) {
   }
 }
 
+int report_raised(std::exception_ptr e) {
+  std::string what = "an exception that is not a std::exception";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {
+  }
+  put(labproto::kRaised, what.data(), what.size());
+  return 1;
+}
+
 }  // namespace labhost
 
 int main(int argc, char** argv) {
