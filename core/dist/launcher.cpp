@@ -68,9 +68,10 @@ struct Rendezvous {
 };
 
 // The guard: a tiny process forked before anything else, which outlives a launcher killed with SIGKILL.
-// The launcher tells it every worker's process group over a pipe; when the pipe closes without "done"
-// (the launcher died), it kills those groups, so no worker (nor a worker's children, e.g. the `sleep` of
-// `bash -c 'sleep 300'`) is orphaned holding ports and cores. It allocates nothing after fork.
+// The launcher tells it every worker's process group over a pipe, and forgets each one it reaped; when
+// the pipe closes (the launcher exited, died, or threw), it kills the groups still listed, so no worker
+// (nor a worker's children, e.g. the `sleep` of `bash -c 'sleep 300'`) is orphaned holding ports and
+// cores. It allocates nothing after fork.
 class Guard {
  public:
   Guard() {
@@ -92,7 +93,6 @@ class Guard {
     fd_ = fds[1];
   }
   ~Guard() {
-    say('d', 0);
     close(fd_);
     waitpid(pid_, nullptr, 0);
   }
@@ -115,8 +115,7 @@ class Guard {
     for (;;) {
       ssize_t r = read(fd, &m, sizeof m);
       if (r < 0 && errno == EINTR) continue;
-      if (r != ssize_t(sizeof m)) break;  // the launcher is gone
-      if (m.kind == 'd') _exit(0);
+      if (r != ssize_t(sizeof m)) break;  // the launcher is done, or gone
       if (m.kind == '+' && n < 4096) groups[n++] = m.group;
       if (m.kind == '-')
         for (int i = 0; i < n; i++)

@@ -212,13 +212,13 @@ static uint64_t fnv1a(const void* data, size_t n, uint64_t h = 14695981039346656
   return h;
 }
 
-// The data a rank trains on, in one number: its size and up to 16 samples spread over it. A rank whose
+// The data a rank trains on, in one number: its size and up to `most` samples spread over it. A rank whose
 // data came from another folder (DISTLAB_DATA on one node only), or another seed, differs here.
-static uint64_t data_hash(Runtime& rt, const Dataset& d) {
-  const int64_t n = d.size();
+static uint64_t data_hash(Runtime& rt, const Dataset& d, int64_t most) {
+  const int64_t n = d.size(), k_max = std::min<int64_t>(n, most);  // no bigger than a training batch: no new peak
   uint64_t h = fnv1a(&n, sizeof n);
   std::vector<int64_t> at;
-  for (int64_t k = 0; k < std::min<int64_t>(n, 16); k++) at.push_back(k * n / std::min<int64_t>(n, 16));
+  for (int64_t k = 0; k < k_max; k++) at.push_back(k * n / k_max);
   if (at.empty()) return h;
   Batch b = d.make_batch(rt, at);
   if (b.x.defined() && b.x.data()) h = fnv1a(b.x.data(), size_t(b.x.nbytes()), h);
@@ -232,7 +232,7 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
   for (auto* p : model_->parameters()) mine.push_back({p->name, std::to_string(fnv1a(p->data.data(), size_t(p->data.nbytes())))});
   if (with_buffers_and_data) {
     for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(fnv1a(b->data.data(), size_t(b->data.nbytes())))});
-    mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train) : 0)});
+    mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train, std::min<int64_t>(16, micro_batch_)) : 0)});
   }
   const std::string key = "replicas/" + when + "/";
   pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
