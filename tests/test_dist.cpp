@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 
@@ -48,9 +49,13 @@ TEST_CASE("all_reduce sum, avg and max equal the reference", "[dist]") {
 }
 
 TEST_CASE("reduce_scatter gives each rank the reduction of its slot", "[dist]") {
-  for (int world = 1; world <= 4; world++) {
+  // worlds 1..8; a pipeline segment of 7 floats, so that every size but 0..7 crosses segment boundaries
+  ProcessGroupOptions tiny_segments;
+  tiny_segments.segment_floats = 7;
+  std::atomic<int64_t> checked{0};
+  for (int world = 1; world <= 8; world++) {
     run_ranks(world, [&](ProcessGroup& pg) {
-      for (int64_t n : kSizes) {
+      for (int64_t n : world > 4 ? std::vector<int64_t>{0, 1, 7, 8, 13, 1000} : kSizes) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
           std::vector<float> in(static_cast<size_t>(n * world)), out(static_cast<size_t>(n), -1.0f);
           for (int64_t i = 0; i < n * world; i++) in[size_t(i)] = value(pg.rank(), i);
@@ -64,11 +69,14 @@ TEST_CASE("reduce_scatter gives each rank the reduction of its slot", "[dist]") 
             }
             double want = op == ReduceOp::sum ? s : op == ReduceOp::avg ? s / world : m;
             if (std::abs(out[size_t(i)] - want) > 1e-3 * std::abs(want)) FAIL("reduce_scatter n=" << n << " world=" << world);
+            checked++;
           }
         }
       }
-    });
+    }, tiny_segments);
   }
+  // every element of every rank, for 3 ops: sizes summing to 5122 on worlds 1..4, to 1029 on worlds 5..8
+  CHECK(checked == 3 * (5122 * (1 + 2 + 3 + 4) + 1029 * (5 + 6 + 7 + 8)));
 }
 
 TEST_CASE("all_gather and broadcast from every root", "[dist]") {

@@ -384,34 +384,71 @@ void ProcessGroup::recv(float* data, int64_t n, int src, int tag) {
   })->wait();
 }
 
-// Ring reduce-scatter (Gloo has no options-style one): split the buffer into size() chunks; in step s
-// (0..size-2) rank r sends its partial chunk (r-s-1) mod N to the right neighbour and adds the left
-// neighbour's partial chunk (r-s-2) mod N into its own. After N-1 steps chunk r holds the full reduction.
+// Ring reduce-scatter (Gloo has no options-style one), pipelined. Split the buffer into size() chunks of
+// n; in step s (0..N-2) rank r sends its partial sum of chunk (r-s-1) mod N to the right neighbour and
+// adds the left neighbour's partial sum of chunk (r-s-2) mod N to its own input's; after N-1 steps chunk
+// r holds the full reduction. Each chunk travels in segments of opts_.segment_floats: as soon as segment
+// j of step s is reduced it leaves for step s+1, while segment j+1 is still arriving — the network and
+// the additions overlap, and no step waits for a whole chunk. Nothing copies the input: step 0 sends
+// straight from it, later steps from one of two partial-sum buffers (A), and the last step adds into
+// `out`. Receives land in one of two buffers (R); both pairs alternate by step.
 void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq) {
   const int N = size_;
   if (N == 1 || n == 0) {
-    if (n > 0) std::memcpy(out, in, size_t(n) * 4);
+    const float scale = op == ReduceOp::avg ? 1.0f / float(N) : 1.0f;
+    for (int64_t i = 0; i < n; i++) out[i] = in[i] * scale;
     return;
   }
-  std::vector<float> acc(in, in + n * N), tmp(static_cast<size_t>(n));
   const int right = (rank_ + 1) % N, left = (rank_ + N - 1) % N;
-  auto send_buf = context_->createUnboundBuffer(acc.data(), acc.size() * 4);
-  auto recv_buf = context_->createUnboundBuffer(tmp.data(), tmp.size() * 4);
+  const int64_t g = std::max<int64_t>(1, opts_.segment_floats), segments = (n + g - 1) / g;
+  auto chunk = [&](int64_t c) { return ((c % N) + N) % N; };
+  // R[0] always; R[1] and A[0] from 3 ranks, A[1] from 4 (2 ranks: one step, straight into `out`)
+  const int64_t buffers = 1 + (N > 2 ? 2 : 0) + (N > 3 ? 1 : 0);
+  if (int64_t(rs_scratch_.size()) < buffers * n) rs_scratch_.resize(size_t(buffers * n));
+  float* base = rs_scratch_.data();
+  float* R[2] = {base, N > 2 ? base + n : nullptr};                        // received partial sums
+  float* A[2] = {N > 2 ? base + 2 * n : nullptr, N > 3 ? base + 3 * n : nullptr};  // ours, to send on
+  auto slot = [&](int s, int64_t j) {  // unique per collective, step and segment
+    return (uint64_t(2) << 60) | (uint64_t(seq & 0xffffffff) << 26) | (uint64_t(s) << 14) | uint64_t(j & 0x3fff);
+  };
+  auto seg_len = [&](int64_t j) { return std::min(g, n - j * g); };
+  using Buf = std::unique_ptr<gloo::transport::UnboundBuffer>;
+  std::vector<Buf> sending[2];  // sends from A[b] (or from `in`, step 0): done before A[b] is written again
+  auto send_segment = [&](int s, const float* src, int64_t j) {
+    Buf b = context_->createUnboundBuffer(const_cast<float*>(src + j * g), size_t(seg_len(j)) * 4);
+    b->send(right, slot(s, j));
+    sending[s % 2].push_back(std::move(b));
+  };
+  auto finish_sends = [&](int b) {
+    for (auto& x : sending[b]) x->waitSend(opts_.timeout);
+    sending[b].clear();
+  };
+  for (int64_t j = 0; j < segments; j++) send_segment(0, in + chunk(rank_ - 1) * n, j);
   for (int s = 0; s < N - 1; s++) {
-    const int send_chunk = ((rank_ - s - 1) % N + N) % N, recv_chunk = ((rank_ - s - 2) % N + N) % N;
-    const uint64_t slot = (uint64_t(2) << 60) | (uint64_t(seq) << 8) | uint64_t(s);
-    send_buf->send(right, slot, size_t(send_chunk * n) * 4, size_t(n) * 4);
-    recv_buf->recv(left, slot, 0, size_t(n) * 4);
-    recv_buf->waitRecv(opts_.timeout);
-    send_buf->waitSend(opts_.timeout);
-    float* dst = acc.data() + recv_chunk * n;
-    if (op == ReduceOp::max)
-      for (int64_t i = 0; i < n; i++) dst[i] = std::max(dst[i], tmp[size_t(i)]);
-    else
-      for (int64_t i = 0; i < n; i++) dst[i] += tmp[size_t(i)];
+    const bool last = s == N - 2;
+    float* recv_to = R[s % 2];
+    float* sum_to = last ? out : A[s % 2];
+    const float* mine = in + chunk(rank_ - s - 2) * n;
+    if (!last) finish_sends((s + 1) % 2);  // A[s % 2] last fed the sends of step s - 1
+    std::vector<Buf> receiving;
+    for (int64_t j = 0; j < segments; j++) {
+      receiving.push_back(context_->createUnboundBuffer(recv_to + j * g, size_t(seg_len(j)) * 4));
+      receiving.back()->recv(left, slot(s, j));
+    }
+    for (int64_t j = 0; j < segments; j++) {
+      receiving[size_t(j)]->waitRecv(opts_.timeout);
+      const int64_t lo = j * g, hi = lo + seg_len(j);
+      if (op == ReduceOp::max)
+        for (int64_t i = lo; i < hi; i++) sum_to[i] = std::max(mine[i], recv_to[i]);
+      else
+        for (int64_t i = lo; i < hi; i++) sum_to[i] = mine[i] + recv_to[i];
+      if (!last) send_segment(s + 1, sum_to, j);
+    }
   }
-  const float scale = op == ReduceOp::avg ? 1.0f / float(N) : 1.0f;
-  for (int64_t i = 0; i < n; i++) out[i] = acc[size_t(rank_ * n + i)] * scale;
+  finish_sends(0);
+  finish_sends(1);
+  if (op == ReduceOp::avg)
+    for (int64_t i = 0; i < n; i++) out[i] *= 1.0f / float(N);
 }
 
 }  // namespace distlab

@@ -46,6 +46,7 @@ struct ProcessGroupOptions {
   bool fingerprints = false;  // DISTLAB_DEBUG=detail
   bool track_arrivals = true; // note arrivals in the store, so a timeout can say who never came
   std::string host = "127.0.0.1";  // this rank's address for Gloo's connections
+  int64_t segment_floats = 1 << 18;  // the ring reduce-scatter's pipeline unit (1 MiB of f32; tests use tiny ones)
 };
 // Options from the environment: DISTLAB_DEBUG=detail turns fingerprints on.
 ProcessGroupOptions options_from_env(Millis timeout);
@@ -124,6 +125,7 @@ class ProcessGroup {
   [[noreturn]] void fail(const Call& c, const std::string& what);
   void count(const char* op, int64_t sent, int64_t received);
   void ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq);
+  std::vector<float> rs_scratch_;  // the ring reduce-scatter's receive and partial-sum buffers, reused
   uint64_t p2p_slot(int peer, int tag, bool sending);
 
   Store& store_;
