@@ -357,8 +357,10 @@ TEST_CASE("the TCP store answers garbage with errors, closes bad connections and
     s.set_string("k", "v");
     CHECK(s.get_string("k") == "v");
     CHECK(silent[0]->closed_by_server(15000));  // kHelloWithin: 10 s
-    CHECK(silent[199]->closed_by_server(2000));
-    CHECK(server.rejected() >= 200);
+    int closed = 0;
+    for (auto& c : silent) closed += c->closed_by_server(5000);
+    CHECK(closed == 200);
+    CHECK(server.rejected() >= 200);  // each was counted before its close
   }
   // whatever came before, a well-behaved client is served
   TcpStore good("127.0.0.1", port, Millis(2000), "s3cret");

@@ -105,10 +105,15 @@ void GPT::init(uint64_t seed) {
   ln_f_.init(rng);
 }
 
-Tensor GPT::forward(Runtime& rt, const Batch& batch) {
+Tensor GPT::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
   const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, V = spec_.vocab_size;
+  if (hook) hook->before_forward(0);  // wte, wpe (wte is the lm_head too, below)
   Tensor x = drop_.forward(rt, emb_.forward(rt, batch.tokens, B, T));  // (B, T, C)
-  for (auto& b : h_) x = b->forward(rt, x);
+  for (size_t i = 0; i < h_.size(); i++) {
+    if (hook) hook->before_forward(int(i) + 1);
+    x = h_[i]->forward(rt, x);
+  }
+  if (hook) hook->before_forward(int(h_.size()) + 1);
   saved_xf_ = ln_f_.forward(rt, x);
   Tensor logits = rt.empty({B * T, V}, Category::activations, "logits");
   // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias

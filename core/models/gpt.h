@@ -32,7 +32,7 @@ class GPT : public Model {
   std::string describe() const override;
   std::vector<Parameter*> parameters() override;
   std::vector<std::vector<Parameter*>> units() override;  // embeddings, block 0..L-1, ln_f
-  Tensor forward(Runtime& rt, const Batch& batch) override;  // tokens (B*T) -> logits (B*T, V)
+  Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;  // tokens (B*T) -> logits (B*T, V)
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   void set_training(bool on) override;
   void init(uint64_t seed) override;

@@ -20,6 +20,12 @@ struct BackwardHook {
   virtual void after_layer_backward(int unit, const std::vector<Parameter*>& params) = 0;
 };
 
+struct ForwardHook {
+  virtual ~ForwardHook() = default;
+  // Called once per unit, in order, right before the unit's forward uses its parameters.
+  virtual void before_forward(int unit) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -28,7 +34,8 @@ class Model {
   virtual std::vector<Buffer*> buffers() { return {}; }  // BatchNorm statistics
   // Units in forward order: the parameter groups that become ready together during backward.
   virtual std::vector<std::vector<Parameter*>> units() = 0;
-  virtual Tensor forward(Runtime& rt, const Batch& batch) = 0;  // logits (N, classes)
+  // logits (N, classes); `hook` (a parallel strategy) hears before each unit (units(), in order)
+  virtual Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) = 0;
   virtual void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) = 0;
   virtual void set_training(bool on) = 0;
   virtual void init(uint64_t seed) = 0;  // deterministic: same seed, same weights

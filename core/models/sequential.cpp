@@ -32,10 +32,14 @@ std::vector<std::vector<Parameter*>> Sequential::units() {
   return u;
 }
 
-Tensor Sequential::forward(Runtime& rt, const Batch& batch) {
+Tensor Sequential::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
   DL_ASSERT(batch.x.defined(), "an image model got a batch without images");
   Tensor h = batch.x;
-  for (auto& l : layers_) h = l->forward(rt, h);
+  int unit = 0;
+  for (auto& l : layers_) {
+    if (hook && !l->parameters().empty()) hook->before_forward(unit++);
+    h = l->forward(rt, h);
+  }
   return h;
 }
 

@@ -11,7 +11,7 @@ class Sequential : public Model {
   std::vector<Parameter*> parameters() override;
   std::vector<Buffer*> buffers() override;
   std::vector<std::vector<Parameter*>> units() override;  // one per layer that has parameters
-  Tensor forward(Runtime& rt, const Batch& batch) override;  // batch.x (B, ...) -> (B, classes)
+  Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;  // batch.x (B, ...) -> (B, classes)
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   void set_training(bool on) override;
   void init(uint64_t seed) override;

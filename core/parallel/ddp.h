@@ -18,14 +18,18 @@
 
 #include "core/dist/process_group.h"
 #include "core/models/model.h"
+#include "core/parallel/strategy.h"
 
 namespace distlab {
 
-class DataParallel : public BackwardHook {
+// DDP's part of the Strategy interface (strategy.h): begin_backward(false) is no_sync; finish_backward
+// leaves every gradient averaged; the optimizer steps every parameter, the same on every rank.
+class DataParallel : public Strategy {
  public:
   ~DataParallel() override = default;
-  virtual void finish_backward(Runtime& rt) = 0;  // all gradients averaged when it returns (if syncing)
-  void set_sync(bool on) { sync_ = on; }           // false: no_sync() for accumulation micro-steps
+  void begin_backward(bool sync) override { sync_ = sync; }
+  void finish_backward(Runtime& rt) override = 0;  // all gradients averaged when it returns (if syncing)
+  void set_sync(bool on) { sync_ = on; }           // the same as begin_backward: PyTorch's no_sync()
   bool sync() const { return sync_; }
   virtual int64_t all_reduces_per_step() const = 0;
 
@@ -39,7 +43,7 @@ void broadcast_model(ProcessGroup& pg, Model& model);
 class NaiveDDP : public DataParallel {
  public:
   NaiveDDP(ProcessGroup& pg, Model& model);
-  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
+  std::string describe() const override { return "ddp (naive)"; }
   void finish_backward(Runtime& rt) override;
   int64_t all_reduces_per_step() const override { return int64_t(params_.size()); }
 
@@ -51,6 +55,7 @@ class NaiveDDP : public DataParallel {
 class BucketedDDP : public DataParallel {
  public:
   BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
+  std::string describe() const override { return "ddp (bucketed)"; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
   int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }

@@ -63,6 +63,8 @@ class LabDDP : public DataParallel {
                  table.data(), table.size(), &pg, &rt, naive ? "the naive DDP's setup" : "make_bucketed");
   }
 
+  std::string describe() const override { return naive_ ? "ddp (naive, the student's)" : "ddp (bucketed, the student's)"; }
+
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
     if (!sync_ || naive_) return;
     std::vector<int32_t> ready;

@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "core/ckpt/safetensors.h"
-#include "core/data/distributed_sampler.h"
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/trace_io.h"
+#include "core/train/strategies.h"
 #include "core/nn/loss.h"
 #include "core/perf/hardware.h"
 #include "core/util/error.h"
@@ -57,9 +57,7 @@ static int default_threads() {
 
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
     : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab) {
-  if (world() > 1 && cfg.parallel.strategy == "none")
-    throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world()),
-                      "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
+  check_strategy_fits(cfg, world());
   if (world() > 1 && rt.is_meta())
     throw ConfigError("the meta device runs on one rank", "plan a model with `distlab train ... --device meta` without distlab run");
   const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : default_threads();
@@ -85,14 +83,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   }
 
   if (!rt.is_meta()) {
-    std::shared_ptr<Sampler> sampler;
-    if (cfg.parallel.strategy == "ddp" && lab_)  // the student's
-      sampler = lab_->make_sampler(data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.seed, cfg.train.shuffle);
-    else if (cfg.parallel.strategy == "ddp")  // each rank its slice of one global order
-      sampler = std::make_shared<DistributedSampler>(data_.train->size(), world(), pg_ ? pg_->rank() : 0, cfg.train.shuffle,
-                                                     cfg.train.seed, false);
-    else if (cfg.train.shuffle) sampler = std::make_shared<RandomSampler>(data_.train->size(), cfg.train.seed);
-    else sampler = std::make_shared<SequentialSampler>(data_.train->size());
+    auto sampler = make_train_sampler(cfg, data_.train->size(), world(), pg_ ? pg_->rank() : 0, lab_);
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last);
     if (loader_->batches_per_epoch() < 1)
       throw ConfigError(fmt::format("the train set has {} samples, fewer than one micro-batch of {}", data_.train->size(), micro_batch_),
@@ -110,14 +101,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   model_ = build_model(rt, spec_);
   model_->init(cfg.train.seed);
-  if (cfg.parallel.strategy == "ddp" && pg_) {
-    if (cfg.parallel.sync_batchnorm) model_->set_sync_batchnorm(pg_);
-    if (lab_) {
-      ddp_ = lab_->make_ddp(cfg.parallel.ddp_mode, *pg_, *model_, rt, cfg.parallel.bucket_mb);  // the student's
-    } else {
-      ddp_ = make_ddp(cfg.parallel.ddp_mode, *pg_, *model_, rt, cfg.parallel.bucket_mb);  // broadcasts rank 0's weights
-    }
-  }
+  strategy_ = make_strategy(cfg, pg_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(model_->parameters(),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -167,19 +151,19 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   const int64_t k = cfg_.train.accum_steps;
   for (int64_t micro = 0; micro < k; micro++) {
     Batch b = next_batch();
-    Tensor logits = model_->forward(rt_, b);
+    Tensor logits = model_->forward(rt_, b, strategy_.get());
     loss_sum += ce.forward(rt_, logits, b.targets);
     Tensor dlogits = ce.backward(rt_, 1.0f / float(k));  // the mean over the big batch: loss / k
     logits = Tensor();
-    if (ddp_) ddp_->set_sync(micro == k - 1);  // no_sync on all but the last micro-step
-    model_->backward(rt_, dlogits, ddp_.get());
-    if (ddp_) ddp_->finish_backward(rt_);
+    strategy_->begin_backward(micro == k - 1);  // no_sync on all but the last micro-step
+    model_->backward(rt_, dlogits, strategy_.get());
+    strategy_->finish_backward(rt_);
     samples += b.samples();
   }
   rt_.trace.keep_events(false);
   const double grad_norm = clip_grad_norm(rt_, model_->parameters(), cfg_.optim.clip_grad_norm);
   const double lr = schedule_.lr_at(step);
-  opt_->step(rt_, float(lr));
+  strategy_->step(rt_, *opt_, float(lr));
   model_->zero_grad();
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   last_step_flops_ = rt_.trace.flops();
@@ -310,9 +294,8 @@ nlohmann::json Trainer::evaluate() {
 
 nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const int64_t nparams = model_->num_parameters();
-  log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {}{} | {} threads per rank\n", cfg_.source,
-                      device_name(rt_.device), world(), cfg_.parallel.strategy,
-                      cfg_.parallel.strategy == "ddp" ? " (" + cfg_.parallel.ddp_mode + ")" : "", compute_threads());
+  log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
+                      device_name(rt_.device), world(), strategy_->describe(), compute_threads());
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters\n{}", spec_.name, nparams, model_->describe());
   if (spec_.name == "gpt")

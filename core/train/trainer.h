@@ -11,7 +11,7 @@
 
 #include "core/data/loader.h"
 #include "core/dist/process_group.h"
-#include "core/parallel/ddp.h"
+#include "core/parallel/strategy.h"
 #include "core/models/model.h"
 #include "core/optim/optimizer.h"
 #include "core/train/config.h"
@@ -59,7 +59,7 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;
   LabPlugin* lab_;
-  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;

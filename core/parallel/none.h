@@ -1,0 +1,13 @@
+// The single-device strategy: one rank holds everything, so no hook has anything to do. It is what a run
+// with parallel.strategy = "none" gets, and what every other strategy reduces to on one rank.
+#pragma once
+#include "core/parallel/strategy.h"
+
+namespace distlab {
+
+class NoParallel : public Strategy {
+ public:
+  std::string describe() const override { return "none (one rank)"; }
+};
+
+}  // namespace distlab

@@ -1,0 +1,40 @@
+// The one interface every parallel strategy implements, and the only thing the trainer knows of them.
+// A training step, as the trainer calls it (core/train/trainer.cpp):
+//
+//   for each micro-step:  strategy.begin_backward(last micro-step?)     (false: PyTorch's no_sync)
+//                         model.forward ... loss ... model.backward(strategy)
+//                              └ strategy.after_layer_backward(unit, params) after each unit's gradients
+//                         strategy.finish_backward()                  (gradients synchronised if it syncs)
+//   clip, then            strategy.step(optimizer, lr)                (on the shard this rank owns)
+//
+// The model calls before_forward(unit) before each unit's forward and after_layer_backward(unit, params)
+// after each unit's backward — ordinary calls in its loops (core/models/), no hidden hooks.
+//
+// none.h is the single-device strategy (every hook does nothing); ddp.h averages gradients across ranks.
+// ZeRO, FSDP, TP and PP implement the same calls: before_forward gathers a unit's shards, step updates
+// only this rank's shard. Which strategy a run gets is make_strategy's decision
+// (core/train/strategies.cpp), from the config — the trainer never compares a strategy's name.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/models/model.h"
+#include "core/optim/optimizer.h"
+
+namespace distlab {
+
+class Strategy : public ForwardHook, public BackwardHook {
+ public:
+  ~Strategy() override = default;
+  virtual std::string describe() const = 0;  // for the run's header: "none", "ddp (bucketed)"
+  // Before unit `unit`'s forward (FSDP gathers its parameters here); nothing for none and DDP.
+  void before_forward(int unit) override {}
+  // Each micro-step: `sync` false on all but the last one of an accumulation (gradients stay local).
+  virtual void begin_backward(bool sync) {}
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
+  virtual void finish_backward(Runtime& rt) {}
+  // The optimizer step over the parameters this rank owns (all of them for none and DDP).
+  virtual void step(Runtime& rt, Optimizer& opt, float lr) { opt.step(rt, lr); }
+};
+
+}  // namespace distlab

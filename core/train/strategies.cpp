@@ -1,0 +1,35 @@
+#include "core/train/strategies.h"
+
+#include <fmt/format.h>
+
+#include "core/data/distributed_sampler.h"
+#include "core/parallel/ddp.h"
+#include "core/parallel/none.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab) {
+  if (cfg.parallel.strategy == "ddp" && pg) {
+    if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    // both broadcast rank 0's weights and buffers: every replica starts equal
+    if (lab) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
+    return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
+  }
+  return std::make_unique<NoParallel>();
+}
+
+void check_strategy_fits(const RunConfig& cfg, int world) {
+  if (world > 1 && cfg.parallel.strategy == "none")
+    throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
+                      "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
+}
+
+std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
+  if (cfg.parallel.strategy == "ddp" && lab) return lab->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
+  if (cfg.parallel.strategy == "ddp") return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
+  if (cfg.train.shuffle) return std::make_shared<RandomSampler>(n, cfg.train.seed);
+  return std::make_shared<SequentialSampler>(n);
+}
+
+}  // namespace distlab

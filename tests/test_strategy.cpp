@@ -1,0 +1,94 @@
+// The strategy interface (core/parallel/strategy.h) as the models and the trainer drive it: the models
+// call before_forward for every unit in order and after_layer_backward in reverse, and the trainer's loop
+// calls begin_backward / finish_backward once per micro-step and step once per optimizer step.
+#include <catch2/catch.hpp>
+#include <sstream>
+
+#include "core/models/zoo.h"
+#include "core/nn/loss.h"
+#include "core/parallel/strategy.h"
+#include "core/train/config.h"
+#include "core/train/strategies.h"
+
+using namespace distlab;
+
+namespace {
+
+// Writes down every call it gets.
+struct Recorder : Strategy {
+  std::vector<std::string> calls;
+  std::string describe() const override { return "recorder"; }
+  void before_forward(int unit) override { calls.push_back("fwd " + std::to_string(unit)); }
+  void begin_backward(bool sync) override { calls.push_back(sync ? "begin sync" : "begin no_sync"); }
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
+    calls.push_back("bwd " + std::to_string(unit) + " (" + std::to_string(params.size()) + ")");
+  }
+  void finish_backward(Runtime&) override { calls.push_back("finish"); }
+};
+
+Batch image_batch(Runtime& rt, const ModelSpec& s, int64_t B) {
+  Batch b;
+  b.B = B;
+  b.x = rt.zeros({B, s.in_channels, s.height, s.width}, Category::activations, "x");
+  b.targets.assign(size_t(B), 1);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("models call the strategy before each unit's forward, in order, and after each unit's backward, in reverse",
+          "[strategy]") {
+  Runtime rt;
+  ModelSpec cnn;
+  cnn.name = "cifar_cnn";
+  cnn.in_channels = 3;
+  cnn.height = cnn.width = 32;
+  ModelSpec gpt;
+  gpt.name = "gpt";
+  gpt.vocab_size = 20;
+  gpt.block_size = 8;
+  gpt.n_layer = 2;
+  gpt.n_head = 2;
+  gpt.n_embd = 8;
+  for (const ModelSpec& spec : {ModelSpec{}, cnn, gpt}) {
+    INFO(spec.name);
+    auto model = build_model(rt, spec);
+    model->init(1);
+    const int units = int(model->units().size());
+    Batch b;
+    if (spec.name == "gpt") {
+      b.B = 2;
+      b.T = 4;
+      b.tokens.assign(8, 3);
+      b.targets.assign(8, 4);
+    } else {
+      b = image_batch(rt, spec, 2);
+    }
+    Recorder rec;
+    CrossEntropyLoss ce;
+    Tensor logits = model->forward(rt, b, &rec);
+    ce.forward(rt, logits, b.targets);
+    model->backward(rt, ce.backward(rt, 1.0f), &rec);
+    std::vector<std::string> want;
+    for (int u = 0; u < units; u++) want.push_back("fwd " + std::to_string(u));
+    auto all_units = model->units();
+    for (int u = units; u-- > 0;) want.push_back("bwd " + std::to_string(u) + " (" + std::to_string(all_units[size_t(u)].size()) + ")");
+    CHECK(rec.calls == want);
+  }
+}
+
+TEST_CASE("the factory: none on one rank, refused on several; the samplers follow the strategy", "[strategy]") {
+  Runtime rt;
+  RunConfig cfg = parse_config("", "run.toml");
+  auto model = build_model(rt, ModelSpec{});
+  auto s = make_strategy(cfg, nullptr, *model, rt, nullptr);
+  CHECK(s->describe() == "none (one rank)");
+  CHECK_NOTHROW(check_strategy_fits(cfg, 1));
+  CHECK_THROWS_WITH(check_strategy_fits(cfg, 2), Catch::Contains("parallel.strategy is none, but 2 ranks"));
+  // one rank, shuffled: a permutation of everything; DDP on 2 ranks: rank 1 takes every second position
+  auto one = make_train_sampler(cfg, 10, 1, 0, nullptr);
+  RunConfig ddp = parse_config("[parallel]\nstrategy = \"ddp\"\n", "run.toml");
+  auto half = make_train_sampler(ddp, 10, 2, 1, nullptr);
+  CHECK(one->indices(0).size() == 10);
+  CHECK(half->indices(0).size() == 5);
+}
