@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +23,7 @@ namespace {
 struct RunOut {
   int code;
   std::string out;
-  std::vector<double> losses;
+  std::vector<double> losses, lrs, grad_norms;
   nlohmann::json summary;
 };
 
@@ -40,7 +41,11 @@ RunOut train(int ranks, const std::string& sets) {
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "step") r.losses.push_back(j["loss"].get<double>());
+    if (j["kind"] == "step") {
+      r.losses.push_back(j["loss"].get<double>());
+      r.lrs.push_back(j["lr"].get<double>());
+      r.grad_norms.push_back(j["grad_norm"].get<double>());
+    }
     if (j["kind"] == "summary") r.summary = j;
   }
   fs::remove(metrics);
@@ -84,6 +89,30 @@ TEST_CASE("accumulation with no_sync matches one rank with the same effective ba
   CHECK(max_rel_diff(one.losses, acc.losses) < 1e-5);
   // one all_reduce per step (the bucket, on the last micro-step) + the logged loss
   CHECK(acc.summary["comm"]["all_reduce"]["calls"] == 50 * 2);
+}
+
+// The big step: clipping on the accumulated gradient and the schedule both happen once per optimizer
+// step, so k micro-steps of m on one rank, one step of k·m, and N ranks of k·m/N are the same run.
+TEST_CASE("k x m on one rank = 1 x km = 2 ranks x km/2, clipped and scheduled once per optimizer step", "[ddp][e2e]") {
+  const std::string big = kCompare + "--set train.global_batch=128 --set optim.clip_grad_norm=0.5 --set optim.schedule=step "
+                                     "--set optim.step_size=10 --set optim.gamma=0.5 ";
+  RunOut one = train(1, big), acc = train(1, big + "--set train.accum_steps=4"), two = train(2, big + "--set train.accum_steps=2");
+  REQUIRE(one.code == 0);
+  REQUIRE(acc.code == 0);
+  REQUIRE(two.code == 0);
+  REQUIRE(one.losses.size() == 50);
+  CHECK(max_rel_diff(one.losses, acc.losses) < 1e-5);
+  CHECK(max_rel_diff(one.losses, two.losses) < 1e-5);
+  // clipping is active (the norm before clipping is over 0.5), and the same norm is seen either way
+  CHECK(one.grad_norms[0] > 0.5);
+  CHECK(max_rel_diff(one.grad_norms, acc.grad_norms) < 1e-4);
+  CHECK(max_rel_diff(one.grad_norms, two.grad_norms) < 1e-4);
+  // lr halves every 10 optimizer steps, not every 10 micro-steps
+  for (size_t i = 0; i < 50; i++) {
+    const double want = 0.002 * std::pow(0.5, double(i / 10));
+    CHECK(std::abs(acc.lrs[i] - want) < 1e-12);
+    CHECK(std::abs(two.lrs[i] - want) < 1e-12);
+  }
 }
 
 // BatchNorm learns faster on this data, so its chaotic phase starts earlier: compared at lr 0.0005
