@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "shell.h"
+
 using namespace std::string_literals;
 namespace fs = std::filesystem;
 
@@ -18,12 +20,8 @@ struct Result {
 
 // A shell command line run in the source folder: its exit code and its stdout and stderr together.
 Result capture(const std::string& cmd) {
-  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  auto [code, out] = shell_in_source(cmd);
+  return {code, out};
 }
 
 Result shell(const std::string& script) { return capture("bash -c '" + script + "'"); }

@@ -5,6 +5,8 @@
 // fast-learning phase amplifies reordered float sums (even one rank with accum 2x64 against 1x128 drifts
 // past 1e-5 by step ~25) — chaos of training itself, not of DDP.
 #include <sys/wait.h>
+
+#include "shell.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
@@ -29,15 +32,11 @@ struct RunOut {
 
 RunOut train(int ranks, const std::string& sets) {
   const std::string metrics = (fs::temp_directory_path() / ("distlab-ddp-" + std::to_string(getpid()) + ".jsonl")).string();
-  const std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && timeout 240 " + DISTLAB_BINARY + " run -n " + std::to_string(ranks) +
+  const std::string cmd = "timeout 240 "s + DISTLAB_BINARY + " run -n " + std::to_string(ranks) +
                           " --master-port 0 train configs/cifar-cnn.toml --set data.synthetic_train=8192 --set train.log_every=1000 " +
-                          "--set parallel.strategy=ddp --metrics " + metrics + " " + sets + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+                          "--set parallel.strategy=ddp --metrics " + metrics + " " + sets;
   RunOut r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::tie(r.code, r.out) = shell_in_source(cmd);
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
@@ -141,14 +140,8 @@ TEST_CASE("modeled on two T4s: >= 1.8x speed-up, and buckets hide more communica
 }
 
 TEST_CASE("strategy none on several ranks is refused with a hint", "[ddp][e2e]") {
-  const std::string cmd = "cd "s + DISTLAB_SOURCE_DIR + " && timeout 60 " + DISTLAB_BINARY +
-                          " run -n 2 --master-port 0 --grace 2 train configs/fashion-mnist-mlp.toml 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  CHECK(WEXITSTATUS(st) == 1);
+  auto [code, out] = shell_in_source("timeout 60 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 --grace 2 train configs/fashion-mnist-mlp.toml");
+  CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("parallel.strategy=ddp"));
 }
 
@@ -176,15 +169,6 @@ TEST_CASE("log.trace writes a Chrome trace with a compute and a comm track per r
 
 namespace {
 
-std::pair<int, std::string> sh(const std::string& script) {
-  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + script + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
 void write_idx(const fs::path& path, uint32_t magic, std::vector<uint32_t> dims, size_t payload, uint8_t fill) {
   std::ofstream f(path, std::ios::binary);
   for (uint32_t v : [&] { dims.insert(dims.begin(), magic); return dims; }())
@@ -199,10 +183,10 @@ TEST_CASE("ranks that start from different weights or data, or end with differen
   fs::create_directories(dir);
   const std::string bin = DISTLAB_BINARY, w = (dir / "w.safetensors").string();
   const std::string cnn = " train configs/cifar-cnn.toml --set data.synthetic_train=512 --set train.steps=2 --set parallel.strategy=ddp";
-  auto [c0, o0] = sh("timeout 120 " + bin + " train configs/cifar-cnn.toml --set data.synthetic_train=512 --set train.steps=1 --save " + w);
+  auto [c0, o0] = shell_in_source("timeout 120 " + bin + " train configs/cifar-cnn.toml --set data.synthetic_train=512 --set train.steps=1 --save " + w);
   REQUIRE(c0 == 0);
   // --init on rank 0 only: rank 1 keeps its own weights after DDP's broadcast... no longer silently
-  auto [c1, o1] = sh("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 0 ]; then exec " + bin + cnn +
+  auto [c1, o1] = shell_in_source("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 0 ]; then exec " + bin + cnn +
                      " --init " + w + "; else exec " + bin + cnn + "; fi'");
   INFO(o1);
   CHECK(c1 == 1);
@@ -215,7 +199,7 @@ TEST_CASE("ranks that start from different weights or data, or end with differen
   write_idx(fm / "t10k-images-idx3-ubyte", 2051, {64, 28, 28}, 64 * 784, 5);
   write_idx(fm / "t10k-labels-idx1-ubyte", 2049, {64}, 64, 0);
   const std::string mlp = " train configs/fashion-mnist-mlp.toml --set train.steps=2 --set parallel.strategy=ddp";
-  auto [c2, o2] = sh("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then export DISTLAB_DATA=" +
+  auto [c2, o2] = shell_in_source("timeout 120 " + bin + " run -n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then export DISTLAB_DATA=" +
                      fm.string() + "; fi; exec " + bin + mlp + "'");
   INFO(o2);
   CHECK(c2 == 1);
