@@ -121,12 +121,13 @@ static StTensor to_st(const Tensor& t, DType dtype) {
   return s;
 }
 
-void save_model(Model& model, const std::string& path, DType dtype) {
+void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters) {
   StFile f;
   for (auto* p : model.parameters()) {
     if (p->data.is_meta())
       throw IoError("cannot save a model that lives on the meta device: it has no values", "run on --device cpu to --save");
-    f.tensors[p->name] = to_st(p->data, dtype);
+    const Tensor* master = masters ? masters->master(p) : nullptr;
+    f.tensors[p->name] = to_st(master ? *master : p->data, dtype);
   }
   for (auto* b : model.buffers()) {
     if (b->name.size() >= 20 && b->name.compare(b->name.size() - 20, 20, ".num_batches_tracked") == 0) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/models/model.h"
+#include "core/optim/optimizer.h"
 
 namespace distlab {
 
@@ -29,8 +30,9 @@ StFile read_safetensors(const std::string& path);  // DataError naming the file 
 void write_safetensors(const std::string& path, const StFile& file);  // atomic (.partial then rename)
 
 // A model's parameters and buffers under their PyTorch names, stored as `dtype` (f32, bf16 or f16).
-// BatchNorm's num_batches_tracked is stored as I64, as PyTorch keeps it.
-void save_model(Model& model, const std::string& path, DType dtype);
+// BatchNorm's num_batches_tracked is stored as I64, as PyTorch keeps it. With `masters`, a 16-bit
+// parameter is saved from its f32 master weights (mixed precision), not from its rounded copy.
+void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters = nullptr);
 // Loads every parameter and buffer by name, converting from F32/BF16/F16. Names missing from the file,
 // extra names in it, and shape mismatches are errors that list them.
 void load_model(Model& model, const std::string& path);

@@ -6,6 +6,7 @@
 
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/cpu/pointwise.h"
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -47,21 +48,34 @@ void Block::set_training(bool on) {
 
 Tensor Block::forward(Runtime& rt, const Tensor& x) {
   Tensor a = drop_attn.forward(rt, attn.forward(rt, ln_1.forward(rt, x)));
-  Tensor h = rt.empty(x.shape(), Category::activations, "residual stream");
-  add_forward(rt, h.f32(), x.f32(), a.f32(), x.numel());
+  Tensor h = residual_add(rt, x, a);
   Tensor m = drop_mlp.forward(rt, c_proj.forward(rt, gelu.forward(rt, c_fc.forward(rt, ln_2.forward(rt, h)))));
-  Tensor out = rt.empty(x.shape(), Category::activations, "residual stream");
-  add_forward(rt, out.f32(), h.f32(), m.f32(), x.numel());
-  return out;
+  return residual_add(rt, h, m);
 }
 
 Tensor Block::backward(Runtime& rt, const Tensor& dout) {
   // the residual passes dout through unchanged; the branch's gradient is added to it
   Tensor dh = ln_2.backward(rt, c_fc.backward(rt, gelu.backward(rt, c_proj.backward(rt, drop_mlp.backward(rt, dout)))));
-  accumulate(rt, dh.f32(), dout.f32(), dout.numel());
+  residual_accumulate(rt, dh, dout);
   Tensor dx = ln_1.backward(rt, attn.backward(rt, drop_attn.backward(rt, dh)));
-  accumulate(rt, dx.f32(), dh.f32(), dh.numel());
+  residual_accumulate(rt, dx, dh);
   return dx;
+}
+
+// out = x + branch, in the stream's dtype (computed in f32, rounded once: pointwise, autocast's input rule)
+Tensor Block::residual_add(Runtime& rt, const Tensor& x, const Tensor& branch) {
+  Tensor out = rt.empty(x.shape(), Category::activations, "residual stream", x.dtype());
+  AsF32 o(rt, out, AsF32::out), a(rt, x), b(rt, branch);
+  add_forward(rt, o.p, a.p, b.p, x.numel());
+  o.store();
+  return out;
+}
+
+// d += g: the residual passes its gradient through to the branch's input gradient
+void Block::residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g) {
+  AsF32 df(rt, d, AsF32::inout), gf(rt, g);
+  accumulate(rt, df.p, gf.p, g.numel());
+  df.store();
 }
 
 GPT::GPT(Runtime& rt, const ModelSpec& s)
@@ -115,17 +129,24 @@ Tensor GPT::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
   }
   if (hook) hook->before_forward(int(h_.size()) + 1);
   saved_xf_ = ln_f_.forward(rt, x);
-  Tensor logits = rt.empty({B * T, V}, Category::activations, "logits");
-  // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias
-  matmul_forward(rt, logits.f32(), saved_xf_.f32(), emb_.wte.data.f32(), nullptr, B * T, C, V);
+  Tensor logits = rt.empty({B * T, V}, Category::activations, "logits", rt.dtype);
+  // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias (a 16-bit GEMM under mixed precision)
+  AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, emb_.wte.data);
+  matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, V);
+  z.store();
   return logits;
 }
 
 void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
   const int64_t BT = dlogits.size(0), C = spec_.n_embd, V = spec_.vocab_size;
-  Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output");
-  matmul_backward(rt, dxf.f32(), emb_.wte.grad_for_accumulate().f32(), nullptr, dlogits.f32(), saved_xf_.f32(),
-                  emb_.wte.data.f32(), BT, C, V);
+  Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
+  {
+    AsF32 d(rt, dxf, AsF32::out), dw(rt, emb_.wte.grad_for_accumulate(), AsF32::inout);
+    AsF32 dz(rt, dlogits, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, emb_.wte.data);
+    matmul_backward(rt, d.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, V);
+    d.store();
+    dw.store();
+  }
   saved_xf_ = Tensor();
   Tensor d = ln_f_.backward(rt, dxf);
   const int n_units = int(h_.size()) + 2;

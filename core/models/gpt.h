@@ -24,6 +24,8 @@ struct Block {
   Linear c_fc, c_proj;
   GELU gelu;
   Dropout drop_attn, drop_mlp;
+  static Tensor residual_add(Runtime& rt, const Tensor& x, const Tensor& branch);  // x + branch
+  static void residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g);         // d += g
 };
 
 class GPT : public Model {

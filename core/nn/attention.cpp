@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/ops/cpu/attention.h"
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -26,17 +27,26 @@ Tensor CausalSelfAttention::forward(Runtime& rt, const Tensor& x) {
   expect_shape(describe(), x, {-1, C});
   const int64_t B = x.size(0), T = x.size(1);
   qkv_ = c_attn.forward(rt, x);  // (B, T, 3C)
-  att_ = rt.empty({B, n_head, T, T}, Category::activations, "attention probabilities");
-  Tensor y = rt.empty({B, T, C}, Category::activations, "attention output");
-  attention_forward(rt, y.f32(), att_.f32(), qkv_.f32(), B, T, C, n_head);
+  att_ = rt.empty({B, n_head, T, T}, Category::activations, "attention probabilities", rt.dtype);
+  Tensor y = rt.empty({B, T, C}, Category::activations, "attention output", rt.dtype);
+  {
+    AsF32 yf(rt, y, AsF32::out), att(rt, att_, AsF32::out), qkv(rt, qkv_);
+    attention_forward(rt, yf.p, att.p, qkv.p, B, T, C, n_head);
+    yf.store();
+    att.store();  // the probabilities are kept for backward in rt.dtype
+  }
   return c_proj.forward(rt, y);
 }
 
 Tensor CausalSelfAttention::backward(Runtime& rt, const Tensor& dout) {
   const int64_t B = qkv_.size(0), T = qkv_.size(1);
   Tensor dy = c_proj.backward(rt, dout);
-  Tensor dqkv = rt.empty({B, T, 3 * C}, Category::activations, "grad of qkv");
-  attention_backward(rt, dqkv.f32(), dy.f32(), qkv_.f32(), att_.f32(), B, T, C, n_head);
+  Tensor dqkv = rt.empty({B, T, 3 * C}, Category::activations, "grad of qkv", rt.dtype);
+  {
+    AsF32 dq(rt, dqkv, AsF32::out), dyf(rt, dy), qkv(rt, qkv_), att(rt, att_);
+    attention_backward(rt, dq.p, dyf.p, qkv.p, att.p, B, T, C, n_head);
+    dq.store();
+  }
   qkv_ = att_ = Tensor();
   return c_attn.backward(rt, dqkv);
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -42,21 +43,29 @@ Tensor Conv2d::forward(Runtime& rt, const Tensor& x) {
   ConvShape s = shape_of(x);
   if (s.OH() < 1 || s.OW() < 1)
     throw ShapeError(fmt::format("{}: input {} is smaller than the kernel", describe(), shape_str(x.shape())));
-  Tensor out = rt.empty({s.B, out_ch, s.OH(), s.OW()}, Category::activations, "output of " + weight.name);
-  saved_col_ = rt.empty({s.CKK(), s.B * s.OH() * s.OW()}, Category::activations, "im2col columns of " + weight.name);
-  conv2d_forward(rt, out.f32(), saved_col_.f32(), x.f32(), weight.data.f32(),
-                 bias.data.defined() ? bias.data.f32() : nullptr, s);
+  Tensor out = rt.empty({s.B, out_ch, s.OH(), s.OW()}, Category::activations, "output of " + weight.name, rt.dtype);
+  saved_col_ = rt.empty({s.CKK(), s.B * s.OH() * s.OW()}, Category::activations, "im2col columns of " + weight.name, rt.dtype);
+  // a 16-bit GEMM (autocast's low list): an f32 input (the images) is rounded to rt.dtype first
+  AsF32 y(rt, out, AsF32::out), col(rt, saved_col_, AsF32::out), xf(rt, x, AsF32::in, rt.dtype);
+  AsF32 w(rt, weight.data), b(rt, bias.data);
+  conv2d_forward(rt, y.p, col.p, xf.p, w.p, bias.data.defined() ? b.p : nullptr, s);
+  y.store();
+  col.store();
   saved_shape_ = s;
   return out;
 }
 
 Tensor Conv2d::backward(Runtime& rt, const Tensor& dout) {
   const ConvShape& s = saved_shape_;
-  Tensor dx = needs_input_grad_ ? rt.empty({s.B, s.C, s.H, s.W}, Category::activations, "grad of input of " + weight.name)
+  Tensor dx = needs_input_grad_ ? rt.empty({s.B, s.C, s.H, s.W}, Category::activations, "grad of input of " + weight.name, rt.dtype)
                               : Tensor();
-  float* db = bias.data.defined() ? bias.grad_for_accumulate().f32() : nullptr;
-  conv2d_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), db, dout.f32(), saved_col_.f32(),
-                  weight.data.f32(), s, needs_input_grad_);
+  AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout);
+  AsF32 db(rt, bias.data.defined() ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
+  AsF32 dy(rt, dout, AsF32::in, rt.dtype), col(rt, saved_col_), w(rt, weight.data);
+  conv2d_backward(rt, dxf.p, dw.p, db.p, dy.p, col.p, w.p, s, needs_input_grad_);
+  dxf.store();
+  dw.store();
+  db.store();
   saved_col_ = Tensor();
   return dx;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/ops/cpu/attention.h"
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -29,8 +30,10 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
       if (t < 0 || t >= vocab)
         throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab),
                         "raise model.vocab_size to cover the data's tokens");
-  Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding");
-  embedding_forward(rt, out.f32(), tokens.data(), wte.data.f32(), wpe.data.f32(), B, T, C);
+  Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding", rt.dtype);
+  AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
+  embedding_forward(rt, o.p, tokens.data(), e.p, p.p, B, T, C);
+  o.store();
   saved_tokens_ = tokens;
   B_ = B;
   T_ = T;
@@ -38,8 +41,10 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
 }
 
 void Embedding::backward(Runtime& rt, const Tensor& dout) {
-  embedding_backward(rt, wte.grad_for_accumulate().f32(), wpe.grad_for_accumulate().f32(), dout.f32(),
-                     saved_tokens_.data(), B_, T_, C);
+  AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
+  embedding_backward(rt, de.p, dp.p, dy.p, saved_tokens_.data(), B_, T_, C);
+  de.store();
+  dp.store();
   saved_tokens_.clear();
 }
 

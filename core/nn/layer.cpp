@@ -9,22 +9,28 @@ namespace distlab {
 Parameter make_parameter(Runtime& rt, const std::string& name, const Shape& shape, bool decay) {
   Parameter p;
   p.name = name;
-  p.data = rt.zeros(shape, Category::params, name);
+  p.data = rt.zeros(shape, Category::params, name, rt.dtype);
   p.decay = decay;
   return p;
 }
 
-void init_uniform(Tensor& t, Rng& rng, float bound) {
-  float* p = t.f32();
-  if (!p) return;  // meta: nothing to fill
-  for (int64_t i = 0; i < t.numel(); i++) p[i] = rng.uniform(-bound, bound);
+// Draws in f32 (the same numbers whatever the dtype) and rounds once into a 16-bit tensor.
+template <class Draw>
+static void init_with(Tensor& t, Draw draw) {
+  if (!t.data()) return;  // meta: a billion draws would take seconds and there is nowhere to put them
+  if (t.dtype() == DType::f32) {
+    float* p = t.f32();
+    for (int64_t i = 0; i < t.numel(); i++) p[i] = draw();
+    return;
+  }
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (auto& x : v) x = draw();
+  convert(v.data(), DType::f32, t.data(), t.dtype(), t.numel());
 }
 
-void init_normal(Tensor& t, Rng& rng, float std) {
-  float* p = t.f32();
-  if (!p) return;  // meta: a billion normals would take seconds and there is nowhere to put them
-  for (int64_t i = 0; i < t.numel(); i++) p[i] = rng.normal() * std;
-}
+void init_uniform(Tensor& t, Rng& rng, float bound) { init_with(t, [&] { return rng.uniform(-bound, bound); }); }
+
+void init_normal(Tensor& t, Rng& rng, float std) { init_with(t, [&] { return rng.normal() * std; }); }
 
 void expect_shape(const std::string& layer, const Tensor& x, const Shape& trailing) {
   bool ok = x.dim() >= int64_t(trailing.size());

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/ops/cpu/matmul.h"
+#include "core/tensor/as_f32.h"
 
 namespace distlab {
 
@@ -32,20 +33,26 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   const int64_t N = x.numel() / in_features;
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor out = rt.empty(out_shape, Category::activations, "output of " + weight.name);
-  matmul_forward(rt, out.f32(), x.f32(), weight.data.f32(), bias.data.defined() ? bias.data.f32() : nullptr, N,
-                 in_features, out_features);
-  saved_x_ = x;
+  Tensor out = rt.empty(out_shape, Category::activations, "output of " + weight.name, rt.dtype);
+  // a 16-bit GEMM (autocast's low list): x rounded to rt.dtype if it came in wider; saved as it was read
+  saved_x_ = x.dtype() == rt.dtype ? x : x.clone(Category::activations, rt.dtype);
+  AsF32 xf(rt, saved_x_), w(rt, weight.data), b(rt, bias.data), y(rt, out, AsF32::out);
+  matmul_forward(rt, y.p, xf.p, w.p, bias.data.defined() ? b.p : nullptr, N, in_features, out_features);
+  y.store();
   return out;
 }
 
 Tensor Linear::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / in_features;
-  Tensor dx = needs_input_grad_ ? rt.empty(saved_x_.shape(), Category::activations, "grad of input of " + weight.name)
+  Tensor dx = needs_input_grad_ ? rt.empty(saved_x_.shape(), Category::activations, "grad of input of " + weight.name, rt.dtype)
                               : Tensor();
-  float* db = bias.data.defined() ? bias.grad_for_accumulate().f32() : nullptr;
-  matmul_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), db, dout.f32(), saved_x_.f32(),
-                  weight.data.f32(), N, in_features, out_features, needs_input_grad_);
+  AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout);
+  AsF32 db(rt, bias.data.defined() ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
+  AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.data);
+  matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_);
+  dxf.store();
+  dw.store();
+  db.store();
   saved_x_ = Tensor();
   return dx;
 }

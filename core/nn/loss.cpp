@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/ops/cpu/loss.h"
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -13,14 +14,18 @@ double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::v
   if (int64_t(targets.size()) != N)
     throw ShapeError(fmt::format("cross-entropy: {} targets for {} rows of logits {}", targets.size(), N,
                                  shape_str(logits.shape())));
-  probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities");
+  probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities");  // f32: autocast's fp32 list
   targets_ = targets;
-  return softmax_crossentropy_forward(rt, probs_.f32(), logits.f32(), targets.data(), N, V, correct);
+  AsF32 z(rt, logits);
+  logits_dtype_ = logits.dtype();
+  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, targets.data(), N, V, correct);
 }
 
 Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
-  Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits");
-  softmax_crossentropy_backward(rt, d.f32(), probs_.f32(), targets_.data(), probs_.size(0), probs_.size(1), scale);
+  Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits", logits_dtype_);
+  AsF32 df(rt, d, AsF32::out);
+  softmax_crossentropy_backward(rt, df.p, probs_.f32(), targets_.data(), probs_.size(0), probs_.size(1), scale);
+  df.store();  // fp16: a gradient under 2^-24 becomes 0 here unless the loss scale lifted it
   probs_ = Tensor();
   return d;
 }

@@ -8,11 +8,14 @@ class CrossEntropyLoss {
  public:
   // logits (N, V) -> mean loss; counts correct argmax predictions into *correct when given
   double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t* correct = nullptr);
-  // dlogits (N, V) = scale * d(mean loss)/dlogits; scale = 1/accum_steps under accumulation
+  // dlogits (N, V) = scale * d(mean loss)/dlogits, in the logits' dtype; scale = loss_scale / accum_steps
+  // (1/accum_steps without a loss scaler). Scaling the loss is scaling this gradient: the rest of backward
+  // is linear in it.
   Tensor backward(Runtime& rt, float scale = 1.0f);
 
  private:
-  Tensor probs_;
+  Tensor probs_;  // f32 (the fp32 list of core/ops/autocast.h)
+  DType logits_dtype_ = DType::f32;
   std::vector<int32_t> targets_;
 };
 

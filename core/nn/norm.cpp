@@ -6,6 +6,7 @@
 
 #include "core/dist/process_group.h"
 #include "core/ops/cpu/norm.h"
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -25,19 +26,25 @@ void LayerNorm::init(Rng&) {
 Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
   expect_shape(describe() + " " + weight.name, x, {C_});
   const int64_t N = x.numel() / C_;
-  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name);
-  mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");
+  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
+  mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");  // f32 statistics (autocast's fp32 list)
   rstd_ = rt.empty({N}, Category::activations, "LayerNorm rstd");
-  layernorm_forward(rt, out.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data.f32(), bias.data.f32(), N, C_, eps_);
+  AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data), b(rt, bias.data);
+  layernorm_forward(rt, y.p, mean_.f32(), rstd_.f32(), xf.p, w.p, b.p, N, C_, eps_);
+  y.store();
   saved_x_ = x;
   return out;
 }
 
 Tensor LayerNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
-  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name);
-  layernorm_backward(rt, dx.f32(), weight.grad_for_accumulate().f32(), bias.grad_for_accumulate().f32(), dout.f32(),
-                     saved_x_.f32(), weight.data.f32(), mean_.f32(), rstd_.f32(), N, C_);
+  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
+  AsF32 d(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout), db(rt, bias.grad_for_accumulate(), AsF32::inout);
+  AsF32 dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
+  layernorm_backward(rt, d.p, dw.p, db.p, dy.p, xf.p, w.p, mean_.f32(), rstd_.f32(), N, C_);
+  d.store();
+  dw.store();
+  db.store();
   saved_x_ = mean_ = rstd_ = Tensor();
   return dx;
 }
@@ -67,7 +74,8 @@ Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
     throw ShapeError(fmt::format("{} {}: input of shape {} where [B, {}, H, W] was expected", describe(), weight.name,
                                  shape_str(x.shape()), C_));
   const int64_t B = x.size(0), HW = x.size(2) * x.size(3);
-  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name);
+  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
+  AsF32 xf(rt, x);  // statistics and normalisation in f32 (autocast's fp32 list); running stats stay f32
   mean_ = rt.empty({C_}, Category::activations, "BatchNorm mean");
   rstd_ = rt.empty({C_}, Category::activations, "BatchNorm rstd");
   if (training_) {
@@ -76,7 +84,7 @@ Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
                                    weight.name, shape_str(x.shape())),
                        "use a larger train.micro_batch, or SyncBatchNorm across ranks");
     Tensor var = rt.empty({C_}, Category::activations, "BatchNorm var");
-    batchnorm_stats(rt, mean_.f32(), var.f32(), x.f32(), B, C_, HW);
+    batchnorm_stats(rt, mean_.f32(), var.f32(), xf.p, B, C_, HW);
     count_ = double(B * HW);
     if (sync_ && !rt.is_meta()) count_ = sync_statistics(rt, mean_.f32(), var.f32(), B * HW);
     if (!rt.is_meta()) {
@@ -97,25 +105,31 @@ Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
       rstd_.f32()[c] = 1.0f / std::sqrt(running_var.data.f32()[c] + eps_);
     }
   }
-  batchnorm_apply(rt, out.f32(), x.f32(), mean_.f32(), rstd_.f32(), weight.data.f32(), bias.data.f32(), B, C_, HW);
+  {
+    AsF32 y(rt, out, AsF32::out), w(rt, weight.data), b(rt, bias.data);
+    batchnorm_apply(rt, y.p, xf.p, mean_.f32(), rstd_.f32(), w.p, b.p, B, C_, HW);
+    y.store();
+  }
   return out;
 }
 
 Tensor BatchNorm2d::backward(Runtime& rt, const Tensor& dout) {
   DL_ASSERT(saved_x_.defined(), "BatchNorm2d backward without a training forward");
   const int64_t B = saved_x_.size(0), HW = saved_x_.size(2) * saved_x_.size(3);
-  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name);
+  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
   Tensor sums = rt.empty({2, C_}, Category::activations, "BatchNorm grad sums");
   float* sum_dy = sums.f32();
   float* sum_dy_xhat = sum_dy ? sum_dy + C_ : nullptr;
-  batchnorm_backward_reduce(rt, sum_dy, sum_dy_xhat, dout.f32(), saved_x_.f32(), mean_.f32(), rstd_.f32(), B, C_, HW);
+  AsF32 dy(rt, dout), xf(rt, saved_x_);
+  batchnorm_backward_reduce(rt, sum_dy, sum_dy_xhat, dy.p, xf.p, mean_.f32(), rstd_.f32(), B, C_, HW);
   if (!rt.is_meta()) {
-    float* dw = weight.grad_for_accumulate().f32();
-    float* db = bias.grad_for_accumulate().f32();
+    AsF32 dw(rt, weight.grad_for_accumulate(), AsF32::inout), db(rt, bias.grad_for_accumulate(), AsF32::inout);
     for (int64_t c = 0; c < C_; c++) {
-      dw[c] += sum_dy_xhat[c];
-      db[c] += sum_dy[c];
+      dw.p[c] += sum_dy_xhat[c];
+      db.p[c] += sum_dy[c];
     }
+    dw.store();
+    db.store();
   } else {
     weight.grad_for_accumulate();
     bias.grad_for_accumulate();
@@ -123,8 +137,9 @@ Tensor BatchNorm2d::backward(Runtime& rt, const Tensor& dout) {
   // SyncBatchNorm: the parameter gradients above stay local (DDP averages them); the input gradient needs
   // both sums over every rank
   if (sync_ && !rt.is_meta()) sync_->all_reduce(sum_dy, 2 * C_, ReduceOp::sum);
-  batchnorm_backward_apply(rt, dx.f32(), dout.f32(), saved_x_.f32(), mean_.f32(), rstd_.f32(), weight.data.f32(),
-                           sum_dy, sum_dy_xhat, count_, B, C_, HW);
+  AsF32 d(rt, dx, AsF32::out), w(rt, weight.data);
+  batchnorm_backward_apply(rt, d.p, dy.p, xf.p, mean_.f32(), rstd_.f32(), w.p, sum_dy, sum_dy_xhat, count_, B, C_, HW);
+  d.store();
   saved_x_ = mean_ = rstd_ = Tensor();
   return dx;
 }

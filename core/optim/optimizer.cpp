@@ -5,10 +5,32 @@
 #include <cmath>
 
 #include "core/ops/op_scope.h"
+#include "core/tensor/as_f32.h"
 
 namespace distlab {
 
-void SGD::step(Runtime& rt, float lr) {
+const Tensor* Optimizer::master(const Parameter* p) const {
+  for (size_t i = 0; i < params_.size(); i++)
+    if (params_[i] == p) return master_[i].defined() ? &master_[i] : nullptr;
+  return nullptr;
+}
+
+float* Optimizer::weights(Runtime& rt, size_t i) {
+  Parameter& p = *params_[i];
+  if (p.data.dtype() == DType::f32) return p.data.f32();
+  if (!master_[i].defined()) {
+    master_[i] = rt.empty(p.data.shape(), Category::optim_state, "f32 master weights of " + p.name);
+    if (master_[i].data()) convert(p.data.data(), p.data.dtype(), master_[i].data(), DType::f32, p.data.numel());
+  }
+  return master_[i].f32();
+}
+
+void Optimizer::write_back(size_t i) {
+  Parameter& p = *params_[i];
+  if (master_[i].defined() && master_[i].data()) convert(master_[i].data(), DType::f32, p.data.data(), p.data.dtype(), p.data.numel());
+}
+
+void SGD::step(Runtime& rt, float lr, float grad_factor) {
   if (bufs_.empty()) bufs_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); i++) {
     Parameter& p = *params_[i];
@@ -19,19 +41,21 @@ void SGD::step(Runtime& rt, float lr) {
       bufs_[i] = rt.empty(p.data.shape(), Category::optim_state, "momentum of " + p.name);
       first = true;
     }
+    float* w = weights(rt, i);
     OpScope op(rt, "sgd_step", 4.0 * n, 4.0 * 4 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
-    float* w = p.data.f32();
-    const float* g = p.grad.f32();
+    AsF32 gf(rt, p.grad);
+    const float* g = gf.p;
     float* buf = bufs_[i].defined() ? bufs_[i].f32() : nullptr;
     for (int64_t j = 0; j < n; j++) {
-      float d = g[j] + o_.weight_decay * w[j];
+      float d = g[j] * grad_factor + o_.weight_decay * w[j];
       if (buf) {
         buf[j] = first ? d : o_.momentum * buf[j] + (1.0f - o_.dampening) * d;
         d = o_.nesterov ? d + o_.momentum * buf[j] : buf[j];
       }
       w[j] -= lr * d;
     }
+    write_back(i);
   }
   steps_++;
 }
@@ -40,7 +64,7 @@ std::string SGD::describe() const {
   return fmt::format("SGD(momentum {}, weight_decay {}{})", o_.momentum, o_.weight_decay, o_.nesterov ? ", nesterov" : "");
 }
 
-void AdamW::step(Runtime& rt, float lr) {
+void AdamW::step(Runtime& rt, float lr, float grad_factor) {
   if (m_.empty()) {
     m_.resize(params_.size());
     v_.resize(params_.size());
@@ -60,19 +84,22 @@ void AdamW::step(Runtime& rt, float lr) {
       m_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg of " + p.name);
       v_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg_sq of " + p.name);
     }
+    float* w = weights(rt, i);
     OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
-    float* w = p.data.f32();
-    const float* g = p.grad.f32();
+    AsF32 gf(rt, p.grad);
+    const float* g = gf.p;
     float* m = m_[i].f32();
     float* v = v_[i].f32();
     const float decay = p.decay ? 1.0f - lr * o_.weight_decay : 1.0f;
     for (int64_t j = 0; j < n; j++) {
+      const float gj = g[j] * grad_factor;
       w[j] *= decay;
-      m[j] = o_.beta1 * m[j] + (1.0f - o_.beta1) * g[j];
-      v[j] = o_.beta2 * v[j] + (1.0f - o_.beta2) * g[j] * g[j];
+      m[j] = o_.beta1 * m[j] + (1.0f - o_.beta1) * gj;
+      v[j] = o_.beta2 * v[j] + (1.0f - o_.beta2) * gj * gj;
       w[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + o_.eps);
     }
+    write_back(i);
   }
 }
 
@@ -80,7 +107,7 @@ std::string AdamW::describe() const {
   return fmt::format("AdamW(betas ({}, {}), eps {}, weight_decay {})", o_.beta1, o_.beta2, o_.eps, o_.weight_decay);
 }
 
-double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double max_norm) {
+double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
   int64_t n = 0;
   for (auto* p : params)
     if (p->grad.defined()) n += p->grad.numel();
@@ -89,17 +116,25 @@ double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double
   double ss = 0;
   for (auto* p : params) {
     if (!p->grad.defined()) continue;
-    const float* g = p->grad.f32();
-    for (int64_t j = 0; j < p->grad.numel(); j++) ss += double(g[j]) * g[j];
+    AsF32 g(rt, p->grad);
+    for (int64_t j = 0; j < p->grad.numel(); j++) ss += double(g.p[j]) * g.p[j];
   }
-  double norm = std::sqrt(ss);
-  if (max_norm > 0 && norm > max_norm) {
-    float coef = float(max_norm / (norm + 1e-6));
-    for (auto* p : params) {
-      if (!p->grad.defined()) continue;
-      float* g = p->grad.f32();
-      for (int64_t j = 0; j < p->grad.numel(); j++) g[j] *= coef;
-    }
+  return std::sqrt(ss);
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? float(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double max_norm) {
+  const double norm = grad_norm(rt, params);
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef == 1.0f || rt.is_meta()) return norm;
+  for (auto* p : params) {
+    if (!p->grad.defined()) continue;
+    AsF32 g(rt, p->grad, AsF32::inout);
+    for (int64_t j = 0; j < p->grad.numel(); j++) g.p[j] *= coef;
+    g.store();
   }
   return norm;
 }

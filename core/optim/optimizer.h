@@ -1,6 +1,12 @@
 // Optimizers with PyTorch's update rules (torch.optim.SGD and torch.optim.AdamW), stepping over the
 // parameters they were given (a ZeRO rank gives only its shard). State is created on the first step, as in
 // PyTorch, in the optim_state memory category.
+//
+// Mixed precision (parameters held in bf16/f16): the optimizer keeps an f32 master copy of each such
+// parameter in its state, made from the parameter on the first step (DeepSpeed's fp16/bf16 optimizers do the
+// same). It steps the master and writes the rounded result back, so the 16-bit weights never accumulate
+// rounding error: an update smaller than half a bf16 ulp still moves the master. With AdamW that is the
+// course's 16 bytes per parameter: 2 (weights) + 2 (gradients) + 4 (master) + 4 + 4 (moments).
 #pragma once
 #include <memory>
 #include <string>
@@ -12,12 +18,24 @@ namespace distlab {
 
 class Optimizer {
  public:
+  explicit Optimizer(std::vector<Parameter*> params) : params_(std::move(params)), master_(params_.size()) {}
   virtual ~Optimizer() = default;
-  virtual void step(Runtime& rt, float lr) = 0;  // skips parameters without a gradient
+  // Skips parameters without a gradient. Every gradient is read times grad_factor: 1/loss_scale and the
+  // clip coefficient under mixed precision (the 16-bit gradients themselves are never rescaled in place,
+  // where fp16 would lose the small ones), 1 otherwise.
+  virtual void step(Runtime& rt, float lr, float grad_factor = 1.0f) = 0;
   virtual std::string describe() const = 0;
   int64_t steps() const { return steps_; }
+  // The f32 master weights of a 16-bit parameter once the first step made them; nullptr otherwise.
+  const Tensor* master(const Parameter* p) const;
 
  protected:
+  // The f32 weights a step updates: the parameter's own (f32), or its master copy (16-bit).
+  float* weights(Runtime& rt, size_t i);
+  // After updating weights(rt, i): rounds the master into the 16-bit parameter.
+  void write_back(size_t i);
+  std::vector<Parameter*> params_;
+  std::vector<Tensor> master_;  // f32 masters of 16-bit parameters (optim_state), undefined for f32 ones
   int64_t steps_ = 0;
 };
 
@@ -30,13 +48,12 @@ struct SGDOptions {
 // g = g + momentum·buf (nesterov) or buf; p -= lr·g
 class SGD : public Optimizer {
  public:
-  SGD(std::vector<Parameter*> params, SGDOptions o) : params_(std::move(params)), o_(o) {}
-  void step(Runtime& rt, float lr) override;
+  SGD(std::vector<Parameter*> params, SGDOptions o) : Optimizer(std::move(params)), o_(o) {}
+  void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
   std::string describe() const override;
   std::vector<Tensor>& momentum_buffers() { return bufs_; }
 
  private:
-  std::vector<Parameter*> params_;
   SGDOptions o_;
   std::vector<Tensor> bufs_;
 };
@@ -49,14 +66,13 @@ struct AdamWOptions {
 // p -= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)
 class AdamW : public Optimizer {
  public:
-  AdamW(std::vector<Parameter*> params, AdamWOptions o) : params_(std::move(params)), o_(o) {}
-  void step(Runtime& rt, float lr) override;
+  AdamW(std::vector<Parameter*> params, AdamWOptions o) : Optimizer(std::move(params)), o_(o) {}
+  void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
   std::string describe() const override;
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
 
  private:
-  std::vector<Parameter*> params_;
   AdamWOptions o_;
   std::vector<Tensor> m_, v_;
   std::vector<int64_t> t_;  // steps taken per parameter (PyTorch's state["step"]): bias corrections use it
@@ -66,5 +82,9 @@ class AdamW : public Optimizer {
 // scales every gradient by max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_. Returns the norm
 // before clipping.
 double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double max_norm);
+// The same norm without touching the gradients (any dtype), and the coefficient clip_grad_norm would apply
+// (1 when max_norm <= 0 or the norm is below it). The trainer hands the coefficient to step().
+double grad_norm(Runtime& rt, const std::vector<Parameter*>& params);
+float clip_coefficient(double norm, double max_norm);
 
 }  // namespace distlab

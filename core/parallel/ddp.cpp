@@ -4,23 +4,39 @@
 
 #include <cstring>
 
+#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
 
+// Our collectives move f32. A 16-bit tensor (mixed precision) travels as f32: converted in, rounded back
+// out. Broadcasts are exact that way; a gradient's average is the f32 average rounded once (NCCL's 16-bit
+// ring rounds at every hop), and the wire carries 4 bytes per value where a 16-bit all-reduce sends 2.
+static void broadcast_tensor(ProcessGroup& pg, Tensor& t) {
+  if (t.dtype() == DType::f32) return pg.broadcast(t.f32(), t.numel(), 0);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.data()) convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
+  pg.broadcast(v.data(), t.numel(), 0);
+  if (t.data()) convert(v.data(), DType::f32, t.data(), t.dtype(), t.numel());
+}
+
 void broadcast_model(ProcessGroup& pg, Model& model) {
-  for (auto* p : model.parameters()) pg.broadcast(p->data.f32(), p->data.numel(), 0);
-  for (auto* b : model.buffers()) pg.broadcast(b->data.f32(), b->data.numel(), 0);
+  for (auto* p : model.parameters()) broadcast_tensor(pg, p->data);
+  for (auto* b : model.buffers()) broadcast_tensor(pg, b->data);
 }
 
 // A parameter that got no gradient this step (unused) contributes zeros, as DDP's find_unused_parameters.
-static float* grad_or_zeros(Parameter& p) { return p.grad_for_accumulate().f32(); }
+static Tensor& grad_or_zeros(Parameter& p) { return p.grad_for_accumulate(); }
 
 NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(model.parameters()) { broadcast_model(pg, model); }
 
 void NaiveDDP::finish_backward(Runtime& rt) {
   if (!sync_) return;
-  for (auto* p : params_) pg_.all_reduce(grad_or_zeros(*p), p->data.numel(), ReduceOp::avg);
+  for (auto* p : params_) {
+    AsF32 g(rt, grad_or_zeros(*p), AsF32::inout);
+    pg_.all_reduce(g.p, p->data.numel(), ReduceOp::avg);
+    g.store();
+  }
 }
 
 BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
@@ -78,7 +94,8 @@ void BucketedDDP::launch_ready_buckets() {
     int64_t off = 0;
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
-      if (flat) std::memcpy(flat + off, grad_or_zeros(*p), size_t(n) * 4);
+      const Tensor& g = grad_or_zeros(*p);
+      if (flat) convert(g.data(), g.dtype(), flat + off, DType::f32, n);
       off += n;
     }
     b.work = pg_.all_reduce_async(flat, b.flat.numel(), ReduceOp::avg);
@@ -101,7 +118,7 @@ void BucketedDDP::finish_backward(Runtime& rt) {
     int64_t off = 0;
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
-      if (flat) std::memcpy(p->grad.f32(), flat + off, size_t(n) * 4);
+      if (flat) convert(flat + off, DType::f32, p->grad.data(), p->grad.dtype(), n);
       off += n;
     }
     b.work.reset();

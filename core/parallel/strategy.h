@@ -5,7 +5,7 @@
 //                         model.forward ... loss ... model.backward(strategy)
 //                              └ strategy.after_layer_backward(unit, params) after each unit's gradients
 //                         strategy.finish_backward()                  (gradients synchronised if it syncs)
-//   clip, then            strategy.step(optimizer, lr)                (on the shard this rank owns)
+//   unscale, clip, then   strategy.step(optimizer, lr, grad_factor)   (on the shard this rank owns)
 //
 // The model calls before_forward(unit) before each unit's forward and after_layer_backward(unit, params)
 // after each unit's backward — ordinary calls in its loops (core/models/), no hidden hooks.
@@ -33,8 +33,9 @@ class Strategy : public ForwardHook, public BackwardHook {
   virtual void begin_backward(bool sync) {}
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
   virtual void finish_backward(Runtime& rt) {}
-  // The optimizer step over the parameters this rank owns (all of them for none and DDP).
-  virtual void step(Runtime& rt, Optimizer& opt, float lr) { opt.step(rt, lr); }
+  // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
+  // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
+  virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }
 };
 
 }  // namespace distlab

@@ -25,7 +25,7 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
   require_cost_model(hw);
   // Roofline: a kernel is limited either by arithmetic or by memory traffic, whichever takes longer; the
   // launch overhead is why many tiny kernels are slower than their FLOPs say.
-  const double peak_flops_per_s = low_precision ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
+  const double peak_flops_per_s = low_precision || e.low_precision ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
   const double math_s = e.flops / peak_flops_per_s;
   const double memory_s = e.bytes / hw.mem_bw_bytes_per_s;
   return std::max(math_s, memory_s) + hw.launch_overhead_s;

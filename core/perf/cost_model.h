@@ -15,7 +15,7 @@
 namespace distlab {
 
 // Roofline time of one compute event: max(flops / peak, bytes / mem_bw) + launch overhead.
-// low_precision picks the bf16/fp16 tensor-core peak instead of fp32.
+// low_precision (or the event's own flag, set for 16-bit ops) picks the bf16/fp16 tensor-core peak.
 double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision = false);
 
 enum class Link { intra_node, inter_node };

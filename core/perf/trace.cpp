@@ -2,7 +2,7 @@
 
 namespace distlab {
 
-void Trace::record(const char* name, Stream s, double flops, double bytes, double t0, double t1, bool scales) {
+void Trace::record(const char* name, Stream s, double flops, double bytes, double t0, double t1, bool scales, bool low) {
   flops_ += flops;
   bytes_ += bytes;
   count_++;
@@ -15,6 +15,7 @@ void Trace::record(const char* name, Stream s, double flops, double bytes, doubl
   e.t_begin_us = t0;
   e.t_end_us = t1;
   e.scales_with_batch = scales;
+  e.low_precision = low;
   events_.push_back(std::move(e));
 }
 

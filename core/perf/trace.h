@@ -26,6 +26,7 @@ struct TraceEvent {
   double t_begin_us = 0;   // wall clock, microseconds since the trace's epoch
   double t_end_us = 0;
   bool scales_with_batch = true;  // compute whose work is proportional to the micro-batch (not optimizer steps)
+  bool low_precision = false;     // a 16-bit op (autocast's low list): timed at the profile's bf16/fp16 rate
   // collectives and waits
   std::string op;             // all_reduce | reduce_scatter | all_gather | broadcast | send | recv | barrier
   int64_t payload_bytes = 0;  // S in the α-β formulas: the full tensor's bytes (all_reduce), the gathered output (all_gather)
@@ -41,7 +42,7 @@ class Trace {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
   }
   void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us,
-              bool scales_with_batch = true);
+              bool scales_with_batch = true, bool low_precision = false);
   void record(TraceEvent e);  // collectives and waits
   void keep_events(bool on) { keep_events_ = on; }
   bool keeping_events() const { return keep_events_; }

@@ -6,7 +6,7 @@ nlohmann::json events_to_json(const std::vector<TraceEvent>& events) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& e : events)
     a.push_back({e.name, int(e.kind), int(e.stream), e.flops, e.bytes, e.t_begin_us, e.t_end_us, e.scales_with_batch, e.op,
-                 e.payload_bytes, e.group_size, e.seq, e.group});
+                 e.payload_bytes, e.group_size, e.seq, e.group, e.low_precision});
   return a;
 }
 
@@ -27,6 +27,7 @@ std::vector<TraceEvent> events_from_json(const nlohmann::json& j) {
     e.group_size = x[10].get<int>();
     e.seq = x[11].get<int64_t>();
     e.group = x[12].get<std::string>();
+    e.low_precision = x.size() > 13 && x[13].get<bool>();
     out.push_back(std::move(e));
   }
   return out;

@@ -23,4 +23,13 @@ float f16_to_f32(uint16_t h);
 // Converts n elements between storage types (src and dst may not overlap).
 void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
 
+// The f32 value nearest to what storing v as `t` and reading it back gives (v itself for f32): fp16 turns
+// 65520 and above into inf and 2^-25 and below into 0; bf16 keeps f32's range and drops 16 mantissa bits.
+float round_to(float v, DType t);
+// dst[i] = round_to(src[i], t); src and dst may be the same.
+void round_f32(const float* src, float* dst, int64_t n, DType t);
+// The largest finite value and the smallest positive (subnormal) value of a type: f16 65504 and 2^-24.
+float dtype_max(DType t);
+float dtype_min_subnormal(DType t);
+
 }  // namespace distlab

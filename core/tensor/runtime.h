@@ -18,6 +18,9 @@ struct Runtime {
 
   DeviceKind device;
   int rank;
+  // What parameters, gradients and activations are held in: f32, or bf16/f16 under mixed precision
+  // ([precision] mode). Set before the model is built; the optimizer keeps f32 master weights.
+  DType dtype = DType::f32;
   MemoryAccountant memory;
   Trace trace;
 

@@ -105,7 +105,7 @@ void Tensor::copy_from(const Tensor& src) {
 
 Tensor& Parameter::grad_for_accumulate() {
   if (!grad.defined())
-    grad = Tensor::zeros(data.shape(), *data.accountant(), data.device(), Category::grads, DType::f32,
+    grad = Tensor::zeros(data.shape(), *data.accountant(), data.device(), Category::grads, data.dtype(),
                          "gradient of " + name);
   return grad;
 }

@@ -69,8 +69,8 @@ class Tensor {
 // that needs it and released by zero_grad, as PyTorch does with set_to_none=True.
 struct Parameter {
   std::string name;  // PyTorch's name: "conv1.weight", "transformer.h.0.attn.c_attn.weight"
-  Tensor data;       // category params
-  Tensor grad;       // category grads; undefined until the first backward
+  Tensor data;       // category params; bf16/f16 under mixed precision (the optimizer holds the f32 master)
+  Tensor grad;       // category grads, the data's dtype; undefined until the first backward
   bool decay = true; // AdamW weight decay applies (false for biases and norms in GPT configs)
   Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
 };

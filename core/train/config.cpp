@@ -15,9 +15,10 @@ namespace distlab {
 
 namespace {
 
-enum class Kind { integer, real, boolean, string, int_list };
+enum class Kind { integer, real, boolean, string, int_list, string_or_number };
 const char* kind_name(Kind k) {
   switch (k) {
+    case Kind::string_or_number: return "string or number";
     case Kind::integer: return "integer";
     case Kind::real: return "number";
     case Kind::boolean: return "boolean";
@@ -45,7 +46,11 @@ double get_as(const toml::node& n) { return *n.value<double>(); }  // toml++ con
 template <>
 bool get_as(const toml::node& n) { return *n.value<bool>(); }
 template <>
-std::string get_as(const toml::node& n) { return *n.value<std::string>(); }
+std::string get_as(const toml::node& n) {
+  if (n.is_integer()) return std::to_string(*n.value<int64_t>());  // string_or_number keys
+  if (n.is_floating_point()) return fmt::format("{}", *n.value<double>());
+  return *n.value<std::string>();
+}
 template <>
 std::vector<int64_t> get_as(const toml::node& n) {
   std::vector<int64_t> v;
@@ -125,7 +130,14 @@ const std::vector<Key>& keys() {
       KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP bucket size in MiB"),
       KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
-      KEY("precision.dtype", Kind::string, std::string, precision, "fp32"),
+      KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
+      KEY("precision.loss_scale", Kind::string_or_number, std::string, precision.loss_scale, "dynamic | none | a number (\"\" = dynamic for fp16, none otherwise)"),
+      KEY("precision.init_scale", Kind::real, double, precision.init_scale, "dynamic: the first loss scale"),
+      KEY("precision.growth_factor", Kind::real, double, precision.growth_factor, "dynamic: scale x this after growth_interval clean steps"),
+      KEY("precision.backoff_factor", Kind::real, double, precision.backoff_factor, "dynamic: scale x this on an overflow"),
+      KEY("precision.growth_interval", Kind::integer, int64_t, precision.growth_interval, "dynamic: clean steps between growths"),
+      KEY("precision.hysteresis", Kind::integer, int64_t, precision.hysteresis, "dynamic: overflows skipped before the scale backs off (DeepSpeed)"),
+      KEY("precision.min_scale", Kind::real, double, precision.min_scale, "dynamic: an overflow at this scale stops the run"),
       KEY("lab.plugin", Kind::string, std::string, lab.plugin, "labs: the student's compiled code (default: the build of student/)"),
       KEY("lab.sandbox", Kind::string, std::string, lab.sandbox, "labs: the plugin's process runs in bubblewrap: auto | require | off"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
@@ -176,6 +188,7 @@ bool kind_matches(Kind k, const toml::node& n) {
     case Kind::real: return n.is_integer() || n.is_floating_point();
     case Kind::boolean: return n.is_boolean();
     case Kind::string: return n.is_string();
+    case Kind::string_or_number: return n.is_string() || n.is_integer() || n.is_floating_point();
     case Kind::int_list: {
       if (!n.is_array()) return false;
       for (const auto& e : *n.as_array())
@@ -289,6 +302,9 @@ void validate_bounds(const RunConfig& c) {
   at_most(c, "optim.warmup_steps", double(c.optim.warmup_steps), 1e9, "");
   at_most(c, "dist.timeout_s", c.dist.timeout_s, 7 * 24 * 3600.0, "a week; a collective that takes longer has hung");
   at_most(c, "parallel.bucket_mb", c.parallel.bucket_mb, 1 << 16, "");
+  at_most(c, "precision.growth_factor", c.precision.growth_factor, 1 << 16, "");
+  at_most(c, "precision.growth_interval", double(c.precision.growth_interval), 1e9, "");
+  at_most(c, "precision.hysteresis", double(c.precision.hysteresis), 1e6, "");
 }
 
 void validate(const RunConfig& c) {
@@ -352,7 +368,23 @@ void validate(const RunConfig& c) {
             "use t4-pcie, a100-nvlink, h100-nvlink, h200 or cpu");
   }
   require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
-  require(c.precision == "fp32", c, "precision.dtype", "is '" + c.precision + "'", "this version trains in fp32");
+  const PrecisionOptions& p = c.precision;
+  require(p.mode == "fp32" || p.mode == "bf16" || p.mode == "fp16", c, "precision.mode", "is '" + p.mode + "'",
+          "use fp32, bf16 or fp16");
+  const std::string ls = p.effective_loss_scale();
+  if (ls != "dynamic" && ls != "none") {
+    char* end = nullptr;
+    const double v = std::strtod(ls.c_str(), &end);
+    require(end && *end == 0 && !ls.empty() && std::isfinite(v) && v > 0, c, "precision.loss_scale", "is '" + ls + "'",
+            "use dynamic, none, or a positive number such as 1024 (a static scale)");
+  }
+  require(p.init_scale > 0, c, "precision.init_scale", "must be positive", "65536 = 2^16 is GradScaler's default");
+  require(p.growth_factor > 1, c, "precision.growth_factor", "must be greater than 1", "2 is GradScaler's default");
+  require(p.backoff_factor > 0 && p.backoff_factor < 1, c, "precision.backoff_factor", "must be in (0, 1)", "0.5 is GradScaler's default");
+  require(p.growth_interval >= 1, c, "precision.growth_interval", "must be at least 1", "2000 is GradScaler's default");
+  require(p.hysteresis >= 1, c, "precision.hysteresis", "must be at least 1", "1 backs off on every overflow, as GradScaler");
+  require(p.min_scale > 0 && p.min_scale <= p.init_scale, c, "precision.min_scale", "must be in (0, init_scale]", "1 is DeepSpeed's default");
+  at_most(c, "precision.init_scale", p.init_scale, 1e30, "");
   validate_bounds(c);
 }
 

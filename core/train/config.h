@@ -56,6 +56,19 @@ struct DistOptions {
   double timeout_s = 300.0;  // a collective some rank never joins fails after this
 };
 
+// Mixed precision: PyTorch's autocast + GradScaler, DeepSpeed's fp16/bf16 sections (core/ops/autocast.h,
+// core/optim/grad_scaler.h).
+struct PrecisionOptions {
+  std::string mode = "fp32";     // fp32 | bf16 | fp16: what parameters, gradients and activations are held in
+  std::string loss_scale;        // dynamic | none | a number (static); "" = dynamic for fp16, none otherwise
+  double init_scale = 65536.0;   // torch.cuda.amp.GradScaler's defaults
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int64_t hysteresis = 1;        // DeepSpeed's: overflows tolerated before the scale backs off
+  double min_scale = 1.0;        // DeepSpeed's min_loss_scale: an overflow at this scale stops the run
+  std::string effective_loss_scale() const { return !loss_scale.empty() ? loss_scale : mode == "fp16" ? "dynamic" : "none"; }
+};
+
 struct LogOptions {
   std::string metrics;  // JSON Lines file ("" = none)
   std::string profile;  // hardware profile for the modeled time ("" = none): t4-pcie, a100-nvlink, h100-nvlink, h200, cpu
@@ -80,7 +93,7 @@ struct RunConfig {
   OptimOptions optim;
   ParallelOptions parallel;
   DistOptions dist;
-  std::string precision = "fp32";
+  PrecisionOptions precision;
   LogOptions log;
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };

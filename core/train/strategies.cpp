@@ -13,6 +13,10 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "ddp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     // both broadcast rank 0's weights and buffers: every replica starts equal
+    if (lab && cfg.precision.mode != "fp32")
+      throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients",
+                                    cfg.precision.mode, cfg.lab.name),
+                        "run the lab in fp32 (its default); mixed precision is lab 03's subject");
     if (lab) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
     return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
   }

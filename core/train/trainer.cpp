@@ -18,45 +18,13 @@
 
 namespace distlab {
 
-static ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta) {
-  ModelSpec s = c.model;
-  s.dropout_seed = c.train.seed;
-  if (c.data.name == "tokens") {
-    const int64_t data_vocab = meta ? c.data.vocab : d.vocab;
-    if (s.vocab_size == 0) s.vocab_size = data_vocab;
-    if (data_vocab > s.vocab_size)
-      throw ConfigError(fmt::format("{}: model.vocab_size {} is smaller than the data's vocabulary {}",
-                                    c.origin.count("model.vocab_size") ? c.origin.at("model.vocab_size") : "default",
-                                    s.vocab_size, data_vocab),
-                        "raise model.vocab_size (or set it to 0 to take the data's)");
-    if (c.data.seq_len > s.block_size)
-      throw ConfigError(fmt::format("data.seq_len {} is longer than model.block_size {}", c.data.seq_len, s.block_size),
-                        "lower data.seq_len or raise model.block_size");
-    if (s.name != "gpt") throw ConfigError("data.name 'tokens' needs model.name = \"gpt\"", "token data feeds a language model");
-    return s;
-  }
-  if (s.name == "gpt") throw ConfigError("model.name 'gpt' needs data.name = \"tokens\"", "image data feeds mlp or cifar_cnn");
-  if (meta) {
-    const bool mnist = c.data.name == "fashion-mnist";
-    s.in_channels = mnist ? 1 : 3;
-    s.height = s.width = mnist ? 28 : 32;
-    s.num_classes = 10;
-  } else {
-    s.in_channels = d.channels;
-    s.height = d.height;
-    s.width = d.width;
-    s.num_classes = d.classes;
-  }
-  return s;
-}
-
 static int default_threads() {
   if (const char* v = std::getenv("OMP_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);  // set by distlab run
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
-    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab) {
+    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab), scaler_(loss_scale_options(cfg.precision)) {
   check_strategy_fits(cfg, world());
   if (world() > 1 && rt.is_meta())
     throw ConfigError("the meta device runs on one rank", "plan a model with `distlab train ... --device meta` without distlab run");
@@ -99,6 +67,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     total_steps_ = cfg.train.epochs * per_epoch;
   }
 
+  rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
   model_ = build_model(rt, spec_);
   model_->init(cfg.train.seed);
   strategy_ = make_strategy(cfg, pg_, *model_, rt, lab_);
@@ -149,11 +118,12 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   double loss_sum = 0;
   int64_t samples = 0;
   const int64_t k = cfg_.train.accum_steps;
+  const float loss_scale = scaler_.scale();
   for (int64_t micro = 0; micro < k; micro++) {
     Batch b = next_batch();
     Tensor logits = model_->forward(rt_, b, strategy_.get());
     loss_sum += ce.forward(rt_, logits, b.targets);
-    Tensor dlogits = ce.backward(rt_, 1.0f / float(k));  // the mean over the big batch: loss / k
+    Tensor dlogits = ce.backward(rt_, loss_scale / float(k));  // the big batch's mean (loss / k), times the loss scale
     logits = Tensor();
     strategy_->begin_backward(micro == k - 1);  // no_sync on all but the last micro-step
     model_->backward(rt_, dlogits, strategy_.get());
@@ -161,9 +131,17 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     samples += b.samples();
   }
   rt_.trace.keep_events(false);
-  const double grad_norm = clip_grad_norm(rt_, model_->parameters(), cfg_.optim.clip_grad_norm);
+  // Once per optimizer step, on the accumulated (and synchronised) gradients: skip the step if they overflowed
+  // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
+  const bool skipped = scaler_.enabled() && GradScaler::found_inf(rt_, model_->parameters(), pg_);
+  double grad_norm = std::nan("");
   const double lr = schedule_.lr_at(step);
-  strategy_->step(rt_, *opt_, float(lr));
+  if (!skipped) {
+    grad_norm = distlab::grad_norm(rt_, model_->parameters()) / loss_scale;
+    strategy_->step(rt_, *opt_, float(lr), clip_coefficient(grad_norm, cfg_.optim.clip_grad_norm) / loss_scale);
+  }
+  skipped_steps_ += skipped;
+  scaler_.update(skipped);
   model_->zero_grad();
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   last_step_flops_ = rt_.trace.flops();
@@ -180,63 +158,14 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   }
   if (traced) modeled_ = model_time(step);
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
-                        {"lr", lr}, {"grad_norm", grad_norm}, {"samples", samples}, {"wall_s", wall_s},
+                        {"lr", lr}, {"grad_norm", skipped ? nlohmann::json(nullptr) : nlohmann::json(grad_norm)},
+                        {"loss_scale", loss_scale}, {"skipped", skipped}, {"samples", samples}, {"wall_s", wall_s},
                         {"comm_bytes_sent", comm.bytes_sent - comm_before.bytes_sent},
                         {"comm_calls", comm.calls - comm_before.calls},
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
                                                                   {"peak_total", m.peak_total}}}};
   metrics.write(rec);
   return loss;
-}
-
-// FNV-1a over a buffer's bytes: DDP replicas must stay bitwise equal, step after step.
-static uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
-  const auto* b = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; b && i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
-  return h;
-}
-
-// The data a rank trains on, in one number: its size and up to `most` samples spread over it. A rank whose
-// data came from another folder (DISTLAB_DATA on one node only), or another seed, differs here.
-static uint64_t data_hash(Runtime& rt, const Dataset& d, int64_t most) {
-  const int64_t n = d.size(), k_max = std::min<int64_t>(n, most);  // no bigger than a training batch: no new peak
-  uint64_t h = fnv1a(&n, sizeof n);
-  std::vector<int64_t> at;
-  for (int64_t k = 0; k < k_max; k++) at.push_back(k * n / k_max);
-  if (at.empty()) return h;
-  Batch b = d.make_batch(rt, at);
-  if (b.x.defined() && b.x.data()) h = fnv1a(b.x.data(), size_t(b.x.nbytes()), h);
-  h = fnv1a(b.tokens.data(), b.tokens.size() * 4, h);
-  return fnv1a(b.targets.data(), b.targets.size() * 4, h);
-}
-
-void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data) {
-  // [[name, hash], ...] of this rank, published for the others
-  nlohmann::json mine = nlohmann::json::array();
-  for (auto* p : model_->parameters()) mine.push_back({p->name, std::to_string(fnv1a(p->data.data(), size_t(p->data.nbytes())))});
-  if (with_buffers_and_data) {
-    for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(fnv1a(b->data.data(), size_t(b->data.nbytes())))});
-    mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train, std::min<int64_t>(16, micro_batch_)) : 0)});
-  }
-  const std::string key = "replicas/" + when + "/";
-  pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
-  const auto ref = nlohmann::json::parse(pg_->store().get_string(key + "0"));
-  for (int r = 1; r < pg_->size(); r++) {
-    const auto theirs = r == pg_->rank() ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
-    for (size_t i = 0; i < ref.size(); i++) {
-      if (i < theirs.size() && theirs[i] == ref[i]) continue;
-      const std::string name = ref[i][0];
-      if (name == "the training data")
-        throw Error(fmt::format("rank {} trains on other data than rank 0 ({}): {}", r, when, data_.note),
-                    "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
-      throw Error(fmt::format("rank {}'s {} differs from rank 0's {}: the replicas {}", r, name, when,
-                              when == "at the end" ? "diverged during training" : "start from different weights"),
-                  when == "at the end"
-                      ? "every rank must apply the same averaged gradient to the same weights: is a gradient not averaged, or "
-                        "not copied back, on some rank?"
-                      : "give every rank the same --init file (or none): weights loaded after DDP's broadcast stay per rank");
-    }
-  }
 }
 
 // Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
@@ -304,6 +233,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
                       opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, world(), cfg_.train.accum_steps,
                       micro_batch_ * world() * cfg_.train.accum_steps, total_steps_);
+  log_ << fmt::format("precision {}{} | {}\n", cfg_.precision.mode, rt_.dtype == DType::f32 ? "" : " (f32 master weights in the optimizer)",
+                      scaler_.describe());
   if (!out.init_path.empty()) {
     load_model(*model_, out.init_path);
     log_ << "loaded weights from " << out.init_path << "\n";
@@ -325,14 +256,16 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       steady_samples += double(micro_batch_ * cfg_.train.accum_steps * world());
     }
     samples += double(micro_batch_ * cfg_.train.accum_steps * world());
-    if (!rt_.is_meta() && !std::isfinite(loss))
+    if (!rt_.is_meta() && !std::isfinite(loss) && !scaler_.dynamic())  // a dynamic scaler skips it and backs off
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
-                  "the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data");
+                  std::string("the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data") +
+                      (rt_.dtype == DType::f16 ? "; in fp16 a value past 65504 is inf: try precision.mode = \"bf16\"" : ""));
     const bool last = step + 1 == total_steps_;
     if ((step + 1) % cfg_.train.log_every == 0 || last) {
       const double el = (rt_.trace.now_us() - t_start) * 1e-6;
-      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
+      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
                           rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
+                          scaler_.enabled() ? fmt::format(" | loss scale {:g} ({} skipped)", scaler_.scale(), skipped_steps_) : "",
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
@@ -349,7 +282,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
   if (!out.save_path.empty() && is_rank0()) {
-    save_model(*model_, out.save_path, parse_dtype(out.save_dtype));
+    save_model(*model_, out.save_path, parse_dtype(out.save_dtype), opt_.get());  // 16-bit params: their f32 masters
     log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
   }
   nlohmann::json summary = {{"kind", "summary"},
@@ -364,6 +297,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"synthetic_data", data_.synthetic},
                             {"peak_memory", memory_json(peak_)},
                             {"peak_memory_total", peak_total_},
+                            {"precision", cfg_.precision.mode},
+                            {"skipped_steps", skipped_steps_},
+                            {"final_loss_scale", scaler_.scale()},
                             {"flops_per_step", last_step_flops_},
                             {"world_size", world()},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},

@@ -13,6 +13,7 @@
 #include "core/dist/process_group.h"
 #include "core/parallel/strategy.h"
 #include "core/models/model.h"
+#include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/train/config.h"
 #include "core/train/lab_plugin.h"
@@ -25,6 +26,12 @@ struct TrainOutputs {
   std::string save_path;  // --save FILE.safetensors
   std::string save_dtype = "f32";
 };
+
+// The model the config describes, with the sizes the data implies (image shape, classes, vocabulary);
+// throws ConfigError when config and data disagree. (trainer_checks.cpp)
+ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta);
+// What [precision] asks of the loss scaler.
+LossScaleOptions loss_scale_options(const PrecisionOptions& p);
 
 class Trainer {
  public:
@@ -60,6 +67,8 @@ class Trainer {
   ProcessGroup* pg_;
   LabPlugin* lab_;
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
+  GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
+  int64_t skipped_steps_ = 0;           // steps whose gradients overflowed
   nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;
