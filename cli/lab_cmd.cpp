@@ -153,7 +153,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     auto p = paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *show_id);
     std::cout << read_file(fs::path(l.dir) / "README.md") << "\n## Checks (" << l.max_points() << " points)\n\n";
-    for (const auto& c : l.checks) std::cout << fmt::format("- {} ({} points): {}\n", c.name, c.points, c.what);
+    for (const auto& c : l.checks) std::cout << fmt::format("- {} ({} point{}): {}\n", c.name, c.points, c.points == 1 ? "" : "s", c.what);
     std::cout << fmt::format("\nEdit {}/student/{}; build with `distlab lab build {}`; grade with `distlab grade {}`.\n",
                              l.dir.substr(p.source_dir.size() + 1), fmt::join(l.files, ", student/"), l.id, l.id);
   });

@@ -69,5 +69,6 @@ struct CheckDef {
 std::map<std::string, CheckDef> checks_for_lab(const std::string& lab_id);
 std::map<std::string, CheckDef> lab01_checks();
 std::map<std::string, CheckDef> lab02_checks();
+std::map<std::string, CheckDef> lab03_checks();
 
 }  // namespace distlab::grader

@@ -19,6 +19,7 @@
 #include "core/models/zoo.h"
 #include "core/util/error.h"
 #include "grader/check.h"
+#include "grader/jobs.h"
 
 namespace fs = std::filesystem;
 
@@ -104,90 +105,8 @@ CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
 
 // ---- training jobs ----
 
-struct Job {
-  bool ok = false;
-  std::string failure;  // why not ok (sanitized output tail)
-  std::string status;   // for CheckAbort when not ok: timeout | error
-  double seconds = 0;
-  std::vector<double> losses;
-  nlohmann::json summary, first_step;
-  bool diverged = false;  // failed because the ranks' parameters differed at the end (losses are still there)
-};
-
-// One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation. Every
-// argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
-Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s) {
-  char tmpl[] = "/tmp/distlab-lab02-XXXXXX";
-  if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the training job");
-  const fs::path dir = tmpl;
-  const std::string metrics = (dir / "metrics.jsonl").string();
-  std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
-                                   "train", ctx.lab.dir + "/lab.toml", "--set", "lab.plugin=" + plugin,
-                                   "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
-                                   "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(10.0, limit_s)),
-                                   "--metrics", metrics};
-  for (const auto& s : sets) {
-    argv.push_back("--set");
-    argv.push_back(s);
-  }
-  SpawnOptions o;
-  o.cgroup = &ctx.cgroup;
-  o.file_mb = 256;
-  RunResult r = run_to_end(argv, o, limit_s, 3000);
-  Job j;
-  j.seconds = r.seconds;
-  std::ifstream in(fs::exists(metrics) ? metrics : metrics + ".partial");  // a failed run keeps its steps there
-  for (std::string line; std::getline(in, line);) {
-    auto rec = nlohmann::json::parse(line, nullptr, false);
-    if (rec.is_discarded() || !rec.is_object()) continue;
-    if (rec.value("kind", "") == "step") {
-      if (j.first_step.is_null()) j.first_step = rec;
-      j.losses.push_back(rec.value("loss", 0.0));
-    }
-    if (rec.value("kind", "") == "summary") j.summary = rec;
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  j.ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && j.summary.is_object();
-  if (!j.ok) {
-    j.status = r.timed_out ? "timeout" : "error";
-    j.failure = r.timed_out ? fmt::format("the {}-rank training job was still running after {:.0f} s and was stopped:\n{}", ranks, limit_s, r.output)
-                            : fmt::format("the {}-rank training job failed ({}):\n{}", ranks, describe_wait_status(r.status), r.output);
-    j.diverged = !r.timed_out && !j.losses.empty() && r.output.find("the replicas diverged") != std::string::npos;
-  }
-  return j;
-}
-
-// A student's job may take kJobFactor times the engine's own run of it, plus kJobSlack_s (its plugin host
-// starts, its hooks cross a socket): the solution's 40-step jobs took 1.00-1.05x the engine's 7.7-8.0 s here.
-constexpr double kJobFactor = 3, kJobSlack_s = 20;
-
-// A job shared by the checks of one grading: run once, its result (or failure) reused.
-// allow_diverged: a run that trained to the end but whose replicas differed is returned (its losses are
-// evidence for the curve check), not thrown.
-const Job& job(CheckContext& ctx, const std::string& key, int ranks, bool student, const std::vector<std::string>& sets,
-               bool allow_diverged = false) {
-  auto& slot = ctx.shared.items[student ? key + ":" + ctx.plugin : "engine:" + key];  // references serve a whole batch
-  if (!slot) {
-    double limit = ctx.seconds_left();
-    if (student) {  // a few times what the engine's own DDP took on the same job, and never past the check's limit
-      const Job& ref = job(ctx, "ref:" + key, ranks, false, sets);
-      if (ref.ok) limit = std::min(limit, kJobFactor * ref.seconds + kJobSlack_s);
-    }
-    slot = std::make_shared<Job>(run_job(ctx, ranks, student ? ctx.plugin : "none", sets, limit));
-  }
-  const Job& j = *static_cast<const Job*>(slot.get());
-  if (!j.ok && !(allow_diverged && j.diverged)) throw CheckAbort(j.status, j.failure);
-  return j;
-}
-
 const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=40", "log.profile="};
 const std::vector<std::string> kShort = {"train.steps=3"};
-
-std::vector<std::string> with(std::vector<std::string> v, const std::string& s) {
-  v.push_back(s);
-  return v;
-}
 
 // Both DDPs of the student (naive and bucketed) against one rank with the same global batch.
 CheckResult curve(CheckContext& ctx) {

@@ -390,4 +390,65 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
   auto [c3, o3] = run("run -n 2 --master-port 0 --grace 2 train labs/02-ddp-cifar/lab.toml --set train.steps=2");
   CHECK(c3 == 1);
   CHECK_THAT(o3, Catch::Contains("02-ddp-cifar: sampler_indices is not implemented yet"));
+  // lab 03: the skeleton names its first task; the solution trains in fp16 with its own loss scale
+  auto [c4, o4] = run("lab build 03");
+  REQUIRE(c4 == 0);
+  auto [c5, o5] = run("train labs/03-amp-accum/lab.toml --set train.steps=2");
+  CHECK(c5 == 1);
+  CHECK_THAT(o5, Catch::Contains("03-amp-accum: scaler_init is not implemented yet"));
+  auto [c6, o6] = run("lab build 03 --solution");
+  REQUIRE(c6 == 0);
+  auto [c7, o7] = run("train labs/03-amp-accum/lab.toml --set train.steps=3 --set train.log_every=1 --set lab.plugin=" +
+                      std::string(DISTLAB_SOURCE_DIR) + "/build/labs/03-amp-accum/solution.so");
+  CHECK(c7 == 0);
+  CHECK_THAT(o7, Catch::Contains("loss scale 65536 (0 skipped)") && Catch::Contains("precision fp16"));
+  // lab 02's API exchanges f32 gradients: a 16-bit run of it is refused with the reason
+  auto [c8, o8] = run("run -n 2 --master-port 0 --grace 2 train labs/02-ddp-cifar/lab.toml --set train.steps=2 --set precision.mode=bf16");
+  CHECK(c8 == 1);
+  CHECK_THAT(o8, Catch::Contains("exchanges f32 gradients"));
+}
+
+TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accumulation mistakes", "[grader][lab03]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/03-amp-accum/amp.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs03-" + std::to_string(getpid()));
+  const std::string step_body = "  const bool overflow = unscale_(step.comm(), s, grads);\n  if (overflow) {\n    step.skip_step();\n  } else {\n"
+                                "    clip_grad_norm(grads, step.max_norm());  // once, on the accumulated gradient\n    step.optimizer_step();\n  }\n";
+  const std::string loop = "  for (int micro = 0; micro < k; micro++) step.forward_backward(micro, s.scale / float(k));\n";
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/03-amp-accum/student/amp.cpp")},
+      // the scale never leaves 1: fp16 loses the small gradient
+      {"no_scaling", replace(solution, "  s.scale = c.init_scale;", "  s.scale = 1.0f;")},
+      // clipping the scaled gradient: every step is clipped to max_norm, then divided by 65536
+      {"clip_before_unscale", replace(solution, step_body,
+                                      "  clip_grad_norm(grads, step.max_norm());\n  const bool overflow = unscale_(step.comm(), s, grads);\n"
+                                      "  if (overflow) step.skip_step();\n  else step.optimizer_step();\n")},
+      // each rank decides alone: the replicas split on the first overflow one rank sees
+      {"skip_not_synchronised", replace(solution, "  comm.all_reduce(&found, 1, ReduceOp::max);\n", "")},
+      {"growth_never", replace(solution, "    if (std::isfinite(grown)) s.scale = grown;\n", "")},
+      {"loss_not_divided_by_k", replace(solution, "s.scale / float(k))", "s.scale)")},
+      {"scheduler_per_micro_step",
+       replace(replace(solution, "  step.scheduler_step();  // once per optimizer step, never per micro-batch\n", ""), loop,
+               "  for (int micro = 0; micro < k; micro++) {\n    step.forward_backward(micro, s.scale / float(k));\n    step.scheduler_step();\n  }\n")},
+  };
+  auto rows = grade_batch("03", subs, files, "amp.cpp");
+  CHECK(rows["solution"].total == 13);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["no_scaling"].points["scaler_rescues_underflow"] == 0);
+  CHECK(rows["no_scaling"].points["clip_grad_norm"] == 1);
+  CHECK(rows["clip_before_unscale"].points["fp16_tracks_fp32"] == 0);
+  CHECK(rows["clip_before_unscale"].points["scale_sequence"] == 2);
+  CHECK(rows["skip_not_synchronised"].points["overflow_skipped_on_every_rank"] == 0);
+  CHECK(rows["skip_not_synchronised"].points["accumulation_equals_big_batch"] == 3);
+  CHECK(rows["growth_never"].points["scale_sequence"] == 0);
+  CHECK(rows["growth_never"].points["accumulation_equals_big_batch"] == 3);
+  CHECK(rows["loss_not_divided_by_k"].points["accumulation_equals_big_batch"] == 0);
+  CHECK(rows["loss_not_divided_by_k"].points["scale_sequence"] == 2);
+  CHECK(rows["scheduler_per_micro_step"].points["schedule_once_per_step"] == 0);
+  CHECK(rows["scheduler_per_micro_step"].points["accumulation_equals_big_batch"] == 0);
+  CHECK(rows["scheduler_per_micro_step"].points["overflow_skipped_on_every_rank"] == 2);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "clip_before_unscale.txt"), Catch::Contains("unscale BEFORE clipping"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "skip_not_synchronised.txt"), Catch::Contains("ReduceOp::max"));
+  fs::remove_all(subs);
 }

@@ -403,6 +403,20 @@ TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs
   for (const auto& s : fixed.steps) CHECK(s["loss_scale"] == 128.0);
 }
 
+TEST_CASE("clipping and the reported norm see the unscaled gradient (unscale before clip)", "[precision][train]") {
+  // GPT-tiny's norm at step 1 is above the clip (1.0): clipping a scaled norm (x1024) would all but stop it
+  Run fp32 = train(kGpt, {"train.steps=3"});
+  Run fp16 = train(kGpt, {"train.steps=3", "precision.mode=fp16", "precision.init_scale=1024"});
+  REQUIRE(fp16.summary["skipped_steps"] == 0);
+  for (size_t i = 0; i < 3; i++) {
+    const double a = fp32.steps[i]["grad_norm"].get<double>(), b = fp16.steps[i]["grad_norm"].get<double>();
+    CHECK(std::abs(a - b) < 0.02 * a);
+    CHECK(std::abs(fp32.steps[i]["loss"].get<double>() - fp16.steps[i]["loss"].get<double>()) < 0.01);
+  }
+  CHECK(fp32.steps[0]["grad_norm"].get<double>() > 1.0);  // so clipping is active
+  CHECK(fp16.summary["strategy_report"]["name"] == "none (one rank)");
+}
+
 TEST_CASE("16-bit runs are deterministic and meta records their memory exactly", "[precision][determinism]") {
   for (const char* toml : {kCnn, kGpt})
     for (const char* mode : {"precision.mode=bf16", "precision.mode=fp16"}) {
@@ -568,6 +582,7 @@ TEST_CASE("2 ranks of DDP in bf16 and fp16 keep bitwise-equal replicas and follo
       fs::remove(metrics);
       CHECK(summary["params_equal_across_ranks"] == true);  // the run fails if the end-of-run check finds a difference
       CHECK(summary["precision"] == mode);
+      if (n == 2) CHECK(summary["strategy_report"]["all_reduces_per_step"].get<int>() >= 1);
     }
     REQUIRE(curves[0].size() == 20);
     REQUIRE(curves[1].size() == 20);

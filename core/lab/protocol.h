@@ -26,6 +26,12 @@ enum Op : uint32_t {
   kAllReduceAsync = 21,  // arg0 = ReduceOp; payload: floats; answered by kHandle (arg0)
   kWait = 22,            // arg0 = handle; answered by kData
   kHandle = 23,
+  // lab 03: what the student's train_step asks of the trainer (core/train/lab_plugin.cpp)
+  kStepForwardBackward = 30,  // arg0 = micro; payload: the f32 loss factor; answered by kData (the f64 loss)
+  kStepGrads = 31,            // answered by kData: every gradient as f32, in the model's order
+  kStepOptimizer = 32,        // payload: every gradient as f32; answered by kData (empty)
+  kStepSkip = 33,             // answered by kData (empty)
+  kStepScheduler = 34,        // answered by kData (empty)
 };
 
 enum Fn : int64_t {
@@ -38,6 +44,16 @@ enum Fn : int64_t {
   kDdpInit = 11,         // args: rank, size, mode (0 naive, 1 bucketed), bucket_mb·1e6, #params; payload: numel + name\0 each
   kDdpAfterBackward = 12,  // args: unit, #ready; payload: int32 indices, then their gradients
   kDdpFinish = 13,         // payload: (naive) every gradient; returns every gradient
+  // lab 03 (a ScalerConfig is 4 x 4 bytes: init_scale, growth_factor, backoff_factor f32, growth_interval i32;
+  // a ScalerState 8: scale f32, growth_tracker i32)
+  kScalerInit = 20,    // payload: config; returns a state
+  kScalerUpdate = 21,  // arg1 = found_inf; payload: config, state; returns the state
+  kUnscale = 22,       // args: rank, size, #grads; payload: state, then per grad an int64 numel, then the floats;
+                       // returns int32 found_inf, then the floats
+  kClipGradNorm = 23,  // arg1 = #grads; payload: f64 max_norm, numels, floats; returns f64 norm, then the floats
+  kTrainStep = 24,     // args: rank, size, accum_steps, #params; payload: f64 max_norm, config, then numel + name\0
+                       // each (the first call of a run: the state starts from scaler_init); returns f32 scale used,
+                       // the state after
 };
 
 }  // namespace distlab::labproto

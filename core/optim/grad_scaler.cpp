@@ -11,7 +11,7 @@
 namespace distlab {
 
 GradScaler::GradScaler(LossScaleOptions o)
-    : o_(o), scale_(o.mode == LossScaleOptions::Mode::none ? 1.0 : o.init_scale), hysteresis_left_(o.hysteresis) {}
+    : o_(o), scale_(o.mode == LossScaleOptions::Mode::none ? 1.0f : float(o.init_scale)), hysteresis_left_(o.hysteresis) {}
 
 bool GradScaler::found_inf(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* pg) {
   float flag = 0;
@@ -45,12 +45,12 @@ void GradScaler::update(bool found_inf) {
                               "the scale", o_.min_scale),
                   "the model leaves fp16's range (65504) on its own: use precision.mode = \"bf16\", lower optim.lr, or "
                   "clip (optim.clip_grad_norm)");
-    scale_ = std::max(scale_ * o_.backoff_factor, o_.min_scale);
+    scale_ = float(std::max(double(scale_) * o_.backoff_factor, o_.min_scale));
     return;
   }
   if (++growth_tracker_ == o_.growth_interval) {
-    const double grown = scale_ * o_.growth_factor;
-    if (std::isfinite(float(grown))) scale_ = grown;
+    const float grown = float(double(scale_) * o_.growth_factor);
+    if (std::isfinite(grown)) scale_ = grown;
     growth_tracker_ = 0;
     hysteresis_left_ = o_.hysteresis;  // DeepSpeed restores the hysteresis when the scale grows
   }

@@ -39,7 +39,7 @@ class GradScaler {
   bool enabled() const { return o_.mode != LossScaleOptions::Mode::none; }
   bool dynamic() const { return o_.mode == LossScaleOptions::Mode::dynamic; }
   // What the loss's gradient is multiplied by this step (1 when disabled).
-  float scale() const { return float(scale_); }
+  float scale() const { return scale_; }
   // True when any gradient of `params` holds an inf or a NaN on this rank or, with `pg`, on any rank.
   // Every rank must call it (it is a collective when pg has more than one rank).
   static bool found_inf(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* pg);
@@ -52,7 +52,7 @@ class GradScaler {
 
  private:
   LossScaleOptions o_;
-  double scale_;
+  float scale_;  // f32, rounded at every update, as PyTorch's scale tensor
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_left_;
 };

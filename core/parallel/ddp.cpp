@@ -73,6 +73,14 @@ std::vector<std::string> BucketedDDP::bucket_names(int64_t b) const {
   return n;
 }
 
+nlohmann::json BucketedDDP::report() const {
+  nlohmann::json r = DataParallel::report();
+  nlohmann::json sizes = nlohmann::json::array();
+  for (const auto& b : buckets_) sizes.push_back(b.flat.nbytes());
+  r["bucket_bytes"] = sizes;  // comm_buffers: one flat f32 buffer per bucket, the last layers' first
+  return r;
+}
+
 void BucketedDDP::after_layer_backward(int unit, const std::vector<Parameter*>& params) {
   if (!sync_) return;
   for (auto* p : params) {

@@ -31,7 +31,10 @@ class DataParallel : public Strategy {
   void finish_backward(Runtime& rt) override = 0;  // all gradients averaged when it returns (if syncing)
   void set_sync(bool on) { sync_ = on; }           // the same as begin_backward: PyTorch's no_sync()
   bool sync() const { return sync_; }
-  virtual int64_t all_reduces_per_step() const = 0;
+  virtual int64_t all_reduces_per_step() const = 0;  // -1: not known in advance (a lab's code)
+  nlohmann::json report() const override {
+    return {{"name", describe()}, {"all_reduces_per_step", all_reduces_per_step()}, {"averages", "gradients, after backward"}};
+  }
 
  protected:
   bool sync_ = true;
@@ -62,6 +65,7 @@ class BucketedDDP : public DataParallel {
   int64_t num_buckets() const { return int64_t(buckets_.size()); }
   // the parameter names of bucket b, in the order they sit in the flat buffer
   std::vector<std::string> bucket_names(int64_t b) const;
+  nlohmann::json report() const override;
 
  private:
   struct Bucket {

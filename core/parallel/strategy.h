@@ -16,6 +16,7 @@
 // (core/train/strategies.cpp), from the config — the trainer never compares a strategy's name.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/models/model.h"
@@ -27,6 +28,10 @@ class Strategy : public ForwardHook, public BackwardHook {
  public:
   ~Strategy() override = default;
   virtual std::string describe() const = 0;  // for the run's header: "none", "ddp (bucketed)"
+  // What the strategy did, for the run's summary ("strategy_report"): its name, the collectives it issues
+  // per optimizer step, the buffers it holds. The trainer adds the communication counters and the memory
+  // per category of the whole run; this is what only the strategy knows.
+  virtual nlohmann::json report() const { return {{"name", describe()}}; }
   // Before unit `unit`'s forward (FSDP gathers its parameters here); nothing for none and DDP.
   void before_forward(int unit) override {}
   // Each micro-step: `sync` false on all but the last one of an accumulation (gradients stay local).

@@ -138,7 +138,7 @@ LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
 }
 
 std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes,
-                                  ProcessGroup* pg, Runtime* rt, const char* during) {
+                                  ProcessGroup* pg, Runtime* rt, const char* during, const Serve& serve) {
   wire::Frame f;
   f.op = labproto::kCall;
   f.arg[0] = fn;
@@ -154,14 +154,27 @@ std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t
     if (r.op == labproto::kRaised)
       throw Error(fmt::format("{} (in the lab's {})", sanitize_output(std::string(payload.begin(), payload.end()), 2000), during),
                   "the exception came from your code in " + opt_.plugin);
-    serve_collective(r, payload, pg, rt, during);
+    if (serve && r.op >= labproto::kStepForwardBackward && r.op <= labproto::kStepScheduler) serve(r, payload);
+    else serve_collective(r, payload, pg, rt, during, bool(serve));
   }
 }
 
-void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during) {
+void LabPlugin::reply(labproto::Op op, const void* data, size_t bytes, int64_t arg, const char* during) {
+  wire::Frame a;
+  a.op = op;
+  a.arg[0] = arg;
+  proc_->send(a, data, bytes, deadline_in(opt_.timeout_s), during);
+}
+
+void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during,
+                                 bool one_rank_ok) {
   auto refuse = [&](const std::string& why) { throw Error(fmt::format("the lab's {} {}", during, why)); };
   if (f.op != labproto::kAllReduce && f.op != labproto::kAllReduceAsync && f.op != labproto::kWait)
     refuse(fmt::format("sent opcode {}", f.op));
+  if (!pg && one_rank_ok && f.op == labproto::kAllReduce) {  // the sum, average or max over one rank: its own data
+    if (f.arg[0] < 0 || f.arg[0] > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", f.arg[0], payload.size()));
+    return reply(labproto::kData, payload.data(), payload.size(), 0, during);
+  }
   if (!pg || !rt) refuse("asked for a collective where none is possible (the sampler has no process group)");
   const auto reply = [&](labproto::Op op, const void* data, size_t bytes, int64_t arg) {
     wire::Frame a;
@@ -196,6 +209,70 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   if (n == 0) p.buffer = Tensor();
   pending_[h] = std::move(p);
   reply(labproto::kHandle, nullptr, 0, h);
+}
+
+LabStepResult LabPlugin::train_step(LabStepOps& ops, int accum_steps, double max_norm, const float cfg[3], int32_t growth_interval,
+                                    ProcessGroup* pg, Runtime& rt) {
+  const auto params = ops.parameters();
+  std::vector<char> in;
+  auto put = [&](const void* p, size_t n) { in.insert(in.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); };
+  put(&max_norm, 8);
+  put(cfg, 12);
+  put(&growth_interval, 4);
+  int64_t total = 0;
+  for (auto* p : params) {
+    const int64_t numel = p->data.numel();
+    put(&numel, 8);
+    put(p->name.c_str(), p->name.size() + 1);
+    total += numel;
+  }
+  const char* during = "train_step";
+  auto grads_f32 = [&] {
+    std::vector<float> g(static_cast<size_t>(total), 0.0f);
+    int64_t at = 0;
+    for (auto* p : params) {
+      if (p->grad.defined() && p->grad.data()) convert(p->grad.data(), p->grad.dtype(), g.data() + at, DType::f32, p->grad.numel());
+      at += p->data.numel();
+    }
+    return g;
+  };
+  const Serve serve = [&](const wire::Frame& f, std::vector<char>& payload) {
+    switch (f.op) {
+      case labproto::kStepForwardBackward: {
+        float factor = 0;
+        if (payload.size() != 4) throw Error("the lab's forward_backward request is broken");
+        std::memcpy(&factor, payload.data(), 4);
+        const double loss = ops.forward_backward(f.arg[0], factor);
+        return reply(labproto::kData, &loss, 8, 0, "forward_backward");
+      }
+      case labproto::kStepGrads: {
+        const auto g = grads_f32();
+        return reply(labproto::kData, g.data(), g.size() * 4, 0, "grads");
+      }
+      case labproto::kStepOptimizer: {
+        if (payload.size() != size_t(total) * 4)
+          throw Error(fmt::format("the lab's optimizer_step handed over {} bytes of gradients instead of {}", payload.size(), total * 4),
+                      "change the gradients in place through step.grads(): keep their sizes");
+        std::vector<float> g(static_cast<size_t>(total));
+        if (total) std::memcpy(g.data(), payload.data(), payload.size());
+        ops.optimizer_step(g);
+        return reply(labproto::kData, nullptr, 0, 0, "optimizer_step");
+      }
+      case labproto::kStepSkip:
+        ops.skip_step();
+        return reply(labproto::kData, nullptr, 0, 0, "skip_step");
+      default:
+        ops.scheduler_step();
+        return reply(labproto::kData, nullptr, 0, 0, "scheduler_step");
+    }
+  };
+  const std::vector<char> out = call(labproto::kTrainStep, {pg ? pg->rank() : 0, pg ? pg->size() : 1, accum_steps, int64_t(params.size())},
+                                     in.data(), in.size(), pg, &rt, during, serve);
+  if (out.size() != 12) throw Error("the lab's train_step returned a broken answer");
+  LabStepResult r;
+  std::memcpy(&r.scale_used, out.data(), 4);
+  std::memcpy(&r.scale_after, out.data() + 4, 4);
+  return r;
 }
 
 std::shared_ptr<Sampler> LabPlugin::make_sampler(int64_t n, int world, int rank, uint64_t seed, bool shuffle) {

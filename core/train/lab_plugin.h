@@ -5,6 +5,7 @@
 // group (counted and traced like the engine's own), and take the averaged gradients back.
 // An entry the student left empty fails with a message naming it: the engine's own code never stands in.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +15,22 @@
 #include "core/parallel/ddp.h"
 
 namespace distlab {
+
+// What lab 03's train_step may ask of the trainer, one call per request of the student's Step
+// (labs/03-amp-accum/api.h). The trainer implements it (core/train/trainer_lab.cpp) and checks the order.
+class LabStepOps {
+ public:
+  virtual ~LabStepOps() = default;
+  virtual double forward_backward(int64_t micro, float loss_factor) = 0;  // gradients += d(loss·factor)
+  virtual std::vector<Parameter*> parameters() = 0;
+  virtual void optimizer_step(const std::vector<float>& grads) = 0;       // every gradient, f32, model order
+  virtual void skip_step() = 0;
+  virtual void scheduler_step() = 0;
+};
+
+struct LabStepResult {
+  float scale_used = 1, scale_after = 1;  // the student's loss scale in this step, and after its update
+};
 
 struct LabPluginOptions {
   std::string host_exe;  // distlab-labhost
@@ -31,16 +48,26 @@ class LabPlugin {
   // naive ("naive") or bucketed DDP by the student; broadcasts rank 0's weights first, as the engine's does
   std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
 
-  // Runs one function of the plugin; collectives it asks for on the way run on *pg (may be null).
+  // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
+  // answers the student's all_reduces with their own data.
+  bool drives_steps() const { return opt_.lab_name.rfind("03", 0) == 0; }
+  LabStepResult train_step(LabStepOps& ops, int accum_steps, double max_norm, const float scaler_config[3],
+                           int32_t growth_interval, ProcessGroup* pg, Runtime& rt);
+
+  // Runs one function of the plugin; collectives it asks for on the way run on *pg (may be null). Other
+  // requests go to `serve` (lab 03's Step), which answers them.
+  using Serve = std::function<void(const wire::Frame&, std::vector<char>&)>;
   std::vector<char> call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes, ProcessGroup* pg,
-                         Runtime* rt, const char* during);
+                         Runtime* rt, const char* during, const Serve& serve = nullptr);
+  void reply(labproto::Op op, const void* data, size_t bytes, int64_t arg, const char* during);
 
  private:
   struct Pending {
     Tensor buffer;  // comm_buffers
     std::shared_ptr<Work> work;
   };
-  void serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during);
+  void serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during,
+                        bool one_rank_ok);
 
   LabPluginOptions opt_;
   std::unique_ptr<PluginProcess> proc_;

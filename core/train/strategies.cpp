@@ -13,10 +13,6 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "ddp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     // both broadcast rank 0's weights and buffers: every replica starts equal
-    if (lab && cfg.precision.mode != "fp32")
-      throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients",
-                                    cfg.precision.mode, cfg.lab.name),
-                        "run the lab in fp32 (its default); mixed precision is lab 03's subject");
     if (lab) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
     return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
   }
@@ -24,6 +20,11 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
 }
 
 void check_strategy_fits(const RunConfig& cfg, int world) {
+  const bool lab_ddp = cfg.parallel.strategy == "ddp" && cfg.lab.name.rfind("02", 0) == 0 && cfg.lab.plugin != "none";
+  if (lab_ddp && cfg.precision.mode != "fp32")
+    throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients", cfg.precision.mode,
+                                  cfg.lab.name),
+                      "run the lab in fp32 (its default); mixed precision is lab 03's subject");
   if (world > 1 && cfg.parallel.strategy == "none")
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");

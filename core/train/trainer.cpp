@@ -106,6 +106,43 @@ Batch Trainer::next_batch() {
   return b;
 }
 
+// One micro-batch: forward, the loss, backward of loss · loss_factor (gradients add up); returns the loss.
+double Trainer::micro_step(float loss_factor, bool sync, int64_t& samples) {
+  Batch b = next_batch();
+  CrossEntropyLoss ce;
+  Tensor logits = model_->forward(rt_, b, strategy_.get());
+  const double loss = ce.forward(rt_, logits, b.targets);
+  Tensor dlogits = ce.backward(rt_, loss_factor);
+  logits = Tensor();
+  strategy_->begin_backward(sync);  // false: no_sync (gradients stay local until the last micro-step)
+  model_->backward(rt_, dlogits, strategy_.get());
+  strategy_->finish_backward(rt_);
+  samples += b.samples();
+  return loss;
+}
+
+Trainer::StepOutcome Trainer::engine_step(int64_t step) {
+  StepOutcome o;
+  const int64_t k = cfg_.train.accum_steps;
+  o.loss_scale = scaler_.scale();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < k; micro++)  // the big batch's mean (loss / k), times the loss scale
+    loss_sum += micro_step(o.loss_scale / float(k), micro == k - 1, o.samples);
+  o.loss = loss_sum / double(k);
+  // Once per optimizer step, on the accumulated (and synchronised) gradients: skip the step if they overflowed
+  // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
+  o.skipped = scaler_.enabled() && GradScaler::found_inf(rt_, model_->parameters(), pg_);
+  o.lr = schedule_.lr_at(step);
+  if (!o.skipped) {
+    o.grad_norm = distlab::grad_norm(rt_, model_->parameters()) / o.loss_scale;
+    strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
+  }
+  scaler_.update(o.skipped);
+  o.next_loss_scale = scaler_.scale();
+  model_->zero_grad();
+  return o;
+}
+
 double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.memory.reset_peaks();
   rt_.trace.reset_totals();
@@ -114,41 +151,17 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.trace.clear_events();
   const CommCounters comm_before = pg_ ? pg_->total_counters() : CommCounters{};
   const double t0 = rt_.trace.now_us();
-  CrossEntropyLoss ce;
-  double loss_sum = 0;
-  int64_t samples = 0;
-  const int64_t k = cfg_.train.accum_steps;
-  const float loss_scale = scaler_.scale();
-  for (int64_t micro = 0; micro < k; micro++) {
-    Batch b = next_batch();
-    Tensor logits = model_->forward(rt_, b, strategy_.get());
-    loss_sum += ce.forward(rt_, logits, b.targets);
-    Tensor dlogits = ce.backward(rt_, loss_scale / float(k));  // the big batch's mean (loss / k), times the loss scale
-    logits = Tensor();
-    strategy_->begin_backward(micro == k - 1);  // no_sync on all but the last micro-step
-    model_->backward(rt_, dlogits, strategy_.get());
-    strategy_->finish_backward(rt_);
-    samples += b.samples();
-  }
+  const StepOutcome o = lab_ && lab_->drives_steps() ? lab_step(step) : engine_step(step);
   rt_.trace.keep_events(false);
-  // Once per optimizer step, on the accumulated (and synchronised) gradients: skip the step if they overflowed
-  // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
-  const bool skipped = scaler_.enabled() && GradScaler::found_inf(rt_, model_->parameters(), pg_);
-  double grad_norm = std::nan("");
-  const double lr = schedule_.lr_at(step);
-  if (!skipped) {
-    grad_norm = distlab::grad_norm(rt_, model_->parameters()) / loss_scale;
-    strategy_->step(rt_, *opt_, float(lr), clip_coefficient(grad_norm, cfg_.optim.clip_grad_norm) / loss_scale);
-  }
-  skipped_steps_ += skipped;
-  scaler_.update(skipped);
-  model_->zero_grad();
+  skipped_steps_ += o.skipped;
+  loss_scale_ = o.next_loss_scale;
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   last_step_flops_ = rt_.trace.flops();
   const MemoryStats& m = rt_.memory.stats();
   for (int i = 0; i < kNumCategories; i++) peak_[size_t(i)] = std::max(peak_[size_t(i)], m.peak[size_t(i)]);
   peak_total_ = std::max(peak_total_, m.peak_total);
-  double loss = loss_sum / double(k);
+  double loss = o.loss;
+  int64_t samples = o.samples;
   const CommCounters comm = pg_ ? pg_->total_counters() : CommCounters{};
   if (pg_ && pg_->size() > 1 && !rt_.is_meta()) {  // report the global batch's loss, as one device would see it
     float l = float(loss);
@@ -158,8 +171,8 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   }
   if (traced) modeled_ = model_time(step);
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
-                        {"lr", lr}, {"grad_norm", skipped ? nlohmann::json(nullptr) : nlohmann::json(grad_norm)},
-                        {"loss_scale", loss_scale}, {"skipped", skipped}, {"samples", samples}, {"wall_s", wall_s},
+                        {"lr", o.lr}, {"grad_norm", o.skipped ? nlohmann::json(nullptr) : nlohmann::json(o.grad_norm)},
+                        {"loss_scale", o.loss_scale}, {"skipped", o.skipped}, {"samples", samples}, {"wall_s", wall_s},
                         {"comm_bytes_sent", comm.bytes_sent - comm_before.bytes_sent},
                         {"comm_calls", comm.calls - comm_before.calls},
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
@@ -265,7 +278,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       const double el = (rt_.trace.now_us() - t_start) * 1e-6;
       log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
                           rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
-                          scaler_.enabled() ? fmt::format(" | loss scale {:g} ({} skipped)", scaler_.scale(), skipped_steps_) : "",
+                          scaler_.enabled() || (lab_ && lab_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
@@ -299,14 +312,15 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"peak_memory_total", peak_total_},
                             {"precision", cfg_.precision.mode},
                             {"skipped_steps", skipped_steps_},
-                            {"final_loss_scale", scaler_.scale()},
+                            {"final_loss_scale", loss_scale_},
                             {"flops_per_step", last_step_flops_},
                             {"world_size", world()},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
                             {"dataset_size", data_.train ? data_.train->size() : 0},
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / cfg_.train.accum_steps : 0},
                             {"params_equal_across_ranks", true},  // checked above: a run whose replicas differ fails
-                            {"strategy", cfg_.parallel.strategy}};
+                            {"strategy", cfg_.parallel.strategy},
+                            {"strategy_report", strategy_->report()}};
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {
     nlohmann::json comm = nlohmann::json::object();

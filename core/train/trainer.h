@@ -44,11 +44,21 @@ class Trainer {
   // One evaluation over (up to eval_batches of) the test set: {"loss", "accuracy", "samples"}.
   nlohmann::json evaluate();
   int64_t total_steps() const { return total_steps_; }
+  // What one optimizer step did, for its metrics record.
+  struct StepOutcome {
+    double loss = 0, lr = 0, grad_norm = 0;  // grad_norm: unscaled, before clipping (lab 03: what the student stepped with)
+    float loss_scale = 1, next_loss_scale = 1;  // the scale this step used, and the next step's
+    bool skipped = false;
+    int64_t samples = 0;  // this rank's
+  };
 
  private:
   Batch next_batch();
   Batch meta_batch(int64_t B);
   double train_step(int64_t step, MetricsWriter& metrics);  // returns the mean loss of the step
+  double micro_step(float loss_factor, bool sync, int64_t& samples);
+  StepOutcome engine_step(int64_t step);  // accumulate, unscale, skip or clip and step (the engine's)
+  StepOutcome lab_step(int64_t step);     // the same driven by lab 03's student (trainer_lab.cpp)
   nlohmann::json model_time(int64_t step);                  // the modeled time of the traced step
   // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
   // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
@@ -69,6 +79,8 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
   int64_t skipped_steps_ = 0;           // steps whose gradients overflowed
+  int64_t lab_schedule_steps_ = 0;      // lab 03: the student's scheduler_step() calls so far
+  float loss_scale_ = 1;                // for the progress line: the scale of the next step
   nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;

@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   }
   if (lab == "01") return serve_lab01(h);
   if (lab == "02") return serve_lab02(h);
+  if (lab == "03") return serve_lab03(h);
   const std::string why = "lab " + lab + " has no plugin host";
   put(distlab::labproto::kLoadFailed, why.data(), why.size());
   return 2;

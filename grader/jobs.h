@@ -1,0 +1,41 @@
+// Training jobs for a lab's checks: real runs of the lab's config through `distlab run`, the trainers the
+// engine's own, the student's plugin beside them (lab.plugin). The trainers measure losses, parameters,
+// collectives and modeled times where the plugin can't reach them. A job's result is shared by the checks
+// of one grading that need it (a hanging job costs one timeout, not one per check), and a student's job
+// may take a few times the engine's own run of the same job.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "grader/check.h"
+
+namespace distlab::grader {
+
+struct Job {
+  bool ok = false;
+  std::string failure;  // why not ok (sanitized output tail)
+  std::string status;   // for CheckAbort when not ok: timeout | error
+  double seconds = 0;
+  std::vector<double> losses, lrs;
+  std::vector<nlohmann::json> steps;  // every step record
+  nlohmann::json summary, first_step;
+  bool diverged = false;  // failed because the ranks' parameters differed at the end (losses are still there)
+};
+
+// One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation.
+Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s);
+
+// A job shared by the checks of one grading: run once, its result (or failure) reused; a failed one throws
+// CheckAbort. student: with the student's plugin (limited to a few times the engine's run of the same job),
+// else the engine's own (shared by the whole batch). allow_diverged: a run that trained to the end but whose
+// replicas differed is returned (its losses are evidence for a curve check), not thrown.
+const Job& job(CheckContext& ctx, const std::string& key, int ranks, bool student, const std::vector<std::string>& sets,
+               bool allow_diverged = false);
+
+inline std::vector<std::string> with(std::vector<std::string> v, const std::string& s) {
+  v.push_back(s);
+  return v;
+}
+
+}  // namespace distlab::grader
