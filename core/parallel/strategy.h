@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/models/model.h"
+#include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 
 namespace distlab {
@@ -38,6 +39,12 @@ class Strategy : public ForwardHook, public BackwardHook {
   virtual void begin_backward(bool sync) {}
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
   virtual void finish_backward(Runtime& rt) {}
+  // What the optimizer steps: the model's parameters (none, DDP) or this rank's slices of them (ZeRO).
+  virtual std::vector<Parameter*> optimizer_parameters(Model& model) { return model.parameters(); }
+  // The global L2 norm of the gradients the step will read, and whether any holds an inf or a NaN on any
+  // rank — over the whole gradients here, over every rank's slice where they are sharded.
+  virtual double grad_norm(Runtime& rt, Model& model) { return distlab::grad_norm(rt, model.parameters()); }
+  virtual bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) { return GradScaler::found_inf(rt, model.parameters(), pg); }
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }

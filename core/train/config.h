@@ -46,10 +46,11 @@ struct OptimOptions {
 };
 
 struct ParallelOptions {
-  std::string strategy = "none";     // none | ddp
+  std::string strategy = "none";     // none | ddp | zero1
   std::string ddp_mode = "bucketed"; // bucketed | naive
   double bucket_mb = 25.0;
   bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
+  std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
 };
 
 struct DistOptions {

@@ -5,6 +5,7 @@
 #include "core/data/distributed_sampler.h"
 #include "core/parallel/ddp.h"
 #include "core/parallel/none.h"
+#include "core/parallel/zero1.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -15,6 +16,10 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
     // both broadcast rank 0's weights and buffers: every replica starts equal
     if (lab) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
     return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
+  }
+  if (cfg.parallel.strategy == "zero1" && pg) {
+    if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce);
   }
   return std::make_unique<NoParallel>();
 }
@@ -32,7 +37,8 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
 
 std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
   if (cfg.parallel.strategy == "ddp" && lab) return lab->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
-  if (cfg.parallel.strategy == "ddp") return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
+  if (cfg.parallel.strategy != "none")  // data parallel, whatever it shards: each rank its 1/N of the data
+    return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
   if (cfg.train.shuffle) return std::make_shared<RandomSampler>(n, cfg.train.seed);
   return std::make_shared<SequentialSampler>(n);
 }

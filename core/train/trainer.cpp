@@ -72,10 +72,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_->init(cfg.train.seed);
   strategy_ = make_strategy(cfg, pg_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
-    opt_ = std::make_unique<SGD>(model_->parameters(),
+    opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
   } else {
-    opt_ = std::make_unique<AdamW>(model_->parameters(), AdamWOptions{float(cfg.optim.beta1), float(cfg.optim.beta2),
+    opt_ = std::make_unique<AdamW>(strategy_->optimizer_parameters(*model_), AdamWOptions{float(cfg.optim.beta1), float(cfg.optim.beta2),
                                                                       float(cfg.optim.eps), float(cfg.optim.weight_decay)});
   }
   schedule_ = Schedule{cfg.optim.schedule, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.step_size,
@@ -131,10 +131,10 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   o.loss = loss_sum / double(k);
   // Once per optimizer step, on the accumulated (and synchronised) gradients: skip the step if they overflowed
   // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
-  o.skipped = scaler_.enabled() && GradScaler::found_inf(rt_, model_->parameters(), pg_);
+  o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
   if (!o.skipped) {
-    o.grad_norm = distlab::grad_norm(rt_, model_->parameters()) / o.loss_scale;
+    o.grad_norm = strategy_->grad_norm(rt_, *model_) / o.loss_scale;
     strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
   }
   scaler_.update(o.skipped);

@@ -1,0 +1,128 @@
+#include "core/parallel/zero1.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/parallel/ddp.h"
+#include "core/tensor/as_f32.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode) : pg_(pg), rt_(rt), mode_(mode) {
+  if (mode != "reduce_scatter" && mode != "all_reduce")
+    throw ConfigError("unknown parallel.zero_reduce '" + mode + "'", "use reduce_scatter (the default) or all_reduce");
+  broadcast_model(pg, model);  // every replica starts equal, as DDP's
+  // one flat vector per weight-decay group: AdamW decays a whole slice or none of it
+  for (bool decay : {true, false}) {
+    Group g;
+    int64_t at = 0;
+    for (auto* p : model.parameters()) {
+      if (p->decay != decay) continue;
+      g.params.push_back(p);
+      g.offset.push_back(at);
+      at += p->data.numel();
+    }
+    if (g.params.empty()) continue;
+    const int64_t n = pg.size();
+    g.padded = (at + n - 1) / n * n;
+    g.shard = g.padded / n;
+    g.slice.name = fmt::format("zero1 slice {} of the {} parameters", pg.rank(), decay ? "decayed" : "undecayed");
+    g.slice.decay = decay;
+    g.slice.data = rt.zeros({g.shard}, Category::optim_state, g.slice.name + " (f32)");
+    groups_.push_back(std::move(g));
+  }
+}
+
+nlohmann::json ZeRO1::report() const {
+  nlohmann::json slices = nlohmann::json::array();
+  for (const auto& g : groups_) slices.push_back({{"params", g.params.size()}, {"padded", g.padded}, {"slice", g.shard}});
+  return {{"name", describe()}, {"groups", slices}, {"collectives_per_step", mode_ == "all_reduce" ? "all_reduce + all_gather per group"
+                                                                                                      : "reduce_scatter + all_gather per group"}};
+}
+
+void ZeRO1::pack(const Group& g, float* flat, bool grads) const {
+  if (!flat) return;
+  for (size_t i = 0; i < g.params.size(); i++) {
+    Parameter& p = *g.params[i];
+    const Tensor& t = grads ? p.grad : p.data;
+    if (t.defined() && t.data()) convert(t.data(), t.dtype(), flat + g.offset[i], DType::f32, t.numel());
+    else std::memset(flat + g.offset[i], 0, size_t(p.data.numel()) * 4);  // an unused parameter: zeros
+  }
+  const int64_t used = g.params.empty() ? 0 : g.offset.back() + g.params.back()->data.numel();
+  std::memset(flat + used, 0, size_t(g.padded - used) * 4);  // the padding never carries a value
+}
+
+void ZeRO1::unpack(Group& g, const float* flat) {
+  if (!flat) return;
+  for (size_t i = 0; i < g.params.size(); i++) {
+    Tensor& d = g.params[i]->data;
+    convert(flat + g.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
+  }
+}
+
+void ZeRO1::finish_backward(Runtime& rt) {
+  if (!sync_) return;  // accumulation: gradients stay local until the last micro-step (no_sync)
+  for (auto& g : groups_) {
+    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat gradient");
+    pack(g, flat.f32(), true);
+    g.slice.grad = rt.empty({g.shard}, Category::grads, g.slice.name + " gradient");
+    if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its slice
+      pg_.all_reduce(flat.f32(), g.padded, ReduceOp::avg);
+      if (flat.data()) std::memcpy(g.slice.grad.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
+    } else {
+      pg_.reduce_scatter(g.slice.grad.f32(), flat.f32(), g.shard, ReduceOp::avg);
+    }
+  }
+}
+
+std::vector<Parameter*> ZeRO1::optimizer_parameters(Model&) {
+  std::vector<Parameter*> v;
+  for (auto& g : groups_) v.push_back(&g.slice);
+  return v;
+}
+
+// The sum of squares of this rank's slices, all-reduced: two floats (a double's high and low parts) so
+// the norm keeps double precision through an f32 collective.
+double ZeRO1::grad_norm(Runtime& rt, Model&) {
+  double ss = 0;
+  if (!rt.is_meta())
+    for (auto& g : groups_) {
+      const float* x = g.slice.grad.defined() ? g.slice.grad.f32() : nullptr;
+      for (int64_t i = 0; x && i < g.shard; i++) ss += double(x[i]) * x[i];
+    }
+  std::vector<float> parts(static_cast<size_t>(2 * pg_.size()));
+  const float mine[2] = {float(ss), float(ss - double(float(ss)))};
+  pg_.all_gather(parts.data(), mine, 2);
+  double total = 0;
+  for (int r = 0; r < pg_.size(); r++) total += double(parts[size_t(2 * r)]) + double(parts[size_t(2 * r + 1)]);
+  return std::sqrt(total);
+}
+
+bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup*) {
+  std::vector<Parameter*> slices;
+  for (auto& g : groups_) slices.push_back(&g.slice);
+  return GradScaler::found_inf(rt, slices, &pg_);  // every rank's slice is a different part: MAX over ranks
+}
+
+void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
+  if (!loaded_) {  // the slices start from the parameters (after --init), at the first step
+    for (auto& g : groups_) {
+      Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat weights");
+      pack(g, flat.f32(), false);
+      if (flat.data()) std::memcpy(g.slice.data.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
+    }
+    loaded_ = true;
+  }
+  opt.step(rt, lr, grad_factor);  // this rank's slices only: the optimizer was built on them
+  for (auto& g : groups_) {
+    g.slice.grad = Tensor();
+    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered weights");
+    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard);
+    unpack(g, flat.f32());
+  }
+}
+
+}  // namespace distlab

@@ -1,0 +1,62 @@
+// ZeRO stage 1 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", P_os): every rank holds the whole model and computes whole gradients, as DDP; the OPTIMIZER
+// STATE is split N ways. Each rank steps only its 1/N slice of the parameters and then all-gathers the
+// updated slices, so the replicas stay equal.
+//
+//   parameters, by weight decay, flattened into one vector per group and padded to a multiple of N:
+//     group g: [ p0 | p1 | ... | pad ]      rank r owns elements [r·S/N, (r+1)·S/N) of it
+//   after backward:  reduce_scatter(avg) the flat gradient  → this rank's slice of the averaged gradient
+//                    (mode "all_reduce": all_reduce it whole and keep the slice — the naive form, same numbers)
+//   step:            the optimizer steps the f32 slice it owns (its master weights: 4 bytes, + Adam's 8, per
+//                    parameter / N), then all_gather(slices) → every parameter, on every rank
+//
+// Memory per rank (Ψ parameters, K bytes of optimizer state per parameter): params + grads as DDP, and
+// optimizer state K·Ψ/N instead of K·Ψ — the paper's 4Ψ + 12Ψ/N with bf16 parameters and Adam.
+// Communication: reduce_scatter + all_gather = one all_reduce's worth, so ZeRO-1 costs what DDP costs.
+// Read next: core/parallel/ddp.h (what this extends), strategy.h (the calls the trainer makes).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dist/process_group.h"
+#include "core/models/model.h"
+#include "core/parallel/strategy.h"
+
+namespace distlab {
+
+class ZeRO1 : public Strategy {
+ public:
+  // mode: "reduce_scatter" (the default) or "all_reduce" (all-reduce the whole gradient, then slice)
+  ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode);
+  std::string describe() const override { return "zero1 (" + mode_ + ")"; }
+  nlohmann::json report() const override;
+
+  void begin_backward(bool sync) override { sync_ = sync; }
+  void finish_backward(Runtime& rt) override;  // this rank's slice of the averaged gradient
+  std::vector<Parameter*> optimizer_parameters(Model& model) override;
+  double grad_norm(Runtime& rt, Model& model) override;    // over every rank's slice
+  bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) override;  // over every rank's slice
+  void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+
+ private:
+  struct Group {
+    std::vector<Parameter*> params;  // in model order
+    std::vector<int64_t> offset;     // where each starts in the flat vector
+    int64_t padded = 0;              // flat length, a multiple of N
+    int64_t shard = 0;               // padded / N
+    Parameter slice;                 // this rank's: data f32 (optim_state), grad f32 (grads) after backward
+  };
+  // the flat vector of a group's gradients (or weights) in f32, padding zero
+  void pack(const Group& g, float* flat, bool grads) const;
+  void unpack(Group& g, const float* flat);  // weights, into the parameters' own dtype
+
+  ProcessGroup& pg_;
+  Runtime& rt_;
+  std::string mode_;
+  std::vector<Group> groups_;
+  bool sync_ = true;
+  bool loaded_ = false;  // the slices hold the parameters' values (done at the first step, after --init)
+};
+
+}  // namespace distlab
