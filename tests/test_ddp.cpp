@@ -6,7 +6,7 @@
 // past 1e-5 by step ~25) — chaos of training itself, not of DDP.
 #include <sys/wait.h>
 
-#include "shell.h"
+#include "train_harness.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -23,38 +23,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunOut {
-  int code;
-  std::string out;
-  std::vector<double> losses, lrs, grad_norms;
-  nlohmann::json summary;
-};
+using distlab::testing::max_rel_diff;
+using RunOut = distlab::testing::TrainRun;
 
+// The course's CNN on a synthetic set of 8192 images, DDP on `ranks` ranks
 RunOut train(int ranks, const std::string& sets) {
-  const std::string metrics = (fs::temp_directory_path() / ("distlab-ddp-" + std::to_string(getpid()) + ".jsonl")).string();
-  const std::string cmd = "timeout 240 "s + DISTLAB_BINARY + " run -n " + std::to_string(ranks) +
-                          " --master-port 0 train configs/cifar-cnn.toml --set data.synthetic_train=8192 --set train.log_every=1000 " +
-                          "--set parallel.strategy=ddp --metrics " + metrics + " " + sets;
-  RunOut r;
-  std::tie(r.code, r.out) = shell_in_source(cmd);
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "step") {
-      r.losses.push_back(j["loss"].get<double>());
-      r.lrs.push_back(j["lr"].get<double>());
-      r.grad_norms.push_back(j["grad_norm"].get<double>());
-    }
-    if (j["kind"] == "summary") r.summary = j;
-  }
-  fs::remove(metrics);
-  return r;
-}
-
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(a[i]));
-  return m;
+  return distlab::testing::train_ranks(ranks, "configs/cifar-cnn.toml", "--set data.synthetic_train=8192 --set parallel.strategy=ddp " + sets);
 }
 
 const std::string kCompare = "--set optim.lr=0.002 --set train.steps=50 ";

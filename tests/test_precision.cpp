@@ -14,12 +14,13 @@
 #include "core/nn/loss.h"
 #include "core/ops/autocast.h"
 #include "core/optim/grad_scaler.h"
+#include "core/optim/underflow_case.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
 #include "core/tensor/as_f32.h"
 #include "core/train/trainer.h"
 #include "dist_harness.h"
-#include "shell.h"
+#include "train_harness.h"
 
 using namespace distlab;
 namespace fs = std::filesystem;
@@ -73,27 +74,9 @@ TEST_CASE("fp16's range: 65504 is the largest value, 2^-24 the smallest; bulk co
 
 namespace {
 
-// A Linear layer (C -> V) and a cross-entropy weighted by 1e-3 (an auxiliary loss), in `dt`; returns the
-// gradient of the weighted loss w.r.t. the weight (unscaled, f32) after one backward with the loss also
-// multiplied by `scale`. Small inputs (1e-4) and the weight put dW = dYᵀ·X around 1e-8: under fp16's
-// smallest value 2^-24 ≈ 6e-8.
+// the course's seeded case (core/optim/underflow_case.h), unscaled
 std::vector<float> tiny_gradient(DType dt, float scale) {
-  Runtime rt;
-  rt.dtype = dt;
-  const int64_t N = 64, C = 8, V = 4;
-  Linear fc(rt, "fc", C, V);
-  Rng rng(3);
-  fc.init(rng);
-  Tensor x = rt.empty({N, C}, Category::activations);
-  for (int64_t i = 0; i < N * C; i++) x.f32()[i] = 1e-4f * float((i * 37) % 11 - 5);
-  std::vector<int32_t> y(N);
-  for (int64_t i = 0; i < N; i++) y[size_t(i)] = int32_t(i % V);
-  CrossEntropyLoss ce;
-  Tensor z = fc.forward(rt, x);
-  ce.forward(rt, z, y);
-  fc.backward(rt, ce.backward(rt, 1e-3f * scale));
-  std::vector<float> g(size_t(V * C));
-  convert(fc.weight.grad.data(), dt, g.data(), DType::f32, V * C);
+  auto g = underflow_case_gradient(dt, scale);
   for (auto& v : g) v /= scale;
   return g;
 }
@@ -286,51 +269,19 @@ lr = 1e-2
 clip_grad_norm = 1.0
 )";
 
-struct Run {
-  std::vector<nlohmann::json> steps;
-  nlohmann::json summary;
-  std::string log;
-  std::vector<std::vector<float>> weights;  // as f32
-  std::vector<std::vector<float>> masters;  // the optimizer's f32 masters (16-bit runs)
-};
-
-Run train(const char* toml, std::vector<std::string> sets, DeviceKind dev = DeviceKind::cpu, const std::string& save = "") {
-  const std::string metrics = (fs::temp_directory_path() / ("distlab-prec-" + std::to_string(::getpid()) + ".jsonl")).string();
-  sets.push_back("log.metrics=" + metrics);
-  RunConfig cfg = parse_config(toml, "test.toml", sets);
-  Runtime rt(dev);
-  std::ostringstream log;
-  MetricsWriter mw(cfg.log.metrics);
-  Trainer t(cfg, rt, log);
-  Run r;
-  TrainOutputs out;
-  out.save_path = save;
-  r.summary = t.run(mw, out);
-  mw.finish();
-  r.log = log.str();
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "step") r.steps.push_back(j);
-  }
-  fs::remove(metrics);
-  for (auto* p : t.model().parameters()) {
-    if (!p->data.data()) continue;
-    std::vector<float> w(size_t(p->data.numel()));
-    convert(p->data.data(), p->data.dtype(), w.data(), DType::f32, p->data.numel());
-    r.weights.push_back(w);
-  }
-  return r;
+using distlab::testing::TrainRun;
+TrainRun train(const char* toml, std::vector<std::string> sets, DeviceKind dev = DeviceKind::cpu, const std::string& save = "") {
+  return distlab::testing::train_in_process(toml, std::move(sets), dev, save);
 }
 
 }  // namespace
 
 TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations about halved, masters saved in f32", "[precision][train]") {
-  Run fp32 = train(kGpt, {});
+  TrainRun fp32 = train(kGpt, {});
   for (const char* mode : {"bf16", "fp16"}) {
     INFO(mode);
     const std::string file = (fs::temp_directory_path() / ("distlab-prec-" + std::to_string(::getpid()) + ".safetensors")).string();
-    Run lp = train(kGpt, {std::string("precision.mode=") + mode}, DeviceKind::cpu, file);
+    TrainRun lp = train(kGpt, {std::string("precision.mode=") + mode}, DeviceKind::cpu, file);
     const double n = lp.summary["params"].get<double>();
     CHECK(lp.summary["peak_memory"]["params"].get<double>() == 2 * n);
     CHECK(lp.summary["peak_memory"]["grads"].get<double>() == 2 * n);
@@ -339,7 +290,7 @@ TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations a
     CHECK(ratio > 0.45);
     CHECK(ratio < 0.65);  // the f32 softmax of the loss and the norms' statistics stay f32
     CHECK(lp.summary["precision"] == mode);
-    CHECK_THAT(lp.log, Catch::Contains("f32 master weights"));
+    CHECK_THAT(lp.out, Catch::Contains("f32 master weights"));
     // the saved file holds the f32 masters: values a 16-bit tensor cannot hold
     StFile f = read_safetensors(file);
     const StTensor& w = f.tensors.at("transformer.h.0.mlp.c_fc.weight");
@@ -367,7 +318,7 @@ TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations a
 
 TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs off and grows; metrics say so", "[precision][train]") {
   // 2^30 overflows the first steps' gradients; growth every 2 clean steps
-  Run r = train(kCnn, {"precision.mode=fp16", "precision.init_scale=1073741824", "precision.growth_interval=2", "train.steps=30"});
+  TrainRun r = train(kCnn, {"precision.mode=fp16", "precision.init_scale=1073741824", "precision.growth_interval=2", "train.steps=30"});
   REQUIRE(r.steps.size() == 30);
   std::string scales;
   for (const auto& s : r.steps) scales += s["loss_scale"].dump() + (s["skipped"].get<bool>() ? "(skipped) " : " ");
@@ -391,22 +342,22 @@ TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs
   CHECK(r.steps[0]["skipped"] == true);
 
   // a skipped step leaves the weights alone: 1 step at 2^30 (skipped) = the initial weights
-  Run zero = train(kCnn, {"precision.mode=fp16", "train.steps=1", "precision.init_scale=1073741824"});
-  Run init = train(kCnn, {"precision.mode=fp16", "train.steps=1", "optim.lr=0"});
+  TrainRun zero = train(kCnn, {"precision.mode=fp16", "train.steps=1", "precision.init_scale=1073741824"});
+  TrainRun init = train(kCnn, {"precision.mode=fp16", "train.steps=1", "optim.lr=0"});
   REQUIRE(zero.steps[0]["skipped"] == true);
   CHECK(zero.weights == init.weights);
 
   // fp32 and bf16 have no scaler by default; a static scale never moves
-  Run bf = train(kCnn, {"precision.mode=bf16", "train.steps=2"});
+  TrainRun bf = train(kCnn, {"precision.mode=bf16", "train.steps=2"});
   CHECK(bf.steps[0]["loss_scale"] == 1.0);
-  Run fixed = train(kCnn, {"precision.mode=fp16", "precision.loss_scale=128", "train.steps=3"});
+  TrainRun fixed = train(kCnn, {"precision.mode=fp16", "precision.loss_scale=128", "train.steps=3"});
   for (const auto& s : fixed.steps) CHECK(s["loss_scale"] == 128.0);
 }
 
 TEST_CASE("clipping and the reported norm see the unscaled gradient (unscale before clip)", "[precision][train]") {
   // GPT-tiny's norm at step 1 is above the clip (1.0): clipping a scaled norm (x1024) would all but stop it
-  Run fp32 = train(kGpt, {"train.steps=3"});
-  Run fp16 = train(kGpt, {"train.steps=3", "precision.mode=fp16", "precision.init_scale=1024"});
+  TrainRun fp32 = train(kGpt, {"train.steps=3"});
+  TrainRun fp16 = train(kGpt, {"train.steps=3", "precision.mode=fp16", "precision.init_scale=1024"});
   REQUIRE(fp16.summary["skipped_steps"] == 0);
   for (size_t i = 0; i < 3; i++) {
     const double a = fp32.steps[i]["grad_norm"].get<double>(), b = fp16.steps[i]["grad_norm"].get<double>();
@@ -420,13 +371,13 @@ TEST_CASE("clipping and the reported norm see the unscaled gradient (unscale bef
 TEST_CASE("16-bit runs are deterministic and meta records their memory exactly", "[precision][determinism]") {
   for (const char* toml : {kCnn, kGpt})
     for (const char* mode : {"precision.mode=bf16", "precision.mode=fp16"}) {
-      Run a = train(toml, {mode}), b = train(toml, {mode});
+      TrainRun a = train(toml, {mode}), b = train(toml, {mode});
       REQUIRE(a.steps.size() == b.steps.size());
       for (size_t i = 0; i < a.steps.size(); i++) CHECK(a.steps[i]["loss"] == b.steps[i]["loss"]);
       CHECK(a.weights == b.weights);
       // no overflow in these two steps: a skipped step runs no optimizer, and meta never overflows
-      Run meta = train(toml, {mode, "train.steps=2", "precision.init_scale=256"}, DeviceKind::meta);
-      Run cpu = train(toml, {mode, "train.steps=2", "precision.init_scale=256"});
+      TrainRun meta = train(toml, {mode, "train.steps=2", "precision.init_scale=256"}, DeviceKind::meta);
+      TrainRun cpu = train(toml, {mode, "train.steps=2", "precision.init_scale=256"});
       REQUIRE(cpu.summary["skipped_steps"] == 0);
       CHECK(meta.summary["peak_memory"] == cpu.summary["peak_memory"]);
       CHECK(meta.summary["flops_per_step"] == cpu.summary["flops_per_step"]);
@@ -564,25 +515,16 @@ TEST_CASE("2 ranks of DDP in bf16 and fp16 keep bitwise-equal replicas and follo
     INFO(mode);
     std::vector<double> curves[2];
     for (int n : {1, 2}) {
-      const std::string metrics = (fs::temp_directory_path() / ("distlab-prec-ddp-" + std::to_string(::getpid()) + ".jsonl")).string();
-      const std::string cmd = std::string("timeout 240 ") + DISTLAB_BINARY + " run -n " + std::to_string(n) +
-                              " --master-port 0 train configs/cifar-cnn.toml --set data.name=synthetic-images --set data.synthetic_train=2048"
-                              " --set train.global_batch=64 --set train.steps=20 --set optim.lr=0.002 --set parallel.strategy=" +
-                              (n == 1 ? "none" : "ddp") + " --set precision.mode=" + mode + " --metrics " + metrics;
-      auto [code, out] = shell_in_source(cmd);
-      INFO(out);
-      REQUIRE(code == 0);
-      std::ifstream in(metrics);
-      nlohmann::json summary;
-      for (std::string line; std::getline(in, line);) {
-        auto j = nlohmann::json::parse(line);
-        if (j["kind"] == "step") curves[n - 1].push_back(j["loss"].get<double>());
-        if (j["kind"] == "summary") summary = j;
-      }
-      fs::remove(metrics);
-      CHECK(summary["params_equal_across_ranks"] == true);  // the run fails if the end-of-run check finds a difference
-      CHECK(summary["precision"] == mode);
-      if (n == 2) CHECK(summary["strategy_report"]["all_reduces_per_step"].get<int>() >= 1);
+      const TrainRun r = distlab::testing::train_ranks(
+          n, "configs/cifar-cnn.toml",
+          std::string("--set data.name=synthetic-images --set data.synthetic_train=2048 --set train.global_batch=64 --set train.steps=20 "
+                      "--set optim.lr=0.002 --set parallel.strategy=") + (n == 1 ? "none" : "ddp") + " --set precision.mode=" + mode);
+      INFO(r.out);
+      REQUIRE(r.code == 0);
+      curves[n - 1] = r.losses;
+      CHECK(r.summary["params_equal_across_ranks"] == true);  // the run fails if the end-of-run check finds a difference
+      CHECK(r.summary["precision"] == mode);
+      if (n == 2) CHECK(r.summary["strategy_report"]["all_reduces_per_step"].get<int>() >= 1);
     }
     REQUIRE(curves[0].size() == 20);
     REQUIRE(curves[1].size() == 20);

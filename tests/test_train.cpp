@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/train/trainer.h"
+#include "train_harness.h"
 #include "core/util/error.h"
 
 using namespace distlab;
@@ -61,54 +62,27 @@ schedule = "cosine"
 warmup_steps = 2
 )";
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-  nlohmann::json summary;
-  std::vector<nlohmann::json> records;
-};
-
-Run train(const char* toml, std::vector<std::string> sets = {}, DeviceKind dev = DeviceKind::cpu) {
-  std::string metrics = (fs::temp_directory_path() / ("distlab-train-" + std::to_string(::getpid()) + ".jsonl")).string();
-  sets.push_back("log.metrics=" + metrics);
-  RunConfig cfg = parse_config(toml, "test.toml", sets);
-  Runtime rt(dev);
-  std::ostringstream log;
-  MetricsWriter mw(cfg.log.metrics);
-  Trainer t(cfg, rt, log);
-  Run r;
-  r.summary = t.run(mw);
-  mw.finish();
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    r.records.push_back(j);
-    if (j["kind"] == "step" && !j["loss"].is_null()) r.losses.push_back(j["loss"].get<double>());
-  }
-  for (auto* p : t.model().parameters()) {
-    if (!p->data.data()) continue;
-    r.weights.emplace_back(p->data.f32(), p->data.f32() + p->data.numel());
-  }
-  fs::remove(metrics);
-  return r;
+using distlab::testing::TrainRun;
+TrainRun train(const char* toml, std::vector<std::string> sets = {}, DeviceKind dev = DeviceKind::cpu) {
+  return distlab::testing::train_in_process(toml, std::move(sets), dev);
 }
 
 }  // namespace
 
 TEST_CASE("same config and seed give bitwise the same losses and weights", "[train][determinism]") {
   for (const char* toml : {kSmallCnn, kTinyGpt}) {
-    Run a = train(toml), b = train(toml);
+    TrainRun a = train(toml), b = train(toml);
     REQUIRE(a.losses.size() == b.losses.size());
     for (size_t i = 0; i < a.losses.size(); i++) CHECK(a.losses[i] == b.losses[i]);  // bitwise
     CHECK(a.weights == b.weights);
-    Run c = train(toml, {"train.seed=99"});
+    TrainRun c = train(toml, {"train.seed=99"});
     CHECK(c.losses != a.losses);
   }
 }
 
 TEST_CASE("meta and cpu record the same FLOPs and memory for the same model", "[train][meta]") {
   for (const char* toml : {kSmallCnn, kTinyGpt}) {
-    Run cpu = train(toml, {"train.steps=2"}), meta = train(toml, {"train.steps=2"}, DeviceKind::meta);
+    TrainRun cpu = train(toml, {"train.steps=2"}), meta = train(toml, {"train.steps=2"}, DeviceKind::meta);
     CHECK(cpu.summary["flops_per_step"] == meta.summary["flops_per_step"]);
     CHECK(cpu.summary["peak_memory"] == meta.summary["peak_memory"]);
     CHECK(cpu.summary["peak_memory_total"] == meta.summary["peak_memory_total"]);
@@ -135,7 +109,7 @@ name = "sgd"
 lr = 0.1
 momentum = 0.9
 )";
-  Run big = train(mlp), acc = train(mlp, {"train.micro_batch=4", "train.accum_steps=4"});
+  TrainRun big = train(mlp), acc = train(mlp, {"train.micro_batch=4", "train.accum_steps=4"});
   REQUIRE(big.losses.size() == acc.losses.size());
   for (size_t i = 0; i < big.losses.size(); i++) CHECK(acc.losses[i] == Approx(big.losses[i]).epsilon(1e-5));
   for (size_t i = 0; i < big.weights.size(); i++)
@@ -143,14 +117,14 @@ momentum = 0.9
 }
 
 TEST_CASE("global_batch sets the micro-batch; contradictions are errors", "[train]") {
-  Run r = train(kSmallCnn, {"train.global_batch=32", "train.accum_steps=2", "train.steps=1"});
+  TrainRun r = train(kSmallCnn, {"train.global_batch=32", "train.accum_steps=2", "train.steps=1"});
   CHECK(r.records.front()["samples"] == 32);  // 16 per micro-step x 2
   CHECK_THROWS_WITH(train(kSmallCnn, {"train.global_batch=30", "train.accum_steps=4"}), Catch::Contains("not divisible"));
   CHECK_THROWS_WITH(train(kSmallCnn, {"train.global_batch=64", "train.micro_batch=8"}), Catch::Contains("contradicts"));
 }
 
 TEST_CASE("metrics records carry the fields the course reads", "[train]") {
-  Run r = train(kTinyGpt);
+  TrainRun r = train(kTinyGpt);
   const auto& step = r.records.front();
   for (auto key : {"step", "loss", "lr", "grad_norm", "samples", "wall_s", "memory"}) CHECK(step.contains(key));
   CHECK(step["memory"]["peak"].contains("activations"));

@@ -11,41 +11,17 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "shell.h"
+#include "train_harness.h"
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct RunOut {
-  int code;
-  std::string out;
-  std::vector<double> losses;
-  nlohmann::json summary;
-};
+using distlab::testing::max_rel_diff;
+using RunOut = distlab::testing::TrainRun;
 
-RunOut train(int ranks, const std::string& config, const std::string& sets) {
-  const std::string metrics = (fs::temp_directory_path() / ("distlab-zero-" + std::to_string(getpid()) + ".jsonl")).string();
-  const std::string cmd = "timeout 240 "s + DISTLAB_BINARY + " run -n " + std::to_string(ranks) + " --master-port 0 train " + config +
-                          " --set train.log_every=1000 --metrics " + metrics + " " + sets;
-  RunOut r;
-  std::tie(r.code, r.out) = shell_in_source(cmd);
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "step") r.losses.push_back(j["loss"].get<double>());
-    if (j["kind"] == "summary") r.summary = j;
-  }
-  fs::remove(metrics);
-  return r;
-}
-
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(a[i]));
-  return m;
-}
+RunOut train(int ranks, const std::string& config, const std::string& sets) { return distlab::testing::train_ranks(ranks, config, sets); }
 
 const std::string kCnn = "configs/cifar-cnn.toml";
 const std::string kCnnSets = "--set data.synthetic_train=8192 --set optim.lr=0.002 --set train.steps=30 --set optim.clip_grad_norm=0.5 ";

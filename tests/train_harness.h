@@ -1,0 +1,90 @@
+// The two ways the tests train, each returning what the metrics file said:
+//   train_in_process  a Trainer in this process, on a TOML text (one rank; cpu or meta);
+//   train_ranks       `distlab run -n N train CONFIG ...` (real processes), with a timeout.
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/train/trainer.h"
+#include "shell.h"
+
+namespace distlab::testing {
+
+struct TrainRun {
+  int code = 0;       // train_ranks: the launcher's exit code
+  std::string out;    // its output, or the in-process run's log
+  std::vector<nlohmann::json> records, steps;  // every record; the step records
+  std::vector<double> losses, lrs, grad_norms;
+  nlohmann::json summary;
+  std::vector<std::vector<float>> weights;  // train_in_process: every parameter as f32, in model order
+};
+
+inline void read_metrics(const std::string& path, TrainRun& r) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    r.records.push_back(j);
+    if (j["kind"] == "step") {
+      r.steps.push_back(j);
+      if (!j["loss"].is_null()) r.losses.push_back(j["loss"].get<double>());
+      r.lrs.push_back(j["lr"].get<double>());
+      r.grad_norms.push_back(j["grad_norm"].is_null() ? std::nan("") : j["grad_norm"].get<double>());
+    }
+    if (j["kind"] == "summary") r.summary = j;
+  }
+  std::filesystem::remove(path);
+}
+
+inline std::string metrics_path(const char* tag) {
+  return (std::filesystem::temp_directory_path() / (std::string("distlab-") + tag + "-" + std::to_string(::getpid()) + ".jsonl")).string();
+}
+
+inline TrainRun train_in_process(const std::string& toml, std::vector<std::string> sets = {}, DeviceKind dev = DeviceKind::cpu,
+                                 const std::string& save = "") {
+  const std::string metrics = metrics_path("train");
+  sets.push_back("log.metrics=" + metrics);
+  RunConfig cfg = parse_config(toml, "test.toml", sets);
+  Runtime rt(dev);
+  std::ostringstream log;
+  MetricsWriter mw(cfg.log.metrics);
+  Trainer t(cfg, rt, log);
+  TrainOutputs outputs;
+  outputs.save_path = save;
+  TrainRun r;
+  t.run(mw, outputs);
+  mw.finish();
+  r.out = log.str();
+  read_metrics(metrics, r);
+  for (auto* p : t.model().parameters()) {
+    if (!p->data.data()) continue;
+    std::vector<float> w(static_cast<size_t>(p->data.numel()));
+    convert(p->data.data(), p->data.dtype(), w.data(), DType::f32, p->data.numel());
+    r.weights.push_back(std::move(w));
+  }
+  return r;
+}
+
+// `sets` is appended to the command line as is ("--set a=b --set c=d").
+inline TrainRun train_ranks(int ranks, const std::string& config, const std::string& sets) {
+  const std::string metrics = metrics_path("ranks");
+  const std::string cmd = std::string("timeout 240 ") + DISTLAB_BINARY + " run -n " + std::to_string(ranks) + " --master-port 0 train " +
+                          config + " --set train.log_every=1000 --metrics " + metrics + " " + sets;
+  TrainRun r;
+  std::tie(r.code, r.out) = shell_in_source(cmd);
+  read_metrics(metrics, r);
+  return r;
+}
+
+inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(a[i]));
+  return m;
+}
+
+}  // namespace distlab::testing
