@@ -431,10 +431,25 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
       {"scheduler_per_micro_step",
        replace(replace(solution, "  step.scheduler_step();  // once per optimizer step, never per micro-batch\n", ""), loop,
                "  for (int micro = 0; micro < k; micro++) {\n    step.forward_backward(micro, s.scale / float(k));\n    step.scheduler_step();\n  }\n")},
+      // a correct scaler that train_step never uses: no scale, no unscale, no skip
+      {"scaler_unused_in_step",
+       replace_body(solution, "void train_step(Step& step, const ScalerConfig& c, ScalerState& s)",
+                    "  const int k = step.accum_steps();\n  for (int micro = 0; micro < k; micro++) step.forward_backward(micro, 1.0f / float(k));\n"
+                    "  std::vector<Grad>& grads = step.grads();\n  clip_grad_norm(grads, step.max_norm());\n  step.optimizer_step();\n"
+                    "  step.scheduler_step();")},
+      // a global constructor that prints a forged verdict and exits before anything runs
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/03-amp-accum/student/amp.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"15/15 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("03", subs, files, "amp.cpp");
-  CHECK(rows["solution"].total == 13);
+  CHECK(rows["solution"].total == 15);
   CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["scaler_unused_in_step"].points["scaler_drives_the_step"] == 0);
+  CHECK(rows["scaler_unused_in_step"].points["scale_sequence"] == 2);
+  CHECK(rows["no_scaling"].points["scaler_drives_the_step"] == 0);
+  CHECK(rows["growth_never"].points["scaler_drives_the_step"] == 0);
+  CHECK(rows["loss_not_divided_by_k"].points["scaler_drives_the_step"] == 0);
   CHECK(rows["no_scaling"].points["scaler_rescues_underflow"] == 0);
   CHECK(rows["no_scaling"].points["clip_grad_norm"] == 1);
   CHECK(rows["clip_before_unscale"].points["fp16_tracks_fp32"] == 0);

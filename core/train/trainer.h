@@ -47,7 +47,8 @@ class Trainer {
   // What one optimizer step did, for its metrics record.
   struct StepOutcome {
     double loss = 0, lr = 0, grad_norm = 0;  // grad_norm: unscaled, before clipping (lab 03: what the student stepped with)
-    float loss_scale = 1, next_loss_scale = 1;  // the scale this step used, and the next step's
+    // the scale this step's backward used (lab 03: the loss factor times k, as the trainer saw it), and the next step's
+    float loss_scale = 1, next_loss_scale = 1;
     bool skipped = false;
     int64_t samples = 0;  // this rank's
   };

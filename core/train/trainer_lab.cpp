@@ -29,6 +29,7 @@ class Ops : public LabStepOps {
                       "run each micro-batch 0, 1, ..., k-1 once per step");
     if (!std::isfinite(factor)) throw lab_error(fmt::format("forward_backward({}, {}): the loss factor is not finite", micro, factor));
     done_micro_++;
+    if (micro == 0) o_.loss_scale = factor * float(k_);  // what backward was multiplied by, measured here
     const double loss = micro_(factor, micro == k_ - 1);
     loss_sum_ += loss;
     return loss;
@@ -98,8 +99,7 @@ Trainer::StepOutcome Trainer::lab_step(int64_t) {  // the step number: the stude
   const LabStepResult r = lab_->train_step(ops, int(cfg_.train.accum_steps), cfg_.optim.clip_grad_norm, scaler,
                                            int32_t(std::min<int64_t>(pc.growth_interval, INT32_MAX)), pg_, rt_);
   ops.check_complete();
-  o.loss_scale = r.scale_used;
-  o.next_loss_scale = r.scale_after;
+  o.next_loss_scale = r.scale_after;  // the student's own state, for the progress line only
   if (o.skipped) o.lr = schedule_.lr_at(lab_schedule_steps_);
   return o;
 }
