@@ -151,7 +151,7 @@ TEST_CASE("bench comm --ring measures lab 01's ring beside Gloo's and counts its
   fs::remove(json);
 }
 
-TEST_CASE("a full disk fails the run and keeps the earlier metrics file; missing output folders fail before training", "[cli][io]") {
+TEST_CASE("a full disk fails the run and keeps the earlier metrics file, missing output folders fail before training", "[cli][io]") {
   const std::string m = tmp("full.jsonl");
   std::ofstream(m) << "an earlier run's metrics\n";
   // a file size limit of 8 KiB stands in for a full disk: the writes past it fail (EFBIG)

@@ -63,7 +63,7 @@ int count_processes(const std::string& marker) {
 
 }  // namespace
 
-TEST_CASE("workers get torchrun's environment; only rank 0 prints; --log-dir keeps every rank", "[launcher]") {
+TEST_CASE("workers get torchrun's environment, only rank 0 prints, --log-dir keeps every rank", "[launcher]") {
   fs::path logs = fs::temp_directory_path() / ("distlab-logs-" + std::to_string(getpid()));
   Result r = sh(run("-n 3 --master-port 0 --log-dir " + logs.string() +
                     " -- bash -c 'echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lw=$LOCAL_WORLD_SIZE "
@@ -250,7 +250,7 @@ TEST_CASE("collectives of different sizes end with a distlab message, with or wi
   CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("all_reduce #1 of 1000 f32"));
 }
 
-TEST_CASE("a worker inherits no socket, pipe or file of the launcher's; a port out of range is refused", "[launcher]") {
+TEST_CASE("a worker inherits no socket, pipe or file of the launcher's, a port out of range is refused", "[launcher]") {
   // the worker lists its open descriptors: stdin, stdout and stderr (two ends of one pipe), and the
   // listing's own folder; no socket (the store's), no other rank's pipe, no log file
   Result r = sh(run("-n 2 --master-port 0 --log-dir " + (fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid()))).string() +

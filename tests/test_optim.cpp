@@ -267,7 +267,7 @@ TEST_CASE("AdamW decay only shrinks parameters marked decay", "[optim]") {
   check_values(nd, {2.0, -4.0});
 }
 
-TEST_CASE("AdamW skips parameters without a gradient; its state is 8 bytes per element", "[optim]") {
+TEST_CASE("AdamW skips parameters without a gradient, its state is 8 bytes per element", "[optim]") {
   Runtime rt;
   Parameter a = make_param(rt, "a", {1.0, 2.0, 3.0});
   Parameter b = make_param(rt, "b", {1.0, 1.0, 1.0, 1.0, 1.0});

@@ -25,7 +25,7 @@
 using namespace distlab;
 namespace fs = std::filesystem;
 
-TEST_CASE("fp16's range: 65504 is the largest value, 2^-24 the smallest; bulk conversion equals the scalar", "[precision][dtype]") {
+TEST_CASE("fp16's range: 65504 is the largest value, 2^-24 the smallest, bulk conversion equals the scalar", "[precision][dtype]") {
   CHECK(dtype_max(DType::f16) == 65504.0f);
   CHECK(dtype_min_subnormal(DType::f16) == std::ldexp(1.0f, -24));
   CHECK(round_to(65504.0f, DType::f16) == 65504.0f);
@@ -316,7 +316,7 @@ TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations a
   CHECK(s["peak_memory"]["optim_state"].get<double>() == 12 * n);
 }
 
-TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs off and grows; metrics say so", "[precision][train]") {
+TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs off and grows, metrics say so", "[precision][train]") {
   // 2^30 overflows the first steps' gradients; growth every 2 clean steps
   TrainRun r = train(kCnn, {"precision.mode=fp16", "precision.init_scale=1073741824", "precision.growth_interval=2", "train.steps=30"});
   REQUIRE(r.steps.size() == 30);

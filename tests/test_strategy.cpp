@@ -77,7 +77,7 @@ TEST_CASE("models call the strategy before each unit's forward, in order, and af
   }
 }
 
-TEST_CASE("the factory: none on one rank, refused on several; the samplers follow the strategy", "[strategy]") {
+TEST_CASE("the factory: none on one rank, refused on several, the samplers follow the strategy", "[strategy]") {
   Runtime rt;
   RunConfig cfg = parse_config("", "run.toml");
   auto model = build_model(rt, ModelSpec{});

@@ -116,7 +116,7 @@ momentum = 0.9
     for (size_t j = 0; j < big.weights[i].size(); j++) REQUIRE(acc.weights[i][j] == Approx(big.weights[i][j]).margin(1e-5));
 }
 
-TEST_CASE("global_batch sets the micro-batch; contradictions are errors", "[train]") {
+TEST_CASE("global_batch sets the micro-batch, contradictions are errors", "[train]") {
   TrainRun r = train(kSmallCnn, {"train.global_batch=32", "train.accum_steps=2", "train.steps=1"});
   CHECK(r.records.front()["samples"] == 32);  // 16 per micro-step x 2
   CHECK_THROWS_WITH(train(kSmallCnn, {"train.global_batch=30", "train.accum_steps=4"}), Catch::Contains("not divisible"));

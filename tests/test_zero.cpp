@@ -30,7 +30,7 @@ const std::string kGptSets = "--set train.steps=30 --set train.micro_batch=8 "; 
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 follows DDP: bitwise on 2 ranks, within 1e-6 on 3 and 4; both gradient reductions", "[zero][e2e]") {
+TEST_CASE("ZeRO-1 follows DDP: bitwise on 2 ranks, within 1e-6 on 3 and 4, both gradient reductions", "[zero][e2e]") {
   struct Case {
     int ranks;
     std::string config, sets;
@@ -56,7 +56,7 @@ TEST_CASE("ZeRO-1 follows DDP: bitwise on 2 ranks, within 1e-6 on 3 and 4; both 
   }
 }
 
-TEST_CASE("ZeRO-1 splits the optimizer state N ways; accumulation and bf16 work", "[zero][e2e]") {
+TEST_CASE("ZeRO-1 splits the optimizer state N ways, accumulation and bf16 work", "[zero][e2e]") {
   // AdamW on GPT-tiny: DDP holds exp_avg + exp_avg_sq (8 bytes per parameter); ZeRO-1 holds an f32 slice
   // of the weights and the two moments for 1/N of them: 12 bytes x (padded) / N
   RunOut ddp = train(2, kGpt, kGptSets + "--set train.steps=2 --set parallel.strategy=ddp");
