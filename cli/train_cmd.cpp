@@ -89,6 +89,8 @@ int run_train(const TrainArgs& a) {
     po.host = local_address_for(env.master_addr);
     pg = std::make_unique<ProcessGroup>(*store, env.rank, env.world_size, po, &rt.trace);
     check_same_config(*pg, cfg);
+  } else if (cfg.dist.fake_world_size > 0) {  // one rank of a planned job: the Trainer checks it is on meta
+    pg = std::make_unique<ProcessGroup>(ProcessGroup::Fake{}, 0, int(cfg.dist.fake_world_size), &rt.trace);
   }
   const bool rank0 = env.rank == 0;
   MetricsWriter metrics(rank0 ? cfg.log.metrics : "");

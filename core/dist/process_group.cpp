@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "core/dist/errors.h"
+#include "core/util/error.h"
 #include "core/util/units.h"
 
 namespace distlab {
@@ -86,6 +87,17 @@ ProcessGroup::ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions
   worker_ = std::thread([this] { run_loop(); });
 }
 
+ProcessGroup::ProcessGroup(Fake, int rank, int size, Trace* trace, std::string name)
+    : own_store_(std::make_unique<MemoryStore>()), store_(*own_store_), keys_("pg/" + name, store_), fake_(true),
+      rank_(rank), size_(size), trace_(trace), name_(std::move(name)) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw ConfigError(fmt::format("fake world '{}': rank {} is not in 0..{}", name_, rank, size - 1),
+                      "dist.fake_world_size must be at least 1 and the rank below it");
+  opts_.track_arrivals = false;
+  for (int r = 0; r < size; r++) global_ranks_.push_back(r);
+  worker_ = std::thread([this] { run_loop(); });
+}
+
 ProcessGroup::~ProcessGroup() {
   {
     std::lock_guard<std::mutex> g(queue_mu_);
@@ -105,6 +117,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   std::vector<int> global;
   for (int r : ranks) global.push_back(global_ranks_[size_t(r)]);
   std::string sub = fmt::format("{}.{}[{}]", name_, subgroups_++, fmt::join(ranks, ","));
+  if (fake_) return std::make_unique<ProcessGroup>(Fake{}, int(it - ranks.begin()), int(ranks.size()), trace_, sub);
   return std::make_unique<ProcessGroup>(store_, int(it - ranks.begin()), int(ranks.size()), opts_, trace_, sub, global);
 }
 
@@ -275,9 +288,10 @@ void ProcessGroup::reset_counters() {
 // ---- the collectives ----
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, ReduceOp op) {
-  return submit("all_reduce", n, n * 4, true, [=](int64_t seq) {
-    // Gloo's ring: reduce-scatter then all-gather, each rank sending 2(n-1)/n of the buffer
-    const int64_t moved = size_ > 1 ? 2 * (size_ - 1) * n * 4 / size_ : 0;
+  // Gloo's ring: reduce-scatter then all-gather, each rank sending 2(n-1)/n of the buffer
+  const int64_t moved = size_ > 1 ? 2 * (size_ - 1) * n * 4 / size_ : 0;
+  if (fake_) return submit("all_reduce", n, n * 4, true, [=, this](int64_t) { count("all_reduce", moved, moved); }, reduce_op_name(op));
+  return submit("all_reduce", n, n * 4, true, [=, this](int64_t seq) {
     if (size_ > 1 && n > 0) {
       gloo::AllreduceOptions o(context_);
       o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -299,15 +313,18 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, Red
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
-  return submit("reduce_scatter", n, n * size_ * 4, true, [=](int64_t seq) {
+  const int64_t moved = (size_ - 1) * n * 4;
+  if (fake_) return submit("reduce_scatter", n, n * size_ * 4, true, [=, this](int64_t) { count("reduce_scatter", moved, moved); }, reduce_op_name(op));
+  return submit("reduce_scatter", n, n * size_ * 4, true, [=, this](int64_t seq) {
     ring_reduce_scatter(out, in, n, op, seq);
-    const int64_t moved = (size_ - 1) * n * 4;
     count("reduce_scatter", moved, moved);
   }, reduce_op_name(op));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in, int64_t n) {
-  return submit("all_gather", n, n * size_ * 4, true, [=](int64_t seq) {
+  const int64_t moved = (size_ - 1) * n * 4;
+  if (fake_) return submit("all_gather", n, n * size_ * 4, true, [=, this](int64_t) { count("all_gather", moved, moved); });
+  return submit("all_gather", n, n * size_ * 4, true, [=, this](int64_t seq) {
     (void)seq;
     if (size_ > 1 && n > 0) {
       gloo::AllgatherOptions o(context_);
@@ -318,14 +335,17 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in
     } else if (n > 0) {
       std::memcpy(out, in, size_t(n) * 4);
     }
-    const int64_t moved = (size_ - 1) * n * 4;
     count("all_gather", moved, moved);
   });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int root) {
   if (root < 0 || root >= size_) throw CommError(fmt::format("broadcast: root {} is not a rank of group '{}' ({} ranks)", root, name_, size_));
-  return submit("broadcast", n, n * 4, true, [=](int64_t seq) {
+  if (fake_)
+    return submit("broadcast", n, n * 4, true, [=, this](int64_t) {
+      count("broadcast", rank_ == root ? (size_ - 1) * n * 4 : 0, rank_ == root ? 0 : n * 4);
+    }, fmt::format("root {}", root));
+  return submit("broadcast", n, n * 4, true, [=, this](int64_t seq) {
     (void)seq;
     if (size_ > 1 && n > 0) {
       gloo::BroadcastOptions o(context_);
@@ -340,8 +360,8 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int 
 }
 
 void ProcessGroup::barrier() {
-  submit("barrier", 0, 0, true, [=](int64_t) {
-    if (size_ > 1) {
+  submit("barrier", 0, 0, true, [=, this](int64_t) {
+    if (size_ > 1 && !fake_) {
       gloo::BarrierOptions o(context_);
       o.setTimeout(opts_.timeout);
       gloo::barrier(o);
@@ -360,8 +380,8 @@ void ProcessGroup::send(const float* data, int64_t n, int dst, int tag) {
   if (dst < 0 || dst >= size_ || dst == rank_)
     throw CommError(fmt::format("rank {}: send to rank {} in group '{}' of {} ranks", rank_, dst, name_, size_), "send to another rank of the group");
   const uint64_t slot = p2p_slot(dst, tag, true);
-  submit("send", n, n * 4, false, [=](int64_t) {
-    if (n > 0) {
+  submit("send", n, n * 4, false, [=, this](int64_t) {
+    if (n > 0 && !fake_) {
       auto buf = context_->createUnboundBuffer(const_cast<float*>(data), size_t(n) * 4);
       buf->send(dst, slot);
       buf->waitSend(opts_.timeout);
@@ -374,8 +394,8 @@ void ProcessGroup::recv(float* data, int64_t n, int src, int tag) {
   if (src < 0 || src >= size_ || src == rank_)
     throw CommError(fmt::format("rank {}: recv from rank {} in group '{}' of {} ranks", rank_, src, name_, size_), "receive from another rank of the group");
   const uint64_t slot = p2p_slot(src, tag, false);
-  submit("recv", n, n * 4, false, [=](int64_t) {
-    if (n > 0) {
+  submit("recv", n, n * 4, false, [=, this](int64_t) {
+    if (n > 0 && !fake_) {
       auto buf = context_->createUnboundBuffer(data, size_t(n) * 4);
       buf->recv(src, slot);
       buf->waitRecv(opts_.timeout);

@@ -72,6 +72,12 @@ class ProcessGroup {
   ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions opts = {}, Trace* trace = nullptr,
                std::string name = "world", std::vector<int> global_ranks = {});
   ~ProcessGroup();
+  // The fake world (dist.fake_world_size): rank `rank` of `size` ranks that do not exist. Nothing is sent
+  // and no data is touched (it serves the meta device); every collective is traced and counted as the real
+  // algorithm would move it, and is done at once — so one rank of a 1024-rank job can be planned alone.
+  struct Fake {};
+  ProcessGroup(Fake, int rank, int size, Trace* trace = nullptr, std::string name = "world");
+  bool is_fake() const { return fake_; }
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -128,8 +134,10 @@ class ProcessGroup {
   std::vector<float> rs_scratch_;  // the ring reduce-scatter's receive and partial-sum buffers, reused
   uint64_t p2p_slot(int peer, int tag, bool sending);
 
+  std::unique_ptr<MemoryStore> own_store_;  // the fake world's: nobody else shares it
   Store& store_;
   PrefixStore keys_;
+  bool fake_ = false;
   int rank_, size_;
   ProcessGroupOptions opts_;
   Trace* trace_;

@@ -121,24 +121,31 @@ void GPT::init(uint64_t seed) {
 
 Tensor GPT::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
   const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, V = spec_.vocab_size;
-  if (hook) hook->before_forward(0);  // wte, wpe (wte is the lm_head too, below)
+  // unit 0 is wte and wpe; wte is the lm_head too, so unit 0's forward ends after the logits (below)
+  if (hook) hook->before_forward(0);
   Tensor x = drop_.forward(rt, emb_.forward(rt, batch.tokens, B, T));  // (B, T, C)
   for (size_t i = 0; i < h_.size(); i++) {
     if (hook) hook->before_forward(int(i) + 1);
     x = h_[i]->forward(rt, x);
+    if (hook) hook->after_forward(int(i) + 1);
   }
-  if (hook) hook->before_forward(int(h_.size()) + 1);
+  const int ln_unit = int(h_.size()) + 1;
+  if (hook) hook->before_forward(ln_unit);
   saved_xf_ = ln_f_.forward(rt, x);
+  if (hook) hook->after_forward(ln_unit);
   Tensor logits = rt.empty({B * T, V}, Category::activations, "logits", rt.dtype);
   // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias (a 16-bit GEMM under mixed precision)
   AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, emb_.wte.data);
   matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, V);
   z.store();
+  if (hook) hook->after_forward(0);
   return logits;
 }
 
 void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
   const int64_t BT = dlogits.size(0), C = spec_.n_embd, V = spec_.vocab_size;
+  const int n_units = int(h_.size()) + 2;
+  if (hook) hook->before_layer_backward(0);  // the lm_head's weight is wte: unit 0's backward starts here
   Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
   {
     AsF32 d(rt, dxf, AsF32::out), dw(rt, emb_.wte.grad_for_accumulate(), AsF32::inout);
@@ -148,10 +155,11 @@ void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
     dw.store();
   }
   saved_xf_ = Tensor();
+  if (hook) hook->before_layer_backward(n_units - 1);
   Tensor d = ln_f_.backward(rt, dxf);
-  const int n_units = int(h_.size()) + 2;
   if (hook) hook->after_layer_backward(n_units - 1, ln_f_.parameters());
   for (size_t i = h_.size(); i-- > 0;) {
+    if (hook) hook->before_layer_backward(int(i) + 1);
     d = h_[i]->backward(rt, d);
     if (hook) hook->after_layer_backward(int(i) + 1, h_[i]->parameters());
   }

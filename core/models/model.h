@@ -1,7 +1,8 @@
 // The model interface. Backward is the forward read in reverse, as explicit calls; after each unit's
 // backward (a layer, or a transformer block) the model calls hook->after_layer_backward(unit, params) —
-// the one place a parallel strategy (DDP buckets, ZeRO/FSDP reduce-scatter) learns a unit's gradients are
-// complete. Nothing else decides when gradients sync.
+// and before it, hook->before_layer_backward(unit); around each unit's forward, before_forward(unit) and
+// after_forward(unit). after_layer_backward is the one place a parallel strategy (DDP buckets, ZeRO/FSDP
+// reduce-scatter) learns a unit's gradients are complete. Nothing else decides when gradients sync.
 #pragma once
 #include <memory>
 #include <string>
@@ -18,12 +19,19 @@ struct BackwardHook {
   virtual ~BackwardHook() = default;
   // Called once per unit, in reverse order of the forward, right after the unit's gradients are final.
   virtual void after_layer_backward(int unit, const std::vector<Parameter*>& params) = 0;
+  // Called once per unit, in the same order, right before the unit's backward reads its parameters
+  // (ZeRO-3 and FSDP gather them again here).
+  virtual void before_layer_backward(int unit) {}
 };
 
 struct ForwardHook {
   virtual ~ForwardHook() = default;
   // Called once per unit, in order, right before the unit's forward uses its parameters.
   virtual void before_forward(int unit) = 0;
+  // Called once per unit when its forward is over: its parameters are not read again until its backward
+  // (ZeRO-3 and FSDP may free them). A unit whose parameters serve twice (GPT's tied embedding, also the
+  // lm_head) ends its forward after its last use.
+  virtual void after_forward(int unit) {}
 };
 
 class Model {

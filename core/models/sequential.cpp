@@ -37,8 +37,11 @@ Tensor Sequential::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
   Tensor h = batch.x;
   int unit = 0;
   for (auto& l : layers_) {
-    if (hook && !l->parameters().empty()) hook->before_forward(unit++);
+    const bool has_params = !l->parameters().empty();
+    if (hook && has_params) hook->before_forward(unit);
     h = l->forward(rt, h);
+    if (hook && has_params) hook->after_forward(unit);
+    unit += has_params;
   }
   return h;
 }
@@ -52,11 +55,11 @@ void Sequential::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook
       DL_ASSERT(l.parameters().empty(), "a layer with parameters lies before the one that skipped its input gradient");
       continue;
     }
+    const bool has_params = !l.parameters().empty();
+    unit -= has_params;
+    if (hook && has_params) hook->before_layer_backward(unit);
     d = l.backward(rt, d);
-    if (!l.parameters().empty()) {
-      unit--;
-      if (hook) hook->after_layer_backward(unit, l.parameters());
-    }
+    if (hook && has_params) hook->after_layer_backward(unit, l.parameters());
   }
 }
 

@@ -13,6 +13,7 @@ Conv2d::Conv2d(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, 
                bool has_bias)
     : in_ch(in), out_ch(out), kernel(k), stride(s), pad(p) {
   weight = make_parameter(rt, prefix + ".weight", {out, in, k, k});
+  has_bias_ = has_bias;
   if (has_bias) bias = make_parameter(rt, prefix + ".bias", {out}, false);
 }
 
@@ -21,14 +22,14 @@ std::string Conv2d::describe() const {
 }
 
 std::vector<Parameter*> Conv2d::parameters() {
-  if (bias.data.defined()) return {&weight, &bias};
+  if (has_bias_) return {&weight, &bias};
   return {&weight};
 }
 
 void Conv2d::init(Rng& rng) {
   float bound = 1.0f / std::sqrt(float(in_ch * kernel * kernel));
   init_uniform(weight.data, rng, bound);
-  if (bias.data.defined()) init_uniform(bias.data, rng, bound);
+  if (has_bias_) init_uniform(bias.data, rng, bound);
 }
 
 ConvShape Conv2d::shape_of(const Tensor& x) const {
@@ -48,7 +49,7 @@ Tensor Conv2d::forward(Runtime& rt, const Tensor& x) {
   // a 16-bit GEMM (autocast's low list): an f32 input (the images) is rounded to rt.dtype first
   AsF32 y(rt, out, AsF32::out), col(rt, saved_col_, AsF32::out), xf(rt, x, AsF32::in, rt.dtype);
   AsF32 w(rt, weight.data), b(rt, bias.data);
-  conv2d_forward(rt, y.p, col.p, xf.p, w.p, bias.data.defined() ? b.p : nullptr, s);
+  conv2d_forward(rt, y.p, col.p, xf.p, w.p, has_bias_ ? b.p : nullptr, s);
   y.store();
   col.store();
   saved_shape_ = s;
@@ -60,7 +61,7 @@ Tensor Conv2d::backward(Runtime& rt, const Tensor& dout) {
   Tensor dx = needs_input_grad_ ? rt.empty({s.B, s.C, s.H, s.W}, Category::activations, "grad of input of " + weight.name, rt.dtype)
                               : Tensor();
   AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout);
-  AsF32 db(rt, bias.data.defined() ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
+  AsF32 db(rt, has_bias_ ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
   AsF32 dy(rt, dout, AsF32::in, rt.dtype), col(rt, saved_col_), w(rt, weight.data);
   conv2d_backward(rt, dxf.p, dw.p, db.p, dy.p, col.p, w.p, s, needs_input_grad_);
   dxf.store();

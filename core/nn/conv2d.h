@@ -15,6 +15,8 @@ class Conv2d : public Layer {
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // U(±1/sqrt(C*K*K)), as PyTorch
   Parameter weight, bias;
+  // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
+  bool has_bias_ = false;
   int64_t in_ch, out_ch, kernel, stride, pad;
 
  private:

@@ -14,6 +14,8 @@ class Linear : public Layer {
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // kaiming_uniform(a=sqrt(5)): U(±1/sqrt(in)), bias the same
   Parameter weight, bias;        // (out, in), (out)
+  // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
+  bool has_bias_ = false;
   int64_t in_features, out_features;
 
  private:

@@ -10,9 +10,10 @@
 // The model calls before_forward(unit) before each unit's forward and after_layer_backward(unit, params)
 // after each unit's backward — ordinary calls in its loops (core/models/), no hidden hooks.
 //
-// none.h is the single-device strategy (every hook does nothing); ddp.h averages gradients across ranks.
-// ZeRO, FSDP, TP and PP implement the same calls: before_forward gathers a unit's shards, step updates
-// only this rank's shard. Which strategy a run gets is make_strategy's decision
+// none.h is the single-device strategy (every hook does nothing); ddp.h averages gradients across ranks;
+// zero1.h, zero2.h and zero3.h shard the optimizer state, then the gradients, then the parameters (ZeRO-3's
+// before_forward gathers a unit's shards, step updates only this rank's). FSDP, TP and PP implement the
+// same calls. Which strategy a run gets is make_strategy's decision
 // (core/train/strategies.cpp), from the config — the trainer never compares a strategy's name.
 #pragma once
 #include <memory>
@@ -33,8 +34,11 @@ class Strategy : public ForwardHook, public BackwardHook {
   // per optimizer step, the buffers it holds. The trainer adds the communication counters and the memory
   // per category of the whole run; this is what only the strategy knows.
   virtual nlohmann::json report() const { return {{"name", describe()}}; }
-  // Before unit `unit`'s forward (FSDP gathers its parameters here); nothing for none and DDP.
+  // Before unit `unit`'s forward (ZeRO-3 gathers its parameters here) and after it; before its backward.
+  // Nothing for none and DDP.
   void before_forward(int unit) override {}
+  void after_forward(int unit) override {}
+  void before_layer_backward(int unit) override {}
   // Each micro-step: `sync` false on all but the last one of an accumulation (gradients stay local).
   virtual void begin_backward(bool sync) {}
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
@@ -48,6 +52,17 @@ class Strategy : public ForwardHook, public BackwardHook {
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }
+
+  // ZeRO-3: between uses a rank holds only its part of the parameters; the model is whole only inside
+  // the forward and backward that the hooks above drive. An evaluation then runs on every rank, through
+  // the hooks.
+  virtual bool shards_parameters() const { return false; }
+  // Every parameter whole on every rank (a collective: all ranks call it) — for --init, a save, the check
+  // that replicas agree — from the optimizer's f32 master weights where `masters` has them (a save writes
+  // those); release_full_params puts things back. keep_changes: the whole weights were changed (--init
+  // loaded them) and the shards take them. Nothing to do where the parameters are whole anyway.
+  virtual void gather_full_params(Runtime& rt, const Optimizer* masters) {}
+  virtual void release_full_params(Runtime& rt, bool keep_changes) {}
 };
 
 }  // namespace distlab

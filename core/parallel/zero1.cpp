@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/parallel/ddp.h"
+#include "core/parallel/unit_shards.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -68,13 +69,18 @@ void ZeRO1::finish_backward(Runtime& rt) {
   for (auto& g : groups_) {
     Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat gradient");
     pack(g, flat.f32(), true);
-    g.slice.grad = rt.empty({g.shard}, Category::grads, g.slice.name + " gradient");
+    for (Parameter* p : g.params) p->grad = Tensor();  // in the flat vector now; the step reads only the slice
+    Tensor part = rt.empty({g.shard}, Category::comm_buffers, "zero1 reduced slice");
     if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its slice
       pg_.all_reduce(flat.f32(), g.padded, ReduceOp::avg);
-      if (flat.data()) std::memcpy(g.slice.grad.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
+      if (flat.data()) std::memcpy(part.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
     } else {
-      pg_.reduce_scatter(g.slice.grad.f32(), flat.f32(), g.shard, ReduceOp::avg);
+      pg_.reduce_scatter(part.f32(), flat.f32(), g.shard, ReduceOp::avg);
     }
+    flat = Tensor();
+    // the slice of the gradient in the parameters' dtype: the paper's 2 bytes per parameter with bf16
+    g.slice.grad = rt.empty({g.shard}, Category::grads, g.slice.name + " gradient", rt.dtype);
+    if (part.data()) convert(part.f32(), DType::f32, g.slice.grad.data(), rt.dtype, g.shard);
   }
 }
 
@@ -84,21 +90,16 @@ std::vector<Parameter*> ZeRO1::optimizer_parameters(Model&) {
   return v;
 }
 
-// The sum of squares of this rank's slices, all-reduced: two floats (a double's high and low parts) so
-// the norm keeps double precision through an f32 collective.
+// The sum of squares of this rank's slices, summed over ranks (norm_over_ranks: double precision kept).
 double ZeRO1::grad_norm(Runtime& rt, Model&) {
   double ss = 0;
   if (!rt.is_meta())
     for (auto& g : groups_) {
-      const float* x = g.slice.grad.defined() ? g.slice.grad.f32() : nullptr;
-      for (int64_t i = 0; x && i < g.shard; i++) ss += double(x[i]) * x[i];
+      if (!g.slice.grad.defined()) continue;
+      AsF32 x(rt, g.slice.grad);
+      for (int64_t i = 0; i < g.shard; i++) ss += double(x.p[i]) * x.p[i];
     }
-  std::vector<float> parts(static_cast<size_t>(2 * pg_.size()));
-  const float mine[2] = {float(ss), float(ss - double(float(ss)))};
-  pg_.all_gather(parts.data(), mine, 2);
-  double total = 0;
-  for (int r = 0; r < pg_.size(); r++) total += double(parts[size_t(2 * r)]) + double(parts[size_t(2 * r + 1)]);
-  return std::sqrt(total);
+  return norm_over_ranks(pg_, ss);
 }
 
 bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup*) {
@@ -123,6 +124,30 @@ void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
     pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard);
     unpack(g, flat.f32());
   }
+}
+
+void ZeRO1::gather_full_params(Runtime& rt, const Optimizer*) {
+  if (!loaded_) return;  // before the first step the parameters themselves are the truth
+  set_aside_.clear();
+  for (auto& g : groups_) {
+    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered f32 masters");
+    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard);
+    for (size_t i = 0; i < g.params.size(); i++) {
+      Parameter& p = *g.params[i];
+      set_aside_.push_back(p.data);
+      p.data = rt.empty(p.data.shape(), Category::params, p.name + " (gathered f32 master)");
+      if (flat.data()) std::memcpy(p.data.data(), flat.f32() + g.offset[i], size_t(p.data.numel()) * 4);
+    }
+  }
+}
+
+void ZeRO1::release_full_params(Runtime&, bool keep_changes) {
+  size_t k = 0;
+  for (auto& g : groups_)
+    for (Parameter* p : g.params)
+      if (k < set_aside_.size()) p->data = set_aside_[k++];
+  set_aside_.clear();
+  if (keep_changes) loaded_ = false;
 }
 
 }  // namespace distlab

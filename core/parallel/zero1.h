@@ -10,8 +10,9 @@
 //   step:            the optimizer steps the f32 slice it owns (its master weights: 4 bytes, + Adam's 8, per
 //                    parameter / N), then all_gather(slices) → every parameter, on every rank
 //
-// Memory per rank (Ψ parameters, K bytes of optimizer state per parameter): params + grads as DDP, and
-// optimizer state K·Ψ/N instead of K·Ψ — the paper's 4Ψ + 12Ψ/N with bf16 parameters and Adam.
+// Memory per rank (Ψ parameters, K bytes of optimizer state per parameter): params + grads as DDP (the
+// whole gradients are released once reduced; the slice is kept in the parameters' dtype), and optimizer
+// state K·Ψ/N instead of K·Ψ — the paper's 4Ψ + 12Ψ/N with bf16 parameters and Adam.
 // Communication: reduce_scatter + all_gather = one all_reduce's worth, so ZeRO-1 costs what DDP costs.
 // Read next: core/parallel/ddp.h (what this extends), strategy.h (the calls the trainer makes).
 #pragma once
@@ -38,6 +39,9 @@ class ZeRO1 : public Strategy {
   double grad_norm(Runtime& rt, Model& model) override;    // over every rank's slice
   bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) override;  // over every rank's slice
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  // for a save: the f32 slices (the master weights) gathered and lent to the parameters, then put back
+  void gather_full_params(Runtime& rt, const Optimizer* masters) override;
+  void release_full_params(Runtime& rt, bool keep_changes) override;
 
  private:
   struct Group {
@@ -57,6 +61,7 @@ class ZeRO1 : public Strategy {
   std::vector<Group> groups_;
   bool sync_ = true;
   bool loaded_ = false;  // the slices hold the parameters' values (done at the first step, after --init)
+  std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends the masters
 };
 
 }  // namespace distlab

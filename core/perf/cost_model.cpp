@@ -112,7 +112,7 @@ std::string describe(const Collective& c) { return fmt::format("{} of group '{}'
 bool is_p2p(const std::string& op) { return op == "send" || op == "recv"; }
 
 // Pass 1: find every collective's participants and check that the trace could have run at all.
-std::map<Key, Collective> match_collectives(const std::vector<std::vector<TraceEvent>>& ranks) {
+std::map<Key, Collective> match_collectives(const std::vector<std::vector<TraceEvent>>& ranks, bool symmetric) {
   std::map<Key, Collective> all;
   for (int r = 0; r < int(ranks.size()); r++) {
     for (const TraceEvent& e : ranks[r]) {
@@ -141,7 +141,7 @@ std::map<Key, Collective> match_collectives(const std::vector<std::vector<TraceE
     }
   }
   for (const auto& [key, c] : all) {
-    if (int(c.ranks.size()) == c.group_size) continue;
+    if (int(c.ranks.size()) == c.group_size || (symmetric && c.ranks.size() == 1)) continue;
     std::string who;
     for (int r : c.ranks) who += (who.empty() ? "" : ", ") + std::to_string(r);
     throw Error(fmt::format("trace: {} has {} participant(s) (rank {}) but group_size {}", describe(c), c.ranks.size(),
@@ -183,7 +183,9 @@ std::string deadlock_message(const std::vector<std::vector<TraceEvent>>& ranks, 
 
 ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const HardwareProfile& hw, ReplayOptions opts) {
   require_cost_model(hw);
-  std::map<Key, Collective> collectives = match_collectives(ranks);
+  if (opts.symmetric && ranks.size() != 1)
+    throw Error(fmt::format("replay: a symmetric replay takes one rank's trace, not {}", ranks.size()), "pass the fake world's one rank");
+  std::map<Key, Collective> collectives = match_collectives(ranks, opts.symmetric);
   ReplayResult out;
   out.profile = hw.name;
   std::vector<RankState> st(ranks.size());

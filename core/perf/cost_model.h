@@ -33,6 +33,9 @@ double busbw_factor(const std::string& op, int n);
 struct ReplayOptions {
   bool low_precision = false;  // compute at the bf16/fp16 peak
   int ranks_per_node = 0;      // 0: all ranks on one node; else a collective whose ranks span nodes uses the inter-node busbw
+  // The fake world (dist.fake_world_size): the one traced rank stands for every rank of its groups, which
+  // are all alike, so a collective starts when this rank and its comm stream are ready.
+  bool symmetric = false;
 };
 
 // One span of the modeled timeline, for the Chrome trace. Waits appear on the compute stream only when

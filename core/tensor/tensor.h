@@ -55,6 +55,10 @@ class Tensor {
   void zero_();
   void fill_(float v);
   void copy_from(const Tensor& src);  // same numel; converts dtype
+  // Drops this handle's storage but keeps the shape, dtype and device: what a ZeRO-3/FSDP parameter is
+  // between uses (PyTorch FSDP resizes the flat parameter's storage to 0). defined() is false until the
+  // strategy assigns a gathered tensor again; numel() still says how big the parameter is.
+  void release() { storage_.reset(); }
 
   MemoryAccountant* accountant() const { return storage_ ? storage_->accountant : nullptr; }
 

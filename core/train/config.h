@@ -51,10 +51,14 @@ struct ParallelOptions {
   double bucket_mb = 25.0;
   bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
   std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
+  bool prefetch = true;  // zero3: all-gather the next unit while this one computes (forward and backward)
 };
 
 struct DistOptions {
   double timeout_s = 300.0;  // a collective some rank never joins fails after this
+  // --device meta only: run rank 0 of a job of this many ranks over a process group that moves no data
+  // but traces and counts every collective (planning; 0 = off)
+  int64_t fake_world_size = 0;
 };
 
 // Mixed precision: PyTorch's autocast + GradScaler, DeepSpeed's fp16/bf16 sections (core/ops/autocast.h,

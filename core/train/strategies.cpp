@@ -6,6 +6,8 @@
 #include "core/parallel/ddp.h"
 #include "core/parallel/none.h"
 #include "core/parallel/zero1.h"
+#include "core/parallel/zero2.h"
+#include "core/parallel/zero3.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -20,6 +22,14 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "zero1" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce);
+  }
+  if (cfg.parallel.strategy == "zero2" && pg) {
+    if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    return std::make_unique<ZeRO2>(*pg, model, rt);
+  }
+  if (cfg.parallel.strategy == "zero3" && pg) {
+    if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    return std::make_unique<ZeRO3>(*pg, model, rt, cfg.parallel.prefetch);
   }
   return std::make_unique<NoParallel>();
 }

@@ -26,8 +26,12 @@ static int default_threads() {
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
     : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab), scaler_(loss_scale_options(cfg.precision)) {
   check_strategy_fits(cfg, world());
-  if (world() > 1 && rt.is_meta())
-    throw ConfigError("the meta device runs on one rank", "plan a model with `distlab train ... --device meta` without distlab run");
+  if (pg && pg->is_fake() && !rt.is_meta())
+    throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
+                      "plan with --device meta, or start real ranks with distlab run");
+  if (world() > 1 && rt.is_meta() && !(pg && pg->is_fake()))
+    throw ConfigError("the meta device runs on one rank",
+                      "plan one rank of an N-rank job with `distlab train ... --device meta --set dist.fake_world_size=N`, without distlab run");
   const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : default_threads();
   set_compute_threads(threads);
   if (!cfg.train.device_mem.empty()) rt.memory.set_capacity(parse_device_memory(cfg.train.device_mem, "train.device_mem"));
@@ -184,7 +188,8 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
 // Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
 nlohmann::json Trainer::model_time(int64_t step) {
   std::vector<std::vector<TraceEvent>> ranks;
-  if (pg_ && pg_->size() > 1) {
+  const bool fake = pg_ && pg_->is_fake();  // one traced rank stands for all of them
+  if (pg_ && pg_->size() > 1 && !fake) {
     const std::string key = fmt::format("trace/{}/", step);
     pg_->store().set_string(key + std::to_string(pg_->rank()), events_to_json(rt_.trace.events()).dump());
     if (!is_rank0()) return {};
@@ -195,14 +200,16 @@ nlohmann::json Trainer::model_time(int64_t step) {
   nlohmann::json out = {{"traced_step", step + 1}};
   if (!cfg_.log.profile.empty()) {
     const HardwareProfile hw = *find_profile(cfg_.log.profile);
-    ReplayResult r = replay(ranks, hw);
+    ReplayOptions ro;
+    ro.symmetric = fake;
+    ReplayResult r = replay(ranks, hw, ro);
     out["profile"] = hw.name;
     out["modeled_step_s"] = r.step_s;
     out["modeled_compute_s"] = r.compute_s;
     out["modeled_comm_s"] = r.comm_s;
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
-    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], int(ranks.size()), hw);
-    out["modeled_speedup"] = modeled_speedup(ranks, hw);
+    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw);
+    out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
     if (!cfg_.log.trace.empty()) write_chrome_trace(cfg_.log.trace, chrome_trace_json(r));
   } else if (!cfg_.log.trace.empty()) {
     write_chrome_trace(cfg_.log.trace, chrome_trace_json(ranks));
@@ -221,7 +228,7 @@ nlohmann::json Trainer::evaluate() {
   Batch b;
   while (test.next(rt_, b)) {
     if (cfg_.train.eval_batches > 0 && batches >= cfg_.train.eval_batches) break;
-    Tensor logits = model_->forward(rt_, b);
+    Tensor logits = model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
     int64_t hits = 0;
     const int64_t rows = int64_t(b.targets.size());
     loss_sum += ce.forward(rt_, logits, b.targets, &hits) * double(rows);
@@ -230,6 +237,7 @@ nlohmann::json Trainer::evaluate() {
     batches++;
   }
   model_->set_training(true);
+  strategy_->release_full_params(rt_, false);  // ZeRO-3: the last units the forward gathered
   return {{"kind", "eval"}, {"loss", loss_sum / double(std::max<int64_t>(counted, 1))},
           {"accuracy", double(correct) / double(std::max<int64_t>(counted, 1))}, {"samples", counted}};
 }
@@ -248,12 +256,15 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                       micro_batch_ * world() * cfg_.train.accum_steps, total_steps_);
   log_ << fmt::format("precision {}{} | {}\n", cfg_.precision.mode, rt_.dtype == DType::f32 ? "" : " (f32 master weights in the optimizer)",
                       scaler_.describe());
+  const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
+  const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
+  if (sharded && (!out.init_path.empty() || replicas)) strategy_->gather_full_params(rt_, nullptr);
   if (!out.init_path.empty()) {
     load_model(*model_, out.init_path);
     log_ << "loaded weights from " << out.init_path << "\n";
   }
-  const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
   if (replicas) check_replicas("at the start", true);
+  if (sharded) strategy_->release_full_params(rt_, !out.init_path.empty());
   log_.flush();
   model_->set_training(true);
   if (loader_) loader_->start_epoch(0);
@@ -282,21 +293,31 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
-    if (is_rank0() && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
+    // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers
+    if ((is_rank0() || sharded) && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
       last_eval = evaluate();
       last_eval["step"] = step + 1;
-      metrics.write(last_eval);
-      if (!rt_.is_meta())
+      if (is_rank0()) metrics.write(last_eval);
+      if (is_rank0() && !rt_.is_meta())
         log_ << fmt::format("eval  step {} | test loss {:.4f} | test accuracy {:.2f} % ({} samples)\n", step + 1,
                             last_eval["loss"].get<double>(), 100.0 * last_eval["accuracy"].get<double>(),
                             last_eval["samples"].get<int64_t>());
     }
   }
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
-  if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
-  if (!out.save_path.empty() && is_rank0()) {
-    save_model(*model_, out.save_path, parse_dtype(out.save_dtype), opt_.get());  // 16-bit params: their f32 masters
-    log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
+  if (replicas) {  // throws: ranks that differ fail the run
+    if (sharded) strategy_->gather_full_params(rt_, nullptr);
+    check_replicas("at the end", false);
+    if (sharded) strategy_->release_full_params(rt_, false);
+  }
+  if (!out.save_path.empty()) {
+    // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
+    strategy_->gather_full_params(rt_, opt_.get());
+    if (is_rank0()) {
+      save_model(*model_, out.save_path, parse_dtype(out.save_dtype), opt_.get());  // 16-bit params: their f32 masters
+      log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
+    }
+    strategy_->release_full_params(rt_, false);
   }
   nlohmann::json summary = {{"kind", "summary"},
                             {"steps", total_steps_},

@@ -1,0 +1,128 @@
+#include "core/parallel/unit_shards.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/optim/grad_scaler.h"
+#include "core/tensor/as_f32.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype)
+    : rt_(rt), pg_(pg), who_(who) {
+  const auto units = model.units();
+  num_units_ = int(units.size());
+  const int64_t n = pg.size();
+  for (int u = 0; u < num_units_; u++) {
+    for (bool decay : {true, false}) {
+      FlatShard s;
+      s.unit = u;
+      for (Parameter* p : units[size_t(u)]) {
+        if (p->decay != decay) continue;
+        s.params.push_back(p);
+        s.offset.push_back(s.numel);
+        s.numel += p->data.numel();
+      }
+      if (s.params.empty()) continue;
+      s.padded = (s.numel + n - 1) / n * n;
+      s.shard = s.padded / n;
+      s.local.name = fmt::format("{} part {} of unit {} ({})", who, pg.rank(), u, decay ? "decayed" : "undecayed");
+      s.local.decay = decay;
+      s.local.data = rt.zeros({s.shard}, local_cat, s.local.name, local_dtype);
+      shards_.push_back(std::move(s));
+    }
+  }
+}
+
+std::vector<FlatShard*> UnitShards::of_unit(int unit) {
+  std::vector<FlatShard*> v;
+  for (auto& s : shards_)
+    if (s.unit == unit) v.push_back(&s);
+  return v;
+}
+
+std::vector<Parameter*> UnitShards::locals() {
+  std::vector<Parameter*> v;
+  for (auto& s : shards_) v.push_back(&s.local);
+  return v;
+}
+
+void UnitShards::pack(const FlatShard& s, float* flat, bool grads) {
+  if (!flat) return;  // the meta device
+  for (size_t i = 0; i < s.params.size(); i++) {
+    const Parameter& p = *s.params[i];
+    const Tensor& t = grads ? p.grad : p.data;
+    if (t.defined() && t.data()) convert(t.data(), t.dtype(), flat + s.offset[i], DType::f32, t.numel());
+    else std::memset(flat + s.offset[i], 0, size_t(p.data.numel()) * 4);  // no gradient: it adds zero
+  }
+  std::memset(flat + s.numel, 0, size_t(s.padded - s.numel) * 4);  // the padding never carries a value
+}
+
+void UnitShards::unpack(FlatShard& s, const float* flat) {
+  if (!flat) return;
+  for (size_t i = 0; i < s.params.size(); i++) {
+    Tensor& d = s.params[i]->data;
+    convert(flat + s.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
+  }
+}
+
+void UnitShards::load_local(FlatShard& s) {
+  Tensor flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat weights");
+  pack(s, flat.f32(), false);
+  if (flat.data()) convert(flat.f32() + pg_.rank() * s.shard, DType::f32, s.local.data.data(), s.local.data.dtype(), s.shard);
+}
+
+void UnitShards::reduce_gradients(FlatShard& s) {
+  Tensor flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat gradient of unit " + std::to_string(s.unit));
+  pack(s, flat.f32(), true);
+  for (Parameter* p : s.params) p->grad = Tensor();  // whole gradients released: only this rank's part stays
+  Tensor part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " reduced part");
+  pg_.reduce_scatter(part.f32(), flat.f32(), s.shard, ReduceOp::avg);
+  flat = Tensor();
+  s.local.grad = rt_.empty({s.shard}, Category::grads, s.local.name + " gradient", rt_.dtype);
+  if (part.data()) convert(part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
+}
+
+std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master) {
+  flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " gathered unit " + std::to_string(s.unit));
+  const float* mine = nullptr;
+  if (master && master->defined()) {
+    mine = master->f32();
+  } else if (s.local.data.dtype() == DType::f32) {
+    mine = s.local.data.f32();
+  } else {
+    part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " part to gather");
+    if (part.data()) convert(s.local.data.data(), s.local.data.dtype(), part.f32(), DType::f32, s.shard);
+    mine = part.f32();
+  }
+  return pg_.all_gather_async(flat.f32(), mine, s.shard);
+}
+
+double norm_over_ranks(ProcessGroup& pg, double ss) {
+  std::vector<float> parts(static_cast<size_t>(2 * pg.size()));
+  const float mine[2] = {float(ss), float(ss - double(float(ss)))};
+  pg.all_gather(parts.data(), mine, 2);
+  double total = 0;
+  for (int r = 0; r < pg.size(); r++) total += double(parts[size_t(2 * r)]) + double(parts[size_t(2 * r + 1)]);
+  return std::sqrt(total);
+}
+
+double UnitShards::grad_norm() {
+  double ss = 0;
+  if (!rt_.is_meta())
+    for (auto& s : shards_) {
+      if (!s.local.grad.defined()) continue;
+      AsF32 g(rt_, s.local.grad);
+      for (int64_t i = 0; i < s.shard; i++) ss += double(g.p[i]) * g.p[i];
+    }
+  return norm_over_ranks(pg_, ss);
+}
+
+bool UnitShards::found_inf() {
+  return GradScaler::found_inf(rt_, locals(), &pg_);  // every rank's parts differ: MAX over ranks
+}
+
+}  // namespace distlab

@@ -1,0 +1,71 @@
+// The layout ZeRO-2 and ZeRO-3 share (PyTorch FSDP's FlatParameter is the same idea): each unit of the
+// model (a layer with parameters, a transformer block: Model::units()) is flattened, per weight-decay
+// group, into one f32 vector padded to a multiple of N ranks, and rank r owns elements [r·S/N, (r+1)·S/N).
+//
+//   unit u, decayed:    [ u.w0 | u.w1 | pad ]     rank r's part: S/N elements, a Parameter of its own
+//   unit u, undecayed:  [ u.b0 | u.b1 | pad ]     (AdamW decays a whole part or none of it)
+//
+// Per unit rather than one vector for the whole model (ZeRO-1's layout, zero1.h) because stages 2 and 3
+// communicate unit by unit during backward (and, in stage 3, forward): each unit is one reduce-scatter and
+// one all-gather. Padding is zero, adds nothing to a sum or a norm, and never lands in a parameter.
+// Read next: zero2.h (gradients sharded), zero3.h (parameters sharded too).
+#pragma once
+#include <vector>
+
+#include "core/dist/process_group.h"
+#include "core/models/model.h"
+#include "core/optim/optimizer.h"
+
+namespace distlab {
+
+struct FlatShard {
+  int unit = 0;
+  std::vector<Parameter*> params;  // in model order
+  std::vector<int64_t> offset;     // where each starts in the flat vector
+  int64_t numel = 0;               // the parameters' elements
+  int64_t padded = 0;              // numel rounded up to a multiple of N
+  int64_t shard = 0;               // padded / N: what each rank owns
+  Parameter local;                 // this rank's part: data as the strategy keeps it; grad (S/N) once reduced
+};
+
+class UnitShards {
+ public:
+  // `local_cat`, `local_dtype`: where and how each rank keeps its part of the weights — optim_state f32 for
+  // ZeRO-2 (the master copy), params in the run's dtype for ZeRO-3 (the only copy between uses).
+  UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype);
+
+  std::vector<FlatShard>& all() { return shards_; }
+  std::vector<FlatShard*> of_unit(int unit);
+  int num_units() const { return num_units_; }
+  std::vector<Parameter*> locals();
+
+  // The flat f32 vector of the shard's weights or gradients (zero for a parameter without one), padding zero.
+  static void pack(const FlatShard& s, float* flat, bool grads);
+  // Weights from a flat f32 vector into each parameter's data (in its dtype).
+  static void unpack(FlatShard& s, const float* flat);
+  // local.data := this rank's part of the parameters' present values (they must be whole here).
+  void load_local(FlatShard& s);
+  // Average the shard's gradients over ranks: this rank's part into local.grad (the run's dtype, category
+  // grads), the whole gradients released — a rank keeps only its part once the unit is reduced.
+  void reduce_gradients(FlatShard& s);
+  // Every rank's parts, whole, as a flat f32 vector (comm_buffers): from local.data, or from `master`
+  // (the optimizer's f32 copy of local) when there is one. Async: wait() before reading `flat`.
+  std::shared_ptr<Work> gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master = nullptr);
+
+  // The global gradient norm and the overflow check over every rank's parts (what the step will read).
+  double grad_norm();
+  bool found_inf();
+
+ private:
+  Runtime& rt_;
+  ProcessGroup& pg_;
+  std::string who_;
+  std::vector<FlatShard> shards_;
+  int num_units_ = 0;
+};
+
+// The global L2 norm from each rank's sum of squares of its own parts: a double sent as two floats (its
+// high and low parts) through an f32 all_gather, so the norm keeps double precision.
+double norm_over_ranks(ProcessGroup& pg, double my_sum_of_squares);
+
+}  // namespace distlab

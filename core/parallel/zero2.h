@@ -1,0 +1,49 @@
+// ZeRO stage 2 (Rajbhandari et al., P_os+g): ZeRO-1 (zero1.h) and the GRADIENTS split N ways too. During
+// backward, as soon as a unit's gradients are complete (after_layer_backward), they are reduce-scattered:
+// each rank keeps the average of its 1/N part and releases the whole gradients at once — so whole gradients
+// exist only for the unit being reduced, never for the whole model.
+//
+//   backward, unit u done:  flat(u's grads) ──reduce_scatter(avg)──> local.grad (S/N)   whole grads freed
+//   step:                   the optimizer steps each f32 part (local.data: the master, optim_state), then
+//                           all_gather(parts) ──> every parameter, whole, on every rank (as ZeRO-1)
+//
+// Memory per rank, with bf16 parameters and Adam (Ψ parameters, K = 12): 2Ψ (parameters) + 2Ψ/N (gradient
+// parts) + 12Ψ/N (master + moments) — the paper's 2Ψ + 14Ψ/N — plus the whole gradients of the unit in
+// flight (GPT's root unit holds its embedding's gradient all through backward: the tied lm_head starts it).
+// Communication: a reduce-scatter and an all-gather of every parameter: DDP's one all-reduce.
+// Accumulation: on no_sync micro-steps the whole gradients add up locally, as DDP's (PyTorch FSDP's no_sync);
+// the last micro-step reduces them.
+// Read next: unit_shards.h (the layout), zero3.h (parameters sharded as well).
+#pragma once
+#include <memory>
+
+#include "core/parallel/strategy.h"
+#include "core/parallel/unit_shards.h"
+
+namespace distlab {
+
+class ZeRO2 : public Strategy {
+ public:
+  ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt);
+  std::string describe() const override { return "zero2"; }
+  nlohmann::json report() const override;
+
+  void begin_backward(bool sync) override { sync_ = sync; }
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
+  std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
+  double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
+  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
+  void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  void gather_full_params(Runtime& rt, const Optimizer* masters) override;
+  void release_full_params(Runtime& rt, bool keep_changes) override;
+
+ private:
+  ProcessGroup& pg_;
+  Runtime& rt_;
+  UnitShards shards_;
+  bool sync_ = true;
+  bool loaded_ = false;            // the parts hold the parameters' values (at the first step, after --init)
+  std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends f32 masters
+};
+
+}  // namespace distlab

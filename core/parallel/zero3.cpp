@@ -1,0 +1,155 @@
+#include "core/parallel/zero3.h"
+
+#include <algorithm>
+
+#include "core/parallel/ddp.h"
+
+namespace distlab {
+
+ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, bool prefetch)
+    : pg_(pg), rt_(rt), shards_(rt, pg, model, "zero3", Category::params, rt.dtype), prefetch_(prefetch) {
+  broadcast_model(pg, model);  // every rank starts from rank 0's weights, then keeps its part of them
+  whole_.assign(size_t(shards_.num_units()), true);
+  release_full_params(rt, true);  // each rank takes its part of the whole weights, then frees them
+}
+
+nlohmann::json ZeRO3::report() const {
+  auto& all = const_cast<UnitShards&>(shards_).all();
+  int64_t padded = 0, part = 0;
+  for (const auto& s : all) padded += s.padded, part += s.shard;
+  return {{"name", describe()}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
+          {"all_gathers", gathers_}, {"prefetched", prefetches_},
+          {"collectives_per_step", "all_gather per unit before forward and before backward, reduce_scatter per unit after backward"}};
+}
+
+void ZeRO3::issue(int unit, const Optimizer* masters) {
+  InFlight& f = in_flight_[unit];
+  for (FlatShard* s : shards_.of_unit(unit)) {
+    f.flat.emplace_back();
+    f.part.emplace_back();
+    f.work.push_back(shards_.gather_async(*s, f.flat.back(), f.part.back(), masters ? masters->master(&s->local) : nullptr));
+  }
+  gathers_++;
+}
+
+void ZeRO3::gather(int unit) {
+  if (whole_[size_t(unit)]) return;
+  if (!in_flight_.count(unit)) issue(unit);
+  InFlight f = std::move(in_flight_.at(unit));
+  in_flight_.erase(unit);
+  size_t i = 0;
+  for (FlatShard* s : shards_.of_unit(unit)) {
+    f.work[i]->wait();
+    for (Parameter* p : s->params) p->data = rt_.empty(p->data.shape(), Category::params, p->name + " (gathered)", rt_.dtype);
+    UnitShards::unpack(*s, f.flat[i].f32());
+    i++;
+  }
+  whole_[size_t(unit)] = true;
+}
+
+void ZeRO3::prefetch(const std::vector<int>& order, int unit) {
+  if (!prefetch_) return;
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end() || it + 1 == order.end()) return;
+  const int next = *(it + 1);
+  if (whole_[size_t(next)] || in_flight_.count(next)) return;
+  issue(next);
+  prefetches_++;
+}
+
+void ZeRO3::release(int unit) {
+  if (auto it = in_flight_.find(unit); it != in_flight_.end()) {  // a prefetch nobody used: let it land, drop it
+    for (auto& w : it->second.work) w->wait();
+    in_flight_.erase(it);
+  }
+  if (!whole_[size_t(unit)]) return;
+  for (FlatShard* s : shards_.of_unit(unit))
+    for (Parameter* p : s->params) p->data.release();  // the shape stays: numel() still answers
+  whole_[size_t(unit)] = false;
+}
+
+void ZeRO3::release_waiting(int keep_a, int keep_b) {
+  std::vector<int> kept;
+  for (int u : waiting_) {
+    if (u == keep_a || u == keep_b) kept.push_back(u);
+    else release(u);
+  }
+  waiting_ = kept;
+}
+
+void ZeRO3::before_forward(int unit) {
+  if (recording_fwd_) fwd_order_.push_back(unit);
+  release_waiting(unit, -1);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), unit), waiting_.end());  // in use again
+  gather(unit);
+  prefetch(fwd_order_, unit);
+}
+
+void ZeRO3::after_forward(int unit) { waiting_.push_back(unit); }
+
+void ZeRO3::begin_backward(bool sync) {
+  sync_ = sync;
+  recording_fwd_ = false;
+}
+
+void ZeRO3::before_layer_backward(int unit) {
+  if (recording_bwd_) bwd_order_.push_back(unit);
+  int next = -1;  // the unit backward needs after this one stays whole if it still is
+  if (auto it = std::find(bwd_order_.begin(), bwd_order_.end(), unit); it != bwd_order_.end() && it + 1 != bwd_order_.end()) next = *(it + 1);
+  release_waiting(unit, recording_bwd_ ? -1 : next);
+  // from here the unit is freed by its after_layer_backward (GPT's root: at the very end of backward)
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), unit), waiting_.end());
+  gather(unit);
+  prefetch(bwd_order_, unit);
+}
+
+void ZeRO3::after_layer_backward(int unit, const std::vector<Parameter*>&) {
+  // accumulation (no_sync): whole gradients add up locally until the last micro-step, as PyTorch FSDP's
+  if (sync_)
+    for (FlatShard* s : shards_.of_unit(unit)) shards_.reduce_gradients(*s);
+  release(unit);
+}
+
+void ZeRO3::finish_backward(Runtime&) {
+  recording_bwd_ = false;
+  for (int u : waiting_) release(u);  // a unit the backward never reached (none in these models)
+  waiting_.clear();
+}
+
+void ZeRO3::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
+  opt.step(rt, lr, grad_factor);  // each part; the next forward gathers the new values
+  for (auto& s : shards_.all()) s.local.grad = Tensor();
+  release_full_params(rt, false);  // nothing whole may outlive the step: it would be stale
+}
+
+// Every unit whole at once (an evaluation's check, a save): the optimizer's f32 masters when it has them.
+void ZeRO3::gather_full_params(Runtime&, const Optimizer* masters) {
+  for (int u = 0; u < shards_.num_units(); u++) {
+    if (whole_[size_t(u)]) continue;
+    issue(u, masters);
+    InFlight f = std::move(in_flight_.at(u));
+    in_flight_.erase(u);
+    size_t i = 0;
+    for (FlatShard* s : shards_.of_unit(u)) {
+      f.work[i]->wait();
+      const bool f32 = masters && masters->master(&s->local);
+      for (Parameter* p : s->params)
+        p->data = rt_.empty(p->data.shape(), Category::params, p->name + " (gathered)", f32 ? DType::f32 : rt_.dtype);
+      UnitShards::unpack(*s, f.flat[i].f32());
+      i++;
+    }
+    whole_[size_t(u)] = true;
+  }
+}
+
+// keep_changes: the whole weights were changed (--init loaded them): each rank takes its part of them first.
+void ZeRO3::release_full_params(Runtime&, bool keep_changes) {
+  waiting_.clear();
+  for (int u = 0; u < shards_.num_units(); u++) {
+    if (keep_changes && whole_[size_t(u)])
+      for (FlatShard* s : shards_.of_unit(u)) shards_.load_local(*s);
+    release(u);
+  }
+}
+
+}  // namespace distlab

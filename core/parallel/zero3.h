@@ -1,0 +1,75 @@
+// ZeRO stage 3 (Rajbhandari et al., P_os+g+p): ZeRO-2 (zero2.h) and the PARAMETERS split N ways too.
+// Between uses a rank holds only its 1/N part of each unit's weights; a unit is made whole by an
+// all-gather just before its forward and again just before its backward, and freed right after each.
+//
+//   before_forward(u)        all_gather u's parts ──> u's parameters, whole        (prefetch: issue u+1's now)
+//   after_forward(u)         u waits to be freed: freed when the next unit starts (the unit that ends the
+//                            forward is kept: its backward comes first — PyTorch FSDP's root rule)
+//   before_layer_backward(u) all_gather u again                                    (prefetch: the next one back)
+//   after_layer_backward(u)  reduce_scatter u's gradients ──> local.grad (S/N); whole gradients and
+//                            whole parameters freed
+//   step                     the optimizer steps each part (its f32 master when parameters are 16-bit);
+//                            nothing to gather: the next forward does it
+//
+// Memory per rank, bf16 parameters and Adam (K = 12): 16Ψ/N of model state (2 + 2 + 12, all divided by N)
+// plus the working set: the units whole at one time (the one computing, the one prefetched, GPT's root with
+// the tied embedding) and their gradients until reduced.
+// Communication: parameters gathered twice (forward, backward) and gradients reduce-scattered once: 1.5x
+// DDP's bytes — the price of the paper's Nx memory saving.
+// Prefetch: the unit the forward (or backward) will need next is gathered asynchronously while this one
+// computes; the order is recorded on the first step (PyTorch FSDP records its execution order the same way).
+// Read next: unit_shards.h (the layout), strategy.h (when the trainer calls what).
+#pragma once
+#include <map>
+#include <memory>
+
+#include "core/parallel/strategy.h"
+#include "core/parallel/unit_shards.h"
+
+namespace distlab {
+
+class ZeRO3 : public Strategy {
+ public:
+  ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, bool prefetch);
+  std::string describe() const override { return prefetch_ ? "zero3 (prefetch)" : "zero3"; }
+  nlohmann::json report() const override;
+  bool shards_parameters() const override { return true; }
+
+  void before_forward(int unit) override;
+  void after_forward(int unit) override;
+  void begin_backward(bool sync) override;
+  void before_layer_backward(int unit) override;
+  void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
+  void finish_backward(Runtime& rt) override;
+  std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
+  double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
+  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
+  void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  void gather_full_params(Runtime& rt, const Optimizer* masters) override;
+  void release_full_params(Runtime& rt, bool keep_changes) override;
+
+ private:
+  struct InFlight {  // a unit's all-gathers, issued and not yet waited for
+    std::vector<std::shared_ptr<Work>> work;
+    std::vector<Tensor> flat, part;
+  };
+  void issue(int unit, const Optimizer* masters = nullptr);  // the unit's all-gathers, async
+  void gather(int unit);                                      // whole parameters (waits for a prefetch)
+  void prefetch(const std::vector<int>& order, int unit);     // issue the unit after `unit` in `order`
+  void release(int unit);                                     // back to its parts
+  void release_waiting(int keep_a, int keep_b);               // after_forward's units, but these two
+
+  ProcessGroup& pg_;
+  Runtime& rt_;
+  UnitShards shards_;
+  bool prefetch_;
+  bool sync_ = true;
+  std::vector<bool> whole_;            // per unit: its parameters are whole now
+  std::map<int, InFlight> in_flight_;  // per unit
+  std::vector<int> waiting_;           // forward done, parameters not yet freed
+  std::vector<int> fwd_order_, bwd_order_;
+  bool recording_fwd_ = true, recording_bwd_ = true;  // the first step records the orders prefetch follows
+  int64_t gathers_ = 0, prefetches_ = 0;
+};
+
+}  // namespace distlab
