@@ -1,6 +1,8 @@
 // The strategy interface (core/parallel/strategy.h) as the models and the trainer drive it: the models
-// call before_forward for every unit in order and after_layer_backward in reverse, and the trainer's loop
+// call before_forward/after_forward around every unit in order and before_layer_backward/after_layer_backward
+// in reverse, and the trainer's loop
 // calls begin_backward / finish_backward once per micro-step and step once per optimizer step.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <sstream>
 
@@ -19,6 +21,8 @@ struct Recorder : Strategy {
   std::vector<std::string> calls;
   std::string describe() const override { return "recorder"; }
   void before_forward(int unit) override { calls.push_back("fwd " + std::to_string(unit)); }
+  void after_forward(int unit) override { calls.push_back("end " + std::to_string(unit)); }
+  void before_layer_backward(int unit) override { calls.push_back("pre " + std::to_string(unit)); }
   void begin_backward(bool sync) override { calls.push_back(sync ? "begin sync" : "begin no_sync"); }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
     calls.push_back("bwd " + std::to_string(unit) + " (" + std::to_string(params.size()) + ")");
@@ -36,7 +40,7 @@ Batch image_batch(Runtime& rt, const ModelSpec& s, int64_t B) {
 
 }  // namespace
 
-TEST_CASE("models call the strategy before each unit's forward, in order, and after each unit's backward, in reverse",
+TEST_CASE("models call the strategy around each unit's forward, in order, and around each unit's backward, in reverse",
           "[strategy]") {
   Runtime rt;
   ModelSpec cnn;
@@ -69,11 +73,40 @@ TEST_CASE("models call the strategy before each unit's forward, in order, and af
     Tensor logits = model->forward(rt, b, &rec);
     ce.forward(rt, logits, b.targets);
     model->backward(rt, ce.backward(rt, 1.0f), &rec);
-    std::vector<std::string> want;
-    for (int u = 0; u < units; u++) want.push_back("fwd " + std::to_string(u));
+    // before_forward in unit order, after_layer_backward in reverse
+    std::vector<std::string> fwd, bwd, want_fwd, want_bwd;
+    for (const auto& c : rec.calls) {
+      if (c.rfind("fwd", 0) == 0) fwd.push_back(c);
+      if (c.rfind("bwd", 0) == 0) bwd.push_back(c);
+    }
     auto all_units = model->units();
-    for (int u = units; u-- > 0;) want.push_back("bwd " + std::to_string(u) + " (" + std::to_string(all_units[size_t(u)].size()) + ")");
-    CHECK(rec.calls == want);
+    for (int u = 0; u < units; u++) want_fwd.push_back("fwd " + std::to_string(u));
+    for (int u = units; u-- > 0;) want_bwd.push_back("bwd " + std::to_string(u) + " (" + std::to_string(all_units[size_t(u)].size()) + ")");
+    CHECK(fwd == want_fwd);
+    CHECK(bwd == want_bwd);
+    // each unit: before_forward < after_forward < before_layer_backward < after_layer_backward, once each;
+    // a unit's backward comes only after every forward ended (ZeRO-3 frees a unit between the two)
+    auto at = [&](const std::string& what) {
+      auto it = std::find(rec.calls.begin(), rec.calls.end(), what);
+      REQUIRE(it != rec.calls.end());
+      CHECK(std::count(rec.calls.begin(), rec.calls.end(), what) == 1);
+      return it - rec.calls.begin();
+    };
+    for (int u = 0; u < units; u++) {
+      const std::string k = std::to_string(u);
+      INFO("unit " << u);
+      const auto f = at("fwd " + k), e = at("end " + k), p = at("pre " + k), b = at(want_bwd[size_t(units - 1 - u)]);
+      CHECK(f < e);
+      CHECK(e < p);
+      CHECK(p < b);
+      for (int v = 0; v < units; v++) CHECK(at("end " + std::to_string(v)) < p);
+    }
+    if (spec.name == "gpt") {  // wte is the lm_head too: unit 0's forward ends last and its backward starts first
+      CHECK(at("end 0") == at("end " + std::to_string(units - 1)) + 1);
+      CHECK(rec.calls[size_t(at("end 0") + 1)] == "pre 0");
+    } else {  // a chain: each unit's forward ends before the next one starts
+      for (int u = 0; u + 1 < units; u++) CHECK(at("end " + std::to_string(u)) + 1 == at("fwd " + std::to_string(u + 1)));
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // The two ways the tests train, each returning what the metrics file said:
-//   train_in_process  a Trainer in this process, on a TOML text (one rank; cpu or meta);
+//   train_in_process  a Trainer in this process, on a TOML text (one rank; cpu or meta, where
+//                     dist.fake_world_size makes it rank 0 of a planned job);
 //   train_ranks       `distlab run -n N train CONFIG ...` (real processes), with a timeout.
 #pragma once
 #include <unistd.h>
@@ -53,7 +54,9 @@ inline TrainRun train_in_process(const std::string& toml, std::vector<std::strin
   Runtime rt(dev);
   std::ostringstream log;
   MetricsWriter mw(cfg.log.metrics);
-  Trainer t(cfg, rt, log);
+  std::unique_ptr<ProcessGroup> fake;  // dist.fake_world_size: rank 0 of a planned job, as `distlab train` makes it
+  if (cfg.dist.fake_world_size > 0) fake = std::make_unique<ProcessGroup>(ProcessGroup::Fake{}, 0, int(cfg.dist.fake_world_size), &rt.trace);
+  Trainer t(cfg, rt, log, fake.get());
   TrainOutputs outputs;
   outputs.save_path = save;
   TrainRun r;

@@ -13,7 +13,7 @@ namespace distlab {
 // out. Broadcasts are exact that way; a gradient's average is the f32 average rounded once (NCCL's 16-bit
 // ring rounds at every hop), and the wire carries 4 bytes per value where a 16-bit all-reduce sends 2.
 static void broadcast_tensor(ProcessGroup& pg, Tensor& t) {
-  if (t.dtype() == DType::f32) return pg.broadcast(t.f32(), t.numel(), 0);
+  if (t.dtype() == DType::f32 || !t.data()) return pg.broadcast(t.data() ? t.f32() : nullptr, t.numel(), 0);  // meta: no data
   std::vector<float> v(static_cast<size_t>(t.numel()));
   if (t.data()) convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
   pg.broadcast(v.data(), t.numel(), 0);

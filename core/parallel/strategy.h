@@ -52,6 +52,9 @@ class Strategy : public ForwardHook, public BackwardHook {
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }
+  // After every optimizer step, taken or skipped: the gradients released (set_to_none), the parts of them
+  // a ZeRO rank keeps too.
+  virtual void zero_grad(Model& model) { model.zero_grad(); }
 
   // ZeRO-3: between uses a rank holds only its part of the parameters; the model is whole only inside
   // the forward and backward that the hooks above drive. An evaluation then runs on every rank, through

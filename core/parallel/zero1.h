@@ -39,6 +39,10 @@ class ZeRO1 : public Strategy {
   double grad_norm(Runtime& rt, Model& model) override;    // over every rank's slice
   bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) override;  // over every rank's slice
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  void zero_grad(Model& model) override {
+    model.zero_grad();
+    for (auto& g : groups_) g.slice.grad = Tensor();
+  }
   // for a save: the f32 slices (the master weights) gathered and lent to the parameters, then put back
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;

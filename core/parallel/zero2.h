@@ -34,6 +34,10 @@ class ZeRO2 : public Strategy {
   double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
   bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  void zero_grad(Model& model) override {
+    model.zero_grad();
+    for (auto& s : shards_.all()) s.local.grad = Tensor();
+  }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 

@@ -143,7 +143,7 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   }
   scaler_.update(o.skipped);
   o.next_loss_scale = scaler_.scale();
-  model_->zero_grad();
+  strategy_->zero_grad(*model_);
   return o;
 }
 

@@ -90,10 +90,10 @@ Trainer::StepOutcome Trainer::lab_step(int64_t) {  // the step number: the stude
     }
     o.lr = schedule_.lr_at(lab_schedule_steps_);
     strategy_->step(rt_, *opt_, float(o.lr), 1.0f);
-    model_->zero_grad();
+    strategy_->zero_grad(*model_);
   };
   Ops ops(o, cfg_.train.accum_steps, [&](float factor, bool sync) { return micro_step(factor, sync, o.samples); }, params, take_step,
-          [&] { model_->zero_grad(); }, [&] { lab_schedule_steps_++; });
+          [&] { strategy_->zero_grad(*model_); }, [&] { lab_schedule_steps_++; });
   const PrecisionOptions& pc = cfg_.precision;
   const float scaler[3] = {float(pc.init_scale), float(pc.growth_factor), float(pc.backoff_factor)};
   const LabStepResult r = lab_->train_step(ops, int(cfg_.train.accum_steps), cfg_.optim.clip_grad_norm, scaler,
