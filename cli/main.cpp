@@ -11,6 +11,7 @@
 
 #include "cli/bench_cmd.h"
 #include "cli/lab_cmd.h"
+#include "cli/plan_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
 #include "core/dist/error_file.h"
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   distlab::add_train_command(app, exit_code);
+  distlab::add_plan_command(app, exit_code);
   char self[PATH_MAX] = {};
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   // `distlab run ... -- PROGRAM ARGS`: the program's arguments are not ours to parse

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -170,7 +171,7 @@ std::string file_text(const std::string& rel) {
 
 }  // namespace
 
-TEST_CASE("ZeRO's memory table on the fake world: the 1B GPT in bf16 with AdamW per rank at N = 2, 4, 8, 64", "[zero][meta]") {
+TEST_CASE("ZeRO's memory table on the fake world: the 1B GPT in bf16 with AdamW per rank at N = 2, 4, 8, 64, FSDP and offload too", "[zero][meta]") {
   using distlab::testing::train_in_process;
   const std::string gpt1b = file_text("configs/gpt-1b.toml");
   // the units' sizes, for the working set: GPT's root (wte, also the lm_head, and wpe) and its largest block
@@ -187,32 +188,36 @@ TEST_CASE("ZeRO's memory table on the fake world: the 1B GPT in bf16 with AdamW 
   for (size_t u = 1; u < units.size(); u++) largest = std::max(largest, unit_numel(u));
   const double whole = 2 * (unit_numel(0) + largest);  // bf16 bytes of the units whole at one time
 
-  std::string table = fmt::format("{:>4} {:<6} {:>22} {:>12} {:>12} {:>9} {:>15}\n", "N", "", "paper (bytes/param)", "paper GB",
+  std::string table = fmt::format("{:>4} {:<12} {:>16} {:>12} {:>12} {:>9} {:>15}\n", "N", "", "paper (B/param)", "paper GB",
                                   "measured GB", "vs paper", "vs paper + ws");
   for (int n : {2, 4, 8, 64}) {
     double ddp_comm = 0;
-    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp+offload"}) {
+      const bool offload = strategy == "fsdp+offload";
       auto r = train_in_process(gpt1b, {"train.steps=1", "precision.mode=bf16", "dist.fake_world_size=" + std::to_string(n),
-                                        "parallel.strategy=" + strategy},
+                                        "parallel.strategy=" + strategy.substr(0, strategy.find('+')),
+                                        std::string("parallel.offload=") + (offload ? "cpu" : "none")},
                                 DeviceKind::meta);
       const double psi = r.summary["params"].get<double>();
       const auto& pm = r.summary["peak_memory"];
-      const double measured = pm["params"].get<double>() + pm["grads"].get<double>() + pm["optim_state"].get<double>();
+      // offloaded: the device's model state plus what went to the host
+      const double measured = pm["params"].get<double>() + pm["grads"].get<double>() + pm["optim_state"].get<double>() + pm["host"].get<double>();
       const double k = strategy == "ddp" ? 16 : strategy == "zero1" ? 4 + 12.0 / n : strategy == "zero2" ? 2 + 14.0 / n : 16.0 / n;
       // the working set the paper leaves out: ZeRO-2 reduces a unit's whole gradients as soon as backward
       // is done with it, ZeRO-3 also holds that unit's whole parameters (and the root's, used at both ends)
-      const double ws = strategy == "zero2" ? whole : strategy == "zero3" ? 2 * whole : 0;
+      const double ws = strategy == "zero2" ? whole : strategy == "ddp" || strategy == "zero1" ? 0 : 2 * whole;
       const double expected = k * psi + ws;
-      table += fmt::format("{:>4} {:<6} {:>22} {:>12.2f} {:>12.2f} {:>+8.1f}% {:>+14.1f}%\n", n, strategy,
+      table += fmt::format("{:>4} {:<12} {:>16} {:>12.2f} {:>12.2f} {:>+8.1f}% {:>+14.1f}%\n", n, strategy,
                            strategy == "ddp" ? "16" : strategy == "zero1" ? "4 + 12/N" : strategy == "zero2" ? "2 + 14/N" : "16/N",
                            k * psi / 1e9, measured / 1e9, 100 * (measured / (k * psi) - 1), 100 * (measured / expected - 1));
+      if (offload) CHECK(pm["host"].get<double>() == Approx(16 * psi / n).epsilon(0.01));  // all of 16Ψ/N off the device
       INFO(strategy << " on " << n << " ranks");
       CHECK(std::abs(measured / expected - 1) <= 0.05);
       // ZeRO-1 and 2 cost DDP's bytes (a reduce-scatter and an all-gather are one all-reduce); ZeRO-3 gathers
       // the parameters twice (forward, backward): up to 1.5x, less the units kept whole from forward to backward
       const double comm = r.steps.at(0)["comm_bytes_sent"].get<double>();
       if (strategy == "ddp") ddp_comm = comm;
-      else if (strategy == "zero3") CHECK((comm / ddp_comm > 1.4 && comm / ddp_comm <= 1.5));
+      else if (strategy == "zero3" || strategy == "fsdp" || offload) CHECK((comm / ddp_comm > 1.4 && comm / ddp_comm <= 1.5));
       else CHECK(std::abs(comm / ddp_comm - 1) < 1e-3);
     }
   }
@@ -250,4 +255,121 @@ TEST_CASE("the fake world records what a real run records: memory, collectives a
                                                         " --set dist.fake_world_size=4 --set parallel.strategy=zero3 2>&1");
   CHECK(code != 0);
   CHECK_THAT(out, Catch::Contains("dist.fake_world_size 4 on device cpu") && Catch::Contains("--device meta"));
+}
+
+TEST_CASE("FSDP full_shard and shard_grad_op are DDP to the bit, no_shard is DDP, CPU offload moves bytes to the host and not the numbers", "[zero][fsdp][e2e]") {
+  const std::string sets = kGptSets + "--set train.steps=20 --set precision.mode=bf16 ";
+  RunOut ddp = train(2, kGpt, sets + "--set parallel.strategy=ddp");
+  REQUIRE(ddp.code == 0);
+  struct Case {
+    std::string sets, name;
+  };
+  std::map<std::string, RunOut> runs;
+  for (const Case& c : {Case{"--set parallel.strategy=fsdp", "fsdp (full_shard, backward and forward prefetch)"},
+                        Case{"--set parallel.strategy=fsdp --set parallel.sharding=shard_grad_op", "fsdp (shard_grad_op, backward and forward prefetch)"},
+                        Case{"--set parallel.strategy=fsdp --set parallel.offload=cpu", "fsdp (full_shard, backward and forward prefetch, cpu offload)"},
+                        Case{"--set parallel.strategy=zero3 --set parallel.offload=cpu --set parallel.prefetch=false", "zero3 (cpu offload)"},
+                        Case{"--set parallel.strategy=fsdp --set parallel.sharding=no_shard", "ddp (bucketed)"}}) {
+    INFO(c.sets);
+    RunOut r = train(2, kGpt, sets + c.sets);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.losses == ddp.losses);
+    CHECK(r.summary["params_equal_across_ranks"] == true);
+    CHECK(r.summary["strategy_report"]["name"] == c.name);
+    runs[c.name] = r;
+  }
+  const double psi = ddp.summary["params"].get<double>();
+  auto peak = [&](const std::string& name, const char* cat) { return runs.at(name).summary["peak_memory"][cat].get<double>(); };
+  const std::string full = "fsdp (full_shard, backward and forward prefetch)", grad_op = "fsdp (shard_grad_op, backward and forward prefetch)",
+                    offload = "fsdp (full_shard, backward and forward prefetch, cpu offload)";
+  // shard_grad_op keeps every unit whole from its forward to its backward: the whole model at the turn
+  CHECK(peak(grad_op, "params") >= 2 * psi);
+  CHECK(peak(full, "params") < peak(grad_op, "params"));
+  // offload: the parts (2 bytes), their gradients (2) and the f32 master and moments (12) live in the host's
+  // memory — exactly 16 bytes per element a rank owns — and no optimizer state stays on the device
+  const auto& rep = runs.at(offload).summary["strategy_report"];
+  CHECK(peak(offload, "host") == 16.0 * rep["elements_per_rank"].get<double>());
+  CHECK(peak(offload, "optim_state") == 0);
+  CHECK(peak(offload, "params") < peak(full, "params"));
+  CHECK(peak(full, "host") == 0);
+  CHECK(runs.at(offload).summary["peak_memory_total"].get<double>() < runs.at(full).summary["peak_memory_total"].get<double>());
+}
+
+TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, offload's copies and prefetch's overlap show in modeled time", "[zero][fsdp][meta]") {
+  using distlab::testing::train_in_process;
+  const std::string base = " train configs/gpt-1b.toml --device meta --set precision.mode=bf16 --set dist.fake_world_size=8 --device-mem 16GiB ";
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + base + "--set parallel.strategy=ddp 2>&1");
+  INFO(out);
+  CHECK(code != 0);
+  CHECK_THAT(out, Catch::Contains("out of memory") && Catch::Contains("under ddp") && Catch::Contains("the OOM ladder") &&
+                      Catch::Contains("ZeRO-2") && Catch::Contains("save"));
+  auto [fcode, fout] = shell_in_source(std::string(DISTLAB_BINARY) + base + "--set parallel.strategy=fsdp 2>&1");
+  INFO(fout);
+  CHECK(fcode == 0);
+  // ZeRO-2 at 16 GiB: its ladder says ZeRO-3/FSDP next, then offload
+  auto [z2code, z2out] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-1b.toml --device meta --set precision.mode=bf16 "
+                                                         "--set dist.fake_world_size=2 --device-mem 12GiB --set parallel.strategy=zero2 2>&1");
+  INFO(z2out);
+  CHECK(z2code != 0);
+  CHECK_THAT(z2out, Catch::Contains("ZeRO-3 or FSDP full_shard"));
+
+  const std::string gpt1b = file_text("configs/gpt-1b.toml");
+  auto plan = [&](std::vector<std::string> sets) {
+    // the second step is the one modeled: the first records the order prefetch follows
+    for (const char* s : {"train.steps=2", "log.trace_step=2", "precision.mode=bf16", "dist.fake_world_size=8", "log.profile=t4-pcie",
+                          "parallel.strategy=fsdp"})
+      sets.insert(sets.begin(), s);
+    return train_in_process(gpt1b, sets, DeviceKind::meta).summary;
+  };
+  auto fsdp = plan({}), offload = plan({"parallel.offload=cpu"}), no_prefetch = plan({"parallel.prefetch=false"});
+  // offload: the device keeps the working set; the shards and the optimizer state went to the host
+  CHECK(offload["peak_memory_total"].get<double>() < fsdp["peak_memory_total"].get<double>());
+  CHECK(offload["peak_memory"]["host"].get<double>() > 15.9 * fsdp["params"].get<double>() / 8);
+  // ... and pays for it: PCIe copies every gather and every reduced gradient, the step on the host's CPU
+  CHECK(offload["modeled_step_s"].get<double>() > fsdp["modeled_step_s"].get<double>());
+  // prefetch hides part of the all-gathers behind compute
+  CHECK(fsdp["modeled_exposed_comm_s"].get<double>() < no_prefetch["modeled_exposed_comm_s"].get<double>());
+  CHECK(fsdp["modeled_comm_s"].get<double>() == Approx(no_prefetch["modeled_comm_s"].get<double>()).epsilon(0.02));
+}
+
+TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, and the decision tree's pick", "[zero][plan][cli]") {
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 7b --gpus 8 --gpu-mem a100-80g 2>&1");
+  INFO(out);
+  REQUIRE(code == 0);
+  // the course's 7B full fine-tune: ~16 bytes per parameter of model state, over 100 GB for one replica
+  CHECK_THAT(out, Catch::Contains("one full replica's model state: 105.3 GB (16 bytes per parameter)"));
+  for (const char* row : {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP", "FSDP + offload"}) CHECK_THAT(out, Catch::Contains(row));
+  CHECK_THAT(out, Catch::Contains("recommendation: ZeRO-2"));
+
+  auto [jcode, jout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 1b --gpus 4 --gpu-mem 8GiB --json 2>&1");
+  INFO(jout);
+  REQUIRE(jcode == 0);
+  const auto plan = nlohmann::json::parse(jout);
+  REQUIRE(plan["rows"].size() == 6);
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : plan["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  // the rungs climb: each stage holds less per GPU than the one before
+  auto total = [&](const char* s) { return rows.at(s)["peak_memory_total"].get<double>(); };
+  CHECK(total("ZeRO-1") < total("DDP"));
+  CHECK(total("ZeRO-2") < total("ZeRO-1"));
+  CHECK(total("FSDP") < total("ZeRO-2"));
+  CHECK(total("FSDP + offload") < total("FSDP"));
+  CHECK(rows.at("DDP")["fits"] == false);
+  // the pick is the first rung that fits, in the ladder's order
+  std::string first_fit;
+  for (const char* s : {"DDP", "ZeRO-2", "FSDP", "FSDP + offload"})
+    if (first_fit.empty() && rows.at(s)["fits"].get<bool>()) first_fit = s;
+  CHECK(plan["recommendation"] == (first_fit.empty() ? "none fits" : first_fit));
+  // a row is a run of the engine: the same as `distlab train --device meta` on the fake world
+  auto direct = distlab::testing::train_in_process(file_text("configs/gpt-1b.toml"),
+                                                   {"train.steps=2", "log.trace_step=2", "precision.mode=bf16", "train.micro_batch=1",
+                                                    "dist.fake_world_size=4", "parallel.strategy=fsdp", "log.profile=a100-nvlink"},
+                                                   DeviceKind::meta);
+  CHECK(rows.at("FSDP")["peak_memory_total"] == direct.summary["peak_memory_total"]);
+  CHECK(rows.at("FSDP")["modeled_step_s"].get<double>() == Approx(direct.summary["modeled_step_s"].get<double>()).epsilon(1e-12));
+
+  auto [bcode, bout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 3b --gpus 8 2>&1");
+  CHECK(bcode != 0);
+  CHECK_THAT(bout, Catch::Contains("--model 3b") && Catch::Contains("gpt-7b"));
 }

@@ -19,7 +19,7 @@ float* Optimizer::weights(Runtime& rt, size_t i) {
   Parameter& p = *params_[i];
   if (p.data.dtype() == DType::f32) return p.data.f32();
   if (!master_[i].defined()) {
-    master_[i] = rt.empty(p.data.shape(), Category::optim_state, "f32 master weights of " + p.name);
+    master_[i] = rt.empty(p.data.shape(), state_category_, "f32 master weights of " + p.name);
     if (master_[i].data()) convert(p.data.data(), p.data.dtype(), master_[i].data(), DType::f32, p.data.numel());
   }
   return master_[i].f32();
@@ -38,7 +38,7 @@ void SGD::step(Runtime& rt, float lr, float grad_factor) {
     const int64_t n = p.data.numel();
     bool first = false;
     if (o_.momentum != 0.0f && !bufs_[i].defined()) {
-      bufs_[i] = rt.empty(p.data.shape(), Category::optim_state, "momentum of " + p.name);
+      bufs_[i] = rt.empty(p.data.shape(), state_category_, "momentum of " + p.name);
       first = true;
     }
     float* w = weights(rt, i);
@@ -81,8 +81,8 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     const float step_size = float(lr / bc1);
     const float bc2_sqrt = float(std::sqrt(bc2));
     if (!m_[i].defined()) {
-      m_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg of " + p.name);
-      v_[i] = rt.zeros(p.data.shape(), Category::optim_state, "exp_avg_sq of " + p.name);
+      m_[i] = rt.zeros(p.data.shape(), state_category_, "exp_avg of " + p.name);
+      v_[i] = rt.zeros(p.data.shape(), state_category_, "exp_avg_sq of " + p.name);
     }
     float* w = weights(rt, i);
     OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);

@@ -28,6 +28,8 @@ class Optimizer {
   int64_t steps() const { return steps_; }
   // The f32 master weights of a 16-bit parameter once the first step made them; nullptr otherwise.
   const Tensor* master(const Parameter* p) const;
+  // Where the state lives: optim_state (the device), or host under CPU offload (set before the first step).
+  void set_state_category(Category c) { state_category_ = c; }
 
  protected:
   // The f32 weights a step updates: the parameter's own (f32), or its master copy (16-bit).
@@ -37,6 +39,7 @@ class Optimizer {
   std::vector<Parameter*> params_;
   std::vector<Tensor> master_;  // f32 masters of 16-bit parameters (optim_state), undefined for f32 ones
   int64_t steps_ = 0;
+  Category state_category_ = Category::optim_state;
 };
 
 struct SGDOptions {

@@ -16,6 +16,7 @@
 // same calls. Which strategy a run gets is make_strategy's decision
 // (core/train/strategies.cpp), from the config — the trainer never compares a strategy's name.
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,6 +67,13 @@ class Strategy : public ForwardHook, public BackwardHook {
   // loaded them) and the shards take them. Nothing to do where the parameters are whole anyway.
   virtual void gather_full_params(Runtime& rt, const Optimizer* masters) {}
   virtual void release_full_params(Runtime& rt, bool keep_changes) {}
+  // Calls fn on every parameter, whole, a unit at a time where they are sharded (a check that replicas
+  // agree needs no more than one unit whole at once). A collective under ZeRO-3: every rank calls it.
+  virtual void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) {
+    fn(model.parameters());
+  }
+  // Where the optimizer keeps its state: on the device, or in host memory under CPU offload.
+  virtual Category optimizer_state_category() const { return Category::optim_state; }
 };
 
 }  // namespace distlab

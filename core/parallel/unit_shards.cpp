@@ -75,15 +75,29 @@ void UnitShards::load_local(FlatShard& s) {
   if (flat.data()) convert(flat.f32() + pg_.rank() * s.shard, DType::f32, s.local.data.data(), s.local.data.dtype(), s.shard);
 }
 
-void UnitShards::reduce_gradients(FlatShard& s) {
-  Tensor flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat gradient of unit " + std::to_string(s.unit));
-  pack(s, flat.f32(), true);
+void UnitShards::reduce_gradients(FlatShard& s, Category part_category) {
+  issue_reduce(s, part_category);
+  finish_reduces();
+}
+
+void UnitShards::issue_reduce(FlatShard& s, Category part_category) {
+  Reduce r{&s, part_category, rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat gradient of unit " + std::to_string(s.unit)),
+           rt_.empty({s.shard}, Category::comm_buffers, who_ + " reduced part"), nullptr};
+  pack(s, r.flat.f32(), true);
   for (Parameter* p : s.params) p->grad = Tensor();  // whole gradients released: only this rank's part stays
-  Tensor part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " reduced part");
-  pg_.reduce_scatter(part.f32(), flat.f32(), s.shard, ReduceOp::avg);
-  flat = Tensor();
-  s.local.grad = rt_.empty({s.shard}, Category::grads, s.local.name + " gradient", rt_.dtype);
-  if (part.data()) convert(part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
+  r.work = pg_.reduce_scatter_async(r.part.f32(), r.flat.f32(), s.shard, ReduceOp::avg);
+  in_flight_.push_back(std::move(r));
+}
+
+void UnitShards::finish_reduces() {
+  for (Reduce& r : in_flight_) {
+    r.work->wait();
+    r.flat = Tensor();
+    FlatShard& s = *r.s;
+    s.local.grad = rt_.empty({s.shard}, r.part_category, s.local.name + " gradient", rt_.dtype);
+    if (r.part.data()) convert(r.part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
+  }
+  in_flight_.clear();
 }
 
 std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master) {
@@ -91,7 +105,7 @@ std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat,
   const float* mine = nullptr;
   if (master && master->defined()) {
     mine = master->f32();
-  } else if (s.local.data.dtype() == DType::f32) {
+  } else if (s.local.data.dtype() == DType::f32 && s.local.data.category() != Category::host) {
     mine = s.local.data.f32();
   } else {
     part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " part to gather");

@@ -47,9 +47,15 @@ class UnitShards {
   void load_local(FlatShard& s);
   // Average the shard's gradients over ranks: this rank's part into local.grad (the run's dtype, category
   // grads), the whole gradients released — a rank keeps only its part once the unit is reduced.
-  void reduce_gradients(FlatShard& s);
+  void reduce_gradients(FlatShard& s, Category part_category = Category::grads);
+  // The same, overlapped with the backward of the units before it (as DDP's buckets are): issue_reduce
+  // starts the reduce-scatter and releases the whole gradients; finish_reduces waits for every one issued
+  // and stores each part. The strategies keep one unit in flight: they finish the last before issuing.
+  void issue_reduce(FlatShard& s, Category part_category = Category::grads);
+  void finish_reduces();
   // Every rank's parts, whole, as a flat f32 vector (comm_buffers): from local.data, or from `master`
-  // (the optimizer's f32 copy of local) when there is one. Async: wait() before reading `flat`.
+  // (the optimizer's f32 copy of local) when there is one. Async: wait() before reading `flat`. A part that
+  // lives in host memory (offload) is first copied to the device: `part` is that copy.
   std::shared_ptr<Work> gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master = nullptr);
 
   // The global gradient norm and the overflow check over every rank's parts (what the step will read).
@@ -62,6 +68,13 @@ class UnitShards {
   std::string who_;
   std::vector<FlatShard> shards_;
   int num_units_ = 0;
+  struct Reduce {
+    FlatShard* s;
+    Category part_category;
+    Tensor flat, part;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<Reduce> in_flight_;
 };
 
 // The global L2 norm from each rank's sum of squares of its own parts: a double sent as two floats (its

@@ -21,8 +21,11 @@ nlohmann::json ZeRO2::report() const {
 
 void ZeRO2::after_layer_backward(int unit, const std::vector<Parameter*>&) {
   if (!sync_) return;  // accumulation: whole gradients stay local until the last micro-step (no_sync)
-  for (FlatShard* s : shards_.of_unit(unit)) shards_.reduce_gradients(*s);
+  shards_.finish_reduces();  // the unit before this one (in backward), whose reduce overlapped this unit's backward
+  for (FlatShard* s : shards_.of_unit(unit)) shards_.issue_reduce(*s);
 }
+
+void ZeRO2::finish_backward(Runtime&) { shards_.finish_reduces(); }
 
 void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   if (!loaded_) {  // the f32 parts start from the parameters (after --init), at the first step

@@ -4,6 +4,7 @@
 // exist only for the unit being reduced, never for the whole model.
 //
 //   backward, unit u done:  flat(u's grads) ──reduce_scatter(avg)──> local.grad (S/N)   whole grads freed
+//                           (async: it overlaps the next unit's backward, as DDP's buckets do)
 //   step:                   the optimizer steps each f32 part (local.data: the master, optim_state), then
 //                           all_gather(parts) ──> every parameter, whole, on every rank (as ZeRO-1)
 //
@@ -30,6 +31,7 @@ class ZeRO2 : public Strategy {
 
   void begin_backward(bool sync) override { sync_ = sync; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
+  void finish_backward(Runtime& rt) override;
   std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
   double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
   bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }

@@ -1,23 +1,36 @@
 #include "core/parallel/zero3.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "core/parallel/ddp.h"
 
 namespace distlab {
 
-ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, bool prefetch)
-    : pg_(pg), rt_(rt), shards_(rt, pg, model, "zero3", Category::params, rt.dtype), prefetch_(prefetch) {
+ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name)
+    : pg_(pg), rt_(rt), o_(o), name_(std::move(name)),
+      shards_(rt, pg, model, name_, o.offload ? Category::host : Category::params, rt.dtype) {
   broadcast_model(pg, model);  // every rank starts from rank 0's weights, then keeps its part of them
   whole_.assign(size_t(shards_.num_units()), true);
   release_full_params(rt, true);  // each rank takes its part of the whole weights, then frees them
+  rt.memory.empty_cache();        // the whole model it was built as goes back to the OS
+}
+
+std::string ZeRO3::describe() const {
+  std::vector<std::string> how;
+  if (!o_.reshard_after_forward) how.push_back("no reshard after forward");
+  if (o_.prefetch) how.push_back("prefetch");
+  if (o_.offload) how.push_back("cpu offload");
+  return how.empty() ? name_ : fmt::format("{} ({})", name_, fmt::join(how, ", "));
 }
 
 nlohmann::json ZeRO3::report() const {
   auto& all = const_cast<UnitShards&>(shards_).all();
   int64_t padded = 0, part = 0;
   for (const auto& s : all) padded += s.padded, part += s.shard;
-  return {{"name", describe()}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
+  return {{"name", describe()}, {"reshard_after_forward", o_.reshard_after_forward}, {"offload", o_.offload}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
           {"all_gathers", gathers_}, {"prefetched", prefetches_},
           {"collectives_per_step", "all_gather per unit before forward and before backward, reduce_scatter per unit after backward"}};
 }
@@ -27,6 +40,7 @@ void ZeRO3::issue(int unit, const Optimizer* masters) {
   for (FlatShard* s : shards_.of_unit(unit)) {
     f.flat.emplace_back();
     f.part.emplace_back();
+    if (o_.offload) rt_.trace.record_copy("offload: parameters to the device", double(s->local.data.nbytes()));
     f.work.push_back(shards_.gather_async(*s, f.flat.back(), f.part.back(), masters ? masters->master(&s->local) : nullptr));
   }
   gathers_++;
@@ -48,7 +62,7 @@ void ZeRO3::gather(int unit) {
 }
 
 void ZeRO3::prefetch(const std::vector<int>& order, int unit) {
-  if (!prefetch_) return;
+  if (!o_.prefetch) return;
   auto it = std::find(order.begin(), order.end(), unit);
   if (it == order.end() || it + 1 == order.end()) return;
   const int next = *(it + 1);
@@ -85,7 +99,10 @@ void ZeRO3::before_forward(int unit) {
   prefetch(fwd_order_, unit);
 }
 
-void ZeRO3::after_forward(int unit) { waiting_.push_back(unit); }
+// FULL_SHARD / ZeRO-3: freed once the next unit starts. SHARD_GRAD_OP: kept whole until its backward ends.
+void ZeRO3::after_forward(int unit) {
+  if (o_.reshard_after_forward) waiting_.push_back(unit);
+}
 
 void ZeRO3::begin_backward(bool sync) {
   sync_ = sync;
@@ -105,19 +122,33 @@ void ZeRO3::before_layer_backward(int unit) {
 
 void ZeRO3::after_layer_backward(int unit, const std::vector<Parameter*>&) {
   // accumulation (no_sync): whole gradients add up locally until the last micro-step, as PyTorch FSDP's
-  if (sync_)
-    for (FlatShard* s : shards_.of_unit(unit)) shards_.reduce_gradients(*s);
+  if (sync_) {
+    finish_reduces();  // the unit before this one (in backward): its reduce overlapped this unit's backward
+    for (FlatShard* s : shards_.of_unit(unit)) shards_.issue_reduce(*s, o_.offload ? Category::host : Category::grads);
+    reducing_.push_back(unit);
+  }
   release(unit);
 }
 
+void ZeRO3::finish_reduces() {
+  shards_.finish_reduces();
+  if (o_.offload)  // each reduced part goes to the host
+    for (int u : reducing_)
+      for (FlatShard* s : shards_.of_unit(u)) rt_.trace.record_copy("offload: gradient part to the host", double(s->local.grad.nbytes()));
+  reducing_.clear();
+}
+
 void ZeRO3::finish_backward(Runtime&) {
+  finish_reduces();
   recording_bwd_ = false;
   for (int u : waiting_) release(u);  // a unit the backward never reached (none in these models)
   waiting_.clear();
 }
 
 void ZeRO3::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
-  opt.step(rt, lr, grad_factor);  // each part; the next forward gathers the new values
+  rt.trace.set_on_host(o_.offload);  // offloaded: the host's CPU steps the host's state
+  opt.step(rt, lr, grad_factor);     // each part; the next forward gathers the new values
+  rt.trace.set_on_host(false);
   for (auto& s : shards_.all()) s.local.grad = Tensor();
   release_full_params(rt, false);  // nothing whole may outlive the step: it would be stale
 }
@@ -139,6 +170,17 @@ void ZeRO3::gather_full_params(Runtime&, const Optimizer* masters) {
       i++;
     }
     whole_[size_t(u)] = true;
+  }
+}
+
+void ZeRO3::visit_full_params(Runtime&, Model&, const std::function<void(const std::vector<Parameter*>&)>& fn) {
+  for (int u = 0; u < shards_.num_units(); u++) {
+    const bool was_whole = whole_[size_t(u)];
+    gather(u);
+    std::vector<Parameter*> params;
+    for (FlatShard* s : shards_.of_unit(u)) params.insert(params.end(), s->params.begin(), s->params.end());
+    fn(params);
+    if (!was_whole) release(u);
   }
 }
 

@@ -6,8 +6,8 @@
 //   after_forward(u)         u waits to be freed: freed when the next unit starts (the unit that ends the
 //                            forward is kept: its backward comes first — PyTorch FSDP's root rule)
 //   before_layer_backward(u) all_gather u again                                    (prefetch: the next one back)
-//   after_layer_backward(u)  reduce_scatter u's gradients ──> local.grad (S/N); whole gradients and
-//                            whole parameters freed
+//   after_layer_backward(u)  reduce_scatter u's gradients ──> local.grad (S/N), async: it overlaps the
+//                            next unit's backward; whole gradients and whole parameters freed
 //   step                     the optimizer steps each part (its f32 master when parameters are 16-bit);
 //                            nothing to gather: the next forward does it
 //
@@ -28,10 +28,19 @@
 
 namespace distlab {
 
+// What FSDP (fsdp.h) varies in the same machinery; ZeRO-3 is the default.
+struct ShardedOptions {
+  bool reshard_after_forward = true;  // false (FSDP's SHARD_GRAD_OP): a unit gathered for its forward stays
+                                      // whole until its backward is done — one all-gather per step, not two
+  bool prefetch = true;               // gather the next unit (in forward and in backward) while this one computes
+  bool offload = false;               // CPU offload: the parts, their gradients and the optimizer state live in
+                                      // host memory; the step runs on the host's CPU
+};
+
 class ZeRO3 : public Strategy {
  public:
-  ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, bool prefetch);
-  std::string describe() const override { return prefetch_ ? "zero3 (prefetch)" : "zero3"; }
+  ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name = "zero3");
+  std::string describe() const override;
   nlohmann::json report() const override;
   bool shards_parameters() const override { return true; }
 
@@ -51,8 +60,10 @@ class ZeRO3 : public Strategy {
   }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
+  void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) override;
+  Category optimizer_state_category() const override { return o_.offload ? Category::host : Category::optim_state; }
 
- private:
+ protected:
   struct InFlight {  // a unit's all-gathers, issued and not yet waited for
     std::vector<std::shared_ptr<Work>> work;
     std::vector<Tensor> flat, part;
@@ -62,15 +73,18 @@ class ZeRO3 : public Strategy {
   void prefetch(const std::vector<int>& order, int unit);     // issue the unit after `unit` in `order`
   void release(int unit);                                     // back to its parts
   void release_waiting(int keep_a, int keep_b);               // after_forward's units, but these two
+  void finish_reduces();                                      // the gradient reduces in flight, stored
 
   ProcessGroup& pg_;
   Runtime& rt_;
+  ShardedOptions o_;
+  std::string name_;
   UnitShards shards_;
-  bool prefetch_;
   bool sync_ = true;
   std::vector<bool> whole_;            // per unit: its parameters are whole now
   std::map<int, InFlight> in_flight_;  // per unit
   std::vector<int> waiting_;           // forward done, parameters not yet freed
+  std::vector<int> reducing_;          // units whose gradients are being reduce-scattered
   std::vector<int> fwd_order_, bwd_order_;
   bool recording_fwd_ = true, recording_bwd_ = true;  // the first step records the orders prefetch follows
   int64_t gathers_ = 0, prefetches_ = 0;

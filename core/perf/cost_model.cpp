@@ -25,6 +25,9 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
   require_cost_model(hw);
   // Roofline: a kernel is limited either by arithmetic or by memory traffic, whichever takes longer; the
   // launch overhead is why many tiny kernels are slower than their FLOPs say.
+  // CPU offload: a host<->device copy crosses the host link; the host's own compute has the host's rates
+  if (e.link_bytes > 0) return e.link_bytes / hw.host_link_bytes_per_s + hw.launch_overhead_s;
+  if (e.on_host) return std::max(e.flops / hw.host_flops_per_s, e.bytes / hw.host_mem_bw_bytes_per_s);
   const double peak_flops_per_s = low_precision || e.low_precision ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
   const double math_s = e.flops / peak_flops_per_s;
   const double memory_s = e.bytes / hw.mem_bw_bytes_per_s;
@@ -192,6 +195,7 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
 
   auto link_of = [&](const Collective& c) {
     if (opts.ranks_per_node <= 0) return Link::intra_node;
+    if (opts.symmetric) return c.group_size > opts.ranks_per_node ? Link::inter_node : Link::intra_node;  // its ranks are not traced
     for (int r : c.ranks)
       if (r / opts.ranks_per_node != c.ranks.front() / opts.ranks_per_node) return Link::inter_node;
     return Link::intra_node;

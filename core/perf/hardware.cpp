@@ -37,6 +37,10 @@ std::vector<HardwareProfile> make_profiles() {
       .inter_node_busbw_bytes_per_s = 3e9,       // estimate: 25–32 Gb/s cloud Ethernet, one NIC per VM
       .collective_latency_s = kAlphaPcie2_s,
       .launch_overhead_s = 5e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
+      // one GPU's share of the host: a 2-GPU VM with 8 vCPUs (4 AVX2 cores) and 4 DDR4 channels
+      .host_link_bytes_per_s = 12e9,             // PCIe gen3 x16: pinned cudaMemcpy ≈ 12 GB/s
+      .host_flops_per_s = 0.16e12,               // estimate: 2 cores × 2.5 GHz × 32 fp32 FLOP/cycle (AVX2 FMA)
+      .host_mem_bw_bytes_per_s = 20e9,           // estimate: half of 4 channels of DDR4-2666
   });
   // One DGX/HGX A100 node: 8× A100 SXM4 80GB on NVLink3 / NVSwitch, 8× HDR InfiniBand NICs.
   p.push_back({
@@ -50,6 +54,10 @@ std::vector<HardwareProfile> make_profiles() {
       .inter_node_busbw_bytes_per_s = 180e9,     // 8× HDR 200 Gb/s (24 GB/s each); nccl-tests reach ~90 % of the NICs' sum
       .collective_latency_s = kAlphaNvlink_s,
       .launch_overhead_s = 4e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
+      // one GPU's eighth of a DGX A100 host: 2× EPYC 7742 (128 Zen 2 cores), 16 channels of DDR4-3200
+      .host_link_bytes_per_s = 25e9,             // PCIe gen4 x16: pinned cudaMemcpy ≈ 25 GB/s
+      .host_flops_per_s = 1.15e12,               // 128 cores × 2.25 GHz × 32 FLOP/cycle = 9.2 TFLOP/s, / 8 GPUs
+      .host_mem_bw_bytes_per_s = 51e9,           // 16 × 25.6 GB/s = 410 GB/s, / 8 GPUs
   });
   // One HGX H100 node: 8× H100 SXM5 on NVLink4 / NVSwitch, 8× NDR 400 Gb/s NICs.
   HardwareProfile h100{
@@ -63,6 +71,10 @@ std::vector<HardwareProfile> make_profiles() {
       .inter_node_busbw_bytes_per_s = 340e9,     // 8× NDR 400 Gb/s, 46–48 GB/s each (nccl-tests), ~90 % of the sum
       .collective_latency_s = kAlphaNvlink_s,
       .launch_overhead_s = 4e-6,                 // estimate: CUDA kernel launch ≈ 3–5 µs
+      // one GPU's eighth of a DGX H100 host: 2× Xeon 8480C (112 cores, AVX-512), 16 channels of DDR5-4800
+      .host_link_bytes_per_s = 50e9,             // PCIe gen5 x16: pinned cudaMemcpy ≈ 50 GB/s
+      .host_flops_per_s = 1.8e12,                // 112 cores × 2.0 GHz × 64 FLOP/cycle = 14.3 TFLOP/s, / 8 GPUs
+      .host_mem_bw_bytes_per_s = 77e9,           // 16 × 38.4 GB/s = 614 GB/s, / 8 GPUs
   };
   p.push_back(h100);
   // H200: the H100's compute and links with bigger, faster memory.
@@ -85,6 +97,10 @@ std::vector<HardwareProfile> make_profiles() {
       .inter_node_busbw_bytes_per_s = 0.11e9,    // estimate: 1 Gb/s Ethernet between two such machines
       .collective_latency_s = 50e-6,             // measured here: Gloo over loopback, α ≈ 50 µs per step
       .launch_overhead_s = 5e-6,                 // estimate: one OpenMP fork/join per op
+      // "device" and host are the same memory here: offloading is a memcpy, the host's CPU is the rank's core
+      .host_link_bytes_per_s = 7e9,              // measured here: memcpy ≈ 7 GB/s
+      .host_flops_per_s = 87e9,
+      .host_mem_bw_bytes_per_s = 7e9,
   });
   return p;
 }

@@ -28,8 +28,16 @@ struct HardwareProfile {
   double inter_node_busbw_bytes_per_s = 0;  // a ring that crosses nodes (InfiniBand, Ethernet)
   double collective_latency_s = 0;          // α: fixed cost of one ring step
   double launch_overhead_s = 0;             // fixed cost of one kernel (launch, small-kernel tail)
+  // CPU offload (ZeRO-Offload, FSDP's CPUOffload): the link between host and device memory, and the host
+  // CPU that steps the offloaded optimizer
+  double host_link_bytes_per_s = 0;         // one direction of PCIe (what a pinned cudaMemcpy reaches)
+  double host_flops_per_s = 0;              // the host's fp32 peak (all its cores, SIMD)
+  double host_mem_bw_bytes_per_s = 0;       // the host's DRAM bandwidth
 
-  bool has_cost_model() const { return fp32_flops_per_s > 0 && mem_bw_bytes_per_s > 0 && intra_node_busbw_bytes_per_s > 0; }
+  bool has_cost_model() const {
+    return fp32_flops_per_s > 0 && mem_bw_bytes_per_s > 0 && intra_node_busbw_bytes_per_s > 0 && host_link_bytes_per_s > 0 &&
+           host_flops_per_s > 0 && host_mem_bw_bytes_per_s > 0;
+  }
 };
 
 const std::vector<HardwareProfile>& hardware_profiles();

@@ -16,6 +16,18 @@ void Trace::record(const char* name, Stream s, double flops, double bytes, doubl
   e.t_end_us = t1;
   e.scales_with_batch = scales;
   e.low_precision = low;
+  e.on_host = on_host_;
+  events_.push_back(std::move(e));
+}
+
+void Trace::record_copy(const char* name, double bytes) {
+  count_++;
+  if (!keep_events_) return;
+  TraceEvent e;
+  e.name = name;
+  e.link_bytes = bytes;
+  e.scales_with_batch = false;
+  e.t_begin_us = e.t_end_us = now_us();
   events_.push_back(std::move(e));
 }
 

@@ -27,6 +27,8 @@ struct TraceEvent {
   double t_end_us = 0;
   bool scales_with_batch = true;  // compute whose work is proportional to the micro-batch (not optimizer steps)
   bool low_precision = false;     // a 16-bit op (autocast's low list): timed at the profile's bf16/fp16 rate
+  bool on_host = false;           // ran on the host's CPU (CPU offload's optimizer step): the profile's host rates
+  double link_bytes = 0;          // a copy between host and device memory (CPU offload): over the host link (PCIe)
   // collectives and waits
   std::string op;             // all_reduce | reduce_scatter | all_gather | broadcast | send | recv | barrier
   int64_t payload_bytes = 0;  // S in the α-β formulas: the full tensor's bytes (all_reduce), the gathered output (all_gather)
@@ -44,6 +46,10 @@ class Trace {
   void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us,
               bool scales_with_batch = true, bool low_precision = false);
   void record(TraceEvent e);  // collectives and waits
+  // CPU offload: a copy of `bytes` between host and device memory, on the compute stream (FSDP's CPUOffload
+  // copies synchronously), and compute recorded while on_host is set runs on the host's CPU.
+  void record_copy(const char* name, double bytes);
+  void set_on_host(bool on) { on_host_ = on; }
   void keep_events(bool on) { keep_events_ = on; }
   bool keeping_events() const { return keep_events_; }
   const std::vector<TraceEvent>& events() const { return events_; }
@@ -57,6 +63,7 @@ class Trace {
  private:
   std::chrono::steady_clock::time_point epoch_;
   bool keep_events_ = false;
+  bool on_host_ = false;
   std::vector<TraceEvent> events_;
   double flops_ = 0, bytes_ = 0;
   int64_t count_ = 0;

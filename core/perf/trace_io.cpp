@@ -6,7 +6,7 @@ nlohmann::json events_to_json(const std::vector<TraceEvent>& events) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& e : events)
     a.push_back({e.name, int(e.kind), int(e.stream), e.flops, e.bytes, e.t_begin_us, e.t_end_us, e.scales_with_batch, e.op,
-                 e.payload_bytes, e.group_size, e.seq, e.group, e.low_precision});
+                 e.payload_bytes, e.group_size, e.seq, e.group, e.low_precision, e.on_host, e.link_bytes});
   return a;
 }
 
@@ -28,6 +28,8 @@ std::vector<TraceEvent> events_from_json(const nlohmann::json& j) {
     e.seq = x[11].get<int64_t>();
     e.group = x[12].get<std::string>();
     e.low_precision = x.size() > 13 && x[13].get<bool>();
+    e.on_host = x.size() > 14 && x[14].get<bool>();
+    e.link_bytes = x.size() > 15 ? x[15].get<double>() : 0.0;
     out.push_back(std::move(e));
   }
   return out;

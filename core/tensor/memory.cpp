@@ -17,12 +17,14 @@ const char* category_name(Category c) {
     case Category::activations: return "activations";
     case Category::comm_buffers: return "comm_buffers";
     case Category::other: return "other";
+    case Category::host: return "host";
   }
   return "?";
 }
 
 void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& what) {
-  if (capacity_ >= 0 && stats_.current_total + bytes > capacity_) {
+  const bool on_device = c != Category::host;
+  if (on_device && capacity_ >= 0 && stats_.current_total + bytes > capacity_) {
     int64_t free_bytes = capacity_ - stats_.current_total;
     throw OutOfMemoryError(
         fmt::format("out of memory: tried to allocate {} for {} ({}) on rank {} ({}; {} total capacity; "
@@ -35,8 +37,9 @@ void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& wh
   }
   int i = int(c);
   stats_.current[i] += bytes;
-  stats_.current_total += bytes;
   if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
+  if (!on_device) return;
+  stats_.current_total += bytes;
   if (stats_.current_total > stats_.peak_total) {
     stats_.peak_total = stats_.current_total;
     stats_.at_peak = stats_.current;
@@ -45,7 +48,7 @@ void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& wh
 
 void MemoryAccountant::release(int64_t bytes, Category c) {
   stats_.current[int(c)] -= bytes;
-  stats_.current_total -= bytes;
+  if (c != Category::host) stats_.current_total -= bytes;
   DL_ASSERT(stats_.current[int(c)] >= 0, "memory accounting went negative");
 }
 
@@ -72,6 +75,14 @@ void* MemoryAccountant::host_alloc(int64_t bytes) {
 
 void MemoryAccountant::host_free(void* p, int64_t bytes) {
   if (p) free_blocks_[round_block(bytes)].push_back(p);
+}
+
+void MemoryAccountant::empty_cache() {
+  for (auto& [size, blocks] : free_blocks_) {
+    for (void* p : blocks) std::free(p);
+    reserved_ -= size * int64_t(blocks.size());
+  }
+  free_blocks_.clear();
 }
 
 MemoryAccountant::~MemoryAccountant() {

@@ -11,14 +11,16 @@
 
 namespace distlab {
 
-enum class Category { params, grads, optim_state, activations, comm_buffers, other };
-constexpr int kNumCategories = 6;
+// host: what CPU offload keeps in the host's memory (ZeRO-Offload, FSDP's CPUOffload): counted, but not
+// against the device's capacity, and not in the device's total.
+enum class Category { params, grads, optim_state, activations, comm_buffers, other, host };
+constexpr int kNumCategories = 7;
 const char* category_name(Category c);  // "params", "grads", "optim_state", ...
 
 struct MemoryStats {
   std::array<int64_t, kNumCategories> current{};
   std::array<int64_t, kNumCategories> peak{};  // each category's own high-water mark
-  int64_t current_total = 0;
+  int64_t current_total = 0;                   // the device's: every category but host
   int64_t peak_total = 0;                      // high-water mark of the sum (not the sum of peaks)
   std::array<int64_t, kNumCategories> at_peak{};  // breakdown at the moment of peak_total
 };
@@ -53,6 +55,9 @@ class MemoryAccountant {
   void* host_alloc(int64_t bytes);
   void host_free(void* p, int64_t bytes);
   int64_t host_reserved() const { return reserved_; }
+  // Hands the cached blocks back to the OS (torch.cuda.empty_cache()): after a one-off large release, such
+  // as ZeRO-3 freeing the whole model it was built as.
+  void empty_cache();
 
  private:
   int rank_;

@@ -125,13 +125,16 @@ const std::vector<Key>& keys() {
       KEY("optim.step_size", Kind::integer, int64_t, optim.step_size, "step: steps between decays"),
       KEY("optim.gamma", Kind::real, double, optim.gamma, "step: decay factor"),
       KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine: final learning rate"),
-      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters)"),
+      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters) | fsdp"),
       KEY("parallel.ddp_mode", Kind::string, std::string, parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive"),
       KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP bucket size in MiB"),
       KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
       KEY("parallel.zero_reduce", Kind::string, std::string, parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice"),
-      KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3: gather the next unit's parameters while this one computes"),
+      KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
+      KEY("parallel.sharding", Kind::string, std::string, parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard"),
+      KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
+      KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
       KEY("precision.loss_scale", Kind::string_or_number, std::string, precision.loss_scale, "dynamic | none | a number (\"\" = dynamic for fp16, none otherwise)"),
@@ -358,10 +361,15 @@ void validate(const RunConfig& c) {
   require(c.optim.warmup_steps >= 0, c, "optim.warmup_steps", "must not be negative", "");
   require(c.optim.step_size >= 1, c, "optim.step_size", "must be at least 1", "");
   require(c.parallel.strategy == "none" || c.parallel.strategy == "ddp" || c.parallel.strategy == "zero1" ||
-              c.parallel.strategy == "zero2" || c.parallel.strategy == "zero3",
-          c, "parallel.strategy", "is '" + c.parallel.strategy + "'", "use none, ddp, zero1, zero2 or zero3");
+              c.parallel.strategy == "zero2" || c.parallel.strategy == "zero3" || c.parallel.strategy == "fsdp",
+          c, "parallel.strategy", "is '" + c.parallel.strategy + "'", "use none, ddp, zero1, zero2, zero3 or fsdp");
+  require(c.parallel.sharding == "full_shard" || c.parallel.sharding == "shard_grad_op" || c.parallel.sharding == "no_shard", c,
+          "parallel.sharding", "is '" + c.parallel.sharding + "'", "use full_shard, shard_grad_op or no_shard");
+  require(c.parallel.offload == "none" || c.parallel.offload == "cpu", c, "parallel.offload", "is '" + c.parallel.offload + "'",
+          "use none or cpu");
   require(c.dist.fake_world_size >= 0, c, "dist.fake_world_size", "must not be negative", "0 turns the fake world off");
   at_most(c, "dist.fake_world_size", double(c.dist.fake_world_size), 1 << 20, "");
+  require(c.dist.fake_ranks_per_node >= 0, c, "dist.fake_ranks_per_node", "must not be negative", "0 puts every rank on one node");
   require(c.parallel.zero_reduce == "reduce_scatter" || c.parallel.zero_reduce == "all_reduce", c, "parallel.zero_reduce",
           "is '" + c.parallel.zero_reduce + "'", "use reduce_scatter or all_reduce");
   require(c.parallel.ddp_mode == "bucketed" || c.parallel.ddp_mode == "naive", c, "parallel.ddp_mode",

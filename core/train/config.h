@@ -51,7 +51,9 @@ struct ParallelOptions {
   double bucket_mb = 25.0;
   bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
   std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
-  bool prefetch = true;  // zero3: all-gather the next unit while this one computes (forward and backward)
+  bool prefetch = true;
+  std::string sharding = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard (= DDP)
+  std::string offload = "none";         // zero3, fsdp: none | cpu  // zero3: all-gather the next unit while this one computes (forward and backward)
 };
 
 struct DistOptions {
@@ -59,6 +61,7 @@ struct DistOptions {
   // --device meta only: run rank 0 of a job of this many ranks over a process group that moves no data
   // but traces and counts every collective (planning; 0 = off)
   int64_t fake_world_size = 0;
+  int64_t fake_ranks_per_node = 0;  // the fake world's nodes: a collective over more ranks crosses nodes (0 = one node)
 };
 
 // Mixed precision: PyTorch's autocast + GradScaler, DeepSpeed's fp16/bf16 sections (core/ops/autocast.h,

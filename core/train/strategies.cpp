@@ -8,6 +8,7 @@
 #include "core/parallel/zero1.h"
 #include "core/parallel/zero2.h"
 #include "core/parallel/zero3.h"
+#include "core/parallel/fsdp.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -27,9 +28,16 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     return std::make_unique<ZeRO2>(*pg, model, rt);
   }
+  const bool offload = cfg.parallel.offload == "cpu";
   if (cfg.parallel.strategy == "zero3" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
-    return std::make_unique<ZeRO3>(*pg, model, rt, cfg.parallel.prefetch);
+    return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, cfg.parallel.prefetch, offload});
+  }
+  if (cfg.parallel.strategy == "fsdp" && pg) {
+    if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
+      return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
+    return std::make_unique<FSDP>(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload);
   }
   return std::make_unique<NoParallel>();
 }
@@ -40,6 +48,10 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
     throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients", cfg.precision.mode,
                                   cfg.lab.name),
                       "run the lab in fp32 (its default); mixed precision is lab 03's subject");
+  if (cfg.parallel.offload == "cpu" && cfg.parallel.strategy != "zero3" && !(cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard"))
+    throw ConfigError(fmt::format("parallel.offload = \"cpu\" with parallel.strategy {}{}", cfg.parallel.strategy,
+                                  cfg.parallel.strategy == "fsdp" ? " and parallel.sharding no_shard" : ""),
+                      "CPU offload moves shards to the host: use strategy zero3, or fsdp with sharding full_shard or shard_grad_op");
   if (world > 1 && cfg.parallel.strategy == "none")
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");

@@ -34,7 +34,6 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
                       "plan one rank of an N-rank job with `distlab train ... --device meta --set dist.fake_world_size=N`, without distlab run");
   const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : default_threads();
   set_compute_threads(threads);
-  if (!cfg.train.device_mem.empty()) rt.memory.set_capacity(parse_device_memory(cfg.train.device_mem, "train.device_mem"));
   if (!rt.is_meta()) data_ = open_datasets(cfg.data);
   spec_ = spec_for(cfg, data_, rt.is_meta());
 
@@ -82,6 +81,12 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     opt_ = std::make_unique<AdamW>(strategy_->optimizer_parameters(*model_), AdamWOptions{float(cfg.optim.beta1), float(cfg.optim.beta2),
                                                                       float(cfg.optim.eps), float(cfg.optim.weight_decay)});
   }
+  opt_->set_state_category(strategy_->optimizer_state_category());  // host under CPU offload
+  // The device's capacity applies from here: ZeRO-3/FSDP build the whole model and then keep their part
+  // (PyTorch FSDP materializes a meta-initialized model shard by shard; the end state is the same), so a
+  // model too big for one device can still be sharded onto it. What does not fit fails at the first step,
+  // with the OOM ladder.
+  if (!cfg.train.device_mem.empty()) rt.memory.set_capacity(parse_device_memory(cfg.train.device_mem, "train.device_mem"));
   schedule_ = Schedule{cfg.optim.schedule, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.step_size,
                        cfg.optim.gamma, cfg.optim.min_lr, total_steps_};
 }
@@ -202,6 +207,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
     const HardwareProfile hw = *find_profile(cfg_.log.profile);
     ReplayOptions ro;
     ro.symmetric = fake;
+    ro.ranks_per_node = fake ? int(cfg_.dist.fake_ranks_per_node) : 0;
     ReplayResult r = replay(ranks, hw, ro);
     out["profile"] = hw.name;
     out["modeled_step_s"] = r.step_s;
@@ -258,13 +264,14 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                       scaler_.describe());
   const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
-  if (sharded && (!out.init_path.empty() || replicas)) strategy_->gather_full_params(rt_, nullptr);
   if (!out.init_path.empty()) {
+    strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
     load_model(*model_, out.init_path);
+    strategy_->release_full_params(rt_, true);
+    if (sharded) rt_.memory.empty_cache();
     log_ << "loaded weights from " << out.init_path << "\n";
   }
   if (replicas) check_replicas("at the start", true);
-  if (sharded) strategy_->release_full_params(rt_, !out.init_path.empty());
   log_.flush();
   model_->set_training(true);
   if (loader_) loader_->start_epoch(0);
@@ -274,7 +281,13 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   nlohmann::json last_eval = nlohmann::json::object();
   for (int64_t step = 0; step < total_steps_; step++) {
     const double t_step = rt_.trace.now_us();
-    loss = train_step(step, metrics);
+    try {
+      loss = train_step(step, metrics);
+    } catch (const OutOfMemoryError& e) {  // what the accountant knows, and the ladder from this strategy
+      throw OutOfMemoryError(std::string(e.what()) + fmt::format("\n  at step {} under {}", step + 1, strategy_->describe()),
+                             oom_ladder(cfg_, world(), double(nparams), rt_.dtype,
+                                        double(rt_.memory.stats().peak[size_t(Category::activations)]), micro_batch_));
+    }
     if (step > 0 || total_steps_ == 1) {
       steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
       steady_samples += double(micro_batch_ * cfg_.train.accum_steps * world());
@@ -305,11 +318,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
   }
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
-  if (replicas) {  // throws: ranks that differ fail the run
-    if (sharded) strategy_->gather_full_params(rt_, nullptr);
-    check_replicas("at the end", false);
-    if (sharded) strategy_->release_full_params(rt_, false);
-  }
+  if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
   if (!out.save_path.empty()) {
     // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
     strategy_->gather_full_params(rt_, opt_.get());

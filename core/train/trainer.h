@@ -32,6 +32,10 @@ struct TrainOutputs {
 ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta);
 // What [precision] asks of the loss scaler.
 LossScaleOptions loss_scale_options(const PrecisionOptions& p);
+// The OOM ladder (course chapter 3) from where a run stands: the next rungs — accumulation, ZeRO-2,
+// ZeRO-3/FSDP, CPU offload — each with the bytes per rank it would save. `psi` parameters held in `dtype`,
+// `activation_bytes` the micro-batch's activations, `world` ranks.
+std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype, double activation_bytes, int64_t micro_batch);
 
 class Trainer {
  public:

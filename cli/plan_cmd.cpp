@@ -1,0 +1,207 @@
+// `distlab plan`: which strategy fits a model on N GPUs, and what one step costs. Every row is a run of
+// the engine itself — one meta rank of the N-rank job on the fake world (dist.fake_world_size: a process
+// group that moves no data but counts and traces every collective), two steps, the second replayed on the
+// hardware profile — not a separate formula. Then the course's decision tree picks the cheapest rung that
+// fits: DDP, else ZeRO-2, else ZeRO-3/FSDP, else + CPU offload, else more GPUs or 3D parallelism.
+// Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
+#include "cli/plan_cmd.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/perf/hardware.h"
+#include "core/train/trainer.h"
+#include "core/util/error.h"
+#include "core/util/units.h"
+
+namespace distlab {
+
+namespace {
+
+struct PlanArgs {
+  std::string model = "gpt-7b", gpu_mem = "a100-80g", profile, precision = "bf16", optimizer = "adamw";
+  int gpus = 8, nodes = 1;
+  int64_t micro_batch = 1, seq = 0;
+  bool json = false;
+  std::vector<std::string> sets;
+};
+
+// GPT-2-shaped stand-ins for the sizes the course talks about (LLaMA's 7B/13B/70B use SwiGLU and GQA;
+// ours keep GPT's 4x MLP, so "70b" has 64.7B parameters): 12·L·C² + V·C + T·C parameters.
+struct Preset {
+  const char* name;
+  int64_t layers, width, heads, vocab, block;
+};
+constexpr Preset kPresets[] = {
+    {"gpt-1b", 18, 2048, 16, 50257, 1024},
+    {"gpt-7b", 32, 4096, 32, 32000, 2048},
+    {"gpt-13b", 40, 5120, 40, 32000, 2048},
+    {"gpt-70b", 80, 8192, 64, 32000, 4096},
+};
+
+std::string model_toml(const PlanArgs& a, std::string& label) {
+  std::string name = a.model.rfind("gpt-", 0) == 0 ? a.model : "gpt-" + a.model;
+  for (const Preset& p : kPresets)
+    if (name == p.name) {
+      label = name;
+      return fmt::format("[model]\nname = \"gpt\"\nvocab_size = {}\nblock_size = {}\nn_layer = {}\nn_head = {}\nn_embd = {}\n"
+                         "[data]\nname = \"tokens\"\nseq_len = {}\nvocab = {}\n[optim]\nname = \"adamw\"\n",
+                         p.vocab, p.block, p.layers, p.heads, p.width, a.seq > 0 ? a.seq : p.block, p.vocab);
+    }
+  label = a.model;  // a config file
+  std::ifstream in(a.model);
+  if (!in) {
+    std::string names;
+    for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+    throw ConfigError("--model " + a.model + ": neither a preset nor a readable config file", "use " + names + " or a TOML path");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// --gpu-mem t4 | a100-80g | h100 | 16GiB -> the link-aware profile the step is modeled on
+std::string profile_for(const PlanArgs& a) {
+  if (!a.profile.empty()) return a.profile;
+  const std::string& m = a.gpu_mem;
+  if (m == "t4") return "t4-pcie";
+  if (m.rfind("a100", 0) == 0) return "a100-nvlink";
+  if (m == "h100") return "h100-nvlink";
+  if (auto p = find_profile(m); p && p->has_cost_model()) return m;
+  return "a100-nvlink";
+}
+
+struct Row {
+  std::string label, strategy;
+  std::vector<std::string> sets;
+  nlohmann::json summary;
+  bool fits = false;
+};
+
+nlohmann::json run_row(const std::string& toml, const std::string& name, const PlanArgs& a, const std::string& profile, const Row& row) {
+  std::vector<std::string> sets = {"train.steps=2", "log.trace_step=2", "train.eval_every=0", "train.device=meta",
+                                   "precision.mode=" + a.precision, "optim.name=" + a.optimizer,
+                                   fmt::format("dist.fake_world_size={}", a.gpus), fmt::format("dist.fake_ranks_per_node={}", a.gpus / a.nodes),
+                                   fmt::format("train.micro_batch={}", a.micro_batch), "log.profile=" + profile};
+  if (a.seq > 0) sets.push_back(fmt::format("data.seq_len={}", a.seq));
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
+  sets.insert(sets.end(), row.sets.begin(), row.sets.end());
+  RunConfig cfg = parse_config(toml, name, sets);
+  Runtime rt(DeviceKind::meta);
+  ProcessGroup pg(ProcessGroup::Fake{}, 0, a.gpus, &rt.trace);
+  std::ostringstream quiet;
+  MetricsWriter metrics("");
+  Trainer t(cfg, rt, quiet, &pg);
+  return t.run(metrics);
+}
+
+int run_plan(const PlanArgs& a) {
+  if (a.gpus < 1 || a.nodes < 1 || a.gpus % a.nodes != 0)
+    throw ConfigError(fmt::format("--gpus {} over --nodes {}", a.gpus, a.nodes), "the GPUs must split evenly over the nodes");
+  std::string label;
+  const std::string toml = model_toml(a, label);
+  const int64_t capacity = parse_device_memory(a.gpu_mem, "--gpu-mem");
+  const std::string profile = profile_for(a);
+  require_profile(profile, "--profile", true);
+  std::vector<Row> rows = {
+      {"DDP", "ddp", {"parallel.strategy=ddp"}},
+      {"ZeRO-1", "zero1", {"parallel.strategy=zero1"}},
+      {"ZeRO-2", "zero2", {"parallel.strategy=zero2"}},
+      {"ZeRO-3", "zero3", {"parallel.strategy=zero3"}},
+      {"FSDP", "fsdp", {"parallel.strategy=fsdp"}},
+      {"FSDP + offload", "fsdp+offload", {"parallel.strategy=fsdp", "parallel.offload=cpu"}},
+  };
+  if (a.gpus == 1) rows = {{"one GPU", "none", {"parallel.strategy=none"}}};
+  for (Row& r : rows) {
+    r.summary = run_row(toml, label, a, profile, r);
+    r.fits = r.summary["peak_memory_total"].get<int64_t>() <= capacity;
+  }
+  const double psi = rows[0].summary["params"].get<double>();
+  const auto& pm0 = rows[0].summary["peak_memory"];
+  const double replica = rows[0].strategy == "ddp" || rows[0].strategy == "none"
+                             ? pm0["params"].get<double>() + pm0["grads"].get<double>() + pm0["optim_state"].get<double>()
+                             : 0;
+  // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
+  // as a rung because ZeRO-2 saves more for the same traffic)
+  std::string pick, reason;
+  for (const char* rung : {"ddp", "none", "zero2", "fsdp", "fsdp+offload"})
+    for (const Row& r : rows)
+      if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
+  auto row = [&](const std::string& s) -> const Row* {
+    for (const Row& r : rows)
+      if (r.strategy == s) return &r;
+    return nullptr;
+  };
+  auto need = [&](const Row* r) { return format_bytes(r->summary["peak_memory_total"].get<double>()); };
+  if (pick == "DDP" || pick == "one GPU") {
+    reason = "a whole replica fits: no sharding needed, the least communication";
+  } else if (pick == "ZeRO-2") {
+    reason = fmt::format("DDP needs {} per GPU; ZeRO-2 splits gradients and optimizer state at DDP's communication cost", need(row("ddp")));
+  } else if (pick == "FSDP") {
+    reason = fmt::format("ZeRO-2 still needs {} per GPU; FSDP/ZeRO-3 splits the parameters too, for 1.5x DDP's bytes on the wire",
+                         need(row("zero2")));
+  } else if (pick == "FSDP + offload") {
+    reason = fmt::format("FSDP still needs {} per GPU; offload moves the shards and optimizer state to host memory, paying PCIe "
+                         "copies and a CPU optimizer step",
+                         need(row("fsdp")));
+  } else {
+    pick = "none fits";
+    reason = "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";
+  }
+  if (a.nodes > 1 && pick != "none fits")
+    reason += "; across nodes keep the heavy traffic inside a node (shard within a node, replicate across: HSDP), 3D for more";
+
+  if (a.json) {
+    nlohmann::json out = {{"model", label}, {"params", psi}, {"gpus", a.gpus}, {"nodes", a.nodes}, {"gpu_mem", capacity},
+                          {"precision", a.precision}, {"profile", profile}, {"replica_model_state_bytes", replica},
+                          {"recommendation", pick}, {"reason", reason}, {"rows", nlohmann::json::array()}};
+    for (const Row& r : rows)
+      out["rows"].push_back({{"strategy", r.label}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
+                             {"fits", r.fits}, {"modeled_step_s", r.summary.value("modeled_step_s", 0.0)},
+                             {"modeled_comm_s", r.summary.value("modeled_comm_s", 0.0)},
+                             {"modeled_exposed_comm_s", r.summary.value("modeled_exposed_comm_s", 0.0)}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("distlab plan: {} ({:.2f}B parameters), {} GPU(s) on {} node(s), {} per GPU, {}, micro-batch {}, profile {}\n",
+                           label, psi / 1e9, a.gpus, a.nodes, format_bytes(double(capacity)), a.precision, a.micro_batch, profile);
+  if (replica > 0)
+    std::cout << fmt::format("one full replica's model state: {:.1f} GB ({:.0f} bytes per parameter)\n", replica / 1e9, replica / psi);
+  std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10}\n", "strategy", "params", "grads",
+                           "optim", "activations", "comm buf", "host", "GPU total", "fits", "step (ms)");
+  for (const Row& r : rows) {
+    const auto& pm = r.summary["peak_memory"];
+    auto gb = [&](const char* c) { return fmt::format("{:.2f} GB", pm[c].get<double>() / 1e9); };
+    std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10.1f}\n", r.label, gb("params"), gb("grads"),
+                             gb("optim_state"), gb("activations"), gb("comm_buffers"), gb("host"),
+                             fmt::format("{:.2f} GB", r.summary["peak_memory_total"].get<double>() / 1e9), r.fits ? "yes" : "no",
+                             1e3 * r.summary.value("modeled_step_s", 0.0));
+  }
+  std::cout << "recommendation: " << pick << " — " << reason << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand("plan", "which parallel strategy fits a model on N GPUs, and a step's modeled time");
+  sub->add_option("--model", a->model, "gpt-1b | gpt-7b | gpt-13b | gpt-70b (or 1b, 7b, ...) or a config file");
+  sub->add_option("--gpus", a->gpus, "data-parallel ranks (GPUs)");
+  sub->add_option("--nodes", a->nodes, "nodes the GPUs are spread over (collectives across nodes use the inter-node bandwidth)");
+  sub->add_option("--gpu-mem", a->gpu_mem, "memory per GPU: a size (16GiB) or a profile (t4, a100-40g, a100-80g, h100, h200)");
+  sub->add_option("--profile", a->profile, "hardware profile for the step time (default: from --gpu-mem)");
+  sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
+  sub->add_option("--optimizer", a->optimizer, "adamw | sgd");
+  sub->add_option("--micro-batch", a->micro_batch, "sequences per GPU per micro-step");
+  sub->add_option("--seq", a->seq, "sequence length (default: the model's block size)");
+  sub->add_option("--set", a->sets, "any other config key, as for train (repeatable)");
+  sub->add_flag("--json", a->json, "the table as JSON");
+  sub->callback([a, &exit_code]() { exit_code = run_plan(*a); });
+}
+
+}  // namespace distlab

@@ -1,0 +1,41 @@
+// PyTorch's FullyShardedDataParallel, in its own words, on ZeRO-3's machinery (zero3.h): FSDP is the
+// same idea (ZeRO stage 3) as PyTorch ships it. What the names mean here:
+//
+//   FlatParameter            one flat vector per unit (a transformer block, a conv layer: the model's
+//                            units(), which is the auto-wrap policy) and weight-decay group, padded to N
+//                            (unit_shards.h)
+//   sharding_strategy
+//     FULL_SHARD             parameters, gradients and optimizer state sharded; a unit's parameters are
+//                            freed after its forward and gathered again for its backward (= ZeRO-3)
+//     SHARD_GRAD_OP          gradients and optimizer state sharded; parameters gathered once per step and
+//                            kept whole from a unit's forward to the end of its backward (≈ ZeRO-2 memory
+//                            during the step, one all-gather instead of two)
+//     NO_SHARD               nothing sharded: DistributedDataParallel (ddp.h) — make_strategy builds that
+//   backward_prefetch        BACKWARD_PRE: the next unit's all-gather is issued before this unit's backward
+//   forward_prefetch         the next unit's all-gather is issued before this unit's forward
+//                            (both: parallel.prefetch; the order is the one recorded on the first step)
+//   MixedPrecision           param_dtype = [precision] mode (bf16/fp16 parameters gathered and computed in
+//                            16 bits, f32 masters sharded in the optimizer); reduce_dtype f32 here (our
+//                            collectives move f32)
+//   CPUOffload(params=True)  the parts, their gradients and the optimizer state in host memory (category
+//                            host, not counted against the device); each gather first copies a part to
+//                            the device, each reduced gradient part goes back, the step runs on the host's
+//                            CPU — the cost model charges the copies at the profile's host link bandwidth
+// Read next: zero3.h (the mechanics), core/train/strategies.cpp (the config keys).
+#pragma once
+#include "core/parallel/zero3.h"
+
+namespace distlab {
+
+class FSDP : public ZeRO3 {
+ public:
+  // sharding: full_shard | shard_grad_op (no_shard is DDP: see make_strategy)
+  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
+  std::string describe() const override;
+  nlohmann::json report() const override;
+
+ private:
+  std::string sharding_;
+};
+
+}  // namespace distlab
