@@ -73,7 +73,7 @@ TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 50 steps: bitwise on 2 ranks, within 1
   }
 }
 
-TEST_CASE("ZeRO-1 splits the optimizer state N ways, accumulation and bf16 work", "[zero][e2e]") {
+TEST_CASE("ZeRO-1 splits the optimizer state N ways", "[zero][e2e]") {
   // AdamW on GPT-tiny: DDP holds exp_avg + exp_avg_sq (8 bytes per parameter); ZeRO-1 holds an f32 slice
   // of the weights and the two moments for 1/N of them: 12 bytes x (padded) / N
   RunOut ddp = train(2, kGpt, kGptSets + "--set train.steps=2 --set parallel.strategy=ddp");
@@ -94,26 +94,15 @@ TEST_CASE("ZeRO-1 splits the optimizer state N ways, accumulation and bf16 work"
     CHECK(ddp.summary["peak_memory"]["optim_state"].get<double>() == 8.0 * params);
     CHECK(z.summary["peak_memory"]["params"] == ddp.summary["peak_memory"]["params"]);
   }
-  // accumulation (no_sync on the first micro-step): the same as DDP's
-  RunOut ddp_acc = train(2, kCnn, kCnnSets + "--set train.global_batch=96 --set train.accum_steps=2 --set parallel.strategy=ddp");
-  RunOut z_acc = train(2, kCnn, kCnnSets + "--set train.global_batch=96 --set train.accum_steps=2 --set parallel.strategy=zero1");
-  REQUIRE(z_acc.code == 0);
-  CHECK(z_acc.losses == ddp_acc.losses);
-  // bf16: the slices are the f32 master weights; the replicas end equal and follow DDP's bf16 curve
-  RunOut ddp_bf = train(2, kCnn, kCnnSets + "--set train.global_batch=96 --set precision.mode=bf16 --set parallel.strategy=ddp");
-  RunOut z_bf = train(2, kCnn, kCnnSets + "--set train.global_batch=96 --set precision.mode=bf16 --set parallel.strategy=zero1");
-  INFO(z_bf.out);
-  REQUIRE(z_bf.code == 0);
-  CHECK(z_bf.summary["params_equal_across_ranks"] == true);
-  CHECK(max_rel_diff(ddp_bf.losses, z_bf.losses) < 1e-2);
+  // accumulation, fp16 and bf16: the next test, for every stage
 }
 
-TEST_CASE("ZeRO-2 and ZeRO-3 with accumulation, fp16 skips, clipping and bf16 saves are DDP to the bit on 2 ranks, --init resumes", "[zero][e2e]") {
+TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 saves are DDP to the bit on 2 ranks, --init resumes", "[zero][e2e]") {
   // accumulation: whole gradients add up locally on the no_sync micro-step, reduced on the last
   const std::string acc = kCnnSets + "--set train.global_batch=96 --set train.accum_steps=2 --set train.steps=20 ";
   RunOut ddp_acc = train(2, kCnn, acc + "--set parallel.strategy=ddp");
   REQUIRE(ddp_acc.code == 0);
-  for (const std::string strategy : {"zero2", "zero3"}) {
+  for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
     RunOut z = train(2, kCnn, acc + "--set parallel.strategy=" + strategy);
     INFO(strategy << "\n" << z.out);
     REQUIRE(z.code == 0);
