@@ -142,7 +142,8 @@ int run_plan(const PlanArgs& a) {
   } else if (pick == "ZeRO-2") {
     reason = fmt::format("DDP needs {} per GPU; ZeRO-2 splits gradients and optimizer state at DDP's communication cost", need(row("ddp")));
   } else if (pick == "FSDP") {
-    reason = fmt::format("ZeRO-2 still needs {} per GPU; FSDP/ZeRO-3 splits the parameters too, for 1.5x DDP's bytes on the wire",
+    reason = fmt::format("ZeRO-2 still needs {} per GPU; FSDP/ZeRO-3 splits the parameters too and gathers them twice a step "
+                         "(1.5x DDP's bytes in fp32)",
                          need(row("zero2")));
   } else if (pick == "FSDP + offload") {
     reason = fmt::format("FSDP still needs {} per GPU; offload moves the shards and optimizer state to host memory, paying PCIe "

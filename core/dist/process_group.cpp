@@ -287,7 +287,8 @@ void ProcessGroup::reset_counters() {
 
 // ---- the collectives ----
 
-std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) {
+  if (wire != DType::f32) return all_reduce_16_async(data, n, op, wire);
   // Gloo's ring: reduce-scatter then all-gather, each rank sending 2(n-1)/n of the buffer
   const int64_t moved = size_ > 1 ? 2 * (size_ - 1) * n * 4 / size_ : 0;
   if (fake_) return submit("all_reduce", n, n * 4, true, [=, this](int64_t) { count("all_reduce", moved, moved); }, reduce_op_name(op));
@@ -312,21 +313,41 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, Red
   }, reduce_op_name(op));
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
-  const int64_t moved = (size_ - 1) * n * 4;
-  if (fake_) return submit("reduce_scatter", n, n * size_ * 4, true, [=, this](int64_t) { count("reduce_scatter", moved, moved); }, reduce_op_name(op));
-  return submit("reduce_scatter", n, n * size_ * 4, true, [=, this](int64_t seq) {
-    ring_reduce_scatter(out, in, n, op, seq);
-    count("reduce_scatter", moved, moved);
-  }, reduce_op_name(op));
+// A 16-bit all-reduce (Gloo's ring has no bf16): our ring reduce-scatter over N chunks of ceil(n/N), then a
+// 16-bit all-gather — the same two phases as Gloo's and NCCL's ring, 2 bytes a value on the wire.
+std::shared_ptr<Work> ProcessGroup::all_reduce_16_async(float* data, int64_t n, ReduceOp op, DType wire) {
+  const int64_t chunk = (n + size_ - 1) / size_, moved = size_ > 1 ? 2 * (size_ - 1) * chunk * 2 : 0;
+  const std::string detail = fmt::format("{} {}", reduce_op_name(op), dtype_name(wire));
+  if (fake_) return submit("all_reduce", n, n * 2, true, [=, this](int64_t) { count("all_reduce", moved, moved); }, detail);
+  return submit("all_reduce", n, n * 2, true, [=, this](int64_t seq) {
+    std::vector<float> padded(static_cast<size_t>(chunk * size_), 0.0f), mine(static_cast<size_t>(chunk));
+    std::copy_n(data, n, padded.begin());
+    ring_reduce_scatter(mine.data(), padded.data(), chunk, op, seq, wire);
+    gather_16(padded.data(), mine.data(), chunk, wire);
+    std::copy_n(padded.begin(), n, data);
+    count("all_reduce", moved, moved);
+  }, detail);
 }
 
-std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in, int64_t n) {
-  const int64_t moved = (size_ - 1) * n * 4;
-  if (fake_) return submit("all_gather", n, n * size_ * 4, true, [=, this](int64_t) { count("all_gather", moved, moved); });
-  return submit("all_gather", n, n * size_ * 4, true, [=, this](int64_t seq) {
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op, DType wire) {
+  const int64_t bytes = dtype_size(wire), moved = (size_ - 1) * n * bytes;
+  const std::string detail = wire == DType::f32 ? reduce_op_name(op) : fmt::format("{} {}", reduce_op_name(op), dtype_name(wire));
+  if (fake_) return submit("reduce_scatter", n, n * size_ * bytes, true, [=, this](int64_t) { count("reduce_scatter", moved, moved); }, detail);
+  return submit("reduce_scatter", n, n * size_ * bytes, true, [=, this](int64_t seq) {
+    ring_reduce_scatter(out, in, n, op, seq, wire);
+    count("reduce_scatter", moved, moved);
+  }, detail);
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in, int64_t n, DType wire) {
+  const int64_t bytes = dtype_size(wire), moved = (size_ - 1) * n * bytes;
+  const std::string detail = wire == DType::f32 ? "" : dtype_name(wire);  // ranks must agree on the wire's type too
+  if (fake_) return submit("all_gather", n, n * size_ * bytes, true, [=, this](int64_t) { count("all_gather", moved, moved); }, detail);
+  return submit("all_gather", n, n * size_ * bytes, true, [=, this](int64_t seq) {
     (void)seq;
-    if (size_ > 1 && n > 0) {
+    if (wire != DType::f32) {
+      gather_16(out, in, n, wire);
+    } else if (size_ > 1 && n > 0) {
       gloo::AllgatherOptions o(context_);
       o.setInput(const_cast<float*>(in), size_t(n));
       o.setOutput(out, size_t(n * size_));
@@ -336,7 +357,24 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in
       std::memcpy(out, in, size_t(n) * 4);
     }
     count("all_gather", moved, moved);
-  });
+  }, detail);
+}
+
+// 16 bits on the wire: rounded once going in, exact coming out. Runs on the communication thread.
+void ProcessGroup::gather_16(float* out, const float* in, int64_t n, DType wire) {
+  if (n <= 0) return;
+  std::vector<uint16_t> in16(static_cast<size_t>(n)), out16(static_cast<size_t>(n * size_));
+  convert(in, DType::f32, in16.data(), wire, n);
+  if (size_ > 1) {
+    gloo::AllgatherOptions o(context_);
+    o.setInput(in16.data(), size_t(n));
+    o.setOutput(out16.data(), size_t(n * size_));
+    o.setTimeout(opts_.timeout);
+    gloo::allgather(o);
+  } else {
+    out16 = in16;
+  }
+  convert(out16.data(), wire, out, DType::f32, n * size_);
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int root) {
@@ -412,11 +450,15 @@ void ProcessGroup::recv(float* data, int64_t n, int src, int tag) {
 // the additions overlap, and no step waits for a whole chunk. Nothing copies the input: step 0 sends
 // straight from it, later steps from one of two partial-sum buffers (A), and the last step adds into
 // `out`. Receives land in one of two buffers (R); both pairs alternate by step.
-void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq) {
+void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq, DType wire) {
   const int N = size_;
+  // 16 bits on the wire (NCCL's bf16 ring): what travels is rounded, every hop adds in f32 and rounds what
+  // it passes on, and the result is a 16-bit value
+  const bool narrow = wire != DType::f32;
+  const int wb = narrow ? 2 : 4;
   if (N == 1 || n == 0) {
     const float scale = op == ReduceOp::avg ? 1.0f / float(N) : 1.0f;
-    for (int64_t i = 0; i < n; i++) out[i] = in[i] * scale;
+    for (int64_t i = 0; i < n; i++) out[i] = narrow ? round_to(round_to(in[i], wire) * scale, wire) : in[i] * scale;
     return;
   }
   const int right = (rank_ + 1) % N, left = (rank_ + N - 1) % N;
@@ -428,6 +470,10 @@ void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, R
   float* base = rs_scratch_.data();
   float* R[2] = {base, N > 2 ? base + n : nullptr};                        // received partial sums
   float* A[2] = {N > 2 ? base + 2 * n : nullptr, N > 3 ? base + 3 * n : nullptr};  // ours, to send on
+  // narrow: what is sent is staged in 16 bits (S, by step parity) and received in 16 bits (Q)
+  if (narrow && int64_t(rs_scratch16_.size()) < 4 * n) rs_scratch16_.resize(size_t(4 * n));
+  uint16_t* S[2] = {narrow ? rs_scratch16_.data() : nullptr, narrow ? rs_scratch16_.data() + n : nullptr};
+  uint16_t* Q[2] = {narrow ? rs_scratch16_.data() + 2 * n : nullptr, narrow ? rs_scratch16_.data() + 3 * n : nullptr};
   auto slot = [&](int s, int64_t j) {  // unique per collective, step and segment
     return (uint64_t(2) << 60) | (uint64_t(seq & 0xffffffff) << 26) | (uint64_t(s) << 14) | uint64_t(j & 0x3fff);
   };
@@ -435,7 +481,12 @@ void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, R
   using Buf = std::unique_ptr<gloo::transport::UnboundBuffer>;
   std::vector<Buf> sending[2];  // sends from A[b] (or from `in`, step 0): done before A[b] is written again
   auto send_segment = [&](int s, const float* src, int64_t j) {
-    Buf b = context_->createUnboundBuffer(const_cast<float*>(src + j * g), size_t(seg_len(j)) * 4);
+    void* from = const_cast<float*>(src + j * g);
+    if (narrow) {  // staged: S[s % 2] is free again once sending[s % 2] finished (see finish_sends below)
+      convert(src + j * g, DType::f32, S[s % 2] + j * g, wire, seg_len(j));
+      from = S[s % 2] + j * g;
+    }
+    Buf b = context_->createUnboundBuffer(from, size_t(seg_len(j)) * wb);
     b->send(right, slot(s, j));
     sending[s % 2].push_back(std::move(b));
   };
@@ -449,19 +500,27 @@ void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, R
     float* recv_to = R[s % 2];
     float* sum_to = last ? out : A[s % 2];
     const float* mine = in + chunk(rank_ - s - 2) * n;
-    if (!last) finish_sends((s + 1) % 2);  // A[s % 2] last fed the sends of step s - 1
+    if (!last) finish_sends((s + 1) % 2);  // A[s % 2] (and S[(s + 1) % 2]) last fed the sends of step s - 1
     std::vector<Buf> receiving;
     for (int64_t j = 0; j < segments; j++) {
-      receiving.push_back(context_->createUnboundBuffer(recv_to + j * g, size_t(seg_len(j)) * 4));
+      void* to = narrow ? static_cast<void*>(Q[s % 2] + j * g) : static_cast<void*>(recv_to + j * g);
+      receiving.push_back(context_->createUnboundBuffer(to, size_t(seg_len(j)) * wb));
       receiving.back()->recv(left, slot(s, j));
     }
     for (int64_t j = 0; j < segments; j++) {
       receiving[size_t(j)]->waitRecv(opts_.timeout);
       const int64_t lo = j * g, hi = lo + seg_len(j);
-      if (op == ReduceOp::max)
+      if (narrow) {
+        convert(Q[s % 2] + lo, wire, recv_to + lo, DType::f32, hi - lo);
+        for (int64_t i = lo; i < hi; i++) {
+          const float m = round_to(mine[i], wire);  // our contribution, as it would travel
+          sum_to[i] = op == ReduceOp::max ? std::max(m, recv_to[i]) : m + recv_to[i];
+        }
+      } else if (op == ReduceOp::max) {
         for (int64_t i = lo; i < hi; i++) sum_to[i] = std::max(mine[i], recv_to[i]);
-      else
+      } else {
         for (int64_t i = lo; i < hi; i++) sum_to[i] = mine[i] + recv_to[i];
+      }
       if (!last) send_segment(s + 1, sum_to, j);
     }
   }
@@ -469,6 +528,7 @@ void ProcessGroup::ring_reduce_scatter(float* out, const float* in, int64_t n, R
   finish_sends(1);
   if (op == ReduceOp::avg)
     for (int64_t i = 0; i < n; i++) out[i] *= 1.0f / float(N);
+  if (narrow) round_f32(out, out, n, wire);  // the result is a 16-bit value, as NCCL's output buffer is
 }
 
 }  // namespace distlab

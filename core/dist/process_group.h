@@ -22,6 +22,7 @@
 
 #include "core/dist/store.h"
 #include "core/perf/trace.h"
+#include "core/tensor/dtype.h"
 
 namespace gloo {
 class Context;
@@ -87,22 +88,27 @@ class ProcessGroup {
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
   // data (n), the same n on every rank; avg divides the sum by size()
-  void all_reduce(float* data, int64_t n, ReduceOp op = ReduceOp::sum) { all_reduce_async(data, n, op)->wait(); }
-  // in (size·n) -> out (n): rank r gets the reduction of every rank's slot r (a ring: n-1 steps)
-  void reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_async(out, in, n, op)->wait();
+  // wire bf16/f16 (precision.reduce_dtype): the values travel in 16 bits, each hop of the ring adds in f32
+  // and rounds what it passes on (NCCL's 16-bit rings do the same); half the bytes, 16-bit results
+  void all_reduce(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32) {
+    all_reduce_async(data, n, op, wire)->wait();
   }
-  // in (n) -> out (size·n): slot r holds rank r's input
-  void all_gather(float* out, const float* in, int64_t n) { all_gather_async(out, in, n)->wait(); }
+  // in (size·n) -> out (n): rank r gets the reduction of every rank's slot r (a ring: n-1 steps)
+  void reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32) {
+    reduce_scatter_async(out, in, n, op, wire)->wait();
+  }
+  // in (n) -> out (size·n): slot r holds rank r's input. wire bf16/f16: the values travel in 16 bits (half
+  // the bytes; exact for values that are 16-bit already, as gathered 16-bit parameters are)
+  void all_gather(float* out, const float* in, int64_t n, DType wire = DType::f32) { all_gather_async(out, in, n, wire)->wait(); }
   void broadcast(float* data, int64_t n, int root) { broadcast_async(data, n, root)->wait(); }
   void barrier();
   // point to point; a send pairs with the matching recv of the same tag, in order
   void send(const float* data, int64_t n, int dst, int tag = 0);
   void recv(float* data, int64_t n, int src, int tag = 0);
 
-  std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum);
-  std::shared_ptr<Work> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum);
-  std::shared_ptr<Work> all_gather_async(float* out, const float* in, int64_t n);
+  std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
+  std::shared_ptr<Work> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
+  std::shared_ptr<Work> all_gather_async(float* out, const float* in, int64_t n, DType wire = DType::f32);
   std::shared_ptr<Work> broadcast_async(float* data, int64_t n, int root);
 
   // A group of some of this group's ranks (ranks in this group's numbering). Only members call it, each
@@ -130,8 +136,11 @@ class ProcessGroup {
   void check_fingerprint(const Call& c);
   [[noreturn]] void fail(const Call& c, const std::string& what);
   void count(const char* op, int64_t sent, int64_t received);
-  void ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq);
-  std::vector<float> rs_scratch_;  // the ring reduce-scatter's receive and partial-sum buffers, reused
+  void ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq, DType wire = DType::f32);
+  std::shared_ptr<Work> all_reduce_16_async(float* data, int64_t n, ReduceOp op, DType wire);
+  void gather_16(float* out, const float* in, int64_t n, DType wire);
+  std::vector<float> rs_scratch_;      // the ring reduce-scatter's receive and partial-sum buffers, reused
+  std::vector<uint16_t> rs_scratch16_; // and its 16-bit staging, with a 16-bit wire
   uint64_t p2p_slot(int peer, int tag, bool sending);
 
   std::unique_ptr<MemoryStore> own_store_;  // the fake world's: nobody else shares it

@@ -34,7 +34,7 @@ void NaiveDDP::finish_backward(Runtime& rt) {
   if (!sync_) return;
   for (auto* p : params_) {
     AsF32 g(rt, grad_or_zeros(*p), AsF32::inout);
-    pg_.all_reduce(g.p, p->data.numel(), ReduceOp::avg);
+    pg_.all_reduce(g.p, p->data.numel(), ReduceOp::avg, rt.reduce_dtype);
     g.store();
   }
 }
@@ -106,7 +106,7 @@ void BucketedDDP::launch_ready_buckets() {
       if (flat) convert(g.data(), g.dtype(), flat + off, DType::f32, n);
       off += n;
     }
-    b.work = pg_.all_reduce_async(flat, b.flat.numel(), ReduceOp::avg);
+    b.work = pg_.all_reduce_async(flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
     next_to_launch_++;
   }
 }

@@ -6,21 +6,23 @@
 
 namespace distlab {
 
-static ShardedOptions fsdp_options(const std::string& sharding, bool prefetch, bool offload) {
+static ShardedOptions fsdp_options(const std::string& sharding, bool prefetch, bool offload, int64_t min_params) {
   if (sharding != "full_shard" && sharding != "shard_grad_op")
     throw ConfigError("parallel.sharding '" + sharding + "' for FSDP's sharded form", "use full_shard or shard_grad_op (no_shard is DDP)");
   ShardedOptions o;
   o.reshard_after_forward = sharding == "full_shard";
   o.prefetch = prefetch;
   o.offload = offload;
+  o.min_params = min_params;
   return o;
 }
 
-FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload)
-    : ZeRO3(pg, model, rt, fsdp_options(sharding, prefetch, offload), "fsdp"), sharding_(sharding) {}
+FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload, int64_t min_params)
+    : ZeRO3(pg, model, rt, fsdp_options(sharding, prefetch, offload, min_params), "fsdp"), sharding_(sharding) {}
 
 std::string FSDP::describe() const {
-  return fmt::format("fsdp ({}{}{})", sharding_, o_.prefetch ? ", backward and forward prefetch" : "", o_.offload ? ", cpu offload" : "");
+  return fmt::format("fsdp ({}{}{}{})", sharding_, o_.prefetch ? ", backward and forward prefetch" : "", o_.offload ? ", cpu offload" : "",
+                     o_.min_params > 0 ? fmt::format(", units wrapped to >= {} parameters", o_.min_params) : "");
 }
 
 nlohmann::json FSDP::report() const {

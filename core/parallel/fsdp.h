@@ -2,8 +2,10 @@
 // same idea (ZeRO stage 3) as PyTorch ships it. What the names mean here:
 //
 //   FlatParameter            one flat vector per unit (a transformer block, a conv layer: the model's
-//                            units(), which is the auto-wrap policy) and weight-decay group, padded to N
-//                            (unit_shards.h)
+//                            units()) and weight-decay group, padded to N (unit_shards.h)
+//   auto_wrap_policy         per unit (transformer_auto_wrap_policy's choice), or size-based:
+//                            parallel.wrap_min_params merges consecutive units until a flat vector holds
+//                            that many parameters — fewer, larger all-gathers, a larger working set
 //   sharding_strategy
 //     FULL_SHARD             parameters, gradients and optimizer state sharded; a unit's parameters are
 //                            freed after its forward and gathered again for its backward (= ZeRO-3)
@@ -30,7 +32,7 @@ namespace distlab {
 class FSDP : public ZeRO3 {
  public:
   // sharding: full_shard | shard_grad_op (no_shard is DDP: see make_strategy)
-  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
+  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload, int64_t min_params = 0);
   std::string describe() const override;
   nlohmann::json report() const override;
 

@@ -11,16 +11,33 @@
 
 namespace distlab {
 
-UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype)
+UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype,
+                       int64_t min_params)
     : rt_(rt), pg_(pg), who_(who) {
   const auto units = model.units();
-  num_units_ = int(units.size());
+  // the wrap policy: which model units share a flat vector
+  std::vector<std::vector<Parameter*>> groups;
+  int64_t in_group = 0;
+  for (size_t u = 0; u < units.size(); u++) {
+    int64_t numel = 0;
+    for (Parameter* p : units[u]) numel += p->data.numel();
+    const bool start = u <= 1 || min_params <= 0 || in_group >= min_params;
+    if (start) {
+      groups.emplace_back();
+      first_unit_.push_back(int(u));
+      in_group = 0;
+    }
+    groups.back().insert(groups.back().end(), units[u].begin(), units[u].end());
+    in_group += numel;
+    group_of_.push_back(int(groups.size()) - 1);
+  }
+  num_units_ = int(groups.size());
   const int64_t n = pg.size();
   for (int u = 0; u < num_units_; u++) {
     for (bool decay : {true, false}) {
       FlatShard s;
       s.unit = u;
-      for (Parameter* p : units[size_t(u)]) {
+      for (Parameter* p : groups[size_t(u)]) {
         if (p->decay != decay) continue;
         s.params.push_back(p);
         s.offset.push_back(s.numel);
@@ -85,7 +102,7 @@ void UnitShards::issue_reduce(FlatShard& s, Category part_category) {
            rt_.empty({s.shard}, Category::comm_buffers, who_ + " reduced part"), nullptr};
   pack(s, r.flat.f32(), true);
   for (Parameter* p : s.params) p->grad = Tensor();  // whole gradients released: only this rank's part stays
-  r.work = pg_.reduce_scatter_async(r.part.f32(), r.flat.f32(), s.shard, ReduceOp::avg);
+  r.work = pg_.reduce_scatter_async(r.part.f32(), r.flat.f32(), s.shard, ReduceOp::avg, rt_.reduce_dtype);
   in_flight_.push_back(std::move(r));
 }
 
@@ -100,7 +117,7 @@ void UnitShards::finish_reduces() {
   in_flight_.clear();
 }
 
-std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master) {
+std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, DType wire, const Tensor* master) {
   flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " gathered unit " + std::to_string(s.unit));
   const float* mine = nullptr;
   if (master && master->defined()) {
@@ -112,7 +129,7 @@ std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat,
     if (part.data()) convert(s.local.data.data(), s.local.data.dtype(), part.f32(), DType::f32, s.shard);
     mine = part.f32();
   }
-  return pg_.all_gather_async(flat.f32(), mine, s.shard);
+  return pg_.all_gather_async(flat.f32(), mine, s.shard, wire);
 }
 
 double norm_over_ranks(ProcessGroup& pg, double ss) {

@@ -32,7 +32,13 @@ class UnitShards {
  public:
   // `local_cat`, `local_dtype`: where and how each rank keeps its part of the weights — optim_state f32 for
   // ZeRO-2 (the master copy), params in the run's dtype for ZeRO-3 (the only copy between uses).
-  UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype);
+  // min_params > 0: PyTorch FSDP's size_based_auto_wrap_policy — consecutive units (from unit 1; unit 0,
+  // GPT's root with the tied embedding, stays alone) merge into one flat vector until it holds at least
+  // min_params parameters. Then "unit" below means such a group; group_of() maps the model's units to them.
+  UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype,
+             int64_t min_params = 0);
+  int group_of(int model_unit) const { return group_of_[size_t(model_unit)]; }
+  int first_unit_of(int group) const { return first_unit_[size_t(group)]; }  // the lowest model unit in it
 
   std::vector<FlatShard>& all() { return shards_; }
   std::vector<FlatShard*> of_unit(int unit);
@@ -56,7 +62,9 @@ class UnitShards {
   // Every rank's parts, whole, as a flat f32 vector (comm_buffers): from local.data, or from `master`
   // (the optimizer's f32 copy of local) when there is one. Async: wait() before reading `flat`. A part that
   // lives in host memory (offload) is first copied to the device: `part` is that copy.
-  std::shared_ptr<Work> gather_async(const FlatShard& s, Tensor& flat, Tensor& part, const Tensor* master = nullptr);
+  // wire: the type the values travel in — the parameters' (bf16 under mixed precision: half the bytes,
+  // and exact, since that is what they are unpacked into), f32 for the master weights of a save.
+  std::shared_ptr<Work> gather_async(const FlatShard& s, Tensor& flat, Tensor& part, DType wire, const Tensor* master = nullptr);
 
   // The global gradient norm and the overflow check over every rank's parts (what the step will read).
   double grad_norm();
@@ -67,7 +75,8 @@ class UnitShards {
   ProcessGroup& pg_;
   std::string who_;
   std::vector<FlatShard> shards_;
-  int num_units_ = 0;
+  int num_units_ = 0;                                // groups (model units when nothing merges)
+  std::vector<int> group_of_, first_unit_;
   struct Reduce {
     FlatShard* s;
     Category part_category;

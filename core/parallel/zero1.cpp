@@ -72,10 +72,10 @@ void ZeRO1::finish_backward(Runtime& rt) {
     for (Parameter* p : g.params) p->grad = Tensor();  // in the flat vector now; the step reads only the slice
     Tensor part = rt.empty({g.shard}, Category::comm_buffers, "zero1 reduced slice");
     if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its slice
-      pg_.all_reduce(flat.f32(), g.padded, ReduceOp::avg);
+      pg_.all_reduce(flat.f32(), g.padded, ReduceOp::avg, rt.reduce_dtype);
       if (flat.data()) std::memcpy(part.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
     } else {
-      pg_.reduce_scatter(part.f32(), flat.f32(), g.shard, ReduceOp::avg);
+      pg_.reduce_scatter(part.f32(), flat.f32(), g.shard, ReduceOp::avg, rt.reduce_dtype);
     }
     flat = Tensor();
     // the slice of the gradient in the parameters' dtype: the paper's 2 bytes per parameter with bf16
@@ -121,7 +121,7 @@ void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   for (auto& g : groups_) {
     g.slice.grad = Tensor();
     Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered weights");
-    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard);
+    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard, rt.dtype);  // 16 bits on the wire: what the parameters hold
     unpack(g, flat.f32());
   }
 }

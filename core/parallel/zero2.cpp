@@ -36,7 +36,7 @@ void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   for (auto& s : shards_.all()) {
     s.local.grad = Tensor();
     Tensor flat, part;
-    shards_.gather_async(s, flat, part)->wait();
+    shards_.gather_async(s, flat, part, rt.dtype)->wait();  // in the parameters' dtype: half the bytes in 16 bits
     UnitShards::unpack(s, flat.f32());
   }
 }
@@ -48,7 +48,7 @@ void ZeRO2::gather_full_params(Runtime& rt, const Optimizer*) {
   set_aside_.clear();
   for (auto& s : shards_.all()) {
     Tensor flat, part;
-    shards_.gather_async(s, flat, part)->wait();
+    shards_.gather_async(s, flat, part, DType::f32)->wait();  // the masters, unrounded
     for (size_t i = 0; i < s.params.size(); i++) {
       Parameter& p = *s.params[i];
       set_aside_.push_back(p.data);

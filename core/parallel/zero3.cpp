@@ -11,7 +11,7 @@ namespace distlab {
 
 ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name)
     : pg_(pg), rt_(rt), o_(o), name_(std::move(name)),
-      shards_(rt, pg, model, name_, o.offload ? Category::host : Category::params, rt.dtype) {
+      shards_(rt, pg, model, name_, o.offload ? Category::host : Category::params, rt.dtype, o.min_params) {
   broadcast_model(pg, model);  // every rank starts from rank 0's weights, then keeps its part of them
   whole_.assign(size_t(shards_.num_units()), true);
   release_full_params(rt, true);  // each rank takes its part of the whole weights, then frees them
@@ -23,6 +23,7 @@ std::string ZeRO3::describe() const {
   if (!o_.reshard_after_forward) how.push_back("no reshard after forward");
   if (o_.prefetch) how.push_back("prefetch");
   if (o_.offload) how.push_back("cpu offload");
+  if (o_.min_params > 0) how.push_back(fmt::format("units wrapped to >= {} parameters", o_.min_params));
   return how.empty() ? name_ : fmt::format("{} ({})", name_, fmt::join(how, ", "));
 }
 
@@ -30,7 +31,7 @@ nlohmann::json ZeRO3::report() const {
   auto& all = const_cast<UnitShards&>(shards_).all();
   int64_t padded = 0, part = 0;
   for (const auto& s : all) padded += s.padded, part += s.shard;
-  return {{"name", describe()}, {"reshard_after_forward", o_.reshard_after_forward}, {"offload", o_.offload}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
+  return {{"name", describe()}, {"reshard_after_forward", o_.reshard_after_forward}, {"offload", o_.offload}, {"min_params", o_.min_params}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
           {"all_gathers", gathers_}, {"prefetched", prefetches_},
           {"collectives_per_step", "all_gather per unit before forward and before backward, reduce_scatter per unit after backward"}};
 }
@@ -41,7 +42,8 @@ void ZeRO3::issue(int unit, const Optimizer* masters) {
     f.flat.emplace_back();
     f.part.emplace_back();
     if (o_.offload) rt_.trace.record_copy("offload: parameters to the device", double(s->local.data.nbytes()));
-    f.work.push_back(shards_.gather_async(*s, f.flat.back(), f.part.back(), masters ? masters->master(&s->local) : nullptr));
+    const Tensor* master = masters ? masters->master(&s->local) : nullptr;  // a save's f32 weights travel in f32
+    f.work.push_back(shards_.gather_async(*s, f.flat.back(), f.part.back(), master ? DType::f32 : rt_.dtype, master));
   }
   gathers_++;
 }
@@ -91,8 +93,9 @@ void ZeRO3::release_waiting(int keep_a, int keep_b) {
   waiting_ = kept;
 }
 
-void ZeRO3::before_forward(int unit) {
-  if (recording_fwd_) fwd_order_.push_back(unit);
+void ZeRO3::before_forward(int model_unit) {
+  const int unit = shards_.group_of(model_unit);  // the flat vector it is in (one per unit unless wrapped together)
+  if (recording_fwd_ && (fwd_order_.empty() || fwd_order_.back() != unit)) fwd_order_.push_back(unit);
   release_waiting(unit, -1);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), unit), waiting_.end());  // in use again
   gather(unit);
@@ -100,8 +103,8 @@ void ZeRO3::before_forward(int unit) {
 }
 
 // FULL_SHARD / ZeRO-3: freed once the next unit starts. SHARD_GRAD_OP: kept whole until its backward ends.
-void ZeRO3::after_forward(int unit) {
-  if (o_.reshard_after_forward) waiting_.push_back(unit);
+void ZeRO3::after_forward(int model_unit) {
+  if (o_.reshard_after_forward) waiting_.push_back(shards_.group_of(model_unit));
 }
 
 void ZeRO3::begin_backward(bool sync) {
@@ -109,8 +112,9 @@ void ZeRO3::begin_backward(bool sync) {
   recording_fwd_ = false;
 }
 
-void ZeRO3::before_layer_backward(int unit) {
-  if (recording_bwd_) bwd_order_.push_back(unit);
+void ZeRO3::before_layer_backward(int model_unit) {
+  const int unit = shards_.group_of(model_unit);
+  if (recording_bwd_ && (bwd_order_.empty() || bwd_order_.back() != unit)) bwd_order_.push_back(unit);
   int next = -1;  // the unit backward needs after this one stays whole if it still is
   if (auto it = std::find(bwd_order_.begin(), bwd_order_.end(), unit); it != bwd_order_.end() && it + 1 != bwd_order_.end()) next = *(it + 1);
   release_waiting(unit, recording_bwd_ ? -1 : next);
@@ -120,7 +124,9 @@ void ZeRO3::before_layer_backward(int unit) {
   prefetch(bwd_order_, unit);
 }
 
-void ZeRO3::after_layer_backward(int unit, const std::vector<Parameter*>&) {
+void ZeRO3::after_layer_backward(int model_unit, const std::vector<Parameter*>&) {
+  const int unit = shards_.group_of(model_unit);
+  if (model_unit != shards_.first_unit_of(unit)) return;  // wrapped together: the group's backward goes on
   // accumulation (no_sync): whole gradients add up locally until the last micro-step, as PyTorch FSDP's
   if (sync_) {
     finish_reduces();  // the unit before this one (in backward): its reduce overlapped this unit's backward

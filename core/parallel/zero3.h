@@ -15,7 +15,7 @@
 // plus the working set: the units whole at one time (the one computing, the one prefetched, GPT's root with
 // the tied embedding) and their gradients until reduced.
 // Communication: parameters gathered twice (forward, backward) and gradients reduce-scattered once: 1.5x
-// DDP's bytes — the price of the paper's Nx memory saving.
+// DDP's bytes in fp32 — the price of the paper's Nx memory saving. 16-bit parameters travel in 16 bits.
 // Prefetch: the unit the forward (or backward) will need next is gathered asynchronously while this one
 // computes; the order is recorded on the first step (PyTorch FSDP records its execution order the same way).
 // Read next: unit_shards.h (the layout), strategy.h (when the trainer calls what).
@@ -35,6 +35,8 @@ struct ShardedOptions {
   bool prefetch = true;               // gather the next unit (in forward and in backward) while this one computes
   bool offload = false;               // CPU offload: the parts, their gradients and the optimizer state live in
                                       // host memory; the step runs on the host's CPU
+  int64_t min_params = 0;             // FSDP's size_based_auto_wrap_policy: consecutive units share one flat
+                                      // vector until it holds this many parameters (0: one per unit)
 };
 
 class ZeRO3 : public Strategy {

@@ -21,6 +21,9 @@ struct Runtime {
   // What parameters, gradients and activations are held in: f32, or bf16/f16 under mixed precision
   // ([precision] mode). Set before the model is built; the optimizer keeps f32 master weights.
   DType dtype = DType::f32;
+  // What gradients travel in when they are averaged across ranks ([precision] reduce_dtype; PyTorch FSDP's
+  // MixedPrecision.reduce_dtype, DDP's bf16 compression hook): f32, or 16 bits for half the bytes.
+  DType reduce_dtype = DType::f32;
   MemoryAccountant memory;
   Trace trace;
 

@@ -132,11 +132,13 @@ const std::vector<Key>& keys() {
       KEY("parallel.zero_reduce", Kind::string, std::string, parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice"),
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
       KEY("parallel.sharding", Kind::string, std::string, parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard"),
+      KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
+      KEY("precision.reduce_dtype", Kind::string, std::string, precision.reduce_dtype, "fp32 | bf16 | fp16: gradients on the wire when averaged across ranks (FSDP's reduce_dtype)"),
       KEY("precision.loss_scale", Kind::string_or_number, std::string, precision.loss_scale, "dynamic | none | a number (\"\" = dynamic for fp16, none otherwise)"),
       KEY("precision.init_scale", Kind::real, double, precision.init_scale, "dynamic: the first loss scale"),
       KEY("precision.growth_factor", Kind::real, double, precision.growth_factor, "dynamic: scale x this after growth_interval clean steps"),
@@ -367,6 +369,9 @@ void validate(const RunConfig& c) {
           "parallel.sharding", "is '" + c.parallel.sharding + "'", "use full_shard, shard_grad_op or no_shard");
   require(c.parallel.offload == "none" || c.parallel.offload == "cpu", c, "parallel.offload", "is '" + c.parallel.offload + "'",
           "use none or cpu");
+  require(c.precision.reduce_dtype == "fp32" || c.precision.reduce_dtype == "bf16" || c.precision.reduce_dtype == "fp16", c,
+          "precision.reduce_dtype", "is '" + c.precision.reduce_dtype + "'", "use fp32 (the default), bf16 or fp16");
+  require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
   require(c.dist.fake_world_size >= 0, c, "dist.fake_world_size", "must not be negative", "0 turns the fake world off");
   at_most(c, "dist.fake_world_size", double(c.dist.fake_world_size), 1 << 20, "");
   require(c.dist.fake_ranks_per_node >= 0, c, "dist.fake_ranks_per_node", "must not be negative", "0 puts every rank on one node");

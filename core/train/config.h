@@ -53,7 +53,8 @@ struct ParallelOptions {
   std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
   bool prefetch = true;
   std::string sharding = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard (= DDP)
-  std::string offload = "none";         // zero3, fsdp: none | cpu  // zero3: all-gather the next unit while this one computes (forward and backward)
+  std::string offload = "none";         // zero3, fsdp: none | cpu
+  int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)  // zero3: all-gather the next unit while this one computes (forward and backward)
 };
 
 struct DistOptions {
@@ -68,6 +69,7 @@ struct DistOptions {
 // core/optim/grad_scaler.h).
 struct PrecisionOptions {
   std::string mode = "fp32";     // fp32 | bf16 | fp16: what parameters, gradients and activations are held in
+  std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: what gradients travel in when averaged across ranks
   std::string loss_scale;        // dynamic | none | a number (static); "" = dynamic for fp16, none otherwise
   double init_scale = 65536.0;   // torch.cuda.amp.GradScaler's defaults
   double growth_factor = 2.0, backoff_factor = 0.5;

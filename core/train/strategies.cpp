@@ -31,13 +31,13 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   const bool offload = cfg.parallel.offload == "cpu";
   if (cfg.parallel.strategy == "zero3" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
-    return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, cfg.parallel.prefetch, offload});
+    return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, cfg.parallel.prefetch, offload, cfg.parallel.wrap_min_params});
   }
   if (cfg.parallel.strategy == "fsdp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
       return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
-    return std::make_unique<FSDP>(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload);
+    return std::make_unique<FSDP>(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload, cfg.parallel.wrap_min_params);
   }
   return std::make_unique<NoParallel>();
 }

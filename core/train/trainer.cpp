@@ -71,6 +71,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   }
 
   rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
+  rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
   model_ = build_model(rt, spec_);
   model_->init(cfg.train.seed);
   strategy_ = make_strategy(cfg, pg_, *model_, rt, lab_);
