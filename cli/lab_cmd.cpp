@@ -142,9 +142,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   lab->require_subcommand(1);
   lab->add_subcommand("list", "every lab with its status")->callback([self_exe] {
     auto p = paths(self_exe);
-    std::cout << fmt::format("{:<22} {:<50} {:>6}  {}\n", "lab", "title", "points", "status");
+    std::cout << fmt::format("{:<22} {:<66} {:>6}  {}\n", "lab", "title", "points", "status");
     for (const auto& l : grader::all_labs(p.source_dir))
-      std::cout << fmt::format("{:<22} {:<50} {:>6}  {}\n", l.name, l.title, l.max_points(), status_of(p, l));
+      std::cout << fmt::format("{:<22} {:<66} {:>6}  {}\n", l.name, l.title, l.max_points(), status_of(p, l));
   });
   auto show_id = std::make_shared<std::string>();
   auto* show = lab->add_subcommand("show", "the task: goal, files, checks and points, how to run");

@@ -467,3 +467,58 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   CHECK_THAT(read(subs.parent_path() / "feedback" / "skip_not_synchronised.txt"), Catch::Contains("ReduceOp::max"));
   fs::remove_all(subs);
 }
+
+TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, misaligned shards, no all-gather, all-reduce", "[grader][lab04]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/04-zero/zero.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs04-" + std::to_string(getpid()));
+  const std::string reduce = "  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);\n"
+                             "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n";
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/04-zero/student/zero.cpp")},
+      // DDP in disguise: every rank averages the whole gradient and steps the whole optimizer. It trains
+      // exactly as DDP, moves DDP's bytes, and holds DDP's 16 bytes per parameter
+      {"whole_optimizer",
+       replace(replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, 0, g.data(), s.padded);\n"),
+               "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
+               "    step.set_weights(f, 0, whole.data(), s.padded);\n",
+               "    step.set_weights(f, 0, mine.data(), s.padded);\n")},
+      // rank r > 0 keeps its part one element early: every part but rank 0's lands on its neighbour's weights
+      {"misaligned_by_one", replace(solution, "  s.begin = int64_t(rank) * part;\n", "  s.begin = int64_t(rank) * part - (rank > 0 ? 1 : 0);\n")},
+      // each rank writes back only the part it stepped: the replicas split at the first step
+      {"no_all_gather", replace(solution,
+                                "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
+                                "    step.set_weights(f, 0, whole.data(), s.padded);\n",
+                                "    step.set_weights(f, s.begin, mine.data(), s.end - s.begin);\n")},
+      // ZeRO's naive form: all-reduce the whole gradient, keep the slice. Right numbers, right memory, 1.5x the bytes
+      {"all_reduce_then_slice",
+       replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, g.data() + s.begin, s.end - s.begin);\n")},
+      // a forged verdict from a global constructor
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+  };
+  auto rows = grade_batch("04", subs, files, "zero.cpp");
+  CHECK(rows["solution"].total == 13);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["whole_optimizer"].points["zero1_equals_ddp"] == 3);
+  CHECK(rows["whole_optimizer"].points["zero2_equals_ddp"] == 2);
+  CHECK(rows["whole_optimizer"].points["comm_equals_ddp"] == 2);
+  CHECK(rows["whole_optimizer"].points["zero1_memory"] == 0);
+  CHECK(rows["whole_optimizer"].points["zero2_memory"] == 0);
+  CHECK(rows["misaligned_by_one"].points["partition"] == 0);
+  CHECK(rows["misaligned_by_one"].points["zero1_equals_ddp"] == 0);
+  CHECK(rows["misaligned_by_one"].points["zero2_equals_ddp"] == 0);
+  CHECK(rows["no_all_gather"].points["partition"] == 2);
+  CHECK(rows["no_all_gather"].points["zero1_equals_ddp"] == 0);
+  CHECK(rows["no_all_gather"].points["zero2_equals_ddp"] == 0);
+  CHECK(rows["all_reduce_then_slice"].points["comm_equals_ddp"] == 0);
+  CHECK(rows["all_reduce_then_slice"].points["zero1_equals_ddp"] == 3);
+  CHECK(rows["all_reduce_then_slice"].points["zero1_memory"] == 2);
+  const fs::path feedback = subs.parent_path() / "feedback";
+  CHECK_THAT(read(feedback / "whole_optimizer.txt"), Catch::Contains("every rank steps"));
+  CHECK_THAT(read(feedback / "no_all_gather.txt"), Catch::Contains("all_gather every rank's part"));
+  CHECK_THAT(read(feedback / "all_reduce_then_slice.txt"), Catch::Contains("1.5x"));
+  fs::remove_all(subs);
+}

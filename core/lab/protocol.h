@@ -32,6 +32,14 @@ enum Op : uint32_t {
   kStepOptimizer = 32,        // payload: every gradient as f32; answered by kData (empty)
   kStepSkip = 33,             // answered by kData (empty)
   kStepScheduler = 34,        // answered by kData (empty)
+  // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (core/train/lab_zero.cpp)
+  kReduceScatter = 24,  // arg0 = ReduceOp, arg1 = n; payload: size·n floats; answered by kData (n floats)
+  kAllGather = 25,      // payload: n floats; answered by kData (size·n floats)
+  kZeroGrad = 40,          // arg0 = flat; answered by kData: its whole gradient on this rank (numel floats)
+  kZeroKeep = 41,          // arg0 = flat, arg1 = begin; payload: this rank's averaged part; answered by kData (empty)
+  kZeroOptimizer = 42,     // answered by kData (empty)
+  kZeroPartWeights = 43,   // arg0 = flat; answered by kData: the part's weights after the step
+  kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
 };
 
 enum Fn : int64_t {
@@ -54,6 +62,11 @@ enum Fn : int64_t {
   kTrainStep = 24,     // args: rank, size, accum_steps, #params; payload: f64 max_norm, config, then numel + name\0
                        // each (the first call of a run: the state starts from scaler_init); returns f32 scale used,
                        // the state after
+  // lab 04 (the flat table: per flat an int64 numel and its name\0)
+  kShardOf = 30,      // args: numel, rank, world; returns int64 padded, begin, end
+  kZero1Reduce = 31,  // args: rank, size, #flats; payload: the flat table
+  kZero2Reduce = 32,  // args: rank, size, #flats, flat; payload: the flat table
+  kZeroStep = 33,     // args: rank, size, #flats; payload: the flat table
 };
 
 }  // namespace distlab::labproto

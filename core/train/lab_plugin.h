@@ -48,14 +48,18 @@ class LabPlugin {
   // naive ("naive") or bucketed DDP by the student; broadcasts rank 0's weights first, as the engine's does
   std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
 
+  // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — core/train/lab_zero.cpp
+  std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt);
+
   // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
   // answers the student's all_reduces with their own data.
-  bool drives_steps() const { return opt_.lab_name.rfind("03", 0) == 0; }
+  bool drives_steps() const { return is("03"); }
+  bool is(const char* lab_id) const { return opt_.lab_name.rfind(lab_id, 0) == 0; }  // "02": lab 02's plugin
   LabStepResult train_step(LabStepOps& ops, int accum_steps, double max_norm, const float scaler_config[3],
                            int32_t growth_interval, ProcessGroup* pg, Runtime& rt);
 
   // Runs one function of the plugin; collectives it asks for on the way run on *pg (may be null). Other
-  // requests go to `serve` (lab 03's Step), which answers them.
+  // requests go to `serve` (lab 03's and lab 04's Step), which answers them.
   using Serve = std::function<void(const wire::Frame&, std::vector<char>&)>;
   std::vector<char> call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes, ProcessGroup* pg,
                          Runtime* rt, const char* during, const Serve& serve = nullptr);
@@ -68,6 +72,7 @@ class LabPlugin {
   };
   void serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during,
                         bool one_rank_ok);
+  void serve_scatter_gather(const wire::Frame& f, std::vector<char>& payload, ProcessGroup& pg, Runtime& rt, const char* during);
 
   LabPluginOptions opt_;
   std::unique_ptr<PluginProcess> proc_;

@@ -17,15 +17,17 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "ddp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     // both broadcast rank 0's weights and buffers: every replica starts equal
-    if (lab) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
+    if (lab && lab->is("02")) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
     return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
   }
   if (cfg.parallel.strategy == "zero1" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    if (lab && lab->is("04")) return lab->make_zero(1, *pg, model, rt);
     return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce);
   }
   if (cfg.parallel.strategy == "zero2" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+    if (lab && lab->is("04")) return lab->make_zero(2, *pg, model, rt);
     return std::make_unique<ZeRO2>(*pg, model, rt);
   }
   const bool offload = cfg.parallel.offload == "cpu";
@@ -58,7 +60,7 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
 }
 
 std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
-  if (cfg.parallel.strategy == "ddp" && lab) return lab->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
+  if (cfg.parallel.strategy == "ddp" && lab && lab->is("02")) return lab->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
   if (cfg.parallel.strategy != "none")  // data parallel, whatever it shards: each rank its 1/N of the data
     return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
   if (cfg.train.shuffle) return std::make_shared<RandomSampler>(n, cfg.train.seed);

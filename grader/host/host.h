@@ -27,5 +27,6 @@ int report_raised(std::exception_ptr e);
 int serve_lab01(void* plugin);
 int serve_lab02(void* plugin);
 int serve_lab03(void* plugin);
+int serve_lab04(void* plugin);
 
 }  // namespace labhost

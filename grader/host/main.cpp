@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   if (lab == "01") return serve_lab01(h);
   if (lab == "02") return serve_lab02(h);
   if (lab == "03") return serve_lab03(h);
+  if (lab == "04") return serve_lab04(h);
   const std::string why = "lab " + lab + " has no plugin host";
   put(distlab::labproto::kLoadFailed, why.data(), why.size());
   return 2;

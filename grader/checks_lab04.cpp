@@ -1,0 +1,187 @@
+// Lab 04's checks. The partition is asked of the student's plugin directly (in its sandboxed host). The
+// stages are checked in real training jobs (grader/jobs.h): the trainers are the engine's, the student's
+// ZeRO runs beside each rank (core/train/lab_zero.cpp), and the trainers measure what the checks need —
+// losses, whether the replicas agree, bytes sent per step, and the memory each category held at its peak
+// — where the plugin can't reach. References are the engine's own DDP (the numbers) and the ZeRO paper's
+// formulas (the memory).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "grader/check.h"
+#include "grader/jobs.h"
+
+namespace distlab::grader {
+
+namespace {
+
+// ---- 1. the partition, asked directly ----
+
+struct Shard {
+  int64_t padded = 0, begin = 0, end = 0;
+};
+
+Shard ask_shard(CheckContext& ctx, PluginProcess& p, int64_t numel, int rank, int world) {
+  wire::Frame f;
+  f.op = labproto::kCall;
+  const int64_t args[] = {labproto::kShardOf, numel, rank, world};
+  for (int k = 0; k < 4; k++) f.arg[k] = args[k];
+  const std::string during = fmt::format("shard_of(numel {}, rank {}, world {})", numel, rank, world);
+  p.send(f, nullptr, 0, ctx.deadline, during.c_str());
+  std::vector<char> out;
+  p.receive(f, out, ctx.deadline, during.c_str(), 1024);
+  if (f.op == labproto::kRaised)
+    throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
+  if (f.op != labproto::kReturn || out.size() != 24) throw CheckAbort("error", during + " sent a broken answer");
+  Shard s;
+  std::memcpy(&s.padded, out.data(), 8);
+  std::memcpy(&s.begin, out.data() + 8, 8);
+  std::memcpy(&s.end, out.data() + 16, 8);
+  return s;
+}
+
+CheckResult partition(CheckContext& ctx) {
+  PluginProcess p(ctx.launch("the plugin"));
+  p.wait_ready(ctx.deadline);
+  for (int world : {1, 2, 3, 4, 5, 7, 8})
+    for (int64_t numel : {1, 2, 3, 5, 7, 8, 10, 63, 64, 65, 1000, 65537}) {
+      const int64_t padded = (numel + world - 1) / world * world, part = padded / world;
+      for (int rank = 0; rank < world; rank++) {
+        const Shard s = ask_shard(ctx, p, numel, rank, world);
+        if (s.padded == padded && s.begin == rank * part && s.end == (rank + 1) * part) continue;
+        CheckResult bad{false, fmt::format("shard_of(numel {}, rank {}, world {}): padded {}, [{}, {})", numel, rank, world, padded, rank * part,
+                                           (rank + 1) * part),
+                        fmt::format("padded {}, [{}, {})", s.padded, s.begin, s.end), ""};
+        if (s.padded == numel && numel % world) bad.hint = fmt::format("{} elements don't split {} ways: pad with zeros to {}", numel, world, padded);
+        else if (s.padded != padded) bad.hint = "the smallest multiple of world that holds numel: more padding sends zeros for nothing";
+        else if (s.end - s.begin != part) bad.hint = "every rank's part is the same size, padded / world: collectives need equal parts";
+        else bad.hint = "rank r's part starts at r * (padded / world): the order reduce_scatter and all_gather use";
+        return bad;
+      }
+    }
+  return {true, "", "", ""};
+}
+
+// ---- 2-4. the stages in training jobs, against the engine's DDP ----
+
+// Unclipped: the global norm over the parts is the engine's arithmetic, not the student's, and a rank that
+// keeps the whole gradient would otherwise fail these checks through the norm instead of the memory check.
+const std::vector<std::string> kFp32 = {"precision.mode=fp32", "train.steps=20", "train.log_every=1000", "optim.clip_grad_norm=0"};
+
+std::vector<std::string> strategy(const std::string& s, std::vector<std::string> sets = kFp32) { return with(std::move(sets), "parallel.strategy=" + s); }
+
+// The student's stage `zero` on `ranks` ranks against the engine's DDP: the losses within 1e-6 relative at
+// every step, and the replicas equal at the end (the trainer checks that and fails the run otherwise).
+CheckResult follows_ddp(CheckContext& ctx, const std::string& zero, int ranks) {
+  const Job& ref = job(ctx, fmt::format("ddp-fp32-{}", ranks), ranks, false, strategy("ddp"));
+  const Job& mine = job(ctx, fmt::format("{}-fp32-{}", zero, ranks), ranks, true, strategy(zero), true);
+  const std::string setup = fmt::format("{} on {} ranks", zero, ranks);
+  if (!mine.ok)  // trained to the end, but the ranks' weights differ
+    return {false, setup + ": every rank ends with the same weights", "the replicas diverged", "",
+            "after the step every rank has only its own part updated: all_gather every rank's part and set_weights the whole flat"};
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+    const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
+    if (!(d <= worst)) worst = d, at = i;
+  }
+  if (mine.losses.size() == ref.losses.size() && worst <= 1e-6)
+    return {true, "", "", fmt::format("{}: {:.1e} from DDP at worst", setup, worst)};
+  return {false, fmt::format("{}: DDP's losses within 1e-6 relative (step {}: {:.6f})", setup, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
+          mine.losses.size() != ref.losses.size() ? fmt::format("{} steps instead of {}", mine.losses.size(), ref.losses.size())
+                                                  : fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst),
+          "",
+          at == 0 ? "the first step already differs: the reduction must AVERAGE (ReduceOp::avg) and each rank keep the part it owns"
+                  : "the parts must tile each padded flat exactly once: rank r keeps [r·S/N, (r+1)·S/N), the same range it steps and "
+                    "gathers"};
+}
+
+CheckResult zero1_equals_ddp(CheckContext& ctx) {
+  for (int ranks : {2, 4}) {
+    CheckResult r = follows_ddp(ctx, "zero1", ranks);
+    if (!r.passed) return r;
+  }
+  return {true, "", "", ""};
+}
+
+CheckResult zero2_equals_ddp(CheckContext& ctx) { return follows_ddp(ctx, "zero2", 3); }
+
+double bytes_per_step(const Job& j) { return j.steps.empty() ? 0.0 : j.steps.back().value("comm_bytes_sent", 0.0); }
+
+CheckResult comm_equals_ddp(CheckContext& ctx) {
+  const Job& ref = job(ctx, "ddp-fp32-2", 2, false, strategy("ddp"));
+  const double want = bytes_per_step(ref);
+  std::string detail;
+  for (const std::string zero : {"zero1", "zero2"}) {
+    const Job& mine = job(ctx, zero + "-fp32-2", 2, true, strategy(zero), true);
+    const double got = bytes_per_step(mine);
+    detail += fmt::format("{}{}: {:.0f} bytes per step, {:.3f}x DDP's", detail.empty() ? "" : "; ", zero, got, got / want);
+    if (std::abs(got / want - 1) <= 0.01) continue;
+    CheckResult bad{false, fmt::format("{} on 2 ranks sends DDP's {:.0f} bytes per step (within 1 %)", zero, want),
+                    fmt::format("{:.0f} bytes ({:.2f}x)", got, got / want), ""};
+    if (got / want > 1.4)
+      bad.hint = "an all_reduce of the gradient plus an all_gather of the weights is 1.5x DDP: reduce_scatter gives each rank its averaged "
+                 "part for half an all_reduce, and the all_gather is the other half";
+    else if (got / want < 0.9)
+      bad.hint = "fewer bytes than an all-reduce can't average the gradients: every element must be reduced and gathered once";
+    return bad;
+  }
+  return {true, "", "", detail};
+}
+
+// ---- 5-6. memory: the paper's formulas, measured by the trainers ----
+
+// bf16 parameters and gradients, AdamW with f32 master weights and moments: K = 12, the paper's setting.
+const std::vector<std::string> kBf16 = {"precision.mode=bf16", "train.steps=2", "train.log_every=1000"};
+
+CheckResult memory(CheckContext& ctx, const std::string& zero) {
+  std::string detail;
+  for (int n : {2, 4}) {
+    const Job& mine = job(ctx, fmt::format("{}-bf16-{}", zero, n), n, true, strategy(zero, kBf16), true);
+    if (!mine.ok) return {false, fmt::format("{} on {} ranks: every rank ends with the same weights", zero, n), "the replicas diverged", ""};
+    const double psi = mine.summary.value("params", 0.0);
+    const auto& pm = mine.summary["peak_memory"];
+    const double params = pm.value("params", 0.0), grads = pm.value("grads", 0.0), state = pm.value("optim_state", 0.0);
+    const double measured = params + grads + state;
+    // the working set the formula leaves out: ZeRO-2 holds a unit's whole gradients while it reduces
+    // them, and GPT's root unit (the tied embedding, whose gradient the lm_head starts) all through backward
+    const auto& rep = mine.summary["strategy_report"];
+    const double ws = zero == "zero2" ? 2.0 * (rep.value("unit0_elements", 0.0) + rep.value("largest_unit_elements", 0.0)) : 0.0;
+    const double k = zero == "zero1" ? 4 + 12.0 / n : 2 + 14.0 / n;
+    const double expected = k * psi + ws;
+    const std::string formula = zero == "zero1" ? "4Ψ + 12Ψ/N" : "2Ψ + 14Ψ/N + the unit in flight";
+    detail += fmt::format("{}N = {}: params {:.0f} + grads {:.0f} + optimizer state {:.0f} = {:.0f} bytes; {} = {:.0f} ({:+.1f} %)",
+                          detail.empty() ? "" : "\n", n, params, grads, state, measured, formula, expected, 100 * (measured / expected - 1));
+    if (std::abs(measured / expected - 1) <= 0.05) continue;
+    CheckResult bad{false, fmt::format("{} on {} ranks (Ψ = {:.0f} parameters): model state {} = {:.0f} bytes within 5 %", zero, n, psi, formula, expected),
+                    fmt::format("{:.0f} bytes ({:+.1f} %)", measured, 100 * (measured / expected - 1)), detail};
+    const double state_per_rank = 12.0 * psi / n;
+    if (state > 1.5 * state_per_rank)
+      bad.hint = fmt::format("the optimizer holds {:.0f} bytes of state on this rank, {:.1f}x the 12Ψ/N = {:.0f} of a 1/{} part: every rank steps "
+                             "(much) more than its own part. Keep only your part of each flat",
+                             state, state / state_per_rank, state_per_rank, n);
+    else if (state < 0.5 * state_per_rank)
+      bad.hint = "the trainer's optimizer holds almost no state: the parts are kept with keep_grad and stepped with step.optimizer_step()";
+    else if (zero == "zero2" && grads > 1.5 * (2.0 * psi / n + ws))
+      bad.hint = "whole gradients stay alive: in ZeRO-2 each flat is reduced (and its whole gradient freed) in zero2_reduce, during backward";
+    return bad;
+  }
+  return {true, "", "", detail};
+}
+
+}  // namespace
+
+std::map<std::string, CheckDef> lab04_checks() {
+  return {
+      {"partition", {partition}},
+      // training jobs: each student job's limit comes from the engine's own run of the same job
+      {"zero1_equals_ddp", {zero1_equals_ddp, true}},
+      {"zero2_equals_ddp", {zero2_equals_ddp, true}},
+      {"comm_equals_ddp", {comm_equals_ddp, true}},
+      {"zero1_memory", {[](CheckContext& c) { return memory(c, "zero1"); }, true}},
+      {"zero2_memory", {[](CheckContext& c) { return memory(c, "zero2"); }, true}},
+  };
+}
+
+}  // namespace distlab::grader
