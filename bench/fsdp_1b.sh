@@ -5,7 +5,8 @@
 # gathers; two DDP replicas (2 x 16 GB) cannot fit in this machine's memory, and at the per-rank
 # --device-mem FSDP fits in, DDP is refused with the OOM ladder.
 # Prints a table (peak RSS per rank, device peak, s/step, tokens/s) and writes bench/results/fsdp_1b.json.
-# Env: STEPS (3), SEQ (64), MEM (the per-rank --device-mem, 11GiB), STRATEGY (fsdp).
+# Env: STEPS (3), SEQ (64), MEM (the per-rank --device-mem, 11GiB), STRATEGY (fsdp), PLUGIN (lab 05's hooks, e.g.
+# build/labs/05-fsdp-1b/student.so: the FSDP run uses them instead of the engine's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/bin/distlab
@@ -16,8 +17,10 @@ strategy=${STRATEGY:-fsdp}
 mkdir -p bench/results
 common=(--master-port 0 --threads-per-rank 1 train configs/gpt-1b.toml --set data.seq_len="$seq" --set train.micro_batch=1
         --set train.steps="$steps" --set train.log_every=1 --set train.eval_every=0 --set train.eval_batches=1 --device-mem "$mem")
+plugin=()
+[ -n "${PLUGIN:-}" ] && plugin=(--set lab.plugin="$(realpath "$PLUGIN")")
 echo "== $strategy, 2 ranks, --device-mem $mem per rank"
-/usr/bin/time -f "%M" -o bench/results/fsdp_1b.rss $bin run -n 2 "${common[@]}" --set parallel.strategy="$strategy" \
+/usr/bin/time -f "%M" -o bench/results/fsdp_1b.rss $bin run -n 2 "${common[@]}" --set parallel.strategy="$strategy" "${plugin[@]}" \
   --metrics bench/results/fsdp_1b.jsonl | tee bench/results/fsdp_1b.log
 echo "== ddp, 2 ranks, --device-mem $mem per rank (expected: refused with the OOM ladder)"
 set +e

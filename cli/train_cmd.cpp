@@ -82,7 +82,9 @@ int run_train(const TrainArgs& a) {
   LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
   std::unique_ptr<TcpStore> store;
   std::unique_ptr<ProcessGroup> pg;
-  if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != "none")) {
+  // a single launched rank on meta plans alone (the fake world, or no group): a real group moves no meta data
+  const bool meta_alone = env.world_size == 1 && rt.is_meta();
+  if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != "none" && !meta_alone)) {
     const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
     store = std::make_unique<TcpStore>(env.master_addr, env.store_port, timeout, env.store_token);
     ProcessGroupOptions po = options_from_env(timeout);

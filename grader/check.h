@@ -71,5 +71,6 @@ std::map<std::string, CheckDef> lab01_checks();
 std::map<std::string, CheckDef> lab02_checks();
 std::map<std::string, CheckDef> lab03_checks();
 std::map<std::string, CheckDef> lab04_checks();
+std::map<std::string, CheckDef> lab05_checks();
 
 }  // namespace distlab::grader

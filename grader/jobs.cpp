@@ -40,8 +40,9 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
     if (rec.is_discarded() || !rec.is_object()) continue;
     if (rec.value("kind", "") == "step") {
       if (j.first_step.is_null()) j.first_step = rec;
-      j.losses.push_back(rec.value("loss", 0.0));
-      j.lrs.push_back(rec.value("lr", 0.0));
+      // a meta-device run has no loss (null): 0 stands for it
+      j.losses.push_back(rec.contains("loss") && rec["loss"].is_number() ? rec["loss"].get<double>() : 0.0);
+      j.lrs.push_back(rec.contains("lr") && rec["lr"].is_number() ? rec["lr"].get<double>() : 0.0);
       j.steps.push_back(rec);
     }
     if (rec.value("kind", "") == "summary") j.summary = rec;

@@ -522,3 +522,36 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, m
   CHECK_THAT(read(feedback / "all_reduce_then_slice.txt"), Catch::Contains("1.5x"));
   fs::remove_all(subs);
 }
+
+TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed before backward, no prefetch", "[grader][lab05]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/05-fsdp-1b/fsdp.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/05-fsdp-1b/student/fsdp.cpp")},
+      // gathered and never freed: right numbers, and every parameter whole all the time (ZeRO-2's memory)
+      {"never_frees", replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) f.free(unit);\n", ""),
+                              "  f.free(unit);\n", "")},
+      // freed after forward, and backward starts without gathering again
+      {"freed_before_backward", replace(solution, "  f.wait(unit);  // freed after forward: gathered a second time\n", "")},
+      // every gather waited for on the spot: nothing overlaps
+      {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) f.gather(next);", "    {}"),
+                              "    if (const int next = next_in(f.backward_order(), unit); next >= 0) f.gather(next);", "    {}")},
+  };
+  auto rows = grade_batch("05", subs, files, "fsdp.cpp");
+  CHECK(rows["solution"].total == 11);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["never_frees"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["never_frees"].points["fits_1b"] == 0);
+  CHECK(rows["freed_before_backward"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["freed_before_backward"].points["shard_grad_op"] == 2);  // SHARD_GRAD_OP never frees after forward
+  CHECK(rows["no_prefetch"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["no_prefetch"].points["fits_1b"] == 3);
+  CHECK(rows["no_prefetch"].points["prefetch_overlaps"] == 0);
+  const fs::path feedback = subs.parent_path() / "feedback";
+  CHECK_THAT(read(feedback / "never_frees.txt"), Catch::Contains("free each unit after its forward"));
+  CHECK_THAT(read(feedback / "freed_before_backward.txt"), Catch::Contains("not gathered again"));
+  CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
+  fs::remove_all(subs);
+}

@@ -40,6 +40,13 @@ enum Op : uint32_t {
   kZeroOptimizer = 42,     // answered by kData (empty)
   kZeroPartWeights = 43,   // arg0 = flat; answered by kData: the part's weights after the step
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
+  // lab 05: what the student's FSDP asks of the trainer's sharding machinery (core/train/lab_fsdp.cpp); arg0 =
+  // unit, each answered by kData (empty; kFsdpIsWhole: an int32)
+  kFsdpGather = 45,
+  kFsdpWait = 46,
+  kFsdpFree = 47,
+  kFsdpReduceScatter = 48,
+  kFsdpIsWhole = 49,
 };
 
 enum Fn : int64_t {
@@ -67,6 +74,10 @@ enum Fn : int64_t {
   kZero1Reduce = 31,  // args: rank, size, #flats; payload: the flat table
   kZero2Reduce = 32,  // args: rank, size, #flats, flat; payload: the flat table
   kZeroStep = 33,     // args: rank, size, #flats; payload: the flat table
+  // lab 05
+  kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward),
+                   // unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync), #units, root; payload: an int64 numel
+                   // per unit, then int32 count + the forward order, int32 count + the backward order
 };
 
 }  // namespace distlab::labproto

@@ -50,6 +50,8 @@ class LabPlugin {
 
   // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — core/train/lab_zero.cpp
   std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt);
+  // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — core/train/lab_fsdp.cpp
+  std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
 
   // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
   // answers the student's all_reduces with their own data.

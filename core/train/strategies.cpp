@@ -39,6 +39,11 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
       return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
+    if (lab && lab->is("05")) {
+      if (cfg.parallel.wrap_min_params > 0)
+        throw ConfigError("parallel.wrap_min_params with lab 05's FSDP", "the lab's hooks see one unit per model unit: leave it at 0");
+      return lab->make_fsdp(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload);
+    }
     return std::make_unique<FSDP>(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload, cfg.parallel.wrap_min_params);
   }
   return std::make_unique<NoParallel>();

@@ -1,0 +1,163 @@
+// Lab 05's checks, all in training jobs (grader/jobs.h): the student's hooks decide when each unit is
+// gathered, freed and reduced; the trainers run the engine's sharding machinery and measure the losses,
+// the bytes, the memory per category at its peak and the modeled timeline where the plugin can't reach.
+// The small GPT of lab.toml checks the numbers against DDP; the 1B GPT on the fake world (one meta rank of
+// a 2-rank job: no data, the real memory and communication) checks the memory and the overlap against the
+// engine's own FSDP (core/parallel/zero3.cpp, the same decisions made by the engine).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "grader/check.h"
+#include "grader/jobs.h"
+
+namespace distlab::grader {
+
+namespace {
+
+const std::vector<std::string> kFp32 = {"precision.mode=fp32", "train.steps=15", "train.log_every=1000", "train.eval_every=0"};
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+double worst_rel(const Job& ref, const Job& mine, size_t& at) {
+  double worst = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+    const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
+    if (!(d <= worst)) worst = d, at = i;
+  }
+  return worst;
+}
+
+CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& sharding) {
+  const Job& ref = job(ctx, fmt::format("ddp-fp32-{}", ranks), ranks, false, with(kFp32, "parallel.strategy=ddp"));
+  const Job& mine = job(ctx, fmt::format("{}-fp32-{}", sharding, ranks), ranks, true, with(kFp32, "parallel.sharding=" + sharding), true);
+  const std::string setup = fmt::format("{} on {} ranks", sharding, ranks);
+  if (!mine.ok) return {false, setup + ": every rank ends with the same weights", "the replicas diverged", ""};
+  size_t at = 0;
+  const double worst = worst_rel(ref, mine, at);
+  if (worst <= 1e-6) return {true, "", "", ""};
+  return {false, fmt::format("{}: DDP's losses within 1e-6 relative (step {}: {:.6f})", setup, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
+          at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst) : "fewer steps", ""};
+}
+
+CheckResult fsdp_equals_ddp(CheckContext& ctx) {
+  for (int ranks : {2, 3}) {
+    CheckResult r = follows_ddp(ctx, ranks, "full_shard");
+    if (!r.passed) return r;
+  }
+  return {true, "", "", ""};
+}
+
+double bytes_per_step(const Job& j) { return j.steps.empty() ? 0.0 : j.steps.back().value("comm_bytes_sent", 0.0); }
+
+CheckResult shard_grad_op(CheckContext& ctx) {
+  CheckResult r = follows_ddp(ctx, 2, "shard_grad_op");
+  if (!r.passed) return r;
+  const auto sets = with(kFp32, "parallel.sharding=shard_grad_op");
+  const Job& ref = job(ctx, "ref:shard_grad_op-fp32-2", 2, false, sets);  // the engine's SHARD_GRAD_OP (the student job's reference)
+  const Job& mine = job(ctx, "shard_grad_op-fp32-2", 2, true, sets, true);
+  const double want = bytes_per_step(ref), got = bytes_per_step(mine);
+  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", fmt::format("{:.0f} bytes per step", got)};
+  return {false, fmt::format("shard_grad_op on 2 ranks: {:.0f} bytes per step (one all-gather per unit, and the reduce-scatter)", want),
+          fmt::format("{:.0f} bytes ({:.2f}x)", got, got / want), "",
+          got > want ? "units are gathered twice: with reshard_after_forward false, keep them whole from forward to backward"
+                     : "fewer bytes than every unit gathered once and reduced once"};
+}
+
+// ---- the 1B GPT on the fake world ----
+
+const std::vector<std::string> k1b = {"model.vocab_size=50257", "model.block_size=1024", "model.n_layer=18", "model.n_head=16",
+                                      "model.n_embd=2048", "data.vocab=50257", "data.seq_len=1024", "train.micro_batch=4",
+                                      "train.steps=2", "train.eval_every=0", "train.device=meta", "train.device_mem=16GiB",
+                                      "dist.fake_world_size=2", "precision.mode=bf16", "log.profile=a100-nvlink", "log.trace_step=2"};
+
+double model_state(const Job& j) {
+  const auto& pm = j.summary["peak_memory"];
+  return pm.value("params", 0.0) + pm.value("grads", 0.0) + pm.value("optim_state", 0.0) + pm.value("host", 0.0);
+}
+double peak(const Job& j) { return j.summary.value("peak_memory_total", 0.0); }
+
+// The engine's DDP of the same job, expected to fail: shared by the batch like the other references.
+const Job& ddp_1b(CheckContext& ctx) {
+  auto& slot = ctx.shared.items["engine:ddp-1b"];
+  if (!slot) slot = std::make_shared<Job>(run_job(ctx, 1, "none", with(k1b, "parallel.strategy=ddp"), ctx.seconds_left()));
+  return *static_cast<const Job*>(slot.get());
+}
+
+CheckResult fits_1b(CheckContext& ctx) {
+  const Job& ddp = ddp_1b(ctx);
+  const Job& ref = job(ctx, "ref:fsdp-1b", 1, false, k1b);  // the student job's reference too
+  const double gib = double(1 << 30);
+  const Job* got = nullptr;
+  try {
+    got = &job(ctx, "fsdp-1b", 1, true, k1b);
+  } catch (const CheckAbort& e) {
+    const std::string why = e.what();
+    if (why.find("out of memory") == std::string::npos) throw;
+    return {false, fmt::format("the 1B GPT on 2 ranks of 16 GiB: your FSDP fits, as the engine's does (peak {:.2f} GiB)", peak(ref) / gib),
+            "out of memory", sanitize_output(why.substr(why.find("out of memory")), 900),
+            "more is whole at once than FSDP needs: free each unit after its forward (but the root) and after its backward"};
+  }
+  const Job& mine = *got;
+  std::string detail = fmt::format("the engine's DDP: {}; the engine's FSDP: model state {:.2f} GiB, peak {:.2f} GiB; yours: model state "
+                                   "{:.2f} GiB, peak {:.2f} GiB (params {:.2f} GiB at their peak)",
+                                   ddp.ok ? "fits (!)" : "out of memory", model_state(ref) / gib, peak(ref) / gib, model_state(mine) / gib,
+                                   peak(mine) / gib, mine.summary["peak_memory"].value("params", 0.0) / gib);
+  if (ddp.ok || ddp.failure.find("out of memory") == std::string::npos)
+    throw CheckAbort("error", "the engine's DDP of the 1B GPT was expected to run out of memory at 16 GiB: " + ddp.failure.substr(0, 400));
+  for (auto [what, got, want] : {std::tuple{"model state", model_state(mine), model_state(ref)}, std::tuple{"peak", peak(mine), peak(ref)}}) {
+    if (std::abs(got / want - 1) <= 0.05) continue;
+    CheckResult bad{false, fmt::format("the 1B GPT on 2 ranks: your FSDP's {} within 5 % of the engine's FSDP ({:.2f} GiB)", what, want / gib),
+                    fmt::format("{:.2f} GiB ({:+.1f} %)", got / gib, 100 * (got / want - 1)), detail};
+    if (got > want) bad.hint = "more is whole at once than FSDP needs: free each unit after its forward (but the root) and after its backward";
+    else bad.hint = "less than the engine's FSDP needs: does every unit get gathered?";
+    return bad;
+  }
+  return {true, "", "", detail};
+}
+
+CheckResult prefetch_overlaps(CheckContext& ctx) {
+  const Job& with_prefetch = job(ctx, "ref:fsdp-1b", 1, false, k1b);
+  const Job& without = job(ctx, "fsdp-1b-no-prefetch", 1, false, with(k1b, "parallel.prefetch=false"));
+  const Job& mine = job(ctx, "fsdp-1b", 1, true, k1b);
+  const double want = with_prefetch.summary.value("modeled_exposed_comm_s", 0.0), none = without.summary.value("modeled_exposed_comm_s", 0.0);
+  const double got = mine.summary.value("modeled_exposed_comm_s", 0.0);
+  const std::string detail = fmt::format("exposed communication per step: the engine's FSDP with prefetch {:.2f} ms, without {:.2f} ms; "
+                                         "yours {:.2f} ms ({} gathers asked for ahead)",
+                                         1e3 * want, 1e3 * none, 1e3 * got,
+                                         mine.summary["strategy_report"].value("gathers_requested_ahead", int64_t(0)));
+  if (got <= 1.05 * want + 1e-6 && got < 0.8 * none) return {true, "", "", detail};
+  return {false, fmt::format("modeled exposed communication at most {:.2f} ms per step (the engine's prefetching FSDP + 5 %)", 1.05e3 * want),
+          fmt::format("{:.2f} ms", 1e3 * got), detail};
+}
+
+CheckResult offload_tradeoff(CheckContext& ctx) {
+  const Job& plain = job(ctx, "fsdp-1b", 1, true, k1b);
+  const Job& off = job(ctx, "fsdp-1b-offload", 1, true, with(k1b, "parallel.offload=cpu"));
+  const double gib = double(1 << 30);
+  const double host = off.summary["peak_memory"].value("host", 0.0);
+  const std::string detail =
+      fmt::format("without offload: device peak {:.2f} GiB, modeled {:.1f} ms per step; with offload: device peak {:.2f} GiB, {:.2f} GiB "
+                  "on the host, modeled {:.1f} ms per step",
+                  peak(plain) / gib, 1e3 * plain.summary.value("modeled_step_s", 0.0), peak(off) / gib, host / gib,
+                  1e3 * off.summary.value("modeled_step_s", 0.0));
+  if (peak(off) < peak(plain) && host > 0) return {true, "", "", detail};
+  return {false, "with offload: a lower device peak, the shards in host memory", detail, ""};
+}
+
+}  // namespace
+
+std::map<std::string, CheckDef> lab05_checks() {
+  return {
+      {"fsdp_equals_ddp", {fsdp_equals_ddp, true}},
+      {"shard_grad_op", {shard_grad_op, true}},
+      {"fits_1b", {fits_1b, true}},
+      {"prefetch_overlaps", {prefetch_overlaps, true}},
+      {"offload_tradeoff", {offload_tradeoff, true}},
+  };
+}
+
+}  // namespace distlab::grader
