@@ -30,17 +30,19 @@ struct PlanArgs {
   std::vector<std::string> sets;
 };
 
-// GPT-2-shaped stand-ins for the sizes the course talks about (LLaMA's 7B/13B/70B use SwiGLU and GQA;
-// ours keep GPT's 4x MLP, so "70b" has 64.7B parameters): 12·L·C² + V·C + T·C parameters.
+// GPT-2-shaped stand-ins for the sizes the course talks about: 12·L·C² + V·C + T·C parameters. LLaMA's
+// 7B/13B/70B use SwiGLU and GQA at 32/40/80 layers; ours keep GPT's 4x MLP, and their layer counts are
+// chosen so that the totals are the names' sizes: 6.99B (112 GB of model state, the course's number for a
+// 7B full fine-tune), 13.1B, 69.6B.
 struct Preset {
   const char* name;
   int64_t layers, width, heads, vocab, block;
 };
 constexpr Preset kPresets[] = {
     {"gpt-1b", 18, 2048, 16, 50257, 1024},
-    {"gpt-7b", 32, 4096, 32, 32000, 2048},
-    {"gpt-13b", 40, 5120, 40, 32000, 2048},
-    {"gpt-70b", 80, 8192, 64, 32000, 4096},
+    {"gpt-7b", 34, 4096, 32, 32000, 2048},
+    {"gpt-13b", 41, 5120, 40, 32000, 2048},
+    {"gpt-70b", 86, 8192, 64, 32000, 4096},
 };
 
 std::string model_toml(const PlanArgs& a, std::string& label) {

@@ -152,6 +152,28 @@ double UnitShards::grad_norm() {
   return norm_over_ranks(pg_, ss);
 }
 
+void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside) {
+  set_aside.clear();
+  for (auto& s : flats) {
+    Tensor flat = rt.empty({s.padded}, Category::comm_buffers, "gathered f32 masters");
+    pg.all_gather(flat.f32(), s.local.data.f32(), s.shard);  // in f32: the masters, unrounded
+    for (size_t i = 0; i < s.params.size(); i++) {
+      Parameter& p = *s.params[i];
+      set_aside.push_back(p.data);
+      p.data = rt.empty(p.data.shape(), Category::params, p.name + " (gathered f32 master)");
+      if (flat.data()) std::memcpy(p.data.data(), flat.f32() + s.offset[i], size_t(p.data.numel()) * 4);
+    }
+  }
+}
+
+void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside) {
+  size_t k = 0;
+  for (auto& s : flats)
+    for (Parameter* p : s.params)
+      if (k < set_aside.size()) p->data = set_aside[k++];
+  set_aside.clear();
+}
+
 bool UnitShards::found_inf() {
   return GradScaler::found_inf(rt_, locals(), &pg_);  // every rank's parts differ: MAX over ranks
 }

@@ -15,6 +15,7 @@
 #include "core/dist/process_group.h"
 #include "core/models/model.h"
 #include "core/optim/optimizer.h"
+#include "core/parallel/strategy.h"
 
 namespace distlab {
 
@@ -41,6 +42,7 @@ class UnitShards {
   int first_unit_of(int group) const { return first_unit_[size_t(group)]; }  // the lowest model unit in it
 
   std::vector<FlatShard>& all() { return shards_; }
+  const std::vector<FlatShard>& all() const { return shards_; }
   std::vector<FlatShard*> of_unit(int unit);
   int num_units() const { return num_units_; }
   std::vector<Parameter*> locals();
@@ -89,5 +91,30 @@ class UnitShards {
 // The global L2 norm from each rank's sum of squares of its own parts: a double sent as two floats (its
 // high and low parts) through an f32 all_gather, so the norm keeps double precision.
 double norm_over_ranks(ProcessGroup& pg, double my_sum_of_squares);
+
+// For a save from the master weights (ZeRO-1 and 2, whose parts ARE the f32 masters): every rank's part of
+// each flat vector all-gathered in f32, and lent to the parameters as whole f32 tensors; their own (16-bit)
+// data waits in `set_aside` until restore_params puts it back.
+void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
+void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
+
+// What ZeRO-2 and ZeRO-3 (and FSDP) share: the optimizer steps this rank's parts, and the gradient norm,
+// the overflow check and zero_grad read them.
+class ShardedStrategy : public Strategy {
+ public:
+  std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
+  double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
+  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
+  void zero_grad(Model& model) override {
+    model.zero_grad();
+    for (auto& s : shards_.all()) s.local.grad = Tensor();  // a skipped step leaves no part behind
+  }
+
+ protected:
+  ShardedStrategy(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype,
+                  int64_t min_params = 0)
+      : shards_(rt, pg, model, who, local_cat, local_dtype, min_params) {}
+  UnitShards shards_;
+};
 
 }  // namespace distlab

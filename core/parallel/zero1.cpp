@@ -18,21 +18,20 @@ ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mod
   broadcast_model(pg, model);  // every replica starts equal, as DDP's
   // one flat vector per weight-decay group: AdamW decays a whole slice or none of it
   for (bool decay : {true, false}) {
-    Group g;
-    int64_t at = 0;
+    FlatShard g;
     for (auto* p : model.parameters()) {
       if (p->decay != decay) continue;
       g.params.push_back(p);
-      g.offset.push_back(at);
-      at += p->data.numel();
+      g.offset.push_back(g.numel);
+      g.numel += p->data.numel();
     }
     if (g.params.empty()) continue;
     const int64_t n = pg.size();
-    g.padded = (at + n - 1) / n * n;
+    g.padded = (g.numel + n - 1) / n * n;
     g.shard = g.padded / n;
-    g.slice.name = fmt::format("zero1 slice {} of the {} parameters", pg.rank(), decay ? "decayed" : "undecayed");
-    g.slice.decay = decay;
-    g.slice.data = rt.zeros({g.shard}, Category::optim_state, g.slice.name + " (f32)");
+    g.local.name = fmt::format("zero1 slice {} of the {} parameters", pg.rank(), decay ? "decayed" : "undecayed");
+    g.local.decay = decay;
+    g.local.data = rt.zeros({g.shard}, Category::optim_state, g.local.name + " (f32)");
     groups_.push_back(std::move(g));
   }
 }
@@ -44,31 +43,11 @@ nlohmann::json ZeRO1::report() const {
                                                                                                       : "reduce_scatter + all_gather per group"}};
 }
 
-void ZeRO1::pack(const Group& g, float* flat, bool grads) const {
-  if (!flat) return;
-  for (size_t i = 0; i < g.params.size(); i++) {
-    Parameter& p = *g.params[i];
-    const Tensor& t = grads ? p.grad : p.data;
-    if (t.defined() && t.data()) convert(t.data(), t.dtype(), flat + g.offset[i], DType::f32, t.numel());
-    else std::memset(flat + g.offset[i], 0, size_t(p.data.numel()) * 4);  // an unused parameter: zeros
-  }
-  const int64_t used = g.params.empty() ? 0 : g.offset.back() + g.params.back()->data.numel();
-  std::memset(flat + used, 0, size_t(g.padded - used) * 4);  // the padding never carries a value
-}
-
-void ZeRO1::unpack(Group& g, const float* flat) {
-  if (!flat) return;
-  for (size_t i = 0; i < g.params.size(); i++) {
-    Tensor& d = g.params[i]->data;
-    convert(flat + g.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
-  }
-}
-
 void ZeRO1::finish_backward(Runtime& rt) {
   if (!sync_) return;  // accumulation: gradients stay local until the last micro-step (no_sync)
   for (auto& g : groups_) {
     Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat gradient");
-    pack(g, flat.f32(), true);
+    UnitShards::pack(g, flat.f32(), true);
     for (Parameter* p : g.params) p->grad = Tensor();  // in the flat vector now; the step reads only the slice
     Tensor part = rt.empty({g.shard}, Category::comm_buffers, "zero1 reduced slice");
     if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its slice
@@ -79,14 +58,14 @@ void ZeRO1::finish_backward(Runtime& rt) {
     }
     flat = Tensor();
     // the slice of the gradient in the parameters' dtype: the paper's 2 bytes per parameter with bf16
-    g.slice.grad = rt.empty({g.shard}, Category::grads, g.slice.name + " gradient", rt.dtype);
-    if (part.data()) convert(part.f32(), DType::f32, g.slice.grad.data(), rt.dtype, g.shard);
+    g.local.grad = rt.empty({g.shard}, Category::grads, g.local.name + " gradient", rt.dtype);
+    if (part.data()) convert(part.f32(), DType::f32, g.local.grad.data(), rt.dtype, g.shard);
   }
 }
 
 std::vector<Parameter*> ZeRO1::optimizer_parameters(Model&) {
   std::vector<Parameter*> v;
-  for (auto& g : groups_) v.push_back(&g.slice);
+  for (auto& g : groups_) v.push_back(&g.local);
   return v;
 }
 
@@ -95,8 +74,8 @@ double ZeRO1::grad_norm(Runtime& rt, Model&) {
   double ss = 0;
   if (!rt.is_meta())
     for (auto& g : groups_) {
-      if (!g.slice.grad.defined()) continue;
-      AsF32 x(rt, g.slice.grad);
+      if (!g.local.grad.defined()) continue;
+      AsF32 x(rt, g.local.grad);
       for (int64_t i = 0; i < g.shard; i++) ss += double(x.p[i]) * x.p[i];
     }
   return norm_over_ranks(pg_, ss);
@@ -104,7 +83,7 @@ double ZeRO1::grad_norm(Runtime& rt, Model&) {
 
 bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup*) {
   std::vector<Parameter*> slices;
-  for (auto& g : groups_) slices.push_back(&g.slice);
+  for (auto& g : groups_) slices.push_back(&g.local);
   return GradScaler::found_inf(rt, slices, &pg_);  // every rank's slice is a different part: MAX over ranks
 }
 
@@ -112,41 +91,27 @@ void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   if (!loaded_) {  // the slices start from the parameters (after --init), at the first step
     for (auto& g : groups_) {
       Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat weights");
-      pack(g, flat.f32(), false);
-      if (flat.data()) std::memcpy(g.slice.data.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
+      UnitShards::pack(g, flat.f32(), false);
+      if (flat.data()) std::memcpy(g.local.data.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
     }
     loaded_ = true;
   }
   opt.step(rt, lr, grad_factor);  // this rank's slices only: the optimizer was built on them
   for (auto& g : groups_) {
-    g.slice.grad = Tensor();
+    g.local.grad = Tensor();
     Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered weights");
-    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard, rt.dtype);  // 16 bits on the wire: what the parameters hold
-    unpack(g, flat.f32());
+    pg_.all_gather(flat.f32(), g.local.data.f32(), g.shard, rt.dtype);  // 16 bits on the wire: what the parameters hold
+    UnitShards::unpack(g, flat.f32());
   }
 }
 
+// The f32 slices are the master weights: gathered and lent to the parameters for a save, then put back.
 void ZeRO1::gather_full_params(Runtime& rt, const Optimizer*) {
-  if (!loaded_) return;  // before the first step the parameters themselves are the truth
-  set_aside_.clear();
-  for (auto& g : groups_) {
-    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered f32 masters");
-    pg_.all_gather(flat.f32(), g.slice.data.f32(), g.shard);
-    for (size_t i = 0; i < g.params.size(); i++) {
-      Parameter& p = *g.params[i];
-      set_aside_.push_back(p.data);
-      p.data = rt.empty(p.data.shape(), Category::params, p.name + " (gathered f32 master)");
-      if (flat.data()) std::memcpy(p.data.data(), flat.f32() + g.offset[i], size_t(p.data.numel()) * 4);
-    }
-  }
+  if (loaded_) lend_masters(rt, pg_, groups_, set_aside_);  // before the first step the parameters are the truth
 }
 
 void ZeRO1::release_full_params(Runtime&, bool keep_changes) {
-  size_t k = 0;
-  for (auto& g : groups_)
-    for (Parameter* p : g.params)
-      if (k < set_aside_.size()) p->data = set_aside_[k++];
-  set_aside_.clear();
+  restore_params(groups_, set_aside_);
   if (keep_changes) loaded_ = false;
 }
 

@@ -23,6 +23,7 @@
 #include "core/dist/process_group.h"
 #include "core/models/model.h"
 #include "core/parallel/strategy.h"
+#include "core/parallel/unit_shards.h"
 
 namespace distlab {
 
@@ -41,28 +42,19 @@ class ZeRO1 : public Strategy {
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
   void zero_grad(Model& model) override {
     model.zero_grad();
-    for (auto& g : groups_) g.slice.grad = Tensor();
+    for (auto& g : groups_) g.local.grad = Tensor();
   }
   // for a save: the f32 slices (the master weights) gathered and lent to the parameters, then put back
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 
  private:
-  struct Group {
-    std::vector<Parameter*> params;  // in model order
-    std::vector<int64_t> offset;     // where each starts in the flat vector
-    int64_t padded = 0;              // flat length, a multiple of N
-    int64_t shard = 0;               // padded / N
-    Parameter slice;                 // this rank's: data f32 (optim_state), grad f32 (grads) after backward
-  };
-  // the flat vector of a group's gradients (or weights) in f32, padding zero
-  void pack(const Group& g, float* flat, bool grads) const;
-  void unpack(Group& g, const float* flat);  // weights, into the parameters' own dtype
-
   ProcessGroup& pg_;
   Runtime& rt_;
   std::string mode_;
-  std::vector<Group> groups_;
+  // one flat vector per weight-decay group over the whole model (unit_shards.h's FlatShard, unit 0):
+  // local.data is this rank's f32 slice (optim_state), local.grad its slice of the averaged gradient
+  std::vector<FlatShard> groups_;
   bool sync_ = true;
   bool loaded_ = false;  // the slices hold the parameters' values (done at the first step, after --init)
   std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends the masters

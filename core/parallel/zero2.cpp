@@ -7,12 +7,12 @@
 namespace distlab {
 
 ZeRO2::ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt)
-    : pg_(pg), rt_(rt), shards_(rt, pg, model, "zero2", Category::optim_state, DType::f32) {
+    : ShardedStrategy(rt, pg, model, "zero2", Category::optim_state, DType::f32), pg_(pg), rt_(rt) {
   broadcast_model(pg, model);  // every replica starts equal, as DDP's; the parts are taken at the first step
 }
 
 nlohmann::json ZeRO2::report() const {
-  auto& all = const_cast<UnitShards&>(shards_).all();
+  const auto& all = shards_.all();
   int64_t padded = 0, part = 0;
   for (const auto& s : all) padded += s.padded, part += s.shard;
   return {{"name", describe()}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
@@ -44,26 +44,11 @@ void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
 // The f32 parts are the master weights: lend them, whole, to the parameters (for a save), and put the
 // parameters' own (16-bit) data back afterwards.
 void ZeRO2::gather_full_params(Runtime& rt, const Optimizer*) {
-  if (!loaded_) return;  // before the first step the parameters themselves are the truth
-  set_aside_.clear();
-  for (auto& s : shards_.all()) {
-    Tensor flat, part;
-    shards_.gather_async(s, flat, part, DType::f32)->wait();  // the masters, unrounded
-    for (size_t i = 0; i < s.params.size(); i++) {
-      Parameter& p = *s.params[i];
-      set_aside_.push_back(p.data);
-      p.data = rt.empty(p.data.shape(), Category::params, p.name + " (gathered f32 master)");
-      if (flat.data()) std::copy_n(flat.f32() + s.offset[i], p.data.numel(), p.data.f32());
-    }
-  }
+  if (loaded_) lend_masters(rt, pg_, shards_.all(), set_aside_);  // before the first step the parameters are the truth
 }
 
 void ZeRO2::release_full_params(Runtime&, bool keep_changes) {
-  size_t k = 0;
-  for (auto& s : shards_.all())
-    for (Parameter* p : s.params)
-      if (k < set_aside_.size()) p->data = set_aside_[k++];
-  set_aside_.clear();
+  restore_params(shards_.all(), set_aside_);
   if (keep_changes) loaded_ = false;  // the parts are taken from the parameters again at the next step
 }
 

@@ -23,7 +23,7 @@
 
 namespace distlab {
 
-class ZeRO2 : public Strategy {
+class ZeRO2 : public ShardedStrategy {
  public:
   ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt);
   std::string describe() const override { return "zero2"; }
@@ -32,21 +32,13 @@ class ZeRO2 : public Strategy {
   void begin_backward(bool sync) override { sync_ = sync; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
-  std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
-  double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
-  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
-  void zero_grad(Model& model) override {
-    model.zero_grad();
-    for (auto& s : shards_.all()) s.local.grad = Tensor();
-  }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 
  private:
   ProcessGroup& pg_;
   Runtime& rt_;
-  UnitShards shards_;
   bool sync_ = true;
   bool loaded_ = false;            // the parts hold the parameters' values (at the first step, after --init)
   std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends f32 masters

@@ -10,8 +10,8 @@
 namespace distlab {
 
 ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name)
-    : pg_(pg), rt_(rt), o_(o), name_(std::move(name)),
-      shards_(rt, pg, model, name_, o.offload ? Category::host : Category::params, rt.dtype, o.min_params) {
+    : ShardedStrategy(rt, pg, model, name, o.offload ? Category::host : Category::params, rt.dtype, o.min_params),
+      pg_(pg), rt_(rt), o_(o), name_(std::move(name)) {
   broadcast_model(pg, model);  // every rank starts from rank 0's weights, then keeps its part of them
   whole_.assign(size_t(shards_.num_units()), true);
   release_full_params(rt, true);  // each rank takes its part of the whole weights, then frees them
@@ -28,7 +28,7 @@ std::string ZeRO3::describe() const {
 }
 
 nlohmann::json ZeRO3::report() const {
-  auto& all = const_cast<UnitShards&>(shards_).all();
+  const auto& all = shards_.all();
   int64_t padded = 0, part = 0;
   for (const auto& s : all) padded += s.padded, part += s.shard;
   return {{"name", describe()}, {"reshard_after_forward", o_.reshard_after_forward}, {"offload", o_.offload}, {"min_params", o_.min_params}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},

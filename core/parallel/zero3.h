@@ -39,7 +39,7 @@ struct ShardedOptions {
                                       // vector until it holds this many parameters (0: one per unit)
 };
 
-class ZeRO3 : public Strategy {
+class ZeRO3 : public ShardedStrategy {
  public:
   ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name = "zero3");
   std::string describe() const override;
@@ -52,14 +52,7 @@ class ZeRO3 : public Strategy {
   void before_layer_backward(int unit) override;
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
-  std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
-  double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
-  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
-  void zero_grad(Model& model) override {
-    model.zero_grad();
-    for (auto& s : shards_.all()) s.local.grad = Tensor();
-  }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
   void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) override;
@@ -81,7 +74,6 @@ class ZeRO3 : public Strategy {
   Runtime& rt_;
   ShardedOptions o_;
   std::string name_;
-  UnitShards shards_;
   bool sync_ = true;
   std::vector<bool> whole_;            // per unit: its parameters are whole now
   std::map<int, InFlight> in_flight_;  // per unit
