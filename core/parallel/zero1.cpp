@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,7 +13,8 @@
 
 namespace distlab {
 
-ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode) : pg_(pg), rt_(rt), mode_(mode) {
+ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode, double bucket_mb)
+    : pg_(pg), rt_(rt), mode_(mode), bucket_(std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / 4) / pg.size())) {
   if (mode != "reduce_scatter" && mode != "all_reduce")
     throw ConfigError("unknown parallel.zero_reduce '" + mode + "'", "use reduce_scatter (the default) or all_reduce");
   broadcast_model(pg, model);  // every replica starts equal, as DDP's
@@ -39,24 +41,59 @@ ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mod
 nlohmann::json ZeRO1::report() const {
   nlohmann::json slices = nlohmann::json::array();
   for (const auto& g : groups_) slices.push_back({{"params", g.params.size()}, {"padded", g.padded}, {"slice", g.shard}});
-  return {{"name", describe()}, {"groups", slices}, {"collectives_per_step", mode_ == "all_reduce" ? "all_reduce + all_gather per group"
-                                                                                                      : "reduce_scatter + all_gather per group"}};
+  return {{"name", describe()}, {"groups", slices}, {"collectives_per_step", mode_ == "all_reduce" ? "all_reduce + all_gather per bucket"
+                                                                                                      : "reduce_scatter + all_gather per bucket"}};
 }
 
+namespace {
+
+// Elements [a, b) of a group's flat vector (positions past its parameters are padding: zeros) into `out`,
+// as f32; and back, into the parameters' own dtype. A bucket's worth at a time, instead of the whole flat.
+void pack_range(const FlatShard& g, int64_t a, int64_t b, float* out, bool grads) {
+  if (!out) return;  // the meta device
+  std::memset(out, 0, size_t(b - a) * 4);
+  for (size_t i = 0; i < g.params.size(); i++) {
+    const Parameter& p = *g.params[i];
+    const int64_t lo = std::max(a, g.offset[i]), hi = std::min(b, g.offset[i] + p.data.numel());
+    if (lo >= hi) continue;
+    const Tensor& t = grads ? p.grad : p.data;
+    if (t.defined() && t.data())  // an unused parameter (no gradient) stays zero
+      convert(static_cast<const char*>(t.data()) + (lo - g.offset[i]) * dtype_size(t.dtype()), t.dtype(), out + (lo - a), DType::f32, hi - lo);
+  }
+}
+
+void unpack_range(FlatShard& g, int64_t a, int64_t b, const float* in) {
+  if (!in) return;
+  for (size_t i = 0; i < g.params.size(); i++) {
+    Tensor& d = g.params[i]->data;
+    const int64_t lo = std::max(a, g.offset[i]), hi = std::min(b, g.offset[i] + d.numel());
+    if (lo < hi) convert(in + (lo - a), DType::f32, static_cast<char*>(d.data()) + (lo - g.offset[i]) * dtype_size(d.dtype()), d.dtype(), hi - lo);
+  }
+}
+
+}  // namespace
+
+// Bucket by bucket (DeepSpeed's reduce_bucket_size): bucket c holds elements [c·B, (c+1)·B) of every
+// rank's slice, so one reduce_scatter of it hands each rank that stretch of its own slice — the layout of
+// one big reduce-scatter, without a whole-model f32 copy of the gradient.
 void ZeRO1::finish_backward(Runtime& rt) {
   if (!sync_) return;  // accumulation: gradients stay local until the last micro-step (no_sync)
+  const int64_t n = pg_.size();
   for (auto& g : groups_) {
-    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat gradient");
-    UnitShards::pack(g, flat.f32(), true);
-    for (Parameter* p : g.params) p->grad = Tensor();  // in the flat vector now; the step reads only the slice
     Tensor part = rt.empty({g.shard}, Category::comm_buffers, "zero1 reduced slice");
-    if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its slice
-      pg_.all_reduce(flat.f32(), g.padded, ReduceOp::avg, rt.reduce_dtype);
-      if (flat.data()) std::memcpy(part.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
-    } else {
-      pg_.reduce_scatter(part.f32(), flat.f32(), g.shard, ReduceOp::avg, rt.reduce_dtype);
+    for (int64_t c = 0; c < g.shard; c += bucket_) {
+      const int64_t len = std::min(bucket_, g.shard - c);
+      Tensor bucket = rt.empty({n * len}, Category::comm_buffers, "zero1 gradient bucket");
+      for (int64_t r = 0; r < n; r++)
+        pack_range(g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr, true);
+      if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its stretch
+        pg_.all_reduce(bucket.f32(), n * len, ReduceOp::avg, rt.reduce_dtype);
+        if (bucket.data()) std::memcpy(part.f32() + c, bucket.f32() + pg_.rank() * len, size_t(len) * 4);
+      } else {
+        pg_.reduce_scatter(part.data() ? part.f32() + c : nullptr, bucket.f32(), len, ReduceOp::avg, rt.reduce_dtype);
+      }
     }
-    flat = Tensor();
+    for (Parameter* p : g.params) p->grad = Tensor();  // reduced: the step reads only the slice
     // the slice of the gradient in the parameters' dtype: the paper's 2 bytes per parameter with bf16
     g.local.grad = rt.empty({g.shard}, Category::grads, g.local.name + " gradient", rt.dtype);
     if (part.data()) convert(part.f32(), DType::f32, g.local.grad.data(), rt.dtype, g.shard);
@@ -88,20 +125,21 @@ bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup*) {
 }
 
 void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
+  const int64_t n = pg_.size();
   if (!loaded_) {  // the slices start from the parameters (after --init), at the first step
-    for (auto& g : groups_) {
-      Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 flat weights");
-      UnitShards::pack(g, flat.f32(), false);
-      if (flat.data()) std::memcpy(g.local.data.data(), flat.f32() + pg_.rank() * g.shard, size_t(g.shard) * 4);
-    }
+    for (auto& g : groups_) pack_range(g, pg_.rank() * g.shard, (pg_.rank() + 1) * g.shard, g.local.data.data() ? g.local.data.f32() : nullptr, false);
     loaded_ = true;
   }
   opt.step(rt, lr, grad_factor);  // this rank's slices only: the optimizer was built on them
   for (auto& g : groups_) {
     g.local.grad = Tensor();
-    Tensor flat = rt.empty({g.padded}, Category::comm_buffers, "zero1 gathered weights");
-    pg_.all_gather(flat.f32(), g.local.data.f32(), g.shard, rt.dtype);  // 16 bits on the wire: what the parameters hold
-    UnitShards::unpack(g, flat.f32());
+    for (int64_t c = 0; c < g.shard; c += bucket_) {  // the same buckets, gathered
+      const int64_t len = std::min(bucket_, g.shard - c);
+      Tensor bucket = rt.empty({n * len}, Category::comm_buffers, "zero1 gathered bucket");
+      pg_.all_gather(bucket.f32(), g.local.data.data() ? g.local.data.f32() + c : nullptr, len, rt.dtype);  // 16 bits on the wire: what the parameters hold
+      for (int64_t r = 0; r < n; r++)
+        unpack_range(g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr);
+    }
   }
 }
 

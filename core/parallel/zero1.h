@@ -6,6 +6,7 @@
 //   parameters, by weight decay, flattened into one vector per group and padded to a multiple of N:
 //     group g: [ p0 | p1 | ... | pad ]      rank r owns elements [r·S/N, (r+1)·S/N) of it
 //   after backward:  reduce_scatter(avg) the flat gradient  → this rank's slice of the averaged gradient
+//                    (bucket by bucket: parallel.bucket_mb of f32 per collective, never a whole-model copy)
 //                    (mode "all_reduce": all_reduce it whole and keep the slice — the naive form, same numbers)
 //   step:            the optimizer steps the f32 slice it owns (its master weights: 4 bytes, + Adam's 8, per
 //                    parameter / N), then all_gather(slices) → every parameter, on every rank
@@ -29,8 +30,9 @@ namespace distlab {
 
 class ZeRO1 : public Strategy {
  public:
-  // mode: "reduce_scatter" (the default) or "all_reduce" (all-reduce the whole gradient, then slice)
-  ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode);
+  // mode: "reduce_scatter" (the default) or "all_reduce" (all-reduce the whole gradient, then slice).
+  // bucket_mb: the f32 bytes reduced (and gathered) per collective — DeepSpeed's reduce_bucket_size.
+  ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode, double bucket_mb = 25);
   std::string describe() const override { return "zero1 (" + mode_ + ")"; }
   nlohmann::json report() const override;
 
@@ -52,6 +54,7 @@ class ZeRO1 : public Strategy {
   ProcessGroup& pg_;
   Runtime& rt_;
   std::string mode_;
+  int64_t bucket_;  // elements of each rank's slice per collective (bucket_mb / 4 bytes / N)
   // one flat vector per weight-decay group over the whole model (unit_shards.h's FlatShard, unit 0):
   // local.data is this rank's f32 slice (optim_state), local.grad its slice of the averaged gradient
   std::vector<FlatShard> groups_;

@@ -127,7 +127,7 @@ const std::vector<Key>& keys() {
       KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine: final learning rate"),
       KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters) | fsdp"),
       KEY("parallel.ddp_mode", Kind::string, std::string, parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive"),
-      KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP bucket size in MiB"),
+      KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP's (and ZeRO-1's) bucket size in MiB"),
       KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
       KEY("parallel.zero_reduce", Kind::string, std::string, parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice"),
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),

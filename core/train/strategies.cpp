@@ -23,7 +23,7 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "zero1" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (lab && lab->is("04")) return lab->make_zero(1, *pg, model, rt);
-    return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce);
+    return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce, cfg.parallel.bucket_mb);
   }
   if (cfg.parallel.strategy == "zero2" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
