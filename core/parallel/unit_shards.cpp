@@ -32,12 +32,20 @@ UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
     group_of_.push_back(int(groups.size()) - 1);
   }
   num_units_ = int(groups.size());
-  const int64_t n = pg.size();
-  for (int u = 0; u < num_units_; u++) {
+  shards_ = flat_layout(groups, pg.size());
+  for (FlatShard& s : shards_) {
+    s.local.name = fmt::format("{} part {} of unit {} ({})", who, pg.rank(), s.unit, s.local.decay ? "decayed" : "undecayed");
+    s.local.data = rt.zeros({s.shard}, local_cat, s.local.name, local_dtype);
+  }
+}
+
+std::vector<FlatShard> flat_layout(const std::vector<std::vector<Parameter*>>& units, int64_t n) {
+  std::vector<FlatShard> flats;
+  for (size_t u = 0; u < units.size(); u++)
     for (bool decay : {true, false}) {
       FlatShard s;
-      s.unit = u;
-      for (Parameter* p : groups[size_t(u)]) {
+      s.unit = int(u);
+      for (Parameter* p : units[u]) {
         if (p->decay != decay) continue;
         s.params.push_back(p);
         s.offset.push_back(s.numel);
@@ -46,12 +54,10 @@ UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
       if (s.params.empty()) continue;
       s.padded = (s.numel + n - 1) / n * n;
       s.shard = s.padded / n;
-      s.local.name = fmt::format("{} part {} of unit {} ({})", who, pg.rank(), u, decay ? "decayed" : "undecayed");
       s.local.decay = decay;
-      s.local.data = rt.zeros({s.shard}, local_cat, s.local.name, local_dtype);
-      shards_.push_back(std::move(s));
+      flats.push_back(std::move(s));
     }
-  }
+  return flats;
 }
 
 std::vector<FlatShard*> UnitShards::of_unit(int unit) {

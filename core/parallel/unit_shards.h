@@ -29,6 +29,10 @@ struct FlatShard {
   Parameter local;                 // this rank's part: data as the strategy keeps it; grad (S/N) once reduced
 };
 
+// The layout alone: for each unit (a list of parameters) and weight-decay group, its flat vector's
+// parameters, offsets and sizes padded to a multiple of n ranks; local.decay set, nothing allocated.
+std::vector<FlatShard> flat_layout(const std::vector<std::vector<Parameter*>>& units, int64_t n);
+
 class UnitShards {
  public:
   // `local_cat`, `local_dtype`: where and how each rank keeps its part of the weights — optim_state f32 for

@@ -35,27 +35,12 @@ class LabZeRO : public Strategy {
   LabZeRO(LabPlugin& plugin, int stage, ProcessGroup& pg, Model& model, Runtime& rt)
       : plugin_(plugin), stage_(stage), pg_(pg), rt_(rt) {
     broadcast_model(pg, model);  // every replica starts equal, as the engine's strategies
-    const auto units = model.units();
-    const int64_t n = pg.size();
-    for (size_t u = 0; u < units.size(); u++)
-      for (bool decay : {true, false}) {
-        FlatShard s;
-        s.unit = int(u);
-        for (Parameter* p : units[u]) {
-          if (p->decay != decay) continue;
-          s.params.push_back(p);
-          s.offset.push_back(s.numel);
-          s.numel += p->data.numel();
-        }
-        if (s.params.empty()) continue;
-        s.padded = (s.numel + n - 1) / n * n;
-        s.shard = s.padded / n;
-        std::string names;
-        for (Parameter* p : s.params) names += (names.empty() ? "" : " ") + p->name;
-        s.local.name = fmt::format("unit {} ({}): {}", u, decay ? "decayed" : "undecayed", names);
-        s.local.decay = decay;
-        flats_.push_back(std::move(s));
-      }
+    flats_ = flat_layout(model.units(), pg.size());  // the engine's layout (unit_shards.h), nothing allocated
+    for (FlatShard& s : flats_) {
+      std::string names;
+      for (Parameter* p : s.params) names += (names.empty() ? "" : " ") + p->name;
+      s.local.name = fmt::format("unit {} ({}): {}", s.unit, s.local.decay ? "decayed" : "undecayed", names);
+    }
     begin_.assign(flats_.size(), -1);
     kept_.assign(flats_.size(), false);
     for (const auto& s : flats_) {

@@ -3,7 +3,13 @@
 // resolve no engine symbol; it runs inside the sandbox (core/lab/sandbox.h), so it can touch no file of
 // the grader's. One file per lab serves that lab's functions.
 #pragma once
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <exception>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +29,51 @@ void get(distlab::wire::Frame& f, std::vector<char>& payload);
 
 // Tells the engine what the student's code threw (kRaised); returns the host's exit code.
 int report_raised(std::exception_ptr e);
+
+// The engine's answer to a request: a kData frame of exactly `bytes` (any size when bytes < 0). Anything
+// else means the engine broke the protocol: the host exits.
+std::vector<char> expect_data(int64_t bytes);
+
+// A payload read front to back; a short one means the engine broke the protocol (the host exits).
+struct Reader {
+  const std::vector<char>& in;
+  size_t at = 0;
+  template <class T>
+  T take() {
+    T v{};
+    if (at + sizeof(T) > in.size()) _exit(3);
+    std::memcpy(&v, in.data() + at, sizeof(T));
+    at += sizeof(T);
+    return v;
+  }
+};
+
+// The loop of a host whose engine only calls functions: each kCall runs `call` (its outputs into `out`) and
+// is answered by kReturn, or by kRaised when the student's code threw. `call` returns false for a function
+// it doesn't know (the engine broke the protocol). Returns the host's exit code.
+int serve_calls(const std::function<bool(const distlab::wire::Frame& f, const std::vector<char>& in, std::vector<char>& out)>& call);
+
+// An entry the student left empty in the lab's table: thrown as "the plugin's table has no NAME".
+template <class F>
+void need(F* fn, const char* name) {
+  if (!fn) throw std::logic_error(std::string("the plugin's table has no ") + name);
+}
+
+// The lab's table in the plugin (`symbol`, defined at the bottom of the student's `source_file`), checked —
+// present, of this ABI version — and announced to the engine with kHello. nullptr after kLoadFailed has
+// said why.
+template <class Table>
+Table* load_table(void* plugin, const char* symbol, int abi, const char* source_file, const char* api_header) {
+  auto* t = static_cast<Table*>(dlsym(plugin, symbol));
+  if (!t || t->abi != abi) {
+    const std::string why = !t ? std::string("the plugin has no ") + symbol + " table (keep the table at the bottom of " + source_file + ")"
+                               : std::string("the plugin's ") + symbol + " table is of another version: rebuild it against " + api_header;
+    put(distlab::labproto::kLoadFailed, why.data(), why.size());
+    return nullptr;
+  }
+  put(distlab::labproto::kHello, nullptr, 0, {abi});
+  return t;
+}
 
 int serve_lab01(void* plugin);
 int serve_lab02(void* plugin);

@@ -53,14 +53,8 @@ const lab01::Comm::Ops kOps = {send, recv};
 }  // namespace
 
 int serve_lab01(void* plugin) {
-  auto* t = static_cast<const Lab01Plugin*>(dlsym(plugin, "distlab_lab01"));
-  if (!t || t->abi != kLab01Abi) {
-    const std::string why = !t ? "the plugin has no distlab_lab01 table (keep the table at the bottom of ring.cpp)"
-                               : "the plugin's distlab_lab01 table is of another version: rebuild it against labs/01-collectives/api.h";
-    put(labproto::kLoadFailed, why.data(), why.size());
-    return 2;
-  }
-  put(labproto::kHello, nullptr, 0, {kLab01Abi});
+  auto* t = load_table<const Lab01Plugin>(plugin, "distlab_lab01", kLab01Abi, "ring.cpp", "labs/01-collectives/api.h");
+  if (!t) return 2;
   Rank me;
   for (;;) {
     wire::Frame f;

@@ -108,15 +108,9 @@ void load_grads(State& s, const std::vector<char>& in, size_t at, const std::vec
 }  // namespace
 
 int serve_lab02(void* plugin) {
-  auto* t = static_cast<Lab02Plugin*>(dlsym(plugin, "distlab_lab02"));
-  if (!t || t->abi != kLab02Abi) {
-    const std::string why = !t ? "the plugin has no distlab_lab02 table (keep the table at the bottom of ddp.cpp)"
-                               : "the plugin's distlab_lab02 table is of another version: rebuild it against labs/02-ddp-cifar/api.h";
-    put(labproto::kLoadFailed, why.data(), why.size());
-    return 2;
-  }
+  auto* t = load_table<Lab02Plugin>(plugin, "distlab_lab02", kLab02Abi, "ddp.cpp", "labs/02-ddp-cifar/api.h");
+  if (!t) return 2;
   t->services = &kServices;
-  put(labproto::kHello, nullptr, 0, {kLab02Abi});
   State s;
   std::unique_ptr<lab02::Comm> comm;
   for (;;) {

@@ -18,15 +18,6 @@ using namespace distlab;
 
 namespace {
 
-// The trainer's answer: exactly `bytes` of data (anything else: the engine says why, not us).
-std::vector<char> expect_data(uint64_t bytes) {
-  wire::Frame f;
-  std::vector<char> payload;
-  get(f, payload);
-  if (f.op != labproto::kData || payload.size() != bytes) _exit(3);
-  return payload;
-}
-
 void all_reduce(void* ctx, float* data, int64_t n, lab03::ReduceOp op) {
   if (n < 0 || uint64_t(n) * 4 > labproto::kMaxPayload || (n > 0 && !data))
     throw std::invalid_argument("all_reduce of " + std::to_string(n) + " floats: give a buffer of 0.." +
@@ -39,18 +30,8 @@ void all_reduce(void* ctx, float* data, int64_t n, lab03::ReduceOp op) {
 
 const lab03::Comm::Ops kOps = {all_reduce};
 
-// A payload read front to back; a short one means the engine broke the protocol.
-struct Reader {
-  const std::vector<char>& in;
-  size_t at = 0;
-  template <class T>
-  T take() {
-    T v{};
-    if (at + sizeof(T) > in.size()) _exit(3);
-    std::memcpy(&v, in.data() + at, sizeof(T));
-    at += sizeof(T);
-    return v;
-  }
+// The payload of a call, with the records of this lab.
+struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
   lab03::ScalerConfig config() {
     lab03::ScalerConfig c;
     c.init_scale = take<float>();
@@ -91,9 +72,6 @@ void append(std::vector<char>& out, const void* p, size_t n) {
 void append_state(std::vector<char>& out, const lab03::ScalerState& s) {
   append(out, &s.scale, 4);
   append(out, &s.growth_tracker, 4);
-}
-void append_floats(std::vector<char>& out, const std::vector<lab03::Grad>& grads) {
-  for (const auto& g : grads) append(out, g.data, size_t(g.numel) * 4);
 }
 
 // The trainer's side of train_step, one request per call.
@@ -167,93 +145,74 @@ class RemoteStep : public lab03::Step {
 }  // namespace
 
 int serve_lab03(void* plugin) {
-  auto* t = static_cast<const Lab03Plugin*>(dlsym(plugin, "distlab_lab03"));
-  if (!t || t->abi != kLab03Abi) {
-    const std::string why = !t ? "the plugin has no distlab_lab03 table (keep the table at the bottom of amp.cpp)"
-                               : "the plugin's distlab_lab03 table is of another version: rebuild it against labs/03-amp-accum/api.h";
-    put(labproto::kLoadFailed, why.data(), why.size());
-    return 2;
-  }
-  put(labproto::kHello, nullptr, 0, {kLab03Abi});
+  auto* t = load_table<const Lab03Plugin>(plugin, "distlab_lab03", kLab03Abi, "amp.cpp", "labs/03-amp-accum/api.h");
+  if (!t) return 2;
   std::unique_ptr<lab03::ScalerState> run_state;  // train_step's scaler, from scaler_init on the first step
-  for (;;) {
-    wire::Frame f;
-    std::vector<char> in;
-    get(f, in);
-    if (f.op != labproto::kCall) return 3;
-    Reader r{in};
-    std::vector<char> out;
-    try {
-      const auto need = [](const void* fn, const char* name) {
-        if (!fn) throw std::logic_error(std::string("the plugin's table has no ") + name);
-      };
-      switch (f.arg[0]) {
-        case labproto::kScalerInit: {
-          need(reinterpret_cast<const void*>(t->scaler_init), "scaler_init");
-          append_state(out, t->scaler_init(r.config()));
-          break;
-        }
-        case labproto::kScalerUpdate: {
-          need(reinterpret_cast<const void*>(t->scaler_update), "scaler_update");
-          const lab03::ScalerConfig c = r.config();
-          lab03::ScalerState s = r.state();
-          t->scaler_update(c, s, f.arg[1] != 0);
-          append_state(out, s);
-          break;
-        }
-        case labproto::kUnscale: {
-          need(reinterpret_cast<const void*>(t->unscale), "unscale_");
-          lab03::Comm comm(int(f.arg[1]), int(f.arg[2]), &kOps, nullptr);
-          const lab03::ScalerState s = r.state();
-          std::vector<std::vector<float>> storage;
-          std::vector<lab03::Grad> grads;
-          r.grads(f.arg[3], storage, grads);
-          const int32_t found = t->unscale(comm, s, grads) ? 1 : 0;
-          append(out, &found, 4);
-          for (const auto& v : storage) append(out, v.data(), v.size() * 4);
-          break;
-        }
-        case labproto::kClipGradNorm: {
-          need(reinterpret_cast<const void*>(t->clip_grad_norm), "clip_grad_norm");
-          const double max_norm = r.take<double>();
-          std::vector<std::vector<float>> storage;
-          std::vector<lab03::Grad> grads;
-          r.grads(f.arg[1], storage, grads);
-          const double norm = t->clip_grad_norm(grads, max_norm);
-          append(out, &norm, 8);
-          for (const auto& v : storage) append(out, v.data(), v.size() * 4);
-          break;
-        }
-        case labproto::kTrainStep: {
-          need(reinterpret_cast<const void*>(t->train_step), "train_step");
-          const double max_norm = r.take<double>();
-          const lab03::ScalerConfig c = r.config();
-          std::vector<std::pair<std::string, int64_t>> params;
-          for (int64_t k = 0; k < f.arg[4]; k++) {
-            const int64_t numel = r.take<int64_t>();
-            std::string name;
-            for (char ch; (ch = r.take<char>()) != '\0';) name += ch;
-            params.push_back({name, numel});
-          }
-          if (!run_state) {
-            need(reinterpret_cast<const void*>(t->scaler_init), "scaler_init");
-            run_state = std::make_unique<lab03::ScalerState>(t->scaler_init(c));
-          }
-          RemoteStep step(int(f.arg[1]), int(f.arg[2]), int(f.arg[3]), max_norm, params);
-          const float used = run_state->scale;
-          t->train_step(step, c, *run_state);
-          append(out, &used, 4);
-          append_state(out, *run_state);
-          break;
-        }
-        default:
-          return 3;
+  return serve_calls([t, &run_state](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
+    LabReader r{{in}};
+    switch (f.arg[0]) {
+      case labproto::kScalerInit: {
+        need(t->scaler_init, "scaler_init");
+        append_state(out, t->scaler_init(r.config()));
+        return true;
       }
-    } catch (...) {
-      return report_raised(std::current_exception());
+      case labproto::kScalerUpdate: {
+        need(t->scaler_update, "scaler_update");
+        const lab03::ScalerConfig c = r.config();
+        lab03::ScalerState s = r.state();
+        t->scaler_update(c, s, f.arg[1] != 0);
+        append_state(out, s);
+        return true;
+      }
+      case labproto::kUnscale: {
+        need(t->unscale, "unscale_");
+        lab03::Comm comm(int(f.arg[1]), int(f.arg[2]), &kOps, nullptr);
+        const lab03::ScalerState s = r.state();
+        std::vector<std::vector<float>> storage;
+        std::vector<lab03::Grad> grads;
+        r.grads(f.arg[3], storage, grads);
+        const int32_t found = t->unscale(comm, s, grads) ? 1 : 0;
+        append(out, &found, 4);
+        for (const auto& v : storage) append(out, v.data(), v.size() * 4);
+        return true;
+      }
+      case labproto::kClipGradNorm: {
+        need(t->clip_grad_norm, "clip_grad_norm");
+        const double max_norm = r.take<double>();
+        std::vector<std::vector<float>> storage;
+        std::vector<lab03::Grad> grads;
+        r.grads(f.arg[1], storage, grads);
+        const double norm = t->clip_grad_norm(grads, max_norm);
+        append(out, &norm, 8);
+        for (const auto& v : storage) append(out, v.data(), v.size() * 4);
+        return true;
+      }
+      case labproto::kTrainStep: {
+        need(t->train_step, "train_step");
+        const double max_norm = r.take<double>();
+        const lab03::ScalerConfig c = r.config();
+        std::vector<std::pair<std::string, int64_t>> params;
+        for (int64_t k = 0; k < f.arg[4]; k++) {
+          const int64_t numel = r.take<int64_t>();
+          std::string name;
+          for (char ch; (ch = r.take<char>()) != '\0';) name += ch;
+          params.push_back({name, numel});
+        }
+        if (!run_state) {
+          need(t->scaler_init, "scaler_init");
+          run_state = std::make_unique<lab03::ScalerState>(t->scaler_init(c));
+        }
+        RemoteStep step(int(f.arg[1]), int(f.arg[2]), int(f.arg[3]), max_norm, params);
+        const float used = run_state->scale;
+        t->train_step(step, c, *run_state);
+        append(out, &used, 4);
+        append_state(out, *run_state);
+        return true;
+      }
+      default:
+        return false;
     }
-    put(labproto::kReturn, out.data(), out.size());
-  }
+  });
 }
 
 }  // namespace labhost

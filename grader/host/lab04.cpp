@@ -19,15 +19,6 @@ using namespace distlab;
 
 namespace {
 
-// The trainer's answer: kData of `bytes` (or any size when bytes < 0); anything else breaks the protocol.
-std::vector<char> expect_data(int64_t bytes) {
-  wire::Frame f;
-  std::vector<char> payload;
-  get(f, payload);
-  if (f.op != labproto::kData || (bytes >= 0 && payload.size() != uint64_t(bytes))) _exit(3);
-  return payload;
-}
-
 void check_count(const char* what, int64_t n, uint64_t per, const void* a, const void* b) {
   if (n < 0 || uint64_t(n) * per * 4 > labproto::kMaxPayload || (n > 0 && (!a || !b)))
     throw std::invalid_argument(std::string(what) + " of " + std::to_string(n) + " floats: give buffers of 0.." +
@@ -116,17 +107,7 @@ class RemoteStep : public lab04::Step {
   std::vector<std::pair<std::string, int64_t>> flats_;
 };
 
-struct Reader {
-  const std::vector<char>& in;
-  size_t at = 0;
-  template <class T>
-  T take() {
-    T v{};
-    if (at + sizeof(T) > in.size()) _exit(3);
-    std::memcpy(&v, in.data() + at, sizeof(T));
-    at += sizeof(T);
-    return v;
-  }
+struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
   std::vector<std::pair<std::string, int64_t>> flats(int64_t count) {
     if (count < 0 || count > 1 << 20) _exit(3);
     std::vector<std::pair<std::string, int64_t>> v;
@@ -143,56 +124,37 @@ struct Reader {
 }  // namespace
 
 int serve_lab04(void* plugin) {
-  auto* t = static_cast<const Lab04Plugin*>(dlsym(plugin, "distlab_lab04"));
-  if (!t || t->abi != kLab04Abi) {
-    const std::string why = !t ? "the plugin has no distlab_lab04 table (keep the table at the bottom of zero.cpp)"
-                               : "the plugin's distlab_lab04 table is of another version: rebuild it against labs/04-zero/api.h";
-    put(labproto::kLoadFailed, why.data(), why.size());
-    return 2;
-  }
-  put(labproto::kHello, nullptr, 0, {kLab04Abi});
-  for (;;) {
-    wire::Frame f;
-    std::vector<char> in;
-    get(f, in);
-    if (f.op != labproto::kCall) return 3;
-    Reader r{in};
-    std::vector<char> out;
-    try {
-      const auto need = [](const void* fn, const char* name) {
-        if (!fn) throw std::logic_error(std::string("the plugin's table has no ") + name);
-      };
-      switch (f.arg[0]) {
-        case labproto::kShardOf: {
-          need(reinterpret_cast<const void*>(t->shard_of), "shard_of");
-          const lab04::Shard s = t->shard_of(f.arg[1], int(f.arg[2]), int(f.arg[3]));
-          for (int64_t v : {s.padded, s.begin, s.end}) out.insert(out.end(), reinterpret_cast<const char*>(&v), reinterpret_cast<const char*>(&v) + 8);
-          break;
-        }
-        case labproto::kZero1Reduce:
-        case labproto::kZero2Reduce:
-        case labproto::kZeroStep: {
-          RemoteStep step(int(f.arg[1]), int(f.arg[2]), r.flats(f.arg[3]));
-          if (f.arg[0] == labproto::kZero1Reduce) {
-            need(reinterpret_cast<const void*>(t->zero1_reduce), "zero1_reduce");
-            t->zero1_reduce(step);
-          } else if (f.arg[0] == labproto::kZero2Reduce) {
-            need(reinterpret_cast<const void*>(t->zero2_reduce), "zero2_reduce");
-            t->zero2_reduce(step, int(f.arg[4]));
-          } else {
-            need(reinterpret_cast<const void*>(t->zero_step), "zero_step");
-            t->zero_step(step);
-          }
-          break;
-        }
-        default:
-          return 3;
+  auto* t = load_table<const Lab04Plugin>(plugin, "distlab_lab04", kLab04Abi, "zero.cpp", "labs/04-zero/api.h");
+  if (!t) return 2;
+  return serve_calls([t](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
+    switch (f.arg[0]) {
+      case labproto::kShardOf: {
+        need(t->shard_of, "shard_of");
+        const lab04::Shard s = t->shard_of(f.arg[1], int(f.arg[2]), int(f.arg[3]));
+        for (int64_t v : {s.padded, s.begin, s.end}) out.insert(out.end(), reinterpret_cast<const char*>(&v), reinterpret_cast<const char*>(&v) + 8);
+        return true;
       }
-    } catch (...) {
-      return report_raised(std::current_exception());
+      case labproto::kZero1Reduce:
+      case labproto::kZero2Reduce:
+      case labproto::kZeroStep: {
+        LabReader r{{in}};
+        RemoteStep step(int(f.arg[1]), int(f.arg[2]), r.flats(f.arg[3]));
+        if (f.arg[0] == labproto::kZero1Reduce) {
+          need(t->zero1_reduce, "zero1_reduce");
+          t->zero1_reduce(step);
+        } else if (f.arg[0] == labproto::kZero2Reduce) {
+          need(t->zero2_reduce, "zero2_reduce");
+          t->zero2_reduce(step, int(f.arg[4]));
+        } else {
+          need(t->zero_step, "zero_step");
+          t->zero_step(step);
+        }
+        return true;
+      }
+      default:
+        return false;
     }
-    put(labproto::kReturn, out.data(), out.size());
-  }
+  });
 }
 
 }  // namespace labhost

@@ -17,25 +17,7 @@ using namespace distlab;
 
 namespace {
 
-std::vector<char> expect_data(uint64_t bytes) {
-  wire::Frame f;
-  std::vector<char> payload;
-  get(f, payload);
-  if (f.op != labproto::kData || payload.size() != bytes) _exit(3);
-  return payload;
-}
-
-struct Reader {
-  const std::vector<char>& in;
-  size_t at = 0;
-  template <class T>
-  T take() {
-    T v{};
-    if (at + sizeof(T) > in.size()) _exit(3);
-    std::memcpy(&v, in.data() + at, sizeof(T));
-    at += sizeof(T);
-    return v;
-  }
+struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
   std::vector<int> order() {
     const int32_t n = take<int32_t>();
     if (n < 0 || n > 1 << 20) _exit(3);
@@ -85,22 +67,12 @@ class RemoteFsdp : public lab05::Fsdp {
 }  // namespace
 
 int serve_lab05(void* plugin) {
-  auto* t = static_cast<const Lab05Plugin*>(dlsym(plugin, "distlab_lab05"));
-  if (!t || t->abi != kLab05Abi) {
-    const std::string why = !t ? "the plugin has no distlab_lab05 table (keep the table at the bottom of fsdp.cpp)"
-                               : "the plugin's distlab_lab05 table is of another version: rebuild it against labs/05-fsdp-1b/api.h";
-    put(labproto::kLoadFailed, why.data(), why.size());
-    return 2;
-  }
-  put(labproto::kHello, nullptr, 0, {kLab05Abi});
-  for (;;) {
-    wire::Frame f;
-    std::vector<char> in;
-    get(f, in);
-    if (f.op != labproto::kCall || f.arg[0] != labproto::kFsdpHook) return 3;
+  auto* t = load_table<const Lab05Plugin>(plugin, "distlab_lab05", kLab05Abi, "fsdp.cpp", "labs/05-fsdp-1b/api.h");
+  if (!t) return 2;
+  return serve_calls([t](const wire::Frame& f, const std::vector<char>& in, std::vector<char>&) {
     const int64_t hook = f.arg[3], unit = f.arg[4], flags = f.arg[5], units = f.arg[6], root = f.arg[7];
-    if (hook < 0 || hook > 3 || units < 0 || units > 1 << 20) return 3;
-    Reader r{in};
+    if (f.arg[0] != labproto::kFsdpHook || hook < 0 || hook > 3 || units < 0 || units > 1 << 20) return false;
+    LabReader r{{in}};
     std::vector<int64_t> numel;
     for (int64_t k = 0; k < units; k++) numel.push_back(r.take<int64_t>());
     std::vector<int> fwd = r.order();
@@ -110,16 +82,12 @@ int serve_lab05(void* plugin) {
     o.reshard_after_forward = flags & 1;
     o.prefetch = flags & 2;
     o.sync = flags & 4;
-    try {
-      void (*fns[4])(lab05::Fsdp&, const lab05::Options&, int) = {t->before_forward, t->after_forward, t->before_backward, t->after_backward};
-      const char* names[4] = {"before_forward", "after_forward", "before_backward", "after_backward"};
-      if (!fns[hook]) throw std::logic_error(std::string("the plugin's table has no ") + names[hook]);
-      fns[hook](fs, o, int(unit));
-    } catch (...) {
-      return report_raised(std::current_exception());
-    }
-    put(labproto::kReturn, nullptr, 0);
-  }
+    void (*fns[4])(lab05::Fsdp&, const lab05::Options&, int) = {t->before_forward, t->after_forward, t->before_backward, t->after_backward};
+    const char* names[4] = {"before_forward", "after_forward", "before_backward", "after_backward"};
+    need(fns[hook], names[hook]);
+    fns[hook](fs, o, int(unit));
+    return true;
+  });
 }
 
 }  // namespace labhost

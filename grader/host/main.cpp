@@ -29,6 +29,29 @@ void get(wire::Frame& f, std::vector<char>& payload) {
   }
 }
 
+std::vector<char> expect_data(int64_t bytes) {
+  wire::Frame f;
+  std::vector<char> payload;
+  get(f, payload);
+  if (f.op != labproto::kData || (bytes >= 0 && payload.size() != uint64_t(bytes))) _exit(3);
+  return payload;
+}
+
+int serve_calls(const std::function<bool(const wire::Frame&, const std::vector<char>&, std::vector<char>&)>& call) {
+  for (;;) {
+    wire::Frame f;
+    std::vector<char> in, out;
+    get(f, in);
+    if (f.op != labproto::kCall) return 3;
+    try {
+      if (!call(f, in, out)) return 3;
+    } catch (...) {
+      return report_raised(std::current_exception());
+    }
+    put(labproto::kReturn, out.data(), out.size());
+  }
+}
+
 int report_raised(std::exception_ptr e) {
   std::string what = "an exception that is not a std::exception";
   try {
