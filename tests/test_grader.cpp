@@ -402,6 +402,11 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
                       std::string(DISTLAB_SOURCE_DIR) + "/build/labs/03-amp-accum/solution.so");
   CHECK(c7 == 0);
   CHECK_THAT(o7, Catch::Contains("loss scale 65536 (0 skipped)") && Catch::Contains("precision fp16"));
+  // on 2 ranks the student's train_step runs beside the engine's DDP (a plugin serves only its own lab's calls)
+  auto [c9, o9] = run("run -n 2 --master-port 0 --grace 2 train labs/03-amp-accum/lab.toml --set train.steps=2 --set train.log_every=1 "
+                      "--set parallel.strategy=ddp --set lab.plugin=" + std::string(DISTLAB_SOURCE_DIR) + "/build/labs/03-amp-accum/solution.so");
+  CHECK(c9 == 0);
+  CHECK_THAT(o9, Catch::Contains("strategy ddp (bucketed)") && Catch::Contains("loss scale 65536"));
   // lab 02's API exchanges f32 gradients: a 16-bit run of it is refused with the reason
   auto [c8, o8] = run("run -n 2 --master-port 0 --grace 2 train labs/02-ddp-cifar/lab.toml --set train.steps=2 --set precision.mode=bf16");
   CHECK(c8 == 1);

@@ -272,6 +272,14 @@ TEST_CASE("the fake world records what a real run records: memory, collectives a
       CHECK(fake.summary[key].get<double>() == Approx(real.summary[key].get<double>()).epsilon(1e-12));
     }
     CHECK(fake.summary["world_size"] == 2);
+    // the same planned rank under the launcher (distlab run -n 1): it plans alone, with no real 1-rank group
+    // on meta (which moved null data and crashed ZeRO-3)
+    RunOut launched = train(1, kGpt, sets + "--set parallel.strategy=" + strategy + " --set train.device=meta --set dist.fake_world_size=2");
+    INFO(launched.out);
+    REQUIRE(launched.code == 0);
+    REQUIRE(launched.steps.size() == 2);
+    CHECK(launched.steps[1]["memory"] == fake.steps[1]["memory"]);
+    CHECK(launched.steps[1]["comm_bytes_sent"] == fake.steps[1]["comm_bytes_sent"]);
   }
   // the fake world is for the meta device only; a run that says so names the key
   auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train " + kGpt +
