@@ -543,10 +543,14 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed
       // every gather waited for on the spot: nothing overlaps
       {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) f.gather(next);", "    {}"),
                               "    if (const int next = next_in(f.backward_order(), unit); next >= 0) f.gather(next);", "    {}")},
+      // a forged verdict from a global constructor
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/05-fsdp-1b/student/fsdp.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"11/11 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("05", subs, files, "fsdp.cpp");
   CHECK(rows["solution"].total == 11);
   CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["never_frees"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["never_frees"].points["fits_1b"] == 0);
   CHECK(rows["freed_before_backward"].points["fsdp_equals_ddp"] == 0);
