@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "cli/bench_cmd.h"
+#include "cli/ckpt_cmd.h"
 #include "cli/lab_cmd.h"
 #include "cli/plan_cmd.h"
 #include "cli/run_cmd.h"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   distlab::add_train_command(app, exit_code);
   distlab::add_plan_command(app, exit_code);
+  distlab::add_ckpt_commands(app, exit_code);
   char self[PATH_MAX] = {};
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   // `distlab run ... -- PROGRAM ARGS`: the program's arguments are not ours to parse

@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 
+#include <csignal>
+
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -14,6 +16,7 @@
 #include "core/dist/tcp_store.h"
 #include "core/dist/watchdog.h"
 #include "core/perf/hardware.h"
+#include "core/train/stop_signal.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 
@@ -77,6 +80,8 @@ int run_train(const TrainArgs& a) {
   check_output_path(a.save, "--save");
   // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
   const LaunchEnv env = read_launch_env();
+  // SIGTERM (the launcher's stop, a preemption) finishes the step and saves a checkpoint before exiting
+  if (!cfg.checkpoint.dir.empty()) install_stop_handler();
   Runtime rt(parse_device(cfg.train.device), env.rank);
   // ends this rank if its launcher dies or stays stopped past the collective timeout
   LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
@@ -101,7 +106,8 @@ int run_train(const TrainArgs& a) {
     std::unique_ptr<LabPlugin> lab = start_lab_plugin(cfg);
     if (lab && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
-    trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
+    const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
+    if (summary.value("interrupted", false)) return 128 + SIGTERM;  // the metrics stay .partial: the run is not over
     metrics.finish();
   } catch (const Error& e) {
     metrics.fail(e.what());

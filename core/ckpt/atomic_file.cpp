@@ -42,6 +42,11 @@ void AtomicFile::flush() {
   if (std::fflush(f_) != 0 || std::ferror(f_)) fail("writing");
 }
 
+void AtomicFile::sync() {
+  flush();
+  if (fsync(fileno(f_)) != 0) fail("syncing");
+}
+
 void AtomicFile::commit() {
   if (failed_) throw IoError(fmt::format("'{}' failed to write earlier: not renamed to '{}'", partial_path(), path_));
   if (std::fflush(f_) != 0 || std::ferror(f_)) fail("writing");

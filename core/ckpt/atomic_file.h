@@ -15,6 +15,7 @@ class AtomicFile {
   void write(const void* data, size_t n);
   void write(const std::string& s) { write(s.data(), s.size()); }
   void flush();
+  void sync();    // flush + fsync: what was written survives a crash (still under the .partial name)
   void commit();  // fsync + rename to the final path
   const std::string& path() const { return path_; }
   std::string partial_path() const { return path_ + ".partial"; }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/ckpt/atomic_file.h"
+#include "core/ckpt/checkpoint.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -25,6 +26,10 @@ StFile read_safetensors(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw DataError(fmt::format("{}: cannot open", path), "check the path given to --init");
   std::vector<uint8_t> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_safetensors(raw, path);
+}
+
+StFile parse_safetensors(const std::vector<uint8_t>& raw, const std::string& path) {
   if (raw.size() < 8) throw DataError(fmt::format("{}: {} bytes is too short for a safetensors file", path, raw.size()));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | raw[size_t(i)];
@@ -93,7 +98,7 @@ StFile read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const StFile& file) {
+WrittenFile write_safetensors(const std::string& path, const StFile& file, const std::function<void()>& before_commit) {
   nlohmann::json h = nlohmann::json::object();
   uint64_t off = 0;
   for (const auto& [name, t] : file.tensors) {  // std::map: sorted by name
@@ -106,10 +111,19 @@ void write_safetensors(const std::string& path, const StFile& file) {
   uint8_t len[8];
   for (int i = 0; i < 8; i++) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
   AtomicFile f(path);
-  f.write(len, 8);
-  f.write(header);
-  for (const auto& [name, t] : file.tensors) f.write(t.bytes.data(), t.bytes.size());
+  WrittenFile w;
+  auto put = [&](const void* p, size_t n) {
+    f.write(p, n);
+    w.crc32 = crc32(p, n, w.crc32);
+    w.bytes += n;
+  };
+  put(len, 8);
+  put(header.data(), header.size());
+  for (const auto& [name, t] : file.tensors) put(t.bytes.data(), t.bytes.size());
+  f.flush();
+  if (before_commit) before_commit();
   f.commit();
+  return w;
 }
 
 static StTensor to_st(const Tensor& t, DType dtype) {

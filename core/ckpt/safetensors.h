@@ -6,6 +6,7 @@
 // distlab writes the header padded with spaces to a multiple of 8 and tensors sorted by name.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,7 +28,15 @@ struct StFile {
 };
 
 StFile read_safetensors(const std::string& path);  // DataError naming the file and the fault
-void write_safetensors(const std::string& path, const StFile& file);  // atomic (.partial then rename)
+// The same from the file's bytes (`path` names it in messages).
+StFile parse_safetensors(const std::vector<uint8_t>& raw, const std::string& path);
+// Atomic (.partial then rename); `before_commit` runs once the bytes are written, before the rename.
+// Returns the file's size and CRC-32 (core/ckpt/checkpoint.h).
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+WrittenFile write_safetensors(const std::string& path, const StFile& file, const std::function<void()>& before_commit = {});
 
 // A model's parameters and buffers under their PyTorch names, stored as `dtype` (f32, bf16 or f16).
 // BatchNorm's num_batches_tracked is stored as I64, as PyTorch keeps it. With `masters`, a 16-bit

@@ -1,5 +1,7 @@
 #include "core/data/loader.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/util/error.h"
@@ -20,6 +22,11 @@ void DataLoader::start_epoch(int64_t epoch) {
   epoch_ = epoch;
   pos_ = 0;
   order_ = sampler_->indices(epoch);
+}
+
+void DataLoader::seek(int64_t epoch, int64_t batches) {
+  start_epoch(epoch);
+  pos_ = std::clamp<int64_t>(batches, 0, batches_per_epoch());
 }
 
 bool DataLoader::next(Runtime& rt, Batch& out) {

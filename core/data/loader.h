@@ -15,6 +15,9 @@ class DataLoader {
   bool next(Runtime& rt, Batch& out);                     // false at the end of the epoch
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return pos_; }               // batches taken in this epoch
+  // A resumed run: the epoch's order drawn again (the sampler's order is a function of seed and epoch)
+  // and its first `batches` batches skipped without loading them.
+  void seek(int64_t epoch, int64_t batches);
   const Dataset& dataset() const { return data_; }
 
  private:

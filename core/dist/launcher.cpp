@@ -169,7 +169,7 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, int out_write, int out_read) {
+pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, int out_write, int out_read, int attempt) {
   const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) throw Error(std::string("fork failed: ") + std::strerror(errno));
@@ -200,6 +200,7 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     setenv("DISTLAB_LAUNCHER_PID", std::to_string(launcher).c_str(), 1);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
     setenv("DISTLAB_ERROR_FILE", w.error_file.c_str(), 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt).c_str(), 1);  // torchrun's: 0, then 1 after a restart
     std::vector<char*> args;
     for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -236,7 +237,7 @@ class Group {
     for (auto& w : workers_) {
       int fds[2];
       if (pipe2(fds, O_CLOEXEC) != 0) throw Error("pipe failed");
-      w.pid = spawn(o_, w, world, rv, fds[1], fds[0]);
+      w.pid = spawn(o_, w, world, rv, fds[1], fds[0], attempt_);
       guard_.watch(w.pid);
       close(fds[1]);
       w.out_fd = fds[0];

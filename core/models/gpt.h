@@ -38,6 +38,14 @@ class GPT : public Model {
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   void set_training(bool on) override;
   void init(uint64_t seed) override;
+  std::vector<uint64_t*> rng_streams() override {
+    std::vector<uint64_t*> v{drop_.rng_calls()};
+    for (auto& b : h_) {
+      v.push_back(b->drop_attn.rng_calls());
+      v.push_back(b->drop_mlp.rng_calls());
+    }
+    return v;
+  }
 
  private:
   ModelSpec spec_;

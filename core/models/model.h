@@ -50,6 +50,9 @@ class Model {
   // Turns every BatchNorm into SyncBatchNorm over `pg` (nullptr turns it back); models without BatchNorm
   // have nothing to do.
   virtual void set_sync_batchnorm(ProcessGroup* pg) {}
+  // Every random stream's position (each Dropout's draws so far), in a fixed order: what a checkpoint
+  // saves of the model besides its tensors.
+  virtual std::vector<uint64_t*> rng_streams() { return {}; }
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

@@ -16,6 +16,12 @@ class Sequential : public Model {
   void set_training(bool on) override;
   void init(uint64_t seed) override;
   void set_sync_batchnorm(ProcessGroup* pg) override;
+  std::vector<uint64_t*> rng_streams() override {
+    std::vector<uint64_t*> v;
+    for (auto& l : layers_)
+      if (uint64_t* c = l->rng_calls()) v.push_back(c);
+    return v;
+  }
   void add(std::unique_ptr<Layer> layer) { layers_.push_back(std::move(layer)); }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 

@@ -24,6 +24,9 @@ class Layer {
   // The first layer of a model needn't compute the gradient of the data: backward then returns an empty
   // tensor (PyTorch skips it the same way, since the input doesn't require grad).
   void set_needs_input_grad(bool on) { needs_input_grad_ = on; }
+  // A layer that draws random numbers (Dropout) counts its draws: the count is its RNG stream's state,
+  // which a checkpoint saves so that a resumed run draws the masks the uninterrupted one would.
+  virtual uint64_t* rng_calls() { return nullptr; }
 
  protected:
   bool training_ = true;

@@ -31,6 +31,7 @@ class Dropout : public Layer {
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;  // identity in eval mode or when p == 0
   Tensor backward(Runtime& rt, const Tensor& dout) override;
+  uint64_t* rng_calls() override { return &calls_; }
 
  private:
   float p_;

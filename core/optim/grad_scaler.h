@@ -48,6 +48,12 @@ class GradScaler {
   void update(bool found_inf);
   int64_t growth_tracker() const { return growth_tracker_; }  // clean steps since the last change
   int64_t hysteresis_left() const { return hysteresis_left_; }
+  // A checkpoint's state put back (the scale, the clean steps since its last change, the overflows left).
+  void restore(float scale, int64_t growth_tracker, int64_t hysteresis_left) {
+    scale_ = scale;
+    growth_tracker_ = growth_tracker;
+    hysteresis_left_ = hysteresis_left;
+  }
   std::string describe() const;  // "dynamic loss scale (init 65536, x2 every 2000 clean steps, x0.5 on overflow)"
 
  private:

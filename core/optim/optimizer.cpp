@@ -60,6 +60,18 @@ void SGD::step(Runtime& rt, float lr, float grad_factor) {
   steps_++;
 }
 
+std::vector<std::string> SGD::state_names() const {
+  if (o_.momentum == 0.0f) return {};
+  return {"momentum_buffer"};
+}
+
+Tensor* SGD::state(Runtime& rt, size_t i, const std::string& name, bool make) {
+  if (name != "momentum_buffer" || o_.momentum == 0.0f) return nullptr;
+  if (bufs_.empty()) bufs_.resize(params_.size());
+  if (!bufs_[i].defined() && make) bufs_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "momentum of " + params_[i]->name);
+  return bufs_[i].defined() ? &bufs_[i] : nullptr;
+}
+
 std::string SGD::describe() const {
   return fmt::format("SGD(momentum {}, weight_decay {}{})", o_.momentum, o_.weight_decay, o_.nesterov ? ", nesterov" : "");
 }
@@ -101,6 +113,31 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     }
     write_back(i);
   }
+}
+
+Tensor* AdamW::state(Runtime& rt, size_t i, const std::string& name, bool make) {
+  if (name != "exp_avg" && name != "exp_avg_sq") return nullptr;
+  if (m_.empty()) {
+    if (!make) return nullptr;
+    m_.resize(params_.size());
+    v_.resize(params_.size());
+    t_.assign(params_.size(), 0);
+  }
+  if (!m_[i].defined() && make) {
+    m_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "exp_avg of " + params_[i]->name);
+    v_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "exp_avg_sq of " + params_[i]->name);
+  }
+  Tensor& t = name == "exp_avg" ? m_[i] : v_[i];
+  return t.defined() ? &t : nullptr;
+}
+
+void AdamW::set_param_steps(size_t i, int64_t t) {
+  if (m_.empty()) {
+    m_.resize(params_.size());
+    v_.resize(params_.size());
+    t_.assign(params_.size(), 0);
+  }
+  t_[i] = t;
 }
 
 std::string AdamW::describe() const {

@@ -31,6 +31,23 @@ class Optimizer {
   // Where the state lives: optim_state (the device), or host under CPU offload (set before the first step).
   void set_state_category(Category c) { state_category_ = c; }
 
+  // For checkpoints (core/train/trainer_ckpt.cpp). The parameters stepped, in order:
+  size_t size() const { return params_.size(); }
+  Parameter& param(size_t i) const { return *params_[i]; }
+  // The f32 weights of parameter i a step updates (its master, made now if the first step has not, or its
+  // own data when it is f32); after writing them, sync_param(i) rounds them into a 16-bit parameter.
+  float* f32_weights(Runtime& rt, size_t i) { return weights(rt, i); }
+  void sync_param(size_t i) { write_back(i); }
+  // The per-parameter state by PyTorch's names (state_dict()["state"][i]): "exp_avg" and "exp_avg_sq"
+  // (AdamW), "momentum_buffer" (SGD with momentum); f32, shaped as parameter i. nullptr where it does not
+  // exist yet (before the first step), unless `make`: then it is made, zeroed, as that step would.
+  virtual std::vector<std::string> state_names() const = 0;
+  virtual Tensor* state(Runtime& rt, size_t i, const std::string& name, bool make) = 0;
+  // Steps taken by parameter i (AdamW's per-parameter t, which its bias corrections read) and in all.
+  virtual int64_t param_steps(size_t i) const { return steps_; }
+  virtual void set_param_steps(size_t i, int64_t t) {}
+  void set_steps(int64_t s) { steps_ = s; }
+
  protected:
   // The f32 weights a step updates: the parameter's own (f32), or its master copy (16-bit).
   float* weights(Runtime& rt, size_t i);
@@ -55,6 +72,8 @@ class SGD : public Optimizer {
   void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
   std::string describe() const override;
   std::vector<Tensor>& momentum_buffers() { return bufs_; }
+  std::vector<std::string> state_names() const override;
+  Tensor* state(Runtime& rt, size_t i, const std::string& name, bool make) override;
 
  private:
   SGDOptions o_;
@@ -74,6 +93,10 @@ class AdamW : public Optimizer {
   std::string describe() const override;
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  Tensor* state(Runtime& rt, size_t i, const std::string& name, bool make) override;
+  int64_t param_steps(size_t i) const override { return i < t_.size() ? t_[i] : 0; }
+  void set_param_steps(size_t i, int64_t t) override;
 
  private:
   AdamWOptions o_;

@@ -74,6 +74,27 @@ class Strategy : public ForwardHook, public BackwardHook {
   }
   // Where the optimizer keeps its state: on the device, or in host memory under CPU offload.
   virtual Category optimizer_state_category() const { return Category::optim_state; }
+
+  // For checkpoints (core/train/trainer_ckpt.cpp): what each of the optimizer's parameters holds, as
+  // elements [param_offset, param_offset + numel) of a model parameter (flattened) at local_offset of its
+  // own. The default: the optimizer steps the model's parameters, whole.
+  struct Slice {
+    Parameter* param;
+    int64_t param_offset, local_offset, numel;
+  };
+  virtual std::vector<std::vector<Slice>> optimizer_slices(Model& model) {
+    std::vector<std::vector<Slice>> v;
+    for (Parameter* p : model.parameters()) v.push_back({Slice{p, 0, 0, p->data.numel()}});
+    return v;
+  }
+  // true: every rank holds the same optimizer state (none, DDP), which rank 0 alone writes; false: each
+  // rank holds its own part (ZeRO, FSDP) and writes it.
+  virtual bool replicates_optimizer() const { return true; }
+  // After a checkpoint's values were put into the optimizer's parameters (and the model's, where whole):
+  // ZeRO-1 and 2 must not take their f32 parts from the rounded parameters again at the next step.
+  virtual void checkpoint_loaded() {}
+  // Why this strategy cannot be checkpointed ("" when it can).
+  virtual std::string checkpoint_refusal() const { return ""; }
 };
 
 }  // namespace distlab

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -136,6 +137,20 @@ std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat,
     mine = part.f32();
   }
   return pg_.all_gather_async(flat.f32(), mine, s.shard, wire);
+}
+
+std::vector<std::vector<Strategy::Slice>> flat_slices(const std::vector<FlatShard>& flats, int rank) {
+  std::vector<std::vector<Strategy::Slice>> out;
+  for (const FlatShard& s : flats) {
+    std::vector<Strategy::Slice> v;
+    const int64_t lo = int64_t(rank) * s.shard, hi = lo + s.shard;  // this rank's elements of the flat vector
+    for (size_t i = 0; i < s.params.size(); i++) {
+      const int64_t a = std::max(lo, s.offset[i]), b = std::min(hi, s.offset[i] + s.params[i]->data.numel());
+      if (a < b) v.push_back({s.params[i], a - s.offset[i], a - lo, b - a});
+    }
+    out.push_back(std::move(v));  // padding only: an empty list
+  }
+  return out;
 }
 
 double norm_over_ranks(ProcessGroup& pg, double ss) {

@@ -102,6 +102,9 @@ double norm_over_ranks(ProcessGroup& pg, double my_sum_of_squares);
 void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
 void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
 
+// For a checkpoint: what rank `rank` owns of each flat vector, as slices of the parameters in it.
+std::vector<std::vector<Strategy::Slice>> flat_slices(const std::vector<FlatShard>& flats, int rank);
+
 // What ZeRO-2 and ZeRO-3 (and FSDP) share: the optimizer steps this rank's parts, and the gradient norm,
 // the overflow check and zero_grad read them.
 class ShardedStrategy : public Strategy {
@@ -113,12 +116,15 @@ class ShardedStrategy : public Strategy {
     model.zero_grad();
     for (auto& s : shards_.all()) s.local.grad = Tensor();  // a skipped step leaves no part behind
   }
+  std::vector<std::vector<Slice>> optimizer_slices(Model&) override { return flat_slices(shards_.all(), rank_); }
+  bool replicates_optimizer() const override { return false; }
 
  protected:
   ShardedStrategy(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Category local_cat, DType local_dtype,
                   int64_t min_params = 0)
-      : shards_(rt, pg, model, who, local_cat, local_dtype, min_params) {}
+      : shards_(rt, pg, model, who, local_cat, local_dtype, min_params), rank_(pg.rank()) {}
   UnitShards shards_;
+  int rank_;
 };
 
 }  // namespace distlab

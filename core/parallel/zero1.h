@@ -47,6 +47,9 @@ class ZeRO1 : public Strategy {
     for (auto& g : groups_) g.local.grad = Tensor();
   }
   // for a save: the f32 slices (the master weights) gathered and lent to the parameters, then put back
+  std::vector<std::vector<Slice>> optimizer_slices(Model&) override { return flat_slices(groups_, pg_.rank()); }
+  bool replicates_optimizer() const override { return false; }
+  void checkpoint_loaded() override { loaded_ = true; }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 

@@ -33,6 +33,7 @@ class ZeRO2 : public ShardedStrategy {
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
+  void checkpoint_loaded() override { loaded_ = true; }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 

@@ -151,6 +151,11 @@ const std::vector<Key>& keys() {
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
       KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h200, cpu"),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
+      KEY("checkpoint.dir", Kind::string, std::string, checkpoint.dir, "folder of checkpoints, DIR/step-NNNNNN/ (\"\" = none)"),
+      KEY("checkpoint.every", Kind::integer, int64_t, checkpoint.every, "save every N steps (0: at the end and on SIGTERM only)"),
+      KEY("checkpoint.keep", Kind::integer, int64_t, checkpoint.keep, "complete checkpoints kept, newest first (0 = all)"),
+      KEY("checkpoint.resume", Kind::string, std::string, checkpoint.resume, "auto (latest complete in dir) | never | a step folder"),
+      KEY("checkpoint.disk_gbps", Kind::real, double, checkpoint.disk_gbps, "storage write bandwidth (GB/s per node) for the modeled save time"),
       KEY("log.trace_step", Kind::integer, int64_t, log.trace_step, "the step (1-based) that is traced and modeled"),
   };
   return k;
@@ -372,6 +377,13 @@ void validate(const RunConfig& c) {
   require(c.precision.reduce_dtype == "fp32" || c.precision.reduce_dtype == "bf16" || c.precision.reduce_dtype == "fp16", c,
           "precision.reduce_dtype", "is '" + c.precision.reduce_dtype + "'", "use fp32 (the default), bf16 or fp16");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
+  require(c.checkpoint.every >= 0, c, "checkpoint.every", "must not be negative", "0 saves at the end (and on SIGTERM) only");
+  require(c.checkpoint.keep >= 0, c, "checkpoint.keep", "must not be negative", "0 keeps every checkpoint");
+  require(c.checkpoint.disk_gbps > 0, c, "checkpoint.disk_gbps", "must be positive", "an NVMe drive writes about 2 GB/s");
+  require(c.checkpoint.resume == "auto" || c.checkpoint.resume == "never" || !c.checkpoint.resume.empty(), c, "checkpoint.resume",
+          "is empty", "use auto, never or the path of a step folder (DIR/step-000100)");
+  require(!c.checkpoint.dir.empty() || c.checkpoint.every == 0, c, "checkpoint.every", "is set but checkpoint.dir is not",
+          "name the folder: --set checkpoint.dir=ckpt");
   require(c.dist.fake_world_size >= 0, c, "dist.fake_world_size", "must not be negative", "0 turns the fake world off");
   at_most(c, "dist.fake_world_size", double(c.dist.fake_world_size), 1 << 20, "");
   require(c.dist.fake_ranks_per_node >= 0, c, "dist.fake_ranks_per_node", "must not be negative", "0 puts every rank on one node");
@@ -457,6 +469,12 @@ std::string config_fingerprint(const RunConfig& c) {
   for (const auto& k : keys())
     if (std::string(k.name) != "log.metrics" && std::string(k.name) != "log.trace") s += std::string(k.name) + "=" + k.show(c) + "\n";
   return s;
+}
+
+std::map<std::string, std::string> config_values(const RunConfig& c) {
+  std::map<std::string, std::string> m;
+  for (const auto& k : keys()) m[k.name] = k.show(c);
+  return m;
 }
 
 std::string config_reference() {

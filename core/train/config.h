@@ -86,6 +86,15 @@ struct LogOptions {
   int64_t trace_step = 2;  // which step (1-based) is traced and modeled
 };
 
+// Checkpoints (core/ckpt/checkpoint.h): DIR/step-000100/ holds every rank's part of the training state.
+struct CheckpointOptions {
+  std::string dir;              // "" = no checkpoints
+  int64_t every = 0;            // save every N optimizer steps (0: only at the end, and on SIGTERM)
+  int64_t keep = 2;             // complete checkpoints kept (the oldest deleted once a newer one is complete; 0 = all)
+  std::string resume = "auto";  // auto (the latest complete one in dir, if any) | never | a step folder
+  double disk_gbps = 2.0;       // the storage's write bandwidth per node, GB/s, for the modeled save time
+};
+
 // A lab's config (labs/NN-name/lab.toml) also carries the grader's [lab] and [[check]] tables; a run
 // reads only lab.plugin from them: the student's code, built by `distlab lab build`.
 struct LabOptions {
@@ -105,6 +114,7 @@ struct RunConfig {
   DistOptions dist;
   PrecisionOptions precision;
   LogOptions log;
+  CheckpointOptions checkpoint;
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };
 
@@ -115,6 +125,8 @@ RunConfig parse_config(const std::string& toml_text, const std::string& name,
                        const std::vector<std::string>& overrides = {});
 // Every key's value, "key=value" one per line: ranks compare it to make sure they run the same config.
 std::string config_fingerprint(const RunConfig& c);
+// Every key's value by name (what a checkpoint's manifest records of the run that wrote it).
+std::map<std::string, std::string> config_values(const RunConfig& c);
 // Every declared key as "section.key  type  default  meaning", for `distlab train --help-config`.
 std::string config_reference();
 

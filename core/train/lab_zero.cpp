@@ -95,6 +95,7 @@ class LabZeRO : public Strategy {
                         "keep_grad every flat once per step (n = 0 where this rank owns nothing of it)");
   }
   std::vector<Parameter*> optimizer_parameters(Model&) override { return parts(); }
+  std::string checkpoint_refusal() const override { return "lab 04's student ZeRO keeps parts of its own design, which a checkpoint cannot address"; }
   double grad_norm(Runtime&, Model&) override {
     double ss = 0;
     for (auto& s : flats_)

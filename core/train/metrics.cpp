@@ -1,24 +1,62 @@
 #include "core/train/metrics.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/util/error.h"
 
 namespace distlab {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
-  if (!path.empty()) file_ = std::make_unique<AtomicFile>(path);
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {}
+
+void MetricsWriter::open() {
+  if (!file_ && !path_.empty()) file_ = std::make_unique<AtomicFile>(path_);
+}
+
+int64_t MetricsWriter::continue_from(int64_t step) {
+  if (path_.empty()) return 0;
+  const std::string partial = path_ + ".partial";
+  const std::string source = std::filesystem::exists(partial) ? partial : path_;
+  std::vector<std::string> kept;
+  std::ifstream in(source);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      continue;  // a line torn by a kill
+    }
+    if (!j.is_object()) continue;
+    const std::string kind = j.value("kind", "");
+    const int64_t s = j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
+    if ((kind == "step" || kind == "eval" || kind == "resume" || kind == "checkpoint") && s >= 0 && s <= step) kept.push_back(line);
+  }
+  in.close();
+  open();  // truncates the .partial we just read: its records are in `kept`, written back at once
+  for (const auto& line : kept) file_->write(line + "\n");
+  file_->sync();
+  return int64_t(kept.size());
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
-  if (!file_) return;
+  if (path_.empty()) return;
+  open();
   file_->write(record.dump() + "\n");
   file_->flush();
 }
 
+void MetricsWriter::sync() {
+  if (file_) file_->sync();
+}
+
 void MetricsWriter::finish() {
-  if (file_) file_->commit();
+  if (path_.empty()) return;
+  open();
+  file_->commit();
 }
 
 void MetricsWriter::fail(const std::string& message) {
+  // a run that failed before its first record leaves an earlier run's file alone (a resume may need it)
   if (!file_) return;
   try {
     write({{"kind", "error"}, {"message", message}});

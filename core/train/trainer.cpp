@@ -10,6 +10,7 @@
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/trace_io.h"
+#include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
 #include "core/nn/loss.h"
 #include "core/perf/hardware.h"
@@ -173,10 +174,13 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   double loss = o.loss;
   int64_t samples = o.samples;
   const CommCounters comm = pg_ ? pg_->total_counters() : CommCounters{};
+  // a stop request (SIGTERM) on any rank stops every rank after this step: the flag rides on the loss
+  stop_agreed_ = stop_requested();
   if (pg_ && pg_->size() > 1 && !rt_.is_meta()) {  // report the global batch's loss, as one device would see it
-    float l = float(loss);
-    pg_->all_reduce(&l, 1, ReduceOp::avg);
-    loss = l;
+    float l[2] = {float(loss), stop_agreed_ ? 1.0f : 0.0f};
+    pg_->all_reduce(l, 2, ReduceOp::avg);
+    loss = l[0];
+    stop_agreed_ = l[1] > 0;
     samples *= pg_->size();
   }
   if (traced) modeled_ = model_time(step);
@@ -265,23 +269,31 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                       scaler_.describe());
   const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
-  if (!out.init_path.empty()) {
+  const bool checkpoints = !cfg_.checkpoint.dir.empty();
+  resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
+  if (!out.init_path.empty() && !resumed_from_.empty()) {
+    log_ << "--init " << out.init_path << " ignored: the run resumes from its checkpoint\n";
+  } else if (!out.init_path.empty()) {
     strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
     load_model(*model_, out.init_path);
     strategy_->release_full_params(rt_, true);
     if (sharded) rt_.memory.empty_cache();
     log_ << "loaded weights from " << out.init_path << "\n";
   }
-  if (replicas) check_replicas("at the start", true);
+  // after a resume each rank has its own BatchNorm statistics (DDP does not average them) and the data
+  // position; the weights must still agree
+  if (replicas) check_replicas("at the start", resumed_from_.empty());
   log_.flush();
   model_->set_training(true);
-  if (loader_) loader_->start_epoch(0);
+  if (loader_ && resumed_from_.empty()) loader_->start_epoch(0);
   const double t_start = rt_.trace.now_us();
   double loss = 0, samples = 0;
   double steady_samples = 0, steady_s = 0;  // steps after the first (warm-up), without evaluation
   nlohmann::json last_eval = nlohmann::json::object();
-  for (int64_t step = 0; step < total_steps_; step++) {
+  bool interrupted = false;
+  for (int64_t step = start_step_; step < total_steps_; step++) {
     const double t_step = rt_.trace.now_us();
+    fault_point("step", step + 1);
     try {
       loss = train_step(step, metrics);
     } catch (const OutOfMemoryError& e) {  // what the accountant knows, and the ladder from this strategy
@@ -289,7 +301,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                              oom_ladder(cfg_, world(), double(nparams), rt_.dtype,
                                         double(rt_.memory.stats().peak[size_t(Category::activations)]), micro_batch_));
     }
-    if (step > 0 || total_steps_ == 1) {
+    if (step > start_step_ || total_steps_ == 1) {
       steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
       steady_samples += double(micro_batch_ * cfg_.train.accum_steps * world());
     }
@@ -317,7 +329,19 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             last_eval["loss"].get<double>(), 100.0 * last_eval["accuracy"].get<double>(),
                             last_eval["samples"].get<int64_t>());
     }
+    if (checkpoints && cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0)
+      save_checkpoint(step + 1, metrics, fmt::format("every {} steps", cfg_.checkpoint.every));
+    if (stop_agreed_) {  // SIGTERM: save where we stand and stop; `distlab train` exits 143
+      if (checkpoints) save_checkpoint(step + 1, metrics, "SIGTERM");
+      log_ << fmt::format("stopped by SIGTERM after step {}{}\n", step + 1,
+                          checkpoints ? "; the checkpoint resumes it (checkpoint.resume = auto)" : " (no checkpoint.dir: nothing saved)");
+      metrics.write({{"kind", "interrupted"}, {"step", step + 1}, {"signal", "SIGTERM"}});
+      interrupted = true;
+      break;
+    }
   }
+  if (interrupted) return {{"kind", "interrupted"}, {"steps", total_steps_}, {"interrupted", true}};
+  if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
   if (!out.save_path.empty()) {
@@ -351,7 +375,10 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / cfg_.train.accum_steps : 0},
                             {"params_equal_across_ranks", true},  // checked above: a run whose replicas differ fails
                             {"strategy", cfg_.parallel.strategy},
+                            {"resumed_from_step", start_step_},
+                            {"checkpoint", ckpt_report_},
                             {"strategy_report", strategy_->report()}};
+  if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {
     nlohmann::json comm = nlohmann::json::object();

@@ -68,6 +68,15 @@ class Trainer {
   // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
   // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
   void check_replicas(const std::string& when, bool with_buffers_and_data);
+  // Checkpoints (trainer_ckpt.cpp): find and load the one to resume from (checkpoint.resume), save this
+  // rank's part of the state after `steps` steps (a collective: every rank calls it), and what a save
+  // weighs per rank (bytes by category, the modeled write time) without writing it.
+  void resume(MetricsWriter& metrics);
+  void load_checkpoint(const std::string& step_dir);
+  void save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::string& why);
+  nlohmann::json checkpoint_estimate();
+  nlohmann::json rank_state(int64_t steps);
+  void fault_point(const char* where, int64_t step);  // DISTLAB_TEST_FAULT: the resume tests' kill -9
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
   int world() const { return pg_ ? pg_->size() : 1; }
 
@@ -92,6 +101,11 @@ class Trainer {
   std::array<int64_t, kNumCategories> peak_{};
   int64_t peak_total_ = 0;
   double last_step_flops_ = 0;
+  int64_t start_step_ = 0;       // steps done before this run: the resumed checkpoint's
+  int64_t saved_step_ = -1;      // the step of the last checkpoint written (or resumed from)
+  bool stop_agreed_ = false;     // every rank saw a stop request (SIGTERM) by the end of this step
+  std::string resumed_from_;
+  nlohmann::json ckpt_report_ = nlohmann::json::object();  // saves made, their bytes and seconds
 };
 
 }  // namespace distlab
