@@ -74,9 +74,10 @@ void Trainer::fault_point(const char* where, int64_t step) {
     throw ConfigError(fmt::format("DISTLAB_TEST_FAULT='{}' is not kill:RANK:step:S or kill:RANK:save:S", spec),
                       "it is the resume tests' fault injection; unset it");
   if (rank != (pg_ ? pg_->rank() : 0) || kind != std::string(where) || at != step) return;
-  log_ << fmt::format("DISTLAB_TEST_FAULT: rank {} kills itself with SIGKILL at {} {}\n", rank, where, step);
   log_.flush();
   std::fflush(nullptr);
+  const std::string note = fmt::format("DISTLAB_TEST_FAULT: rank {} kills itself with SIGKILL at {} {}\n", rank, where, step);
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, note.data(), note.size());  // every rank's stderr reaches the launcher
   ::raise(SIGKILL);
 }
 

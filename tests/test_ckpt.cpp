@@ -1,0 +1,420 @@
+// Checkpoint and resume (core/ckpt/checkpoint.h, core/train/trainer_ckpt.cpp):
+//   - the llm.c / Megatron test: 60 steps uninterrupted; the same run with a rank killed by SIGKILL at a
+//     random step past the first checkpoint (or in the middle of a save) and `distlab run --max-restarts 1` resuming it: the final
+//     weights and every logged loss are the uninterrupted run's, bit for bit — DDP, ZeRO-2 and FSDP, fp32
+//     and bf16 (GPT-tiny with dropout: the RNG streams matter), and DDP with BatchNorm (per-rank buffers);
+//   - SIGTERM saves and stops, and the resumed run finishes bitwise too;
+//   - a corrupt, truncated or incomplete checkpoint is refused with its file and reason, and the previous
+//     complete one is used; another model's is refused naming the keys;
+//   - resharding: a checkpoint of N ranks loads on M and under another strategy, every value in place.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/ckpt/checkpoint.h"
+#include "core/ckpt/safetensors.h"
+#include "train_harness.h"
+
+using namespace distlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Scratch {  // a folder for one test, removed after it
+  fs::path dir;
+  explicit Scratch(const std::string& tag) : dir(fs::temp_directory_path() / fmt::format("distlab-ckpt-{}-{}", tag, ::getpid())) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string operator/(const std::string& name) const { return (dir / name).string(); }
+};
+
+struct Run {
+  int code = 0;
+  std::string out;
+  std::vector<nlohmann::json> records;
+  std::vector<double> losses;
+  std::vector<int64_t> steps;
+};
+
+Run read_run(int code, std::string out, const std::string& metrics) {
+  Run r{code, std::move(out), {}, {}, {}};
+  std::ifstream in(fs::exists(metrics) ? metrics : metrics + ".partial");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    r.records.push_back(j);
+    if (j["kind"] == "step") {
+      r.losses.push_back(j["loss"].get<double>());
+      r.steps.push_back(j["step"].get<int64_t>());
+    }
+  }
+  return r;
+}
+
+// `distlab run -n N [--max-restarts 1] train CONFIG SETS`, with `env` before it (DISTLAB_TEST_FAULT=...)
+Run launch(int ranks, const std::string& config, const std::string& sets, const std::string& metrics, const std::string& env = "",
+           int restarts = 0) {
+  const std::string cmd = fmt::format("{} timeout 240 {} run -n {} --master-port 0 --max-restarts {} train {} --set train.log_every=1000 "
+                                      "--metrics {} {}",
+                                      env, DISTLAB_BINARY, ranks, restarts, config, metrics, sets);
+  auto [code, out] = shell_in_source(cmd);
+  return read_run(code, out, metrics);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+const std::string kGpt = "configs/gpt-tiny.toml";
+// AdamW with decay groups, clipping, a cosine schedule, and dropout: every piece of state matters
+const std::string kGptSets = "--set train.steps=60 --set train.micro_batch=4 --set train.eval_batches=2 --set model.dropout=0.1 ";
+const std::string kCnnBn = "configs/cifar-cnn-bn.toml";
+const std::string kCnnBnSets = "--set train.steps=60 --set train.global_batch=16 --set data.synthetic_train=2048 --set data.synthetic_test=256 "
+                               "--set train.eval_batches=2 ";
+
+// The uninterrupted run, then the same with a fault and a restart: the same weights and losses, bitwise.
+void check_resume_is_bitwise(const std::string& config, const std::string& sets, const std::string& fault, const std::string& tag) {
+  Scratch s(tag);
+  const std::string ck = " --set checkpoint.every=10 --set checkpoint.keep=2 ";
+  Run whole = launch(2, config, sets + ck + "--set checkpoint.dir=" + (s / "ck-whole") + " --save " + (s / "whole.safetensors"),
+                     s / "whole.jsonl");
+  INFO(whole.out);
+  REQUIRE(whole.code == 0);
+  REQUIRE(whole.losses.size() == 60);
+  Run cut = launch(2, config, sets + ck + "--set checkpoint.dir=" + (s / "ck-cut") + " --save " + (s / "cut.safetensors"), s / "cut.jsonl",
+                   "DISTLAB_TEST_FAULT=" + fault, 1);
+  INFO(fault << "\n" << cut.out);
+  REQUIRE(cut.code == 0);
+  CHECK(cut.out.find("killed by signal 9") != std::string::npos);
+  CHECK(cut.out.find("resumed from") != std::string::npos);
+  // the metrics continue the same file: every step once, in order, with the uninterrupted run's losses
+  std::vector<int64_t> one_to_60(60);
+  for (int i = 0; i < 60; i++) one_to_60[size_t(i)] = i + 1;
+  CHECK(cut.steps == one_to_60);
+  CHECK(cut.losses == whole.losses);
+  CHECK(slurp(s / "cut.safetensors") == slurp(s / "whole.safetensors"));
+  int resumes = 0;
+  for (const auto& r : cut.records) resumes += r["kind"] == "resume";
+  CHECK(resumes == 1);
+}
+
+}  // namespace
+
+TEST_CASE("CRC-32 is zlib's", "[ckpt]") {
+  CHECK(crc32("123456789", 9) == 0xCBF43926u);
+  CHECK(crc32_hex(crc32("", 0)) == "00000000");
+  CHECK(crc32("6789", 4, crc32("12345", 5)) == 0xCBF43926u);  // incremental
+}
+
+TEST_CASE("kill -9 at a random step under DDP: the resumed run is the uninterrupted one, bitwise (fp32, bf16, BatchNorm)", "[ckpt][e2e]") {
+  std::mt19937 rng(std::random_device{}());
+  for (const std::string prec : {"fp32", "bf16"}) {
+    const int step = std::uniform_int_distribution<int>(11, 59)(rng);
+    INFO("DDP " << prec << ", rank 1 killed at step " << step);
+    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=ddp --set precision.mode=" + prec + " ",
+                            fmt::format("kill:1:step:{}", step), "ddp-" + prec);
+  }
+  // BatchNorm's running statistics are per rank under DDP: each rank gets its own back
+  const int step = std::uniform_int_distribution<int>(11, 59)(rng);
+  INFO("DDP CNN with BatchNorm, rank 0 killed at step " << step);
+  check_resume_is_bitwise(kCnnBn, kCnnBnSets + "--set parallel.strategy=ddp ", fmt::format("kill:0:step:{}", step), "ddp-bn");
+}
+
+TEST_CASE("kill -9 at a random step under ZeRO-2, and in the middle of a save: bitwise, from the previous complete checkpoint", "[ckpt][e2e]") {
+  std::mt19937 rng(std::random_device{}());
+  for (const std::string prec : {"fp32", "bf16"}) {
+    const int step = std::uniform_int_distribution<int>(11, 59)(rng);
+    INFO("ZeRO-2 " << prec << ", rank 1 killed at step " << step);
+    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=" + prec + " ",
+                            fmt::format("kill:1:step:{}", step), "zero2-" + prec);
+  }
+  // rank 1 dies with its file of step 30 written but not renamed: step-000030 has no COMPLETE, and the
+  // restart resumes from step 20, intact
+  Scratch s("torn");
+  const std::string sets = kGptSets + "--set parallel.strategy=zero2 --set precision.mode=bf16 --set checkpoint.every=10 --set checkpoint.dir=" + (s / "ck");
+  Run whole = launch(2, kGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=bf16", s / "whole.jsonl");
+  Run cut = launch(2, kGpt, sets, s / "cut.jsonl", "DISTLAB_TEST_FAULT=kill:1:save:30", 1);
+  INFO(cut.out);
+  REQUIRE(cut.code == 0);
+  CHECK(cut.out.find("rank 1 kills itself with SIGKILL at save 30") != std::string::npos);
+  CHECK(cut.out.find("skipping " + (s / "ck/step-000030") + ": incomplete") != std::string::npos);
+  CHECK(cut.out.find("resumed from " + (s / "ck/step-000020") + " (step 20)") != std::string::npos);
+  CHECK(cut.losses == whole.losses);
+}
+
+TEST_CASE("kill -9 at a random step under FSDP: bitwise, fp32 and bf16", "[ckpt][e2e]") {
+  std::mt19937 rng(std::random_device{}());
+  for (const std::string prec : {"fp32", "bf16"}) {
+    const int step = std::uniform_int_distribution<int>(11, 59)(rng);
+    INFO("FSDP " << prec << ", rank 0 killed at step " << step);
+    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=fsdp --set precision.mode=" + prec + " ",
+                            fmt::format("kill:0:step:{}", step), "fsdp-" + prec);
+  }
+}
+
+TEST_CASE("SIGTERM saves a checkpoint and stops with 143; the resumed run finishes as the uninterrupted one", "[ckpt][e2e]") {
+  Scratch s("term");
+  const std::string sets = "--set train.steps=400 --set train.micro_batch=4 --set train.eval_batches=2 --set parallel.strategy=zero2 "
+                           "--set checkpoint.every=100 --set checkpoint.dir=" + (s / "ck") + " --set train.log_every=1000 ";
+  const std::string metrics = s / "m.jsonl";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = fmt::format("cd {} && exec {} run -n 2 --master-port 0 train {} {} --metrics {} > {} 2>&1", DISTLAB_SOURCE_DIR,
+                                        DISTLAB_BINARY, kGpt, sets, metrics, s / "out.txt");
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  // wait until it is past its first checkpoint, then stop it as a scheduler would
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  size_t lines = 0;
+  while (std::chrono::steady_clock::now() < until && lines < 130) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(metrics + ".partial");
+    lines = 0;
+    for (std::string l; std::getline(in, l);) lines++;
+  }
+  REQUIRE(lines >= 130);
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string out = slurp(s / "out.txt");
+  INFO(out);
+  CHECK(out.find("(SIGTERM)") != std::string::npos);
+  CHECK(out.find("stopped by SIGTERM after step") != std::string::npos);
+  REQUIRE(fs::exists(metrics + ".partial"));  // not finished: the metrics stay .partial
+  CHECK(!fs::exists(metrics));
+  Run resumed = launch(2, kGpt, sets + " --save " + (s / "cut.safetensors"), metrics);
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  Run whole = launch(2, kGpt, sets + "--set checkpoint.dir=" + (s / "ck2") + " --save " + (s / "whole.safetensors"), s / "whole.jsonl");
+  REQUIRE(whole.code == 0);
+  CHECK(resumed.losses == whole.losses);
+  CHECK(resumed.losses.size() == 400);
+  CHECK(slurp(s / "cut.safetensors") == slurp(s / "whole.safetensors"));
+}
+
+namespace {
+
+// Every weight and optimizer value of a checkpoint, by logical name (buffers left out: per rank).
+std::map<std::string, std::vector<float>> consolidate(const std::string& dir) {
+  Checkpoint c(dir);
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, t] : c.manifest().at("tensors").items()) {
+    if (t.at("category") == "buffers") continue;
+    std::vector<float> v(size_t(shape_numel(c.shape(name))));
+    c.read(name, 0, int64_t(v.size()), v.data());
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+bool bitwise_equal(const std::map<std::string, std::vector<float>>& a, const std::map<std::string, std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end() || it->second.size() != v.size() || std::memcmp(v.data(), it->second.data(), v.size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("resharding: N ranks' checkpoint loads on M ranks and under another strategy, every value in place", "[ckpt][e2e]") {
+  Scratch s("reshard");
+  // global batch 12 on every world (micro-batch 12 / ranks); AdamW's moments in bf16 runs' f32
+  const std::string base = "--set train.steps=10 --set train.eval_batches=2 --set precision.mode=bf16 --set checkpoint.every=10 ";
+  auto sets = [&](int ranks, const std::string& strategy) {
+    return base + fmt::format("--set train.micro_batch={} --set parallel.strategy={} ", 12 / ranks, strategy);
+  };
+  struct Source {
+    int ranks;
+    std::string strategy;
+  };
+  for (const Source& src : {Source{2, "zero2"}, Source{4, "fsdp"}, Source{2, "fsdp"}, Source{2, "ddp"}}) {
+    Run r = launch(src.ranks, kGpt, sets(src.ranks, src.strategy) + "--set checkpoint.dir=" + (s / fmt::format("{}-{}", src.ranks, src.strategy)),
+                   s / "src.jsonl");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+  }
+  struct Case {
+    int from;
+    std::string from_strategy;
+    int to;
+    std::string to_strategy;
+  };
+  for (const Case& c : {Case{2, "zero2", 1, "none"}, Case{2, "zero2", 3, "zero2"}, Case{4, "fsdp", 2, "fsdp"}, Case{2, "fsdp", 2, "ddp"},
+                        Case{2, "ddp", 2, "fsdp"}, Case{2, "zero2", 3, "zero1"}}) {
+    INFO(c.from << " ranks " << c.from_strategy << " -> " << c.to << " ranks " << c.to_strategy);
+    const std::string from = s / fmt::format("{}-{}/step-000010", c.from, c.from_strategy);
+    const std::string to = s / fmt::format("re-{}-{}-{}-{}", c.from, c.from_strategy, c.to, c.to_strategy);
+    // loaded and saved again at the same step: every weight and moment where it was
+    Run r = launch(c.to, kGpt, sets(c.to, c.to_strategy) + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "re.jsonl");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("resumed from " + from) != std::string::npos);
+    const auto a = consolidate(from), b = consolidate(to + "/step-000010");
+    CHECK(a.size() == 84);  // GPT-tiny's 28 parameters, each with its weights, exp_avg and exp_avg_sq
+    CHECK(bitwise_equal(a, b));
+  }
+  // and training goes on from it: 2 ranks of ZeRO-2 -> 1 rank, the same global batches (the sampler's
+  // interleave puts the same samples in each), so the same curve up to the order of the sums
+  const std::string cont = "--set train.steps=20 --set train.eval_batches=2 --set checkpoint.every=10 ";
+  Run whole = launch(2, kGpt, cont + "--set train.micro_batch=6 --set parallel.strategy=zero2 --set checkpoint.dir=" + (s / "c2"), s / "w.jsonl");
+  REQUIRE(whole.code == 0);
+  Run one = launch(1, kGpt, cont + "--set train.micro_batch=12 --set checkpoint.resume=" + (s / "c2/step-000010") + " --set checkpoint.dir=" + (s / "c1"),
+                   s / "one.jsonl");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  REQUIRE(one.losses.size() == 10);  // steps 11..20 (a fresh metrics file)
+  std::vector<double> a(whole.losses.begin() + 10, whole.losses.end());
+  CHECK(distlab::testing::max_rel_diff(a, one.losses) < 1e-5);
+}
+
+TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the file; auto falls back to the previous complete one", "[ckpt]") {
+  Scratch s("corrupt");
+  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  const std::vector<std::string> sets = {"train.steps=20", "train.micro_batch=4", "train.eval_batches=2", "checkpoint.every=5",
+                                         "checkpoint.keep=0", "checkpoint.dir=" + (s / "ck")};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = sets;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return distlab::testing::train_in_process(toml, all);
+  };
+  auto whole = run({});
+  REQUIRE(list_checkpoints(s / "ck").size() == 4);
+  const std::string s20 = s / "ck/step-000020", s15 = s / "ck/step-000015", s10 = s / "ck/step-000010", s5 = s / "ck/step-000005";
+  CHECK_NOTHROW(Checkpoint(s20).verify_files());
+  // a flipped byte in the data of step 20: its CRC-32 no longer matches
+  {
+    std::fstream f(s20 + "/rank-00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    f.seekp(-100, std::ios::end);
+    c ^= 0x10;
+    f.write(&c, 1);
+  }
+  CHECK_THROWS_WITH(Checkpoint(s20).verify_files(), Catch::Contains(s20 + "/rank-00000.safetensors") && Catch::Contains("CRC-32"));
+  // step 15 truncated
+  fs::resize_file(s15 + "/rank-00000.safetensors", fs::file_size(s15 + "/rank-00000.safetensors") - 7);
+  CHECK_THROWS_WITH(Checkpoint(s15), Catch::Contains("rank-00000.safetensors") && Catch::Contains("truncated"));
+  // step 10: its manifest edited by hand
+  {
+    std::string m = slurp(s10 + "/manifest.json");
+    m.replace(m.find("\"step\": 10"), 10, "\"step\": 11");
+    std::ofstream(s10 + "/manifest.json") << m;
+  }
+  CHECK_THROWS_WITH(Checkpoint(s10), Catch::Contains("manifest.json does not match its checksum"));
+  Scratch t("corrupt-only");  // the two bad folders alone, for below (the resume re-saves these steps)
+  fs::create_directories(t / "ck");
+  fs::copy(s15, t / "ck/step-000015", fs::copy_options::recursive);
+  fs::copy(s10, t / "ck/step-000010", fs::copy_options::recursive);
+  // resume = auto: skips 20, 15 and 10, saying why, and resumes from 5; the rest of the run is the same
+  auto resumed = run({});
+  INFO(resumed.out);
+  CHECK(resumed.out.find("skipping " + s20) != std::string::npos);
+  CHECK(resumed.out.find("skipping " + s15) != std::string::npos);
+  CHECK(resumed.out.find("resumed from " + s5 + " (step 5)") != std::string::npos);
+  CHECK(resumed.losses == std::vector<double>(whole.losses.begin() + 5, whole.losses.end()));
+  CHECK(resumed.weights == whole.weights);
+  // an incomplete folder (no COMPLETE) is skipped as a save that did not finish
+  fs::remove(s20 + "/COMPLETE");
+  CHECK_THROWS_AS(Checkpoint(s20), IncompleteCheckpoint);
+  // nothing usable left but corrupt folders: an error, not a silent restart from step 0
+  CHECK_THROWS_WITH(distlab::testing::train_in_process(toml, {"train.steps=20", "train.micro_batch=4", "checkpoint.dir=" + (t / "ck")}),
+                    Catch::Contains("no usable checkpoint") && Catch::Contains("truncated") && Catch::Contains("does not match its checksum"));
+  // checkpoint.resume naming a bad folder: its fault
+  CHECK_THROWS_WITH(run({"checkpoint.resume=" + (t / "ck/step-000010")}), Catch::Contains("manifest.json does not match"));
+}
+
+TEST_CASE("a checkpoint of another model is refused naming the keys; resume = never will not overwrite one", "[ckpt]") {
+  Scratch s("compat");
+  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  const std::vector<std::string> base = {"train.steps=4", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.dir=" + (s / "ck")};
+  distlab::testing::train_in_process(toml, base);
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  CHECK_THROWS_WITH(distlab::testing::train_in_process(toml, with({"model.n_layer=3"})),
+                    Catch::Contains("model.n_layer: 2 in the checkpoint, 3 now"));
+  CHECK_THROWS_WITH(distlab::testing::train_in_process(toml, with({"optim.name=sgd", "optim.weight_decay=0"})),
+                    Catch::Contains("optim.name: \"adamw\" in the checkpoint, \"sgd\" now"));
+  CHECK_THROWS_WITH(distlab::testing::train_in_process(toml, with({"checkpoint.resume=never"})),
+                    Catch::Contains("already holds checkpoints"));
+  // a changed learning rate resumes, with a note
+  auto r = distlab::testing::train_in_process(toml, with({"optim.lr=0.001", "train.steps=6"}));
+  CHECK(r.out.find("note: resuming with changed settings: optim.lr") != std::string::npos);
+  CHECK(r.losses.size() == 2);
+  // a folder that cannot be created
+  CHECK_THROWS_WITH(distlab::testing::train_in_process(toml, {"train.steps=2", "train.micro_batch=4", "checkpoint.dir=/proc/version/ck"}),
+                    Catch::Contains("checkpoint.dir '/proc/version/ck' cannot be created"));
+}
+
+TEST_CASE("distlab ckpt inspect and export: the manifest with checksums, and the weights PyTorch loads", "[ckpt][cli]") {
+  Scratch s("cli");
+  Run r = launch(2, kGpt, "--set train.steps=6 --set train.micro_batch=4 --set train.eval_batches=1 --set parallel.strategy=fsdp "
+                          "--set precision.mode=bf16 --set checkpoint.dir=" + (s / "ck") + " --save " + (s / "saved.safetensors"),
+                 s / "m.jsonl");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto [code, out] = shell_in_source(fmt::format("{} ckpt inspect {}", DISTLAB_BINARY, s / "ck"));
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("step 6 | strategy fsdp | 2 rank(s) | precision bf16 | optimizer adamw") != std::string::npos);
+  CHECK(out.find("CRC-32 checked: OK") != std::string::npos);
+  CHECK(out.find("rank-00001.safetensors") != std::string::npos);
+  CHECK(out.find("optim_state") != std::string::npos);
+  // the exported weights are the --save file's (the f32 masters, gathered), tensor for tensor
+  auto [ecode, eout] = shell_in_source(fmt::format("{} ckpt export {} --out {}", DISTLAB_BINARY, s / "ck", s / "export.safetensors"));
+  INFO(eout);
+  REQUIRE(ecode == 0);
+  StFile a = read_safetensors(s / "export.safetensors"), b = read_safetensors(s / "saved.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : b.tensors) {
+    INFO(name);
+    REQUIRE(a.tensors.count(name));
+    CHECK(a.tensors[name].bytes == t.bytes);
+    CHECK(a.tensors[name].shape == t.shape);
+  }
+  // a corrupt file: inspect fails naming it
+  {
+    std::fstream f(s / "ck/step-000006/rank-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-8, std::ios::end);
+    f.write("garbage!", 8);
+  }
+  auto [bcode, bout] = shell_in_source(fmt::format("{} ckpt inspect {}", DISTLAB_BINARY, s / "ck/step-000006"));
+  CHECK(bcode != 0);
+  CHECK(bout.find("rank-00001.safetensors: CRC-32") != std::string::npos);
+}
+
+TEST_CASE("what a checkpoint weighs per rank: 12 bytes per parameter of f32 weights and Adam's moments, split N ways under FSDP", "[ckpt][meta]") {
+  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/configs/gpt-1b.toml");
+  for (int n : {1, 8}) {
+    INFO(n << " ranks");
+    auto r = distlab::testing::train_in_process(
+        toml, {"train.steps=1", fmt::format("dist.fake_world_size={}", n), n > 1 ? "parallel.strategy=fsdp" : "parallel.strategy=none",
+               "checkpoint.dir=" + (fs::temp_directory_path() / "distlab-meta-ck-unused").string()},
+        DeviceKind::meta);
+    const auto& est = r.summary["checkpoint"]["estimate"];
+    const double psi = r.summary["params"].get<double>();
+    const double per_rank = est["bytes_per_rank"]["total"].get<double>();
+    CHECK(per_rank / (12.0 * psi / n) == Approx(1.0).epsilon(0.01));  // padding adds a little
+    CHECK(est["modeled_write_s"].get<double>() == Approx(per_rank * n / 2e9).epsilon(0.01));  // one node at 2 GB/s
+    CHECK(r.out.find("checkpoint (meta: not written)") != std::string::npos);
+    CHECK(!fs::exists(fs::temp_directory_path() / "distlab-meta-ck-unused"));
+  }
+}
