@@ -14,12 +14,14 @@ namespace fs = std::filesystem;
 namespace distlab::grader {
 
 // Every argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
-Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s) {
+Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s,
+            const JobOptions& jo) {
   char tmpl[] = "/tmp/distlab-job-XXXXXX";
   if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the training job");
   const fs::path dir = tmpl;
   const std::string metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
+                                   "--max-restarts", std::to_string(jo.restarts),
                                    "train", ctx.lab.dir + "/lab.toml", "--set", "lab.plugin=" + plugin,
                                    "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
                                    "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(10.0, limit_s)),
@@ -27,6 +29,16 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
   for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
+  }
+  const std::string saved = (dir / "final.safetensors").string();
+  if (jo.save) {
+    argv.push_back("--save");
+    argv.push_back(saved);
+  }
+  if (!jo.env.empty()) {  // env NAME=value ... distlab ...: still no shell
+    std::vector<std::string> e = {"/usr/bin/env"};
+    e.insert(e.end(), jo.env.begin(), jo.env.end());
+    argv.insert(argv.begin(), e.begin(), e.end());
   }
   SpawnOptions o;
   o.cgroup = &ctx.cgroup;
@@ -38,6 +50,7 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
   for (std::string line; std::getline(in, line);) {
     auto rec = nlohmann::json::parse(line, nullptr, false);
     if (rec.is_discarded() || !rec.is_object()) continue;
+    j.records.push_back(rec);
     if (rec.value("kind", "") == "step") {
       if (j.first_step.is_null()) j.first_step = rec;
       // a meta-device run has no loss (null): 0 stands for it
@@ -47,6 +60,11 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
     }
     if (rec.value("kind", "") == "summary") j.summary = rec;
   }
+  if (jo.save && fs::exists(saved)) {
+    std::ifstream s(saved, std::ios::binary);
+    j.saved.assign(std::istreambuf_iterator<char>(s), {});
+  }
+  j.output = r.output;
   std::error_code ec;
   fs::remove_all(dir, ec);
   j.ok = !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && j.summary.is_object();

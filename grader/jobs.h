@@ -21,10 +21,21 @@ struct Job {
   std::vector<nlohmann::json> steps;  // every step record
   nlohmann::json summary, first_step;
   bool diverged = false;  // failed because the ranks' parameters differed at the end (losses are still there)
+  std::vector<nlohmann::json> records;  // every record of the metrics file (resume, checkpoint, ...)
+  std::string saved;                    // with JobOptions::save: the final weights' safetensors file
+  std::string output;                   // the launcher's output (sanitized tail)
+};
+
+// Lab 07's runs: an environment (DISTLAB_TEST_FAULT=...), restarts, the final weights.
+struct JobOptions {
+  std::vector<std::string> env;  // NAME=value
+  int restarts = 0;              // distlab run --max-restarts
+  bool save = false;             // --save the final weights into Job::saved
 };
 
 // One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation.
-Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s);
+Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s,
+            const JobOptions& jo = {});
 
 // A job shared by the checks of one grading: run once, its result (or failure) reused; a failed one throws
 // CheckAbort. student: with the student's plugin (limited to a few times the engine's run of the same job),

@@ -164,7 +164,7 @@ TEST_CASE("kill -9 at a random step under FSDP: bitwise, fp32 and bf16", "[ckpt]
   }
 }
 
-TEST_CASE("SIGTERM saves a checkpoint and stops with 143; the resumed run finishes as the uninterrupted one", "[ckpt][e2e]") {
+TEST_CASE("SIGTERM saves a checkpoint and stops with 143, and the resumed run finishes as the uninterrupted one", "[ckpt][e2e]") {
   Scratch s("term");
   const std::string sets = "--set train.steps=400 --set train.micro_batch=4 --set train.eval_batches=2 --set parallel.strategy=zero2 "
                            "--set checkpoint.every=100 --set checkpoint.dir=" + (s / "ck") + " --set train.log_every=1000 ";
@@ -282,7 +282,7 @@ TEST_CASE("resharding: N ranks' checkpoint loads on M ranks and under another st
   CHECK(distlab::testing::max_rel_diff(a, one.losses) < 1e-5);
 }
 
-TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the file; auto falls back to the previous complete one", "[ckpt]") {
+TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the file, and auto falls back to the previous complete one", "[ckpt]") {
   Scratch s("corrupt");
   const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
   const std::vector<std::string> sets = {"train.steps=20", "train.micro_batch=4", "train.eval_batches=2", "checkpoint.every=5",
@@ -339,7 +339,7 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
   CHECK_THROWS_WITH(run({"checkpoint.resume=" + (t / "ck/step-000010")}), Catch::Contains("manifest.json does not match"));
 }
 
-TEST_CASE("a checkpoint of another model is refused naming the keys; resume = never will not overwrite one", "[ckpt]") {
+TEST_CASE("a checkpoint of another model is refused naming the keys, and resume = never will not overwrite one", "[ckpt]") {
   Scratch s("compat");
   const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
   const std::vector<std::string> base = {"train.steps=4", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.dir=" + (s / "ck")};

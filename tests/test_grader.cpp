@@ -564,3 +564,56 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed
   CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
   fs::remove_all(subs);
 }
+
+TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, RNG or sampler not saved, no atomic rename, no checksum, no reshard", "[grader][lab07]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/07-checkpoint/ckpt.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs07-" + std::to_string(getpid()));
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/07-checkpoint/student/ckpt.cpp")},
+      // the moments are not saved: Adam restarts from zero after the resume (the loss spikes)
+      {"no_optimizer_state", replace(solution, "payload.put_floats(st.optimizer_state(i, name));", "payload.put_floats({});")},
+      // the dropout streams start over: masks already used are drawn again
+      {"no_rng", replace(solution, "  st.set_rng_streams(streams);\n", "")},
+      // the sampler starts its epoch over: the batches before the checkpoint are seen twice
+      {"no_sampler_position", replace(solution, "  st.set_sampler(epoch, position);\n", "")},
+      // written in place under the final name: a kill halfway leaves a torn file that looks complete
+      {"no_atomic_rename", replace(replace(solution, "  const int h = files.open(tmp);\n", "  const int h = files.open(final_name);\n"),
+                                   "  files.rename(tmp, final_name);\n", "")},
+      // no checksum: a flipped byte loads
+      {"no_checksum", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n", "")},
+      // the position kept as a count of batches: on 1 rank that is half the samples, seen twice
+      {"no_reshard", replace(solution, "  if (world != st.world() || micro != st.micro_batch()) position = position * micro * world / (st.micro_batch() * st.world());\n",
+                             "")},
+      // a forged verdict from a global constructor
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/07-checkpoint/student/ckpt.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"11/11 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+  };
+  for (const auto& [name, text] : files) {
+    INFO(name);
+    CHECK((name == "solution" || name == "skeleton" || name == "forged_exit" || text != solution));  // every mutant is one
+  }
+  auto rows = grade_batch("07", subs, files, "ckpt.cpp");
+  CHECK(rows["solution"].total == 11);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["no_optimizer_state"].points["resume_bitwise"] == 0);
+  CHECK(rows["no_rng"].points["resume_bitwise"] == 0);
+  CHECK(rows["no_sampler_position"].points["resume_bitwise"] == 0);
+  CHECK(rows["no_atomic_rename"].points["resume_bitwise"] == 4);
+  CHECK(rows["no_atomic_rename"].points["atomic_save"] == 0);
+  CHECK(rows["no_atomic_rename"].points["corrupt_detected"] == 2);
+  CHECK(rows["no_checksum"].points["resume_bitwise"] == 4);
+  CHECK(rows["no_checksum"].points["corrupt_detected"] == 0);
+  CHECK(rows["no_reshard"].points["resume_bitwise"] == 4);
+  CHECK(rows["no_reshard"].points["reshard_2_to_1"] == 0);
+  const fs::path feedback = subs.parent_path() / "feedback";
+  CHECK_THAT(read(feedback / "no_optimizer_state.txt"), Catch::Contains("Adam restarted") && Catch::Contains("spike"));
+  CHECK_THAT(read(feedback / "no_rng.txt"), Catch::Contains("dropout masks"));
+  CHECK_THAT(read(feedback / "no_sampler_position.txt"), Catch::Contains("seen twice"));
+  CHECK_THAT(read(feedback / "no_atomic_rename.txt"), Catch::Contains("the final name"));
+  CHECK_THAT(read(feedback / "no_checksum.txt"), Catch::Contains("loaded the corrupt file"));
+  CHECK_THAT(read(feedback / "no_reshard.txt"), Catch::Contains("20 batches on 2 ranks are 40 on 1"));
+  fs::remove_all(subs);
+}

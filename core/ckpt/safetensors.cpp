@@ -135,7 +135,7 @@ static StTensor to_st(const Tensor& t, DType dtype) {
   return s;
 }
 
-void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters) {
+void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters, const std::map<std::string, std::string>& metadata) {
   StFile f;
   for (auto* p : model.parameters()) {
     if (p->data.is_meta())
@@ -153,6 +153,7 @@ void save_model(Model& model, const std::string& path, DType dtype, const Optimi
       f.tensors[b->name] = to_st(b->data, DType::f32);  // running statistics stay f32
     }
   }
+  f.metadata = metadata;
   f.metadata["format"] = "pt";
   f.metadata["producer"] = "distlab";
   write_safetensors(path, f);

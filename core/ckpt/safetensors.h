@@ -41,7 +41,9 @@ WrittenFile write_safetensors(const std::string& path, const StFile& file, const
 // A model's parameters and buffers under their PyTorch names, stored as `dtype` (f32, bf16 or f16).
 // BatchNorm's num_batches_tracked is stored as I64, as PyTorch keeps it. With `masters`, a 16-bit
 // parameter is saved from its f32 master weights (mixed precision), not from its rounded copy.
-void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters = nullptr);
+// `metadata` joins the header's __metadata__.
+void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters = nullptr,
+                const std::map<std::string, std::string>& metadata = {});
 // Loads every parameter and buffer by name, converting from F32/BF16/F16. Names missing from the file,
 // extra names in it, and shape mismatches are errors that list them.
 void load_model(Model& model, const std::string& path);

@@ -47,6 +47,14 @@ enum Op : uint32_t {
   kFsdpFree = 47,
   kFsdpReduceScatter = 48,
   kFsdpIsWhole = 49,
+  // lab 07: the checkpoint folder's files, through the trainer (core/train/trainer_lab_ckpt.cpp)
+  kFileOpen = 50,    // payload: the name; answered by kData (an int32 handle)
+  kFileWrite = 51,   // arg0 = handle; payload: the bytes; answered by kData (empty)
+  kFileSync = 52,    // arg0 = handle; answered by kData (empty)
+  kFileClose = 53,   // arg0 = handle; answered by kData (empty)
+  kFileRename = 54,  // payload: from\0to; answered by kData (empty)
+  kFileExists = 55,  // payload: the name; answered by kData (an int32)
+  kFileRead = 56,    // payload: the name; answered by kData (the bytes)
 };
 
 enum Fn : int64_t {
@@ -78,6 +86,13 @@ enum Fn : int64_t {
   kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward),
                    // unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync), #units, root; payload: an int64 numel
                    // per unit, then int32 count + the forward order, int32 count + the backward order
+  // lab 07 (a snapshot: int64 rank, world, micro_batch, step, #params, #state names; the names\0; per param
+  // an int64 numel and its name\0; int64 optimizer steps; per param per state name an int64 count and the
+  // floats; int64 #streams and the uint64 draws; int64 epoch, position)
+  kSaveState = 50,  // payload: the snapshot
+  kLoadState = 51,  // payload: the snapshot (a fresh run's values); returns int32 length + the refusal ("" =
+                    // loaded), then what was set: int64 flag + steps; per param per name an int64 count (-1:
+                    // not set) + floats; int64 flag + #streams + draws; int64 flag + epoch + position
 };
 
 }  // namespace distlab::labproto

@@ -74,9 +74,17 @@ class Trainer {
   void resume(MetricsWriter& metrics);
   void load_checkpoint(const std::string& step_dir);
   void save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::string& why);
+  void make_step_dir(const std::string& dir, int64_t steps);                        // rank 0 makes it afresh
+  int64_t write_checkpoint(const std::string& dir, int64_t steps, const std::string& why, bool fault = true);  // the files; bytes
+  // lab 07: the student's save_state and load_state beside the weights (trainer_lab_ckpt.cpp)
+  void lab_save_checkpoint(const std::string& dir, int64_t steps, MetricsWriter& metrics, double t0);
+  void lab_resume(MetricsWriter& metrics);
   nlohmann::json checkpoint_estimate();
   nlohmann::json rank_state(int64_t steps);
   void fault_point(const char* where, int64_t step);  // DISTLAB_TEST_FAULT: the resume tests' kill -9
+  bool fault_due(const char* where, int64_t step) const;
+  std::vector<char> lab_snapshot(int64_t step);                 // lab 07: the State the student's code sees
+  nlohmann::json lab_restore_problems(const std::string& dir);  // lab 07: what load_state left unlike the save
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
   int world() const { return pg_ ? pg_->size() : 1; }
 

@@ -62,18 +62,23 @@ bool may_change(const std::string& k) {
 
 }  // namespace
 
-void Trainer::fault_point(const char* where, int64_t step) {
+bool Trainer::fault_due(const char* where, int64_t step) const {
   const char* spec = std::getenv("DISTLAB_TEST_FAULT");  // "kill:RANK:step:S" or "kill:RANK:save:S"
-  if (!spec || !*spec) return;
+  if (!spec || !*spec) return false;
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (attempt && std::string(attempt) != "0") return;  // a restarted group runs clean
+  if (attempt && std::string(attempt) != "0") return false;  // a restarted group runs clean
   int rank = -1;
   char kind[8] = {};
   long long at = -1;
   if (std::sscanf(spec, "kill:%d:%7[a-z]:%lld", &rank, kind, &at) != 3 || (std::string(kind) != "step" && std::string(kind) != "save"))
     throw ConfigError(fmt::format("DISTLAB_TEST_FAULT='{}' is not kill:RANK:step:S or kill:RANK:save:S", spec),
                       "it is the resume tests' fault injection; unset it");
-  if (rank != (pg_ ? pg_->rank() : 0) || kind != std::string(where) || at != step) return;
+  return rank == (pg_ ? pg_->rank() : 0) && kind == std::string(where) && at == step;
+}
+
+void Trainer::fault_point(const char* where, int64_t step) {
+  if (!fault_due(where, step)) return;
+  const int rank = pg_ ? pg_->rank() : 0;
   log_.flush();
   std::fflush(nullptr);
   const std::string note = fmt::format("DISTLAB_TEST_FAULT: rank {} kills itself with SIGKILL at {} {}\n", rank, where, step);
@@ -138,22 +143,43 @@ void Trainer::save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::
     return;
   }
   const double t0 = rt_.trace.now_us();
-  const int rank = pg_ ? pg_->rank() : 0;
-  const bool group = pg_ && pg_->size() > 1;
   const std::string dir = (fs::path(cfg_.checkpoint.dir) / step_dir_name(steps)).string();
   metrics.sync();  // the records up to this step are on disk before the checkpoint that a resume continues them from
+  make_step_dir(dir, steps);
+  if (lab_ && lab_->is("07")) return lab_save_checkpoint(dir, steps, metrics, t0);  // the student's (trainer_lab_ckpt.cpp)
+  const int64_t bytes = write_checkpoint(dir, steps, why);
+  const double secs = (rt_.trace.now_us() - t0) * 1e-6;
+  std::vector<std::string> removed;
+  if (is_rank0()) removed = prune_checkpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  ckpt_report_["saves"] = ckpt_report_.value("saves", 0) + 1;
+  ckpt_report_["last"] = {{"step", steps}, {"dir", dir}, {"bytes", bytes}, {"save_s", secs}};
+  ckpt_report_["save_s_total"] = ckpt_report_.value("save_s_total", 0.0) + secs;
+  if (is_rank0()) {
+    log_ << fmt::format("checkpoint {} ({}): {} in {:.2f} s{}\n", dir, why, format_bytes(double(bytes)), secs,
+                        removed.empty() ? "" : fmt::format(", removed {} older", removed.size()));
+    metrics.write({{"kind", "checkpoint"}, {"step", steps}, {"dir", dir}, {"bytes", bytes}, {"save_s", secs}, {"reason", why}});
+    log_.flush();
+  }
+}
+
+void Trainer::make_step_dir(const std::string& dir, int64_t steps) {
   std::string setup_error;
+  const bool group = pg_ && pg_->size() > 1;
   if (is_rank0()) {
     std::error_code ec;
     if (fs::exists(dir, ec)) fs::remove_all(dir, ec);  // a save of this step that never completed
     if (!ec) fs::create_directories(dir, ec);
     if (ec) setup_error = fmt::format("checkpoint: cannot create '{}': {}", dir, ec.message());
-    if (group) pg_->store().set_string(fmt::format("ckpt/{}/dir", steps), setup_error);
+    if (group) pg_->store().set_string(fmt::format("ckpt/{}/{}/dir", dir, steps), setup_error);
   } else if (group) {
-    setup_error = pg_->store().get_string(fmt::format("ckpt/{}/dir", steps));
+    setup_error = pg_->store().get_string(fmt::format("ckpt/{}/{}/dir", dir, steps));
   }
   if (!setup_error.empty()) throw IoError(setup_error, "is checkpoint.dir writable, and is there space? the earlier checkpoints are kept");
+}
 
+int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const std::string& why, bool fault) {
+  const int rank = pg_ ? pg_->rank() : 0;
+  const bool group = pg_ && pg_->size() > 1;
   // this rank's pieces: the weights and optimizer state it steps (rank 0 alone where every rank holds the
   // same), and its own buffers
   CheckpointWriter w;
@@ -176,13 +202,15 @@ void Trainer::save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::
   nlohmann::json record;
   std::string error;
   try {
-    record = w.write(dir, rank, [&] { fault_point("save", steps); });
+    record = w.write(dir, rank, [&] {
+      if (fault) fault_point("save", steps);
+    });
   } catch (const Error& e) {
     error = e.what();
   }
   std::vector<nlohmann::json> records{record};
   if (group) {  // rank 0 writes the manifest once every rank's file is in place; everyone learns the outcome
-    const std::string key = fmt::format("ckpt/{}/", steps);
+    const std::string key = fmt::format("ckpt/{}/{}/", dir, steps);
     pg_->store().set_string(key + std::to_string(rank), error.empty() ? record.dump() : nlohmann::json{{"error", error}}.dump());
     if (rank == 0) {
       records.clear();
@@ -209,27 +237,16 @@ void Trainer::save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::
     }
   }
   if (group) {
-    if (rank == 0) pg_->store().set_string(fmt::format("ckpt/{}/done", steps), error);
-    else if (std::string r0 = pg_->store().get_string(fmt::format("ckpt/{}/done", steps)); !r0.empty() && error.empty()) error = r0;
+    if (rank == 0) pg_->store().set_string(fmt::format("ckpt/{}/{}/done", dir, steps), error);
+    else if (std::string r0 = pg_->store().get_string(fmt::format("ckpt/{}/{}/done", dir, steps)); !r0.empty() && error.empty()) error = r0;
   }
   if (!error.empty())
     throw IoError(fmt::format("checkpoint at step {} failed: {}", steps, error),
                   fmt::format("'{}' stays incomplete and is never loaded; the earlier checkpoints are kept", dir));
-  const double secs = (rt_.trace.now_us() - t0) * 1e-6;
   int64_t bytes = 0;
   if (rank == 0)
     for (const auto& r : records) bytes += r.value("bytes", int64_t(0));
-  std::vector<std::string> removed;
-  if (rank == 0) removed = prune_checkpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-  ckpt_report_["saves"] = ckpt_report_.value("saves", 0) + 1;
-  ckpt_report_["last"] = {{"step", steps}, {"dir", dir}, {"bytes", bytes}, {"save_s", secs}};
-  ckpt_report_["save_s_total"] = ckpt_report_.value("save_s_total", 0.0) + secs;
-  if (rank == 0) {
-    log_ << fmt::format("checkpoint {} ({}): {} in {:.2f} s{}\n", dir, why, format_bytes(double(bytes)), secs,
-                        removed.empty() ? "" : fmt::format(", removed {} older", removed.size()));
-    metrics.write({{"kind", "checkpoint"}, {"step", steps}, {"dir", dir}, {"bytes", bytes}, {"save_s", secs}, {"reason", why}});
-    log_.flush();
-  }
+  return bytes;
 }
 
 void Trainer::load_checkpoint(const std::string& step_dir) {
@@ -316,6 +333,7 @@ void Trainer::resume(MetricsWriter& metrics) {
   if (const std::string why = strategy_->checkpoint_refusal(); !why.empty())
     throw ConfigError(fmt::format("checkpoint.dir is set, but {}", why), "run without checkpoint.dir");
   if (rt_.is_meta()) return;  // nothing to load or save: the meta run reports what a save would weigh
+  if (lab_ && lab_->is("07")) return lab_resume(metrics);  // the student's load_state (trainer_lab_ckpt.cpp)
   const bool group = pg_ && pg_->size() > 1;
   // rank 0 chooses (every file checksummed), the others take its word: they all load the same one
   nlohmann::json choice = {{"dir", ""}, {"error", ""}, {"hint", ""}};

@@ -1,0 +1,240 @@
+// Lab 07's checks: real training jobs (grader/jobs.h) killed and restarted the way a preempted node is, the
+// student's save_state and load_state beside each rank (core/train/trainer_lab_ckpt.cpp). The reference is
+// the engine's uninterrupted run of the same config: a resume passes when every loss and the final weights
+// are its very bits. The trainers also compare what load_state restored with the engine's own save of the
+// same step, and record how the student's files were written (a write under the final name, a rename
+// before fsync): the explanations come from there, out of the plugin's reach.
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "grader/check.h"
+#include "grader/jobs.h"
+
+namespace fs = std::filesystem;
+
+namespace distlab::grader {
+
+namespace {
+
+// A checkpoint folder for one check's runs, removed after it.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/distlab-lab07-XXXXXX";
+    if (!mkdtemp(t)) throw Error("cannot create a temporary folder for lab 07's checkpoints");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string set() const { return "checkpoint.dir=" + path; }
+};
+
+// The engine's own uninterrupted run of the lab's config, its final weights: the truth (shared by a batch).
+const Job& whole(CheckContext& ctx) {
+  auto& slot = ctx.shared.items["engine:lab07-whole"];
+  if (!slot) {
+    TempDir d;
+    slot = std::make_shared<Job>(run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
+  }
+  const Job& j = *static_cast<const Job*>(slot.get());
+  if (!j.ok) throw CheckAbort(j.status, "the engine's own run failed: " + j.failure);
+  return j;
+}
+
+// A student's run: a few times the engine's time, and a restart takes two.
+Job student(CheckContext& ctx, int ranks, const std::vector<std::string>& sets, const JobOptions& jo) {
+  const double limit = std::min(ctx.seconds_left(), 3 * 2 * whole(ctx).seconds + 30);
+  return run_job(ctx, ranks, ctx.plugin, sets, limit, jo);
+}
+
+std::vector<std::string> strings(const nlohmann::json& j) {
+  std::vector<std::string> v;
+  if (j.is_array())
+    for (const auto& e : j)
+      if (e.is_string()) v.push_back(e.get<std::string>());
+  return v;
+}
+
+// The resume a run made (null when it found no checkpoint), and what the trainer saw unlike the save.
+nlohmann::json resume_of(const Job& j) {
+  for (const auto& r : j.records)
+    if (r.value("kind", "") == "resume") return r;
+  return nullptr;
+}
+
+std::vector<std::string> violations_of(const Job& j) {
+  std::vector<std::string> v;
+  for (const auto& r : j.records)
+    if (r.value("kind", "") == "checkpoint")
+      for (const auto& s : strings(r.value("lab07_violations", nlohmann::json::array())))
+        if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+  return v;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep = "\n") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+// The hint for what load_state got wrong, from the trainer's comparison with the engine's save.
+std::string hint_for(const std::vector<std::string>& problems) {
+  const std::string all = join(problems, " ");
+  if (all.find("exp_avg") != std::string::npos || all.find("step count") != std::string::npos)
+    return "the loss jumps right after the resume: Adam restarted without its moments (or its step count, which its bias correction "
+           "reads). Save exp_avg and exp_avg_sq of every parameter and optimizer_steps(), and set them back";
+  if (all.find("dropout") != std::string::npos)
+    return "the resumed run draws dropout masks the first run already used: save rng_streams() and set them back";
+  if (all.find("sampler") != std::string::npos)
+    return "the resumed run starts its epoch over and trains on batches it has seen: save epoch() and position() and set_sampler them";
+  return "";
+}
+
+// Losses and weights against the uninterrupted run: "" when they are its bits, else what differs.
+CheckResult compare(const Job& ref, const Job& mine, const std::string& setup) {
+  const auto problems = strings(resume_of(mine).is_null() ? nlohmann::json() : resume_of(mine).value("lab07_problems", nlohmann::json()));
+  size_t at = 0;
+  while (at < std::min(ref.losses.size(), mine.losses.size()) && ref.losses[at] == mine.losses[at]) at++;
+  if (at == ref.losses.size() && mine.losses.size() == ref.losses.size() && mine.saved == ref.saved && !mine.saved.empty())
+    return {true, "", "", ""};
+  const nlohmann::json res = resume_of(mine);
+  const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
+  CheckResult bad{false, setup + ": every loss and the final weights of the uninterrupted run, bit for bit", "", join(problems), hint_for(problems)};
+  if (mine.losses.size() != ref.losses.size())
+    bad.seen = fmt::format("{} step records for {} steps (a step logged twice, or lost)", mine.losses.size(), ref.losses.size());
+  else if (at < ref.losses.size())
+    bad.seen = fmt::format("step {}: loss {:.7f}, uninterrupted {:.7f}{}", at + 1, mine.losses[at], ref.losses[at],
+                           from >= 0 ? fmt::format(" (resumed at step {})", from) : "");
+  else
+    bad.seen = "the same losses, other final weights";
+  // the first step after the resume computes its loss with the restored weights; the optimizer state shows
+  // in the step after it
+  if (from >= 0 && at <= size_t(from) + 1 && at < ref.losses.size() && mine.losses[at] > ref.losses[at])
+    bad.seen += fmt::format(": a spike of {:+.4f} right after the resume", mine.losses[at] - ref.losses[at]);
+  if (bad.hint.empty() && from < 0) bad.hint = "the restarted job found no complete checkpoint: save_state must leave state_file(rank) on every rank";
+  return bad;
+}
+
+std::string kill_at(int rank, const char* where, int step) { return fmt::format("DISTLAB_TEST_FAULT=kill:{}:{}:{}", rank, where, step); }
+
+Job checked(Job j, const std::string& what) {
+  if (!j.ok) throw CheckAbort(j.status, what + ": " + j.failure);
+  return j;
+}
+
+// ---- the checks ----
+
+CheckResult resume_bitwise(CheckContext& ctx) {
+  const Job& ref = whole(ctx);
+  TempDir d;
+  const Job mine = checked(student(ctx, 2, {d.set()}, JobOptions{{kill_at(1, "step", 17)}, 1, true}), "killed at step 17 and restarted");
+  if (resume_of(mine).is_null())
+    return {false, "the restarted job resumes from step 10", "it started from step 0", mine.output,
+            "the restarted job found no complete checkpoint: save_state must leave state_file(rank) (and load_state accept it)"};
+  return compare(ref, mine, "rank 1 killed at step 17, resumed from step 10");
+}
+
+CheckResult atomic_save(CheckContext& ctx) {
+  const Job& ref = whole(ctx);
+  TempDir d;
+  const Job mine = student(ctx, 2, {d.set()}, JobOptions{{kill_at(1, "save", 20)}, 1, true});
+  const auto violations = violations_of(mine);
+  const nlohmann::json res = resume_of(mine);
+  const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
+  if (from == 20)  // (the run may have failed on it: the replicas diverge)
+    return {false, "the checkpoint of step 20, torn by the kill, is not taken for complete: the job resumes from step 10",
+            "it resumed from the torn checkpoint of step 20", join(violations),
+            "rank 1's file of step 20 was half written under its final name when the kill came: write to a temporary name, fsync, "
+            "close, then rename to state_file(rank)"};
+  checked(mine, "killed while saving step 20 and restarted");
+  if (!violations.empty())
+    return {false, "save_state writes so that a kill at any moment leaves a whole file or none under the final name", join(violations, "; "),
+            "", violations.front().find("fsync") != std::string::npos
+                    ? "fsync the temporary file before renaming it: otherwise the rename can reach the disk before the data"
+                    : "write to a temporary name, fsync, close, then rename to state_file(rank): the rename is atomic, the write is not"};
+  if (from != 10)
+    return {false, "the job resumes from step 10", from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
+            "a checkpoint is complete when every rank's state_file is there: rank 0 and rank 1 must both have saved step 10"};
+  return compare(ref, mine, "rank 1 killed halfway through its file of step 20, resumed from step 10");
+}
+
+CheckResult corrupt_detected(CheckContext& ctx) {
+  const Job& ref = whole(ctx);
+  TempDir d;
+  // the first run dies after the checkpoint of step 20 (rank 0 killed at step 21, no restart)
+  student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
+  const fs::path file = fs::path(d.path) / "step-000020" / "rank-1.state";
+  if (!fs::exists(file))
+    return {false, "the checkpoint of step 20 holds rank-1.state", "it does not", "", "save_state must leave state_file(rank) in the folder"};
+  const auto size = fs::file_size(file);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(size / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x5A);
+    f.seekp(std::streamoff(size / 2));
+    f.write(&c, 1);
+  }
+  const Job mine = student(ctx, 2, {d.set()}, JobOptions{{}, 0, true});
+  const nlohmann::json res = resume_of(mine);
+  const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
+  if (from == 20)  // (the run may have failed on it: a corrupt value on one rank splits the replicas)
+    return {false, "load_state refuses the checkpoint of step 20 (one byte of rank-1.state flipped) and the job resumes from step 10",
+            "it loaded the corrupt file", join(strings(res.value("lab07_problems", nlohmann::json()))),
+            "a corrupt file must not load: keep a checksum (CRC-32) of the bytes in the file and compare it in load_state; return why"};
+  checked(mine, "resumed after byte " + std::to_string(size / 2) + " of rank-1.state was flipped");
+  if (from != 10)
+    return {false, "the job resumes from step 10", from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
+            "only the newest checkpoint is corrupt: the one before it must still load"};
+  // the first run's steps are in another metrics file: from the resume on, the losses are the uninterrupted run's
+  Job tail = ref;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + std::min<size_t>(10, tail.losses.size()));
+  Job mine_tail = mine;
+  return compare(tail, mine_tail, "rank-1.state of step 20 corrupt, resumed from step 10");
+}
+
+CheckResult reshard_2_to_1(CheckContext& ctx) {
+  whole(ctx);
+  // the engine's own 2 -> 1 resume (shared by a batch): its losses after step 20 are the reference
+  auto& slot = ctx.shared.items["engine:lab07-reshard"];
+  if (!slot) {
+    TempDir d;
+    run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{kill_at(0, "step", 21)}, 0, false});
+    slot = std::make_shared<Job>(run_job(ctx, 1, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
+  }
+  const Job& ref = *static_cast<const Job*>(slot.get());
+  if (!ref.ok) throw CheckAbort(ref.status, "the engine's own 2 -> 1 resume failed: " + ref.failure);
+  TempDir d;
+  student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
+  if (!fs::exists(fs::path(d.path) / "step-000020" / "rank-0.state"))
+    return {false, "the checkpoint of step 20 holds rank-0.state", "it does not", "", "save_state must leave state_file(rank) in the folder"};
+  const Job mine = checked(student(ctx, 1, {d.set()}, JobOptions{{}, 0, true}), "the checkpoint of 2 ranks resumed on 1");
+  const nlohmann::json res = resume_of(mine);
+  if (res.is_null() || res.value("step", int64_t(-1)) != 20)
+    return {false, "1 rank resumes from the checkpoint of step 20 saved by 2", res.is_null() ? "it started from step 0" : "another step", mine.output,
+            "with 1 rank, read rank 0's file: state_file(1) belongs to a rank that no longer exists"};
+  CheckResult r = compare(ref, mine, "saved on 2 ranks, resumed on 1");
+  if (!r.passed && (r.hint.empty() || r.detail.find("sampler") != std::string::npos))
+    r.hint = "position counts batches of micro_batch() on world() ranks: 20 batches on 2 ranks are 40 on 1. Carry the samples seen over";
+  return r;
+}
+
+}  // namespace
+
+std::map<std::string, CheckDef> lab07_checks() {
+  return {
+      {"resume_bitwise", {resume_bitwise, true}},
+      {"atomic_save", {atomic_save, true}},
+      {"corrupt_detected", {corrupt_detected, true}},
+      {"reshard_2_to_1", {reshard_2_to_1, true}},
+  };
+}
+
+}  // namespace distlab::grader
