@@ -294,8 +294,9 @@ std::string inspect_checkpoint(const std::string& path, nlohmann::json* json) {
   Checkpoint c(resolve_checkpoint_path(path));
   c.verify_files();  // throws on the first bad file
   const auto& m = c.manifest();
-  std::string s = fmt::format("{}\n  step {} | strategy {} | {} rank(s) | precision {} | optimizer {}\n", c.dir(), c.step(),
-                              m.value("strategy", "?"), c.world_size(), m.value("precision", "?"), m.value("optimizer", "?"));
+  std::string s = fmt::format("{}\n  step {} | strategy {} | {} rank(s) | precision {} | optimizer {}\n  saved: {} | config hash {}\n", c.dir(),
+                              c.step(), m.value("strategy", "?"), c.world_size(), m.value("precision", "?"), m.value("optimizer", "?"),
+                              m.value("reason", "?"), m.value("config_hash", "?"));
   s += "  files (CRC-32 checked: OK):\n";
   for (auto& [name, f] : m.at("files").items())
     s += fmt::format("    {:<26} rank {:>3}  {:>12} bytes  crc32 {}\n", name, f.at("rank").get<int>(), f.at("bytes").get<uint64_t>(),

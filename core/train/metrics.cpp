@@ -56,10 +56,16 @@ void MetricsWriter::finish() {
 }
 
 void MetricsWriter::fail(const std::string& message) {
-  // a run that failed before its first record leaves an earlier run's file alone (a resume may need it)
-  if (!file_) return;
+  if (path_.empty()) return;
+  const nlohmann::json rec = {{"kind", "error"}, {"message", message}};
+  // a run that failed before its first record: an earlier run's .partial (an interrupted run a resume
+  // continues) is kept, the error appended; else a .partial holds the error alone
+  if (!file_ && std::filesystem::exists(path_ + ".partial")) {
+    std::ofstream(path_ + ".partial", std::ios::app) << rec.dump() << "\n";
+    return;
+  }
   try {
-    write({{"kind", "error"}, {"message", message}});
+    write(rec);
   } catch (const Error&) {  // the metrics file itself is what failed: the run's own error says so
   }
 }

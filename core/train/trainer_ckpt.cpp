@@ -229,6 +229,7 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
                         {"precision", cfg_.precision.mode},
                         {"optimizer", cfg_.optim.name},
                         {"reason", why},
+                        {"config_hash", crc32_hex(crc32(config_fingerprint(cfg_).data(), config_fingerprint(cfg_).size()))},
                         {"config", config_values(cfg_)}};
     try {
       write_manifest(dir, m, records);
