@@ -363,6 +363,40 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
   CHECK_THROWS_WITH(run({"checkpoint.resume=" + (t / "ck/step-000010")}), Catch::Contains("manifest.json does not match"));
 }
 
+TEST_CASE("a hostile manifest (paths out of the folder, pieces past the end, impossible shapes) is refused, never read past", "[ckpt]") {
+  Scratch s("hostile");
+  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  distlab::testing::train_in_process(toml, {"train.steps=2", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.dir=" + (s / "ck")});
+  const std::string dir = s / "ck/step-000002";
+  const std::string original = slurp(dir + "/manifest.json");
+  // an attacker who rewrites the manifest also rewrites COMPLETE's checksum
+  auto forge = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json m = nlohmann::json::parse(original);
+    edit(m);
+    const std::string text = m.dump(1);
+    std::ofstream(dir + "/manifest.json") << text;
+    std::ofstream(dir + "/COMPLETE") << "step 2\nmanifest.json crc32 " << crc32_hex(crc32(text.data(), text.size())) << "\n";
+  };
+  forge([](nlohmann::json& m) {
+    auto f = m["files"]["rank-00000.safetensors"];
+    m["files"].erase("rank-00000.safetensors");
+    m["files"]["../../../../etc/passwd"] = f;
+  });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("rank-NNNNN.safetensors expected"));
+  forge([](nlohmann::json& m) { m["tensors"]["transformer.wpe.weight"]["pieces"][0]["offset"] = int64_t(1) << 62; });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("transformer.wpe.weight has a piece") && Catch::Contains("outside"));
+  forge([](nlohmann::json& m) { m["tensors"]["transformer.wpe.weight"]["pieces"][0]["numel"] = -5; });
+  CHECK_THROWS_AS(Checkpoint(dir), CheckpointError);
+  forge([](nlohmann::json& m) { m["tensors"]["transformer.wpe.weight"]["shape"] = {int64_t(1) << 40, int64_t(1) << 40}; });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("impossible shape"));
+  forge([](nlohmann::json& m) { m["world_size"] = -1; });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("world_size -1"));
+  forge([](nlohmann::json& m) { m["tensors"] = "not an object"; });
+  CHECK_THROWS_AS(Checkpoint(dir), CheckpointError);
+  forge([](nlohmann::json&) {});
+  CHECK_NOTHROW(Checkpoint(dir).verify_files());  // the untouched manifest is fine
+}
+
 TEST_CASE("a checkpoint of another model is refused naming the keys, and resume = never will not overwrite one", "[ckpt]") {
   Scratch s("compat");
   const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);

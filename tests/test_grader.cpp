@@ -586,6 +586,10 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
       // the position kept as a count of batches: on 1 rank that is half the samples, seen twice
       {"no_reshard", replace(solution, "  if (world != st.world() || micro != st.micro_batch()) position = position * micro * world / (st.micro_batch() * st.world());\n",
                              "")},
+      // reaching for the trainer's own save of the step, or out of the folder: refused, the run fails
+      {"peeks_at_reference", replace(solution, "  std::string name = state_file(st.rank());\n",
+                                     "  files.read(\".reference/rank-00000.safetensors\");\n  files.read(\"../../../etc/passwd\");\n"
+                                     "  std::string name = state_file(st.rank());\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/07-checkpoint/student/ckpt.cpp") +
                           "\nstatic int forged = [] { std::puts(\"11/11 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -598,6 +602,7 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK(rows["solution"].total == 11);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["peeks_at_reference"].total == 0);
   CHECK(rows["no_optimizer_state"].points["resume_bitwise"] == 0);
   CHECK(rows["no_rng"].points["resume_bitwise"] == 0);
   CHECK(rows["no_sampler_position"].points["resume_bitwise"] == 0);
@@ -615,5 +620,6 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK_THAT(read(feedback / "no_atomic_rename.txt"), Catch::Contains("the final name"));
   CHECK_THAT(read(feedback / "no_checksum.txt"), Catch::Contains("loaded the corrupt file"));
   CHECK_THAT(read(feedback / "no_reshard.txt"), Catch::Contains("20 batches on 2 ranks are 40 on 1"));
+  CHECK_THAT(read(feedback / "peeks_at_reference.txt"), Catch::Contains("not a plain file name"));
   fs::remove_all(subs);
 }

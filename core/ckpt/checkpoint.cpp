@@ -130,9 +130,13 @@ Checkpoint::Checkpoint(const std::string& step_dir) : dir_(step_dir) {
     if (manifest_.at("format") != "distlab-checkpoint" || manifest_.at("version") != 1)
       throw CheckpointError(fmt::format("{}: not a distlab checkpoint of version 1", step_dir));
     manifest_.at("step").get<int64_t>();
-    manifest_.at("world_size").get<int>();
+    if (const int w = manifest_.at("world_size").get<int>(); w < 1 || w > (1 << 20))
+      throw CheckpointError(fmt::format("{}/manifest.json: world_size {} is impossible", step_dir, w));
     for (auto& [name, f] : manifest_.at("files").items()) {
       const int rank = f.at("rank").get<int>();
+      if (rank < 0 || name != fmt::format("rank-{:05d}.safetensors", rank))  // never a path out of the folder
+        throw CheckpointError(fmt::format("{}/manifest.json: a file named '{}' for rank {} (rank-NNNNN.safetensors expected)", step_dir,
+                                          name.substr(0, 100), rank));
       file_name_[rank] = name;
       std::error_code ec;
       const auto size = fs::file_size(fs::path(step_dir) / name, ec);
@@ -141,11 +145,27 @@ Checkpoint::Checkpoint(const std::string& step_dir) : dir_(step_dir) {
         throw CheckpointError(fmt::format("{}/{}: {} bytes, the manifest says {} (truncated or replaced)", step_dir, name, size,
                                           f.at("bytes").get<uint64_t>()));
     }
-    for (auto& [name, t] : manifest_.at("tensors").items())
-      for (const auto& p : t.at("pieces"))
+    // every number a read will use, checked now: a manifest is data, and data can be hostile
+    constexpr int64_t kMax = int64_t(1) << 40;
+    for (auto& [name, t] : manifest_.at("tensors").items()) {
+      int64_t numel = 1;
+      for (const auto& d : t.at("shape")) {
+        const int64_t v = d.get<int64_t>();
+        if (v < 0 || v > kMax || (v > 0 && numel > kMax / v))
+          throw CheckpointError(fmt::format("{}/manifest.json: tensor {} has an impossible shape {}", step_dir, name, t.at("shape").dump()));
+        numel *= v;
+      }
+      for (const auto& p : t.at("pieces")) {
+        const int64_t off = p.at("offset").get<int64_t>(), n = p.at("numel").get<int64_t>();
+        if (off < 0 || n <= 0 || off > numel || n > numel - off)
+          throw CheckpointError(fmt::format("{}/manifest.json: tensor {} has a piece [{}, {}) outside its {} elements", step_dir, name, off,
+                                            off + (n > 0 && off < kMax ? n : 0), numel));
         if (!file_name_.count(p.at("rank").get<int>()))
           throw CheckpointError(fmt::format("{}: tensor {} has a piece in rank {}'s file, which the manifest does not list", step_dir, name,
                                             p.at("rank").get<int>()));
+        p.at("tensor").get<std::string>();
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}/manifest.json: malformed ({})", step_dir, e.what()));
   }
