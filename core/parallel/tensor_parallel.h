@@ -1,0 +1,67 @@
+// Megatron-LM's tensor parallelism (Shoeybi et al., 2019): the two layers every TP model is built from.
+// A Linear y = x·Wᵀ + b, W (out, in) as PyTorch stores it, split over the t ranks of a TP group (mesh.h):
+//
+//   ColumnParallelLinear — W split by rows (the outputs): rank r holds W[r·out/t : (r+1)·out/t, :] and that
+//     slice of b. x is whole on every rank; y_r is this rank's slice of the outputs.
+//       forward   f = identity             y_r = x·W_rᵀ + b_r                          (no communication)
+//       backward  f's backward = all-reduce: dx = Σ_r dy_r·W_r (each rank holds one term)   one all-reduce
+//   RowParallelLinear — W split by columns (the inputs): rank r holds W[:, r·in/t : (r+1)·in/t]; b whole.
+//     x_r is this rank's slice of the inputs (what a column-parallel layer produced).
+//       forward   g = all-reduce           y = Σ_r x_r·W_rᵀ, then + b                  one all-reduce
+//       backward  g's backward = identity  dx_r = dy·W_r, dW_r = dyᵀ·x_r, db = Σ dy (the same on every rank)
+//
+// Chained — column, an elementwise op (GELU acts on each slice alone), row — a transformer's MLP costs one
+// all-reduce of the activations (B·T·C) in forward and one in backward, and each rank holds 1/t of both
+// weights and of the hidden activations (B·T·4C). Attention is the same with the heads split: c_attn
+// column-parallel (each rank computes n_head/t heads), c_proj row-parallel.
+//
+// The reference they are held to is the whole nn.Linear on one rank (tests/test_tensor_parallel.cpp).
+// Read next: mesh.h (which ranks form a TP group).
+#pragma once
+#include "core/dist/process_group.h"
+#include "core/nn/linear.h"
+
+namespace distlab {
+
+class ColumnParallelLinear : public Layer {
+ public:
+  // `tp` the TP group (its size t must divide out). Parameters keep PyTorch's names and hold this rank's
+  // rows: "mlp.c_fc.weight" is (out/t, in) here.
+  ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  std::string describe() const override;
+  Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole -> (..., out/t), this rank's slice
+  Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group
+  std::vector<Parameter*> parameters() override { return local_.parameters(); }
+  // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading).
+  void load_slice(const Linear& whole);
+  Linear& local() { return local_; }
+
+ private:
+  ProcessGroup& tp_;
+  Linear local_;  // in -> out/t
+  int64_t out_;
+};
+
+class RowParallelLinear : public Layer {
+ public:
+  // t must divide in. "attn.c_proj.weight" is (out, in/t) here; the bias is whole.
+  RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  std::string describe() const override;
+  Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in/t), this rank's slice -> (..., out), whole
+  Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out), whole -> dx (..., in/t)
+  std::vector<Parameter*> parameters() override;
+  void load_slice(const Linear& whole);
+  Parameter bias;  // (out), the same on every rank (its gradient too: every rank sums the same dy)
+
+ private:
+  ProcessGroup& tp_;
+  Linear local_;  // in/t -> out, no bias: the bias is added once, after the sum
+  int64_t in_;
+  bool has_bias_;
+};
+
+// The all-reduce (sum) of a tensor in its dtype, over `g`: f32 in place; 16-bit through an f32 buffer,
+// rounded once after the sum.
+void all_reduce_tensor(Runtime& rt, ProcessGroup& g, Tensor& t);
+
+}  // namespace distlab
