@@ -228,3 +228,57 @@ TEST_CASE("a width the TP group does not divide is refused naming the layer", "[
   for (const auto& s : said) CHECK((s.find("transformer.h.0.mlp.c_fc: out_features 30 does not split over 4") != std::string::npos ||
                                     s.find("transformer.h.0.attn.c_proj: in_features 18 does not split over 4") != std::string::npos));
 }
+
+TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole attention: output, dx and every weight gradient", "[tp]") {
+  const int64_t B = 2, T = 5, C = 16, NH = 4;
+  Runtime rt1;
+  CausalSelfAttention whole(rt1, "transformer.h.0.attn", C, NH);
+  Rng rng(11);
+  init_normal(whole.c_attn.weight.data, rng, 0.2f);
+  init_normal(whole.c_attn.bias.data, rng, 0.2f);
+  init_normal(whole.c_proj.weight.data, rng, 0.2f);
+  init_normal(whole.c_proj.bias.data, rng, 0.2f);
+  Tensor x = random_tensor(rt1, {B, T, C}, 21), dy = random_tensor(rt1, {B, T, C}, 22);
+  const auto y_ref = values(whole.forward(rt1, x));
+  const auto dx_ref = values(whole.backward(rt1, dy));
+  const auto dwa_ref = values(whole.c_attn.weight.grad), dwp_ref = values(whole.c_proj.weight.grad);
+  for (int t : {2, 4}) {
+    INFO(t << " TP ranks");
+    std::mutex mu;
+    double worst_y = 0, worst_dx = 0;
+    std::vector<float> dwa(dwa_ref.size()), dwp(dwp_ref.size());
+    run_ranks(t, [&](ProcessGroup& tp) {
+      Runtime rt;
+      ParallelSelfAttention attn(rt, tp, "transformer.h.0.attn", C, NH);
+      attn.load_slice(whole);
+      Tensor xr = x.clone(Category::activations, DType::f32), dyr = dy.clone(Category::activations, DType::f32);
+      const auto y = values(attn.forward(rt, xr));
+      const auto dx = values(attn.backward(rt, dyr));
+      const auto ga = values(attn.c_attn.local().weight.grad), gp = values(attn.c_proj.parameters()[0]->grad);
+      std::lock_guard<std::mutex> lock(mu);
+      worst_y = std::max(worst_y, max_rel(y, y_ref));
+      worst_dx = std::max(worst_dx, max_rel(dx, dx_ref));
+      const int64_t rows = C / t;  // of each of q, k, v
+      for (int p = 0; p < 3; p++)
+        std::copy(ga.begin() + p * rows * C, ga.begin() + (p + 1) * rows * C, dwa.begin() + (p * C + tp.rank() * rows) * C);
+      for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < rows; j++) dwp[size_t(i * C + tp.rank() * rows + j)] = gp[size_t(i * rows + j)];
+    });
+    CHECK(worst_y < 1e-5);
+    CHECK(worst_dx < 1e-5);
+    CHECK(max_rel(dwa, dwa_ref) < 1e-5);
+    CHECK(max_rel(dwp, dwp_ref) < 1e-5);
+  }
+  std::mutex mu;
+  std::string said;
+  run_ranks(3, [&](ProcessGroup& tp) {
+    Runtime rt;
+    try {
+      ParallelSelfAttention(rt, tp, "transformer.h.0.attn", 24, 4);
+    } catch (const ConfigError& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      said = e.what();
+    }
+  });
+  CHECK_THAT(said, Catch::Contains("4 heads do not split over 3"));
+}

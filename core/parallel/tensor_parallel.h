@@ -19,6 +19,7 @@
 // Read next: mesh.h (which ranks form a TP group).
 #pragma once
 #include "core/dist/process_group.h"
+#include "core/nn/attention.h"
 #include "core/nn/linear.h"
 
 namespace distlab {
@@ -32,8 +33,10 @@ class ColumnParallelLinear : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole -> (..., out/t), this rank's slice
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group
   std::vector<Parameter*> parameters() override { return local_.parameters(); }
-  // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading).
-  void load_slice(const Linear& whole);
+  // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading): its
+  // 1/t of the rows, or — fused layers — its 1/t of each of `parts` equal blocks of rows (c_attn's q, k
+  // and v: rank r takes its heads of each).
+  void load_slice(const Linear& whole, int parts = 1);
   Linear& local() { return local_; }
 
  private:
@@ -58,6 +61,26 @@ class RowParallelLinear : public Layer {
   Linear local_;  // in/t -> out, no bias: the bias is added once, after the sum
   int64_t in_;
   bool has_bias_;
+};
+
+// GPT-2's attention with the heads split over the TP group: c_attn column-parallel (this rank's n_head/t
+// heads of q, k and v), the attention of those heads alone (they never look at each other's), c_proj
+// row-parallel. One all-reduce forward (in c_proj), one backward (in c_attn). Per rank: 1/t of the weights,
+// of qkv (B, T, 3C/t) and of the attention probabilities (B, NH/t, T, T).
+class ParallelSelfAttention : public Layer {
+ public:
+  ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head);
+  std::string describe() const override;
+  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C), whole on every rank
+  Tensor backward(Runtime& rt, const Tensor& dout) override;
+  std::vector<Parameter*> parameters() override;
+  void load_slice(const CausalSelfAttention& whole);
+  ColumnParallelLinear c_attn;
+  RowParallelLinear c_proj;
+
+ private:
+  int64_t C_, local_heads_;
+  Tensor qkv_, att_;
 };
 
 // The all-reduce (sum) of a tensor in its dtype, over `g`: f32 in place; 16-bit through an f32 buffer,
