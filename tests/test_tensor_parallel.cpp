@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/nn/loss.h"
 #include "core/nn/simple.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/tensor_parallel.h"
@@ -31,6 +32,14 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   for (float x : b) scale = std::max(scale, double(std::abs(x)));
   for (size_t i = 0; i < a.size(); i++) m = std::max(m, std::abs(double(a[i]) - double(b[i])) / scale);
   return a.size() == b.size() ? m : INFINITY;
+}
+
+// A copy of `t` accounted in `rt`: a rank's thread never allocates through another rank's (or the test's)
+// Runtime — its memory accounting is not shared between threads.
+Tensor copy_in(Runtime& rt, const Tensor& t) {
+  Tensor c = rt.empty(t.shape(), Category::activations, "copy", DType::f32);
+  convert(t.data(), t.dtype(), c.data(), DType::f32, t.numel());
+  return c;
 }
 
 Tensor random_tensor(Runtime& rt, const Shape& s, uint64_t seed) {
@@ -114,7 +123,7 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
       ColumnParallelLinear col(rt, tp, "fc", in, out);
       col.load_slice(whole);
       const int64_t rows = out / t, first = tp.rank() * rows;
-      Tensor xr = x.clone(Category::activations, DType::f32);
+      Tensor xr = copy_in(rt, x);
       const auto y = values(col.forward(rt, xr));  // (B, out/t): this rank's outputs
       Tensor dyr = rt.empty({B, rows}, Category::activations, "dy slice", DType::f32);
       for (int64_t i = 0; i < B; i++)
@@ -144,7 +153,7 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
       for (int64_t i = 0; i < B; i++)
         for (int64_t j = 0; j < cols; j++) xr.f32()[i * cols + j] = x.f32()[i * in + first + j];
       const auto y = values(row.forward(rt, xr));  // summed over the group: whole on every rank
-      Tensor dyr = dy.clone(Category::activations, DType::f32);
+      Tensor dyr = copy_in(rt, dy);
       const auto dx = values(row.backward(rt, dyr));
       const auto dw = values(row.parameters()[0]->grad);
       std::lock_guard<std::mutex> lock(mu);
@@ -185,7 +194,7 @@ TEST_CASE("an MLP split column -> GELU -> row equals the whole MLP, with one all
       c_fc.load_slice(fc);
       c_proj.load_slice(proj);
       GELU g;
-      Tensor xr = x.clone(Category::activations, DType::f32), dyr = dy.clone(Category::activations, DType::f32);
+      Tensor xr = copy_in(rt, x), dyr = copy_in(rt, dy);
       tp.reset_counters();
       const auto y = values(c_proj.forward(rt, g.forward(rt, c_fc.forward(rt, xr))));
       const CommCounters fwd = tp.total_counters();
@@ -251,7 +260,7 @@ TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole at
       Runtime rt;
       ParallelSelfAttention attn(rt, tp, "transformer.h.0.attn", C, NH);
       attn.load_slice(whole);
-      Tensor xr = x.clone(Category::activations, DType::f32), dyr = dy.clone(Category::activations, DType::f32);
+      Tensor xr = copy_in(rt, x), dyr = copy_in(rt, dy);
       const auto y = values(attn.forward(rt, xr));
       const auto dx = values(attn.backward(rt, dyr));
       const auto ga = values(attn.c_attn.local().weight.grad), gp = values(attn.c_proj.parameters()[0]->grad);
@@ -281,4 +290,63 @@ TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole at
     }
   });
   CHECK_THAT(said, Catch::Contains("4 heads do not split over 3"));
+}
+
+TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole ones, the full logits never gathered", "[tp]") {
+  const int64_t V = 24, block = 8, C = 6, B = 2, T = 5;
+  Runtime rt1;
+  Embedding whole(rt1, "transformer.", V, block, C);
+  Rng rng(31);
+  whole.init(rng);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < B * T; i++) tokens.push_back(int32_t((i * 7 + 3) % V));
+  const auto e_ref = values(whole.forward(rt1, tokens, B, T));
+  Tensor dy = random_tensor(rt1, {B, T, C}, 32);
+  whole.backward(rt1, dy);
+  const auto dwte_ref = values(whole.wte.grad), dwpe_ref = values(whole.wpe.grad);
+  // the loss over random logits, one target ignored (-1) as nn.CrossEntropyLoss(ignore_index) does
+  Tensor logits = random_tensor(rt1, {B * T, V}, 33);
+  std::vector<int32_t> targets = tokens;
+  targets[3] = -1;
+  CrossEntropyLoss ce;
+  const double loss_ref = ce.forward(rt1, logits, targets);
+  const auto dlogits_ref = values(ce.backward(rt1, 0.5f));
+  for (int t : {2, 3, 4}) {
+    INFO(t << " TP ranks");
+    std::mutex mu;
+    double worst_e = 0, worst_dwpe = 0, worst_loss = 0;
+    std::vector<float> dwte(dwte_ref.size()), dlogits(dlogits_ref.size());
+    std::vector<CommCounters> comm;
+    run_ranks(t, [&](ProcessGroup& tp) {
+      Runtime rt;
+      VocabParallelEmbedding emb(rt, tp, "transformer.", V, block, C);
+      emb.load_slice(whole);
+      const auto e = values(emb.forward(rt, tokens, B, T));
+      emb.backward(rt, copy_in(rt, dy));
+      const int64_t cols = V / t, first = tp.rank() * cols;
+      Tensor mine = rt.empty({B * T, cols}, Category::activations, "this rank's logits", DType::f32);
+      for (int64_t n = 0; n < B * T; n++)
+        for (int64_t v = 0; v < cols; v++) mine.f32()[n * cols + v] = logits.f32()[n * V + first + v];
+      VocabParallelCrossEntropy vce(tp);
+      tp.reset_counters();
+      const double loss = vce.forward(rt, mine, targets, first);
+      const CommCounters c = tp.total_counters();
+      const auto d = values(vce.backward(rt, 0.5f));
+      const auto g = values(emb.wte.grad);
+      std::lock_guard<std::mutex> lock(mu);
+      worst_e = std::max(worst_e, max_rel(e, e_ref));
+      worst_dwpe = std::max(worst_dwpe, max_rel(values(emb.wpe.grad), dwpe_ref));
+      worst_loss = std::max(worst_loss, std::abs(loss - loss_ref) / loss_ref);
+      std::copy(g.begin(), g.end(), dwte.begin() + first * C);
+      for (int64_t n = 0; n < B * T; n++)
+        for (int64_t v = 0; v < cols; v++) dlogits[size_t(n * V + first + v)] = d[size_t(n * cols + v)];
+      comm.push_back(c);
+    });
+    CHECK(worst_e == 0);  // one rank's row plus zeros: the row itself, to the bit
+    CHECK(worst_dwpe < 1e-6);
+    CHECK(max_rel(dwte, dwte_ref) < 1e-6);
+    CHECK(worst_loss < 1e-6);
+    CHECK(max_rel(dlogits, dlogits_ref) < 1e-6);
+    for (const auto& c : comm) CHECK(c.calls == 3);  // max, sum of exp, the target's logit: N numbers each, never N x V
+  }
 }

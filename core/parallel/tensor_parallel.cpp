@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -167,6 +169,128 @@ Tensor ParallelSelfAttention::backward(Runtime& rt, const Tensor& dout) {
   }
   qkv_ = att_ = Tensor();
   return c_attn.backward(rt, dqkv);  // f's backward: dx summed over the group
+}
+
+// ---- the vocabulary split: embedding and cross-entropy ----
+
+VocabParallelEmbedding::VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t v, int64_t b, int64_t c)
+    : vocab(v), block(b), C(c), first(tp.rank() * split(v, tp, "the vocabulary", prefix + "wte")), tp_(tp) {
+  wte = make_parameter(rt, prefix + "wte.weight", {v / tp.size(), c});
+  wpe = make_parameter(rt, prefix + "wpe.weight", {b, c});
+}
+
+void VocabParallelEmbedding::load_slice(const Embedding& whole) {
+  if (!wte.data.data()) return;
+  const size_t ws = size_t(dtype_size(whole.wte.data.dtype()));
+  convert(static_cast<const char*>(whole.wte.data.data()) + size_t(first * C) * ws, whole.wte.data.dtype(), wte.data.data(), wte.data.dtype(),
+          wte.data.numel());
+  convert(whole.wpe.data.data(), whole.wpe.data.dtype(), wpe.data.data(), wpe.data.dtype(), wpe.data.numel());
+}
+
+Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
+  if (T > block || int64_t(tokens.size()) != B * T)
+    throw ShapeError(fmt::format("vocab-parallel embedding: {} tokens for a batch of {} x {} (block size {})", tokens.size(), B, T, block));
+  const int64_t rows = wte.data.size(0);
+  Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding (vocab-parallel)", rt.dtype);
+  Tensor sum = rt.empty({B, T, C}, Category::comm_buffers, "embedding rows to all-reduce", DType::f32);
+  if (out.data()) {
+    AsF32 e(rt, wte.data), p(rt, wpe.data), o(rt, out, AsF32::out);
+    float* s = sum.f32();
+    for (int64_t i = 0; i < B * T; i++) {
+      const int64_t t = tokens[size_t(i)];
+      if (t < 0 || t >= vocab) throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
+      const bool mine = t >= first && t < first + rows;
+      for (int64_t c = 0; c < C; c++) s[i * C + c] = mine ? e.p[(t - first) * C + c] : 0.0f;
+    }
+    tp_.all_reduce(s, B * T * C);  // exactly one rank's row, plus zeros: the row itself
+    for (int64_t i = 0; i < B * T; i++)
+      for (int64_t c = 0; c < C; c++) o.p[i * C + c] = s[i * C + c] + p.p[(i % T) * C + c];
+    o.store();
+  } else {
+    tp_.all_reduce(nullptr, B * T * C);
+  }
+  saved_tokens_ = tokens;
+  B_ = B;
+  T_ = T;
+  return out;
+}
+
+void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
+  const int64_t rows = wte.data.size(0);
+  AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
+  if (de.p && dp.p && dy.p)
+    for (int64_t i = 0; i < B_ * T_; i++) {  // in the whole embedding's order: the same sums, row by row
+      const int64_t t = saved_tokens_[size_t(i)];
+      for (int64_t c = 0; c < C; c++) {
+        if (t >= first && t < first + rows) de.p[(t - first) * C + c] += dy.p[i * C + c];
+        dp.p[(i % T_) * C + c] += dy.p[i * C + c];
+      }
+    }
+  de.store();
+  dp.store();
+  saved_tokens_.clear();
+}
+
+double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first) {
+  const int64_t V = logits.size(-1), N = logits.numel() / V;
+  if (int64_t(targets.size()) != N)
+    throw ShapeError(fmt::format("vocab-parallel cross-entropy: {} targets for {} rows of logits {}", targets.size(), N, shape_str(logits.shape())));
+  probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities (this rank's columns)");
+  targets_ = targets;
+  first_ = first;
+  logits_dtype_ = logits.dtype();
+  std::vector<float> mx(static_cast<size_t>(N)), sum(static_cast<size_t>(N)), zt(static_cast<size_t>(N), 0.0f);
+  if (!logits.data()) {  // meta: the three all-reduces, traced
+    for (int k = 0; k < 3; k++) tp_.all_reduce(nullptr, N, k == 0 ? ReduceOp::max : ReduceOp::sum);
+    return 0.0;
+  }
+  AsF32 z(rt, logits);
+  float* p = probs_.f32();
+  for (int64_t n = 0; n < N; n++) {
+    float m = z.p[n * V];
+    for (int64_t v = 1; v < V; v++) m = std::max(m, z.p[n * V + v]);
+    mx[size_t(n)] = m;
+  }
+  tp_.all_reduce(mx.data(), N, ReduceOp::max);
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) {
+      p[n * V + v] = std::exp(z.p[n * V + v] - mx[size_t(n)]);
+      s += p[n * V + v];
+    }
+    sum[size_t(n)] = float(s);
+    const int32_t t = targets[size_t(n)];
+    if (t >= first && t < first + V) zt[size_t(n)] = z.p[n * V + (t - first)];
+  }
+  tp_.all_reduce(sum.data(), N);
+  tp_.all_reduce(zt.data(), N);
+  double total = 0;
+  counted_ = 0;
+  for (int64_t n = 0; n < N; n++) {
+    const float inv = 1.0f / sum[size_t(n)];
+    for (int64_t v = 0; v < V; v++) p[n * V + v] *= inv;
+    if (targets[size_t(n)] < 0) continue;
+    total += -(double(zt[size_t(n)]) - mx[size_t(n)] - std::log(double(sum[size_t(n)])));
+    counted_++;
+  }
+  return counted_ ? total / double(counted_) : 0.0;
+}
+
+Tensor VocabParallelCrossEntropy::backward(Runtime& rt, float scale) {
+  const int64_t N = probs_.size(0), V = probs_.size(1);
+  Tensor d = rt.empty({N, V}, Category::activations, "grad of logits (this rank's columns)", logits_dtype_);
+  AsF32 df(rt, d, AsF32::out);
+  if (df.p) {
+    const float f = scale / float(std::max<int64_t>(counted_, 1));
+    const float* p = probs_.f32();
+    for (int64_t n = 0; n < N; n++) {
+      const int32_t t = targets_[size_t(n)];
+      for (int64_t v = 0; v < V; v++) df.p[n * V + v] = t < 0 ? 0.0f : (p[n * V + v] - (t - first_ == v ? 1.0f : 0.0f)) * f;
+    }
+  }
+  df.store();
+  probs_ = Tensor();
+  return d;
 }
 
 }  // namespace distlab

@@ -20,6 +20,7 @@
 #pragma once
 #include "core/dist/process_group.h"
 #include "core/nn/attention.h"
+#include "core/nn/embedding.h"
 #include "core/nn/linear.h"
 
 namespace distlab {
@@ -81,6 +82,44 @@ class ParallelSelfAttention : public Layer {
  private:
   int64_t C_, local_heads_;
   Tensor qkv_, att_;
+};
+
+// GPT-2's embeddings with the vocabulary split: rank r holds rows [r·V/t, (r+1)·V/t) of wte (whose tied
+// lm_head then gives this rank's V/t columns of the logits); wpe is whole on every rank.
+//   forward   each rank writes its rows' vectors (zeros for tokens it does not hold), all-reduce, + wpe
+//   backward  each rank adds dout into the rows of its own tokens (no communication); dwpe everywhere alike
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
+  Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T);  // (B*T) -> (B, T, C), whole
+  void backward(Runtime& rt, const Tensor& dout);
+  void load_slice(const Embedding& whole);
+  Parameter wte, wpe;  // (V/t, C) this rank's rows, (block, C)
+  int64_t vocab, block, C, first;  // first: the vocabulary id of this rank's row 0
+
+ private:
+  ProcessGroup& tp_;
+  std::vector<int32_t> saved_tokens_;
+  int64_t B_ = 0, T_ = 0;
+};
+
+// Cross-entropy over logits split by vocabulary columns (Megatron's vocab-parallel loss): the full logits
+// are never gathered. Per row, three all-reduces of N numbers: the max (for a stable softmax), the sum of
+// exp(z - max), and the target's logit (from the rank that holds it). loss = log(sum) + max - z_target.
+class VocabParallelCrossEntropy {
+ public:
+  explicit VocabParallelCrossEntropy(ProcessGroup& tp) : tp_(tp) {}
+  // logits (N, V/t): columns [first, first + V/t) of the vocabulary; the mean loss over rows whose target
+  // is not negative, the same on every rank
+  double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first);
+  Tensor backward(Runtime& rt, float scale = 1.0f);  // (N, V/t): (softmax - onehot) · scale / rows
+
+ private:
+  ProcessGroup& tp_;
+  Tensor probs_;
+  DType logits_dtype_ = DType::f32;
+  std::vector<int32_t> targets_;
+  int64_t first_ = 0, counted_ = 0;
 };
 
 // The all-reduce (sum) of a tensor in its dtype, over `g`: f32 in place; 16-bit through an f32 buffer,
