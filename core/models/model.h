@@ -53,6 +53,11 @@ class Model {
   // Every random stream's position (each Dropout's draws so far), in a fixed order: what a checkpoint
   // saves of the model besides its tensors.
   virtual std::vector<uint64_t*> rng_streams() { return {}; }
+  // Tensor parallel (gpt_tp.h): the group the model's layers are split over (nullptr: the model is whole).
+  // Its logits are then this rank's columns [vocab_first(), vocab_first() + V/t) of the vocabulary, and
+  // the loss must be the vocab-parallel one over this group.
+  virtual ProcessGroup* tp_group() { return nullptr; }
+  virtual int64_t vocab_first() const { return 0; }
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/models/gpt.h"
+#include "core/models/gpt_tp.h"
 #include "core/models/sequential.h"
 #include "core/nn/conv2d.h"
 #include "core/nn/linear.h"
@@ -46,7 +47,13 @@ static std::unique_ptr<Model> build_cifar_cnn(Runtime& rt, const ModelSpec& s) {
   return m;
 }
 
-std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s) {
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp) {
+  if (tp && tp->size() > 1) {
+    if (s.name == "gpt") return std::make_unique<TensorParallelGPT>(rt, *tp, s);
+    throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
+                                  tp->size(), s.name),
+                      "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");
+  }
   if (s.name == "mlp") return build_mlp(rt, s);
   if (s.name == "cifar_cnn") return build_cifar_cnn(rt, s);
   if (s.name == "gpt") return std::make_unique<GPT>(rt, s);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops/cpu/attention.h"
+#include "core/ops/op_scope.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -30,10 +31,105 @@ static int64_t split(int64_t n, ProcessGroup& g, const std::string& what, const 
   return n / g.size();
 }
 
+static int64_t split_vocab(int64_t v, ProcessGroup& tp, const std::string& name) {
+  if (v % tp.size() != 0) {
+    const int64_t m = 128 * int64_t(tp.size()), padded = (v + m - 1) / m * m;
+    throw ConfigError(fmt::format("{}: the vocabulary of {} does not split over {} tensor-parallel ranks", name, v, tp.size()),
+                      fmt::format("pad model.vocab_size to a multiple of parallel.tp, as Megatron pads it to one of 128 x tp: {} "
+                                  "(the extra tokens are never a target: training pushes their probability to 0)", padded));
+  }
+  return v / tp.size();
+}
+
+// ---- split parameters ----
+
+std::vector<SliceRun> split_runs(const Shape& whole, int dim, int parts, int rank, int t) {
+  std::vector<SliceRun> runs;
+  if (dim < 0) return {SliceRun{0, 0, shape_numel(whole)}};
+  DL_ASSERT(dim < int(whole.size()) && whole[size_t(dim)] % (int64_t(parts) * t) == 0, "split_runs: the dimension does not split");
+  if (dim == 0) {
+    const int64_t inner = shape_numel(whole) / whole[0], block = whole[0] / parts, rows = block / t;
+    for (int p = 0; p < parts; p++) runs.push_back({(p * block + rank * rows) * inner, p * rows * inner, rows * inner});
+  } else {
+    DL_ASSERT(dim == 1 && whole.size() == 2 && parts == 1, "split_runs: columns of a matrix only");
+    const int64_t cols = whole[1] / t;
+    for (int64_t i = 0; i < whole[0]; i++) runs.push_back({i * whole[1] + rank * cols, i * cols, cols});
+  }
+  return runs;
+}
+
+Shape whole_shape(const Parameter& p, int t) {
+  Shape s = p.data.shape();
+  if (p.split_dim >= 0) s[size_t(p.split_dim)] *= t;
+  return s;
+}
+
+// local = this rank's runs of whole, converting between their dtypes
+static void take_runs(const Tensor& whole, Tensor& local, int dim, int parts, int rank, int t) {
+  if (!local.data() || !whole.data()) return;  // meta
+  const size_t ws = size_t(dtype_size(whole.dtype())), ls = size_t(dtype_size(local.dtype()));
+  for (const SliceRun& r : split_runs(whole.shape(), dim, parts, rank, t))
+    convert(static_cast<const char*>(whole.data()) + size_t(r.whole_offset) * ws, whole.dtype(),
+            static_cast<char*>(local.data()) + size_t(r.local_offset) * ls, local.dtype(), r.numel);
+}
+
+void load_split_params(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole, int rank, int t) {
+  DL_ASSERT(local.size() == whole.size(), "load_split_params: another model");
+  for (size_t i = 0; i < local.size(); i++) {
+    Parameter& l = *local[i];
+    DL_ASSERT(l.name == whole[i]->name && whole_shape(l, t) == whole[i]->data.shape(),
+              fmt::format("load_split_params: {} against {}", l.name, whole[i]->name));
+    take_runs(whole[i]->data, l.data, l.split_dim, l.split_parts, rank, t);
+  }
+}
+
+void gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
+                         const Optimizer* masters) {
+  DL_ASSERT(local.size() == whole.size(), "gather_split_params: another model");
+  const int t = tp.size();
+  for (size_t i = 0; i < local.size(); i++) {
+    Parameter& l = *local[i];
+    Tensor& w = whole[i]->data;
+    DL_ASSERT(l.name == whole[i]->name && whole_shape(l, t) == w.shape(), fmt::format("gather_split_params: {} against {}", l.name, whole[i]->name));
+    if (!w.data() || !l.data.data()) continue;  // meta
+    const Tensor* m = masters ? masters->master(&l) : nullptr;
+    const Tensor& src = m ? *m : l.data;
+    const int64_t n = src.numel();
+    std::vector<float> mine(static_cast<size_t>(n));
+    convert(src.data(), src.dtype(), mine.data(), DType::f32, n);
+    if (l.split_dim < 0) {  // whole on every rank
+      convert(mine.data(), DType::f32, w.data(), w.dtype(), n);
+      continue;
+    }
+    std::vector<float> all(static_cast<size_t>(n * t)), out(static_cast<size_t>(w.numel()));
+    tp.all_gather(all.data(), mine.data(), n);
+    for (int r = 0; r < t; r++)
+      for (const SliceRun& run : split_runs(w.shape(), l.split_dim, l.split_parts, r, t))
+        std::memcpy(out.data() + run.whole_offset, all.data() + r * n + run.local_offset, size_t(run.numel) * sizeof(float));
+    convert(out.data(), DType::f32, w.data(), w.dtype(), w.numel());
+  }
+}
+
+double tp_grad_norm(Runtime& rt, ProcessGroup& tp, const std::vector<Parameter*>& params) {
+  std::vector<Parameter*> split, whole;
+  for (Parameter* p : params) (p->split_dim >= 0 ? split : whole).push_back(p);
+  const double a = grad_norm(rt, split), b = grad_norm(rt, whole);
+  float ss = float(a * a + (tp.rank() == 0 ? b * b : 0.0));
+  if (rt.is_meta()) return tp.all_reduce(nullptr, 1), 0.0;
+  tp.all_reduce(&ss, 1);
+  return std::sqrt(double(ss));
+}
+
 // ---- column-parallel: this rank's rows of W (its outputs) ----
 
-ColumnParallelLinear::ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias)
-    : tp_(tp), local_(rt, prefix, in, split(out, tp, "out_features", prefix), bias), out_(out) {}
+ColumnParallelLinear::ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias,
+                                           int parts)
+    : tp_(tp), local_(rt, prefix, in, split(out, tp, "out_features", prefix), bias), out_(out) {
+  if (out % (int64_t(parts) * tp.size()) != 0)
+    throw ConfigError(fmt::format("{}: {} blocks of {} rows do not split over {} tensor-parallel ranks", prefix, parts, out / parts, tp.size()),
+                      "parallel.tp must divide model.n_embd (and the number of heads)");
+  for (Parameter* p : local_.parameters()) p->split_dim = 0, p->split_parts = parts;
+}
 
 std::string ColumnParallelLinear::describe() const {
   return fmt::format("ColumnParallelLinear({} -> {}, rows {}..{} of {})", local_.in_features, out_, tp_.rank() * local_.out_features,
@@ -48,27 +144,17 @@ Tensor ColumnParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   return dx;
 }
 
-void ColumnParallelLinear::load_slice(const Linear& whole, int parts) {
-  const int64_t in = local_.in_features;
-  DL_ASSERT(whole.in_features == in && whole.out_features == out_ && out_ % (parts * tp_.size()) == 0, "load_slice: another layer's shape");
-  if (!local_.weight.data.data()) return;
-  const int64_t block = out_ / parts, rows = block / tp_.size();  // each part's rows, this rank's of them
-  const size_t ws = size_t(dtype_size(whole.weight.data.dtype())), ls = size_t(dtype_size(local_.weight.data.dtype()));
-  for (int p = 0; p < parts; p++) {
-    const int64_t first = p * block + tp_.rank() * rows;  // in the whole layer
-    convert(static_cast<const char*>(whole.weight.data.data()) + size_t(first * in) * ws, whole.weight.data.dtype(),
-            static_cast<char*>(local_.weight.data.data()) + size_t(p * rows * in) * ls, local_.weight.data.dtype(), rows * in);
-    if (local_.has_bias_)
-      convert(static_cast<const char*>(whole.bias.data.data()) + size_t(first) * size_t(dtype_size(whole.bias.data.dtype())),
-              whole.bias.data.dtype(), static_cast<char*>(local_.bias.data.data()) + size_t(p * rows) * size_t(dtype_size(local_.bias.data.dtype())),
-              local_.bias.data.dtype(), rows);
-  }
+void ColumnParallelLinear::load_slice(const Linear& whole) {
+  DL_ASSERT(whole.in_features == local_.in_features && whole.out_features == out_, "load_slice: another layer's shape");
+  take_runs(whole.weight.data, local_.weight.data, 0, local_.weight.split_parts, tp_.rank(), tp_.size());
+  if (local_.has_bias_) take_runs(whole.bias.data, local_.bias.data, 0, local_.bias.split_parts, tp_.rank(), tp_.size());
 }
 
 // ---- row-parallel: this rank's columns of W (its inputs) ----
 
 RowParallelLinear::RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool has_bias)
     : tp_(tp), local_(rt, prefix, split(in, tp, "in_features", prefix), out, false), in_(in), has_bias_(has_bias) {
+  local_.weight.split_dim = 1;
   if (has_bias) bias = make_parameter(rt, prefix + ".bias", {out}, /*decay=*/false);
 }
 
@@ -109,20 +195,15 @@ Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
 }
 
 void RowParallelLinear::load_slice(const Linear& whole) {
-  const int64_t out = local_.out_features, cols = local_.in_features, first = tp_.rank() * cols;
-  DL_ASSERT(whole.in_features == in_ && whole.out_features == out, "load_slice: another layer's shape");
-  if (!local_.weight.data.data()) return;
-  const size_t es = size_t(dtype_size(whole.weight.data.dtype())), ls = size_t(dtype_size(local_.weight.data.dtype()));
-  for (int64_t i = 0; i < out; i++)  // row i's columns [first, first + cols)
-    convert(static_cast<const char*>(whole.weight.data.data()) + size_t(i * in_ + first) * es, whole.weight.data.dtype(),
-            static_cast<char*>(local_.weight.data.data()) + size_t(i * cols) * ls, local_.weight.data.dtype(), cols);
-  if (has_bias_) convert(whole.bias.data.data(), whole.bias.data.dtype(), bias.data.data(), bias.data.dtype(), out);
+  DL_ASSERT(whole.in_features == in_ && whole.out_features == local_.out_features, "load_slice: another layer's shape");
+  take_runs(whole.weight.data, local_.weight.data, 1, 1, tp_.rank(), tp_.size());
+  if (has_bias_) take_runs(whole.bias.data, bias.data, -1, 1, 0, 1);
 }
 
 // ---- attention, heads split ----
 
 ParallelSelfAttention::ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head)
-    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C), c_proj(rt, tp, prefix + ".c_proj", C, C), C_(C), local_heads_(n_head / tp.size()) {
+    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C, true, 3), c_proj(rt, tp, prefix + ".c_proj", C, C), C_(C), local_heads_(n_head / tp.size()) {
   if (n_head % tp.size() != 0)
     throw ConfigError(fmt::format("{}: {} heads do not split over {} tensor-parallel ranks", prefix, n_head, tp.size()),
                       "parallel.tp must divide model.n_head: each rank computes whole heads");
@@ -139,7 +220,7 @@ std::vector<Parameter*> ParallelSelfAttention::parameters() {
 }
 
 void ParallelSelfAttention::load_slice(const CausalSelfAttention& whole) {
-  c_attn.load_slice(whole.c_attn, 3);  // this rank's heads of q, of k and of v
+  c_attn.load_slice(whole.c_attn);     // this rank's heads of q, of k and of v
   c_proj.load_slice(whole.c_proj);     // the columns those heads' outputs meet
 }
 
@@ -174,17 +255,15 @@ Tensor ParallelSelfAttention::backward(Runtime& rt, const Tensor& dout) {
 // ---- the vocabulary split: embedding and cross-entropy ----
 
 VocabParallelEmbedding::VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t v, int64_t b, int64_t c)
-    : vocab(v), block(b), C(c), first(tp.rank() * split(v, tp, "the vocabulary", prefix + "wte")), tp_(tp) {
+    : vocab(v), block(b), C(c), first(tp.rank() * split_vocab(v, tp, prefix + "wte")), tp_(tp) {
   wte = make_parameter(rt, prefix + "wte.weight", {v / tp.size(), c});
+  wte.split_dim = 0;
   wpe = make_parameter(rt, prefix + "wpe.weight", {b, c});
 }
 
 void VocabParallelEmbedding::load_slice(const Embedding& whole) {
-  if (!wte.data.data()) return;
-  const size_t ws = size_t(dtype_size(whole.wte.data.dtype()));
-  convert(static_cast<const char*>(whole.wte.data.data()) + size_t(first * C) * ws, whole.wte.data.dtype(), wte.data.data(), wte.data.dtype(),
-          wte.data.numel());
-  convert(whole.wpe.data.data(), whole.wpe.data.dtype(), wpe.data.data(), wpe.data.dtype(), wpe.data.numel());
+  take_runs(whole.wte.data, wte.data, 0, 1, tp_.rank(), tp_.size());
+  take_runs(whole.wpe.data, wpe.data, -1, 1, 0, 1);
 }
 
 Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
@@ -231,7 +310,8 @@ void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
   saved_tokens_.clear();
 }
 
-double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first) {
+double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first,
+                                          int64_t* correct) {
   const int64_t V = logits.size(-1), N = logits.numel() / V;
   if (int64_t(targets.size()) != N)
     throw ShapeError(fmt::format("vocab-parallel cross-entropy: {} targets for {} rows of logits {}", targets.size(), N, shape_str(logits.shape())));
@@ -240,6 +320,7 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
   first_ = first;
   logits_dtype_ = logits.dtype();
   std::vector<float> mx(static_cast<size_t>(N)), sum(static_cast<size_t>(N)), zt(static_cast<size_t>(N), 0.0f);
+  OpScope op(rt, "vocab_parallel_crossentropy_forward", 5.0 * double(N * V), 8.0 * double(N * V));
   if (!logits.data()) {  // meta: the three all-reduces, traced
     for (int k = 0; k < 3; k++) tp_.all_reduce(nullptr, N, k == 0 ? ReduceOp::max : ReduceOp::sum);
     return 0.0;
@@ -260,24 +341,30 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
     }
     sum[size_t(n)] = float(s);
     const int32_t t = targets[size_t(n)];
+    if (t >= V * tp_.size())
+      throw DataError(fmt::format("target {} is out of range for a vocabulary of {}", t, V * tp_.size()),
+                      "the data set's tokens don't match model.vocab_size");
     if (t >= first && t < first + V) zt[size_t(n)] = z.p[n * V + (t - first)];
   }
   tp_.all_reduce(sum.data(), N);
   tp_.all_reduce(zt.data(), N);
   double total = 0;
   counted_ = 0;
+  if (correct) *correct = 0;
   for (int64_t n = 0; n < N; n++) {
     const float inv = 1.0f / sum[size_t(n)];
     for (int64_t v = 0; v < V; v++) p[n * V + v] *= inv;
     if (targets[size_t(n)] < 0) continue;
     total += -(double(zt[size_t(n)]) - mx[size_t(n)] - std::log(double(sum[size_t(n)])));
     counted_++;
+    if (correct && zt[size_t(n)] == mx[size_t(n)]) ++*correct;
   }
   return counted_ ? total / double(counted_) : 0.0;
 }
 
 Tensor VocabParallelCrossEntropy::backward(Runtime& rt, float scale) {
   const int64_t N = probs_.size(0), V = probs_.size(1);
+  OpScope op(rt, "vocab_parallel_crossentropy_backward", 2.0 * double(N * V), 8.0 * double(N * V));
   Tensor d = rt.empty({N, V}, Category::activations, "grad of logits (this rank's columns)", logits_dtype_);
   AsF32 df(rt, d, AsF32::out);
   if (df.p) {

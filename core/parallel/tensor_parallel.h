@@ -22,22 +22,46 @@
 #include "core/nn/attention.h"
 #include "core/nn/embedding.h"
 #include "core/nn/linear.h"
+#include "core/optim/optimizer.h"
 
 namespace distlab {
+
+// ---- split parameters (Parameter::split_dim): where a rank's slice lies in the whole tensor ----
+
+// A run of contiguous elements: whole (flattened) [whole_offset, +numel) is local [local_offset, +numel).
+struct SliceRun {
+  int64_t whole_offset, local_offset, numel;
+};
+// The runs of rank `rank` of `t` for a whole tensor of `whole` shape split along `dim` (0: rows, one run
+// per block of `parts`; 1: columns, one run per row).
+std::vector<SliceRun> split_runs(const Shape& whole, int dim, int parts, int rank, int t);
+// The whole tensor's shape from a rank's slice.
+Shape whole_shape(const Parameter& p, int t);
+// This rank's slices taken from whole tensors (the same names, in the same order): what a TP model does
+// with a whole model's initial weights or an --init file. Whole parameters are copied.
+void load_split_params(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole, int rank, int t);
+// Every rank's slices put together into whole tensors (a collective over `tp`: one all-gather per split
+// parameter), from the f32 masters where `masters` has them — what a save writes.
+void gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
+                         const Optimizer* masters);
+// The L2 norm of the whole model's gradients: the squares of split gradients summed over the TP group,
+// those of whole (replicated) ones counted once — Megatron's "not a tensor-parallel duplicate" rule.
+double tp_grad_norm(Runtime& rt, ProcessGroup& tp, const std::vector<Parameter*>& params);
 
 class ColumnParallelLinear : public Layer {
  public:
   // `tp` the TP group (its size t must divide out). Parameters keep PyTorch's names and hold this rank's
-  // rows: "mlp.c_fc.weight" is (out/t, in) here.
-  ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  // rows: "mlp.c_fc.weight" is (out/t, in) here. `parts`: the rows are that many fused layers (c_attn's
+  // q, k and v: 3), and a rank holds its 1/t of each.
+  ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true,
+                       int parts = 1);
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole -> (..., out/t), this rank's slice
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group
   std::vector<Parameter*> parameters() override { return local_.parameters(); }
   // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading): its
-  // 1/t of the rows, or — fused layers — its 1/t of each of `parts` equal blocks of rows (c_attn's q, k
-  // and v: rank r takes its heads of each).
-  void load_slice(const Linear& whole, int parts = 1);
+  // 1/t of the rows, or — fused layers — its 1/t of each of the `parts` blocks (c_attn: its heads of each).
+  void load_slice(const Linear& whole);
   Linear& local() { return local_; }
 
  private:
@@ -110,8 +134,9 @@ class VocabParallelCrossEntropy {
  public:
   explicit VocabParallelCrossEntropy(ProcessGroup& tp) : tp_(tp) {}
   // logits (N, V/t): columns [first, first + V/t) of the vocabulary; the mean loss over rows whose target
-  // is not negative, the same on every rank
-  double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first);
+  // is not negative, the same on every rank. `correct` counts the rows whose target's logit is the
+  // largest of the whole vocabulary (argmax, from the all-reduced max: no extra communication).
+  double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first, int64_t* correct = nullptr);
   Tensor backward(Runtime& rt, float scale = 1.0f);  // (N, V/t): (softmax - onehot) · scale / rows
 
  private:

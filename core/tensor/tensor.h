@@ -76,6 +76,10 @@ struct Parameter {
   Tensor data;       // category params; bf16/f16 under mixed precision (the optimizer holds the f32 master)
   Tensor grad;       // category grads, the data's dtype; undefined until the first backward
   bool decay = true; // AdamW weight decay applies (false for biases and norms in GPT configs)
+  // Tensor parallel (core/parallel/tensor_parallel.h): the dimension of the whole tensor this rank holds a
+  // 1/t slice of (0 rows, 1 columns; -1: whole on every rank), and into how many equal blocks that
+  // dimension falls first (c_attn's q, k and v: 3; a rank takes its share of each block).
+  int split_dim = -1, split_parts = 1;
   Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
 };
 

@@ -134,6 +134,9 @@ const std::vector<Key>& keys() {
       KEY("parallel.sharding", Kind::string, std::string, parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard"),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
+      KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
+      KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: GPT's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
+      KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
@@ -376,6 +379,14 @@ void validate(const RunConfig& c) {
           "use none or cpu");
   require(c.precision.reduce_dtype == "fp32" || c.precision.reduce_dtype == "bf16" || c.precision.reduce_dtype == "fp16", c,
           "precision.reduce_dtype", "is '" + c.precision.reduce_dtype + "'", "use fp32 (the default), bf16 or fp16");
+  require(c.parallel.dp >= 0, c, "parallel.dp", "must not be negative", "0 leaves it to the world size");
+  require(c.parallel.tp >= 1, c, "parallel.tp", "must be at least 1", "1 keeps every layer whole");
+  require(c.parallel.pp >= 1, c, "parallel.pp", "must be at least 1", "1 keeps the model in one stage");
+  at_most(c, "parallel.tp", c.parallel.tp, 1 << 16, "");
+  at_most(c, "parallel.pp", c.parallel.pp, 1 << 16, "");
+  require(c.parallel.tp == 1 || c.model.name == "gpt", c, "parallel.tp",
+          fmt::format("is {} with model.name {}", c.parallel.tp, c.model.name),
+          "tensor parallel splits GPT's heads, MLP and vocabulary: use model.name = \"gpt\", or parallel.tp = 1");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
   require(c.checkpoint.every >= 0, c, "checkpoint.every", "must not be negative", "0 saves at the end (and on SIGTERM) only");
   require(c.checkpoint.keep >= 0, c, "checkpoint.keep", "must not be negative", "0 keeps every checkpoint");

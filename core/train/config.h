@@ -54,7 +54,9 @@ struct ParallelOptions {
   bool prefetch = true;
   std::string sharding = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard (= DDP)
   std::string offload = "none";         // zero3, fsdp: none | cpu
-  int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)  // zero3: all-gather the next unit while this one computes (forward and backward)
+  int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)
+  // The device mesh (core/parallel/mesh.h): world = dp × tp × pp; 0 = what the others leave (all 0: dp = world)
+  int64_t dp = 0, tp = 1, pp = 1;
 };
 
 struct DistOptions {

@@ -13,6 +13,7 @@
 #include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
 #include "core/nn/loss.h"
+#include "core/parallel/tensor_parallel.h"
 #include "core/perf/hardware.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
@@ -26,7 +27,27 @@ static int default_threads() {
 
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
     : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab), scaler_(loss_scale_options(cfg.precision)) {
-  check_strategy_fits(cfg, world());
+  // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
+  const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp);
+  dp_ = pg;
+  if (shape.tp > 1 || shape.pp > 1) {
+    if (shape.pp > 1)
+      throw ConfigError(fmt::format("parallel.pp {}: pipeline stages are not part of this build yet", shape.pp),
+                        "split the model with parallel.tp, or the data with parallel.dp");
+    if (lab)
+      throw ConfigError(fmt::format("parallel.tp {} in lab {}: the lab's hooks see whole layers", shape.tp, cfg.lab.name),
+                        "run the lab without parallel.tp");
+    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
+      throw ConfigError(fmt::format("parallel.strategy {} with parallel.tp {}: the data-parallel axis of a tensor-parallel run is ddp (or "
+                                    "none) in this build", cfg.parallel.strategy, shape.tp),
+                        "set parallel.strategy = \"ddp\"; ZeRO and FSDP shard whole layers");
+    if (!cfg.checkpoint.dir.empty())
+      throw ConfigError(fmt::format("checkpoint.dir with parallel.tp {}: checkpoints of split layers are not part of this build yet", shape.tp),
+                        "train without checkpoint.dir, and --save the whole model at the end");
+    mesh_ = std::make_unique<Mesh>(*pg, shape);
+    dp_ = &mesh_->group(MeshAxis::dp);
+  }
+  check_strategy_fits(cfg, dp_world());
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
                       "plan with --device meta, or start real ranks with distlab run");
@@ -41,7 +62,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   // batch sizes: micro × ranks × accum = global (one rank here)
   micro_batch_ = cfg.train.micro_batch;
   if (cfg.train.global_batch > 0) {
-    const int64_t world = this->world(), per = world * cfg.train.accum_steps;
+    const int64_t world = dp_world(), per = world * cfg.train.accum_steps;
     if (cfg.train.global_batch % per != 0)
       throw ConfigError(fmt::format("train.global_batch {} is not divisible by ranks ({}) x train.accum_steps ({})",
                                     cfg.train.global_batch, world, cfg.train.accum_steps),
@@ -55,7 +76,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   }
 
   if (!rt.is_meta()) {
-    auto sampler = make_train_sampler(cfg, data_.train->size(), world(), pg_ ? pg_->rank() : 0, lab_);
+    auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), lab_);
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last);
     if (loader_->batches_per_epoch() < 1)
       throw ConfigError(fmt::format("the train set has {} samples, fewer than one micro-batch of {}", data_.train->size(), micro_batch_),
@@ -73,9 +94,9 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
   rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
-  model_ = build_model(rt, spec_);
+  model_ = build_model(rt, spec_, tp_group());
   model_->init(cfg.train.seed);
-  strategy_ = make_strategy(cfg, pg_, *model_, rt, lab_);
+  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -120,10 +141,18 @@ Batch Trainer::next_batch() {
 // One micro-batch: forward, the loss, backward of loss · loss_factor (gradients add up); returns the loss.
 double Trainer::micro_step(float loss_factor, bool sync, int64_t& samples) {
   Batch b = next_batch();
-  CrossEntropyLoss ce;
   Tensor logits = model_->forward(rt_, b, strategy_.get());
-  const double loss = ce.forward(rt_, logits, b.targets);
-  Tensor dlogits = ce.backward(rt_, loss_factor);
+  double loss = 0;
+  Tensor dlogits;
+  if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
+    VocabParallelCrossEntropy ce(*tp);
+    loss = ce.forward(rt_, logits, b.targets, model_->vocab_first());
+    dlogits = ce.backward(rt_, loss_factor);
+  } else {
+    CrossEntropyLoss ce;
+    loss = ce.forward(rt_, logits, b.targets);
+    dlogits = ce.backward(rt_, loss_factor);
+  }
   logits = Tensor();
   strategy_->begin_backward(sync);  // false: no_sync (gradients stay local until the last micro-step)
   model_->backward(rt_, dlogits, strategy_.get());
@@ -145,7 +174,9 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
   if (!o.skipped) {
-    o.grad_norm = strategy_->grad_norm(rt_, *model_) / o.loss_scale;
+    // split layers: the squares summed over the TP group (the dp axis is ddp or none, whose gradients are whole)
+    ProcessGroup* tp = model_->tp_group();
+    o.grad_norm = (tp ? tp_grad_norm(rt_, *tp, model_->parameters()) : strategy_->grad_norm(rt_, *model_)) / o.loss_scale;
     strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
   }
   scaler_.update(o.skipped);
@@ -160,7 +191,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   const bool traced = (!cfg_.log.profile.empty() || !cfg_.log.trace.empty()) && step + 1 == std::min(cfg_.log.trace_step, total_steps_);
   rt_.trace.keep_events(traced);
   rt_.trace.clear_events();
-  const CommCounters comm_before = pg_ ? pg_->total_counters() : CommCounters{};
+  const CommCounters comm_before = comm_totals();
   const double t0 = rt_.trace.now_us();
   const StepOutcome o = lab_ && lab_->drives_steps() ? lab_step(step) : engine_step(step);
   rt_.trace.keep_events(false);
@@ -173,15 +204,16 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   peak_total_ = std::max(peak_total_, m.peak_total);
   double loss = o.loss;
   int64_t samples = o.samples;
-  const CommCounters comm = pg_ ? pg_->total_counters() : CommCounters{};
+  const CommCounters comm = comm_totals();
   // a stop request (SIGTERM) on any rank stops every rank after this step: the flag rides on the loss
   stop_agreed_ = stop_requested();
   if (pg_ && pg_->size() > 1 && !rt_.is_meta()) {  // report the global batch's loss, as one device would see it
+    // (over the world: a TP group's ranks hold the same loss, so the mean is the data-parallel ranks')
     float l[2] = {float(loss), stop_agreed_ ? 1.0f : 0.0f};
     pg_->all_reduce(l, 2, ReduceOp::avg);
     loss = l[0];
     stop_agreed_ = l[1] > 0;
-    samples *= pg_->size();
+    samples *= dp_world();
   }
   if (traced) modeled_ = model_time(step);
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
@@ -242,7 +274,10 @@ nlohmann::json Trainer::evaluate() {
     Tensor logits = model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
     int64_t hits = 0;
     const int64_t rows = int64_t(b.targets.size());
-    loss_sum += ce.forward(rt_, logits, b.targets, &hits) * double(rows);
+    if (ProcessGroup* tp = model_->tp_group())
+      loss_sum += VocabParallelCrossEntropy(*tp).forward(rt_, logits, b.targets, model_->vocab_first(), &hits) * double(rows);
+    else
+      loss_sum += ce.forward(rt_, logits, b.targets, &hits) * double(rows);
     correct += hits;
     counted += rows;
     batches++;
@@ -254,25 +289,35 @@ nlohmann::json Trainer::evaluate() {
 }
 
 nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
-  const int64_t nparams = model_->num_parameters();
+  const int64_t nparams = model_->num_parameters();  // this rank's (its slices under tensor parallelism)
+  int64_t whole_params = nparams;                      // the model's
+  if (ProcessGroup* tp = tp_group()) {
+    whole_params = 0;
+    for (Parameter* p : model_->parameters()) whole_params += shape_numel(whole_shape(*p, tp->size()));
+  }
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
                       device_name(rt_.device), world(), strategy_->describe(), compute_threads());
+  if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
   if (!rt_.is_meta()) log_ << data_.note << "\n";
-  log_ << fmt::format("model {}: {} parameters\n{}", spec_.name, nparams, model_->describe());
+  log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,
+                      whole_params == nparams ? "" : fmt::format(" ({} on this rank: 1/{} of the split ones, all of the rest)", nparams, tp_group()->size()),
+                      model_->describe());
   if (spec_.name == "gpt")
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
-                        gpt_params_closed_form(spec_), 100.0 * double(nparams - gpt_params_closed_form(spec_)) / double(nparams));
+                        gpt_params_closed_form(spec_), 100.0 * double(whole_params - gpt_params_closed_form(spec_)) / double(whole_params));
   log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
-                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, world(), cfg_.train.accum_steps,
-                      micro_batch_ * world() * cfg_.train.accum_steps, total_steps_);
+                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, dp_world(), cfg_.train.accum_steps,
+                      micro_batch_ * dp_world() * cfg_.train.accum_steps, total_steps_);
   log_ << fmt::format("precision {}{} | {}\n", cfg_.precision.mode, rt_.dtype == DType::f32 ? "" : " (f32 master weights in the optimizer)",
                       scaler_.describe());
-  const bool replicas = pg_ && pg_->size() > 1 && !rt_.is_meta();
+  const bool replicas = dp_ && dp_->size() > 1 && !rt_.is_meta();
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
   const bool checkpoints = !cfg_.checkpoint.dir.empty();
   resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
   if (!out.init_path.empty() && !resumed_from_.empty()) {
     log_ << "--init " << out.init_path << " ignored: the run resumes from its checkpoint\n";
+  } else if (!out.init_path.empty() && tp_group()) {
+    load_whole_model(out.init_path);
   } else if (!out.init_path.empty()) {
     strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
     load_model(*model_, out.init_path);
@@ -303,9 +348,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
     if (step > start_step_ || total_steps_ == 1) {
       steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
-      steady_samples += double(micro_batch_ * cfg_.train.accum_steps * world());
+      steady_samples += double(micro_batch_ * cfg_.train.accum_steps * dp_world());
     }
-    samples += double(micro_batch_ * cfg_.train.accum_steps * world());
+    samples += double(micro_batch_ * cfg_.train.accum_steps * dp_world());
     if (!rt_.is_meta() && !std::isfinite(loss) && !scaler_.dynamic())  // a dynamic scaler skips it and backs off
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
                   std::string("the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data") +
@@ -319,8 +364,10 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
-    // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers
-    if ((is_rank0() || sharded) && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
+    // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, and under
+    // tensor parallelism rank 0's TP group does (its forward has collectives)
+    const bool evaluates = is_rank0() || sharded || (tp_group() && mesh_->coord().dp == 0 && mesh_->coord().pp == 0);
+    if (evaluates && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
       last_eval = evaluate();
       last_eval["step"] = step + 1;
       if (is_rank0()) metrics.write(last_eval);
@@ -344,7 +391,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
-  if (!out.save_path.empty()) {
+  if (!out.save_path.empty() && tp_group()) {
+    save_whole_model(out.save_path, parse_dtype(out.save_dtype));
+  } else if (!out.save_path.empty()) {
     // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
     strategy_->gather_full_params(rt_, opt_.get());
     if (is_rank0()) {
@@ -360,7 +409,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"test_accuracy", last_eval.value("accuracy", nlohmann::json(nullptr))},
                             {"samples_per_s", steady_samples / std::max(steady_s, 1e-9)},
                             {"wall_s", wall},
-                            {"params", nparams},
+                            {"params", whole_params},
+                            {"params_this_rank", nparams},
                             {"device", device_name(rt_.device)},
                             {"synthetic_data", data_.synthetic},
                             {"peak_memory", memory_json(peak_)},
@@ -370,6 +420,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"final_loss_scale", loss_scale_},
                             {"flops_per_step", last_step_flops_},
                             {"world_size", world()},
+                            {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
                             {"dataset_size", data_.train ? data_.train->size() : 0},
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / cfg_.train.accum_steps : 0},
@@ -382,7 +433,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {
     nlohmann::json comm = nlohmann::json::object();
-    for (const auto& [op, c] : pg_->counters())
+    for (const auto& [op, c] : comm_by_op())
       comm[op] = {{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}};
     summary["comm"] = comm;
   }
@@ -402,6 +453,54 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>());
   return summary;
+}
+
+CommCounters Trainer::comm_totals() const {
+  CommCounters t;
+  for (const auto& [op, c] : comm_by_op()) {
+    t.calls += c.calls;
+    t.bytes_sent += c.bytes_sent;
+    t.bytes_received += c.bytes_received;
+  }
+  return t;
+}
+
+std::map<std::string, CommCounters> Trainer::comm_by_op() const {
+  std::map<std::string, CommCounters> all;
+  std::vector<ProcessGroup*> groups;
+  if (pg_) groups.push_back(pg_);
+  if (mesh_)
+    for (MeshAxis a : {MeshAxis::dp, MeshAxis::tp, MeshAxis::pp}) groups.push_back(&mesh_->group(a));
+  for (ProcessGroup* g : groups)
+    for (const auto& [op, c] : g->counters()) {
+      CommCounters& t = all[op];
+      t.calls += c.calls;
+      t.bytes_sent += c.bytes_sent;
+      t.bytes_received += c.bytes_received;
+    }
+  return all;
+}
+
+// --init under tensor parallelism: the file holds the whole model; each rank takes its slices
+void Trainer::load_whole_model(const std::string& path) {
+  Runtime side(rt_.device);  // f32, its own accountant: the whole model lives only for this call
+  auto whole = build_model(side, spec_);
+  load_model(*whole, path);
+  ProcessGroup& tp = *tp_group();
+  load_split_params(model_->parameters(), whole->parameters(), tp.rank(), tp.size());
+  log_ << "loaded weights from " << path << " (this rank's tensor-parallel slices)\n";
+}
+
+// --save under tensor parallelism: every TP group gathers its slices (from the f32 masters) into the whole
+// model, and rank 0 writes it — the same file a one-rank run writes, loadable by PyTorch
+void Trainer::save_whole_model(const std::string& path, DType dtype) {
+  Runtime side(rt_.device);
+  auto whole = build_model(side, spec_);
+  gather_split_params(*tp_group(), model_->parameters(), whole->parameters(), opt_.get());
+  if (is_rank0()) {
+    save_model(*whole, path, dtype);
+    log_ << "saved weights to " << path << " (" << dtype_name(dtype) << ", gathered from " << tp_group()->size() << " tensor-parallel ranks)\n";
+  }
 }
 
 }  // namespace distlab

@@ -11,6 +11,7 @@
 
 #include "core/data/loader.h"
 #include "core/dist/process_group.h"
+#include "core/parallel/mesh.h"
 #include "core/parallel/strategy.h"
 #include "core/models/model.h"
 #include "core/optim/grad_scaler.h"
@@ -87,6 +88,16 @@ class Trainer {
   nlohmann::json lab_restore_problems(const std::string& dir);  // lab 07: what load_state left unlike the save
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
   int world() const { return pg_ ? pg_->size() : 1; }
+  // the data-parallel ranks: the world without a mesh; its dp axis with one (parallel.tp, parallel.pp)
+  int dp_world() const { return dp_ ? dp_->size() : 1; }
+  int dp_rank() const { return dp_ ? dp_->rank() : 0; }
+  ProcessGroup* tp_group() const { return mesh_ && mesh_->shape().tp > 1 ? &mesh_->group(MeshAxis::tp) : nullptr; }
+  // every group's collectives so far (the world's and the mesh's axes)
+  CommCounters comm_totals() const;
+  std::map<std::string, CommCounters> comm_by_op() const;
+  // --init and --save under tensor parallelism: the whole model, built on the side
+  void load_whole_model(const std::string& path);
+  void save_whole_model(const std::string& path, DType dtype);
 
   const RunConfig& cfg_;
   Runtime& rt_;
@@ -97,6 +108,8 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;
+  std::unique_ptr<Mesh> mesh_;  // dp × tp × pp when parallel.tp or parallel.pp > 1 (core/parallel/mesh.h)
+  ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the strategy) runs over
   LabPlugin* lab_;
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)

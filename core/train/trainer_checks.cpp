@@ -119,18 +119,23 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
     for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(fnv1a(b->data.data(), size_t(b->data.nbytes())))});
     mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train, std::min<int64_t>(16, micro_batch_)) : 0)});
   }
+  // the replicas: the ranks of this rank's data-parallel group (every rank without a mesh; under tensor
+  // or pipeline parallelism the ranks that hold the same slices of the same stage)
+  const std::vector<int>& members = dp_->global_ranks();
   const std::string key = "replicas/" + when + "/";
   pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
-  const auto ref = nlohmann::json::parse(pg_->store().get_string(key + "0"));
-  for (int r = 1; r < pg_->size(); r++) {
+  const int first = members[0];
+  const auto ref = nlohmann::json::parse(pg_->store().get_string(key + std::to_string(first)));
+  for (size_t k = 1; k < members.size(); k++) {
+    const int r = members[k];
     const auto theirs = r == pg_->rank() ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
     for (size_t i = 0; i < ref.size(); i++) {
       if (i < theirs.size() && theirs[i] == ref[i]) continue;
       const std::string name = ref[i][0];
       if (name == "the training data")
-        throw Error(fmt::format("rank {} trains on other data than rank 0 ({}): {}", r, when, data_.note),
+        throw Error(fmt::format("rank {} trains on other data than rank {} ({}): {}", r, first, when, data_.note),
                     "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
-      throw Error(fmt::format("rank {}'s {} differs from rank 0's {}: the replicas {}", r, name, when,
+      throw Error(fmt::format("rank {}'s {} differs from rank {}'s {}: the replicas {}", r, name, first, when,
                               when == "at the end" ? "diverged during training" : "start from different weights"),
                   when == "at the end"
                       ? "every rank must apply the same averaged gradient to the same weights: is a gradient not averaged, or "
