@@ -202,7 +202,7 @@ void ProcessGroup::execute(Call& c) {
 void ProcessGroup::fail(const Call& c, const std::string& what) {
   std::string arrived = "unknown", missing;
   std::vector<int> missing_ranks;
-  if (opts_.track_arrivals) {
+  if (opts_.track_arrivals && c.seq >= 0) {  // point to point: the one peer is named in the message
     arrived.clear();
     for (int r = 0; r < size_; r++) {
       bool here = false;
@@ -219,8 +219,8 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
   const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
   const bool peer_lost = what.find("closed by peer") != std::string::npos || what.find("reset by peer") != std::string::npos ||
                          what.find("Broken pipe") != std::string::npos;
-  const std::string message = fmt::format("rank {}: {} #{} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op, c.seq,
-                  c.count, format_bytes(double(c.count) * 4), name_,
+  const std::string message = fmt::format("rank {}: {} {} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op,
+                  c.seq >= 0 ? fmt::format("#{}", c.seq) : "(" + c.detail + ")", c.count, format_bytes(double(c.count) * 4), name_,
                   timed_out ? fmt::format("timed out after {:.1f} s", opts_.timeout.count() / 1000.0) : "failed", what,
                   arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing);
   if (peer_lost) throw PeerLostError(message, "another rank failed or exited first: its own output says why (distlab run prints it)");
@@ -414,32 +414,58 @@ uint64_t ProcessGroup::p2p_slot(int peer, int tag, bool sending) {
   return (uint64_t(1) << 62) | (uint64_t(uint32_t(tag)) << 32) | (k & 0xffffffffu);
 }
 
-void ProcessGroup::send(const float* data, int64_t n, int dst, int tag) {
-  if (dst < 0 || dst >= size_ || dst == rank_)
-    throw CommError(fmt::format("rank {}: send to rank {} in group '{}' of {} ranks", rank_, dst, name_, size_), "send to another rank of the group");
-  const uint64_t slot = p2p_slot(dst, tag, true);
-  submit("send", n, n * 4, false, [=, this](int64_t) {
-    if (n > 0 && !fake_) {
-      auto buf = context_->createUnboundBuffer(const_cast<float*>(data), size_t(n) * 4);
-      buf->send(dst, slot);
-      buf->waitSend(opts_.timeout);
-    }
-    count("send", n * 4, 0);
-  })->wait();
+void ProcessGroup::send(const float* data, int64_t n, int dst, int tag) { send_recv(data, n, dst, tag, nullptr, 0, -1, 0); }
+
+void ProcessGroup::recv(float* data, int64_t n, int src, int tag) { send_recv(nullptr, 0, -1, 0, data, n, src, tag); }
+
+void ProcessGroup::trace_p2p(const char* op, int64_t bytes, int sender, int receiver, int tag, uint64_t slot, bool wait) {
+  if (!trace_) return;
+  auto global = [&](int r) { return global_ranks_.empty() ? r : global_ranks_[size_t(r)]; };
+  TraceEvent e;
+  e.name = wait ? std::string("wait ") + op : std::string(op);
+  e.kind = wait ? EventKind::wait : EventKind::collective;
+  e.stream = wait ? Stream::compute : Stream::comm;
+  e.op = op;
+  e.payload_bytes = bytes;
+  e.group_size = 2;
+  e.seq = int64_t(slot & 0xffffffffu);
+  e.group = fmt::format("p2p {}->{} tag {}", global(sender), global(receiver), tag);
+  e.t_begin_us = e.t_end_us = trace_->now_us();
+  trace_->record(e);
 }
 
-void ProcessGroup::recv(float* data, int64_t n, int src, int tag) {
-  if (src < 0 || src >= size_ || src == rank_)
+void ProcessGroup::send_recv(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src, int in_tag) {
+  const bool sending = dst >= 0, receiving = src >= 0;
+  if (sending && (dst >= size_ || dst == rank_))
+    throw CommError(fmt::format("rank {}: send to rank {} in group '{}' of {} ranks", rank_, dst, name_, size_), "send to another rank of the group");
+  if (receiving && (src >= size_ || src == rank_))
     throw CommError(fmt::format("rank {}: recv from rank {} in group '{}' of {} ranks", rank_, src, name_, size_), "receive from another rank of the group");
-  const uint64_t slot = p2p_slot(src, tag, false);
-  submit("recv", n, n * 4, false, [=, this](int64_t) {
-    if (n > 0 && !fake_) {
-      auto buf = context_->createUnboundBuffer(data, size_t(n) * 4);
-      buf->recv(src, slot);
-      buf->waitRecv(opts_.timeout);
+  const uint64_t send_slot = sending ? p2p_slot(dst, out_tag, true) : 0, recv_slot = receiving ? p2p_slot(src, in_tag, false) : 0;
+  if (sending) trace_p2p("send", n_out * 4, rank_, dst, out_tag, send_slot, false);
+  if (receiving) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, false);
+  std::string what = sending && receiving ? fmt::format("send to rank {} + recv from rank {}", dst, src)
+                     : sending            ? fmt::format("send to rank {}", dst)
+                                          : fmt::format("recv from rank {}", src);
+  const char* op = sending && receiving ? "send_recv" : sending ? "send" : "recv";
+  submit(op, sending ? n_out : n_in, (n_out + n_in) * 4, false, [=, this](int64_t) {
+    if (!fake_) {
+      std::unique_ptr<gloo::transport::UnboundBuffer> sb, rb;
+      if (sending && n_out > 0) {
+        sb = context_->createUnboundBuffer(const_cast<float*>(out), size_t(n_out) * 4);
+        sb->send(dst, send_slot);
+      }
+      if (receiving && n_in > 0) {
+        rb = context_->createUnboundBuffer(in, size_t(n_in) * 4);
+        rb->recv(src, recv_slot);
+      }
+      if (sb) sb->waitSend(opts_.timeout);
+      if (rb) rb->waitRecv(opts_.timeout);
     }
-    count("recv", 0, n * 4);
-  })->wait();
+    if (sending) count("send", n_out * 4, 0);
+    if (receiving) count("recv", 0, n_in * 4);
+  }, what)->wait();
+  if (sending) trace_p2p("send", n_out * 4, rank_, dst, out_tag, send_slot, true);
+  if (receiving) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, true);
 }
 
 // Ring reduce-scatter (Gloo has no options-style one), pipelined. Split the buffer into size() chunks of

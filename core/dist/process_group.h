@@ -105,6 +105,11 @@ class ProcessGroup {
   // point to point; a send pairs with the matching recv of the same tag, in order
   void send(const float* data, int64_t n, int dst, int tag = 0);
   void recv(float* data, int64_t n, int src, int tag = 0);
+  // A send (to dst, n_out floats) and a receive (from src, n_in floats) posted together and then both
+  // awaited — Megatron's batch_isend_irecv: two neighbours that send to each other at once (a pipeline's
+  // activations one way, gradients the other) do not deadlock. dst or src < 0: that half is absent. Each
+  // half pairs with the peer's of the same tag, in order.
+  void send_recv(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src, int in_tag);
 
   std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
   std::shared_ptr<Work> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
@@ -142,6 +147,9 @@ class ProcessGroup {
   std::vector<float> rs_scratch_;      // the ring reduce-scatter's receive and partial-sum buffers, reused
   std::vector<uint16_t> rs_scratch16_; // and its 16-bit staging, with a 16-bit wire
   uint64_t p2p_slot(int peer, int tag, bool sending);
+  // the trace's record of one message (a two-rank "collective" the cost model pairs by sender, receiver,
+  // tag and index) and of the wait for it
+  void trace_p2p(const char* op, int64_t bytes, int sender, int receiver, int tag, uint64_t slot, bool wait);
 
   std::unique_ptr<MemoryStore> own_store_;  // the fake world's: nobody else shares it
   Store& store_;

@@ -1,5 +1,7 @@
 #include "core/models/model.h"
 
+#include "core/util/error.h"
+
 namespace distlab {
 
 int64_t Model::num_parameters() {
@@ -10,6 +12,22 @@ int64_t Model::num_parameters() {
 
 void Model::zero_grad() {
   for (auto* p : parameters()) p->grad = Tensor();
+}
+
+}  // namespace distlab
+
+namespace distlab {
+
+Tensor Model::forward_stage(Runtime&, const Batch&, const Tensor&, ForwardHook*) {
+  throw ConfigError("this model cannot be split into pipeline stages", "parallel.pp > 1 splits GPT (model.name = \"gpt\")");
+}
+
+Tensor Model::backward_stage(Runtime&, const Tensor&, BackwardHook*) {
+  throw ConfigError("this model cannot be split into pipeline stages", "parallel.pp > 1 splits GPT (model.name = \"gpt\")");
+}
+
+void Model::swap_saved(SavedState&) {
+  throw ConfigError("this model cannot keep several micro-batches in flight", "parallel.pp > 1 splits GPT (model.name = \"gpt\")");
 }
 
 }  // namespace distlab

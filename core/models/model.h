@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/data/batch.h"
+#include "core/nn/layer.h"
 #include "core/tensor/runtime.h"
 
 namespace distlab {
@@ -53,11 +54,19 @@ class Model {
   // Every random stream's position (each Dropout's draws so far), in a fixed order: what a checkpoint
   // saves of the model besides its tensors.
   virtual std::vector<uint64_t*> rng_streams() { return {}; }
-  // Tensor parallel (gpt_tp.h): the group the model's layers are split over (nullptr: the model is whole).
+  // Tensor parallel (gpt_parallel.h): the group the model's layers are split over (nullptr: the model is whole).
   // Its logits are then this rank's columns [vocab_first(), vocab_first() + V/t) of the vocabulary, and
   // the loss must be the vocab-parallel one over this group.
   virtual ProcessGroup* tp_group() { return nullptr; }
   virtual int64_t vocab_first() const { return 0; }
+  // Pipeline parallel (core/parallel/pipeline.h): a model built as one stage of several runs its units on
+  // what the stage before sent (`input`; the first stage reads the batch's tokens) and returns what it
+  // sends on (the last stage: the logits); backward_stage takes the gradient of that and returns the
+  // gradient of `input` (undefined on the first stage). swap_saved exchanges what the forward saved for
+  // the backward, so several micro-batches can be in flight. A whole model is its own only stage.
+  virtual Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook);
+  virtual Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook);
+  virtual void swap_saved(SavedState& s);
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/models/gpt.h"
-#include "core/models/gpt_tp.h"
+#include "core/models/gpt_parallel.h"
 #include "core/models/sequential.h"
 #include "core/nn/conv2d.h"
 #include "core/nn/linear.h"
@@ -47,9 +47,14 @@ static std::unique_ptr<Model> build_cifar_cnn(Runtime& rt, const ModelSpec& s) {
   return m;
 }
 
-std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp) {
-  if (tp && tp->size() > 1) {
-    if (s.name == "gpt") return std::make_unique<TensorParallelGPT>(rt, *tp, s);
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,
+                                   const std::vector<int64_t>& layers) {
+  if (stages > 1 && s.name != "gpt")
+    throw ConfigError(fmt::format("parallel.pp {} with model.name {}: pipeline stages split GPT's blocks", stages, s.name),
+                      "use model.name = \"gpt\", or parallel.pp = 1");
+  if ((tp && tp->size() > 1) || stages > 1) {
+    DL_ASSERT(tp, "build_model: a split model needs its (tensor-parallel) group, even of one rank");
+    if (s.name == "gpt") return std::make_unique<ParallelGPT>(rt, *tp, s, stage, stages, layers);
     throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
                                   tp->size(), s.name),
                       "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");

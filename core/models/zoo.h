@@ -25,9 +25,11 @@ struct ModelSpec {
   uint64_t dropout_seed = 0;
 };
 
-// `tp`: a tensor-parallel group of more than one rank splits GPT's layers over it (gpt_tp.h); other
+// `tp`: a tensor-parallel group of more than one rank splits GPT's layers over it; `stages` > 1 builds
+// stage `stage` of a pipeline (`layers`: blocks per stage; empty: even) — both gpt_parallel.h; other
 // models are refused.
-std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& spec, ProcessGroup* tp = nullptr);
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& spec, ProcessGroup* tp = nullptr, int stage = 0, int stages = 1,
+                                   const std::vector<int64_t>& layers = {});
 
 // The closed form of the course: 12·L·C² (blocks) + V·C + T·C, and the exact count of our GPT:
 // 12·L·C² + 13·L·C + V·C + T·C + 2·C (biases and norms are the "small terms").

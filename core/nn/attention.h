@@ -12,6 +12,12 @@ class CausalSelfAttention : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override {}  // the GPT model initializes its linears (GPT-2's scheme)
+  void swap_saved(SavedState& s) override {
+    c_attn.swap_saved(s);
+    c_proj.swap_saved(s);
+    s.swap(qkv_);
+    s.swap(att_);
+  }
   Linear c_attn, c_proj;
   int64_t C, n_head;
 

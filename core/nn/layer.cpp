@@ -46,3 +46,14 @@ void expect_shape(const std::string& layer, const Tensor& x, const Shape& traili
 }
 
 }  // namespace distlab
+
+namespace distlab {
+
+int64_t SavedState::bytes() const {
+  int64_t b = 0;
+  for (const Tensor& t : tensors)
+    if (t.defined()) b += t.nbytes();
+  return b;
+}
+
+}  // namespace distlab

@@ -10,6 +10,34 @@
 
 namespace distlab {
 
+// What a forward saved for its backward, moved out of the layers and back in: pipeline parallelism keeps
+// one per micro-batch in flight (core/parallel/pipeline.h), as autograd keeps a graph per micro-batch.
+// Layers visit their saved members in a fixed order; swapping twice restores both sides.
+struct SavedState {
+  std::vector<Tensor> tensors;
+  std::vector<std::vector<int64_t>> ints;
+  std::vector<std::vector<int32_t>> tokens;
+  void begin() { t_ = i_ = k_ = 0; }  // before each visit
+  void swap(Tensor& x) { std::swap(slot(tensors, t_), x); }
+  void swap(std::vector<int64_t>& v) { std::swap(slot(ints, i_), v); }
+  void swap(std::vector<int32_t>& v) { std::swap(slot(tokens, k_), v); }
+  void swap(int64_t& v) {
+    auto& s = slot(ints, i_);
+    const int64_t mine = s.empty() ? 0 : s[0];
+    s = {v};
+    v = mine;
+  }
+  int64_t bytes() const;  // the saved tensors' bytes (what a micro-batch in flight holds)
+
+ private:
+  template <class T>
+  T& slot(std::vector<T>& v, size_t& at) {
+    if (at == v.size()) v.emplace_back();
+    return v[at++];
+  }
+  size_t t_ = 0, i_ = 0, k_ = 0;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -27,6 +55,8 @@ class Layer {
   // A layer that draws random numbers (Dropout) counts its draws: the count is its RNG stream's state,
   // which a checkpoint saves so that a resumed run draws the masks the uninterrupted one would.
   virtual uint64_t* rng_calls() { return nullptr; }
+  // Exchanges what the last forward saved for backward with `s` (SavedState above).
+  virtual void swap_saved(SavedState& s) {}
 
  protected:
   bool training_ = true;

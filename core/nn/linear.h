@@ -13,6 +13,7 @@ class Linear : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // kaiming_uniform(a=sqrt(5)): U(±1/sqrt(in)), bias the same
+  void swap_saved(SavedState& s) override { s.swap(saved_x_); }
   Parameter weight, bias;        // (out, in), (out)
   // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
   bool has_bias_ = false;

@@ -13,6 +13,11 @@ class LayerNorm : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
   void init(Rng& rng) override;  // weight 1, bias 0
+  void swap_saved(SavedState& s) override {
+    s.swap(saved_x_);
+    s.swap(mean_);
+    s.swap(rstd_);
+  }
   Parameter weight, bias;        // (C), (C)
 
  private:

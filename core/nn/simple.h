@@ -9,6 +9,7 @@ class ReLU : public Layer {
   std::string describe() const override { return "ReLU"; }
   Tensor forward(Runtime& rt, const Tensor& x) override;  // saves its output (x > 0 <=> out > 0)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
+  void swap_saved(SavedState& s) override { s.swap(saved_out_); }
 
  private:
   Tensor saved_out_;
@@ -19,6 +20,7 @@ class GELU : public Layer {
   std::string describe() const override { return "GELU(tanh)"; }
   Tensor forward(Runtime& rt, const Tensor& x) override;
   Tensor backward(Runtime& rt, const Tensor& dout) override;
+  void swap_saved(SavedState& s) override { s.swap(saved_x_); }
 
  private:
   Tensor saved_x_;
@@ -32,6 +34,7 @@ class Dropout : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;  // identity in eval mode or when p == 0
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   uint64_t* rng_calls() override { return &calls_; }
+  void swap_saved(SavedState& s) override { s.swap(mask_); }
 
  private:
   float p_;
@@ -45,6 +48,7 @@ class Flatten : public Layer {
   std::string describe() const override { return "Flatten"; }
   Tensor forward(Runtime& rt, const Tensor& x) override;
   Tensor backward(Runtime& rt, const Tensor& dout) override;
+  void swap_saved(SavedState& s) override { s.swap(in_shape_); }
 
  private:
   Shape in_shape_;
@@ -56,6 +60,10 @@ class MaxPool2d : public Layer {
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, C, H, W) -> (B, C, OH, OW)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
+  void swap_saved(SavedState& s) override {
+    s.swap(in_shape_);
+    s.swap(argmax_);
+  }
 
  private:
   int64_t k_, s_;

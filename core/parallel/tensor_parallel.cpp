@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "core/ops/cpu/attention.h"
@@ -74,30 +75,38 @@ static void take_runs(const Tensor& whole, Tensor& local, int dim, int parts, in
 }
 
 void load_split_params(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole, int rank, int t) {
-  DL_ASSERT(local.size() == whole.size(), "load_split_params: another model");
-  for (size_t i = 0; i < local.size(); i++) {
-    Parameter& l = *local[i];
-    DL_ASSERT(l.name == whole[i]->name && whole_shape(l, t) == whole[i]->data.shape(),
-              fmt::format("load_split_params: {} against {}", l.name, whole[i]->name));
-    take_runs(whole[i]->data, l.data, l.split_dim, l.split_parts, rank, t);
+  std::map<std::string, const Parameter*> by_name;
+  for (const Parameter* w : whole) by_name[w->name] = w;
+  for (Parameter* l : local) {
+    const std::string& name = l->tied.empty() ? l->name : l->tied;  // a pipeline's copy takes its original's values
+    auto it = by_name.find(name);
+    DL_ASSERT(it != by_name.end() && whole_shape(*l, t) == it->second->data.shape(),
+              fmt::format("load_split_params: {} is not in the whole model, or not with this shape", name));
+    take_runs(it->second->data, l->data, l->split_dim, l->split_parts, rank, t);
   }
 }
 
-void gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
-                         const Optimizer* masters) {
-  DL_ASSERT(local.size() == whole.size(), "gather_split_params: another model");
+int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
+                        const Optimizer* masters) {
+  std::map<std::string, Parameter*> by_name;
+  for (Parameter* l : local)
+    if (l->tied.empty()) by_name[l->name] = l;
   const int t = tp.size();
-  for (size_t i = 0; i < local.size(); i++) {
-    Parameter& l = *local[i];
-    Tensor& w = whole[i]->data;
-    DL_ASSERT(l.name == whole[i]->name && whole_shape(l, t) == w.shape(), fmt::format("gather_split_params: {} against {}", l.name, whole[i]->name));
+  int filled = 0;
+  for (Parameter* wp : whole) {
+    auto it = by_name.find(wp->name);
+    if (it == by_name.end()) continue;  // another pipeline stage holds it
+    Parameter& l = *it->second;
+    Tensor& w = wp->data;
+    DL_ASSERT(whole_shape(l, t) == w.shape(), fmt::format("gather_split_params: {} has another shape", l.name));
+    filled++;
     if (!w.data() || !l.data.data()) continue;  // meta
     const Tensor* m = masters ? masters->master(&l) : nullptr;
     const Tensor& src = m ? *m : l.data;
     const int64_t n = src.numel();
     std::vector<float> mine(static_cast<size_t>(n));
     convert(src.data(), src.dtype(), mine.data(), DType::f32, n);
-    if (l.split_dim < 0) {  // whole on every rank
+    if (l.split_dim < 0 || t == 1) {  // whole on every rank
       convert(mine.data(), DType::f32, w.data(), w.dtype(), n);
       continue;
     }
@@ -108,15 +117,22 @@ void gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local,
         std::memcpy(out.data() + run.whole_offset, all.data() + r * n + run.local_offset, size_t(run.numel) * sizeof(float));
     convert(out.data(), DType::f32, w.data(), w.dtype(), w.numel());
   }
+  return filled;
 }
 
-double tp_grad_norm(Runtime& rt, ProcessGroup& tp, const std::vector<Parameter*>& params) {
+double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp) {
   std::vector<Parameter*> split, whole;
-  for (Parameter* p : params) (p->split_dim >= 0 ? split : whole).push_back(p);
+  for (Parameter* p : params) {
+    if (!p->tied.empty()) continue;  // a pipeline's copy of a tied weight: its original counts (the same gradient)
+    (p->split_dim >= 0 && tp && tp->size() > 1 ? split : whole).push_back(p);
+  }
   const double a = grad_norm(rt, split), b = grad_norm(rt, whole);
-  float ss = float(a * a + (tp.rank() == 0 ? b * b : 0.0));
-  if (rt.is_meta()) return tp.all_reduce(nullptr, 1), 0.0;
-  tp.all_reduce(&ss, 1);
+  float ss = float(a * a + (!tp || tp->rank() == 0 ? b * b : 0.0));
+  for (ProcessGroup* g : {tp, pp}) {
+    if (!g || g->size() == 1) continue;
+    if (rt.is_meta()) g->all_reduce(nullptr, 1);
+    else g->all_reduce(&ss, 1);
+  }
   return std::sqrt(double(ss));
 }
 
@@ -281,11 +297,11 @@ Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& 
       const bool mine = t >= first && t < first + rows;
       for (int64_t c = 0; c < C; c++) s[i * C + c] = mine ? e.p[(t - first) * C + c] : 0.0f;
     }
-    tp_.all_reduce(s, B * T * C);  // exactly one rank's row, plus zeros: the row itself
+    if (tp_.size() > 1) tp_.all_reduce(s, B * T * C);  // exactly one rank's row, plus zeros: the row itself
     for (int64_t i = 0; i < B * T; i++)
       for (int64_t c = 0; c < C; c++) o.p[i * C + c] = s[i * C + c] + p.p[(i % T) * C + c];
     o.store();
-  } else {
+  } else if (tp_.size() > 1) {
     tp_.all_reduce(nullptr, B * T * C);
   }
   saved_tokens_ = tokens;
@@ -322,7 +338,7 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
   std::vector<float> mx(static_cast<size_t>(N)), sum(static_cast<size_t>(N)), zt(static_cast<size_t>(N), 0.0f);
   OpScope op(rt, "vocab_parallel_crossentropy_forward", 5.0 * double(N * V), 8.0 * double(N * V));
   if (!logits.data()) {  // meta: the three all-reduces, traced
-    for (int k = 0; k < 3; k++) tp_.all_reduce(nullptr, N, k == 0 ? ReduceOp::max : ReduceOp::sum);
+    for (int k = 0; k < 3 && tp_.size() > 1; k++) tp_.all_reduce(nullptr, N, k == 0 ? ReduceOp::max : ReduceOp::sum);
     return 0.0;
   }
   AsF32 z(rt, logits);
@@ -332,7 +348,7 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
     for (int64_t v = 1; v < V; v++) m = std::max(m, z.p[n * V + v]);
     mx[size_t(n)] = m;
   }
-  tp_.all_reduce(mx.data(), N, ReduceOp::max);
+  if (tp_.size() > 1) tp_.all_reduce(mx.data(), N, ReduceOp::max);
   for (int64_t n = 0; n < N; n++) {
     double s = 0;
     for (int64_t v = 0; v < V; v++) {
@@ -346,8 +362,10 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
                       "the data set's tokens don't match model.vocab_size");
     if (t >= first && t < first + V) zt[size_t(n)] = z.p[n * V + (t - first)];
   }
-  tp_.all_reduce(sum.data(), N);
-  tp_.all_reduce(zt.data(), N);
+  if (tp_.size() > 1) {
+    tp_.all_reduce(sum.data(), N);
+    tp_.all_reduce(zt.data(), N);
+  }
   double total = 0;
   counted_ = 0;
   if (correct) *correct = 0;

@@ -37,16 +37,19 @@ struct SliceRun {
 std::vector<SliceRun> split_runs(const Shape& whole, int dim, int parts, int rank, int t);
 // The whole tensor's shape from a rank's slice.
 Shape whole_shape(const Parameter& p, int t);
-// This rank's slices taken from whole tensors (the same names, in the same order): what a TP model does
-// with a whole model's initial weights or an --init file. Whole parameters are copied.
+// This rank's slices taken from whole tensors, by name (a pipeline's copy of a tied weight by its
+// original's): what a TP model does with a whole model's initial weights or an --init file. Whole
+// parameters are copied.
 void load_split_params(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole, int rank, int t);
-// Every rank's slices put together into whole tensors (a collective over `tp`: one all-gather per split
-// parameter), from the f32 masters where `masters` has them — what a save writes.
-void gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
-                         const Optimizer* masters);
+// Every rank's slices put together into the whole tensors of the same names (a collective over `tp`: one
+// all-gather per split parameter), from the f32 masters where `masters` has them — what a save writes.
+// Whole tensors this rank's pipeline stage does not hold are left alone; returns how many it filled.
+int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole,
+                        const Optimizer* masters);
 // The L2 norm of the whole model's gradients: the squares of split gradients summed over the TP group,
-// those of whole (replicated) ones counted once — Megatron's "not a tensor-parallel duplicate" rule.
-double tp_grad_norm(Runtime& rt, ProcessGroup& tp, const std::vector<Parameter*>& params);
+// those of whole (replicated) ones counted once — Megatron's "not a tensor-parallel duplicate" rule — and
+// the stages' sums added over the PP group (a tied copy counted once). Either group may be nullptr.
+double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp);
 
 class ColumnParallelLinear : public Layer {
  public:
@@ -63,6 +66,7 @@ class ColumnParallelLinear : public Layer {
   // 1/t of the rows, or — fused layers — its 1/t of each of the `parts` blocks (c_attn: its heads of each).
   void load_slice(const Linear& whole);
   Linear& local() { return local_; }
+  void swap_saved(SavedState& s) override { local_.swap_saved(s); }
 
  private:
   ProcessGroup& tp_;
@@ -79,6 +83,7 @@ class RowParallelLinear : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out), whole -> dx (..., in/t)
   std::vector<Parameter*> parameters() override;
   void load_slice(const Linear& whole);
+  void swap_saved(SavedState& s) override { local_.swap_saved(s); }
   Parameter bias;  // (out), the same on every rank (its gradient too: every rank sums the same dy)
 
  private:
@@ -100,6 +105,12 @@ class ParallelSelfAttention : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void load_slice(const CausalSelfAttention& whole);
+  void swap_saved(SavedState& s) override {
+    c_attn.swap_saved(s);
+    c_proj.swap_saved(s);
+    s.swap(qkv_);
+    s.swap(att_);
+  }
   ColumnParallelLinear c_attn;
   RowParallelLinear c_proj;
 
@@ -118,6 +129,11 @@ class VocabParallelEmbedding {
   Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T);  // (B*T) -> (B, T, C), whole
   void backward(Runtime& rt, const Tensor& dout);
   void load_slice(const Embedding& whole);
+  void swap_saved(SavedState& s) {
+    s.swap(saved_tokens_);
+    s.swap(B_);
+    s.swap(T_);
+  }
   Parameter wte, wpe;  // (V/t, C) this rank's rows, (block, C)
   int64_t vocab, block, C, first;  // first: the vocabulary id of this rank's row 0
 

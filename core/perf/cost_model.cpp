@@ -213,6 +213,8 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
                               s.compute_clock_s + t, e.flops, e.bytes, "", -1});
         s.compute_clock_s += t;
         s.times.compute_s += t;
+      } else if (e.kind == EventKind::marker) {
+        out.events.push_back({r, Stream::compute, EventKind::marker, e.name, s.compute_clock_s, s.compute_clock_s, 0, 0, "", -1});
       } else if (e.kind == EventKind::collective) {
         Collective& c = collectives.at({e.group, e.seq});
         c.issue_s[r] = s.compute_clock_s;
@@ -305,6 +307,41 @@ double modeled_speedup(const std::vector<std::vector<TraceEvent>>& ranks, const 
   const double t_n_s = replay(ranks, hw, opts).step_s;
   if (t_n_s <= 0) throw Error("modeled_speedup: the replayed step takes no time", "the trace has no compute events");
   return single_rank_time_s(ranks[0], int(ranks.size()), hw, opts.low_precision) / t_n_s;
+}
+
+PipelineTimeline pipeline_timeline(const ReplayResult& r) {
+  PipelineTimeline t;
+  t.spans.resize(r.ranks.size());
+  t.bubble.assign(r.ranks.size(), 0.0);
+  std::map<std::pair<int, std::string>, double> open;
+  bool any = false;
+  for (const ModeledEvent& e : r.events) {
+    if (e.kind != EventKind::marker || e.name.size() < 2) continue;
+    const std::string what = e.name.substr(1);
+    if (e.name[0] == '+') {
+      open[{e.rank, what}] = e.start_s;
+      continue;
+    }
+    auto it = open.find({e.rank, what});
+    if (it == open.end()) continue;
+    t.spans[size_t(e.rank)].push_back({what, it->second, e.start_s});
+    t.start_s = any ? std::min(t.start_s, it->second) : it->second;
+    t.end_s = any ? std::max(t.end_s, e.start_s) : e.start_s;
+    any = true;
+    open.erase(it);
+  }
+  const double window = t.end_s - t.start_s;
+  int counted = 0;
+  for (size_t k = 0; k < t.spans.size(); k++) {
+    if (t.spans[k].empty() || window <= 0) continue;
+    double busy = 0;
+    for (const auto& s : t.spans[k]) busy += s.end_s - s.start_s;
+    t.bubble[k] = 1.0 - busy / window;
+    t.bubble_mean += t.bubble[k];
+    counted++;
+  }
+  if (counted) t.bubble_mean /= counted;
+  return t;
 }
 
 }  // namespace distlab

@@ -76,6 +76,21 @@ struct ReplayResult {
 ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const HardwareProfile& hw,
                     ReplayOptions opts = {});
 
+// Pipeline parallel: each rank's forward and backward spans on the modeled timeline (its "+F3"/"-F3"
+// markers), and the bubble — the share of the pipeline's span (the first forward's start on any rank to
+// the last backward's end on any) that a stage spends outside its own forwards and backwards.
+struct PipelineTimeline {
+  struct Span {
+    std::string name;  // "F3", "B0"
+    double start_s, end_s;
+  };
+  std::vector<std::vector<Span>> spans;  // per rank, in time order
+  double start_s = 0, end_s = 0;
+  std::vector<double> bubble;            // per rank (ranks without spans: 0)
+  double bubble_mean = 0;                // over the ranks with spans
+};
+PipelineTimeline pipeline_timeline(const ReplayResult& r);
+
 // Time of the same step on ONE rank with the same global batch: rank_events' compute only, events with
 // scales_with_batch counted n_ranks times, the others (optimizer step, ...) once; no communication.
 double single_rank_time_s(const std::vector<TraceEvent>& rank_events, int n_ranks, const HardwareProfile& hw,

@@ -31,6 +31,15 @@ void Trace::record_copy(const char* name, double bytes) {
   events_.push_back(std::move(e));
 }
 
+void Trace::mark(const std::string& name, bool begin) {
+  if (!keep_events_) return;
+  TraceEvent e;
+  e.name = (begin ? "+" : "-") + name;
+  e.kind = EventKind::marker;
+  e.t_begin_us = e.t_end_us = now_us();
+  events_.push_back(std::move(e));
+}
+
 void Trace::record(TraceEvent e) {
   count_++;
   if (keep_events_) events_.push_back(std::move(e));

@@ -15,6 +15,7 @@ enum class EventKind {
   compute,     // a kernel on the compute stream
   collective,  // a collective (or send/recv) issued on the comm stream
   wait,        // the compute stream waits for collective `seq` of `group` to finish
+  marker,      // the start (name "+F3") or end ("-F3") of a span of compute: a pipeline's forward or backward
 };
 
 struct TraceEvent {
@@ -46,6 +47,7 @@ class Trace {
   void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us,
               bool scales_with_batch = true, bool low_precision = false);
   void record(TraceEvent e);  // collectives and waits
+  void mark(const std::string& name, bool begin);  // a marker event, when events are kept
   // CPU offload: a copy of `bytes` between host and device memory, on the compute stream (FSDP's CPUOffload
   // copies synchronously), and compute recorded while on_host is set runs on the host's CPU.
   void record_copy(const char* name, double bytes);

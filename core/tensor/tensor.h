@@ -80,6 +80,9 @@ struct Parameter {
   // 1/t slice of (0 rows, 1 columns; -1: whole on every rank), and into how many equal blocks that
   // dimension falls first (c_attn's q, k and v: 3; a rank takes its share of each block).
   int split_dim = -1, split_parts = 1;
+  // Pipeline parallel: the name of the parameter this one is a copy of on another stage ("lm_head.weight"
+  // on the last stage is tied to the first stage's "transformer.wte.weight"); "" for the original.
+  std::string tied;
   Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
 };
 

@@ -136,7 +136,10 @@ const std::vector<Key>& keys() {
       KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: GPT's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
-      KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none)"),
+      KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
+      KEY("parallel.micro_batches", Kind::integer, int64_t, parallel.micro_batches, "pp > 1: micro-batches per optimizer step, m >= pp (0 = 4 x pp); the batch is micro_batch x m x dp"),
+      KEY("parallel.schedule", Kind::string, std::string, parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)"),
+      KEY("parallel.pp_layers", Kind::int_list, std::vector<int64_t>, parallel.pp_layers, "pp > 1: blocks per stage, e.g. [3, 5] (empty: n_layer / pp each)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
@@ -384,6 +387,15 @@ void validate(const RunConfig& c) {
   require(c.parallel.pp >= 1, c, "parallel.pp", "must be at least 1", "1 keeps the model in one stage");
   at_most(c, "parallel.tp", c.parallel.tp, 1 << 16, "");
   at_most(c, "parallel.pp", c.parallel.pp, 1 << 16, "");
+  require(c.parallel.micro_batches >= 0, c, "parallel.micro_batches", "must not be negative", "0 takes 4 x parallel.pp");
+  at_most(c, "parallel.micro_batches", c.parallel.micro_batches, 1 << 16, "");
+  require(c.parallel.schedule == "1f1b" || c.parallel.schedule == "gpipe", c, "parallel.schedule", "is '" + c.parallel.schedule + "'",
+          "use 1f1b or gpipe");
+  require(c.parallel.pp == 1 || c.model.name == "gpt", c, "parallel.pp", fmt::format("is {} with model.name {}", c.parallel.pp, c.model.name),
+          "pipeline stages split GPT's blocks: use model.name = \"gpt\", or parallel.pp = 1");
+  require(c.parallel.pp == 1 || c.train.accum_steps == 1, c, "train.accum_steps",
+          fmt::format("is {} with parallel.pp {}", c.train.accum_steps, c.parallel.pp),
+          "under pipeline parallelism the micro-batches are the accumulation: set parallel.micro_batches instead");
   require(c.parallel.tp == 1 || c.model.name == "gpt", c, "parallel.tp",
           fmt::format("is {} with model.name {}", c.parallel.tp, c.model.name),
           "tensor parallel splits GPT's heads, MLP and vocabulary: use model.name = \"gpt\", or parallel.tp = 1");

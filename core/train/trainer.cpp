@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 #include <ostream>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
 #include "core/nn/loss.h"
+#include "core/models/gpt_parallel.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/perf/hardware.h"
 #include "core/util/error.h"
@@ -30,20 +32,20 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
   const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp);
   dp_ = pg;
+  accum_ = cfg.train.accum_steps;
   if (shape.tp > 1 || shape.pp > 1) {
-    if (shape.pp > 1)
-      throw ConfigError(fmt::format("parallel.pp {}: pipeline stages are not part of this build yet", shape.pp),
-                        "split the model with parallel.tp, or the data with parallel.dp");
+    const std::string split = fmt::format("parallel.tp {} x parallel.pp {}", shape.tp, shape.pp);
     if (lab)
-      throw ConfigError(fmt::format("parallel.tp {} in lab {}: the lab's hooks see whole layers", shape.tp, cfg.lab.name),
-                        "run the lab without parallel.tp");
+      throw ConfigError(fmt::format("{} in lab {}: the lab's hooks see whole layers on one stage", split, cfg.lab.name),
+                        "run the lab without parallel.tp and parallel.pp");
     if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
-      throw ConfigError(fmt::format("parallel.strategy {} with parallel.tp {}: the data-parallel axis of a tensor-parallel run is ddp (or "
-                                    "none) in this build", cfg.parallel.strategy, shape.tp),
+      throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp (or "
+                                    "none) in this build", cfg.parallel.strategy, split),
                         "set parallel.strategy = \"ddp\"; ZeRO and FSDP shard whole layers");
     if (!cfg.checkpoint.dir.empty())
-      throw ConfigError(fmt::format("checkpoint.dir with parallel.tp {}: checkpoints of split layers are not part of this build yet", shape.tp),
+      throw ConfigError(fmt::format("checkpoint.dir with {}: checkpoints of split layers and stages are not part of this build yet", split),
                         "train without checkpoint.dir, and --save the whole model at the end");
+    if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);
   }
@@ -62,16 +64,17 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   // batch sizes: micro × ranks × accum = global (one rank here)
   micro_batch_ = cfg.train.micro_batch;
   if (cfg.train.global_batch > 0) {
-    const int64_t world = dp_world(), per = world * cfg.train.accum_steps;
+    const int64_t world = dp_world(), per = world * accum_;
+    const char* accum_key = shape.pp > 1 ? "parallel.micro_batches" : "train.accum_steps";
     if (cfg.train.global_batch % per != 0)
-      throw ConfigError(fmt::format("train.global_batch {} is not divisible by ranks ({}) x train.accum_steps ({})",
-                                    cfg.train.global_batch, world, cfg.train.accum_steps),
-                        "choose a global batch that is a multiple of ranks x accum_steps");
+      throw ConfigError(fmt::format("train.global_batch {} is not divisible by data-parallel ranks ({}) x {} ({})",
+                                    cfg.train.global_batch, world, accum_key, accum_),
+                        fmt::format("choose a global batch that is a multiple of ranks x {}", accum_key));
     micro_batch_ = cfg.train.global_batch / per;
     if (cfg.origin.count("train.micro_batch") && cfg.train.micro_batch != micro_batch_)
       throw ConfigError(fmt::format("{}: train.micro_batch {} contradicts train.global_batch {} = {} ranks x {} accum x {}",
                                     cfg.origin.at("train.micro_batch"), cfg.train.micro_batch, cfg.train.global_batch,
-                                    world, cfg.train.accum_steps, micro_batch_),
+                                    world, accum_, micro_batch_),
                         "state only one of train.micro_batch and train.global_batch");
   }
 
@@ -84,18 +87,22 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   }
   if (cfg.train.steps > 0) total_steps_ = cfg.train.steps;
   else {
-    const int64_t per_epoch = loader_ ? loader_->batches_per_epoch() / cfg.train.accum_steps : 1;
+    const int64_t per_epoch = loader_ ? loader_->batches_per_epoch() / accum_ : 1;
     if (per_epoch < 1)
-      throw ConfigError(fmt::format("an epoch has {} micro-batches, fewer than train.accum_steps {}", loader_->batches_per_epoch(),
-                                    cfg.train.accum_steps),
-                        "lower train.accum_steps or set train.steps");
+      throw ConfigError(fmt::format("an epoch has {} micro-batches, fewer than the {} of one step", loader_->batches_per_epoch(), accum_),
+                        "lower train.accum_steps (parallel.micro_batches) or set train.steps");
     total_steps_ = cfg.train.epochs * per_epoch;
   }
 
   rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
   rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
-  model_ = build_model(rt, spec_, tp_group());
+  model_ = build_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
+                       cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
+  if (shape.pp > 1) {
+    pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_), spec_.n_embd);
+    tied_ = dynamic_cast<ParallelGPT&>(*model_).tied_embedding();
+  }
   strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
@@ -142,17 +149,8 @@ Batch Trainer::next_batch() {
 double Trainer::micro_step(float loss_factor, bool sync, int64_t& samples) {
   Batch b = next_batch();
   Tensor logits = model_->forward(rt_, b, strategy_.get());
-  double loss = 0;
   Tensor dlogits;
-  if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
-    VocabParallelCrossEntropy ce(*tp);
-    loss = ce.forward(rt_, logits, b.targets, model_->vocab_first());
-    dlogits = ce.backward(rt_, loss_factor);
-  } else {
-    CrossEntropyLoss ce;
-    loss = ce.forward(rt_, logits, b.targets);
-    dlogits = ce.backward(rt_, loss_factor);
-  }
+  const double loss = loss_and_grad(logits, b, loss_factor, dlogits);
   logits = Tensor();
   strategy_->begin_backward(sync);  // false: no_sync (gradients stay local until the last micro-step)
   model_->backward(rt_, dlogits, strategy_.get());
@@ -161,22 +159,48 @@ double Trainer::micro_step(float loss_factor, bool sync, int64_t& samples) {
   return loss;
 }
 
+double Trainer::loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits) {
+  if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
+    VocabParallelCrossEntropy ce(*tp);
+    const double loss = ce.forward(rt_, logits, b.targets, model_->vocab_first());
+    dlogits = ce.backward(rt_, factor);
+    return loss;
+  }
+  CrossEntropyLoss ce;
+  const double loss = ce.forward(rt_, logits, b.targets);
+  dlogits = ce.backward(rt_, factor);
+  return loss;
+}
+
 Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   StepOutcome o;
-  const int64_t k = cfg_.train.accum_steps;
+  const int64_t k = accum_;
   o.loss_scale = scaler_.scale();
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < k; micro++)  // the big batch's mean (loss / k), times the loss scale
-    loss_sum += micro_step(o.loss_scale / float(k), micro == k - 1, o.samples);
+  if (pipeline_) {  // the k micro-batches through the stages (core/parallel/pipeline.h); the last stage has the loss
+    const Pipeline::StepResult r = pipeline_->train_step(
+        rt_, [&] { return next_batch(); },
+        [&](Runtime&, const Tensor& logits, const Batch& b, float factor, Tensor& d) { return loss_and_grad(logits, b, factor, d); },
+        o.loss_scale / float(k), *strategy_);
+    pipeline_->sync_tied(rt_, tied_);  // the lm_head's copy and wte: one gradient, the same step on both stages
+    loss_sum = r.loss_sum;
+    o.samples = r.samples;
+    pipe_peak_.peak_in_flight = std::max(pipe_peak_.peak_in_flight, r.peak_in_flight);
+    pipe_peak_.peak_held_bytes = std::max(pipe_peak_.peak_held_bytes, r.peak_held_bytes);
+  } else {
+    for (int64_t micro = 0; micro < k; micro++)  // the big batch's mean (loss / k), times the loss scale
+      loss_sum += micro_step(o.loss_scale / float(k), micro == k - 1, o.samples);
+  }
   o.loss = loss_sum / double(k);
   // Once per optimizer step, on the accumulated (and synchronised) gradients: skip the step if they overflowed
   // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
   o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
   if (!o.skipped) {
-    // split layers: the squares summed over the TP group (the dp axis is ddp or none, whose gradients are whole)
-    ProcessGroup* tp = model_->tp_group();
-    o.grad_norm = (tp ? tp_grad_norm(rt_, *tp, model_->parameters()) : strategy_->grad_norm(rt_, *model_)) / o.loss_scale;
+    // split layers and stages: the squares summed over the TP and PP groups (the dp axis is ddp or none, whose
+    // gradients are whole)
+    o.grad_norm = (mesh_ ? model_parallel_grad_norm(rt_, model_->parameters(), tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
+                  o.loss_scale;
     strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
   }
   scaler_.update(o.skipped);
@@ -208,10 +232,13 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   // a stop request (SIGTERM) on any rank stops every rank after this step: the flag rides on the loss
   stop_agreed_ = stop_requested();
   if (pg_ && pg_->size() > 1 && !rt_.is_meta()) {  // report the global batch's loss, as one device would see it
-    // (over the world: a TP group's ranks hold the same loss, so the mean is the data-parallel ranks')
-    float l[2] = {float(loss), stop_agreed_ ? 1.0f : 0.0f};
-    pg_->all_reduce(l, 2, ReduceOp::avg);
-    loss = l[0];
+    // (over the world: a TP group's ranks hold the same loss, so the mean is the data-parallel ranks'; under
+    // pipeline parallelism only the last stage's ranks have one)
+    const bool has_loss = !pipeline_ || pipeline_->last();
+    const int holders = pipeline_ ? pg_->size() / pipeline_->stages() : pg_->size();
+    float l[2] = {has_loss ? float(loss) : 0.0f, stop_agreed_ ? 1.0f : 0.0f};
+    pg_->all_reduce(l, 2, ReduceOp::sum);
+    loss = l[0] / float(holders);
     stop_agreed_ = l[1] > 0;
     samples *= dp_world();
   }
@@ -253,6 +280,14 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
     out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw);
     out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
+    if (pipeline_) {  // each stage's idle share of the pipeline's span, against the formula for balanced stages
+      const PipelineTimeline t = pipeline_timeline(r);
+      const int p = pipeline_->stages(), m = int(accum_);
+      out["pipeline_bubble"] = t.bubble_mean;
+      out["pipeline_bubble_by_rank"] = t.bubble;
+      out["pipeline_bubble_formula"] = double(p - 1) / double(m + p - 1);
+      out["pipeline_span_s"] = t.end_s - t.start_s;
+    }
     if (!cfg_.log.trace.empty()) write_chrome_trace(cfg_.log.trace, chrome_trace_json(r));
   } else if (!cfg_.log.trace.empty()) {
     write_chrome_trace(cfg_.log.trace, chrome_trace_json(ranks));
@@ -271,9 +306,13 @@ nlohmann::json Trainer::evaluate() {
   Batch b;
   while (test.next(rt_, b)) {
     if (cfg_.train.eval_batches > 0 && batches >= cfg_.train.eval_batches) break;
-    Tensor logits = model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
+    Tensor logits = pipeline_ ? pipeline_->forward_only(rt_, b) : model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
     int64_t hits = 0;
     const int64_t rows = int64_t(b.targets.size());
+    if (!logits.defined()) {  // a pipeline stage before the last: its part is done
+      batches++;
+      continue;
+    }
     if (ProcessGroup* tp = model_->tp_group())
       loss_sum += VocabParallelCrossEntropy(*tp).forward(rt_, logits, b.targets, model_->vocab_first(), &hits) * double(rows);
     else
@@ -281,6 +320,14 @@ nlohmann::json Trainer::evaluate() {
     correct += hits;
     counted += rows;
     batches++;
+  }
+  if (pipeline_) {  // the last stage counted: one of its ranks tells every rank (all joined the stages' forwards)
+    const bool reports = pipeline_->last() && mesh_->coord().dp == 0 && mesh_->coord().tp == 0;
+    float v[3] = {reports ? float(loss_sum) : 0.0f, reports ? float(correct) : 0.0f, reports ? float(counted) : 0.0f};
+    pg_->all_reduce(v, 3);
+    loss_sum = v[0];
+    correct = int64_t(v[1]);
+    counted = int64_t(v[2]);
   }
   model_->set_training(true);
   strategy_->release_full_params(rt_, false);  // ZeRO-3: the last units the forward gathered
@@ -291,23 +338,32 @@ nlohmann::json Trainer::evaluate() {
 nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const int64_t nparams = model_->num_parameters();  // this rank's (its slices under tensor parallelism)
   int64_t whole_params = nparams;                      // the model's
-  if (ProcessGroup* tp = tp_group()) {
-    whole_params = 0;
-    for (Parameter* p : model_->parameters()) whole_params += shape_numel(whole_shape(*p, tp->size()));
+  if (mesh_) {  // a split model: the whole one's count (a meta copy allocates nothing)
+    Runtime meta(DeviceKind::meta);
+    whole_params = build_model(meta, spec_)->num_parameters();
   }
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
                       device_name(rt_.device), world(), strategy_->describe(), compute_threads());
   if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
+  if (pipeline_) {
+    const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();
+    log_ << fmt::format("pipeline: stage {} of {}, schedule {}, {} micro-batches per step ({} forward(s) before the first backward here); "
+                        "bubble (p - 1)/(m + p - 1) = {:.1f} % when the stages are balanced\n",
+                        s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == "gpipe" ? m : warmup_forwards(p, s, m) + 1,
+                        100.0 * (p - 1) / (m + p - 1));
+  }
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,
-                      whole_params == nparams ? "" : fmt::format(" ({} on this rank: 1/{} of the split ones, all of the rest)", nparams, tp_group()->size()),
+                      whole_params == nparams ? ""
+                      : fmt::format(" ({} on this rank: {}1/{} of the split matrices, all of the rest)", nparams,
+                                    pipeline_ ? "its stage's blocks, " : "", mesh_->shape().tp),
                       model_->describe());
   if (spec_.name == "gpt")
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
                         gpt_params_closed_form(spec_), 100.0 * double(whole_params - gpt_params_closed_form(spec_)) / double(whole_params));
   log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
-                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, dp_world(), cfg_.train.accum_steps,
-                      micro_batch_ * dp_world() * cfg_.train.accum_steps, total_steps_);
+                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, dp_world(), accum_,
+                      micro_batch_ * dp_world() * accum_, total_steps_);
   log_ << fmt::format("precision {}{} | {}\n", cfg_.precision.mode, rt_.dtype == DType::f32 ? "" : " (f32 master weights in the optimizer)",
                       scaler_.describe());
   const bool replicas = dp_ && dp_->size() > 1 && !rt_.is_meta();
@@ -316,7 +372,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
   if (!out.init_path.empty() && !resumed_from_.empty()) {
     log_ << "--init " << out.init_path << " ignored: the run resumes from its checkpoint\n";
-  } else if (!out.init_path.empty() && tp_group()) {
+  } else if (!out.init_path.empty() && mesh_) {
     load_whole_model(out.init_path);
   } else if (!out.init_path.empty()) {
     strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
@@ -348,9 +404,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
     if (step > start_step_ || total_steps_ == 1) {
       steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
-      steady_samples += double(micro_batch_ * cfg_.train.accum_steps * dp_world());
+      steady_samples += double(micro_batch_ * accum_ * dp_world());
     }
-    samples += double(micro_batch_ * cfg_.train.accum_steps * dp_world());
+    samples += double(micro_batch_ * accum_ * dp_world());
     if (!rt_.is_meta() && !std::isfinite(loss) && !scaler_.dynamic())  // a dynamic scaler skips it and backs off
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
                   std::string("the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data") +
@@ -364,9 +420,10 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }
-    // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, and under
-    // tensor parallelism rank 0's TP group does (its forward has collectives)
-    const bool evaluates = is_rank0() || sharded || (tp_group() && mesh_->coord().dp == 0 && mesh_->coord().pp == 0);
+    // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, under
+    // tensor parallelism rank 0's TP group does (its forward has collectives), and with pipeline stages every
+    // rank (the stages pass the batch along)
+    const bool evaluates = is_rank0() || sharded || pipeline_ || (tp_group() && mesh_->coord().dp == 0 && mesh_->coord().pp == 0);
     if (evaluates && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
       last_eval = evaluate();
       last_eval["step"] = step + 1;
@@ -391,7 +448,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
-  if (!out.save_path.empty() && tp_group()) {
+  if (!out.save_path.empty() && mesh_) {
     save_whole_model(out.save_path, parse_dtype(out.save_dtype));
   } else if (!out.save_path.empty()) {
     // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
@@ -423,12 +480,30 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
                             {"dataset_size", data_.train ? data_.train->size() : 0},
-                            {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / cfg_.train.accum_steps : 0},
+                            {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / accum_ : 0},
                             {"params_equal_across_ranks", true},  // checked above: a run whose replicas differ fails
                             {"strategy", cfg_.parallel.strategy},
                             {"resumed_from_step", start_step_},
                             {"checkpoint", ckpt_report_},
                             {"strategy_report", strategy_->report()}};
+  if (pipeline_) {  // every rank's peak of micro-batches in flight, through the store (rank 0 writes the summary)
+    const std::string key = "pipeline/peak/";
+    pg_->store().set_string(key + std::to_string(pg_->rank()),
+                            nlohmann::json{pipe_peak_.peak_in_flight, pipe_peak_.peak_held_bytes, peak_[size_t(Category::activations)]}.dump());
+    if (is_rank0()) {
+      nlohmann::json in_flight = nlohmann::json::array(), held = nlohmann::json::array(), act = nlohmann::json::array();
+      for (int r = 0; r < pg_->size(); r++) {
+        const auto v = nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
+        in_flight.push_back(v[0]);
+        held.push_back(v[1]);
+        act.push_back(v[2]);
+      }
+      summary["pipeline"] = {{"stages", pipeline_->stages()}, {"schedule", pipeline_->schedule()}, {"micro_batches", accum_},
+                             {"stage_of_rank", nlohmann::json::array()}, {"peak_in_flight", in_flight}, {"peak_held_bytes", held},
+                             {"peak_activations", act}};
+      for (int r = 0; r < pg_->size(); r++) summary["pipeline"]["stage_of_rank"].push_back(coord_of(r, mesh_->shape()).pp);
+    }
+  }
   if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {
@@ -481,25 +556,54 @@ std::map<std::string, CommCounters> Trainer::comm_by_op() const {
   return all;
 }
 
-// --init under tensor parallelism: the file holds the whole model; each rank takes its slices
+// --init under tensor or pipeline parallelism: the file holds the whole model; each rank takes its stage's
+// parameters, and its slices of the split ones
 void Trainer::load_whole_model(const std::string& path) {
   Runtime side(rt_.device);  // f32, its own accountant: the whole model lives only for this call
   auto whole = build_model(side, spec_);
   load_model(*whole, path);
-  ProcessGroup& tp = *tp_group();
+  ProcessGroup& tp = mesh_->group(MeshAxis::tp);
   load_split_params(model_->parameters(), whole->parameters(), tp.rank(), tp.size());
-  log_ << "loaded weights from " << path << " (this rank's tensor-parallel slices)\n";
+  log_ << "loaded weights from " << path << " (this rank's part of them)\n";
 }
 
-// --save under tensor parallelism: every TP group gathers its slices (from the f32 masters) into the whole
-// model, and rank 0 writes it — the same file a one-rank run writes, loadable by PyTorch
+// --save under tensor or pipeline parallelism: each stage's TP group gathers its slices (from the f32
+// masters) into whole tensors, the stages' first ranks send theirs to rank 0, and rank 0 writes the whole
+// model — the same file a one-rank run writes, loadable by PyTorch
 void Trainer::save_whole_model(const std::string& path, DType dtype) {
   Runtime side(rt_.device);
   auto whole = build_model(side, spec_);
-  gather_split_params(*tp_group(), model_->parameters(), whole->parameters(), opt_.get());
+  std::vector<Parameter*> all = whole->parameters();
+  gather_split_params(mesh_->group(MeshAxis::tp), model_->parameters(), all, opt_.get());
+  if (pipeline_ && mesh_->coord().dp == 0 && mesh_->coord().tp == 0) {
+    // the names this stage holds, in the whole model's order; rank 0 receives them in that order
+    std::set<std::string> mine;
+    for (Parameter* p : model_->parameters())
+      if (p->tied.empty()) mine.insert(p->name);
+    const std::string key = fmt::format("save/{}/stage/", path);
+    if (pipeline_->stage() > 0) {
+      nlohmann::json names = nlohmann::json::array();
+      for (Parameter* w : all)
+        if (mine.count(w->name)) names.push_back(w->name);
+      pg_->store().set_string(key + std::to_string(pipeline_->stage()), names.dump());
+      for (Parameter* w : all)
+        if (mine.count(w->name)) pg_->send(w->data.f32(), w->data.numel(), 0, 5);
+    } else {
+      std::map<std::string, Parameter*> by_name;
+      for (Parameter* w : all) by_name[w->name] = w;
+      for (int s = 1; s < pipeline_->stages(); s++) {
+        const int from = rank_of(MeshCoord{0, 0, s}, mesh_->shape());
+        for (const auto& n : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(s)))) {
+          Parameter* w = by_name.at(n.get<std::string>());
+          pg_->recv(w->data.f32(), w->data.numel(), from, 5);
+        }
+      }
+    }
+  }
   if (is_rank0()) {
     save_model(*whole, path, dtype);
-    log_ << "saved weights to " << path << " (" << dtype_name(dtype) << ", gathered from " << tp_group()->size() << " tensor-parallel ranks)\n";
+    log_ << "saved weights to " << path << " (" << dtype_name(dtype) << ", gathered from " << mesh_->shape().tp << " tensor-parallel rank(s) x "
+         << mesh_->shape().pp << " stage(s))\n";
   }
 }
 

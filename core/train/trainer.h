@@ -12,6 +12,7 @@
 #include "core/data/loader.h"
 #include "core/dist/process_group.h"
 #include "core/parallel/mesh.h"
+#include "core/parallel/pipeline.h"
 #include "core/parallel/strategy.h"
 #include "core/models/model.h"
 #include "core/optim/grad_scaler.h"
@@ -92,6 +93,9 @@ class Trainer {
   int dp_world() const { return dp_ ? dp_->size() : 1; }
   int dp_rank() const { return dp_ ? dp_->rank() : 0; }
   ProcessGroup* tp_group() const { return mesh_ && mesh_->shape().tp > 1 ? &mesh_->group(MeshAxis::tp) : nullptr; }
+  ProcessGroup* pp_group() const { return mesh_ && mesh_->shape().pp > 1 ? &mesh_->group(MeshAxis::pp) : nullptr; }
+  // the loss of a micro-batch's logits and its gradient (× factor): vocab-parallel when the logits are split
+  double loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits);
   // every group's collectives so far (the world's and the mesh's axes)
   CommCounters comm_totals() const;
   std::map<std::string, CommCounters> comm_by_op() const;
@@ -110,6 +114,10 @@ class Trainer {
   ProcessGroup* pg_;
   std::unique_ptr<Mesh> mesh_;  // dp × tp × pp when parallel.tp or parallel.pp > 1 (core/parallel/mesh.h)
   ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the strategy) runs over
+  std::unique_ptr<Pipeline> pipeline_;  // parallel.pp > 1: this rank's stage runs the schedule
+  Parameter* tied_ = nullptr;           // the pipeline's tied embedding on the first and last stage
+  int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
+  Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
   LabPlugin* lab_;
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)

@@ -1,0 +1,88 @@
+// Pipeline parallelism: the model's blocks split into p stages on p ranks (gpt_parallel.h builds a stage),
+// each optimizer step's batch split into m micro-batches that flow through them. Stage s receives a
+// micro-batch's activations (B, T, C) from stage s − 1, runs its blocks, sends them on to s + 1; the
+// gradients flow back the same way. Two orders of the same work (Narayanan et al., 2021, figure 3):
+//
+//   gpipe  all m forwards, then all m backwards (Huang et al., 2019). A stage holds the activations of all
+//          m micro-batches at its peak.
+//   1f1b   warm-up: min(p − s − 1, m) forwards; steady state: one forward, one backward; cool-down: the
+//          backwards left (PipeDream-Flush, Megatron-LM's default). A stage holds at most p − s micro-batches.
+//
+//   p = 4, m = 8, 1F1B                time →
+//   stage 0   F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
+//   stage 3            F0 B0 F1 B1 F2 B2 F3 B3 ...
+//
+// Both leave every stage idle for the same (p − 1) forward-and-backward slots per step — the bubble,
+// (p − 1)/(m + p − 1) of the step when the stages are balanced — so m ≥ p is required: with fewer
+// micro-batches than stages most of the pipeline idles. 1F1B's gain is memory, not time.
+// Neighbours exchange activations and gradients at once where both must (1F1B's steady state), as
+// Megatron's send_forward_recv_backward does: two blocking sends towards each other would deadlock.
+// Data parallelism over the stages' replicas synchronises gradients once, during the last micro-batch's
+// backward (the strategy's no_sync before). The tied embedding's two copies (first and last stage) sum
+// their gradients after the last backward.
+// Read next: core/models/gpt_parallel.h (a stage), core/train/trainer.cpp (where a step calls train_step).
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/dist/process_group.h"
+#include "core/models/model.h"
+#include "core/parallel/strategy.h"
+
+namespace distlab {
+
+struct PipeAction {
+  enum Op { forward, backward } op;
+  int micro;  // 0..m-1
+  bool operator==(const PipeAction& o) const { return op == o.op && micro == o.micro; }
+};
+// The forwards stage `stage` of `stages` runs before its first backward under 1F1B.
+int warmup_forwards(int stages, int stage, int micro_batches);
+// The order in which a stage runs the forwards and backwards of m micro-batches.
+std::vector<PipeAction> pipeline_schedule(const std::string& schedule, int stages, int stage, int micro_batches);
+std::string describe_schedule(const std::vector<PipeAction>& s);  // "F0 F1 B0 F2 B1 B2"
+
+// What the loss does on the last stage: logits -> (loss, dlogits scaled by `factor`)
+using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const Batch& batch, float factor, Tensor& dlogits)>;
+
+class Pipeline {
+ public:
+  // `pp`: the stages' group (this rank is stage pp.rank()); `hidden`: the width C of what crosses a stage
+  // boundary, (B, T, C)
+  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden);
+  struct StepResult {
+    double loss_sum = 0;          // the last stage's micro-batch losses, summed (0 on the others)
+    int64_t samples = 0;          // this stage's micro-batches' samples
+    int peak_in_flight = 0;       // micro-batches whose activations this stage held at once
+    int64_t peak_held_bytes = 0;  // their saved tensors' bytes, at that peak
+  };
+  // One optimizer step: m micro-batches (next() gives them: every stage reads the same ones) through the
+  // schedule; gradients accumulate; the strategy synchronises them during the last backward.
+  StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, Strategy& strategy);
+  // Evaluation: one micro-batch's forward through every stage; the logits on the last stage (undefined on
+  // the others).
+  Tensor forward_only(Runtime& rt, const Batch& b);
+  // Sums the gradients of the tied embedding's copies (first and last stage; nothing elsewhere).
+  void sync_tied(Runtime& rt, Parameter* tied);
+  int stage() const { return pp_.rank(); }
+  int stages() const { return pp_.size(); }
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == stages() - 1; }
+  const std::string& schedule() const { return schedule_; }
+  int micro_batches() const { return m_; }
+
+ private:
+  Tensor recv_activation(Runtime& rt, const Batch& b, int micro, const char* what, int from, int tag);
+  // the neighbour exchanges; either tensor may be undefined (that half is absent)
+  void exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, int src, int in_tag, const Batch& b, const std::string& what);
+  ProcessGroup& pp_;
+  Model& model_;
+  std::string schedule_;
+  int m_;
+  int64_t hidden_;
+  std::map<int, SavedState> held_;  // micro-batch -> what its forward saved, until its backward
+};
+
+}  // namespace distlab
