@@ -441,8 +441,12 @@ void ProcessGroup::send_recv(const float* out, int64_t n_out, int dst, int out_t
   if (receiving && (src >= size_ || src == rank_))
     throw CommError(fmt::format("rank {}: recv from rank {} in group '{}' of {} ranks", rank_, src, name_, size_), "receive from another rank of the group");
   const uint64_t send_slot = sending ? p2p_slot(dst, out_tag, true) : 0, recv_slot = receiving ? p2p_slot(src, in_tag, false) : 0;
+  // both halves are in flight at once; the trace's comm stream is a queue, so both peers list the pair in
+  // the same order (the lower sender first), or the replay would see each waiting for the other
+  const bool recv_first = sending && receiving && src < rank_;
+  if (recv_first) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, false);
   if (sending) trace_p2p("send", n_out * 4, rank_, dst, out_tag, send_slot, false);
-  if (receiving) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, false);
+  if (receiving && !recv_first) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, false);
   std::string what = sending && receiving ? fmt::format("send to rank {} + recv from rank {}", dst, src)
                      : sending            ? fmt::format("send to rank {}", dst)
                                           : fmt::format("recv from rank {}", src);
