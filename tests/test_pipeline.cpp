@@ -97,6 +97,8 @@ TEST_CASE("GPT in pipeline stages (pp 2 and 4, 1F1B and GPipe, and dp 2 x tp 2 x
       {2, 2, "--set parallel.pp=2 --set parallel.micro_batches=8", {2, 1}},
       {4, 4, "--set parallel.pp=4 --set parallel.micro_batches=8", {4, 3, 2, 1}},
       {4, 4, "--set parallel.pp=4 --set parallel.micro_batches=8 --set parallel.schedule=gpipe", {8, 8, 8, 8}},
+      // dp 2 x pp 2: ranks 0, 1 are stage 0's replicas, 2, 3 stage 1's
+      {4, 2, "--set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=8 --set train.micro_batch=2", {2, 2, 1, 1}},
       // 3D: ranks 0-3 are stage 0 (tp pairs 0-1 and 2-3, the dp replicas), 4-7 stage 1; 2 sequences per
       // micro-batch on each of 2 replicas
       {8, 2, "--set parallel.pp=2 --set parallel.tp=2 --set parallel.strategy=ddp --set parallel.micro_batches=8 --set train.micro_batch=2",
@@ -113,6 +115,14 @@ TEST_CASE("GPT in pipeline stages (pp 2 and 4, 1F1B and GPipe, and dp 2 x tp 2 x
     CHECK(max_weight_diff(save, ref_save) < 1e-4);
     const auto& pipe = r.summary["pipeline"];
     CHECK(pipe["peak_in_flight"].get<std::vector<int>>() == c.in_flight);
+    if (c.ranks == 4 && c.pp == 2) {
+      // DP x PP: stage 0's gradients all-reduced ONCE per step (a ring of 2 sends each rank the whole
+      // gradient's bytes), not once per micro-batch; plus its 8 micro-batches' activations (2 x 64 x 64
+      // floats each), wte's gradient to the last stage (the tied copy), and the norm's one float
+      const double grads = 4.0 * r.summary["params_this_rank"].get<double>();
+      const double want = grads + 8 * 4.0 * 2 * 64 * 64 + 4.0 * 256 * 64 + 4.0;
+      CHECK(r.steps.back()["comm_bytes_sent"].get<double>() == Approx(want).epsilon(1e-9));
+    }
     fs::remove(save);
   }
   fs::remove(ref_save);
