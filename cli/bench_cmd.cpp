@@ -34,6 +34,8 @@
 #include "core/dist/process_group.h"
 #include "core/dist/tcp_store.h"
 #include "core/dist/watchdog.h"
+#include "core/parallel/pipeline_sim.h"
+#include "core/perf/hardware.h"
 #include "core/perf/cost_model.h"
 #include "core/util/units.h"
 #include "grader/harness.h"
@@ -325,6 +327,44 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
   comm->add_option("--json", a->json, "where to write the results (default bench/results/comm_n<N>.json)");
   comm->add_option("--ring", a->ring, "also measure lab 01's ring functions from DIR/ring.cpp (e.g. labs/01-collectives/student)");
   comm->add_option("--ring-plugin", a->ring_so, "(set by the launcher: the ring plugin built from --ring)")->group("");
+  // the pipeline's bubble, modeled: equal synthetic stages through the real schedules
+  struct PipeArgs {
+    std::vector<int> pp{2, 4}, m{1, 2, 4, 8};
+    std::string schedule = "both", profile = "h100-nvlink", json;
+  };
+  auto pa = std::make_shared<PipeArgs>();
+  CLI::App* pipe = bench->add_subcommand("pipeline", "the pipeline bubble on the modeled timeline against (p - 1)/(m + p - 1), equal synthetic stages");
+  pipe->add_option("--pp", pa->pp, "stages (default 2 4)")->delimiter(',')->check(CLI::Range(1, 64));
+  pipe->add_option("--micro-batches", pa->m, "micro-batches per step (default 1 2 4 8)")->delimiter(',')->check(CLI::Range(1, 1024));
+  pipe->add_option("--schedule", pa->schedule, "1f1b | gpipe | both (default)")->check(CLI::IsMember({"1f1b", "gpipe", "both"}));
+  pipe->add_option("--profile", pa->profile, "hardware profile of the replay (default h100-nvlink)");
+  pipe->add_option("--json", pa->json, "where to write the results (default bench/results/pipeline.json)");
+  pipe->callback([pa]() {
+    const HardwareProfile prof = require_profile(pa->profile, "--profile", /*need_cost_model=*/true);
+    const HardwareProfile* hw = &prof;
+    std::vector<std::string> schedules = pa->schedule == "both" ? std::vector<std::string>{"1f1b", "gpipe"} : std::vector<std::string>{pa->schedule};
+    nlohmann::json rows = nlohmann::json::array();
+    std::cout << fmt::format("pipeline bubble on {}: p equal stages (forward 1 TFLOP, backward 2), 8 MiB of activations between stages\n", hw->name);
+    std::cout << fmt::format("{:>3} {:>5} {:>8} {:>15} {:>15} {:>8} {:>11}  {}\n", "p", "m", "schedule", "bubble modeled", "(p-1)/(m+p-1)",
+                             "diff", "span/ideal", "peak micro-batches in flight per stage");
+    for (int p : pa->pp)
+      for (int m : pa->m)
+        for (const std::string& s : schedules) {
+          const PipelineSimResult r = simulate_pipeline(p, m, s, *hw);
+          std::string peaks;
+          for (int k : r.peak_in_flight) peaks += (peaks.empty() ? "" : " ") + std::to_string(k);
+          std::cout << fmt::format("{:>3} {:>5} {:>8} {:>14.2f}% {:>14.2f}% {:>+7.2f} {:>11.3f}  {}{}\n", p, m, s, 100 * r.bubble, 100 * r.formula,
+                                   100 * (r.bubble - r.formula), r.span_s / r.ideal_s, peaks, m < p ? "   (m < p: training refuses it)" : "");
+          rows.push_back({{"pp", p}, {"micro_batches", m}, {"schedule", s}, {"bubble", r.bubble}, {"formula", r.formula},
+                          {"span_s", r.span_s}, {"ideal_s", r.ideal_s}, {"peak_in_flight", r.peak_in_flight}});
+        }
+    const std::string path = pa->json.empty() ? "bench/results/pipeline.json" : pa->json;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path());
+    AtomicFile out(path);
+    out.write(nlohmann::json{{"profile", hw->name}, {"rows", rows}}.dump(2) + "\n");
+    out.commit();
+    std::cout << "wrote " << path << "\n";
+  });
   comm->callback([a, &exit_code, self_exe]() {
     if (std::getenv("RANK")) {  // we are a worker of the job below
       exit_code = worker(*a);

@@ -16,6 +16,8 @@
 
 #include "core/ckpt/safetensors.h"
 #include "core/parallel/pipeline.h"
+#include "core/parallel/pipeline_sim.h"
+#include "core/perf/hardware.h"
 #include "train_harness.h"
 
 using namespace distlab;
@@ -168,4 +170,19 @@ TEST_CASE("a pipeline with fewer micro-batches than stages, or stages that do no
   r = train_ranks(2, kGpt, "--set train.steps=1 --set parallel.pp=2 --set train.accum_steps=2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("train.accum_steps") && Catch::Contains("parallel.micro_batches"));
+}
+
+TEST_CASE("the pipeline simulator: equal stages idle (p - 1)/(m + p - 1) under both schedules, m < p included", "[pp][bubble][sim]") {
+  const HardwareProfile hw = require_profile("h100-nvlink", "test", true);
+  for (int p : {2, 4})
+    for (int m : {1, 2, 4, 8})
+      for (const std::string sched : {"1f1b", "gpipe"}) {
+        const PipelineSimResult r = simulate_pipeline(p, m, sched, hw);
+        INFO("p " << p << " m " << m << " " << sched);
+        CHECK(r.formula == Approx(double(p - 1) / (m + p - 1)));
+        CHECK(std::abs(r.bubble - r.formula) < 0.02);
+        CHECK(r.span_s / r.ideal_s == Approx(double(m + p - 1) / m).epsilon(0.02));
+        REQUIRE(r.peak_in_flight.size() == size_t(p));
+        for (int s = 0; s < p; s++) CHECK(r.peak_in_flight[size_t(s)] == (sched == "gpipe" ? m : std::min(p - s, m)));
+      }
 }

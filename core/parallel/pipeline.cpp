@@ -35,10 +35,11 @@ std::string describe_schedule(const std::vector<PipeAction>& s) {
   return out;
 }
 
-Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden)
+Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden, bool allow_idle)
     : pp_(pp), model_(stage), schedule_(std::move(schedule)), m_(micro_batches), hidden_(hidden) {
   pipeline_schedule(schedule_, pp.size(), pp.rank(), m_);  // checks the name
-  if (m_ < pp.size())
+  if (m_ < 1) throw ConfigError(fmt::format("parallel.micro_batches is {}", m_), "a step has at least one micro-batch");
+  if (m_ < pp.size() && !allow_idle)
     throw ConfigError(fmt::format("parallel.micro_batches {} < parallel.pp {}: fewer micro-batches than stages", m_, pp.size()),
                       fmt::format("the pipeline would idle most of each step (a bubble of (p - 1)/(m + p - 1) = {:.0f} %, and no "
                                   "stage ever holds more than m micro-batches); use parallel.micro_batches >= {} (4 x pp is usual)",

@@ -50,8 +50,8 @@ using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const 
 class Pipeline {
  public:
   // `pp`: the stages' group (this rank is stage pp.rank()); `hidden`: the width C of what crosses a stage
-  // boundary, (B, T, C)
-  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden);
+  // boundary, (B, T, C). m < p is refused unless `allow_idle` (the simulator of pipeline_sim.h shows it).
+  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden, bool allow_idle = false);
   struct StepResult {
     double loss_sum = 0;          // the last stage's micro-batch losses, summed (0 on the others)
     int64_t samples = 0;          // this stage's micro-batches' samples
