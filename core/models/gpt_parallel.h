@@ -65,6 +65,8 @@ class ParallelGPT : public Model {
   Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) override;
   Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) override;
   void swap_saved(SavedState& s) override;
+  Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
+  Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
   void set_training(bool on) override;
   // The whole GPT's initial weights for `seed` (built whole on the side, then this rank's part taken).
   void init(uint64_t seed) override;

@@ -26,6 +26,14 @@ Tensor Model::backward_stage(Runtime&, const Tensor&, BackwardHook*) {
   throw ConfigError("this model cannot be split into pipeline stages", "parallel.pp > 1 splits GPT (model.name = \"gpt\")");
 }
 
+Shape Model::stage_input_shape(const Batch&) {
+  throw ConfigError("this model cannot be split into pipeline stages", "parallel.pp > 1 splits GPT and the image models");
+}
+
+Shape Model::stage_output_shape(const Batch&) {
+  throw ConfigError("this model cannot be split into pipeline stages", "parallel.pp > 1 splits GPT and the image models");
+}
+
 void Model::swap_saved(SavedState&) {
   throw ConfigError("this model cannot keep several micro-batches in flight", "parallel.pp > 1 splits GPT (model.name = \"gpt\")");
 }

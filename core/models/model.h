@@ -67,6 +67,9 @@ class Model {
   virtual Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook);
   virtual Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook);
   virtual void swap_saved(SavedState& s);
+  // The shapes crossing a stage's boundaries for `batch`: what it receives, what it sends on.
+  virtual Shape stage_input_shape(const Batch& batch);
+  virtual Shape stage_output_shape(const Batch& batch);
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

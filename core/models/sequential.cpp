@@ -1,6 +1,12 @@
 #include "core/models/sequential.h"
 
 #include "core/nn/norm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include "core/util/error.h"
 
 namespace distlab {
@@ -68,8 +74,131 @@ void Sequential::set_training(bool on) {
 }
 
 void Sequential::init(uint64_t seed) {
+  if (whole_) {  // a pipeline stage: the whole model's draws, this stage's layers' share of them
+    for (Parameter* p : parameters())
+      if (!p->data.data()) return;  // meta: nothing to draw
+    Runtime side(DeviceKind::cpu);  // f32, its own accountant: the whole model lives only for this call
+    auto whole = whole_(side);
+    whole->init(seed);
+    std::map<std::string, Parameter*> params;
+    std::map<std::string, Buffer*> bufs;
+    for (Parameter* p : whole->parameters()) params[p->name] = p;
+    for (Buffer* b : whole->buffers()) bufs[b->name] = b;
+    for (Parameter* p : parameters())
+      if (p->data.data()) convert(params.at(p->name)->data.data(), DType::f32, p->data.data(), p->data.dtype(), p->data.numel());
+    for (Buffer* b : buffers())
+      if (b->data.data()) std::memcpy(b->data.data(), bufs.at(b->name)->data.data(), size_t(b->data.nbytes()));
+    return;
+  }
   Rng rng(seed);
   for (auto& l : layers_) l->init(rng);
+}
+
+void Sequential::keep_stage(int stage, int stages, const std::vector<int64_t>& units,
+                            std::function<std::unique_ptr<Sequential>(Runtime&)> whole, const Shape& sample) {
+  // the layers with parameters, and their sizes
+  std::vector<size_t> unit_layer;
+  std::vector<int64_t> size;
+  for (size_t i = 0; i < layers_.size(); i++) {
+    int64_t n = 0;
+    for (Parameter* p : layers_[i]->parameters()) n += p->data.numel();
+    if (n > 0) unit_layer.push_back(i), size.push_back(n);
+  }
+  const int n = int(unit_layer.size());
+  if (n < stages)
+    throw ConfigError(fmt::format("parallel.pp {}: the model has {} layers with parameters, fewer than the stages", stages, n),
+                      "lower parallel.pp: every stage needs a layer with parameters");
+  // first unit of each stage: explicit, or the split that minimises the largest stage's parameters
+  std::vector<int> first(size_t(stages) + 1, n);
+  if (!units.empty()) {
+    int64_t sum = 0;
+    for (int64_t u : units) sum += u;
+    if (int(units.size()) != stages || sum != n || std::any_of(units.begin(), units.end(), [](int64_t u) { return u < 1; }))
+      throw ConfigError(fmt::format("parallel.pp_layers has {} entries summing to {}: {} stages of the model's {} layers with parameters",
+                                    units.size(), sum, stages, n),
+                        "give every stage at least one layer with parameters, and each to some stage");
+    first[0] = 0;
+    for (int s = 1; s <= stages; s++) first[size_t(s)] = first[size_t(s - 1)] + int(units[size_t(s - 1)]);
+  } else {
+    int64_t best = -1;
+    std::vector<int> cut(size_t(stages) + 1, 0);
+    cut[size_t(stages)] = n;
+    std::function<void(int, int)> search = [&](int s, int from) {  // stage s starts at unit `from`
+      if (s == stages - 1) {
+        cut[size_t(s)] = from;
+        int64_t worst = 0;
+        for (int k = 0; k < stages; k++) {
+          int64_t t = 0;
+          for (int u = cut[size_t(k)]; u < cut[size_t(k) + 1]; u++) t += size[size_t(u)];
+          worst = std::max(worst, t);
+        }
+        if (best < 0 || worst < best) best = worst, first = cut;
+        return;
+      }
+      cut[size_t(s)] = from;
+      for (int next = from + 1; next <= n - (stages - 1 - s); next++) search(s + 1, next);
+    };
+    search(0, 0);
+  }
+  // this stage's layers: from its first unit's layer (stage 0: from layer 0) to the next stage's first unit's
+  const size_t begin = stage == 0 ? 0 : unit_layer[size_t(first[size_t(stage)])];
+  const size_t end = stage == stages - 1 ? layers_.size() : unit_layer[size_t(first[size_t(stage) + 1])];
+  // the shapes at the boundaries: a meta pass of one sample through the whole model
+  Runtime meta(DeviceKind::meta);
+  auto shapes = whole(meta);
+  Shape in = sample;
+  in.insert(in.begin(), 1);
+  Tensor x = meta.empty(in, Category::activations, "sample");
+  for (size_t i = 0; i < shapes->layers_.size(); i++) {
+    if (i == begin) in_sample_ = Shape(x.shape().begin() + 1, x.shape().end());
+    x = shapes->layers_[i]->forward(meta, x);
+    if (i + 1 == end) out_sample_ = Shape(x.shape().begin() + 1, x.shape().end());
+  }
+  std::vector<std::unique_ptr<Layer>> kept;
+  for (size_t i = begin; i < end; i++) kept.push_back(std::move(layers_[i]));
+  layers_ = std::move(kept);
+  stage_ = stage;
+  stages_ = stages;
+  whole_ = std::move(whole);
+}
+
+Shape Sequential::stage_input_shape(const Batch& b) {
+  Shape s = in_sample_;
+  s.insert(s.begin(), b.B);
+  return s;
+}
+
+Shape Sequential::stage_output_shape(const Batch& b) {
+  Shape s = out_sample_;
+  s.insert(s.begin(), b.B);
+  return s;
+}
+
+Tensor Sequential::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) {
+  Batch b;
+  b.B = batch.B;
+  b.x = stage_ == 0 ? batch.x : input;
+  return forward(rt, b, hook);
+}
+
+Tensor Sequential::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) {
+  Tensor d = dout;
+  int unit = int(units().size());
+  for (size_t i = layers_.size(); i-- > 0;) {
+    Layer& l = *layers_[i];
+    if (!d.defined()) break;  // the first layer with parameters skipped the data's gradient (stage 0)
+    const bool has_params = !l.parameters().empty();
+    unit -= has_params;
+    if (hook && has_params) hook->before_layer_backward(unit);
+    d = l.backward(rt, d);
+    if (hook && has_params) hook->after_layer_backward(unit, l.parameters());
+  }
+  return stage_ == 0 ? Tensor() : d;
+}
+
+void Sequential::swap_saved(SavedState& s) {
+  s.begin();
+  for (auto& l : layers_) l->swap_saved(s);
 }
 
 }  // namespace distlab

@@ -13,7 +13,7 @@
 
 namespace distlab {
 
-static std::unique_ptr<Model> build_mlp(Runtime& rt, const ModelSpec& s) {
+static std::unique_ptr<Sequential> build_mlp(Runtime& rt, const ModelSpec& s) {
   auto m = std::make_unique<Sequential>();
   m->add(std::make_unique<Flatten>());
   int64_t in = s.in_channels * s.height * s.width;
@@ -29,7 +29,7 @@ static std::unique_ptr<Model> build_mlp(Runtime& rt, const ModelSpec& s) {
 }
 
 // conv 3->32 k3 p1, [bn], ReLU, maxpool 2, conv 32->64 k3 p1, [bn], ReLU, maxpool 2, flatten, linear -> classes
-static std::unique_ptr<Model> build_cifar_cnn(Runtime& rt, const ModelSpec& s) {
+static std::unique_ptr<Sequential> build_cifar_cnn(Runtime& rt, const ModelSpec& s) {
   if (s.height % 4 || s.width % 4)
     throw ConfigError(fmt::format("cifar_cnn needs image sides divisible by 4 (two 2x2 pools), got {}x{}", s.height, s.width));
   auto m = std::make_unique<Sequential>();
@@ -49,9 +49,14 @@ static std::unique_ptr<Model> build_cifar_cnn(Runtime& rt, const ModelSpec& s) {
 
 std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,
                                    const std::vector<int64_t>& layers) {
-  if (stages > 1 && s.name != "gpt")
-    throw ConfigError(fmt::format("parallel.pp {} with model.name {}: pipeline stages split GPT's blocks", stages, s.name),
-                      "use model.name = \"gpt\", or parallel.pp = 1");
+  if (stages > 1 && (s.name == "mlp" || s.name == "cifar_cnn")) {  // consecutive layers per stage
+    std::function<std::unique_ptr<Sequential>(Runtime&)> whole = [s](Runtime& r) {
+      return s.name == "mlp" ? build_mlp(r, s) : build_cifar_cnn(r, s);
+    };
+    auto m = whole(rt);
+    m->keep_stage(stage, stages, layers, whole, {s.in_channels, s.height, s.width});
+    return m;
+  }
   if ((tp && tp->size() > 1) || stages > 1) {
     DL_ASSERT(tp, "build_model: a split model needs its (tensor-parallel) group, even of one rank");
     if (s.name == "gpt") return std::make_unique<ParallelGPT>(rt, *tp, s, stage, stages, layers);

@@ -14,6 +14,12 @@ class Conv2d : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // U(±1/sqrt(C*K*K)), as PyTorch
+  void swap_saved(SavedState& s) override {
+    s.swap(saved_col_);
+    for (int64_t* v : {&saved_shape_.B, &saved_shape_.C, &saved_shape_.H, &saved_shape_.W, &saved_shape_.OC, &saved_shape_.K,
+                       &saved_shape_.stride, &saved_shape_.pad})
+      s.swap(*v);
+  }
   Parameter weight, bias;
   // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
   bool has_bias_ = false;

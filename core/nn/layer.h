@@ -2,6 +2,7 @@
 // the rank's accountant); backward consumes it, accumulates parameter gradients (+=, so accumulation over
 // micro-batches and tied weights just work), and returns the gradient of its input.
 #pragma once
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ struct SavedState {
     const int64_t mine = s.empty() ? 0 : s[0];
     s = {v};
     v = mine;
+  }
+  void swap(double& v) {  // kept as its bits
+    int64_t bits;
+    std::memcpy(&bits, &v, sizeof v);
+    swap(bits);
+    std::memcpy(&v, &bits, sizeof v);
   }
   int64_t bytes() const;  // the saved tensors' bytes (what a micro-batch in flight holds)
 

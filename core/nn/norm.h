@@ -43,6 +43,12 @@ class BatchNorm2d : public Layer {
   Buffer running_mean, running_var;  // (C); the variance kept is the unbiased one, as PyTorch
   Buffer num_batches_tracked;        // () — an integer count in PyTorch, kept here as a float scalar
   void set_sync_group(ProcessGroup* pg) { sync_ = pg; }
+  void swap_saved(SavedState& s) override {
+    s.swap(saved_x_);
+    s.swap(mean_);
+    s.swap(rstd_);
+    s.swap(count_);
+  }
 
  private:
   // global mean and biased variance (C) from every rank's local ones (Chan's parallel combination)

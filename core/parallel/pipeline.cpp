@@ -35,8 +35,8 @@ std::string describe_schedule(const std::vector<PipeAction>& s) {
   return out;
 }
 
-Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden, bool allow_idle)
-    : pp_(pp), model_(stage), schedule_(std::move(schedule)), m_(micro_batches), hidden_(hidden) {
+Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, bool allow_idle)
+    : pp_(pp), model_(stage), schedule_(std::move(schedule)), m_(micro_batches) {
   pipeline_schedule(schedule_, pp.size(), pp.rank(), m_);  // checks the name
   if (m_ < 1) throw ConfigError(fmt::format("parallel.micro_batches is {}", m_), "a step has at least one micro-batch");
   if (m_ < pp.size() && !allow_idle)
@@ -47,22 +47,22 @@ Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int mic
 }
 
 // The p2p payload travels as f32; 16-bit activations are widened for the wire and rounded back (exact).
-void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, int src, int in_tag, const Batch& b,
+void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, const Shape& in_shape, int src, int in_tag,
                         const std::string& what) {
-  const int64_t n = b.B * b.T * hidden_;
+  const int64_t n_out = out.defined() ? out.numel() : 0, n = src >= 0 ? shape_numel(in_shape) : 0;
   std::vector<float> send_buf, recv_buf;
   if (dst >= 0 && out.data()) {
-    send_buf.resize(static_cast<size_t>(out.numel()));
-    convert(out.data(), out.dtype(), send_buf.data(), DType::f32, out.numel());
+    send_buf.resize(static_cast<size_t>(n_out));
+    convert(out.data(), out.dtype(), send_buf.data(), DType::f32, n_out);
   }
   if (src >= 0) {
-    *in = rt.empty({b.B, b.T, hidden_}, Category::activations,
-                   in_tag == 1 ? fmt::format("activations from stage {}", src) : fmt::format("gradient from stage {}", src), rt.dtype);
+    *in = rt.empty(in_shape, Category::activations,
+                   in_tag % 2 == 0 || in_tag == 1 ? fmt::format("activations from stage {}", src) : fmt::format("gradient from stage {}", src), rt.dtype);
     if (in->data()) recv_buf.resize(static_cast<size_t>(n));
   }
   try {
-    pp_.send_recv(send_buf.empty() ? nullptr : send_buf.data(), dst >= 0 ? n : 0, dst, out_tag, recv_buf.empty() ? nullptr : recv_buf.data(),
-                  src >= 0 ? n : 0, src, in_tag);
+    pp_.send_recv(send_buf.empty() ? nullptr : send_buf.data(), dst >= 0 ? n_out : 0, dst, out_tag, recv_buf.empty() ? nullptr : recv_buf.data(),
+                  n, src, in_tag);
   } catch (const CommError& e) {
     CommError err(fmt::format("pipeline stage {} of {} ({} schedule, {} micro-batches): {} — {}", stage(), stages(), schedule_, m_, what, e.what()),
                   "a stage's sends and receives must pair with its neighbours' in the same order: under 1F1B stage s runs "
@@ -74,10 +74,37 @@ void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Te
   if (src >= 0 && in->data()) convert(recv_buf.data(), DType::f32, in->data(), in->dtype(), n);
 }
 
+std::string check_schedule(const std::vector<PipeAction>& order, int m) {
+  std::vector<int> f_at(static_cast<size_t>(m), -1), b_at(static_cast<size_t>(m), -1);
+  for (int i = 0; i < int(order.size()); i++) {
+    const PipeAction& a = order[size_t(i)];
+    const char op = a.op == PipeAction::forward ? 'F' : 'B';
+    if (a.micro < 0 || a.micro >= m) return fmt::format("action {} is {}{}, but the micro-batches are 0..{}", i, op, a.micro, m - 1);
+    int& at = (a.op == PipeAction::forward ? f_at : b_at)[size_t(a.micro)];
+    if (at >= 0) return fmt::format("{}{} runs twice (actions {} and {})", op, a.micro, at, i);
+    at = i;
+    if (a.op == PipeAction::backward && f_at[size_t(a.micro)] < 0) return fmt::format("B{} (action {}) runs before F{}", a.micro, i, a.micro);
+  }
+  for (int j = 0; j < m; j++)
+    if (f_at[size_t(j)] < 0 || b_at[size_t(j)] < 0) return fmt::format("{}{} never runs", f_at[size_t(j)] < 0 ? 'F' : 'B', j);
+  return "";
+}
+
+// Messages are tagged by micro-batch: a stage that expects micro-batch j's activations takes only those,
+// so schedules whose orders do not fit together hang (and the timeout names the stage and what it
+// waited for) rather than train on each other's tensors.
+static int activation_tag(int micro) { return 16 + 2 * micro; }
+static int gradient_tag(int micro) { return 17 + 2 * micro; }
+
 Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor,
-                                          Strategy& strategy) {
+                                          Strategy& strategy, const std::vector<PipeAction>* order) {
   StepResult res;
-  const int s = stage(), w = warmup_of(schedule_, stages(), s, m_), rest = m_ - w;
+  const int s = stage();
+  const std::vector<PipeAction> own = order ? std::vector<PipeAction>() : pipeline_schedule(schedule_, stages(), s, m_);
+  const std::vector<PipeAction>& actions = order ? *order : own;
+  if (const std::string bad = check_schedule(actions, m_); !bad.empty())
+    throw ConfigError(fmt::format("pipeline stage {} of {}: its schedule ({}) {}", s, stages(), describe_schedule(actions), bad),
+                      "every micro-batch runs forward once, then backward once, on every stage");
   const int prev = first() ? -1 : s - 1, next_stage = last() ? -1 : s + 1;
   std::vector<Batch> batches;
   std::map<int, Tensor> dlogits;  // the last stage's: a micro-batch's loss gradient, from its forward to its backward
@@ -106,75 +133,77 @@ Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch
     rt.trace.mark(fmt::format("F{}", j), false);
     return y;
   };
+  // the last micro-batch's backward is the last backward of the step: data parallelism syncs in it
+  int last_backward = -1;
+  for (const PipeAction& a : actions)
+    if (a.op == PipeAction::backward) last_backward = a.micro;
   auto backward = [&](int j, const Tensor& dy) {
     rt.trace.mark(fmt::format("B{}", j), true);
     model_.swap_saved(held_.at(j));
     held_.erase(j);
     Tensor d = last() ? dlogits.at(j) : dy;
     dlogits.erase(j);
-    strategy.begin_backward(j == m_ - 1);  // data parallel: once, in the last micro-batch's backward
+    strategy.begin_backward(j == last_backward);
     Tensor dx = model_.backward_stage(rt, d, &strategy);
     strategy.finish_backward(rt);
     rt.trace.mark(fmt::format("B{}", j), false);
     return dx;
   };
-  const int kAct = 1, kGrad = 2;  // tags: activations flow forward, gradients backward
-  auto recv_forward = [&](int j) {
-    Tensor x;
-    if (!first()) exchange(rt, Tensor(), -1, 0, &x, prev, kAct, batch(j), fmt::format("receiving micro-batch {}'s activations from stage {}", j, prev));
-    return x;
+  // Where an action's input comes from: a forward's from the stage before, a backward's from the stage after.
+  auto source = [&](const PipeAction& a) { return a.op == PipeAction::forward ? prev : next_stage; };
+  auto tag_of = [&](const PipeAction& a) { return a.op == PipeAction::forward ? activation_tag(a.micro) : gradient_tag(a.micro); };
+  // a forward receives what this stage takes in, a backward the gradient of what it gave out
+  auto input_shape = [&](const PipeAction& a) {
+    const Batch& b = batch(a.micro);
+    return a.op == PipeAction::forward ? model_.stage_input_shape(b) : model_.stage_output_shape(b);
   };
-  auto send_forward = [&](int j, const Tensor& y) {
-    if (!last()) exchange(rt, y, next_stage, kAct, nullptr, -1, 0, batch(j), fmt::format("sending micro-batch {}'s activations to stage {}", j, next_stage));
-  };
-  auto recv_backward = [&](int j) {
-    Tensor d;
-    if (!last()) exchange(rt, Tensor(), -1, 0, &d, next_stage, kGrad, batch(j), fmt::format("receiving micro-batch {}'s gradient from stage {}", j, next_stage));
-    return d;
-  };
-  auto send_backward = [&](int j, const Tensor& dx) {
-    if (!first()) exchange(rt, dx, prev, kGrad, nullptr, -1, 0, batch(j), fmt::format("sending micro-batch {}'s gradient to stage {}", j, prev));
+  auto input_name = [&](const PipeAction& a) {
+    return fmt::format("micro-batch {}'s {} from stage {}", a.micro, a.op == PipeAction::forward ? "activations" : "gradient", source(a));
   };
 
-  // warm-up: forwards only (all m under GPipe)
-  for (int i = 0; i < w; i++) send_forward(i, forward(i, recv_forward(i)));
-  // steady state: one forward, one backward; each exchange pairs a send with the neighbour's send the other way
-  Tensor x = rest > 0 ? recv_forward(w) : Tensor();
-  for (int i = 0; i < rest; i++) {
-    const int j = w + i;
-    Tensor y = forward(j, x);
-    Tensor dy;
-    if (!last()) exchange(rt, y, next_stage, kAct, &dy, next_stage, kGrad, batch(j),
-                          fmt::format("sending micro-batch {}'s activations to stage {} and receiving micro-batch {}'s gradient", j, next_stage, i));
-    Tensor dx = backward(i, dy);
-    x = Tensor();
-    if (i == rest - 1) {
-      send_backward(i, dx);
-    } else if (!first()) {
-      exchange(rt, dx, prev, kGrad, &x, prev, kAct, batch(j + 1),
-               fmt::format("sending micro-batch {}'s gradient to stage {} and receiving micro-batch {}'s activations", i, prev, j + 1));
+  Tensor pending;  // the next action's input, received together with this action's send
+  bool have_pending = false;
+  for (size_t k = 0; k < actions.size(); k++) {
+    const PipeAction& a = actions[k];
+    const PipeAction* after = k + 1 < actions.size() ? &actions[k + 1] : nullptr;
+    Tensor in;
+    if (have_pending) {
+      in = pending;
+      pending = Tensor();
+      have_pending = false;
+    } else if (source(a) >= 0) {
+      exchange(rt, Tensor(), -1, 0, &in, input_shape(a), source(a), tag_of(a), "receiving " + input_name(a));
+    }
+    Tensor out = a.op == PipeAction::forward ? forward(a.micro, in) : backward(a.micro, in);
+    // a forward's output goes on to the stage after, a backward's (the input's gradient) back to the one before
+    const int dst = a.op == PipeAction::forward ? next_stage : prev;
+    if (dst < 0) continue;
+    const std::string sent = fmt::format("sending micro-batch {}'s {} to stage {}", a.micro, a.op == PipeAction::forward ? "activations" : "gradient", dst);
+    const int out_tag = a.op == PipeAction::forward ? activation_tag(a.micro) : gradient_tag(a.micro);
+    if (after && source(*after) == dst) {  // the neighbour's send the other way: both in flight at once
+      exchange(rt, out, dst, out_tag, &pending, input_shape(*after), dst, tag_of(*after), sent + " and receiving " + input_name(*after));
+      have_pending = true;
+    } else {
+      exchange(rt, out, dst, out_tag, nullptr, {}, -1, 0, sent);
     }
   }
-  // cool-down: the backwards left
-  for (int i = rest; i < m_; i++) send_backward(i, backward(i, recv_backward(i)));
   DL_ASSERT(held_.empty(), "pipeline: a micro-batch's activations were never consumed");
   return res;
 }
 
 Tensor Pipeline::forward_only(Runtime& rt, const Batch& b) {
   Tensor x;
-  if (!first()) exchange(rt, Tensor(), -1, 0, &x, stage() - 1, 3, b, "receiving an evaluation batch's activations");
+  if (!first()) exchange(rt, Tensor(), -1, 0, &x, model_.stage_input_shape(b), stage() - 1, 1, "receiving an evaluation batch's activations");
   Tensor y = model_.forward_stage(rt, b, x, nullptr);
   if (!last()) {
-    exchange(rt, y, stage() + 1, 3, nullptr, -1, 0, b, "sending an evaluation batch's activations");
+    exchange(rt, y, stage() + 1, 1, nullptr, {}, -1, 0, "sending an evaluation batch's activations");
     return Tensor();
   }
   return y;
 }
 
 void Pipeline::sync_tied(Runtime& rt, Parameter* tied) {
-  if (stages() == 1 || !(first() || last())) return;
-  DL_ASSERT(tied, "sync_tied: the first and last stage hold the tied embedding");
+  if (stages() == 1 || !(first() || last()) || !tied) return;  // (a model without tied weights: nothing)
   const int peer = first() ? stages() - 1 : 0;
   Tensor& g = tied->grad_for_accumulate();
   const int64_t n = g.numel();

@@ -17,6 +17,7 @@
 // micro-batches than stages most of the pipeline idles. 1F1B's gain is memory, not time.
 // Neighbours exchange activations and gradients at once where both must (1F1B's steady state), as
 // Megatron's send_forward_recv_backward does: two blocking sends towards each other would deadlock.
+// Messages carry their micro-batch in the tag: a stage never takes another micro-batch's tensor.
 // Data parallelism over the stages' replicas synchronises gradients once, during the last micro-batch's
 // backward (the strategy's no_sync before). The tied embedding's two copies (first and last stage) sum
 // their gradients after the last backward.
@@ -43,15 +44,17 @@ int warmup_forwards(int stages, int stage, int micro_batches);
 // The order in which a stage runs the forwards and backwards of m micro-batches.
 std::vector<PipeAction> pipeline_schedule(const std::string& schedule, int stages, int stage, int micro_batches);
 std::string describe_schedule(const std::vector<PipeAction>& s);  // "F0 F1 B0 F2 B1 B2"
+// "" when `order` runs every micro-batch 0..m-1 forward once and then backward once; else what is wrong.
+std::string check_schedule(const std::vector<PipeAction>& order, int micro_batches);
 
 // What the loss does on the last stage: logits -> (loss, dlogits scaled by `factor`)
 using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const Batch& batch, float factor, Tensor& dlogits)>;
 
 class Pipeline {
  public:
-  // `pp`: the stages' group (this rank is stage pp.rank()); `hidden`: the width C of what crosses a stage
-  // boundary, (B, T, C). m < p is refused unless `allow_idle` (the simulator of pipeline_sim.h shows it).
-  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, int64_t hidden, bool allow_idle = false);
+  // `pp`: the stages' group (this rank is stage pp.rank()); the model says what crosses its boundaries
+  // (Model::stage_input_shape). m < p is refused unless `allow_idle` (the simulator of pipeline_sim.h shows it).
+  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, bool allow_idle = false);
   struct StepResult {
     double loss_sum = 0;          // the last stage's micro-batch losses, summed (0 on the others)
     int64_t samples = 0;          // this stage's micro-batches' samples
@@ -59,8 +62,14 @@ class Pipeline {
     int64_t peak_held_bytes = 0;  // their saved tensors' bytes, at that peak
   };
   // One optimizer step: m micro-batches (next() gives them: every stage reads the same ones) through the
-  // schedule; gradients accumulate; the strategy synchronises them during the last backward.
-  StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, Strategy& strategy);
+  // schedule (`order`: this stage's own, e.g. a lab's; nullptr: the configured one); gradients accumulate;
+  // the strategy synchronises them during the last backward. The executor takes any valid order: after
+  // each action it sends the action's output on, and when the next action's input comes from that same
+  // neighbour it receives it in the same exchange (Megatron's send_forward_recv_backward and
+  // send_backward_recv_forward) — so 1F1B's steady state, where neighbours send to each other, cannot
+  // deadlock, while orders that do not fit the neighbours' hang until the timeout names the stage.
+  StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, Strategy& strategy,
+                        const std::vector<PipeAction>* order = nullptr);
   // Evaluation: one micro-batch's forward through every stage; the logits on the last stage (undefined on
   // the others).
   Tensor forward_only(Runtime& rt, const Batch& b);
@@ -76,12 +85,12 @@ class Pipeline {
  private:
   Tensor recv_activation(Runtime& rt, const Batch& b, int micro, const char* what, int from, int tag);
   // the neighbour exchanges; either tensor may be undefined (that half is absent)
-  void exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, int src, int in_tag, const Batch& b, const std::string& what);
+  void exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, const Shape& in_shape, int src, int in_tag,
+                const std::string& what);
   ProcessGroup& pp_;
   Model& model_;
   std::string schedule_;
   int m_;
-  int64_t hidden_;
   std::map<int, SavedState> held_;  // micro-batch -> what its forward saved, until its backward
 };
 

@@ -28,6 +28,8 @@ class SyntheticStage : public Model {
     return rt.empty(d.shape(), Category::activations, "stage input gradient");
   }
   void swap_saved(SavedState&) override {}
+  Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, width_}; }
+  Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, width_}; }
   void set_training(bool) override {}
   void init(uint64_t) override {}
 
@@ -50,7 +52,7 @@ PipelineSimResult simulate_pipeline(int p, int m, const std::string& schedule, c
     ProcessGroup pg(ProcessGroup::Fake{}, s, p, &rt.trace, "pipeline");
     SyntheticStage stage(flops, width);
     NoParallel none;
-    Pipeline pipe(pg, stage, schedule, m, width, /*allow_idle=*/true);
+    Pipeline pipe(pg, stage, schedule, m, /*allow_idle=*/true);
     rt.trace.keep_events(true);
     Batch b;
     b.B = b.T = 1;

@@ -391,8 +391,6 @@ void validate(const RunConfig& c) {
   at_most(c, "parallel.micro_batches", c.parallel.micro_batches, 1 << 16, "");
   require(c.parallel.schedule == "1f1b" || c.parallel.schedule == "gpipe", c, "parallel.schedule", "is '" + c.parallel.schedule + "'",
           "use 1f1b or gpipe");
-  require(c.parallel.pp == 1 || c.model.name == "gpt", c, "parallel.pp", fmt::format("is {} with model.name {}", c.parallel.pp, c.model.name),
-          "pipeline stages split GPT's blocks: use model.name = \"gpt\", or parallel.pp = 1");
   require(c.parallel.pp == 1 || c.train.accum_steps == 1, c, "train.accum_steps",
           fmt::format("is {} with parallel.pp {}", c.train.accum_steps, c.parallel.pp),
           "under pipeline parallelism the micro-batches are the accumulation: set parallel.micro_batches instead");

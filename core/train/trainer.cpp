@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <ostream>
 #include <thread>
@@ -100,8 +101,8 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
                        cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
   if (shape.pp > 1) {
-    pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_), spec_.n_embd);
-    tied_ = dynamic_cast<ParallelGPT&>(*model_).tied_embedding();
+    pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
+    if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
   }
   strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
@@ -564,6 +565,10 @@ void Trainer::load_whole_model(const std::string& path) {
   load_model(*whole, path);
   ProcessGroup& tp = mesh_->group(MeshAxis::tp);
   load_split_params(model_->parameters(), whole->parameters(), tp.rank(), tp.size());
+  std::map<std::string, Buffer*> bufs;
+  for (Buffer* b : whole->buffers()) bufs[b->name] = b;
+  for (Buffer* b : model_->buffers())
+    if (b->data.data()) std::memcpy(b->data.data(), bufs.at(b->name)->data.data(), size_t(b->data.nbytes()));
   log_ << "loaded weights from " << path << " (this rank's part of them)\n";
 }
 
@@ -573,29 +578,35 @@ void Trainer::load_whole_model(const std::string& path) {
 void Trainer::save_whole_model(const std::string& path, DType dtype) {
   Runtime side(rt_.device);
   auto whole = build_model(side, spec_);
-  std::vector<Parameter*> all = whole->parameters();
-  gather_split_params(mesh_->group(MeshAxis::tp), model_->parameters(), all, opt_.get());
+  gather_split_params(mesh_->group(MeshAxis::tp), model_->parameters(), whole->parameters(), opt_.get());
+  // every tensor of the whole model (parameters, then buffers) and whether this stage holds it
+  std::vector<std::pair<std::string, Tensor*>> all;
+  std::set<std::string> mine;
+  for (Parameter* p : whole->parameters()) all.push_back({p->name, &p->data});
+  for (Buffer* b : whole->buffers()) all.push_back({b->name, &b->data});
+  for (Parameter* p : model_->parameters())
+    if (p->tied.empty()) mine.insert(p->name);
+  std::map<std::string, Tensor*> by_name(all.begin(), all.end());
+  for (Buffer* b : model_->buffers()) {  // every rank's own BatchNorm statistics; rank 0's (and its stage's) are saved
+    mine.insert(b->name);
+    if (b->data.data()) std::memcpy(by_name.at(b->name)->data(), b->data.data(), size_t(b->data.nbytes()));
+  }
   if (pipeline_ && mesh_->coord().dp == 0 && mesh_->coord().tp == 0) {
-    // the names this stage holds, in the whole model's order; rank 0 receives them in that order
-    std::set<std::string> mine;
-    for (Parameter* p : model_->parameters())
-      if (p->tied.empty()) mine.insert(p->name);
+    // the stages' first ranks send rank 0 what they hold, in the whole model's order
     const std::string key = fmt::format("save/{}/stage/", path);
     if (pipeline_->stage() > 0) {
       nlohmann::json names = nlohmann::json::array();
-      for (Parameter* w : all)
-        if (mine.count(w->name)) names.push_back(w->name);
+      for (const auto& [name, t] : all)
+        if (mine.count(name)) names.push_back(name);
       pg_->store().set_string(key + std::to_string(pipeline_->stage()), names.dump());
-      for (Parameter* w : all)
-        if (mine.count(w->name)) pg_->send(w->data.f32(), w->data.numel(), 0, 5);
+      for (const auto& [name, t] : all)
+        if (mine.count(name)) pg_->send(t->f32(), t->numel(), 0, 5);
     } else {
-      std::map<std::string, Parameter*> by_name;
-      for (Parameter* w : all) by_name[w->name] = w;
       for (int s = 1; s < pipeline_->stages(); s++) {
         const int from = rank_of(MeshCoord{0, 0, s}, mesh_->shape());
         for (const auto& n : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(s)))) {
-          Parameter* w = by_name.at(n.get<std::string>());
-          pg_->recv(w->data.f32(), w->data.numel(), from, 5);
+          Tensor* t = by_name.at(n.get<std::string>());
+          pg_->recv(t->f32(), t->numel(), from, 5);
         }
       }
     }
