@@ -489,12 +489,13 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"strategy_report", strategy_->report()}};
   if (pipeline_) {  // every rank's peak of micro-batches in flight, through the store (rank 0 writes the summary)
     const std::string key = "pipeline/peak/";
-    pg_->store().set_string(key + std::to_string(pg_->rank()),
-                            nlohmann::json{pipe_peak_.peak_in_flight, pipe_peak_.peak_held_bytes, peak_[size_t(Category::activations)]}.dump());
+    const nlohmann::json mine{pipe_peak_.peak_in_flight, pipe_peak_.peak_held_bytes, peak_[size_t(Category::activations)]};
+    const bool fake = pg_->is_fake();  // the planned job's rank 0 (stage 0) alone
+    if (!fake) pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
     if (is_rank0()) {
       nlohmann::json in_flight = nlohmann::json::array(), held = nlohmann::json::array(), act = nlohmann::json::array();
-      for (int r = 0; r < pg_->size(); r++) {
-        const auto v = nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
+      for (int r = 0; r < (fake ? 1 : pg_->size()); r++) {
+        const auto v = fake ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
         in_flight.push_back(v[0]);
         held.push_back(v[1]);
         act.push_back(v[2]);
@@ -502,7 +503,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       summary["pipeline"] = {{"stages", pipeline_->stages()}, {"schedule", pipeline_->schedule()}, {"micro_batches", accum_},
                              {"stage_of_rank", nlohmann::json::array()}, {"peak_in_flight", in_flight}, {"peak_held_bytes", held},
                              {"peak_activations", act}};
-      for (int r = 0; r < pg_->size(); r++) summary["pipeline"]["stage_of_rank"].push_back(coord_of(r, mesh_->shape()).pp);
+      for (int r = 0; r < (fake ? 1 : pg_->size()); r++) summary["pipeline"]["stage_of_rank"].push_back(coord_of(r, mesh_->shape()).pp);
     }
   }
   if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
