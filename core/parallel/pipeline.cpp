@@ -63,6 +63,8 @@ void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Te
   try {
     pp_.send_recv(send_buf.empty() ? nullptr : send_buf.data(), dst >= 0 ? n_out : 0, dst, out_tag, recv_buf.empty() ? nullptr : recv_buf.data(),
                   n, src, in_tag);
+  } catch (const PeerLostError& e) {  // the neighbour died first: its own output says why (the launcher blames it)
+    throw PeerLostError(fmt::format("pipeline stage {} of {}: {} — {}", stage(), stages(), what, e.what()), e.hint());
   } catch (const CommError& e) {
     CommError err(fmt::format("pipeline stage {} of {} ({} schedule, {} micro-batches): {} — {}", stage(), stages(), schedule_, m_, what, e.what()),
                   "a stage's sends and receives must pair with its neighbours' in the same order: under 1F1B stage s runs "
@@ -212,6 +214,8 @@ void Pipeline::sync_tied(Runtime& rt, Parameter* tied) {
   convert(g.data(), g.dtype(), mine.data(), DType::f32, n);
   try {
     pp_.send_recv(mine.data(), n, peer, 4, theirs.data(), n, peer, 4);
+  } catch (const PeerLostError& e) {
+    throw PeerLostError(fmt::format("pipeline stage {}: summing the tied embedding's gradient with stage {}: {}", stage(), peer, e.what()), e.hint());
   } catch (const CommError& e) {
     throw CommError(fmt::format("pipeline stage {}: summing the tied embedding's gradient with stage {}: {}", stage(), peer, e.what()), e.hint());
   }

@@ -43,9 +43,6 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
       throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp (or "
                                     "none) in this build", cfg.parallel.strategy, split),
                         "set parallel.strategy = \"ddp\"; ZeRO and FSDP shard whole layers");
-    if (!cfg.checkpoint.dir.empty())
-      throw ConfigError(fmt::format("checkpoint.dir with {}: checkpoints of split layers and stages are not part of this build yet", split),
-                        "train without checkpoint.dir, and --save the whole model at the end");
     if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);

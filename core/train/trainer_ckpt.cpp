@@ -25,9 +25,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <ostream>
+#include <set>
 
 #include "core/ckpt/checkpoint.h"
+#include "core/parallel/tensor_parallel.h"
 #include "core/train/trainer.h"
+
 #include "core/util/error.h"
 #include "core/util/units.h"
 
@@ -39,6 +42,27 @@ namespace {
 
 // Optimizer parameter i's weights as f32, without making anything: the parameter itself (f32), its
 // master (16-bit, after the first step), or a widened copy of it (before).
+// Where a slice of what this rank steps lies in the checkpoint's logical tensors. Split models (parallel.tp,
+// parallel.pp): a tensor-parallel slice is runs of the whole tensor's elements (a row-split matrix one run
+// per row), and the last stage's copy of the tied embedding is the first stage's "transformer.wte.weight".
+struct Piece {
+  std::string name;
+  Shape shape;
+  int64_t whole_offset, local_offset, numel;
+};
+
+std::vector<Piece> pieces_of(const Strategy::Slice& s, ProcessGroup* tp) {
+  const Parameter& p = *s.param;
+  const std::string& name = p.tied.empty() ? p.name : p.tied;
+  const int t = tp ? tp->size() : 1;
+  if (p.split_dim < 0 || t == 1) return {Piece{name, whole_shape(p, t), s.param_offset, s.local_offset, s.numel}};
+  DL_ASSERT(s.param_offset == 0 && s.numel == p.data.numel(), "a tensor-parallel parameter is stepped whole on its rank");
+  std::vector<Piece> v;
+  for (const SliceRun& r : split_runs(whole_shape(p, t), p.split_dim, p.split_parts, tp->rank(), t))
+    v.push_back(Piece{name, whole_shape(p, t), r.whole_offset, s.local_offset + r.local_offset, r.numel});
+  return v;
+}
+
 const float* f32_view(Optimizer& opt, size_t i, std::vector<float>& tmp) {
   Parameter& p = opt.param(i);
   if (p.data.dtype() == DType::f32) return p.data.f32();
@@ -95,6 +119,8 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
   for (uint64_t* c : model_->rng_streams()) dropout.push_back(*c);
   return {{"rank", pg_ ? pg_->rank() : 0},
           {"world_size", world()},
+          {"dp_world", dp_world()},
+          {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
           {"step", steps},
           {"micro_batch", micro_batch_},
           {"accum_steps", cfg_.train.accum_steps},
@@ -107,7 +133,7 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
 
 nlohmann::json Trainer::checkpoint_estimate() {
   const auto slices = strategy_->optimizer_slices(*model_);
-  const bool writes = !strategy_->replicates_optimizer() || is_rank0();
+  const bool writes = mesh_ ? mesh_->coord().dp == 0 : (!strategy_->replicates_optimizer() || is_rank0());
   int64_t weights = 0;
   for (const auto& v : slices)
     for (const auto& s : v) weights += 4 * s.numel;
@@ -185,15 +211,23 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   CheckpointWriter w;
   const auto slices = strategy_->optimizer_slices(*model_);
   DL_ASSERT(slices.size() == opt_->size(), "the strategy's slices and the optimizer's parameters disagree");
-  if (!strategy_->replicates_optimizer() || rank == 0) {
+  // split models: the first data-parallel replica writes, each rank its slices of its stage; a tensor that
+  // every TP rank holds whole, its TP rank 0; the tied embedding's copy, nobody (it is wte)
+  const bool writes = mesh_ ? mesh_->coord().dp == 0 : (!strategy_->replicates_optimizer() || rank == 0);
+  if (writes) {
     std::vector<float> tmp;
     for (size_t i = 0; i < slices.size(); i++) {
+      std::vector<Piece> pieces;
+      for (const auto& s : slices[i]) {
+        if (mesh_ && (!s.param->tied.empty() || (s.param->split_dim < 0 && mesh_->coord().tp != 0))) continue;
+        for (Piece& p : pieces_of(s, tp_group())) pieces.push_back(std::move(p));
+      }
+      if (pieces.empty()) continue;
       const float* wts = f32_view(*opt_, i, tmp);
-      for (const auto& s : slices[i]) w.add(s.param->name, s.param->data.shape(), s.param_offset, wts + s.local_offset, s.numel, "weights");
+      for (const Piece& p : pieces) w.add(p.name, p.shape, p.whole_offset, wts + p.local_offset, p.numel, "weights");
       for (const std::string& name : opt_->state_names())
         if (Tensor* t = opt_->state(rt_, i, name, false))
-          for (const auto& s : slices[i])
-            w.add("optim." + name + "." + s.param->name, s.param->data.shape(), s.param_offset, t->f32() + s.local_offset, s.numel, "optim_state");
+          for (const Piece& p : pieces) w.add("optim." + name + "." + p.name, p.shape, p.whole_offset, t->f32() + p.local_offset, p.numel, "optim_state");
     }
   }
   for (auto* b : model_->buffers()) w.add(b->name, b->data.shape(), 0, b->data.f32(), b->data.numel(), "buffers");
@@ -260,22 +294,27 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   const auto slices = strategy_->optimizer_slices(*model_);
   DL_ASSERT(slices.size() == opt_->size(), "the strategy's slices and the optimizer's parameters disagree");
   for (size_t i = 0; i < slices.size(); i++) {
+    std::vector<Piece> pieces;
+    for (const auto& s : slices[i])
+      for (Piece& p : pieces_of(s, tp_group())) pieces.push_back(std::move(p));
     float* w = opt_->f32_weights(rt_, i);
-    for (const auto& s : slices[i]) c.read(s.param->name, s.param_offset, s.numel, w + s.local_offset);
+    for (const Piece& p : pieces) c.read(p.name, p.whole_offset, p.numel, w + p.local_offset);
     opt_->sync_param(i);  // 16-bit: the rounded master, as a step leaves it
     for (const std::string& name : opt_->state_names()) {
       bool saved = false;
-      for (const auto& s : slices[i]) saved = saved || c.has("optim." + name + "." + s.param->name);
+      for (const Piece& p : pieces) saved = saved || c.has("optim." + name + "." + p.name);
       if (!saved) continue;  // the saved run had not stepped it yet
       Tensor* t = opt_->state(rt_, i, name, true);
-      for (const auto& s : slices[i]) c.read("optim." + name + "." + s.param->name, s.param_offset, s.numel, t->f32() + s.local_offset);
+      for (const Piece& p : pieces) c.read("optim." + name + "." + p.name, p.whole_offset, p.numel, t->f32() + p.local_offset);
     }
   }
-  // the model, where every rank holds it whole (none, DDP, ZeRO-1 and 2): from the f32 weights
+  // the model, where every rank holds it whole (none, DDP, ZeRO-1 and 2; a split model's slices): from the
+  // f32 weights
   if (!strategy_->shards_parameters())
     for (auto* p : model_->parameters()) {
       std::vector<float> v(size_t(p->data.numel()));
-      c.read(p->name, 0, p->data.numel(), v.data());
+      for (const Piece& piece : pieces_of(Strategy::Slice{p, 0, 0, p->data.numel()}, tp_group()))
+        c.read(piece.name, piece.whole_offset, piece.numel, v.data() + piece.local_offset);
       convert(v.data(), DType::f32, p->data.data(), p->data.dtype(), p->data.numel());
     }
   for (auto* b : model_->buffers()) c.read(b->name, 0, b->data.numel(), b->data.f32(), mine);
@@ -288,7 +327,7 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     nlohmann::json param_steps = st.at("optimizer").at("param_steps");
     if (!same_world || !strategy_->replicates_optimizer())
       for (int r = 0; r < c.world_size(); r++)
-        for (auto& [k, v] : c.rank_state(r).at("optimizer").at("param_steps").items()) param_steps[k] = v;
+        for (const nlohmann::json theirs = c.rank_state(r); auto& [k, v] : theirs.at("optimizer").at("param_steps").items()) param_steps[k] = v;
     opt_->set_steps(st.at("optimizer").at("steps").get<int64_t>());
     for (size_t i = 0; i < slices.size(); i++) {
       int64_t t = opt_->steps();
@@ -302,17 +341,31 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     lab_schedule_steps_ = st.at("trainer").at("lab_schedule_steps").get<int64_t>();
     const auto streams = model_->rng_streams();
     const auto& calls = st.at("rng").at("dropout_calls");
-    if (calls.size() != streams.size())
-      throw CheckpointError(fmt::format("{}: {} dropout streams saved, the model has {}", step_dir, calls.size(), streams.size()));
-    for (size_t i = 0; i < streams.size(); i++) *streams[i] = calls[i].get<uint64_t>();
+    if (calls.size() == streams.size()) {
+      for (size_t i = 0; i < streams.size(); i++) *streams[i] = calls[i].get<uint64_t>();
+    } else {
+      // another split into pipeline stages: each stage saved its own Dropouts' draws. Every Dropout draws
+      // once per forward, so in a model whose streams all stand at one count that count is every stream's.
+      std::set<uint64_t> seen;
+      for (int r = 0; r < c.world_size(); r++) {
+        const nlohmann::json theirs = c.rank_state(r);  // (a local: ranging over a temporary's member would dangle)
+        for (const auto& v : theirs.at("rng").at("dropout_calls")) seen.insert(v.get<uint64_t>());
+      }
+      if (seen.size() > 1)
+        throw CheckpointError(fmt::format("{}: {} dropout streams saved on rank {}, this rank's part of the model has {}, and the saved "
+                                          "streams stand at different counts", step_dir, calls.size(), mine, streams.size()),
+                              "resume with the parallel.pp (and stage split) the checkpoint was saved with");
+      for (uint64_t* s : streams) *s = seen.empty() ? 0 : *seen.begin();
+    }
     int64_t epoch = st.at("data").at("epoch").get<int64_t>(), position = st.at("data").at("position").get<int64_t>();
-    if (!same_world || st.at("micro_batch").get<int64_t>() != micro_batch_) {
+    const int64_t saved_dp = st.value("dp_world", int64_t(c.world_size()));  // the data-parallel ranks that read the data
+    if (saved_dp != dp_world() || st.at("micro_batch").get<int64_t>() != micro_batch_) {
       // another world (or micro-batch): the same number of samples of this epoch counts as seen
-      const int64_t seen = position * st.at("micro_batch").get<int64_t>() * c.world_size();
-      const int64_t per = micro_batch_ * world();
+      const int64_t seen = position * st.at("micro_batch").get<int64_t>() * saved_dp;
+      const int64_t per = micro_batch_ * dp_world();
       if (seen % per != 0 && is_rank0())
-        log_ << fmt::format("note: {} samples of epoch {} were seen on {} rank(s); on {} the position rounds down to {} batches of {}\n",
-                            seen, epoch, c.world_size(), world(), seen / per, per);
+        log_ << fmt::format("note: {} samples of epoch {} were seen on {} data-parallel rank(s); on {} the position rounds down to {} batches of {}\n",
+                            seen, epoch, saved_dp, dp_world(), seen / per, per);
       position = seen / per;
     }
     epoch_ = std::max<int64_t>(epoch, 0);
