@@ -28,24 +28,7 @@ namespace {
 
 const std::string kGpt = "configs/gpt-tiny.toml";
 
-std::string scratch(const std::string& name) {
-  return (fs::temp_directory_path() / fmt::format("distlab-pp-{}-{}", ::getpid(), name)).string();
-}
-
-double max_weight_diff(const std::string& a, const std::string& b) {
-  StFile fa = read_safetensors(a), fb = read_safetensors(b);
-  REQUIRE(fa.tensors.size() == fb.tensors.size());
-  double m = 0;
-  for (const auto& [name, ta] : fa.tensors) {
-    REQUIRE(fb.tensors.count(name));
-    const StTensor& tb = fb.tensors.at(name);
-    REQUIRE(ta.bytes.size() == tb.bytes.size());
-    const float* x = reinterpret_cast<const float*>(ta.bytes.data());
-    const float* y = reinterpret_cast<const float*>(tb.bytes.data());
-    for (size_t i = 0; i < ta.bytes.size() / 4; i++) m = std::max(m, double(std::abs(x[i] - y[i])));
-  }
-  return m;
-}
+std::string scratch(const std::string& name) { return scratch_path("pp", name); }
 
 }  // namespace
 

@@ -25,26 +25,7 @@ namespace {
 const std::string kGpt = "configs/gpt-tiny.toml";  // L 2, n_head 4, C 64, V 256, T 64, micro_batch 16
 const std::string kSets = "--set train.steps=50 --set train.eval_batches=2 ";
 
-std::string scratch(const std::string& name) {
-  return (fs::temp_directory_path() / fmt::format("distlab-tp-{}-{}", ::getpid(), name)).string();
-}
-
-// the largest |a - b| over every tensor of two safetensors files with the same names and shapes
-double max_weight_diff(const std::string& a, const std::string& b) {
-  StFile fa = read_safetensors(a), fb = read_safetensors(b);
-  REQUIRE(fa.tensors.size() == fb.tensors.size());
-  double m = 0;
-  for (const auto& [name, ta] : fa.tensors) {
-    REQUIRE(fb.tensors.count(name));
-    const StTensor& tb = fb.tensors.at(name);
-    REQUIRE(ta.shape == tb.shape);
-    REQUIRE(ta.bytes.size() == tb.bytes.size());
-    const float* x = reinterpret_cast<const float*>(ta.bytes.data());
-    const float* y = reinterpret_cast<const float*>(tb.bytes.data());
-    for (size_t i = 0; i < ta.bytes.size() / 4; i++) m = std::max(m, double(std::abs(x[i] - y[i])));
-  }
-  return m;
-}
+std::string scratch(const std::string& name) { return scratch_path("tp", name); }
 
 // a ring all-reduce of `bytes` sends 2(t-1)/t of them from each rank
 double ring(double bytes, int t) { return 2.0 * (t - 1) / t * bytes; }

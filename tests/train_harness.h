@@ -5,6 +5,7 @@
 #pragma once
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ckpt/safetensors.h"
 #include "core/train/trainer.h"
 #include "shell.h"
 
@@ -82,6 +84,27 @@ inline TrainRun train_ranks(int ranks, const std::string& config, const std::str
   std::tie(r.code, r.out) = shell_in_source(cmd);
   read_metrics(metrics, r);
   return r;
+}
+
+// The largest |a - b| over the f32 tensors of two safetensors files with the same names and shapes
+// (infinity when they do not have them).
+inline double max_weight_diff(const std::string& a, const std::string& b) {
+  StFile fa = read_safetensors(a), fb = read_safetensors(b);
+  if (fa.tensors.size() != fb.tensors.size()) return INFINITY;
+  double m = 0;
+  for (const auto& [name, ta] : fa.tensors) {
+    auto it = fb.tensors.find(name);
+    if (it == fb.tensors.end() || it->second.shape != ta.shape || it->second.bytes.size() != ta.bytes.size()) return INFINITY;
+    const float* x = reinterpret_cast<const float*>(ta.bytes.data());
+    const float* y = reinterpret_cast<const float*>(it->second.bytes.data());
+    for (size_t i = 0; i < ta.bytes.size() / 4; i++) m = std::max(m, double(std::abs(x[i] - y[i])));
+  }
+  return m;
+}
+
+// A path in the temporary folder, unique to this test process.
+inline std::string scratch_path(const std::string& tag, const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("distlab-" + tag + "-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
 inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
