@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 #include "core/util/error.h"
@@ -120,25 +121,22 @@ void Sequential::keep_stage(int stage, int stages, const std::vector<int64_t>& u
     first[0] = 0;
     for (int s = 1; s <= stages; s++) first[size_t(s)] = first[size_t(s - 1)] + int(units[size_t(s - 1)]);
   } else {
-    int64_t best = -1;
-    std::vector<int> cut(size_t(stages) + 1, 0);
-    cut[size_t(stages)] = n;
-    std::function<void(int, int)> search = [&](int s, int from) {  // stage s starts at unit `from`
-      if (s == stages - 1) {
-        cut[size_t(s)] = from;
-        int64_t worst = 0;
-        for (int k = 0; k < stages; k++) {
-          int64_t t = 0;
-          for (int u = cut[size_t(k)]; u < cut[size_t(k) + 1]; u++) t += size[size_t(u)];
-          worst = std::max(worst, t);
+    // the linear partition: best[k][i] = the smallest largest-stage for units [0, i) in k stages, O(p·n²)
+    std::vector<int64_t> prefix(size_t(n) + 1, 0);
+    for (int u = 0; u < n; u++) prefix[size_t(u) + 1] = prefix[size_t(u)] + size[size_t(u)];
+    const int64_t inf = INT64_MAX;
+    std::vector<std::vector<int64_t>> best(size_t(stages) + 1, std::vector<int64_t>(size_t(n) + 1, inf));
+    std::vector<std::vector<int>> from(size_t(stages) + 1, std::vector<int>(size_t(n) + 1, 0));
+    best[0][0] = 0;
+    for (int k = 1; k <= stages; k++)
+      for (int i = k; i <= n; i++)
+        for (int j = k - 1; j < i; j++) {
+          if (best[size_t(k - 1)][size_t(j)] == inf) continue;
+          const int64_t worst = std::max(best[size_t(k - 1)][size_t(j)], prefix[size_t(i)] - prefix[size_t(j)]);
+          if (worst < best[size_t(k)][size_t(i)]) best[size_t(k)][size_t(i)] = worst, from[size_t(k)][size_t(i)] = j;
         }
-        if (best < 0 || worst < best) best = worst, first = cut;
-        return;
-      }
-      cut[size_t(s)] = from;
-      for (int next = from + 1; next <= n - (stages - 1 - s); next++) search(s + 1, next);
-    };
-    search(0, 0);
+    first[size_t(stages)] = n;
+    for (int k = stages, i = n; k > 0; k--) i = first[size_t(k - 1)] = from[size_t(k)][size_t(i)];
   }
   // this stage's layers: from its first unit's layer (stage 0: from layer 0) to the next stage's first unit's
   const size_t begin = stage == 0 ? 0 : unit_layer[size_t(first[size_t(stage)])];

@@ -353,8 +353,10 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,
                       whole_params == nparams ? ""
-                      : fmt::format(" ({} on this rank: {}1/{} of the split matrices, all of the rest)", nparams,
-                                    pipeline_ ? "its stage's blocks, " : "", mesh_->shape().tp),
+                      : fmt::format(" ({} on this rank: {}{})", nparams, pipeline_ ? "its stage's layers" : "",
+                                    mesh_->shape().tp > 1 ? fmt::format("{}1/{} of the split matrices, all of the rest", pipeline_ ? ", " : "",
+                                                                        mesh_->shape().tp)
+                                                          : ""),
                       model_->describe());
   if (spec_.name == "gpt")
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
