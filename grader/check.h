@@ -72,6 +72,7 @@ std::map<std::string, CheckDef> lab02_checks();
 std::map<std::string, CheckDef> lab03_checks();
 std::map<std::string, CheckDef> lab04_checks();
 std::map<std::string, CheckDef> lab05_checks();
+std::map<std::string, CheckDef> lab06_checks();
 std::map<std::string, CheckDef> lab07_checks();
 
 }  // namespace distlab::grader

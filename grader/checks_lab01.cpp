@@ -292,6 +292,7 @@ std::map<std::string, CheckDef> checks_for_lab(const std::string& id) {
   if (id == "03") return lab03_checks();
   if (id == "04") return lab04_checks();
   if (id == "05") return lab05_checks();
+  if (id == "06") return lab06_checks();
   if (id == "07") return lab07_checks();
   return {};
 }

@@ -565,6 +565,51 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed
   fs::remove_all(subs);
 }
 
+TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce of dx, a warm-up that deadlocks or holds too much, DP sync per micro-batch", "[grader][lab06]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/06-tp-pp/tp_pp.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs06-" + std::to_string(getpid()));
+  const std::string warmup = "const int warmup = std::min(stages - stage - 1, micro_batches);";
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      {"skeleton", read(src / "labs/06-tp-pp/student/tp_pp.cpp")},
+      // the column-parallel backward keeps its own term of dx: the input's gradient misses the other ranks' outputs
+      {"no_dx_all_reduce", replace(solution, "  g.all_reduce(dx, rows * in);", "")},
+      // the warm-up counted from the wrong end: stage 0 waits for a gradient while stage 1 waits for activations
+      {"warmup_reversed", replace(solution, warmup, "const int warmup = std::min(stage, micro_batches);")},
+      // one warm-up forward too many: it runs, but every stage holds one more micro-batch's activations
+      {"warmup_plus_one", replace(solution, warmup, "const int warmup = std::min(stages - stage, micro_batches);")},
+      // the replicas average after every micro-batch: the right numbers for m times the bytes
+      {"sync_every_micro", replace_body(solution, "bool dp_sync(const std::vector<Action>& order, int k)", "  return true;")},
+      // a forged verdict from a global constructor
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/06-tp-pp/student/tp_pp.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"15/15 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+  };
+  auto rows = grade_batch("06", subs, files, "tp_pp.cpp");
+  CHECK(rows["solution"].total == 15);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["no_dx_all_reduce"].points["column_parallel"] == 0);
+  CHECK(rows["no_dx_all_reduce"].points["row_parallel"] == 2);
+  CHECK(rows["no_dx_all_reduce"].points["tp_equals_tp1"] == 0);
+  CHECK(rows["no_dx_all_reduce"].points["pp_equals_pp1"] == 2);
+  CHECK(rows["warmup_reversed"].points["schedule_1f1b"] == 0);
+  CHECK(rows["warmup_reversed"].points["pp_equals_pp1"] == 0);
+  CHECK(rows["warmup_reversed"].points["tp_equals_tp1"] == 2);
+  CHECK(rows["warmup_plus_one"].points["pp_equals_pp1"] == 2);
+  CHECK(rows["warmup_plus_one"].points["bubble_and_memory"] == 0);
+  CHECK(rows["sync_every_micro"].points["pp_equals_pp1"] == 2);
+  CHECK(rows["sync_every_micro"].points["dp_sync_once"] == 0);
+  const fs::path feedback = subs.parent_path() / "feedback";
+  CHECK_THAT(read(feedback / "no_dx_all_reduce.txt"), Catch::Contains("all-reduce it (f's backward)"));
+  // the deadlock: the timeout names the stage and what it waited for
+  CHECK_THAT(read(feedback / "warmup_reversed.txt"), Catch::Contains("pipeline stage") && Catch::Contains("timed out") &&
+                                                         Catch::Contains("micro-batch"));
+  CHECK_THAT(read(feedback / "warmup_plus_one.txt"), Catch::Contains("holds at most p - s"));
+  CHECK_THAT(read(feedback / "sync_every_micro.txt"), Catch::Contains("m times the bytes"));
+  fs::remove_all(subs);
+}
+
 TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, RNG or sampler not saved, no atomic rename, no checksum, no reshard", "[grader][lab07]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/07-checkpoint/ckpt.cpp");

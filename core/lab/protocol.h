@@ -93,6 +93,15 @@ enum Fn : int64_t {
   kLoadState = 51,  // payload: the snapshot (a fresh run's values); returns int32 length + the refusal ("" =
                     // loaded), then what was set: int64 flag + steps; per param per name an int64 count (-1:
                     // not set) + floats; int64 flag + #streams + draws; int64 flag + epoch + position
+  // lab 06 (core/train/lab_tp.cpp). The layers: args rank, size, rows, in, out, has_bias; payload x (rows, in),
+  // w (out, in), then b (out, when has_bias; forward) or dy (rows, out; backward); return y (rows, out), or dx
+  // (rows, in), dw (out, in), db (out, when has_bias). Their all-reduces are kAllReduce requests (op sum).
+  kTpColumnForward = 60,
+  kTpColumnBackward = 61,
+  kTpRowForward = 62,
+  kTpRowBackward = 63,
+  kPipeSchedule = 64,  // args: stages, stage, m; returns int32 (forward, micro) pairs
+  kPipeDpSync = 65,    // arg1 = #actions; payload: the int32 pairs; returns an int32 per action (1: that backward syncs)
 };
 
 }  // namespace distlab::labproto

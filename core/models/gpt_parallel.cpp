@@ -125,6 +125,15 @@ Parameter* ParallelGPT::tied_embedding() {
   return last_stage() ? &lm_head_ : nullptr;
 }
 
+void ParallelGPT::set_tp_kernels(TpKernels* k) {
+  for (auto& b : h_) {
+    b->attn.c_attn.set_kernels(k);
+    b->attn.c_proj.set_kernels(k);
+    b->c_fc.set_kernels(k);
+    b->c_proj.set_kernels(k);
+  }
+}
+
 std::vector<uint64_t*> ParallelGPT::rng_streams() {
   std::vector<uint64_t*> v;
   if (first_stage()) v.push_back(drop_.rng_calls());

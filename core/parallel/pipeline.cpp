@@ -99,7 +99,7 @@ static int activation_tag(int micro) { return 16 + 2 * micro; }
 static int gradient_tag(int micro) { return 17 + 2 * micro; }
 
 Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor,
-                                          Strategy& strategy, const std::vector<PipeAction>* order) {
+                                          Strategy& strategy, const std::vector<PipeAction>* order, const std::vector<bool>* dp_sync) {
   StepResult res;
   const int s = stage();
   const std::vector<PipeAction> own = order ? std::vector<PipeAction>() : pipeline_schedule(schedule_, stages(), s, m_);
@@ -145,7 +145,7 @@ Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch
     held_.erase(j);
     Tensor d = last() ? dlogits.at(j) : dy;
     dlogits.erase(j);
-    strategy.begin_backward(j == last_backward);
+    strategy.begin_backward(dp_sync ? bool(dp_sync->at(size_t(j))) : j == last_backward);
     Tensor dx = model_.backward_stage(rt, d, &strategy);
     strategy.finish_backward(rt);
     rt.trace.mark(fmt::format("B{}", j), false);

@@ -63,13 +63,14 @@ class Pipeline {
   };
   // One optimizer step: m micro-batches (next() gives them: every stage reads the same ones) through the
   // schedule (`order`: this stage's own, e.g. a lab's; nullptr: the configured one); gradients accumulate;
-  // the strategy synchronises them during the last backward. The executor takes any valid order: after
+  // the strategy synchronises them during the last backward (`dp_sync`, by micro-batch: during those
+  // micro-batches' backwards instead). The executor takes any valid order: after
   // each action it sends the action's output on, and when the next action's input comes from that same
   // neighbour it receives it in the same exchange (Megatron's send_forward_recv_backward and
   // send_backward_recv_forward) — so 1F1B's steady state, where neighbours send to each other, cannot
   // deadlock, while orders that do not fit the neighbours' hang until the timeout names the stage.
   StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, Strategy& strategy,
-                        const std::vector<PipeAction>* order = nullptr);
+                        const std::vector<PipeAction>* order = nullptr, const std::vector<bool>* dp_sync = nullptr);
   // Evaluation: one micro-batch's forward through every stage; the logits on the last stage (undefined on
   // the others).
   Tensor forward_only(Runtime& rt, const Batch& b);

@@ -136,6 +136,52 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
   return std::sqrt(double(ss));
 }
 
+// ---- either layer through TpKernels (a lab's): the same shapes, the arithmetic elsewhere ----
+
+static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& x,
+                              Tensor& saved_x) {
+  const int64_t in = local.in_features, out = local.out_features;
+  expect_shape(local.describe() + " " + local.weight.name, x, {in});
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor y = rt.empty(shape, Category::activations, "output of " + local.weight.name, rt.dtype);
+  saved_x = x;
+  AsF32 xf(rt, x), w(rt, local.weight.data), b(rt, bias ? bias->data : Tensor()), yf(rt, y, AsF32::out);
+  if (!yf.p) return y;  // meta: shapes only (a lab refuses the meta device)
+  const int64_t rows = x.numel() / in;
+  if (column) k.column_forward(tp, xf.p, w.p, bias ? b.p : nullptr, yf.p, rows, in, out);
+  else k.row_forward(tp, xf.p, w.p, bias ? b.p : nullptr, yf.p, rows, in, out);
+  yf.store();
+  return y;
+}
+
+// the kernels write dw and db; they are added to the parameters' gradients here
+static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& dout,
+                               Tensor& saved_x) {
+  const int64_t in = local.in_features, out = local.out_features, rows = saved_x.numel() / in;
+  Tensor dx = rt.empty(saved_x.shape(), Category::activations, "grad of input of " + local.weight.name, rt.dtype);
+  Tensor dw = rt.empty({out, in}, Category::grads, "the lab's gradient of " + local.weight.name);
+  Tensor db = bias ? rt.empty({out}, Category::grads, "the lab's gradient of " + bias->name) : Tensor();
+  {
+    AsF32 dxf(rt, dx, AsF32::out), x(rt, saved_x), w(rt, local.weight.data), dy(rt, dout);
+    if (dxf.p) {
+      if (column) k.column_backward(tp, x.p, w.p, dy.p, dxf.p, dw.f32(), bias ? db.f32() : nullptr, rows, in, out);
+      else k.row_backward(tp, x.p, w.p, dy.p, dxf.p, dw.f32(), bias ? db.f32() : nullptr, rows, in, out);
+    }
+    dxf.store();
+  }
+  std::vector<std::pair<Parameter*, Tensor*>> grads = {{&local.weight, &dw}};
+  if (bias) grads.push_back({bias, &db});
+  for (auto [p, g] : grads) {
+    AsF32 acc(rt, p->grad_for_accumulate(), AsF32::inout);
+    if (acc.p && g->data())
+      for (int64_t i = 0; i < g->numel(); i++) acc.p[i] += g->f32()[i];
+    acc.store();
+  }
+  saved_x = Tensor();
+  return dx;
+}
+
 // ---- column-parallel: this rank's rows of W (its outputs) ----
 
 ColumnParallelLinear::ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias,
@@ -152,9 +198,13 @@ std::string ColumnParallelLinear::describe() const {
                      (tp_.rank() + 1) * local_.out_features, out_);
 }
 
-Tensor ColumnParallelLinear::forward(Runtime& rt, const Tensor& x) { return local_.forward(rt, x); }  // f: identity
+Tensor ColumnParallelLinear::forward(Runtime& rt, const Tensor& x) {
+  if (kernels_) return kernels_forward(rt, *kernels_, true, tp_, local_, local_.has_bias_ ? &local_.bias : nullptr, x, saved_x_);
+  return local_.forward(rt, x);  // f: identity
+}
 
 Tensor ColumnParallelLinear::backward(Runtime& rt, const Tensor& dout) {
+  if (kernels_) return kernels_backward(rt, *kernels_, true, tp_, local_, local_.has_bias_ ? &local_.bias : nullptr, dout, saved_x_);
   Tensor dx = local_.backward(rt, dout);        // this rank's term of dx = Σ_r dy_r·W_r
   if (dx.defined()) all_reduce_tensor(rt, tp_, dx);  // f's backward
   return dx;
@@ -186,6 +236,7 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
 }
 
 Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
+  if (kernels_) return kernels_forward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, x, saved_x_);
   Tensor y = local_.forward(rt, x);  // this rank's term of Σ_r x_r·W_rᵀ
   all_reduce_tensor(rt, tp_, y);     // g
   if (has_bias_ && y.data()) {       // the bias once, after the sum
@@ -199,6 +250,7 @@ Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
 }
 
 Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
+  if (kernels_) return kernels_backward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, dout, saved_x_);
   if (has_bias_) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient
     const int64_t out = local_.out_features, rows = dout.numel() / out;
     AsF32 db(rt, bias.grad_for_accumulate(), AsF32::inout), dy(rt, dout);

@@ -51,6 +51,23 @@ int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, 
 // the stages' sums added over the PP group (a tied copy counted once). Either group may be nullptr.
 double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp);
 
+// The two layers' arithmetic and their collectives, replaceable: lab 06's student writes them, and its
+// plugin runs them in a process of its own (core/train/lab_tp.cpp). Every array is f32, row-major, in
+// PyTorch's layout: x (rows, in), w (out, in) — this rank's slice, as the layer holds it — b (out) or
+// nullptr, y (rows, out). Gradients are written, not added: the layer adds them to its parameters'.
+class TpKernels {
+ public:
+  virtual ~TpKernels() = default;
+  virtual void column_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                              int64_t out) = 0;
+  virtual void column_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                               int64_t rows, int64_t in, int64_t out) = 0;
+  virtual void row_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                           int64_t out) = 0;
+  virtual void row_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                            int64_t rows, int64_t in, int64_t out) = 0;
+};
+
 class ColumnParallelLinear : public Layer {
  public:
   // `tp` the TP group (its size t must divide out). Parameters keep PyTorch's names and hold this rank's
@@ -66,12 +83,19 @@ class ColumnParallelLinear : public Layer {
   // 1/t of the rows, or — fused layers — its 1/t of each of the `parts` blocks (c_attn: its heads of each).
   void load_slice(const Linear& whole);
   Linear& local() { return local_; }
-  void swap_saved(SavedState& s) override { local_.swap_saved(s); }
+  void swap_saved(SavedState& s) override {
+    local_.swap_saved(s);
+    s.swap(saved_x_);
+  }
+  // Forward and backward through `k` instead of the layer's own arithmetic (nullptr: its own).
+  void set_kernels(TpKernels* k) { kernels_ = k; }
 
  private:
   ProcessGroup& tp_;
   Linear local_;  // in -> out/t
   int64_t out_;
+  TpKernels* kernels_ = nullptr;
+  Tensor saved_x_;  // the input, under kernels_ (local_ keeps its own otherwise)
 };
 
 class RowParallelLinear : public Layer {
@@ -83,7 +107,11 @@ class RowParallelLinear : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out), whole -> dx (..., in/t)
   std::vector<Parameter*> parameters() override;
   void load_slice(const Linear& whole);
-  void swap_saved(SavedState& s) override { local_.swap_saved(s); }
+  void swap_saved(SavedState& s) override {
+    local_.swap_saved(s);
+    s.swap(saved_x_);
+  }
+  void set_kernels(TpKernels* k) { kernels_ = k; }
   Parameter bias;  // (out), the same on every rank (its gradient too: every rank sums the same dy)
 
  private:
@@ -91,6 +119,8 @@ class RowParallelLinear : public Layer {
   Linear local_;  // in/t -> out, no bias: the bias is added once, after the sum
   int64_t in_;
   bool has_bias_;
+  TpKernels* kernels_ = nullptr;
+  Tensor saved_x_;
 };
 
 // GPT-2's attention with the heads split over the TP group: c_attn column-parallel (this rank's n_head/t

@@ -13,6 +13,8 @@
 #include "core/data/sampler.h"
 #include "core/lab/plugin_process.h"
 #include "core/parallel/ddp.h"
+#include "core/parallel/pipeline.h"
+#include "core/parallel/tensor_parallel.h"
 
 namespace distlab {
 
@@ -52,6 +54,17 @@ class LabPlugin {
   std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt);
   // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — core/train/lab_fsdp.cpp
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
+
+  // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
+  // layer's tensor-parallel group — core/train/lab_tp.cpp
+  std::unique_ptr<TpKernels> make_tp_kernels(Runtime& rt);
+  // Lab 06: stage `stage`'s order of its m micro-batches (the student's schedule_1f1b, checked), and for each
+  // micro-batch whether its backward synchronises the data-parallel replicas (the student's dp_sync)
+  struct PipeOrder {
+    std::vector<PipeAction> actions;
+    std::vector<bool> dp_sync;  // by micro-batch
+  };
+  PipeOrder pipeline_order(int stages, int stage, int micro_batches);
 
   // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
   // answers the student's all_reduces with their own data.

@@ -36,9 +36,12 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   accum_ = cfg.train.accum_steps;
   if (shape.tp > 1 || shape.pp > 1) {
     const std::string split = fmt::format("parallel.tp {} x parallel.pp {}", shape.tp, shape.pp);
-    if (lab)
+    if (lab && !lab->is("06"))
       throw ConfigError(fmt::format("{} in lab {}: the lab's hooks see whole layers on one stage", split, cfg.lab.name),
                         "run the lab without parallel.tp and parallel.pp");
+    if (lab && shape.pp > 1 && cfg.parallel.schedule != "1f1b")
+      throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, cfg.lab.name),
+                        "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
     if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
       throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp (or "
                                     "none) in this build", cfg.parallel.strategy, split),
@@ -47,6 +50,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);
   }
+  if (lab && lab->is("06") && !mesh_)
+    throw ConfigError(fmt::format("lab {} with parallel.tp 1 and parallel.pp 1: none of the lab's code would run", cfg.lab.name),
+                      "set parallel.tp (and parallel.pp) > 1, e.g. --set parallel.tp=2 on two ranks");
+  if (lab && lab->is("06") && rt.is_meta())
+    throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", cfg.lab.name), "train on the cpu device");
   check_strategy_fits(cfg, dp_world());
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
@@ -100,6 +108,14 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
     if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
+    if (lab_ && lab_->is("06"))  // the student's 1F1B order for this stage, checked, and its data-parallel syncs
+      lab_order_ = std::make_unique<LabPlugin::PipeOrder>(lab_->pipeline_order(shape.pp, mesh_->coord().pp, int(accum_)));
+  }
+  if (lab_ && lab_->is("06") && shape.tp > 1) {  // the student's column- and row-parallel layers
+    auto* gpt = dynamic_cast<ParallelGPT*>(model_.get());
+    if (!gpt) throw ConfigError(fmt::format("parallel.tp {} with model {} in lab {}", shape.tp, spec_.name, cfg.lab.name), "the lab's tensor parallelism splits GPT");
+    lab_tp_ = lab_->make_tp_kernels(rt);
+    gpt->set_tp_kernels(lab_tp_.get());
   }
   strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
@@ -179,7 +195,7 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
     const Pipeline::StepResult r = pipeline_->train_step(
         rt_, [&] { return next_batch(); },
         [&](Runtime&, const Tensor& logits, const Batch& b, float factor, Tensor& d) { return loss_and_grad(logits, b, factor, d); },
-        o.loss_scale / float(k), *strategy_);
+        o.loss_scale / float(k), *strategy_, lab_order_ ? &lab_order_->actions : nullptr, lab_order_ ? &lab_order_->dp_sync : nullptr);
     pipeline_->sync_tied(rt_, tied_);  // the lm_head's copy and wte: one gradient, the same step on both stages
     loss_sum = r.loss_sum;
     o.samples = r.samples;
@@ -349,6 +365,13 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                         "bubble (p - 1)/(m + p - 1) = {:.1f} % when the stages are balanced\n",
                         s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == "gpipe" ? m : warmup_forwards(p, s, m) + 1,
                         100.0 * (p - 1) / (m + p - 1));
+    if (lab_order_) {
+      std::string syncs;
+      for (int j = 0; j < m; j++)
+        if (lab_order_->dp_sync[size_t(j)]) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", j);
+      log_ << fmt::format("  this stage runs the lab's schedule_1f1b: {}; data-parallel gradients averaged in: {}\n",
+                          describe_schedule(lab_order_->actions), syncs.empty() ? "none" : syncs);
+    }
   }
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,

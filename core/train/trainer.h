@@ -116,6 +116,8 @@ class Trainer {
   ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the strategy) runs over
   std::unique_ptr<Pipeline> pipeline_;  // parallel.pp > 1: this rank's stage runs the schedule
   Parameter* tied_ = nullptr;           // the pipeline's tied embedding on the first and last stage
+  std::unique_ptr<TpKernels> lab_tp_;   // lab 06: the student's column- and row-parallel arithmetic
+  std::unique_ptr<LabPlugin::PipeOrder> lab_order_;  // lab 06: this stage's order and data-parallel syncs, the student's
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
   LabPlugin* lab_;

@@ -80,6 +80,7 @@ int serve_lab02(void* plugin);
 int serve_lab03(void* plugin);
 int serve_lab04(void* plugin);
 int serve_lab05(void* plugin);
+int serve_lab06(void* plugin);
 int serve_lab07(void* plugin);
 
 }  // namespace labhost

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   if (lab == "03") return serve_lab03(h);
   if (lab == "04") return serve_lab04(h);
   if (lab == "05") return serve_lab05(h);
+  if (lab == "06") return serve_lab06(h);
   if (lab == "07") return serve_lab07(h);
   const std::string why = "lab " + lab + " has no plugin host";
   put(distlab::labproto::kLoadFailed, why.data(), why.size());

@@ -1,0 +1,427 @@
+// Lab 06's checks. The layers and the schedule are asked of the student's plugin directly: t copies of it,
+// each in its own sandboxed host, one per tensor-parallel rank, whose all-reduces are served here (summed,
+// and counted) — the references are the whole Linear computed here in double, and the engine's 1F1B order.
+// Then training jobs (grader/jobs.h): the trainers are the engine's, the student's layers and schedule run
+// beside each rank (core/train/lab_tp.cpp), and the trainers measure the losses, the bytes, the bubble and
+// the micro-batches each stage held, where the plugin can't reach. References: one rank (the numbers), the
+// engine's own split runs (the bytes), (p − 1)/(m + p − 1) (the bubble).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/parallel/pipeline.h"
+#include "grader/check.h"
+#include "grader/jobs.h"
+
+namespace distlab::grader {
+
+namespace {
+
+// ---- the layers, on t plugins at once ----
+
+struct Ranks {
+  std::vector<std::unique_ptr<PluginProcess>> p;
+  Ranks(CheckContext& ctx, int t) {
+    for (int r = 0; r < t; r++) p.push_back(std::make_unique<PluginProcess>(ctx.launch(fmt::format("tensor-parallel rank {}'s plugin", r))));
+    for (auto& q : p) q->wait_ready(ctx.deadline);
+  }
+};
+
+struct Called {
+  std::vector<std::vector<float>> out;  // each rank's answer, as floats
+  std::vector<int64_t> reduces;         // the floats of each all-reduce, in order
+  std::string mismatch;                 // the ranks did not ask for the same all-reduces
+};
+
+// Runs `fn` on every rank at once: each receives its own payload; their all-reduces are answered with the
+// sum over the ranks, in rank order, as the trainer's process group would.
+Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, int64_t in, int64_t out, bool bias,
+                const std::vector<std::vector<float>>& payloads, const std::string& during) {
+  const int t = int(ranks.p.size());
+  for (int r = 0; r < t; r++) {
+    wire::Frame f;
+    f.op = labproto::kCall;
+    const int64_t args[] = {fn, r, t, rows, in, out, bias ? 1 : 0};
+    for (int k = 0; k < 7; k++) f.arg[k] = args[k];
+    ranks.p[size_t(r)]->send(f, payloads[size_t(r)].data(), payloads[size_t(r)].size() * 4, ctx.deadline, during.c_str());
+  }
+  Called c;
+  c.out.resize(size_t(t));
+  std::vector<bool> done(static_cast<size_t>(t), false);
+  for (;;) {
+    std::vector<std::vector<float>> asked(static_cast<size_t>(t));
+    std::vector<int> waiting, returned;
+    for (int r = 0; r < t; r++) {
+      if (done[size_t(r)]) {
+        returned.push_back(r);
+        continue;
+      }
+      wire::Frame f;
+      std::vector<char> payload;
+      ranks.p[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str());
+      if (f.op == labproto::kRaised)
+        throw CheckAbort("error", fmt::format("rank {}'s {} threw: {}", r, during, sanitize_output(std::string(payload.begin(), payload.end()), 1500)));
+      if ((f.op != labproto::kReturn && f.op != labproto::kAllReduce) || payload.size() % 4)
+        throw CheckAbort("error", fmt::format("rank {}'s {} sent a broken request (opcode {})", r, during, f.op));
+      std::vector<float> v(payload.size() / 4);
+      if (!v.empty()) std::memcpy(v.data(), payload.data(), payload.size());
+      if (f.op == labproto::kReturn) {
+        done[size_t(r)] = true;
+        c.out[size_t(r)] = std::move(v);
+        returned.push_back(r);
+      } else {
+        asked[size_t(r)] = std::move(v);
+        waiting.push_back(r);
+      }
+    }
+    if (waiting.empty()) return c;
+    if (!returned.empty()) {  // the others wait in an all-reduce that rank `returned[0]` never joins: a hang in a real group
+      c.mismatch = fmt::format("rank {} asked for an all_reduce of {} floats that rank {} never joined (it returned): on a real group "
+                               "rank {} would wait forever",
+                               waiting[0], asked[size_t(waiting[0])].size(), returned[0], waiting[0]);
+      return c;
+    }
+    const size_t n = asked[0].size();
+    for (int r = 1; r < t; r++)
+      if (asked[size_t(r)].size() != n) {
+        c.mismatch = fmt::format("in the same all_reduce rank 0 gave {} floats and rank {} gave {}", n, r, asked[size_t(r)].size());
+        return c;
+      }
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < t; r++)
+      for (size_t i = 0; i < n; i++) sum[i] += asked[size_t(r)][i];
+    for (int r = 0; r < t; r++) {
+      wire::Frame a;
+      a.op = labproto::kData;
+      ranks.p[size_t(r)]->send(a, sum.data(), n * 4, ctx.deadline, during.c_str());
+    }
+    c.reduces.push_back(int64_t(n));
+  }
+}
+
+// The whole Linear y = x·Wᵀ + b and its gradients, in double: x (rows, IN), W (OUT, IN), dy (rows, OUT).
+struct Whole {
+  int64_t rows, IN, OUT;
+  std::vector<float> x, w, b, dy;
+  std::vector<double> y, dx, dw, db;
+  Whole(int64_t rows_, int64_t in, int64_t out, uint32_t seed) : rows(rows_), IN(in), OUT(out) {
+    std::mt19937 g(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto* v : {&x, &w, &b, &dy}) {
+      const int64_t n = v == &x ? rows * IN : v == &w ? OUT * IN : v == &b ? OUT : rows * OUT;
+      for (int64_t i = 0; i < n; i++) v->push_back(u(g));
+    }
+    y.assign(size_t(rows * OUT), 0.0);
+    dx.assign(size_t(rows * IN), 0.0);
+    dw.assign(size_t(OUT * IN), 0.0);
+    db.assign(size_t(OUT), 0.0);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t o = 0; o < OUT; o++) {
+        double s = b[size_t(o)];
+        const double d = dy[size_t(i * OUT + o)];
+        for (int64_t k = 0; k < IN; k++) {
+          s += double(x[size_t(i * IN + k)]) * w[size_t(o * IN + k)];
+          dx[size_t(i * IN + k)] += d * w[size_t(o * IN + k)];
+          dw[size_t(o * IN + k)] += d * x[size_t(i * IN + k)];
+        }
+        y[size_t(i * OUT + o)] = s;
+        db[size_t(o)] += d;
+      }
+  }
+};
+
+// columns [c0, c0 + nc) of a (rows, cols) matrix
+template <class T>
+std::vector<T> cols(const std::vector<T>& m, int64_t rows, int64_t ncols, int64_t c0, int64_t nc) {
+  std::vector<T> v;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = c0; j < c0 + nc; j++) v.push_back(m[size_t(i * ncols + j)]);
+  return v;
+}
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& m, int64_t ncols, int64_t r0, int64_t nr) {
+  return std::vector<T>(m.begin() + r0 * ncols, m.begin() + (r0 + nr) * ncols);
+}
+std::vector<float> concat(std::initializer_list<std::vector<float>> parts) {
+  std::vector<float> v;
+  for (const auto& p : parts) v.insert(v.end(), p.begin(), p.end());
+  return v;
+}
+
+// "" when got[at, at + want.size()) is want to f32 accuracy; else where it is not
+std::string compare(const std::vector<float>& got, size_t at, const std::vector<double>& want, const char* name) {
+  if (got.size() < at + want.size()) return fmt::format("{} is missing", name);
+  for (size_t i = 0; i < want.size(); i++) {
+    const double g = got[at + i];
+    if (!(std::abs(g - want[i]) <= 1e-4 * (1 + std::abs(want[i]))))
+      return fmt::format("{}[{}] = {:.6g} where the whole layer gives {:.6g}", name, i, g, want[i]);
+  }
+  return "";
+}
+
+std::string reduces_text(const std::vector<int64_t>& r) {
+  if (r.empty()) return "no all-reduce";
+  std::string s;
+  for (int64_t n : r) s += fmt::format("{}{}", s.empty() ? "" : ", ", n);
+  return fmt::format("all-reduces of {} floats", s);
+}
+
+constexpr int64_t kRows = 6, kIn = 16, kOut = 12;  // both split over 2 and 4
+
+CheckResult layer_check(CheckContext& ctx, bool column) {
+  const char* fwd = column ? "column_forward" : "row_forward";
+  const char* bwd = column ? "column_backward" : "row_backward";
+  for (int t : {2, 4}) {
+    const Whole W(kRows, kIn, kOut, 1234u + uint32_t(t));
+    Ranks ranks(ctx, t);
+    const int64_t in = column ? kIn : kIn / t, out = column ? kOut / t : kOut;
+    // each rank's slice: column — W's rows (its outputs), b's entries; row — W's columns (its inputs), b whole
+    std::vector<std::vector<float>> fin(static_cast<size_t>(t)), bin(static_cast<size_t>(t));
+    for (int r = 0; r < t; r++) {
+      const std::vector<float> w = column ? rows_of(W.w, kIn, r * out, out) : cols(W.w, kOut, kIn, r * in, in);
+      const std::vector<float> x = column ? W.x : cols(W.x, kRows, kIn, r * in, in);
+      const std::vector<float> b = column ? rows_of(W.b, 1, r * out, out) : W.b;
+      const std::vector<float> dy = column ? cols(W.dy, kRows, kOut, r * out, out) : W.dy;
+      fin[size_t(r)] = concat({x, w, b});
+      bin[size_t(r)] = concat({x, w, dy});
+    }
+    const std::string setup = fmt::format("t = {}, rows {}, in {}, out {} on each rank", t, kRows, in, out);
+    const int64_t want_fwd = column ? 0 : kRows * kOut, want_bwd = column ? kRows * kIn : 0;
+    // forward
+    const Called f = call_all(ctx, ranks, column ? labproto::kTpColumnForward : labproto::kTpRowForward, kRows, in, out, true, fin,
+                              fmt::format("{} ({})", fwd, setup));
+    if (!f.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same all-reduces", fwd, setup), f.mismatch, ""};
+    for (int r = 0; r < t; r++) {
+      const std::vector<double> want = column ? cols(W.y, kRows, kOut, r * out, out) : W.y;
+      if (std::string bad = compare(f.out[size_t(r)], 0, want, "y"); !bad.empty()) {
+        CheckResult res{false, fmt::format("{} ({}), rank {}: {}", fwd, setup, r, column ? "its outputs of the whole layer" : "the whole layer's output"),
+                        bad + fmt::format(" ({})", reduces_text(f.reduces)), ""};
+        if (!column && f.reduces.empty()) res.hint = "each rank holds one term of y = Σ_r x_r·W_rᵀ: all-reduce it";
+        else if (!column) res.hint = "the bias once, after the all-reduce: added before it, the sum counts it t times";
+        return res;
+      }
+    }
+    if (f.reduces != std::vector<int64_t>(want_fwd ? 1 : 0, want_fwd))
+      return {false, fmt::format("{} ({}): {}", fwd, setup, want_fwd ? fmt::format("one all-reduce of rows x out = {} floats", want_fwd) : "no communication"),
+              reduces_text(f.reduces), "",
+              column ? "x is whole on every rank: a column-parallel forward needs nothing from the others (f is the identity)"
+                     : "one all-reduce of the partial outputs, nothing else"};
+    // backward
+    const Called b = call_all(ctx, ranks, column ? labproto::kTpColumnBackward : labproto::kTpRowBackward, kRows, in, out, true, bin,
+                              fmt::format("{} ({})", bwd, setup));
+    if (!b.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same all-reduces", bwd, setup), b.mismatch, ""};
+    for (int r = 0; r < t; r++) {
+      const std::vector<double> dx = column ? W.dx : cols(W.dx, kRows, kIn, r * in, in);
+      const std::vector<double> dw = column ? rows_of(W.dw, kIn, r * out, out) : cols(W.dw, kOut, kIn, r * in, in);
+      const std::vector<double> db = column ? rows_of(W.db, 1, r * out, out) : W.db;
+      const auto& got = b.out[size_t(r)];
+      std::string bad = compare(got, 0, dx, "dx");
+      if (!bad.empty()) {
+        CheckResult res{false, fmt::format("{} ({}), rank {}: {}", bwd, setup, r, column ? "dx, the gradient of the whole input" : "dx, its columns of the input's gradient"),
+                        bad + fmt::format(" ({})", reduces_text(b.reduces)), ""};
+        if (column && b.reduces.empty())
+          res.hint = "every rank's outputs depend on all of x: dx = Σ_r dy_r·W_r, one term per rank — all-reduce it (f's backward)";
+        else if (!column && !b.reduces.empty()) res.hint = "dy is whole on every rank: dx = dy·W_r needs no communication (g's backward is the identity)";
+        return res;
+      }
+      if (bad = compare(got, size_t(kRows * in), dw, "dw"); bad.empty()) bad = compare(got, size_t(kRows * in + out * in), db, "db");
+      if (!bad.empty())
+        return {false, fmt::format("{} ({}), rank {}: dw = dyᵀ·x and db = Σ dy for its slice", bwd, setup, r), bad, "",
+                "this rank's weights see only this rank's slice: dw = dy_rᵀ·x (column) or dyᵀ·x_r (row), no communication"};
+    }
+    if (b.reduces != std::vector<int64_t>(want_bwd ? 1 : 0, want_bwd))
+      return {false, fmt::format("{} ({}): {}", bwd, setup, want_bwd ? fmt::format("one all-reduce of rows x in = {} floats (dx)", want_bwd) : "no communication"),
+              reduces_text(b.reduces), "",
+              column ? "one all-reduce of dx, nothing else: dw and db are this rank's own" : "dy is whole on every rank: nothing to communicate"};
+  }
+  return {true, "", "", ""};
+}
+
+// ---- the schedule, asked directly ----
+
+std::vector<PipeAction> ask_schedule(CheckContext& ctx, PluginProcess& p, int stages, int stage, int m) {
+  wire::Frame f;
+  f.op = labproto::kCall;
+  const int64_t args[] = {labproto::kPipeSchedule, stages, stage, m};
+  for (int k = 0; k < 4; k++) f.arg[k] = args[k];
+  const std::string during = fmt::format("schedule_1f1b({}, {}, {})", stages, stage, m);
+  p.send(f, nullptr, 0, ctx.deadline, during.c_str());
+  std::vector<char> out;
+  p.receive(f, out, ctx.deadline, during.c_str(), 1 << 20);
+  if (f.op == labproto::kRaised)
+    throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
+  if (f.op != labproto::kReturn || out.size() % 8) throw CheckAbort("error", during + " sent a broken answer");
+  std::vector<PipeAction> v;
+  for (size_t at = 0; at < out.size(); at += 8) {
+    int32_t a[2];
+    std::memcpy(a, out.data() + at, 8);
+    v.push_back({a[0] ? PipeAction::forward : PipeAction::backward, a[1]});
+  }
+  return v;
+}
+
+CheckResult schedule_1f1b(CheckContext& ctx) {
+  PluginProcess p(ctx.launch("the plugin"));
+  p.wait_ready(ctx.deadline);
+  for (int stages = 1; stages <= 8; stages++)
+    for (int m = stages; m <= 2 * stages + 1; m++)
+      for (int s = 0; s < stages; s++) {
+        const auto want = pipeline_schedule("1f1b", stages, s, m);
+        const auto got = ask_schedule(ctx, p, stages, s, m);
+        if (got == want) continue;
+        CheckResult bad{false, fmt::format("schedule_1f1b({}, {}, {}): {}", stages, s, m, describe_schedule(want)), describe_schedule(got), ""};
+        auto leading = [](const std::vector<PipeAction>& v) {  // forwards before the first backward
+          int n = 0;
+          while (n < int(v.size()) && v[size_t(n)].op == PipeAction::forward) n++;
+          return n;
+        };
+        if (const std::string invalid = check_schedule(got, m); !invalid.empty())
+          bad.hint = invalid + ": every micro-batch runs forward once, then backward once";
+        else if (leading(got) != leading(want))
+          bad.hint = fmt::format("stage {} of {} runs {} forwards before its first backward (yours: {}): min(p - s - 1, m) = {} warm-up "
+                                 "forwards, for the micro-batches still below it in the pipeline, then the steady state's first",
+                                 s, stages, leading(want), leading(got), warmup_forwards(stages, s, m));
+        else bad.hint = "after the warm-up, alternate one forward and one backward (the oldest micro-batch first), then the backwards left";
+        return bad;
+      }
+  return {true, "", "", ""};
+}
+
+// ---- training jobs ----
+
+const std::vector<std::string> kBase = {"precision.mode=fp32", "train.steps=8", "train.eval_every=0", "train.eval_batches=1",
+                                        "train.log_every=1000", "dist.timeout_s=5"};
+
+std::vector<std::string> plus(std::vector<std::string> a, std::initializer_list<std::string> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string worst(const Job& ref, const Job& mine, double tol, const std::string& setup, CheckResult& out) {
+  double w = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
+  size_t at = 0;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+    const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
+    if (!(d <= w)) w = d, at = i;
+  }
+  if (w <= tol) return fmt::format("{}: {:.1e} at worst", setup, w);
+  out = {false, fmt::format("{}: the losses of one rank within {:.0e} relative (step {}: {:.6f})", setup, tol, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
+         at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], w) : fmt::format("{} steps", mine.losses.size()), ""};
+  return "";
+}
+
+double bytes_per_step(const Job& j) { return j.steps.empty() ? 0.0 : j.steps.back().value("comm_bytes_sent", 0.0); }
+
+CheckResult tp_equals_tp1(CheckContext& ctx) {
+  const Job& ref = job(ctx, "tp1", 1, false, plus(kBase, {"parallel.tp=1"}));
+  std::string detail;
+  for (int t : {2, 4}) {
+    const Job& mine = job(ctx, fmt::format("tp{}", t), t, true, plus(kBase, {fmt::format("parallel.tp={}", t)}));
+    CheckResult bad;
+    const std::string d = worst(ref, mine, 1e-6, fmt::format("tp {}", t), bad);
+    if (d.empty()) return bad;
+    detail += (detail.empty() ? "" : "; ") + d;
+  }
+  return {true, "", "", detail};
+}
+
+CheckResult tp_comm_volume(CheckContext& ctx) {
+  const auto sets = plus(kBase, {"parallel.tp=2"});
+  const Job& ref = job(ctx, "ref:tp2", 2, false, sets);
+  const Job& mine = job(ctx, "tp2", 2, true, sets);
+  const double want = bytes_per_step(ref), got = bytes_per_step(mine);
+  const std::string detail = fmt::format("tp 2: {:.0f} bytes per step, the engine's {:.0f}", got, want);
+  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", detail};
+  return {false, fmt::format("tp 2: {:.0f} bytes per step, as the engine's tensor-parallel run", want), fmt::format("{:.0f} ({:.2f}x)", got, got / want), detail,
+          got > want ? "more all-reduces than Megatron's two per column/row pair and micro-batch (one forward in the row layer, one "
+                       "backward in the column layer)"
+                     : "fewer bytes than the two all-reduces per layer pair need"};
+}
+
+CheckResult pp_equals_pp1(CheckContext& ctx) {
+  std::string detail;
+  for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 8}}) {
+    const Job& ref = job(ctx, fmt::format("pp1-m{}", m), 1, false, plus(kBase, {"parallel.tp=1", fmt::format("train.accum_steps={}", m)}));
+    const Job& mine = job(ctx, fmt::format("pp{}", p), p, true,
+                          plus(kBase, {"parallel.tp=1", fmt::format("parallel.pp={}", p), fmt::format("parallel.micro_batches={}", m)}));
+    CheckResult bad;
+    const std::string d = worst(ref, mine, 1e-6, fmt::format("pp {}, m {}", p, m), bad);
+    if (d.empty()) return bad;
+    detail += (detail.empty() ? "" : "; ") + d;
+  }
+  return {true, "", "", detail};
+}
+
+const std::vector<std::string> kBubble = plus(kBase, {"parallel.tp=1", "parallel.pp=4", "parallel.micro_batches=8", "model.n_layer=8",
+                                                      "model.n_embd=256", "model.vocab_size=64", "data.vocab=64", "model.block_size=64", "data.seq_len=64",
+                                                      "train.micro_batch=4", "train.steps=2",
+                                                      "log.profile=cpu", "log.trace_step=2"});
+
+CheckResult bubble_and_memory(CheckContext& ctx) {
+  const Job& ref = job(ctx, "ref:bubble", 4, false, kBubble);
+  const Job& mine = job(ctx, "bubble", 4, true, kBubble);
+  const int p = 4, m = 8;
+  const double formula = double(p - 1) / (m + p - 1), got = mine.summary.value("pipeline_bubble", -1.0);
+  const nlohmann::json pipe = mine.summary.value("pipeline", nlohmann::json::object());
+  const nlohmann::json stage_of = pipe.value("stage_of_rank", nlohmann::json::array()), held = pipe.value("peak_in_flight", nlohmann::json::array());
+  std::string held_text;
+  for (size_t r = 0; r < held.size(); r++) held_text += fmt::format("{}{}", r ? " " : "", held[r].is_number() ? held[r].get<int>() : -1);
+  const std::string detail = fmt::format("p 4, m 8: the modeled bubble {:.1f} % (the engine's 1F1B {:.1f} %, the formula {:.1f} %); micro-batches "
+                                         "held at the peak by rank: {} (the engine's 4 3 2 1)",
+                                         100 * got, 100 * ref.summary.value("pipeline_bubble", 0.0), 100 * formula, held_text);
+  if (!(std::abs(got - formula) <= 0.02))
+    return {false, fmt::format("p 4, m 8: a bubble within 2 points of (p - 1)/(m + p - 1) = {:.1f} %", 100 * formula), fmt::format("{:.1f} %", 100 * got),
+            detail, got > formula ? "a stage idles more than the pipeline's fill and drain: does a forward wait for a backward it could have done?" : ""};
+  if (held.size() != size_t(p) || stage_of.size() != size_t(p)) throw CheckAbort("error", "the bubble job's summary has no pipeline peaks: " + detail);
+  for (int r = 0; r < p; r++) {
+    const int s = stage_of[size_t(r)].get<int>(), n = held[size_t(r)].get<int>();
+    if (n > p - s)
+      return {false, fmt::format("stage {} of {} holds at most p - s = {} micro-batches' activations at once (1F1B)", s, p, p - s),
+              fmt::format("{} (m = {}: GPipe holds all of them)", n, m), detail,
+              n == m ? "all forwards before the first backward is GPipe: 1F1B starts backwards after min(p - s - 1, m) forwards"
+                     : "more warm-up forwards than min(p - s - 1, m): each extra one holds another micro-batch's activations"};
+  }
+  return {true, "", "", detail};
+}
+
+CheckResult dp_sync_once(CheckContext& ctx) {
+  const auto sets = plus(kBase, {"parallel.tp=1", "parallel.pp=2", "parallel.dp=2", "parallel.micro_batches=4", "parallel.strategy=ddp"});
+  const Job& ref = job(ctx, "ref:dp2pp2", 4, false, sets);
+  const Job& mine = job(ctx, "dp2pp2", 4, true, sets, true);
+  if (!mine.ok)
+    return {false, "dp 2 x pp 2: every replica of a stage ends with the same weights", "the replicas diverged", "",
+            "dp_sync must say true for one backward of each step on every stage (its last): then the replicas' gradients are averaged"};
+  CheckResult bad;
+  const std::string d = worst(ref, mine, 1e-6, "dp 2 x pp 2", bad);
+  if (d.empty()) {
+    bad.hint = "sync in the LAST backward of the step: gradients of later micro-batches would otherwise stay unaveraged";
+    return bad;
+  }
+  const double want = bytes_per_step(ref), got = bytes_per_step(mine);
+  const std::string detail = fmt::format("{}; {:.0f} bytes per step, the engine's {:.0f}", d, got, want);
+  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", detail};
+  return {false, fmt::format("dp 2 x pp 2: {:.0f} bytes per step (one gradient all-reduce per stage and step, the activations, the tied "
+                             "embedding)", want),
+          fmt::format("{:.0f} ({:.2f}x)", got, got / want), detail,
+          "the numbers are right, but each sync sends every gradient: averaging after every micro-batch sends m times the bytes of "
+          "once in the last backward"};
+}
+
+}  // namespace
+
+std::map<std::string, CheckDef> lab06_checks() {
+  return {
+      {"column_parallel", {[](CheckContext& c) { return layer_check(c, true); }}},
+      {"row_parallel", {[](CheckContext& c) { return layer_check(c, false); }}},
+      {"tp_equals_tp1", {tp_equals_tp1, true}},
+      {"tp_comm_volume", {tp_comm_volume, true}},
+      {"schedule_1f1b", {schedule_1f1b}},
+      {"pp_equals_pp1", {pp_equals_pp1, true}},
+      {"bubble_and_memory", {bubble_and_memory, true}},
+      {"dp_sync_once", {dp_sync_once, true}},
+  };
+}
+
+}  // namespace distlab::grader

@@ -1,0 +1,67 @@
+// Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (the arithmetic of
+// this rank's slice, and the one all-reduce each pair needs), and the 1F1B schedule of a pipeline stage.
+#include <algorithm>
+#include <vector>
+
+#include <stdexcept>
+
+#include "labs/06-tp-pp/api.h"
+
+namespace lab06 {
+
+// y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  // TODO(06-tp-pp): implement linear_forward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: linear_forward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+// dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not nullptr)
+void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
+  // TODO(06-tp-pp): implement linear_backward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: linear_backward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+void column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  // TODO(06-tp-pp): implement column_forward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: column_forward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+void column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
+                     int64_t out) {
+  // TODO(06-tp-pp): implement column_backward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: column_backward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+void row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  // TODO(06-tp-pp): implement row_forward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: row_forward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+void row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
+                  int64_t out) {
+  // TODO(06-tp-pp): implement row_backward. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: row_backward is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+std::vector<Action> schedule_1f1b(int stages, int stage, int micro_batches) {
+  // TODO(06-tp-pp): implement schedule_1f1b. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: schedule_1f1b is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+bool dp_sync(const std::vector<Action>& order, int k) {
+  // TODO(06-tp-pp): implement dp_sync. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: dp_sync is not implemented yet: "
+                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
+}
+
+}  // namespace lab06
+
+extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
+                                        lab06::row_backward, lab06::schedule_1f1b,  lab06::dp_sync};
