@@ -411,6 +411,20 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
   auto [c8, o8] = run("run -n 2 --master-port 0 --grace 2 train labs/02-ddp-cifar/lab.toml --set train.steps=2 --set precision.mode=bf16");
   CHECK(c8 == 1);
   CHECK_THAT(o8, Catch::Contains("exchanges f32 gradients"));
+  // lab 06 needs a split model (tp or pp > 1), real numbers and its own 1F1B; the engine's GPipe runs without it
+  auto [c10, o10] = run("lab build 06 --solution");
+  REQUIRE(c10 == 0);
+  const std::string lab06 = "train labs/06-tp-pp/lab.toml --set train.steps=1 --set lab.plugin=" + std::string(DISTLAB_SOURCE_DIR) +
+                            "/build/labs/06-tp-pp/solution.so ";
+  auto [c11, o11] = run(lab06 + "--set parallel.tp=1");
+  CHECK(c11 == 1);
+  CHECK_THAT(o11, Catch::Contains("none of the lab's code would run") && Catch::Contains("parallel.tp"));
+  auto [c12, o12] = run("run -n 2 --master-port 0 --grace 2 " + lab06 + "--set parallel.tp=1 --set parallel.pp=2 --set parallel.schedule=gpipe");
+  CHECK(c12 == 1);
+  CHECK_THAT(o12, Catch::Contains("the lab's schedule is 1F1B"));
+  auto [c13, o13] = run("run -n 2 --master-port 0 --grace 2 " + lab06 + "--set parallel.tp=1 --set parallel.pp=2 --set train.log_every=1");
+  CHECK(c13 == 0);
+  CHECK_THAT(o13, Catch::Contains("the lab's schedule_1f1b: F0 F1 B0 F2 B1 F3 B2 B3"));
 }
 
 TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accumulation mistakes", "[grader][lab03]") {
