@@ -322,16 +322,21 @@ TEST_CASE("split models: tensor- and pipeline-parallel runs resume bitwise after
   // a 2-rank split's checkpoint, loaded on one rank and saved again at the same step: every weight and moment
   Scratch s("split-reshard");
   const std::string base = "--set train.steps=10 --set train.eval_batches=2 --set checkpoint.every=10 --set model.dropout=0.1 ";
-  for (const std::string split : {"tp", "pp"}) {
-    INFO(split << " 2 -> 1 rank");
-    const std::string sets = split == "tp" ? "--set parallel.tp=2 --set train.micro_batch=4 "
-                                           : "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 ";
-    Run r = launch(2, kGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
+  // zero1: dp 2 x tp 2 x pp 2 under ZeRO-1, each rank writing its part of its slices of its stage
+  for (const std::string split : {"tp", "pp", "zero1"}) {
+    INFO(split << " -> 1 rank");
+    const std::string sets = split == "tp"   ? "--set parallel.tp=2 --set train.micro_batch=4 "
+                             : split == "pp" ? "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 "
+                                             : "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.strategy=zero1 "
+                                               "--set parallel.micro_batches=2 --set train.micro_batch=2 ";
+    Run r = launch(split == "zero1" ? 8 : 2, kGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
     INFO(r.out);
     REQUIRE(r.code == 0);
     const std::string from = s / (split + "/step-000010"), to = s / (split + "-one");
-    Run one = launch(1, kGpt, base + (split == "tp" ? "--set train.micro_batch=4 " : "--set train.micro_batch=2 --set train.accum_steps=2 ") +
-                                  "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "one.jsonl");
+    const std::string one_sets = split == "tp" ? "--set train.micro_batch=4 "
+                                 : split == "pp" ? "--set train.micro_batch=2 --set train.accum_steps=2 "
+                                                 : "--set train.micro_batch=2 --set train.accum_steps=4 ";
+    Run one = launch(1, kGpt, base + one_sets + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "one.jsonl");
     INFO(one.out);
     REQUIRE(one.code == 0);
     CHECK(one.out.find("resumed from " + from) != std::string::npos);

@@ -24,6 +24,7 @@
 #include "core/models/model.h"
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
+#include "core/parallel/tensor_parallel.h"
 
 namespace distlab {
 
@@ -50,6 +51,16 @@ class Strategy : public ForwardHook, public BackwardHook {
   // rank — over the whole gradients here, over every rank's slice where they are sharded.
   virtual double grad_norm(Runtime& rt, Model& model) { return distlab::grad_norm(rt, model.parameters()); }
   virtual bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) { return GradScaler::found_inf(rt, model.parameters(), pg); }
+  // The same norm for a model split by tensor and pipeline parallelism (tp, pp: those axes' groups, or
+  // nullptr): this rank's gradients counted as model_parallel_grad_norm counts them (split ones always,
+  // whole ones on TP rank 0, a tied copy never), over the data-parallel axis where they are held in parts.
+  virtual double split_grad_norm(Runtime& rt, Model& model, ProcessGroup* tp, ProcessGroup* pp) {
+    return model_parallel_grad_norm(rt, model.parameters(), tp, pp);
+  }
+  // true: the gradients are reduced in finish_backward alone, nothing during the backward (ZeRO-1). A
+  // pipeline can then reduce once after every backward of the step, when the tied embedding's two copies
+  // have been summed; DDP's buckets leave during the backward instead, and the sum comes after.
+  virtual bool reduces_after_backward() const { return false; }
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }

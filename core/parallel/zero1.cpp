@@ -118,10 +118,39 @@ double ZeRO1::grad_norm(Runtime& rt, Model&) {
   return norm_over_ranks(pg_, ss);
 }
 
-bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup*) {
+// A split model's norm: the squares of this rank's slice, each element counted as its parameter counts in
+// model_parallel_grad_norm (a whole tensor on TP rank 0 alone, a tied copy never), summed over the
+// data-parallel ranks (the slices), then over the TP and PP groups.
+double ZeRO1::split_grad_norm(Runtime& rt, Model&, ProcessGroup* tp, ProcessGroup* pp) {
+  const bool split_tp = tp && tp->size() > 1, tp_lead = !tp || tp->rank() == 0;
+  double ss = 0;
+  if (!rt.is_meta())
+    for (auto& g : groups_) {
+      if (!g.local.grad.defined()) continue;
+      AsF32 x(rt, g.local.grad);
+      const int64_t base = pg_.rank() * g.shard;
+      for (size_t i = 0; i < g.params.size(); i++) {
+        const Parameter& p = *g.params[i];
+        if (!p.tied.empty() || !((p.split_dim >= 0 && split_tp) || tp_lead)) continue;
+        const int64_t lo = std::max(base, g.offset[i]), hi = std::min(base + g.shard, g.offset[i] + p.data.numel());
+        for (int64_t e = lo; e < hi; e++) ss += double(x.p[e - base]) * x.p[e - base];
+      }
+    }
+  const double dp = norm_over_ranks(pg_, ss);
+  float total = float(dp * dp);
+  for (ProcessGroup* g : {tp, pp}) {
+    if (!g || g->size() == 1) continue;
+    g->all_reduce(rt.is_meta() ? nullptr : &total, 1);
+  }
+  return std::sqrt(double(total));
+}
+
+bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup* pg) {
   std::vector<Parameter*> slices;
   for (auto& g : groups_) slices.push_back(&g.local);
-  return GradScaler::found_inf(rt, slices, &pg_);  // every rank's slice is a different part: MAX over ranks
+  // every rank's slice is a different part: MAX over ranks — over the whole world when the model is split
+  // too (pg: every rank of the run), so that the stages and the TP ranks skip the same steps
+  return GradScaler::found_inf(rt, slices, pg ? pg : &pg_);
 }
 
 void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {

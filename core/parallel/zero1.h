@@ -41,6 +41,8 @@ class ZeRO1 : public Strategy {
   std::vector<Parameter*> optimizer_parameters(Model& model) override;
   double grad_norm(Runtime& rt, Model& model) override;    // over every rank's slice
   bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) override;  // over every rank's slice
+  double split_grad_norm(Runtime& rt, Model& model, ProcessGroup* tp, ProcessGroup* pp) override;
+  bool reduces_after_backward() const override { return true; }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
   void zero_grad(Model& model) override {
     model.zero_grad();

@@ -42,10 +42,15 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     if (lab && shape.pp > 1 && cfg.parallel.schedule != "1f1b")
       throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, cfg.lab.name),
                         "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
-    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
-      throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp (or "
-                                    "none) in this build", cfg.parallel.strategy, split),
-                        "set parallel.strategy = \"ddp\"; ZeRO and FSDP shard whole layers");
+    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp" && cfg.parallel.strategy != "zero1")
+      throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp, "
+                                    "zero1 (or none) in this build", cfg.parallel.strategy, split),
+                        "set parallel.strategy = \"zero1\" (Megatron's distributed optimizer: the optimizer state split over the "
+                        "data-parallel ranks) or \"ddp\"; ZeRO-2's gradient buckets and ZeRO-3/FSDP's gathered units would leave "
+                        "during a pipeline's backward, before the tied embedding's copies are summed");
+    if (lab && cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
+      throw ConfigError(fmt::format("parallel.strategy {} in lab {}: the lab's dp_sync drives DDP", cfg.parallel.strategy, cfg.lab.name),
+                        "set parallel.strategy = \"ddp\"");
     if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);
@@ -192,11 +197,19 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   o.loss_scale = scaler_.scale();
   double loss_sum = 0;
   if (pipeline_) {  // the k micro-batches through the stages (core/parallel/pipeline.h); the last stage has the loss
+    // a strategy that reduces after the backward (ZeRO-1) does so once here, after the tied copies' sum
+    const bool later = strategy_->reduces_after_backward();
+    const std::vector<bool> no_sync(size_t(k), false);
     const Pipeline::StepResult r = pipeline_->train_step(
         rt_, [&] { return next_batch(); },
         [&](Runtime&, const Tensor& logits, const Batch& b, float factor, Tensor& d) { return loss_and_grad(logits, b, factor, d); },
-        o.loss_scale / float(k), *strategy_, lab_order_ ? &lab_order_->actions : nullptr, lab_order_ ? &lab_order_->dp_sync : nullptr);
+        o.loss_scale / float(k), *strategy_, lab_order_ ? &lab_order_->actions : nullptr,
+        later ? &no_sync : lab_order_ ? &lab_order_->dp_sync : nullptr);
     pipeline_->sync_tied(rt_, tied_);  // the lm_head's copy and wte: one gradient, the same step on both stages
+    if (later) {
+      strategy_->begin_backward(true);
+      strategy_->finish_backward(rt_);
+    }
     loss_sum = r.loss_sum;
     o.samples = r.samples;
     pipe_peak_.peak_in_flight = std::max(pipe_peak_.peak_in_flight, r.peak_in_flight);
@@ -213,7 +226,7 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   if (!o.skipped) {
     // split layers and stages: the squares summed over the TP and PP groups (the dp axis is ddp or none, whose
     // gradients are whole)
-    o.grad_norm = (mesh_ ? model_parallel_grad_norm(rt_, model_->parameters(), tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
+    o.grad_norm = (mesh_ ? strategy_->split_grad_norm(rt_, *model_, tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
                   o.loss_scale;
     strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
   }
@@ -472,7 +485,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
   if (!out.save_path.empty() && mesh_) {
+    strategy_->gather_full_params(rt_, opt_.get());  // ZeRO-1: the f32 masters lent to the slices
     save_whole_model(out.save_path, parse_dtype(out.save_dtype));
+    strategy_->release_full_params(rt_, false);
   } else if (!out.save_path.empty()) {
     // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
     strategy_->gather_full_params(rt_, opt_.get());

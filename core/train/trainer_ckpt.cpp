@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -56,10 +57,12 @@ std::vector<Piece> pieces_of(const Strategy::Slice& s, ProcessGroup* tp) {
   const std::string& name = p.tied.empty() ? p.name : p.tied;
   const int t = tp ? tp->size() : 1;
   if (p.split_dim < 0 || t == 1) return {Piece{name, whole_shape(p, t), s.param_offset, s.local_offset, s.numel}};
-  DL_ASSERT(s.param_offset == 0 && s.numel == p.data.numel(), "a tensor-parallel parameter is stepped whole on its rank");
+  // the runs of this rank's TP slice that fall in [param_offset, +numel) of it (ZeRO-1 steps a part)
   std::vector<Piece> v;
-  for (const SliceRun& r : split_runs(whole_shape(p, t), p.split_dim, p.split_parts, tp->rank(), t))
-    v.push_back(Piece{name, whole_shape(p, t), r.whole_offset, s.local_offset + r.local_offset, r.numel});
+  for (const SliceRun& r : split_runs(whole_shape(p, t), p.split_dim, p.split_parts, tp->rank(), t)) {
+    const int64_t lo = std::max(r.local_offset, s.param_offset), hi = std::min(r.local_offset + r.numel, s.param_offset + s.numel);
+    if (lo < hi) v.push_back(Piece{name, whole_shape(p, t), r.whole_offset + (lo - r.local_offset), s.local_offset + (lo - s.param_offset), hi - lo});
+  }
   return v;
 }
 
@@ -133,7 +136,7 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
 
 nlohmann::json Trainer::checkpoint_estimate() {
   const auto slices = strategy_->optimizer_slices(*model_);
-  const bool writes = mesh_ ? mesh_->coord().dp == 0 : (!strategy_->replicates_optimizer() || is_rank0());
+  const bool writes = mesh_ ? (mesh_->coord().dp == 0 || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || is_rank0());
   int64_t weights = 0;
   for (const auto& v : slices)
     for (const auto& s : v) weights += 4 * s.numel;
@@ -213,7 +216,7 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   DL_ASSERT(slices.size() == opt_->size(), "the strategy's slices and the optimizer's parameters disagree");
   // split models: the first data-parallel replica writes, each rank its slices of its stage; a tensor that
   // every TP rank holds whole, its TP rank 0; the tied embedding's copy, nobody (it is wte)
-  const bool writes = mesh_ ? mesh_->coord().dp == 0 : (!strategy_->replicates_optimizer() || rank == 0);
+  const bool writes = mesh_ ? (mesh_->coord().dp == 0 || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || rank == 0);
   if (writes) {
     std::vector<float> tmp;
     for (size_t i = 0; i < slices.size(); i++) {
