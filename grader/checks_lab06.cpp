@@ -356,8 +356,8 @@ CheckResult pp_equals_pp1(CheckContext& ctx) {
 
 const std::vector<std::string> kBubble = plus(kBase, {"parallel.tp=1", "parallel.pp=4", "parallel.micro_batches=8", "model.n_layer=8",
                                                       "model.n_embd=256", "model.vocab_size=64", "data.vocab=64", "model.block_size=64", "data.seq_len=64",
-                                                      "train.micro_batch=4", "train.steps=2",
-                                                      "log.profile=cpu", "log.trace_step=2"});
+                                                      "train.micro_batch=4", "train.steps=1",
+                                                      "log.profile=cpu", "log.trace_step=1"});
 
 CheckResult bubble_and_memory(CheckContext& ctx) {
   const Job& ref = job(ctx, "ref:bubble", 4, false, kBubble);
