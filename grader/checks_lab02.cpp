@@ -105,7 +105,7 @@ CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
 
 // ---- training jobs ----
 
-const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=40", "log.profile="};
+const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=30", "log.profile="};
 const std::vector<std::string> kShort = {"train.steps=3"};
 
 // Both DDPs of the student (naive and bucketed) against one rank with the same global batch.

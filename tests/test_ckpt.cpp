@@ -323,19 +323,21 @@ TEST_CASE("split models: tensor- and pipeline-parallel runs resume bitwise after
   Scratch s("split-reshard");
   const std::string base = "--set train.steps=10 --set train.eval_batches=2 --set checkpoint.every=10 --set model.dropout=0.1 ";
   // zero1: dp 2 x tp 2 x pp 2 under ZeRO-1, each rank writing its part of its slices of its stage
-  for (const std::string split : {"tp", "pp", "zero1"}) {
+  // fsdp: dp 2 x tp 2 under FSDP, each rank its part of each unit's flat vector of TP slices
+  for (const std::string split : {"tp", "pp", "zero1", "fsdp"}) {
     INFO(split << " -> 1 rank");
-    const std::string sets = split == "tp"   ? "--set parallel.tp=2 --set train.micro_batch=4 "
-                             : split == "pp" ? "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 "
-                                             : "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.strategy=zero1 "
-                                               "--set parallel.micro_batches=2 --set train.micro_batch=2 ";
-    Run r = launch(split == "zero1" ? 8 : 2, kGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
+    const std::string sets = split == "tp"      ? "--set parallel.tp=2 --set train.micro_batch=4 "
+                             : split == "pp"    ? "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 "
+                             : split == "zero1" ? "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.strategy=zero1 "
+                                                  "--set parallel.micro_batches=2 --set train.micro_batch=2 "
+                                                : "--set parallel.tp=2 --set parallel.dp=2 --set parallel.strategy=fsdp --set train.micro_batch=2 ";
+    Run r = launch(split == "zero1" ? 8 : split == "fsdp" ? 4 : 2, kGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
     INFO(r.out);
     REQUIRE(r.code == 0);
     const std::string from = s / (split + "/step-000010"), to = s / (split + "-one");
-    const std::string one_sets = split == "tp" ? "--set train.micro_batch=4 "
-                                 : split == "pp" ? "--set train.micro_batch=2 --set train.accum_steps=2 "
-                                                 : "--set train.micro_batch=2 --set train.accum_steps=4 ";
+    const std::string one_sets = split == "tp" || split == "fsdp" ? "--set train.micro_batch=4 "
+                                 : split == "pp"                  ? "--set train.micro_batch=2 --set train.accum_steps=2 "
+                                                                  : "--set train.micro_batch=2 --set train.accum_steps=4 ";
     Run one = launch(1, kGpt, base + one_sets + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "one.jsonl");
     INFO(one.out);
     REQUIRE(one.code == 0);

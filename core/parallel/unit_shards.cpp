@@ -195,8 +195,33 @@ void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_asid
   set_aside.clear();
 }
 
-bool UnitShards::found_inf() {
-  return GradScaler::found_inf(rt_, locals(), &pg_);  // every rank's parts differ: MAX over ranks
+bool UnitShards::found_inf(ProcessGroup* over) {
+  return GradScaler::found_inf(rt_, locals(), over ? over : &pg_);  // every rank's parts differ: MAX over ranks
+}
+
+double split_flats_norm(Runtime& rt, ProcessGroup& dp, const std::vector<FlatShard>& flats, ProcessGroup* tp, ProcessGroup* pp) {
+  const bool split_tp = tp && tp->size() > 1, tp_lead = !tp || tp->rank() == 0;
+  double ss = 0;
+  if (!rt.is_meta())
+    for (const FlatShard& g : flats) {
+      if (!g.local.grad.defined()) continue;
+      AsF32 x(rt, g.local.grad);
+      const int64_t base = dp.rank() * g.shard;
+      for (size_t i = 0; i < g.params.size(); i++) {
+        const Parameter& p = *g.params[i];
+        if (!p.tied.empty() || !((p.split_dim >= 0 && split_tp) || tp_lead)) continue;
+        const int64_t end = i + 1 < g.params.size() ? g.offset[i + 1] : g.numel;  // (ZeRO-3 frees p.data between uses)
+        const int64_t lo = std::max(base, g.offset[i]), hi = std::min(base + g.shard, end);
+        for (int64_t e = lo; e < hi; e++) ss += double(x.p[e - base]) * x.p[e - base];
+      }
+    }
+  const double n = norm_over_ranks(dp, ss);
+  float total = float(n * n);
+  for (ProcessGroup* g : {tp, pp}) {
+    if (!g || g->size() == 1) continue;
+    g->all_reduce(rt.is_meta() ? nullptr : &total, 1);
+  }
+  return std::sqrt(double(total));
 }
 
 }  // namespace distlab

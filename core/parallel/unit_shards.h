@@ -74,7 +74,8 @@ class UnitShards {
 
   // The global gradient norm and the overflow check over every rank's parts (what the step will read).
   double grad_norm();
-  bool found_inf();
+  bool found_inf(ProcessGroup* over = nullptr);  // over: a group holding this one's ranks (default: this one)
+  ProcessGroup& group() { return pg_; }
 
  private:
   Runtime& rt_;
@@ -102,6 +103,12 @@ double norm_over_ranks(ProcessGroup& pg, double my_sum_of_squares);
 void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
 void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside);
 
+// A split model's gradient norm over flat vectors sharded across the data-parallel group `dp`: the squares
+// of this rank's parts, each element counted as its parameter counts in model_parallel_grad_norm (split
+// tensors on every TP rank, whole ones on TP rank 0, a tied copy never), summed over dp, then over the TP
+// and PP groups (either may be nullptr).
+double split_flats_norm(Runtime& rt, ProcessGroup& dp, const std::vector<FlatShard>& flats, ProcessGroup* tp, ProcessGroup* pp);
+
 // For a checkpoint: what rank `rank` owns of each flat vector, as slices of the parameters in it.
 std::vector<std::vector<Strategy::Slice>> flat_slices(const std::vector<FlatShard>& flats, int rank);
 
@@ -111,7 +118,11 @@ class ShardedStrategy : public Strategy {
  public:
   std::vector<Parameter*> optimizer_parameters(Model&) override { return shards_.locals(); }
   double grad_norm(Runtime&, Model&) override { return shards_.grad_norm(); }
-  bool found_inf(Runtime&, Model&, ProcessGroup*) override { return shards_.found_inf(); }
+  double split_grad_norm(Runtime& rt, Model&, ProcessGroup* tp, ProcessGroup* pp) override {
+    return split_flats_norm(rt, shards_.group(), shards_.all(), tp, pp);
+  }
+  // MAX over every rank's parts: over the whole world (pg) where the model is split too
+  bool found_inf(Runtime&, Model&, ProcessGroup* pg) override { return shards_.found_inf(pg); }
   void zero_grad(Model& model) override {
     model.zero_grad();
     for (auto& s : shards_.all()) s.local.grad = Tensor();  // a skipped step leaves no part behind

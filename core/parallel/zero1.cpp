@@ -122,27 +122,7 @@ double ZeRO1::grad_norm(Runtime& rt, Model&) {
 // model_parallel_grad_norm (a whole tensor on TP rank 0 alone, a tied copy never), summed over the
 // data-parallel ranks (the slices), then over the TP and PP groups.
 double ZeRO1::split_grad_norm(Runtime& rt, Model&, ProcessGroup* tp, ProcessGroup* pp) {
-  const bool split_tp = tp && tp->size() > 1, tp_lead = !tp || tp->rank() == 0;
-  double ss = 0;
-  if (!rt.is_meta())
-    for (auto& g : groups_) {
-      if (!g.local.grad.defined()) continue;
-      AsF32 x(rt, g.local.grad);
-      const int64_t base = pg_.rank() * g.shard;
-      for (size_t i = 0; i < g.params.size(); i++) {
-        const Parameter& p = *g.params[i];
-        if (!p.tied.empty() || !((p.split_dim >= 0 && split_tp) || tp_lead)) continue;
-        const int64_t lo = std::max(base, g.offset[i]), hi = std::min(base + g.shard, g.offset[i] + p.data.numel());
-        for (int64_t e = lo; e < hi; e++) ss += double(x.p[e - base]) * x.p[e - base];
-      }
-    }
-  const double dp = norm_over_ranks(pg_, ss);
-  float total = float(dp * dp);
-  for (ProcessGroup* g : {tp, pp}) {
-    if (!g || g->size() == 1) continue;
-    g->all_reduce(rt.is_meta() ? nullptr : &total, 1);
-  }
-  return std::sqrt(double(total));
+  return split_flats_norm(rt, pg_, groups_, tp, pp);
 }
 
 bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup* pg) {

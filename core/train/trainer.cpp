@@ -42,12 +42,15 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     if (lab && shape.pp > 1 && cfg.parallel.schedule != "1f1b")
       throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, cfg.lab.name),
                         "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
-    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp" && cfg.parallel.strategy != "zero1")
-      throw ConfigError(fmt::format("parallel.strategy {} with {}: the data-parallel axis of a tensor- or pipeline-parallel run is ddp, "
-                                    "zero1 (or none) in this build", cfg.parallel.strategy, split),
-                        "set parallel.strategy = \"zero1\" (Megatron's distributed optimizer: the optimizer state split over the "
-                        "data-parallel ranks) or \"ddp\"; ZeRO-2's gradient buckets and ZeRO-3/FSDP's gathered units would leave "
-                        "during a pipeline's backward, before the tied embedding's copies are summed");
+    const std::string& st = cfg.parallel.strategy;
+    const bool whole_grads = st == "none" || st == "ddp" || st == "zero1";  // reduced after the backward, or whole
+    if (!whole_grads && shape.pp > 1)
+      throw ConfigError(fmt::format("parallel.strategy {} with {}: ZeRO-2's gradient buckets and ZeRO-3/FSDP's units are reduced during "
+                                    "a pipeline's backward, before the tied embedding's two copies (first and last stage) are summed",
+                                    st, split),
+                        "with pipeline stages use parallel.strategy = \"zero1\" (the optimizer state split over the data-parallel "
+                        "ranks, Megatron's distributed optimizer) or \"ddp\"; zero2, zero3 and fsdp compose with parallel.tp alone "
+                        "(PyTorch's 2D: FSDP across the data-parallel ranks, TP inside a node)");
     if (lab && cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
       throw ConfigError(fmt::format("parallel.strategy {} in lab {}: the lab's dp_sync drives DDP", cfg.parallel.strategy, cfg.lab.name),
                         "set parallel.strategy = \"ddp\"");
@@ -409,7 +412,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (!out.init_path.empty() && !resumed_from_.empty()) {
     log_ << "--init " << out.init_path << " ignored: the run resumes from its checkpoint\n";
   } else if (!out.init_path.empty() && mesh_) {
+    strategy_->gather_full_params(rt_, nullptr);  // ZeRO-3/FSDP on the dp axis: the slices whole for the load
     load_whole_model(out.init_path);
+    strategy_->release_full_params(rt_, true);
   } else if (!out.init_path.empty()) {
     strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
     load_model(*model_, out.init_path);
