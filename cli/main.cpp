@@ -11,6 +11,7 @@
 
 #include "cli/bench_cmd.h"
 #include "cli/ckpt_cmd.h"
+#include "cli/chapter_cmd.h"
 #include "cli/lab_cmd.h"
 #include "cli/plan_cmd.h"
 #include "cli/run_cmd.h"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   distlab::add_run_command(app, exit_code, self_exe, program);
   distlab::add_bench_command(app, exit_code, self_exe);
   distlab::add_lab_commands(app, exit_code, self_exe);
+  distlab::add_chapter_commands(app);
   try {
     app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {

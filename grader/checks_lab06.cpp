@@ -280,8 +280,8 @@ CheckResult schedule_1f1b(CheckContext& ctx) {
         if (const std::string invalid = check_schedule(got, m); !invalid.empty())
           bad.hint = invalid + ": every micro-batch runs forward once, then backward once";
         else if (leading(got) != leading(want))
-          bad.hint = fmt::format("stage {} of {} runs {} forwards before its first backward (yours: {}): min(p - s - 1, m) = {} warm-up "
-                                 "forwards, for the micro-batches still below it in the pipeline, then the steady state's first",
+          bad.hint = fmt::format("stage {} of {} runs {} forward(s) before its first backward (yours: {}): min(p - s - 1, m) = {} warm-up "
+                                 "forward(s), for the micro-batches still below it in the pipeline, then the steady state's first",
                                  s, stages, leading(want), leading(got), warmup_forwards(stages, s, m));
         else bad.hint = "after the warm-up, alternate one forward and one backward (the oldest micro-batch first), then the backwards left";
         return bad;
@@ -379,7 +379,7 @@ CheckResult bubble_and_memory(CheckContext& ctx) {
     const int s = stage_of[size_t(r)].get<int>(), n = held[size_t(r)].get<int>();
     if (n > p - s)
       return {false, fmt::format("stage {} of {} holds at most p - s = {} micro-batches' activations at once (1F1B)", s, p, p - s),
-              fmt::format("{} (m = {}: GPipe holds all of them)", n, m), detail,
+              fmt::format("{} (GPipe would hold all m = {})", n, m), detail,
               n == m ? "all forwards before the first backward is GPipe: 1F1B starts backwards after min(p - s - 1, m) forwards"
                      : "more warm-up forwards than min(p - s - 1, m): each extra one holds another micro-batch's activations"};
   }

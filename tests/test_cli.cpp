@@ -175,3 +175,39 @@ TEST_CASE("a full disk fails the run and keeps the earlier metrics file, missing
     CHECK_THAT(r.out, !Catch::Contains("step     1/3"));  // refused before any training
   }
 }
+
+// The chapters (chapters/NN-topic.md) through `distlab chapter`, and every `distlab` command they quote in a
+// sh block runs as quoted: a chapter that quotes a command that fails is a failing test.
+TEST_CASE("chapters: list and show them, and every distlab command a chapter quotes runs", "[cli][chapters]") {
+  Result list = run("chapter list");
+  INFO(list.out);
+  REQUIRE(list.code == 0);
+  CHECK_THAT(list.out, Catch::Contains(" 8  8. Tensor and pipeline parallelism"));
+  Result show = run("chapter show 8");
+  CHECK(show.code == 0);
+  CHECK_THAT(show.out, Catch::Contains("(p − 1) / (m + p − 1)") && Catch::Contains("Lab 06-tp-pp"));
+  CHECK(run("chapter show 08-tp-pp").out == show.out);
+  Result none = run("chapter show 99");
+  CHECK(none.code == 1);
+  CHECK_THAT(none.out, Catch::Contains("no chapter '99'") && Catch::Contains("distlab chapter list"));
+  int quoted = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(DISTLAB_SOURCE_DIR) / "chapters")) {
+    if (e.path().extension() != ".md") continue;
+    std::ifstream in(e.path());
+    bool in_sh = false;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("```", 0) == 0) {
+        in_sh = !in_sh && line == "```sh";
+        continue;
+      }
+      if (!in_sh || line.rfind("distlab ", 0) != 0) continue;
+      quoted++;
+      std::string args = line.substr(8);
+      if (args.rfind("run ", 0) == 0) args = "run --master-port 0 " + args.substr(4);  // a free port: tests run side by side
+      Result r = run(args);
+      INFO(e.path().filename().string() << ": " << line << "\n" << r.out);
+      CHECK(r.code == 0);
+    }
+  }
+  CHECK(quoted >= 5);
+}
