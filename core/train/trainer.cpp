@@ -227,8 +227,8 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
   if (!o.skipped) {
-    // split layers and stages: the squares summed over the TP and PP groups (the dp axis is ddp or none, whose
-    // gradients are whole)
+    // split layers and stages: the squares summed over the TP and PP groups, and over the dp axis where the
+    // strategy holds the gradients in parts (ZeRO, FSDP)
     o.grad_norm = (mesh_ ? strategy_->split_grad_norm(rt_, *model_, tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
                   o.loss_scale;
     strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
