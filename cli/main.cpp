@@ -14,6 +14,8 @@
 #include "cli/chapter_cmd.h"
 #include "cli/lab_cmd.h"
 #include "cli/plan_cmd.h"
+#include "cli/plot_cmd.h"
+#include "cli/quiz_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
 #include "core/dist/error_file.h"
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   distlab::add_bench_command(app, exit_code, self_exe);
   distlab::add_lab_commands(app, exit_code, self_exe);
   distlab::add_chapter_commands(app);
+  distlab::add_plot_commands(app);
+  distlab::add_quiz_command(app, exit_code, self_exe);
   try {
     app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <sys/wait.h>
 
 #include "shell.h"
@@ -210,4 +211,177 @@ TEST_CASE("chapters: list and show them, and every distlab command a chapter quo
     }
   }
   CHECK(quoted >= 5);
+}
+
+namespace {
+
+int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) n++;
+  return n;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+// Every quiz file loads, and its own answers score full marks while wrong ones score nothing: the answer
+// keys are consistent with the choices, and the grading reads letters, numbers and units.
+TEST_CASE("quiz: every quiz grades its right answers full and wrong ones zero, and bad answer files are named", "[cli][quiz]") {
+  Result list = run("quiz list");
+  INFO(list.out);
+  REQUIRE(list.code == 0);
+  CHECK_THAT(list.out, Catch::Contains("7.3  7.3 self-test"));
+  std::vector<std::string> ids;
+  std::istringstream lines(list.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream ls(line);
+    std::string id;
+    ls >> id;
+    if (!id.empty()) ids.push_back(id);
+  }
+  CHECK(ids.size() >= 1);
+  const std::string empty = tmp("empty.json"), right = tmp("right.json"), wrong = tmp("wrong.json");
+  std::ofstream(empty) << "{}";
+  for (const std::string& id : ids) {
+    Result blank = run("quiz " + id + " --answers " + empty);
+    INFO("quiz " << id << "\n" << blank.out);
+    REQUIRE(blank.code == 0);
+    const auto doc = nlohmann::json::parse(blank.out);
+    CHECK(doc["score"] == 0);
+    CHECK(doc["total"].get<int>() >= 4);
+    nlohmann::json r = nlohmann::json::object(), w = nlohmann::json::object();
+    for (const auto& q : doc["questions"]) {
+      const std::string expected = q["expected"];
+      const std::string id_q = q["id"];
+      CHECK(!q["explain"].get<std::string>().empty());
+      if (expected.size() > 1 && expected[1] == ')') {  // "b) ...": a choice
+        r[id_q] = expected.substr(0, 1);
+        w[id_q] = std::string(1, expected[0] == 'a' ? 'b' : 'a');
+      } else {  // "14 GB": a number and its unit
+        const double v = std::stod(expected);
+        r[id_q] = expected;
+        w[id_q] = v == 0 ? 1e9 : v * 10 + 1;
+      }
+    }
+    std::ofstream(right) << r.dump();
+    std::ofstream(wrong) << w.dump();
+    Result good = run("quiz " + id + " --answers " + right), bad = run("quiz " + id + " --answers " + wrong);
+    INFO(good.out << bad.out);
+    REQUIRE(good.code == 0);
+    REQUIRE(bad.code == 0);
+    CHECK(nlohmann::json::parse(good.out)["score"] == doc["total"]);
+    CHECK(nlohmann::json::parse(bad.out)["score"] == 0);
+  }
+  std::ofstream(wrong) << "{\"no-such-question\": \"a\"}";
+  Result unknown = run("quiz 7.3 --answers " + wrong);
+  CHECK(unknown.code == 1);
+  CHECK_THAT(unknown.out, Catch::Contains("no question 'no-such-question' in quiz 7.3") && Catch::Contains("same-curve-no-speedup"));
+  std::ofstream(wrong) << "[1, 2";
+  CHECK_THAT(run("quiz 7.3 --answers " + wrong).out, Catch::Contains("is not a JSON object"));
+  CHECK_THAT(run("quiz 99").out, Catch::Contains("no quiz '99'") && Catch::Contains("7.3"));
+  for (auto f : {empty, right, wrong}) fs::remove(f);
+}
+
+// A quiz file is checked key by key: a typo is an error naming the file and line, not a dropped question.
+TEST_CASE("quiz: a malformed quiz file is an error naming its file, line and key", "[cli][quiz]") {
+  const fs::path dir = tmp("chapters");
+  fs::create_directories(dir);
+  auto attempt = [&](const std::string& text) {
+    std::ofstream(dir / "05-x.quiz.toml") << text;
+    return capture("DISTLAB_CHAPTERS=" + dir.string() + " timeout 60 " + DISTLAB_BINARY + " quiz list");
+  };
+  const std::string q = "title = \"t\"\n[[question]]\nid = \"a\"\nask = \"?\"\nkind = \"choice\"\nchoices = [\"x\", \"y\"]\nexplain = \"e\"\n";
+  CHECK(attempt(q + "answer = \"b\"\n").code == 0);
+  Result typo = attempt(q + "answer = \"b\"\nanwser = \"a\"\n");
+  CHECK(typo.code == 1);
+  CHECK_THAT(typo.out, Catch::Contains("05-x.quiz.toml:") && Catch::Contains("unknown key 'anwser'"));
+  CHECK_THAT(attempt(q + "answer = \"c\"\n").out, Catch::Contains("answer 'c' is not one of the letters a..b"));
+  CHECK_THAT(attempt(q + "answer = \"a\"\nscenario = \"gone\"\n").out, Catch::Contains("names scenario 'gone'"));
+  CHECK_THAT(attempt("title = \"t\"\n[[question]]\nid = \"n\"\nask = \"?\"\nkind = \"number\"\nexplain = \"e\"\n").out,
+             Catch::Contains("has no numeric answer"));
+  CHECK_THAT(attempt("title = \"t\"\n[[question\n").out, Catch::Contains("05-x.quiz.toml:2"));
+  fs::remove_all(dir);
+}
+
+// Quiz 7.3's last question, as a student meets it: the scenario runs two ranks without a DistributedSampler
+// next to one rank (the same losses, bitwise: two equal gradients average to themselves) and next to two
+// ranks with the sampler (half the steps per epoch), then the answers on stdin are scored.
+TEST_CASE("quiz 7.3: the no-sampler scenario shows one rank's curve and epoch, then the answers are scored", "[cli][quiz]") {
+  Result r = shell("printf \"b\\nc\\nb\\nb\\nb\\nc\\n\" | timeout 300 "s + DISTLAB_BINARY + " quiz 7.3");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("scenario: no-sampler") && Catch::Contains("score: 6 of 6 (6 asked)"));
+  std::istringstream lines(r.out.substr(r.out.find("scenario: no-sampler")));
+  int loss_rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream ls(line);
+    std::string a, b;
+    ls >> a >> b;
+    if (a == "loss,") {  // "loss, step N  one  plain  sampler"
+      std::string n, one, plain, sampler;
+      std::istringstream(line.substr(line.find("step"))) >> b >> n >> one >> plain >> sampler;
+      CHECK(one == plain);
+      loss_rows++;
+    }
+    if (a == "steps_per_epoch") {
+      std::string plain, sampler;
+      ls >> plain >> sampler;
+      CHECK(b == "937");  // 60,000 / 64, drop_last
+      CHECK(plain == "937");
+      CHECK(sampler == "468");
+    }
+  }
+  CHECK(loss_rows >= 10);
+}
+
+// The figures: SVG drawn from real runs' metrics and a modeled trace, and the errors for bad inputs.
+TEST_CASE("plot: loss curves, memory bars and a timeline as SVG, and errors that name the file", "[cli][plot]") {
+  const std::string one = tmp("one.jsonl"), two = tmp("two.jsonl"), ddp = tmp("ddp.jsonl"), z3 = tmp("z3.jsonl"), trace = tmp("trace.json"),
+                    svg = tmp("fig.svg");
+  REQUIRE(run("train configs/fashion-mnist-mlp.toml --set train.steps=6 --set train.eval_batches=1 --metrics " + one).code == 0);
+  REQUIRE(run("run -n 2 --master-port 0 train configs/fashion-mnist-mlp.toml --set train.steps=6 --set train.micro_batch=64 "
+              "--set parallel.strategy=ddp --set train.eval_batches=1 --set log.profile=t4-pcie --set log.trace=" + trace + " --metrics " + two)
+              .code == 0);
+  Result loss = run("plot loss " + one + " " + two + " --label \"1 rank\" --label \"2 <ranks>\" -o " + svg);
+  INFO(loss.out);
+  REQUIRE(loss.code == 0);
+  std::string s = slurp(svg);
+  CHECK(s.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+  CHECK(s.size() > 20);
+  CHECK(s.substr(s.size() - 7) == "</svg>\n");
+  CHECK(count_of(s, "<path ") == 2);
+  CHECK(count_of(s, " L") == 2 * 5);  // 6 points each: a move and 5 lines
+  CHECK_THAT(s, Catch::Contains(">1 rank</text>") && Catch::Contains(">2 &lt;ranks&gt;</text>"));
+  for (const char* strat : {"ddp", "zero3"})
+    REQUIRE(run(std::string("train configs/gpt-tiny.toml --device meta --set dist.fake_world_size=4 --set train.steps=2 --set parallel.strategy=") +
+                strat + " --metrics " + (strat == std::string("ddp") ? ddp : z3))
+                .code == 0);
+  Result mem = run("plot memory " + ddp + " " + z3 + " --label DDP --label ZeRO-3 --capacity 8MiB -o " + svg);
+  INFO(mem.out);
+  REQUIRE(mem.code == 0);
+  s = slurp(svg);
+  CHECK_THAT(s, Catch::Contains(">DDP</text>") && Catch::Contains(">ZeRO-3</text>") && Catch::Contains(">optim_state</text>") &&
+                    Catch::Contains("device 8.00 MiB"));
+  CHECK(count_of(s, "<title>params:") == 2);
+  Result tl = run("plot timeline " + trace + " -o " + svg);
+  INFO(tl.out);
+  REQUIRE(tl.code == 0);
+  s = slurp(svg);
+  CHECK_THAT(s, Catch::Contains("modeled on t4-pcie") && Catch::Contains(">all_reduce</text>") && Catch::Contains(">backward</text>") &&
+                    Catch::Contains(">1 comm</text>"));
+  Result missing = run("plot loss " + tmp("none.jsonl") + " -o " + svg);
+  CHECK(missing.code == 1);
+  CHECK_THAT(missing.out, Catch::Contains("cannot read metrics file"));
+  std::ofstream(tmp("bad.jsonl")) << "{\"kind\": \"step\"}\nnot json\n";
+  CHECK_THAT(run("plot loss " + tmp("bad.jsonl") + " -o " + svg).out, Catch::Contains("bad.jsonl:2: not a JSON object"));
+  CHECK_THAT(run("plot memory " + tmp("bad.jsonl") + " -o " + svg).out, Catch::Contains("bad.jsonl:2"));
+  CHECK_THAT(run("plot timeline " + one + " -o " + svg).out, Catch::Contains("is not a Chrome trace"));
+  Result ro = run("plot loss " + one + " -o /proc/distlab-fig.svg");
+  CHECK(ro.code == 1);
+  CHECK_THAT(run("plot loss " + one + " --label a --label b -o " + svg).out, Catch::Contains("2 --label for 1 files"));
+  for (auto f : {one, two, ddp, z3, trace, svg, tmp("bad.jsonl")}) fs::remove(f);
 }

@@ -7,6 +7,8 @@
 #include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/parallel/ddp.h"
+#include "core/train/config.h"
+#include "core/train/strategies.h"
 #include "dist_harness.h"
 
 using namespace distlab;
@@ -107,4 +109,25 @@ TEST_CASE("bucketed DDP: buckets in reverse order, at most bucket_mb each, one a
       CHECK(std::equal(both.begin(), both.begin() + long(g.size()), both.begin() + long(g.size())));
     }
   });
+}
+
+// The two data bugs a config can switch on (lab 08, quiz 7.3): train.sampler = plain gives every rank the
+// one-rank order of the whole set; train.set_epoch = false repeats epoch 0's order.
+TEST_CASE("train.sampler plain and train.set_epoch false: the missing sampler and the forgotten set_epoch", "[sampler]") {
+  RunConfig cfg = parse_config("[parallel]\nstrategy = \"ddp\"\n", "t.toml");
+  auto r0 = make_train_sampler(cfg, 10, 2, 0, nullptr), r1 = make_train_sampler(cfg, 10, 2, 1, nullptr);
+  CHECK(r0->size() == 5);
+  CHECK(r0->indices(0) != r1->indices(0));
+  CHECK(r0->indices(0) != r0->indices(1));  // set_epoch: a new order every epoch
+  cfg = parse_config("[parallel]\nstrategy = \"ddp\"\n[train]\nsampler = \"plain\"\n", "t.toml");
+  auto p0 = make_train_sampler(cfg, 10, 2, 0, nullptr), p1 = make_train_sampler(cfg, 10, 2, 1, nullptr);
+  auto one = make_train_sampler(parse_config("", "t.toml"), 10, 1, 0, nullptr);
+  CHECK(p0->size() == 10);
+  CHECK(p0->indices(3) == p1->indices(3));   // both ranks read the same samples
+  CHECK(p0->indices(3) == one->indices(3));  // in the one-rank order
+  cfg = parse_config("[parallel]\nstrategy = \"ddp\"\n[train]\nset_epoch = false\n", "t.toml");
+  auto f0 = make_train_sampler(cfg, 10, 2, 0, nullptr);
+  CHECK(f0->indices(0) == f0->indices(1));
+  CHECK(f0->indices(0) == r0->indices(0));
+  CHECK_THROWS_WITH(parse_config("[train]\nsampler = \"none\"\n", "t.toml"), Catch::Contains("train.sampler"));
 }

@@ -108,6 +108,8 @@ const std::vector<Key>& keys() {
       KEY("train.threads", Kind::integer, int64_t, train.threads, "compute threads per rank (0 = cores / ranks)"),
       KEY("train.shuffle", Kind::boolean, bool, train.shuffle, "shuffle the train set every epoch"),
       KEY("train.drop_last", Kind::boolean, bool, train.drop_last, "drop the last short batch of an epoch"),
+      KEY("train.sampler", Kind::string, std::string, train.sampler, "distributed | plain (every rank reads the whole set: the missing DistributedSampler)"),
+      KEY("train.set_epoch", Kind::boolean, bool, train.set_epoch, "a new order every epoch (false: the forgotten sampler.set_epoch)"),
       KEY("train.device", Kind::string, std::string, train.device, "cpu | meta"),
       KEY("train.device_mem", Kind::string, std::string, train.device_mem, "simulated device memory: 16GiB or a profile (t4, a100-40g, a100-80g, h100, h200)"),
       KEY("optim.name", Kind::string, std::string, optim.name, "sgd | adamw"),
@@ -350,6 +352,8 @@ void validate(const RunConfig& c) {
   require(c.train.log_every >= 1, c, "train.log_every", "must be at least 1", "");
   require(c.train.eval_every >= 0 && c.train.eval_batches >= 0, c, "train.eval_every", "and train.eval_batches must not be negative", "");
   require(c.train.threads >= 0, c, "train.threads", "must not be negative", "0 picks cores / ranks");
+  require(c.train.sampler == "distributed" || c.train.sampler == "plain", c, "train.sampler", "is '" + c.train.sampler + "'",
+          "use distributed (each rank its 1/N of the data) or plain (every rank the whole set: the bug)");
   require(c.train.device == "cpu" || c.train.device == "meta", c, "train.device", "is '" + c.train.device + "'",
           "use cpu (real numbers) or meta (shapes, memory and FLOPs only)");
   if (!c.train.device_mem.empty()) {

@@ -28,6 +28,11 @@ struct TrainOptions {
   int64_t threads = 0;         // BLAS/OpenMP threads per rank (0: cores / local ranks)
   bool shuffle = true;
   bool drop_last = true;
+  // How data-parallel ranks read the train set. distributed: a DistributedSampler, each rank its 1/N.
+  // plain: every rank reads the whole set in one shared order, as a DataLoader without a
+  // DistributedSampler does -- the bug lab 08 and quiz 7.3 show (the same curve as one rank, no speed-up).
+  std::string sampler = "distributed";
+  bool set_epoch = true;       // false: every epoch reuses epoch 0's order (the forgotten set_epoch)
   std::string device = "cpu";  // cpu | meta
   std::string device_mem;      // simulated device capacity: "16GiB" or a profile name; "" = unlimited
 };

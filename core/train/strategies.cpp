@@ -64,12 +64,34 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
 }
 
-std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
+namespace {
+
+// The forgotten set_epoch: whatever epoch the loader asks for, the order of epoch 0.
+class FirstEpochSampler : public Sampler {
+ public:
+  explicit FirstEpochSampler(std::shared_ptr<Sampler> s) : s_(std::move(s)) {}
+  std::vector<int64_t> indices(int64_t) const override { return s_->indices(0); }
+  int64_t size() const override { return s_->size(); }
+
+ private:
+  std::shared_ptr<Sampler> s_;
+};
+
+std::shared_ptr<Sampler> base_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
   if (cfg.parallel.strategy == "ddp" && lab && lab->is("02")) return lab->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
-  if (cfg.parallel.strategy != "none")  // data parallel, whatever it shards: each rank its 1/N of the data
+  if (cfg.parallel.strategy != "none" && cfg.train.sampler == "distributed")  // data parallel: each rank its 1/N of the data
     return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
+  // one rank, or train.sampler = plain: the whole set in one order, the same on every rank
   if (cfg.train.shuffle) return std::make_shared<RandomSampler>(n, cfg.train.seed);
   return std::make_shared<SequentialSampler>(n);
+}
+
+}  // namespace
+
+std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int world, int rank, LabPlugin* lab) {
+  std::shared_ptr<Sampler> s = base_sampler(cfg, n, world, rank, lab);
+  if (!cfg.train.set_epoch) return std::make_shared<FirstEpochSampler>(std::move(s));
+  return s;
 }
 
 }  // namespace distlab

@@ -255,6 +255,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   last_step_flops_ = rt_.trace.flops();
   const MemoryStats& m = rt_.memory.stats();
   for (int i = 0; i < kNumCategories; i++) peak_[size_t(i)] = std::max(peak_[size_t(i)], m.peak[size_t(i)]);
+  if (m.peak_total > peak_total_) peak_at_ = m.at_peak;
   peak_total_ = std::max(peak_total_, m.peak_total);
   double loss = o.loss;
   int64_t samples = o.samples;
@@ -515,6 +516,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"synthetic_data", data_.synthetic},
                             {"peak_memory", memory_json(peak_)},
                             {"peak_memory_total", peak_total_},
+                            {"peak_memory_breakdown", memory_json(peak_at_)},  // by category at the moment of the peak
                             {"precision", cfg_.precision.mode},
                             {"skipped_steps", skipped_steps_},
                             {"final_loss_scale", loss_scale_},
