@@ -16,6 +16,7 @@
 #include "core/dist/tcp_store.h"
 #include "core/dist/watchdog.h"
 #include "core/perf/hardware.h"
+#include "core/train/ecosystem.h"
 #include "core/train/stop_signal.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
@@ -27,7 +28,7 @@ namespace {
 struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
-  std::string metrics, init, save, save_dtype = "f32", device, device_mem;
+  std::string metrics, init, save, save_dtype = "f32", device, device_mem, deepspeed, fsdp_config;
   bool help_config = false;
 };
 
@@ -72,7 +73,13 @@ int run_train(const TrainArgs& a) {
   if (!a.device.empty()) sets.push_back("train.device=" + a.device);
   if (!a.device_mem.empty()) sets.push_back("train.device_mem=" + a.device_mem);
   if (!a.metrics.empty()) sets.push_back("log.metrics=" + a.metrics);
-  RunConfig cfg = load_config(a.config, sets);
+  // the ecosystem's config files: every field mapped to a key (or a note), after the TOML, before --set
+  std::vector<EcosystemConfig> eco;
+  if (!a.deepspeed.empty()) eco.push_back(read_deepspeed_config(a.deepspeed));
+  if (!a.fsdp_config.empty()) eco.push_back(read_fsdp_config(a.fsdp_config));
+  std::vector<SourcedSetting> from_files;
+  for (const EcosystemConfig& e : eco) from_files.insert(from_files.end(), e.settings.begin(), e.settings.end());
+  RunConfig cfg = load_config(a.config, sets, from_files);
   parse_dtype(a.save_dtype);
   // where the run will write, checked now rather than after the training
   check_output_path(cfg.log.metrics, "log.metrics (--metrics)");
@@ -80,6 +87,13 @@ int run_train(const TrainArgs& a) {
   check_output_path(a.save, "--save");
   // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
   const LaunchEnv env = read_launch_env();
+  for (const EcosystemConfig& e : eco) {
+    const int64_t world = cfg.dist.fake_world_size > 0 ? cfg.dist.fake_world_size : env.world_size;
+    if (e.world_size > 0 && e.world_size != world)
+      throw ConfigError(fmt::format("{}: num_processes says {} ranks, the run has {}", e.file, e.world_size, world),
+                        fmt::format("start it with distlab run -n {} (or fix num_processes)", e.world_size));
+    if (env.rank == 0) std::cout << describe_mapping(e);
+  }
   // SIGTERM (the launcher's stop, a preemption) finishes the step and saves a checkpoint before exiting
   if (!cfg.checkpoint.dir.empty()) install_stop_handler();
   Runtime rt(parse_device(cfg.train.device), env.rank);
@@ -132,6 +146,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   sub->add_option("--save-dtype", args->save_dtype, "dtype of --save: f32 (default), bf16 or f16");
   sub->add_option("--device", args->device, "cpu (default) or meta (shapes, FLOPs and memory only)");
   sub->add_option("--device-mem", args->device_mem, "simulated device memory: a size (16GiB) or a profile (t4, a100-80g, h100, ...)");
+  sub->add_option("--deepspeed", args->deepspeed, "read a DeepSpeed JSON config: zero_optimization, fp16/bf16, batch sizes, ... mapped to distlab's keys");
+  sub->add_option("--fsdp-config", args->fsdp_config, "read an FSDP config (accelerate's YAML, or Trainer-style fsdp: full_shard auto_wrap) mapped to distlab's keys");
   sub->add_flag("--help-config", args->help_config, "list every config key with its default");
   sub->callback([args, &exit_code, sub]() {
     if (args->config.empty() && !args->help_config) throw CLI::RequiredError("config");

@@ -385,3 +385,34 @@ TEST_CASE("plot: loss curves, memory bars and a timeline as SVG, and errors that
   CHECK_THAT(run("plot loss " + one + " --label a --label b -o " + svg).out, Catch::Contains("2 --label for 1 files"));
   for (auto f : {one, two, ddp, z3, trace, svg, tmp("bad.jsonl")}) fs::remove(f);
 }
+
+// `--deepspeed` and `--fsdp-config` with the example files of configs/ecosystem/: the mapping is printed,
+// the run takes it, and accelerate's num_processes is checked against the run's world.
+TEST_CASE("train --deepspeed and --fsdp-config: the examples' fields mapped, printed and run", "[cli][ecosystem]") {
+  Result ds = run("train configs/gpt-1b.toml --device meta --set dist.fake_world_size=8 --set train.steps=1 "
+                  "--deepspeed configs/ecosystem/ds_zero3_offload.json");
+  INFO(ds.out);
+  REQUIRE(ds.code == 0);
+  CHECK_THAT(ds.out, Catch::Contains("zero_optimization.stage = 3") && Catch::Contains("parallel.strategy = zero3") &&
+                         Catch::Contains("strategy zero3 (") && Catch::Contains("cpu offload"));
+  Result acc = run("run -n 2 --master-port 0 train configs/gpt-tiny.toml --set train.steps=2 --set train.eval_batches=1 "
+                   "--fsdp-config configs/ecosystem/accelerate_fsdp.yaml");
+  INFO(acc.out);
+  REQUIRE(acc.code == 0);
+  CHECK_THAT(acc.out, Catch::Contains("fsdp_config.fsdp_sharding_strategy = FULL_SHARD") && Catch::Contains("strategy fsdp (full_shard") &&
+                          Catch::Contains("precision bf16"));
+  Result world = run("train configs/gpt-tiny.toml --set train.steps=1 --fsdp-config configs/ecosystem/accelerate_fsdp.yaml");
+  CHECK(world.code == 1);
+  CHECK_THAT(world.out, Catch::Contains("num_processes says 2 ranks, the run has 1") && Catch::Contains("distlab run -n 2"));
+  Result lf = run("run -n 2 --master-port 0 train configs/gpt-tiny.toml --set train.steps=1 --set train.eval_batches=1 "
+                  "--set checkpoint.dir=" + tmp("lf-ckpt") + " --fsdp-config configs/ecosystem/llamafactory_fsdp.yaml");
+  INFO(lf.out);
+  CHECK(lf.code == 0);
+  CHECK_THAT(lf.out, Catch::Contains("micro_batch 1 x 2 rank(s) x accum 8"));
+  fs::remove_all(tmp("lf-ckpt"));
+  Result seed = run("train configs/gpt-tiny.toml --device meta --set dist.fake_world_size=2 --set train.steps=1 --set train.micro_batch=16 "
+                    "--deepspeed configs/ecosystem/ds_zero2.json");
+  INFO(seed.out);
+  CHECK(seed.code == 0);
+  CHECK_THAT(seed.out, Catch::Contains("strategy zero2") && Catch::Contains("precision fp16"));
+}

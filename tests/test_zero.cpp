@@ -460,3 +460,25 @@ TEST_CASE("precision.reduce_dtype bf16 halves the gradients' bytes, 2 ranks get 
     }
   }
 }
+
+// ZeRO-Offload (DeepSpeed's offload_optimizer with stage 2): the same numbers as ZeRO-2, the f32 parts and
+// moments (12 bytes per owned element) and the reduced bf16 gradient parts (2) in host memory instead of the
+// device's, and a slower modeled step (the copies over PCIe, the step on the host's CPU).
+TEST_CASE("ZeRO-2 with CPU offload: ZeRO-2's losses, 14 bytes per owned element on the host, none of the optimizer state on the device", "[zero][e2e]") {
+  const std::string sets = kGptSets + "--set train.steps=10 --set precision.mode=bf16 --set parallel.strategy=zero2 --set log.profile=a100-nvlink ";
+  RunOut dev = train(2, kGpt, sets), off = train(2, kGpt, sets + "--set parallel.offload=cpu");
+  INFO(off.out);
+  REQUIRE(dev.code == 0);
+  REQUIRE(off.code == 0);
+  CHECK(off.losses == dev.losses);
+  CHECK(off.summary["strategy_report"]["name"] == "zero2 (cpu offload)");
+  const double owned = off.summary["strategy_report"]["elements_per_rank"].get<double>();
+  const auto& pd = dev.summary["peak_memory"];
+  const auto& po = off.summary["peak_memory"];
+  CHECK(po["host"].get<double>() == 14 * owned);
+  CHECK(po["optim_state"] == 0);
+  CHECK(pd["optim_state"].get<double>() == 12 * owned);
+  CHECK(po["params"] == pd["params"]);
+  CHECK(po["grads"].get<double>() < pd["grads"].get<double>());
+  CHECK(off.summary["modeled_step_s"].get<double>() > dev.summary["modeled_step_s"].get<double>());
+}

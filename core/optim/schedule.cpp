@@ -13,6 +13,11 @@ double Schedule::lr_at(int64_t step) const {
     double progress = std::clamp(double(step - warmup_steps) / double(span), 0.0, 1.0);
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
   }
+  if (kind == "linear") {  // DeepSpeed's WarmupDecayLR, transformers' get_linear_schedule_with_warmup
+    int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
+    double progress = std::clamp(double(step - warmup_steps) / double(span), 0.0, 1.0);
+    return base_lr + (min_lr - base_lr) * progress;
+  }
   return base_lr;
 }
 

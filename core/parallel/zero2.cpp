@@ -6,8 +6,9 @@
 
 namespace distlab {
 
-ZeRO2::ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt)
-    : ShardedStrategy(rt, pg, model, "zero2", Category::optim_state, DType::f32), pg_(pg), rt_(rt) {
+ZeRO2::ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt, bool offload)
+    : ShardedStrategy(rt, pg, model, "zero2", offload ? Category::host : Category::optim_state, DType::f32), pg_(pg), rt_(rt),
+      offload_(offload) {
   broadcast_model(pg, model);  // every replica starts equal, as DDP's; the parts are taken at the first step
 }
 
@@ -15,26 +16,40 @@ nlohmann::json ZeRO2::report() const {
   const auto& all = shards_.all();
   int64_t padded = 0, part = 0;
   for (const auto& s : all) padded += s.padded, part += s.shard;
-  return {{"name", describe()}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
+  return {{"name", describe()}, {"offload", offload_}, {"flat_vectors", all.size()}, {"padded_elements", padded}, {"elements_per_rank", part},
           {"collectives_per_step", "reduce_scatter per unit during backward + all_gather per unit after the step"}};
 }
 
 void ZeRO2::after_layer_backward(int unit, const std::vector<Parameter*>&) {
   if (!sync_) return;  // accumulation: whole gradients stay local until the last micro-step (no_sync)
-  shards_.finish_reduces();  // the unit before this one (in backward), whose reduce overlapped this unit's backward
-  for (FlatShard* s : shards_.of_unit(unit)) shards_.issue_reduce(*s);
+  finish_reduces();    // the unit before this one (in backward), whose reduce overlapped this unit's backward
+  for (FlatShard* s : shards_.of_unit(unit)) {
+    shards_.issue_reduce(*s, offload_ ? Category::host : Category::grads);
+    reducing_.push_back(s);
+  }
 }
 
-void ZeRO2::finish_backward(Runtime&) { shards_.finish_reduces(); }
+void ZeRO2::finish_reduces() {
+  shards_.finish_reduces();
+  if (offload_)  // each reduced part goes to the host, where the optimizer waits for it
+    for (FlatShard* s : reducing_) rt_.trace.record_copy("offload: gradient part to the host", double(s->local.grad.nbytes()));
+  reducing_.clear();
+}
+
+void ZeRO2::finish_backward(Runtime&) { finish_reduces(); }
 
 void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   if (!loaded_) {  // the f32 parts start from the parameters (after --init), at the first step
     for (auto& s : shards_.all()) shards_.load_local(s);
     loaded_ = true;
   }
-  opt.step(rt, lr, grad_factor);  // this rank's parts only: the optimizer was built on them
+  rt.trace.set_on_host(offload_);  // offloaded: the host's CPU steps the host's state
+  opt.step(rt, lr, grad_factor);    // this rank's parts only: the optimizer was built on them
+  rt.trace.set_on_host(false);
   for (auto& s : shards_.all()) {
     s.local.grad = Tensor();
+    if (offload_)  // the updated part, in the parameters' dtype, back to the device for the all-gather
+      rt.trace.record_copy("offload: updated part to the device", double(s.shard) * dtype_size(rt.dtype));
     Tensor flat, part;
     shards_.gather_async(s, flat, part, rt.dtype)->wait();  // in the parameters' dtype: half the bytes in 16 bits
     UnitShards::unpack(s, flat.f32());

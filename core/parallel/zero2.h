@@ -14,6 +14,10 @@
 // Communication: a reduce-scatter and an all-gather of every parameter: DDP's one all-reduce.
 // Accumulation: on no_sync micro-steps the whole gradients add up locally, as DDP's (PyTorch FSDP's no_sync);
 // the last micro-step reduces them.
+// CPU offload (ZeRO-Offload, DeepSpeed's offload_optimizer): the f32 parts, their gradients and the
+// optimizer state live in host memory, and the host's CPU runs the step; each reduced gradient part
+// crosses PCIe to the host and each updated part crosses back before the all-gather. Device memory:
+// 2Ψ of parameters plus the unit in flight; the price is those copies, every step.
 // Read next: unit_shards.h (the layout), zero3.h (parameters sharded as well).
 #pragma once
 #include <memory>
@@ -25,13 +29,15 @@ namespace distlab {
 
 class ZeRO2 : public ShardedStrategy {
  public:
-  ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt);
-  std::string describe() const override { return "zero2"; }
+  ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt, bool offload = false);
+  std::string describe() const override { return offload_ ? "zero2 (cpu offload)" : "zero2"; }
+  Category optimizer_state_category() const override { return offload_ ? Category::host : Category::optim_state; }
   nlohmann::json report() const override;
 
   void begin_backward(bool sync) override { sync_ = sync; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
+  void finish_reduces();
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
   void checkpoint_loaded() override { loaded_ = true; }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
@@ -40,6 +46,8 @@ class ZeRO2 : public ShardedStrategy {
  private:
   ProcessGroup& pg_;
   Runtime& rt_;
+  bool offload_;
+  std::vector<FlatShard*> reducing_;  // parts whose reduce is in flight (offload: copied to the host once done)
   bool sync_ = true;
   bool loaded_ = false;            // the parts hold the parameters' values (at the first step, after --init)
   std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends f32 masters

@@ -122,11 +122,11 @@ const std::vector<Key>& keys() {
       KEY("optim.beta2", Kind::real, double, optim.beta2, "adamw: beta2"),
       KEY("optim.eps", Kind::real, double, optim.eps, "adamw: eps"),
       KEY("optim.clip_grad_norm", Kind::real, double, optim.clip_grad_norm, "clip the global gradient norm (0 = off)"),
-      KEY("optim.schedule", Kind::string, std::string, optim.schedule, "constant | step | cosine"),
+      KEY("optim.schedule", Kind::string, std::string, optim.schedule, "constant | step | cosine | linear (each after optim.warmup_steps of linear warmup)"),
       KEY("optim.warmup_steps", Kind::integer, int64_t, optim.warmup_steps, "linear warmup steps"),
       KEY("optim.step_size", Kind::integer, int64_t, optim.step_size, "step: steps between decays"),
       KEY("optim.gamma", Kind::real, double, optim.gamma, "step: decay factor"),
-      KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine: final learning rate"),
+      KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine, linear: final learning rate"),
       KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters) | fsdp"),
       KEY("parallel.ddp_mode", Kind::string, std::string, parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive"),
       KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP's (and ZeRO-1's) bucket size in MiB"),
@@ -135,7 +135,7 @@ const std::vector<Key>& keys() {
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
       KEY("parallel.sharding", Kind::string, std::string, parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard"),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
-      KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
+      KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: GPT's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
       KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
@@ -265,13 +265,20 @@ void walk(RunConfig& c, const toml::table& t, const std::string& file) {
 }
 
 // "--set train.steps=50": the value is parsed as TOML, falling back to a bare string.
+void apply_setting(RunConfig& c, const std::string& name, const std::string& value, const std::string& origin);
+
 void apply_override(RunConfig& c, const std::string& text) {
   auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("--set '{}': expected section.key=value", text), "for example --set train.steps=50");
   std::string name = text.substr(0, eq), value = text.substr(eq + 1);
+  if (!find_key(name)) throw ConfigError(fmt::format("--set: unknown key '{}'", name), suggest(name));
+  apply_setting(c, name, value, "--set " + name);
+}
+
+void apply_setting(RunConfig& c, const std::string& name, const std::string& value, const std::string& origin) {
   const Key* k = find_key(name);
-  if (!k) throw ConfigError(fmt::format("--set: unknown key '{}'", name), suggest(name));
+  if (!k) throw ConfigError(fmt::format("{}: unknown key '{}'", origin, name), suggest(name));
   toml::table t;
   try {
     t = toml::parse("v = " + value);
@@ -280,7 +287,7 @@ void apply_override(RunConfig& c, const std::string& text) {
   }
   if (k->kind == Kind::string && !t["v"].is_string()) t = toml::table{{"v", value}};
   if (k->kind == Kind::int_list && t["v"].is_integer()) t = toml::table{{"v", toml::array{*t["v"].value<int64_t>()}}};
-  apply(c, name, *t.get("v"), "--set " + name);
+  apply(c, name, *t.get("v"), origin);
 }
 
 void require(bool ok, const RunConfig& c, const std::string& key, const std::string& problem, const std::string& hint) {
@@ -373,8 +380,8 @@ void validate(const RunConfig& c) {
           "and optim.beta2 must be in [0, 1)", "");
   require(c.optim.eps > 0, c, "optim.eps", "must be positive", "");
   require(c.optim.clip_grad_norm >= 0, c, "optim.clip_grad_norm", "must not be negative", "0 turns clipping off");
-  require(c.optim.schedule == "constant" || c.optim.schedule == "step" || c.optim.schedule == "cosine", c,
-          "optim.schedule", "is '" + c.optim.schedule + "'", "use constant, step or cosine");
+  require(c.optim.schedule == "constant" || c.optim.schedule == "step" || c.optim.schedule == "cosine" || c.optim.schedule == "linear", c,
+          "optim.schedule", "is '" + c.optim.schedule + "'", "use constant, step, cosine or linear");
   require(c.optim.warmup_steps >= 0, c, "optim.warmup_steps", "must not be negative", "");
   require(c.optim.step_size >= 1, c, "optim.step_size", "must be at least 1", "");
   require(c.parallel.strategy == "none" || c.parallel.strategy == "ddp" || c.parallel.strategy == "zero1" ||
@@ -446,10 +453,12 @@ void validate(const RunConfig& c) {
   validate_bounds(c);
 }
 
-RunConfig finish(toml::table t, const std::string& name, const std::vector<std::string>& overrides) {
+RunConfig finish(toml::table t, const std::string& name, const std::vector<std::string>& overrides,
+                 const std::vector<SourcedSetting>& from_files = {}) {
   RunConfig c;
   c.source = name;
   walk(c, t, name);
+  for (const auto& s : from_files) apply_setting(c, s.key, s.value, s.origin);
   for (const auto& o : overrides) apply_override(c, o);
   validate(c);
   return c;
@@ -457,7 +466,8 @@ RunConfig finish(toml::table t, const std::string& name, const std::vector<std::
 
 }  // namespace
 
-RunConfig parse_config(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+RunConfig parse_config(const std::string& text, const std::string& name, const std::vector<std::string>& overrides,
+                       const std::vector<SourcedSetting>& from_files) {
   toml::table t;
   try {
     t = toml::parse(text, name);
@@ -465,10 +475,10 @@ RunConfig parse_config(const std::string& text, const std::string& name, const s
     throw ConfigError(fmt::format("{}:{}:{}: {}", name, e.source().begin.line, e.source().begin.column, e.description()),
                       "the file is not valid TOML");
   }
-  return finish(std::move(t), name, overrides);
+  return finish(std::move(t), name, overrides, from_files);
 }
 
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, const std::vector<SourcedSetting>& from_files) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw ConfigError(fmt::format("config file '{}' does not exist", path), "check the path: configs/ has examples");
@@ -486,7 +496,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
     throw ConfigError(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description()),
                       "the file is not valid TOML");
   }
-  return finish(std::move(t), path, overrides);
+  return finish(std::move(t), path, overrides, from_files);
 }
 
 std::string config_fingerprint(const RunConfig& c) {

@@ -58,7 +58,7 @@ struct ParallelOptions {
   std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
   bool prefetch = true;
   std::string sharding = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard (= DDP)
-  std::string offload = "none";         // zero3, fsdp: none | cpu
+  std::string offload = "none";         // zero2, zero3, fsdp: none | cpu
   int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)
   // The device mesh (core/parallel/mesh.h): world = dp × tp × pp; 0 = what the others leave (all 0: dp = world)
   int64_t dp = 0, tp = 1, pp = 1;
@@ -130,11 +130,20 @@ struct RunConfig {
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };
 
+// A setting that comes from another file (a DeepSpeed JSON, an FSDP YAML: core/train/ecosystem.h): the key,
+// its value as TOML would write it, and where it came from ("ds.json: zero_optimization.stage"), which
+// errors name instead of "--set".
+struct SourcedSetting {
+  std::string key, value, origin;
+};
+
 // Reads `path` and applies the overrides ("train.steps=50"). Validates everything it can without data.
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// `from_files` apply after the TOML and before the overrides (a --set still wins).
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                      const std::vector<SourcedSetting>& from_files = {});
 // The same from TOML text (for tests); `name` stands for the file in messages.
 RunConfig parse_config(const std::string& toml_text, const std::string& name,
-                       const std::vector<std::string>& overrides = {});
+                       const std::vector<std::string>& overrides = {}, const std::vector<SourcedSetting>& from_files = {});
 // Every key's value, "key=value" one per line: ranks compare it to make sure they run the same config.
 std::string config_fingerprint(const RunConfig& c);
 // Every key's value by name (what a checkpoint's manifest records of the run that wrote it).

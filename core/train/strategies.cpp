@@ -28,7 +28,7 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "zero2" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (lab && lab->is("04")) return lab->make_zero(2, *pg, model, rt);
-    return std::make_unique<ZeRO2>(*pg, model, rt);
+    return std::make_unique<ZeRO2>(*pg, model, rt, cfg.parallel.offload == "cpu");
   }
   const bool offload = cfg.parallel.offload == "cpu";
   if (cfg.parallel.strategy == "zero3" && pg) {
@@ -55,10 +55,14 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
     throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients", cfg.precision.mode,
                                   cfg.lab.name),
                       "run the lab in fp32 (its default); mixed precision is lab 03's subject");
-  if (cfg.parallel.offload == "cpu" && cfg.parallel.strategy != "zero3" && !(cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard"))
+  if (cfg.parallel.offload == "cpu" && cfg.parallel.strategy != "zero2" && cfg.parallel.strategy != "zero3" &&
+      !(cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard"))
     throw ConfigError(fmt::format("parallel.offload = \"cpu\" with parallel.strategy {}{}", cfg.parallel.strategy,
                                   cfg.parallel.strategy == "fsdp" ? " and parallel.sharding no_shard" : ""),
-                      "CPU offload moves shards to the host: use strategy zero3, or fsdp with sharding full_shard or shard_grad_op");
+                      "CPU offload moves shards to the host: use strategy zero2 (ZeRO-Offload), zero3, or fsdp with sharding full_shard or shard_grad_op");
+  if (cfg.parallel.offload == "cpu" && cfg.parallel.strategy == "zero2" && cfg.lab.name.rfind("04", 0) == 0 && cfg.lab.plugin != "none")
+    throw ConfigError("parallel.offload = \"cpu\" with lab 04's ZeRO-2: the lab's strategy keeps its parts on the device",
+                      "run the lab without offload; offload is lab 05's subject");
   if (world > 1 && cfg.parallel.strategy == "none")
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
