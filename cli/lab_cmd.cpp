@@ -10,6 +10,7 @@
 #include "core/ckpt/atomic_file.h"
 #include "core/util/error.h"
 #include "grader/harness.h"
+#include "grader/html.h"
 #include "grader/report.h"
 
 namespace fs = std::filesystem;
@@ -84,7 +85,7 @@ grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const
 }
 
 struct GradeArgs {
-  std::string lab, json, junit, submissions, csv, feedback;
+  std::string lab, json, junit, submissions, csv, feedback, html;
   bool solution = false, no_sandbox = false, require_sandbox = false;
 };
 
@@ -183,6 +184,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_flag("--solution", a->solution, "grade solutions/NN-* instead of your student/ folder");
   grade->add_option("--json", a->json, "write the result as JSON");
   grade->add_option("--junit", a->junit, "write the result as JUnit XML");
+  grade->add_option("--html", a->html, "write a report page: the table, and a short run's loss against the engine's, memory and timeline");
   grade->add_option("--submissions", a->submissions, "grade every subfolder of DIR (each a copy of student/)");
   grade->add_option("--csv", a->csv, "with --submissions: the gradebook, one row per student");
   grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV)");
@@ -198,6 +200,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       exit_code = 2;
       return;
     }
+    if (!a->html.empty()) check_output_path(a->html, "--html");  // before grading, not after
     SandboxSupport sb = probe_sandbox();
     if (a->no_sandbox) {
       sb.bwrap = false;
@@ -220,6 +223,17 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     std::cout << grader::table(g);
     if (!a->json.empty()) write_atomically(a->json, grader::to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!a->junit.empty()) write_atomically(a->junit, grader::to_junit(g));
+    if (!a->html.empty()) {
+      grader::ReportRuns runs;
+      if (g.built) {
+        std::cout << "report: a short run of the lab's config, with your code and with the engine's ...\n" << std::flush;
+        runs = grader::run_report_runs(p, l, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
+      } else {
+        runs.why_not = "the code did not build";
+      }
+      write_atomically(a->html, grader::to_html(g, runs));
+      std::cout << "wrote " << a->html << "\n";
+    }
     if (!a->solution && g.built) record_grade(p, l, g);
     exit_code = !g.built ? 2 : g.points() == l.max_points() ? 0 : 1;
   });

@@ -17,7 +17,7 @@
 
 #include "core/ckpt/atomic_file.h"
 #include "core/perf/hardware.h"
-#include "core/report/svg.h"
+#include "core/report/figures.h"
 #include "core/tensor/memory.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
@@ -34,32 +34,9 @@ struct PlotArgs {
   std::string out, title, capacity;
 };
 
-// Every record of a metrics file (a finished run's, or the .partial of one that failed).
-std::vector<json> read_records(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError(fmt::format("cannot read metrics file '{}'", path), "write one with distlab train ... --metrics FILE");
-  std::vector<json> v;
-  int line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    line_no++;
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      throw Error(fmt::format("{}:{}: not a JSON object", path, line_no), "a metrics file holds one JSON object per line");
-    v.push_back(std::move(j));
-  }
-  if (v.empty()) throw Error(fmt::format("metrics file '{}' is empty", path));
-  return v;
-}
-
 std::string label_of(const PlotArgs& a, size_t i) {
   if (i < a.labels.size()) return a.labels[i];
   return fs::path(a.files[i]).stem().string();
-}
-
-double number_or_nan(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
 }
 
 void write_figure(const std::string& path, const std::string& svg) {
@@ -70,111 +47,33 @@ void write_figure(const std::string& path, const std::string& svg) {
   std::cout << "wrote " << path << "\n";
 }
 
-void check_labels(const PlotArgs& a) {
+std::vector<RunRecords> read_runs(const PlotArgs& a) {
   if (a.labels.size() > a.files.size())
     throw Error(fmt::format("{} --label for {} files", a.labels.size(), a.files.size()), "give at most one --label per file, in order");
+  std::vector<RunRecords> runs;
+  for (size_t i = 0; i < a.files.size(); i++) runs.push_back({label_of(a, i), read_metrics_records(a.files[i])});
+  return runs;
 }
 
 void plot_loss(const PlotArgs& a) {
-  check_labels(a);
-  std::vector<Series> series;
-  for (size_t i = 0; i < a.files.size(); i++) {
-    Series s{label_of(a, i), {}, {}};
-    for (const json& r : read_records(a.files[i]))
-      if (r.value("kind", "") == "step") {
-        s.x.push_back(number_or_nan(r, "step"));
-        s.y.push_back(number_or_nan(r, "loss"));
-      }
-    if (s.x.empty()) throw Error(fmt::format("'{}' has no step records", a.files[i]), "is it a metrics file of distlab train?");
-    series.push_back(std::move(s));
-  }
-  write_figure(a.out, svg_line_chart(series, {a.title.empty() ? "training loss" : a.title, "optimizer step", "loss"}));
+  const std::vector<RunRecords> runs = read_runs(a);
+  write_figure(a.out, loss_figure(runs, a.title.empty() ? "training loss" : a.title));
 }
 
 void plot_memory(const PlotArgs& a) {
-  check_labels(a);
-  // The device's categories (host memory is not on the device: offloaded state is drawn apart from it).
-  std::vector<std::string> names;
-  for (int c = 0; c < kNumCategories; c++)
-    if (Category(c) != Category::host) names.push_back(category_name(Category(c)));
-  std::vector<Bar> bars;
-  double top = 0;
-  for (size_t i = 0; i < a.files.size(); i++) {
-    const std::vector<json> recs = read_records(a.files[i]);
-    const json* summary = nullptr;
-    for (const json& r : recs)
-      if (r.value("kind", "") == "summary") summary = &r;
-    if (!summary) throw Error(fmt::format("'{}' has no summary record", a.files[i]), "the run did not finish: plot a finished run's metrics");
-    const json& by = summary->contains("peak_memory_breakdown") ? (*summary)["peak_memory_breakdown"] : (*summary)["peak_memory"];
-    Bar b{label_of(a, i), {}};
-    double sum = 0;
-    for (const std::string& n : names) {
-      b.parts.push_back(by.contains(n) && by[n].is_number() ? by[n].get<double>() : 0.0);
-      sum += b.parts.back();
-    }
-    top = std::max(top, sum);
-    bars.push_back(std::move(b));
-  }
-  double cap = a.capacity.empty() ? 0 : double(parse_device_memory(a.capacity, "--capacity"));
-  top = std::max(top, cap);
-  const bool gib = top >= double(1ll << 30);
-  const double unit = gib ? double(1ll << 30) : double(1ll << 20);
-  for (Bar& b : bars)
-    for (double& v : b.parts) v /= unit;
-  write_figure(a.out, svg_stacked_bars(bars, names, {a.title.empty() ? "peak memory per rank" : a.title, "", gib ? "GiB" : "MiB"},
-                                       cap / unit, cap > 0 ? "device " + format_bytes(cap) : ""));
-}
-
-// The legend entry of a trace span: its collective, or what part of the step a compute span is.
-std::string kind_of(const json& e) {
-  const std::string name = e.value("name", ""), cat = e.value("cat", "");
-  if (cat == "pipeline") return name.rfind("B", 0) == 0 ? "stage backward" : "stage forward";
-  if (cat == "wait") return "wait";
-  if (cat == "collective") {
-    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "reduce", "barrier"})
-      if (name.find(op) != std::string::npos) return op;
-    return "collective";
-  }
-  for (const char* part : {"backward", "forward"})
-    if (name.find(part) != std::string::npos) return part;
-  if (name.size() > 5 && name.substr(name.size() - 5) == "_step") return "optimizer";  // sgd_step, adamw_step
-  for (const char* opt : {"grad_norm", "clip", "unscale", "scale"})
-    if (name.find(opt) != std::string::npos) return "optimizer";
-  return "other compute";
+  const std::vector<RunRecords> runs = read_runs(a);
+  const double cap = a.capacity.empty() ? 0 : double(parse_device_memory(a.capacity, "--capacity"));
+  write_figure(a.out, memory_figure(runs, a.title.empty() ? "peak memory per rank" : a.title, cap));
 }
 
 void plot_timeline(const PlotArgs& a) {
   if (a.files.size() != 1) throw Error("plot timeline takes one trace file", "distlab train ... --set log.trace=FILE --set log.profile=cpu");
   std::ifstream in(a.files[0]);
   if (!in) throw IoError(fmt::format("cannot read trace '{}'", a.files[0]));
-  json doc = json::parse(in, nullptr, false);
-  if (doc.is_discarded() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
     throw Error(fmt::format("'{}' is not a Chrome trace (no traceEvents array)", a.files[0]), "write one with --set log.trace=FILE");
-  std::map<std::pair<int, int>, std::string> thread_names;
-  std::map<std::pair<int, int>, int> rows_of;
-  const json& ev = doc["traceEvents"];
-  for (const json& e : ev)
-    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
-      thread_names[{e.value("pid", 0), e.value("tid", 0)}] = e["args"].value("name", "");
-  for (const json& e : ev)
-    if (e.value("ph", "") == "X") rows_of[{e.value("pid", 0), e.value("tid", 0)}] = 0;
-  std::vector<std::string> rows;
-  for (auto& [key, row] : rows_of) {
-    row = int(rows.size());
-    std::string t = thread_names.count(key) ? thread_names[key] : fmt::format("tid {}", key.second);
-    if (t.rfind("pipeline", 0) == 0) t = "stage";
-    rows.push_back(fmt::format("{} {}", key.first, t));
-  }
-  std::vector<Span> spans;
-  for (const json& e : ev)
-    if (e.value("ph", "") == "X") {
-      const double ts = e.value("ts", 0.0) * 1e-6, dur = e.value("dur", 0.0) * 1e-6;
-      spans.push_back({rows_of[{e.value("pid", 0), e.value("tid", 0)}], ts, ts + dur, kind_of(e)});
-    }
-  const std::string what = doc.contains("otherData") && doc["otherData"].value("timeline", "") == "modeled"
-                               ? fmt::format("modeled on {}", doc["otherData"].value("profile", "?"))
-                               : "measured";
-  write_figure(a.out, svg_timeline(rows, spans, {a.title.empty() ? "one step, " + what : a.title, "ms", "rank"}));
+  write_figure(a.out, timeline_figure(doc, a.title));
 }
 
 }  // namespace

@@ -2,11 +2,12 @@
 # Installs the Debian packages distlab needs. Safe to run twice: installs only what is missing.
 #   scripts/setup.sh           what building and running need
 #   scripts/setup.sh --tests   and what the tests need too: Debian's PyTorch (python3-torch), the peer the
-#                              parity tests compare with and the program `distlab run` must run unchanged
+#                              parity tests compare with and the program `distlab run` must run unchanged,
+#                              and Chromium (headless: the HTML report's test)
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config zlib1g-dev libgloo-dev libopenblas-dev libfmt-dev libcli11-dev
       libtomlplusplus-dev nlohmann-json3-dev catch2 dataset-fashion-mnist bubblewrap)
-if [ "${1:-}" = "--tests" ]; then pkgs+=(python3-torch); fi
+if [ "${1:-}" = "--tests" ]; then pkgs+=(python3-torch chromium); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -308,10 +308,16 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
 TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the last and best grade", "[grader][lab01]") {
   const fs::path dir = fs::temp_directory_path() / ("distlab-grade-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  auto [code, out] = run("grade 01 --solution --json " + (dir / "g.json").string() + " --junit " + (dir / "g.xml").string());
+  auto [code, out] = run("grade 01 --solution --json " + (dir / "g.json").string() + " --junit " + (dir / "g.xml").string() +
+                         " --html " + (dir / "g.html").string());
   INFO(out);
   CHECK(code == 0);
   CHECK_THAT(out, Catch::Contains("total                                  12   12"));
+  // lab 01 trains nothing: its report is the table, and says why there are no pictures
+  CHECK_THAT(read(dir / "g.html"), Catch::Contains("<table id=\"checks\">") && Catch::Contains("is not a training run"));
+  auto [code_html, out_html] = run("grade 01 --solution --html /proc/no/g.html");
+  CHECK(code_html == 1);
+  CHECK_THAT(out_html, Catch::Contains("--html '/proc/no/g.html'"));
   CHECK_THAT(read(dir / "g.json"), Catch::Contains("\"points\": 12"));
   CHECK_THAT(read(dir / "g.xml"), Catch::Contains("<testsuite") && Catch::Contains("failures=\"0\""));
   auto [code2, out2] = run("grade 99");
@@ -681,4 +687,35 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK_THAT(read(feedback / "no_reshard.txt"), Catch::Contains("20 batches on 2 ranks are 40 on 1"));
   CHECK_THAT(read(feedback / "peeks_at_reference.txt"), Catch::Contains("not a plain file name"));
   fs::remove_all(subs);
+}
+
+// The HTML report as a browser sees it: Debian's Chromium, headless, loads the page (no network, no
+// scripts of ours), and the DOM it built holds the grade table and the three figures; the page logged
+// nothing to the console.
+TEST_CASE("grade --html: the report renders in headless Chromium with the table, loss, memory and timeline", "[grader][lab02][html]") {
+  const fs::path dir = fs::temp_directory_path() / ("distlab-html-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path page = dir / "report.html";
+  auto [code, out] = run("grade 02 --solution --html " + page.string());
+  INFO(out);
+  REQUIRE(code == 0);
+  const std::string html = read(page);
+  CHECK_THAT(html, Catch::Contains("13 of 13 points") && Catch::Contains("curve_matches_one_rank"));
+  REQUIRE(system("command -v chromium > /dev/null") == 0);  // scripts/setup.sh --tests installs it
+  const std::string cmd = "cd " + dir.string() + " && HOME=" + dir.string() +
+                          " timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr --v=0 --dump-dom file://" +
+                          page.string() + " > dom.html 2> console.txt";
+  REQUIRE(system(cmd.c_str()) == 0);
+  const std::string dom = read(dir / "dom.html"), console = read(dir / "console.txt");
+  INFO(console);
+  CHECK_THAT(dom, Catch::Contains("<table id=\"checks\">"));
+  for (const char* id : {"loss", "memory", "timeline"}) {
+    INFO(id);
+    const size_t at = dom.find("<figure id=\"" + std::string(id) + "\">");
+    REQUIRE(at != std::string::npos);
+    CHECK(dom.find("<svg", at) < dom.find("</figure>", at));  // the figure holds its picture
+  }
+  CHECK_THAT(dom, Catch::Contains(">your code</text>") && Catch::Contains(">the engine</text>") && Catch::Contains(">all_reduce</text>"));
+  CHECK(console.find(":CONSOLE") == std::string::npos);
+  fs::remove_all(dir);
 }

@@ -1,0 +1,136 @@
+#include "core/report/figures.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "core/report/svg.h"
+#include "core/tensor/memory.h"
+#include "core/util/error.h"
+#include "core/util/units.h"
+
+namespace distlab {
+
+using nlohmann::json;
+
+namespace {
+
+double number_or_nan(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+// The legend entry of a trace span: its collective, or what part of the step a compute span is.
+std::string kind_of(const json& e) {
+  const std::string name = e.value("name", ""), cat = e.value("cat", "");
+  if (cat == "pipeline") return name.rfind("B", 0) == 0 ? "stage backward" : "stage forward";
+  if (cat == "wait") return "wait";
+  if (cat == "collective") {
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "reduce", "barrier"})
+      if (name.find(op) != std::string::npos) return op;
+    return "collective";
+  }
+  for (const char* part : {"backward", "forward"})
+    if (name.find(part) != std::string::npos) return part;
+  if (name.size() > 5 && name.substr(name.size() - 5) == "_step") return "optimizer";  // sgd_step, adamw_step
+  for (const char* opt : {"grad_norm", "clip", "unscale", "scale"})
+    if (name.find(opt) != std::string::npos) return "optimizer";
+  if (name.rfind("offload", 0) == 0) return "offload copy";
+  return "other compute";
+}
+
+}  // namespace
+
+std::vector<json> read_metrics_records(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("cannot read metrics file '{}'", path), "write one with distlab train ... --metrics FILE");
+  std::vector<json> v;
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    line_no++;
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw Error(fmt::format("{}:{}: not a JSON object", path, line_no), "a metrics file holds one JSON object per line");
+    v.push_back(std::move(j));
+  }
+  if (v.empty()) throw Error(fmt::format("metrics file '{}' is empty", path));
+  return v;
+}
+
+std::string loss_figure(const std::vector<RunRecords>& runs, const std::string& title) {
+  std::vector<Series> series;
+  for (const RunRecords& run : runs) {
+    Series s{run.label, {}, {}};
+    for (const json& r : run.records)
+      if (r.value("kind", "") == "step") {
+        s.x.push_back(number_or_nan(r, "step"));
+        s.y.push_back(number_or_nan(r, "loss"));
+      }
+    if (s.x.empty()) throw Error(fmt::format("run '{}' has no step records", run.label), "is it a metrics file of distlab train?");
+    series.push_back(std::move(s));
+  }
+  return svg_line_chart(series, {title, "optimizer step", "loss"});
+}
+
+std::string memory_figure(const std::vector<RunRecords>& runs, const std::string& title, double capacity) {
+  // The device's categories (host memory is not on the device: offloaded state is drawn apart from it).
+  std::vector<std::string> names;
+  for (int c = 0; c < kNumCategories; c++)
+    if (Category(c) != Category::host) names.push_back(category_name(Category(c)));
+  std::vector<Bar> bars;
+  double top = capacity;
+  for (const RunRecords& run : runs) {
+    const json* summary = nullptr;
+    for (const json& r : run.records)
+      if (r.value("kind", "") == "summary") summary = &r;
+    if (!summary) throw Error(fmt::format("run '{}' has no summary record", run.label), "the run did not finish: plot a finished run's metrics");
+    const json& by = summary->contains("peak_memory_breakdown") ? (*summary)["peak_memory_breakdown"] : (*summary)["peak_memory"];
+    Bar b{run.label, {}};
+    double sum = 0;
+    for (const std::string& n : names) {
+      b.parts.push_back(by.is_object() && by.contains(n) && by[n].is_number() ? by[n].get<double>() : 0.0);
+      sum += b.parts.back();
+    }
+    top = std::max(top, sum);
+    bars.push_back(std::move(b));
+  }
+  const bool gib = top >= double(1ll << 30);
+  const double unit = gib ? double(1ll << 30) : double(1ll << 20);
+  for (Bar& b : bars)
+    for (double& v : b.parts) v /= unit;
+  return svg_stacked_bars(bars, names, {title, "", gib ? "GiB" : "MiB"}, capacity / unit, capacity > 0 ? "device " + format_bytes(capacity) : "");
+}
+
+std::string timeline_figure(const json& doc, const std::string& title) {
+  if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+    throw Error("not a Chrome trace (no traceEvents array)", "write one with --set log.trace=FILE");
+  std::map<std::pair<int, int>, std::string> thread_names;
+  std::map<std::pair<int, int>, int> rows_of;
+  const json& ev = doc["traceEvents"];
+  for (const json& e : ev)
+    if (e.is_object() && e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
+      thread_names[{e.value("pid", 0), e.value("tid", 0)}] = e["args"].value("name", "");
+  for (const json& e : ev)
+    if (e.is_object() && e.value("ph", "") == "X") rows_of[{e.value("pid", 0), e.value("tid", 0)}] = 0;
+  std::vector<std::string> rows;
+  for (auto& [key, row] : rows_of) {
+    row = int(rows.size());
+    std::string t = thread_names.count(key) ? thread_names[key] : fmt::format("tid {}", key.second);
+    if (t.rfind("pipeline", 0) == 0) t = "stage";
+    rows.push_back(fmt::format("{} {}", key.first, t));
+  }
+  std::vector<Span> spans;
+  for (const json& e : ev)
+    if (e.is_object() && e.value("ph", "") == "X") {
+      const double ts = e.value("ts", 0.0) * 1e-6, dur = e.value("dur", 0.0) * 1e-6;
+      spans.push_back({rows_of[{e.value("pid", 0), e.value("tid", 0)}], ts, ts + dur, kind_of(e)});
+    }
+  const bool modeled = doc.contains("otherData") && doc["otherData"].is_object() && doc["otherData"].value("timeline", "") == "modeled";
+  const std::string what = modeled ? fmt::format("modeled on {}", doc["otherData"].value("profile", "?")) : "measured";
+  return svg_timeline(rows, spans, {title.empty() ? "one step, " + what : title, "ms", "rank"});
+}
+
+}  // namespace distlab
