@@ -67,13 +67,18 @@ void plot_memory(const PlotArgs& a) {
 }
 
 void plot_timeline(const PlotArgs& a) {
-  if (a.files.size() != 1) throw Error("plot timeline takes one trace file", "distlab train ... --set log.trace=FILE --set log.profile=cpu");
-  std::ifstream in(a.files[0]);
-  if (!in) throw IoError(fmt::format("cannot read trace '{}'", a.files[0]));
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
-    throw Error(fmt::format("'{}' is not a Chrome trace (no traceEvents array)", a.files[0]), "write one with --set log.trace=FILE");
-  write_figure(a.out, timeline_figure(doc, a.title));
+  if (a.labels.size() > a.files.size())
+    throw Error(fmt::format("{} --label for {} files", a.labels.size(), a.files.size()), "give at most one --label per file, in order");
+  std::vector<LabeledTrace> traces;
+  for (size_t i = 0; i < a.files.size(); i++) {
+    std::ifstream in(a.files[i]);
+    if (!in) throw IoError(fmt::format("cannot read trace '{}'", a.files[i]));
+    nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+      throw Error(fmt::format("'{}' is not a Chrome trace (no traceEvents array)", a.files[i]), "write one with --set log.trace=FILE");
+    traces.push_back({label_of(a, i), std::move(doc)});
+  }
+  write_figure(a.out, timeline_figure(traces, a.title));
 }
 
 }  // namespace
@@ -93,7 +98,7 @@ void add_plot_commands(CLI::App& app) {
   };
   add("loss", "the step losses of runs, one curve each", "metrics files (distlab train --metrics FILE)", plot_loss);
   add("memory", "each run's peak memory by category (params, grads, optimizer state, activations, ...)", "metrics files", plot_memory);
-  add("timeline", "a traced step: spans per rank and stream", "a Chrome trace (--set log.trace=FILE)", plot_timeline);
+  add("timeline", "traced steps: spans per rank and stream, several traces on one axis", "Chrome traces (--set log.trace=FILE)", plot_timeline);
 }
 
 }  // namespace distlab

@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <map>
+#include <set>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -177,6 +180,33 @@ TEST_CASE("a full disk fails the run and keeps the earlier metrics file, missing
   }
 }
 
+namespace {
+
+int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) n++;
+  return n;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The words of an SVG: the text of its <text> elements that holds a letter (titles, axes, legends, row
+// names), in order -- tick labels and values are numbers and left out.
+std::vector<std::string> svg_words(const std::string& svg) {
+  std::vector<std::string> words;
+  for (size_t at = svg.find("<text"); at != std::string::npos; at = svg.find("<text", at + 1)) {
+    const size_t a = svg.find('>', at) + 1, b = svg.find("</text>", a);
+    const std::string t = svg.substr(a, b - a);
+    if (std::any_of(t.begin(), t.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); })) words.push_back(t);
+  }
+  return words;
+}
+
+}  // namespace
+
 // The chapters (chapters/NN-topic.md) through `distlab chapter`, and every `distlab` command they quote in a
 // sh block runs as quoted: a chapter that quotes a command that fails is a failing test.
 TEST_CASE("chapters: list and show them, and every distlab command a chapter quotes runs", "[cli][chapters]") {
@@ -191,10 +221,20 @@ TEST_CASE("chapters: list and show them, and every distlab command a chapter quo
   Result none = run("chapter show 99");
   CHECK(none.code == 1);
   CHECK_THAT(none.out, Catch::Contains("no chapter '99'") && Catch::Contains("distlab chapter list"));
+  // the chapters' commands write under /tmp/distlab-chapters (the chapters say: mkdir -p it first), and
+  // their figures to chapters/figures/, which the test redirects and compares with the committed SVG
+  const fs::path out = "/tmp/distlab-chapters", figs = tmp("figures");
+  fs::remove_all(out);
+  fs::create_directories(out);
+  fs::create_directories(figs);
+  std::set<std::string> drawn;
   int quoted = 0;
-  for (const auto& e : fs::directory_iterator(fs::path(DISTLAB_SOURCE_DIR) / "chapters")) {
-    if (e.path().extension() != ".md") continue;
-    std::ifstream in(e.path());
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(DISTLAB_SOURCE_DIR) / "chapters"))
+    if (e.path().extension() == ".md") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    std::ifstream in(file);
     bool in_sh = false;
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("```", 0) == 0) {
@@ -205,28 +245,45 @@ TEST_CASE("chapters: list and show them, and every distlab command a chapter quo
       quoted++;
       std::string args = line.substr(8);
       if (args.rfind("run ", 0) == 0) args = "run --master-port 0 " + args.substr(4);  // a free port: tests run side by side
+      std::string figure;
+      const size_t o = args.find(" -o chapters/figures/");
+      if (o != std::string::npos) {
+        figure = args.substr(o + 21, args.find(' ', o + 21) - (o + 21));
+        args.replace(o + 4, 16, figs.string() + "/");
+      }
       Result r = run(args);
-      INFO(e.path().filename().string() << ": " << line << "\n" << r.out);
+      INFO(file.filename().string() << ": " << line << "\n" << r.out);
       CHECK(r.code == 0);
+      if (figure.empty()) continue;
+      drawn.insert(figure);
+      // the committed picture is what this command draws: the same elements and the same words (numbers
+      // may move in their last digits between machines; a figure drawn from other runs would not match)
+      const std::string made = slurp((figs / figure).string()), kept = slurp((fs::path(DISTLAB_SOURCE_DIR) / "chapters/figures" / figure).string());
+      INFO("chapters/figures/" << figure);
+      REQUIRE(!kept.empty());
+      for (const char* element : {"<path ", "<rect ", "<text ", "<line "}) {
+        INFO(element);
+        CHECK(count_of(made, element) == count_of(kept, element));
+      }
+      CHECK(svg_words(made) == svg_words(kept));
     }
   }
   CHECK(quoted >= 5);
+  // every committed figure is drawn by a command a chapter quotes, and shown by a chapter
+  for (const auto& e : fs::directory_iterator(fs::path(DISTLAB_SOURCE_DIR) / "chapters/figures")) {
+    const std::string name = e.path().filename().string();
+    INFO("chapters/figures/" << name << " is drawn by no quoted command");
+    CHECK(drawn.count(name) == 1);
+  }
+  std::string all_text;
+  for (const fs::path& file : files) all_text += slurp(file.string());
+  for (const std::string& name : drawn) {
+    INFO(name << " is not shown by any chapter");
+    CHECK(all_text.find("](figures/" + name + ")") != std::string::npos);
+  }
+  fs::remove_all(figs);
 }
 
-namespace {
-
-int count_of(const std::string& s, const std::string& what) {
-  int n = 0;
-  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) n++;
-  return n;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-}  // namespace
 
 // Every quiz file loads, and its own answers score full marks while wrong ones score nothing: the answer
 // keys are consistent with the choices, and the grading reads letters, numbers and units.
@@ -415,4 +472,26 @@ TEST_CASE("train --deepspeed and --fsdp-config: the examples' fields mapped, pri
   INFO(seed.out);
   CHECK(seed.code == 0);
   CHECK_THAT(seed.out, Catch::Contains("strategy zero2") && Catch::Contains("precision fp16"));
+}
+
+// A checkpoint past the run's end is refused before anything is written: saving "the end of the run" would
+// have labelled the later state step 2, over the real step-000002.
+TEST_CASE("resuming a checkpoint past train.steps is refused and leaves the earlier checkpoints as they were", "[cli][ckpt]") {
+  const std::string dir = tmp("past-end");
+  fs::remove_all(dir);
+  const std::string base = "train configs/gpt-tiny.toml --set train.eval_batches=1 --set checkpoint.every=2 --set checkpoint.keep=0 --set checkpoint.dir=" + dir;
+  REQUIRE(run(base + " --set train.steps=4").code == 0);
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) before[e.path().string()] = slurp(e.path().string());
+  Result r = run(base + " --set train.steps=2");
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("at step 4, past the run's end: train.steps is 2") && Catch::Contains("raise train.steps above 4"));
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) after[e.path().string()] = slurp(e.path().string());
+  CHECK(after == before);
+  CHECK(run(base + " --set train.steps=4").code == 0);  // at its end: nothing left to train, and that is fine
+  fs::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/report/svg.h"
 #include "core/tensor/memory.h"
@@ -104,33 +105,52 @@ std::string memory_figure(const std::vector<RunRecords>& runs, const std::string
   return svg_stacked_bars(bars, names, {title, "", gib ? "GiB" : "MiB"}, capacity / unit, capacity > 0 ? "device " + format_bytes(capacity) : "");
 }
 
-std::string timeline_figure(const json& doc, const std::string& title) {
-  if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
-    throw Error("not a Chrome trace (no traceEvents array)", "write one with --set log.trace=FILE");
-  std::map<std::pair<int, int>, std::string> thread_names;
-  std::map<std::pair<int, int>, int> rows_of;
-  const json& ev = doc["traceEvents"];
-  for (const json& e : ev)
-    if (e.is_object() && e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
-      thread_names[{e.value("pid", 0), e.value("tid", 0)}] = e["args"].value("name", "");
-  for (const json& e : ev)
-    if (e.is_object() && e.value("ph", "") == "X") rows_of[{e.value("pid", 0), e.value("tid", 0)}] = 0;
-  std::vector<std::string> rows;
-  for (auto& [key, row] : rows_of) {
-    row = int(rows.size());
-    std::string t = thread_names.count(key) ? thread_names[key] : fmt::format("tid {}", key.second);
-    if (t.rfind("pipeline", 0) == 0) t = "stage";
-    rows.push_back(fmt::format("{} {}", key.first, t));
-  }
+std::string timeline_figure(const std::vector<LabeledTrace>& traces, const std::string& title) {
+  std::vector<std::string> rows, what;
   std::vector<Span> spans;
-  for (const json& e : ev)
-    if (e.is_object() && e.value("ph", "") == "X") {
-      const double ts = e.value("ts", 0.0) * 1e-6, dur = e.value("dur", 0.0) * 1e-6;
-      spans.push_back({rows_of[{e.value("pid", 0), e.value("tid", 0)}], ts, ts + dur, kind_of(e)});
+  for (const LabeledTrace& t : traces) {
+    const json& doc = t.trace;
+    if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+      throw Error(fmt::format("trace '{}' is not a Chrome trace (no traceEvents array)", t.label), "write one with --set log.trace=FILE");
+    std::map<std::pair<int, int>, std::string> thread_names;
+    std::map<std::pair<int, int>, int> rows_of;
+    std::set<int> pids;
+    const json& ev = doc["traceEvents"];
+    double t0 = INFINITY;
+    for (const json& e : ev) {
+      if (!e.is_object()) continue;
+      if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
+        thread_names[{e.value("pid", 0), e.value("tid", 0)}] = e["args"].value("name", "");
+      if (e.value("ph", "") == "X") {
+        rows_of[{e.value("pid", 0), e.value("tid", 0)}] = 0;
+        pids.insert(e.value("pid", 0));
+        t0 = std::min(t0, e.value("ts", 0.0));
+      }
     }
-  const bool modeled = doc.contains("otherData") && doc["otherData"].is_object() && doc["otherData"].value("timeline", "") == "modeled";
-  const std::string what = modeled ? fmt::format("modeled on {}", doc["otherData"].value("profile", "?")) : "measured";
-  return svg_timeline(rows, spans, {title.empty() ? "one step, " + what : title, "ms", "rank"});
+    for (auto& [key, row] : rows_of) {  // "0 compute", or "8 GPUs compute" when traces are compared
+      row = int(rows.size());
+      std::string name = thread_names.count(key) ? thread_names[key] : fmt::format("tid {}", key.second);
+      if (name.rfind("pipeline", 0) == 0) name = "stage";
+      const std::string who = traces.size() == 1 ? std::to_string(key.first)
+                                                 : pids.size() == 1 ? t.label : fmt::format("{} r{}", t.label, key.first);
+      rows.push_back(who + " " + name);
+    }
+    for (const json& e : ev)  // each trace from its own first span
+      if (e.is_object() && e.value("ph", "") == "X") {
+        const double ts = (e.value("ts", 0.0) - t0) * 1e-6, dur = e.value("dur", 0.0) * 1e-6;
+        spans.push_back({rows_of[{e.value("pid", 0), e.value("tid", 0)}], ts, ts + dur, kind_of(e)});
+      }
+    const bool modeled = doc.contains("otherData") && doc["otherData"].is_object() && doc["otherData"].value("timeline", "") == "modeled";
+    what.push_back(modeled ? fmt::format("modeled on {}", doc["otherData"].value("profile", "?")) : "measured");
+  }
+  std::string how = what.empty() ? "" : what[0];
+  for (const std::string& w : what)
+    if (w != how) how = "modeled";
+  return svg_timeline(rows, spans, {title.empty() ? "one step, " + how : title, "ms", traces.size() == 1 ? "rank" : ""});
+}
+
+std::string timeline_figure(const json& doc, const std::string& title) {
+  return timeline_figure(std::vector<LabeledTrace>{LabeledTrace{"", doc}}, title);
 }
 
 }  // namespace distlab

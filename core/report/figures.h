@@ -24,5 +24,12 @@ std::string loss_figure(const std::vector<RunRecords>& runs, const std::string& 
 // capacity > 0: the device's limit as a line (bytes)
 std::string memory_figure(const std::vector<RunRecords>& runs, const std::string& title = "peak memory per rank", double capacity = 0);
 std::string timeline_figure(const nlohmann::json& chrome_trace, const std::string& title = "");
+// Several traces on one time axis, each from its own first span, their rows named by their label:
+// the same step under two settings (8 against 64 GPUs, prefetch on and off).
+struct LabeledTrace {
+  std::string label;
+  nlohmann::json trace;
+};
+std::string timeline_figure(const std::vector<LabeledTrace>& traces, const std::string& title = "");
 
 }  // namespace distlab

@@ -12,9 +12,13 @@ namespace distlab {
 
 namespace {
 
-// The plot area inside a W x H picture.
-constexpr double kW = 720, kH = 400, kLeft = 72, kRight = 180, kTop = 40, kBottom = 52;
-constexpr double kPlotW = kW - kLeft - kRight, kPlotH = kH - kTop - kBottom;
+// The plot area inside a W x H picture; the left margin widens for a timeline's long row names.
+constexpr double kW = 720, kH = 400, kRight = 180, kTop = 40, kBottom = 52;
+constexpr double kPlotH = kH - kTop - kBottom;
+struct Frame {
+  double left = 72;
+  double plot_w() const { return kW - left - kRight; }
+};
 
 // Colour-blind-safe (Okabe-Ito), then greys.
 const char* const kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999", "#666666"};
@@ -45,7 +49,8 @@ std::vector<double> nice_ticks(double& lo, double& hi, int n) {
   return t;
 }
 
-std::string header(const FigureText& text) {
+std::string header(const FigureText& text, const Frame& f) {
+  const double kLeft = f.left, kPlotW = f.plot_w();
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -59,7 +64,8 @@ std::string header(const FigureText& text) {
   return s;
 }
 
-std::string y_axis(const std::vector<double>& ticks, double lo, double hi) {
+std::string y_axis(const std::vector<double>& ticks, double lo, double hi, const Frame& f) {
+  const double kLeft = f.left, kPlotW = f.plot_w();
   std::string s;
   const double step = ticks.size() > 1 ? ticks[1] - ticks[0] : 1;
   for (double t : ticks) {
@@ -70,7 +76,8 @@ std::string y_axis(const std::vector<double>& ticks, double lo, double hi) {
   return s;
 }
 
-std::string x_axis(const std::vector<double>& ticks, double lo, double hi) {
+std::string x_axis(const std::vector<double>& ticks, double lo, double hi, const Frame& f) {
+  const double kLeft = f.left, kPlotW = f.plot_w();
   std::string s;
   const double step = ticks.size() > 1 ? ticks[1] - ticks[0] : 1;
   for (double t : ticks) {
@@ -81,13 +88,15 @@ std::string x_axis(const std::vector<double>& ticks, double lo, double hi) {
   return s;
 }
 
-std::string frame() {
+std::string frame(const Frame& f) {
+  const double kLeft = f.left, kPlotW = f.plot_w();
   return fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", num(kLeft), num(kTop),
                      num(kPlotW), num(kPlotH));
 }
 
 // The legend: a swatch and a label per entry, right of the plot.
-std::string legend(const std::vector<std::string>& labels, bool lines) {
+std::string legend(const std::vector<std::string>& labels, bool lines, const Frame& f) {
+  const double kLeft = f.left, kPlotW = f.plot_w();
   std::string s;
   for (size_t i = 0; i < labels.size(); i++) {
     const double y = kTop + 8 + 20.0 * double(i), x = kLeft + kPlotW + 12;
@@ -127,7 +136,9 @@ std::string svg_line_chart(const std::vector<Series>& series, const FigureText& 
   }
   if (!std::isfinite(x0)) throw Error("a line chart with no finite points", "every value was null, NaN or missing");
   const std::vector<double> yt = nice_ticks(y0, y1, 5), xt = nice_ticks(x0, x1, 6);
-  std::string svg = header(text) + y_axis(yt, y0, y1) + x_axis(xt, x0, x1) + frame();
+  const Frame fr;
+  const double kLeft = fr.left, kPlotW = fr.plot_w();
+  std::string svg = header(text, fr) + y_axis(yt, y0, y1, fr) + x_axis(xt, x0, x1, fr) + frame(fr);
   std::vector<std::string> labels;
   for (size_t k = 0; k < series.size(); k++) {
     const Series& s = series[k];
@@ -147,7 +158,7 @@ std::string svg_line_chart(const std::vector<Series>& series, const FigureText& 
     svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>\n", d, colour(k),
                        k == 0 ? "" : fmt::format(" stroke-dasharray=\"{} 4\"", 4 + 2 * k));
   }
-  return svg + legend(labels, true) + "</svg>\n";
+  return svg + legend(labels, true, fr) + "</svg>\n";
 }
 
 std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std::string>& part_names, const FigureText& text,
@@ -163,7 +174,9 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
   }
   double lo = 0, hi = top > 0 ? top * 1.08 : 1;
   const std::vector<double> yt = nice_ticks(lo, hi, 5);
-  std::string svg = header(text) + y_axis(yt, lo, hi) + frame();
+  const Frame fr;
+  const double kLeft = fr.left, kPlotW = fr.plot_w();
+  std::string svg = header(text, fr) + y_axis(yt, lo, hi, fr) + frame(fr);
   const double slot = kPlotW / double(bars.size()), width = std::min(slot * 0.6, 90.0);
   auto y_of = [&](double v) { return kTop + kPlotH * (1 - v / hi); };
   for (size_t i = 0; i < bars.size(); i++) {
@@ -188,7 +201,7 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#c00\">{}</text>\n", num(kLeft + kPlotW - 4),
                        num(y_of(capacity) - 5), xml_escape(capacity_label));
   }
-  return svg + legend(part_names, false) + "</svg>\n";
+  return svg + legend(part_names, false, fr) + "</svg>\n";
 }
 
 std::string svg_timeline(const std::vector<std::string>& rows, const std::vector<Span>& spans, const FigureText& text) {
@@ -204,7 +217,11 @@ std::string svg_timeline(const std::vector<std::string>& rows, const std::vector
   // milliseconds on the axis, from the first span
   double lo = 0, hi = (t1 - t0) * 1e3;
   const std::vector<double> xt = nice_ticks(lo, hi, 6);
-  std::string svg = header(text) + x_axis(xt, lo, hi) + frame();
+  Frame fr;
+  for (const std::string& r : rows) fr.left = std::max(fr.left, 14 + 6.2 * double(r.size()));  // the row names fit
+  fr.left = std::min(fr.left, 300.0);
+  const double kLeft = fr.left, kPlotW = fr.plot_w();
+  std::string svg = header(text, fr) + x_axis(xt, lo, hi, fr) + frame(fr);
   const double row_h = kPlotH / double(rows.size());
   for (size_t r = 0; r < rows.size(); r++)
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-size=\"11\">{}</text>\n", num(kLeft - 6),
@@ -216,7 +233,7 @@ std::string svg_timeline(const std::vector<std::string>& rows, const std::vector
                        num(kTop + row_h * s.row + row_h * 0.15), num(w), num(row_h * 0.7), colour(colour_of[s.kind]),
                        xml_escape(s.kind), (s.end_s - s.start_s) * 1e3);
   }
-  return svg + legend(kinds, false) + "</svg>\n";
+  return svg + legend(kinds, false, fr) + "</svg>\n";
 }
 
 }  // namespace distlab

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <thread>
 
+#include "core/ckpt/checkpoint.h"
 #include "core/ckpt/safetensors.h"
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
@@ -426,6 +427,13 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   // after a resume each rank has its own BatchNorm statistics (DDP does not average them) and the data
   // position; the weights must still agree
   if (replicas) check_replicas("at the start", resumed_from_.empty());
+  // a checkpoint past the run's end: saving "the end of the run" would label its later state with an
+  // earlier step, over the checkpoint of that step
+  if (start_step_ > total_steps_)
+    throw CheckpointError(fmt::format("resumed from {} at step {}, past the run's end: train.steps is {}", resumed_from_, start_step_,
+                                      total_steps_),
+                          fmt::format("to continue, raise train.steps above {}; to start over, use another checkpoint.dir "
+                                      "(or checkpoint.resume = never)", start_step_));
   log_.flush();
   model_->set_training(true);
   if (loader_ && resumed_from_.empty()) loader_->start_epoch(0);
