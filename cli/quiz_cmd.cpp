@@ -7,6 +7,7 @@
 //   distlab quiz list                 every quiz with its questions' count
 //   distlab quiz 7.3                  asks in the terminal (answers read from stdin, one per line)
 //   distlab quiz 3 --answers a.json   grades {"id": answer, ...} without asking; JSON on stdout
+// A choice's letter is the one shown (the file's order is shuffled, the same way everywhere).
 //
 // The file format is checked key by key: an unknown key, a missing answer or a choice answer that is not
 // one of the choices is an error naming the file and line.
@@ -72,6 +73,28 @@ std::string quiz_id(const std::string& stem) {
     out += (out.empty() ? "" : ".") + (i == std::string::npos ? std::string("0") : part.substr(i));
   }
   return out;
+}
+
+// The choices are shown in an order fixed by the quiz and question ids (FNV-1a, then a Fisher-Yates walk
+// of a 64-bit LCG): the same on every machine and every run, so --answers files keep their letters, but
+// not the file's order -- where authors like to put the right answer second.
+void shuffle_choices(Question& x, const std::string& quiz) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : quiz + "/" + x.id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::vector<size_t> order(x.choices.size());
+  for (size_t i = 0; i < order.size(); i++) order[i] = i;
+  for (size_t i = order.size(); i > 1; i--) {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(order[i - 1], order[size_t((h >> 33) % i)]);
+  }
+  std::vector<std::string> shown;
+  size_t answer = 0;
+  for (size_t k = 0; k < order.size(); k++) {
+    shown.push_back(x.choices[order[k]]);
+    if (order[k] == x.answer_choice) answer = k;
+  }
+  x.choices = std::move(shown);
+  x.answer_choice = answer;
 }
 
 std::string where(const std::string& file, const toml::node& n) {
@@ -160,6 +183,7 @@ Quiz load_quiz(const fs::path& path) {
         throw ConfigError(fmt::format("{}: {}'s answer '{}' is not one of the letters a..{}", where(file, *t), what, a,
                                       char('a' + x.choices.size() - 1)));
       x.answer_choice = size_t(a[0] - 'a');
+      shuffle_choices(x, q.id);
     } else if (x.kind == "number") {
       auto a = (*t)["answer"].value<double>();
       if (!a) throw ConfigError(fmt::format("{}: {} has no numeric answer", where(file, *t), what));

@@ -303,6 +303,8 @@ TEST_CASE("quiz: every quiz grades its right answers full and wrong ones zero, a
   CHECK(ids.size() >= 1);
   const std::string empty = tmp("empty.json"), right = tmp("right.json"), wrong = tmp("wrong.json");
   std::ofstream(empty) << "{}";
+  std::map<std::string, int> same_letter;
+  int choices = 0;
   for (const std::string& id : ids) {
     Result blank = run("quiz " + id + " --answers " + empty);
     INFO("quiz " << id << "\n" << blank.out);
@@ -332,6 +334,21 @@ TEST_CASE("quiz: every quiz grades its right answers full and wrong ones zero, a
     REQUIRE(bad.code == 0);
     CHECK(nlohmann::json::parse(good.out)["score"] == doc["total"]);
     CHECK(nlohmann::json::parse(bad.out)["score"] == 0);
+    // the same letter everywhere: how far does it get?
+    for (const char* letter : {"a", "b", "c", "d"}) {
+      nlohmann::json same = nlohmann::json::object();
+      for (const auto& q : doc["questions"])
+        if (q["expected"].get<std::string>().size() > 1 && q["expected"].get<std::string>()[1] == ')') same[q["id"].get<std::string>()] = letter;
+      std::ofstream(wrong) << same.dump();
+      Result g = run("quiz " + id + " --answers " + wrong);
+      same_letter[letter] += nlohmann::json::parse(g.out)["score"].get<int>();
+      if (std::string(letter) == "a") choices += int(same.size());
+    }
+  }
+  // the right answers are spread over the letters: guessing one letter everywhere earns little
+  for (const auto& [letter, score] : same_letter) {
+    INFO("answering " << letter << " everywhere scores " << score << " of " << choices << " choice questions");
+    CHECK(score <= choices * 4 / 10);
   }
   std::ofstream(wrong) << "{\"no-such-question\": \"a\"}";
   Result unknown = run("quiz 7.3 --answers " + wrong);
@@ -368,7 +385,15 @@ TEST_CASE("quiz: a malformed quiz file is an error naming its file, line and key
 // next to one rank (the same losses, bitwise: two equal gradients average to themselves) and next to two
 // ranks with the sampler (half the steps per epoch), then the answers on stdin are scored.
 TEST_CASE("quiz 7.3: the no-sampler scenario shows one rank's curve and epoch, then the answers are scored", "[cli][quiz]") {
-  Result r = shell("printf \"b\\nc\\nb\\nb\\nb\\nc\\n\" | timeout 300 "s + DISTLAB_BINARY + " quiz 7.3");
+  const std::string empty = tmp("none.json");
+  std::ofstream(empty) << "{}";
+  Result key = run("quiz 7.3 --answers " + empty);
+  REQUIRE(key.code == 0);
+  std::string letters;  // the right letters, as shown
+  const nlohmann::json answers = nlohmann::json::parse(key.out);  // held: a range-for over a temporary's member dangles
+  for (const auto& q : answers["questions"]) letters += q["expected"].get<std::string>().substr(0, 1) + "\\n";
+  fs::remove(empty);
+  Result r = shell("printf \"" + letters + "\" | timeout 300 "s + DISTLAB_BINARY + " quiz 7.3");
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("scenario: no-sampler") && Catch::Contains("score: 6 of 6 (6 asked)"));
@@ -472,6 +497,12 @@ TEST_CASE("train --deepspeed and --fsdp-config: the examples' fields mapped, pri
   INFO(seed.out);
   CHECK(seed.code == 0);
   CHECK_THAT(seed.out, Catch::Contains("strategy zero2") && Catch::Contains("precision fp16"));
+  // DeepSpeed's train_batch_size against the TOML's micro-batch: both named, and how to make them agree
+  Result clash = run("train configs/gpt-tiny.toml --set train.steps=1 --deepspeed configs/ecosystem/ds_zero2.json");
+  CHECK(clash.code == 1);
+  CHECK_THAT(clash.out, Catch::Contains("configs/gpt-tiny.toml:18: train.micro_batch 16 contradicts train.global_batch 32 "
+                                        "(configs/ecosystem/ds_zero2.json: train_batch_size)") &&
+                            Catch::Contains("--set train.micro_batch=32"));
 }
 
 // A checkpoint past the run's end is refused before anything is written: saving "the end of the run" would

@@ -17,8 +17,8 @@
 //   forward_prefetch         the next unit's all-gather is issued before this unit's forward
 //                            (both: parallel.prefetch; the order is the one recorded on the first step)
 //   MixedPrecision           param_dtype = [precision] mode (bf16/fp16 parameters gathered and computed in
-//                            16 bits, f32 masters sharded in the optimizer); reduce_dtype f32 here (our
-//                            collectives move f32)
+//                            16 bits, f32 masters sharded in the optimizer); reduce_dtype =
+//                            precision.reduce_dtype (f32 by default; bf16 halves the bytes of each reduce)
 //   CPUOffload(params=True)  the parts, their gradients and the optimizer state in host memory (category
 //                            host, not counted against the device); each gather first copies a part to
 //                            the device, each reduced gradient part goes back, the step runs on the host's

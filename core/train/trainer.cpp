@@ -87,10 +87,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
                         fmt::format("choose a global batch that is a multiple of ranks x {}", accum_key));
     micro_batch_ = cfg.train.global_batch / per;
     if (cfg.origin.count("train.micro_batch") && cfg.train.micro_batch != micro_batch_)
-      throw ConfigError(fmt::format("{}: train.micro_batch {} contradicts train.global_batch {} = {} ranks x {} accum x {}",
+      throw ConfigError(fmt::format("{}: train.micro_batch {} contradicts train.global_batch {} ({}) = {} ranks x {} accum x {}",
                                     cfg.origin.at("train.micro_batch"), cfg.train.micro_batch, cfg.train.global_batch,
-                                    world, accum_, micro_batch_),
-                        "state only one of train.micro_batch and train.global_batch");
+                                    cfg.origin.count("train.global_batch") ? cfg.origin.at("train.global_batch") : "default", world,
+                                    accum_, micro_batch_),
+                        fmt::format("state only one of them, or make them agree (--set train.micro_batch={})", micro_batch_));
   }
 
   if (!rt.is_meta()) {
