@@ -70,6 +70,7 @@ std::map<std::string, CheckDef> checks_for_lab(const std::string& lab_id);
 std::map<std::string, CheckDef> lab01_checks();
 std::map<std::string, CheckDef> lab02_checks();
 std::map<std::string, CheckDef> lab03_checks();
+std::map<std::string, CheckDef> lab09_checks();
 std::map<std::string, CheckDef> lab04_checks();
 std::map<std::string, CheckDef> lab05_checks();
 std::map<std::string, CheckDef> lab06_checks();

@@ -35,6 +35,9 @@ static Lab read_lab(const fs::path& dir) {
     for (auto& f : *files) lab.files.push_back(f.value_or(std::string()));
   if (lab.files.empty()) throw ConfigError(file + ": [lab] files is missing", "list the student's files: files = [\"ring.cpp\"]");
   lab.trains = t.contains("model");
+  const std::string kind = t["lab"]["kind"].value_or(std::string("code"));
+  if (kind != "code" && kind != "answers") throw ConfigError(fmt::format("{}: [lab] kind = '{}'", file, kind), "kind is code (a plugin) or answers (TOML files)");
+  lab.answers = kind == "answers";
   lab.ranks = int(t["lab"]["ranks"].value_or(int64_t(2)));
   if (lab.ranks < 1 || lab.ranks > 64) throw ConfigError(fmt::format("{}: [lab] ranks = {} (1 to 64)", file, lab.ranks));
   if (auto* checks = t["check"].as_array()) {

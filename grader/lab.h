@@ -22,6 +22,7 @@ struct Lab {
   std::string dir;      // labs/01-collectives
   std::vector<std::string> files;  // the student's files (student/<file>)
   std::vector<CheckSpec> checks;
+  bool answers = false;  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
   bool trains = false;  // lab.toml is a training config (it has [model]): the HTML report runs it
   int ranks = 2;        // [lab] ranks: how many ranks its config runs on (the README's distlab run -n)
   int max_points() const;

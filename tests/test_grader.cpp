@@ -719,3 +719,52 @@ TEST_CASE("grade --html: the report renders in headless Chromium with the table,
   CHECK(console.find(":CONSOLE") == std::string::npos);
   fs::remove_all(dir);
 }
+
+// Lab 09's answers are data: every field of three configs, three memory predictions, six decisions. The
+// solution scores all of it; each kind of wrong answer loses its own check, with the right reading named;
+// a file that is not TOML loses only the checks that read it; a link is refused before anything runs.
+TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, all-DDP decisions, broken and linked files", "[grader][lab09]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string ann = read(src / "solutions/09-configs-plan/annotations.toml"), dec = read(src / "solutions/09-configs-plan/decisions.toml");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs09-" + std::to_string(getpid()));
+  fs::remove_all(subs);
+  auto put = [&](const std::string& who, const std::string& a, const std::string& d) {
+    fs::create_directories(subs / who);
+    if (a.rfind("@symlink:", 0) == 0) fs::create_symlink(a.substr(9), subs / who / "annotations.toml");
+    else std::ofstream(subs / who / "annotations.toml") << a;
+    std::ofstream(subs / who / "decisions.toml") << d;
+  };
+  std::string all_ddp = dec;
+  for (const char* s : {"\"zero2\"", "\"fsdp\"", "\"fsdp+offload\"", "\"none\""})
+    for (size_t at = all_ddp.find(s); at != std::string::npos; at = all_ddp.find(s)) all_ddp.replace(at, std::string(s).size(), "\"ddp\"");
+  put("solution", ann, dec);
+  put("skeleton", read(src / "labs/09-configs-plan/student/annotations.toml"), read(src / "labs/09-configs-plan/student/decisions.toml"));
+  put("wrong_field", replace(ann, "\"zero_optimization.stage\" = \"parallel.strategy\"\n\"zero_optimization.offload_optimizer.device\"",
+                             "\"zero_optimization.stage\" = \"parallel.offload\"\n\"zero_optimization.offload_optimizer.device\""), dec);
+  put("memory_off", replace(ann, "peak_gib = 4.53", "peak_gib = 5.44"), dec);
+  put("all_ddp", ann, all_ddp);
+  put("not_toml", "[[[ this is not TOML", dec);
+  put("linked", "@symlink:/etc/passwd", dec);
+  const fs::path csv = subs.string() + "-grades.csv";
+  auto [code, out] = run("grade 09 --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
+  INFO(out);
+  REQUIRE(code == 0);
+  auto rows = parse_csv(read(csv));
+  CHECK(rows["solution"].total == 13);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["wrong_field"].points["fields_ds_zero2_offload"] == 0);
+  CHECK(rows["wrong_field"].total == 11);
+  CHECK(rows["memory_off"].points["memory_predictions"] == 0);
+  CHECK(rows["memory_off"].total == 10);
+  CHECK(rows["all_ddp"].points["decision_tree"] == 0);
+  CHECK(rows["all_ddp"].total == 9);
+  CHECK(rows["not_toml"].total == 4);  // the decisions still count
+  CHECK(rows["linked"].total == 0);
+  const std::string fb = read(subs.parent_path() / "feedback" / "wrong_field.txt");
+  CHECK_THAT(fb, Catch::Contains("zero_optimization.stage: you wrote 'parallel.offload'; it sets parallel.strategy"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "all_ddp.txt"), Catch::Contains("7b-8x24") && Catch::Contains("the tree gives fsdp+offload"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "memory_off.txt"), Catch::Contains("ds_zero3.json: predicted 5.44 GiB, measured 4.53 GiB"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "not_toml.txt"), Catch::Contains("student/annotations.toml:1"));
+  fs::remove_all(subs);
+  fs::remove(csv);
+}

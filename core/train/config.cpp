@@ -246,8 +246,8 @@ void walk(RunConfig& c, const toml::table& t, const std::string& file) {
       for (const auto& [key, value] : *node.as_table()) {
         const std::string k(key.str());
         if (k == "plugin" || k == "sandbox") apply(c, "lab." + k, value, where(file, value));
-        else if (k != "title" && k != "files" && k != "ranks")
-          throw ConfigError(fmt::format("{}: unknown key 'lab.{}'", where(file, value), k), "[lab] holds title, files, ranks, plugin and sandbox");
+        else if (k != "title" && k != "files" && k != "ranks" && k != "kind")
+          throw ConfigError(fmt::format("{}: unknown key 'lab.{}'", where(file, value), k), "[lab] holds title, files, kind, ranks, plugin and sandbox");
       }
       continue;
     }
