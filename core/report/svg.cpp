@@ -95,8 +95,9 @@ std::string frame(const Frame& f) {
 }
 
 // The legend: a swatch and a label per entry, right of the plot.
-std::string legend(const std::vector<std::string>& labels, bool lines, const Frame& f) {
+std::string legend(const std::vector<std::string>& labels, bool lines, const Frame& f, const std::vector<std::string>& colours = {}) {
   const double kLeft = f.left, kPlotW = f.plot_w();
+  auto colour = [&](size_t i) { return i < colours.size() ? colours[i].c_str() : distlab::colour(i); };
   std::string s;
   for (size_t i = 0; i < labels.size(); i++) {
     const double y = kTop + 8 + 20.0 * double(i), x = kLeft + kPlotW + 12;
@@ -191,7 +192,7 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
       base += v;
     }
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", num(x + width / 2), num(y_of(base) - 5),
-                       fmt::format("{:.3g}", base));
+                       base >= 1000 ? fmt::format("{:.0f}", base) : fmt::format("{:.3g}", base));
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", num(x + width / 2), num(kTop + kPlotH + 16),
                        xml_escape(bars[i].label));
   }
@@ -207,12 +208,23 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
 std::string svg_timeline(const std::vector<std::string>& rows, const std::vector<Span>& spans, const FigureText& text) {
   if (rows.empty() || spans.empty()) throw Error("a timeline with no spans");
   double t0 = INFINITY, t1 = -INFINITY;
+  // the step's parts keep one colour in every figure; other kinds take the rest of the palette in order
+  static const char* const kKnown[] = {"forward", "backward", "all_reduce", "wait", "optimizer", "reduce_scatter", "all_gather",
+                                       "send", "recv", "broadcast", "stage forward", "stage backward", "offload copy", "other compute"};
+  static const char* const kKnownColour[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442",
+                                             "#009E73", "#56B4E9", "#999999", "#0072B2", "#D55E00", "#000000", "#666666"};
   std::vector<std::string> kinds;  // legend order: first appearance
-  std::map<std::string, size_t> colour_of;
+  std::map<std::string, std::string> colour_of;
+  size_t others = 0;
   for (const Span& s : spans) {
     if (s.row < 0 || s.row >= int(rows.size())) throw Error(fmt::format("a span on row {} of {}", s.row, rows.size()));
     t0 = std::min(t0, s.start_s), t1 = std::max(t1, s.end_s);
-    if (colour_of.emplace(s.kind, kinds.size()).second) kinds.push_back(s.kind);
+    if (colour_of.count(s.kind)) continue;
+    std::string c;
+    for (size_t k = 0; k < sizeof(kKnown) / sizeof(kKnown[0]); k++)
+      if (s.kind == kKnown[k]) c = kKnownColour[k];
+    colour_of[s.kind] = c.empty() ? colour(7 + others++) : c;
+    kinds.push_back(s.kind);
   }
   // milliseconds on the axis, from the first span
   double lo = 0, hi = (t1 - t0) * 1e3;
@@ -230,10 +242,12 @@ std::string svg_timeline(const std::vector<std::string>& rows, const std::vector
     const double x = kLeft + kPlotW * ((s.start_s - t0) * 1e3 - lo) / (hi - lo);
     const double w = std::max(kPlotW * (s.end_s - s.start_s) * 1e3 / (hi - lo), 0.4);
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{} {:.3f} ms</title></rect>\n", num(x),
-                       num(kTop + row_h * s.row + row_h * 0.15), num(w), num(row_h * 0.7), colour(colour_of[s.kind]),
+                       num(kTop + row_h * s.row + row_h * 0.15), num(w), num(row_h * 0.7), colour_of[s.kind],
                        xml_escape(s.kind), (s.end_s - s.start_s) * 1e3);
   }
-  return svg + legend(kinds, false, fr) + "</svg>\n";
+  std::vector<std::string> colours;
+  for (const std::string& k : kinds) colours.push_back(colour_of[k]);
+  return svg + legend(kinds, false, fr, colours) + "</svg>\n";
 }
 
 }  // namespace distlab
