@@ -526,3 +526,23 @@ TEST_CASE("resuming a checkpoint past train.steps is refused and leaves the earl
   CHECK(run(base + " --set train.steps=4").code == 0);  // at its end: nothing left to train, and that is fine
   fs::remove_all(dir);
 }
+
+// Every quiz's scenarios run as a student meets them (Enter skips each question, so every scenario is
+// reached): a scenario whose run fails is a failing test, as a chapter's failing command is.
+TEST_CASE("quiz: every quiz's scenarios run to the end when the questions are skipped", "[cli][quiz]") {
+  Result list = run("quiz list");
+  REQUIRE(list.code == 0);
+  std::istringstream lines(list.out);
+  int with = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("with a scenario") == std::string::npos) continue;
+    std::string id;
+    std::istringstream(line) >> id;
+    Result r = shell("yes \"\" | head -n 40 | timeout 300 "s + DISTLAB_BINARY + " quiz " + id);
+    INFO("quiz " << id << "\n" << r.out);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("── scenario:") && Catch::Contains("score: 0 of"));
+    with++;
+  }
+  CHECK(with >= 8);
+}
