@@ -95,14 +95,20 @@ std::string memory_figure(const std::vector<RunRecords>& runs, const std::string
       b.parts.push_back(by.is_object() && by.contains(n) && by[n].is_number() ? by[n].get<double>() : 0.0);
       sum += b.parts.back();
     }
-    top = std::max(top, sum);
+    // host memory's own high-water mark (at the device's peak the offloaded optimizer state may not exist yet)
+    const json& own = (*summary)["peak_memory"];
+    if (own.is_object() && own.contains("host") && own["host"].is_number()) b.aside = own["host"].get<double>();
+    top = std::max(top, std::max(sum, b.aside));
     bars.push_back(std::move(b));
   }
   const bool gib = top >= double(1ll << 30);
   const double unit = gib ? double(1ll << 30) : double(1ll << 20);
-  for (Bar& b : bars)
+  for (Bar& b : bars) {
     for (double& v : b.parts) v /= unit;
-  return svg_stacked_bars(bars, names, {title, "", gib ? "GiB" : "MiB"}, capacity / unit, capacity > 0 ? "device " + format_bytes(capacity) : "");
+    b.aside /= unit;
+  }
+  return svg_stacked_bars(bars, names, {title, "", gib ? "GiB" : "MiB"}, capacity / unit, capacity > 0 ? "device " + format_bytes(capacity) : "",
+                          "host (offloaded)");
 }
 
 std::string timeline_figure(const std::vector<LabeledTrace>& traces, const std::string& title) {

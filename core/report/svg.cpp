@@ -163,7 +163,7 @@ std::string svg_line_chart(const std::vector<Series>& series, const FigureText& 
 }
 
 std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std::string>& part_names, const FigureText& text,
-                             double capacity, const std::string& capacity_label) {
+                             double capacity, const std::string& capacity_label, const std::string& aside_label) {
   if (bars.empty()) throw Error("a bar chart with no bars");
   double top = capacity;
   for (const Bar& b : bars) {
@@ -171,7 +171,7 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
       throw Error(fmt::format("bar '{}' has {} parts, the legend {}", b.label, b.parts.size(), part_names.size()));
     double sum = 0;
     for (double v : b.parts) sum += std::max(v, 0.0);
-    top = std::max(top, sum);
+    top = std::max(top, std::max(sum, b.aside));
   }
   double lo = 0, hi = top > 0 ? top * 1.08 : 1;
   const std::vector<double> yt = nice_ticks(lo, hi, 5);
@@ -195,6 +195,12 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
                        base >= 1000 ? fmt::format("{:.0f}", base) : fmt::format("{:.3g}", base));
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", num(x + width / 2), num(kTop + kPlotH + 16),
                        xml_escape(bars[i].label));
+    if (bars[i].aside > 0) {  // beside the bar, thin and grey: not part of its total
+      const double ax = x + width + 3, aw = std::min(width * 0.3, 16.0);
+      svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#bbb\" stroke=\"#777\"><title>{}: {}</title></rect>\n",
+                         num(ax), num(y_of(bars[i].aside)), num(aw), num(y_of(0) - y_of(bars[i].aside)), xml_escape(aside_label),
+                         fmt::format("{:.3g}", bars[i].aside));
+    }
   }
   if (capacity > 0) {
     svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#c00\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n",
@@ -202,7 +208,15 @@ std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#c00\">{}</text>\n", num(kLeft + kPlotW - 4),
                        num(y_of(capacity) - 5), xml_escape(capacity_label));
   }
-  return svg + legend(part_names, false, fr) + "</svg>\n";
+  std::vector<std::string> names = part_names, colours;
+  for (size_t i = 0; i < part_names.size(); i++) colours.push_back(colour(i));
+  bool any_aside = false;
+  for (const Bar& b : bars) any_aside = any_aside || b.aside > 0;
+  if (any_aside) {
+    names.push_back(aside_label.empty() ? "beside" : aside_label);
+    colours.push_back("#bbb");
+  }
+  return svg + legend(names, false, fr, colours) + "</svg>\n";
 }
 
 std::string svg_timeline(const std::vector<std::string>& rows, const std::vector<Span>& spans, const FigureText& text) {

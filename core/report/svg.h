@@ -25,9 +25,11 @@ std::string svg_line_chart(const std::vector<Series>& series, const FigureText& 
 struct Bar {
   std::string label;
   std::vector<double> parts;  // the same order as part_names
+  double aside = 0;           // drawn as a thin grey bar beside it, outside the total (host memory under offload)
 };
 std::string svg_stacked_bars(const std::vector<Bar>& bars, const std::vector<std::string>& part_names,
-                             const FigureText& text, double capacity = 0, const std::string& capacity_label = "");
+                             const FigureText& text, double capacity = 0, const std::string& capacity_label = "",
+                             const std::string& aside_label = "");
 
 // Spans on rows ("rank 0 compute", "rank 0 comm", ...), in seconds; coloured by their kind.
 struct Span {

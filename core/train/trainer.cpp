@@ -276,6 +276,8 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     samples *= dp_world();
   }
   if (traced) modeled_ = model_time(step);
+  last_step_comm_bytes_ = comm.bytes_sent - comm_before.bytes_sent;
+  last_step_comm_calls_ = comm.calls - comm_before.calls;
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
                         {"lr", o.lr}, {"grad_norm", o.skipped ? nlohmann::json(nullptr) : nlohmann::json(o.grad_norm)},
                         {"loss_scale", o.loss_scale}, {"skipped", o.skipped}, {"samples", samples}, {"wall_s", wall_s},
@@ -576,6 +578,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                           double(peak_[size_t(i)]) / double(nparams));
   log_ << fmt::format("  {:<13} {:>12}\n", "peak total", format_bytes(double(peak_total_)));
   log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
+  if (pg_ && last_step_comm_calls_ > 0)  // what the step put on the wire: the number the course's "14 GB per step" is about
+    log_ << fmt::format("communication in the last step (rank 0): {} sent in {} collective call(s){}\n", format_bytes(double(last_step_comm_bytes_)),
+                        last_step_comm_calls_, pg_->is_fake() ? " (counted on the fake world)" : "");
   if (modeled_.contains("modeled_step_s"))
     log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
                         "speed-up over one rank {:.2f}x\n",

@@ -131,6 +131,7 @@ class Trainer {
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;
   std::array<int64_t, kNumCategories> peak_{};
   int64_t peak_total_ = 0;
+  int64_t last_step_comm_bytes_ = 0, last_step_comm_calls_ = 0;  // the last step's collectives on this rank
   std::array<int64_t, kNumCategories> peak_at_{};  // the categories at the moment of peak_total_ (they sum to it)
   double last_step_flops_ = 0;
   int64_t start_step_ = 0;       // steps done before this run: the resumed checkpoint's
