@@ -1,5 +1,7 @@
 #include "grader/report.h"
 
+#include "core/report/svg.h"  // xml_escape
+
 #include <fmt/format.h>
 
 namespace distlab::grader {
@@ -45,20 +47,6 @@ nlohmann::json to_json(const Grade& g) {
                       {"limit_s", c.limit_s}});
   return {{"lab", g.lab.name}, {"student", g.student}, {"built", g.built}, {"build_log", g.build_log},
           {"points", g.points()}, {"max_points", g.lab.max_points()}, {"checks", checks}};
-}
-
-static std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
 }
 
 std::string to_junit(const Grade& g) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/train/config.h"
+#include "core/train/yaml_subset.h"
 
 namespace distlab {
 
@@ -39,10 +40,5 @@ EcosystemConfig map_fsdp(const std::string& yaml_text, const std::string& name);
 
 // "field = value  ->  key = setting" per line: what a run prints at its start, and what lab 09 annotates.
 std::string describe_mapping(const EcosystemConfig& e);
-
-// YAML's block subset that config files use: nested mappings by indentation, "- " lists, flow lists
-// [a, b], scalars (quoted or plain; true/false, null, numbers), comments. Anchors, multi-line scalars and
-// tabs are errors naming the line.
-nlohmann::ordered_json parse_yaml_subset(const std::string& text, const std::string& name);
 
 }  // namespace distlab
