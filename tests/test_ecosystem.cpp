@@ -76,6 +76,10 @@ TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets a
   CHECK(c.parallel.offload == "cpu");  // ZeRO-Offload
   CHECK(c.parallel.bucket_mb == Approx(5e8 * 2 / (1 << 20)));  // elements of fp16 gradients
   CHECK(c.precision.reduce_dtype == "bf16");
+  // the section's own window and hysteresis win over DeepSpeed's defaults, before or after "enabled"
+  const RunConfig late = with(map_deepspeed(R"({"fp16": {"loss_scale_window": 500, "hysteresis": 3, "enabled": true}})", "late.json"));
+  CHECK(late.precision.growth_interval == 500);
+  CHECK(late.precision.hysteresis == 3);
   // "auto" leaves the TOML's value
   const EcosystemConfig a = map_deepspeed(R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}})", "a.json");
   const RunConfig ca = with(a, "[train]\nmicro_batch = 6\n");

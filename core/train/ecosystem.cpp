@@ -115,9 +115,10 @@ Table deepspeed_table(DeepSpeedState& st) {
          st.fp16 = m.boolean(f, v);
          if (!st.fp16) return m.note(f, v, "fp16 off");
          m.set(f, v, "precision.mode", "fp16");
-         // DeepSpeed's dynamic loss scaler defaults (GradScaler's differ: window 2000, hysteresis 1)
-         m.out.settings.push_back({"precision.growth_interval", "1000", m.where("fp16 (DeepSpeed's default loss_scale_window)")});
-         m.out.settings.push_back({"precision.hysteresis", "2", m.where("fp16 (DeepSpeed's default hysteresis)")});
+         // DeepSpeed's dynamic loss scaler defaults (GradScaler's differ: window 2000, hysteresis 1), first in
+         // line so that the section's own loss_scale_window and hysteresis win wherever the file puts them
+         m.out.settings.insert(m.out.settings.begin(), {{"precision.growth_interval", "1000", m.where("fp16 (DeepSpeed's default loss_scale_window)")},
+                                                        {"precision.hysteresis", "2", m.where("fp16 (DeepSpeed's default hysteresis)")}});
        }},
       {"loss_scale", [](Mapper& m, const std::string& f, const json& v) {
          if (m.is_auto(f, v)) return;
