@@ -71,6 +71,9 @@ std::map<std::string, CheckDef> lab01_checks();
 std::map<std::string, CheckDef> lab02_checks();
 std::map<std::string, CheckDef> lab03_checks();
 std::map<std::string, CheckDef> lab09_checks();
+// A case of the clinic (lab 08): its file built as the plugin of the lab it comes from, graded by the checks
+// that see its symptom (spec.case_lab, spec.case_file, spec.case_checks).
+CheckResult clinic_case(CheckContext& ctx);
 std::map<std::string, CheckDef> lab04_checks();
 std::map<std::string, CheckDef> lab05_checks();
 std::map<std::string, CheckDef> lab06_checks();

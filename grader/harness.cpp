@@ -178,8 +178,6 @@ std::string probe_plugin(const Paths& p, const Lab& lab, const std::string& plug
   return "";
 }
 
-namespace {
-
 // Runs one check of `plugin` with `limit_s` of wall clock and its own cgroup; never throws.
 CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, const CheckDef& def, const std::string& plugin,
                      const SandboxSupport& sb, SharedResults& shared, double limit_s) {
@@ -218,6 +216,8 @@ CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, cons
   o.seconds = std::chrono::duration<double>(wire::Clock::now() - t0).count();
   return o;
 }
+
+namespace {
 
 struct ReferenceTimes {
   std::map<std::string, double> seconds;  // check -> the reference solution's time, for the checks it passed
@@ -261,7 +261,9 @@ const ReferenceTimes& reference_times(const Paths& p, const Lab& lab, const Sand
 std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb,
                                      SharedResults& shared) {
   std::vector<CheckOutcome> out;
-  const auto checks = checks_for_lab(lab.id);
+  auto checks = checks_for_lab(lab.id);
+  if (lab.clinic)  // a clinic's checks are its cases: each one grades a file of another lab (checks_lab08.cpp)
+    for (const auto& spec : lab.checks) checks[spec.name] = {clinic_case, true};
   const std::string load_failure = probe_plugin(p, lab, plugin, sb);
   const ReferenceTimes& ref = load_failure.empty() ? reference_times(p, lab, sb, shared, checks) : ReferenceTimes{};
   for (const auto& spec : lab.checks) {

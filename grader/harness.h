@@ -33,6 +33,10 @@ struct CheckOutcome {
 // while loading fails every check at once, with that reason (empty string: it loads).
 std::string probe_plugin(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb);
 
+// One check of `plugin` with `limit_s` of wall clock and its own cgroup; never throws.
+CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, const CheckDef& def, const std::string& plugin,
+                     const SandboxSupport& sb, SharedResults& shared, double limit_s);
+
 // `shared` carries results between checks, and the references (the engine's own runs) between the
 // submissions of a batch.
 std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb,

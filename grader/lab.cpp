@@ -36,8 +36,10 @@ static Lab read_lab(const fs::path& dir) {
   if (lab.files.empty()) throw ConfigError(file + ": [lab] files is missing", "list the student's files: files = [\"ring.cpp\"]");
   lab.trains = t.contains("model");
   const std::string kind = t["lab"]["kind"].value_or(std::string("code"));
-  if (kind != "code" && kind != "answers") throw ConfigError(fmt::format("{}: [lab] kind = '{}'", file, kind), "kind is code (a plugin) or answers (TOML files)");
-  lab.answers = kind == "answers";
+  if (kind != "code" && kind != "answers" && kind != "clinic")
+    throw ConfigError(fmt::format("{}: [lab] kind = '{}'", file, kind), "kind is code (a plugin), answers (TOML files) or clinic (cases of other labs)");
+  lab.answers = kind == "answers" || kind == "clinic";  // both: the files are bundled, not compiled, at the build
+  lab.clinic = kind == "clinic";
   lab.ranks = int(t["lab"]["ranks"].value_or(int64_t(2)));
   if (lab.ranks < 1 || lab.ranks > 64) throw ConfigError(fmt::format("{}: [lab] ranks = {} (1 to 64)", file, lab.ranks));
   if (auto* checks = t["check"].as_array()) {
@@ -51,6 +53,10 @@ static Lab read_lab(const fs::path& dir) {
       s.memory_mb = (*c)["memory_mb"].value_or(int64_t(4096));
       s.what = (*c)["what"].value_or(std::string());
       s.hint = (*c)["hint"].value_or(std::string());
+      s.case_lab = (*c)["lab"].value_or(std::string());
+      s.case_file = (*c)["file"].value_or(std::string());
+      if (auto* cc = (*c)["checks"].as_array())
+        for (auto& x : *cc) s.case_checks.push_back(x.value_or(std::string()));
       if (s.name.empty() || s.points <= 0)
         throw ConfigError(fmt::format("{}: a [[check]] needs a name and positive points", file));
       lab.checks.push_back(s);

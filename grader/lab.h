@@ -13,6 +13,10 @@ struct CheckSpec {
   int64_t memory_mb = 4096;
   std::string what;   // what it checks, for the table and `lab show`
   std::string hint;   // shown when it fails
+  // a clinic's case (lab 08): the lab its file belongs to, the file (a path under student/), the checks
+  // of that lab that must pass once the bug is fixed
+  std::string case_lab, case_file;
+  std::vector<std::string> case_checks;
 };
 
 struct Lab {
@@ -22,7 +26,8 @@ struct Lab {
   std::string dir;      // labs/01-collectives
   std::vector<std::string> files;  // the student's files (student/<file>)
   std::vector<CheckSpec> checks;
-  bool answers = false;  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
+  bool answers = false;
+  bool clinic = false;   // [lab] kind = "clinic": each file is a case of another lab (answers-like bundle, cases built by the checks)  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
   bool trains = false;  // lab.toml is a training config (it has [model]): the HTML report runs it
   int ranks = 2;        // [lab] ranks: how many ranks its config runs on (the README's distlab run -n)
   int max_points() const;

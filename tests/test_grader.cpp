@@ -768,3 +768,34 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   fs::remove_all(subs);
   fs::remove(csv);
 }
+
+// Lab 08's cases are other labs' files with one bug each: the fixed files score everything, the bugged ones
+// nothing, and fixing one case earns exactly that case, whose feedback carries the other lab's diagnosis.
+TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the diagnosis, one fix earns its case", "[grader][lab08]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs08-" + std::to_string(getpid()));
+  fs::remove_all(subs);
+  const std::vector<std::string> cases = {"no_sampler/ddp.cpp", "no_set_epoch/ddp.cpp", "sum_not_average/ddp.cpp", "fp16_no_scaler/amp.cpp",
+                                          "accum_no_divide/amp.cpp", "scheduler_per_micro_step/amp.cpp", "skip_not_synchronised/amp.cpp",
+                                          "pipeline_warmup/tp_pp.cpp"};
+  // two submissions: every case fixed; every bug left in but the pipeline's fixed
+  for (const std::string& who : {"fixed", "one_fixed"})
+    for (const std::string& c : cases) {
+      const bool good = who == "fixed" || c == "pipeline_warmup/tp_pp.cpp";
+      fs::create_directories((subs / who / c).parent_path());
+      std::ofstream(subs / who / c) << read(src / (good ? "solutions/08-clinic/" : "labs/08-clinic/student/") / c);
+    }
+  const fs::path csv = subs.string() + "-grades.csv";
+  auto [code, out] = run("grade 08 --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
+  INFO(out);
+  REQUIRE(code == 0);
+  auto rows = parse_csv(read(csv));
+  CHECK(rows["fixed"].total == 14);
+  CHECK(rows["one_fixed"].total == 2);  // each seeded bug loses its case; the one fix earns exactly its own
+  CHECK(rows["one_fixed"].points["pipeline_warmup"] == 2);
+  const std::string fb = read(subs.parent_path() / "feedback" / "one_fixed.txt");
+  CHECK_THAT(fb, Catch::Contains("lab 02's curve_matches_one_rank") && Catch::Contains("average, don't sum"));
+  CHECK_THAT(fb, Catch::Contains("lab 03's scaler_rescues_underflow") && Catch::Contains("32 values are 0"));
+  fs::remove_all(subs);
+  fs::remove(csv);
+}
