@@ -80,8 +80,12 @@ ProcessGroup::ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommError(fmt::format("rank {} could not connect process group '{}' of {} ranks: {}", rank, name_, size, e.what()),
-                    "a rank did not start or could not be reached; check every rank's output and the network");
+    const std::string what = e.what(), message = fmt::format("rank {} could not connect process group '{}' of {} ranks: {}", rank, name_, size, what);
+    // a peer that connected and then exited (its own error, found right after connecting): not the cause
+    if (what.find("closed by peer") != std::string::npos || what.find("reset by peer") != std::string::npos ||
+        what.find("Broken pipe") != std::string::npos)
+      throw PeerLostError(message, "another rank failed or exited while the group was connecting: its own output says why (distlab run prints it)");
+    throw CommError(message, "a rank did not start or could not be reached; check every rank's output and the network");
   }
   context_ = ctx;
   worker_ = std::thread([this] { run_loop(); });
