@@ -154,7 +154,12 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     auto p = paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *show_id);
     std::cout << read_file(fs::path(l.dir) / "README.md") << "\n## Checks (" << l.max_points() << " points)\n\n";
-    for (const auto& c : l.checks) std::cout << fmt::format("- {} ({} point{}): {}\n", c.name, c.points, c.points == 1 ? "" : "s", c.what);
+    for (const auto& c : l.checks) {
+      std::cout << fmt::format("- {} ({} point{}): {}\n", c.name, c.points, c.points == 1 ? "" : "s", c.what);
+      if (!c.case_config.empty())  // a clinic's config case: what the fix may change, how it runs
+        std::cout << fmt::format("  the fix may change: {}; run: distlab run -n {} train {}/student/{}\n", fmt::join(c.case_change, ", "),
+                                 c.case_ranks, l.dir.substr(p.source_dir.size() + 1), c.case_file);
+    }
     std::cout << fmt::format("\nEdit {}/student/{}; build with `distlab lab build {}`; grade with `distlab grade {}`.\n",
                              l.dir.substr(p.source_dir.size() + 1), fmt::join(l.files, ", student/"), l.id, l.id);
   });

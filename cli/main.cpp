@@ -55,12 +55,12 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const distlab::Error& e) {
     std::cout.flush();
-    std::cerr << "distlab: error: " << e.full() << "\n";
+    std::cerr << ("distlab: error: " + e.full() + "\n") << std::flush;  // one write: a stop signal can't cut it
     distlab::record_worker_error(e);
     return 1;
   } catch (const std::exception& e) {
     std::cout.flush();
-    std::cerr << "distlab: error: " << e.what() << "\n";
+    std::cerr << ("distlab: error: " + std::string(e.what()) + "\n") << std::flush;
     distlab::record_worker_error(e);
     return 1;
   }

@@ -2,7 +2,9 @@
 // The student finds the bug from the case's symptom and fixes it; a case's check builds the fixed file
 // as the plugin of the lab it comes from -- the same sandboxed build -- and runs the checks of that lab
 // that see the symptom (lab.toml: lab, file, checks). Their expected/seen/hint is the diagnosis a student
-// gets back. What is graded is the behaviour of the fixed code, never the text of the fix.
+// gets back. A config case (spec.case_config) is the story's run config instead: the student's copy may
+// differ from it only in the case's keys, and the story's job run with them must show what spec.case_expect
+// says. What is graded is the behaviour of the fixed code or config, never the text of the fix.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -10,24 +12,125 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/train/config.h"
 #include "core/util/error.h"
 #include "grader/check.h"
 #include "grader/harness.h"
+#include "grader/jobs.h"
 
 namespace fs = std::filesystem;
 
 namespace distlab::grader {
 
+namespace {
+
+std::string student_file(CheckContext& ctx) {
+  std::ifstream in(ctx.plugin);
+  const nlohmann::json bundle = nlohmann::json::parse(in, nullptr, false);
+  if (!bundle.is_object() || !bundle.contains(ctx.spec.case_file) || !bundle[ctx.spec.case_file].is_string())
+    throw CheckAbort("error", fmt::format("the submission has no {}", ctx.spec.case_file));
+  return bundle[ctx.spec.case_file].get<std::string>();
+}
+
+double mean_of_last(const std::vector<double>& v, size_t n) {
+  n = std::min(n, v.size());
+  double s = 0;
+  for (size_t i = v.size() - n; i < v.size(); i++) s += v[i];
+  return n ? s / double(n) : 0.0;
+}
+
+// A config case: the student's copy of the story's config, fixed. It may differ from the story only in the
+// keys the case lets the fix change (the rest -- the model, the data, the batch, the world -- is the story);
+// the grader then runs the STORY's file with those keys set (nothing else of the student's file reaches the
+// run: no paths, no plugin) and measures what the case expects against the engine's reference run.
+CheckResult config_case(CheckContext& ctx) {
+  const CheckSpec& spec = ctx.spec;
+  const std::string story_path = (fs::path(ctx.lab.dir) / spec.case_config).string();
+  const RunConfig story = load_config(story_path);
+  RunConfig theirs;
+  try {
+    theirs = parse_config(student_file(ctx), "student/" + spec.case_file);
+  } catch (const Error& e) {
+    return {false, fmt::format("{} is a run config", spec.case_file), e.full(), "", "fix the file so that `distlab train` reads it"};
+  }
+  const auto want = config_values(story), got = config_values(theirs);
+  std::vector<std::string> sets, pinned;
+  for (const auto& [key, value] : got) {
+    const auto at = want.find(key);
+    if (at != want.end() && at->second == value) continue;
+    if (std::find(spec.case_change.begin(), spec.case_change.end(), key) == spec.case_change.end())
+      pinned.push_back(fmt::format("{} = {} (the story's: {})", key, value, at == want.end() ? "unset" : at->second));
+    else
+      sets.push_back(key + "=" + value);
+  }
+  CheckResult r;
+  r.expected = fmt::format("{}: {}", spec.case_file, spec.what);
+  if (!pinned.empty()) {
+    r.seen = fmt::format("{} changes what the story fixes: {}", spec.case_file, fmt::join(pinned, "; "));
+    r.hint = fmt::format("the model, the data, the batch and the world are the story's; the fix lies in: {}", fmt::join(spec.case_change, ", "));
+    return r;
+  }
+  // a curve is measured against the engine's reference run, shared by a batch of submissions
+  const bool compares = spec.case_expect == "curve" || spec.case_expect == "final_loss";
+  auto& slot = ctx.shared.items["clinic-ref:" + spec.name];
+  if (!slot && compares) {
+    JobOptions jo;
+    jo.config = story_path;
+    slot = std::make_shared<Job>(run_job(ctx, spec.case_reference_ranks, "none", spec.case_reference, ctx.seconds_left(), jo));
+  }
+  const Job none;
+  const Job& ref = compares ? *static_cast<const Job*>(slot.get()) : none;
+  if (compares && !ref.ok) throw Error(fmt::format("lab 08 case {}: the engine's reference run failed: {}", spec.name, ref.failure));
+  JobOptions jo;
+  jo.config = story_path;
+  const Job mine = run_job(ctx, spec.case_ranks, "none", sets, std::max(1.0, ctx.seconds_left() - 1), jo);
+  const std::string changed = sets.empty() ? "the story's config unchanged" : fmt::format("with {}", fmt::join(sets, ", "));
+  if (!mine.ok) {
+    if (mine.status == "timeout") throw CheckAbort("timeout", mine.failure);
+    r.seen = fmt::format("{}: {}", changed, mine.failure);
+    return r;
+  }
+  if (spec.case_expect == "curve") {  // every step's loss the reference's, within `limit` relative
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+      const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::max(1e-12, std::abs(ref.losses[i]));
+      if (!(d <= worst)) worst = d, at = i;
+    }
+    r.passed = mine.losses.size() == ref.losses.size() && worst <= spec.case_limit;
+    r.seen = fmt::format("{}: step {} loss {:.6f} against {:.6f} ({:.1e} relative)", changed, at + 1,
+                         at < mine.losses.size() ? mine.losses[at] : 0.0, at < ref.losses.size() ? ref.losses[at] : 0.0, worst);
+  } else if (spec.case_expect == "final_loss") {  // as low as the reference's at the end, within `limit`
+    const double a = mean_of_last(mine.losses, 5), b = mean_of_last(ref.losses, 5);
+    r.passed = a <= b * (1 + spec.case_limit);
+    r.seen = fmt::format("{}: the last 5 steps' mean loss {:.4f}, the reference's {:.4f} ({:+.1f} %)", changed, a, b, 100 * (a / b - 1));
+  } else if (spec.case_expect == "bubble") {  // the modeled pipeline bubble at most `limit`
+    const double b = mine.summary.value("pipeline_bubble", 1.0);
+    r.passed = b <= spec.case_limit;
+    r.seen = fmt::format("{}: a modeled bubble of {:.1f} % ((p - 1)/(m + p - 1) = {:.1f} %), the step {:.2f} ms", changed, 100 * b,
+                         100 * mine.summary.value("pipeline_bubble_formula", 1.0), 1e3 * mine.summary.value("modeled_step_s", 0.0));
+  } else if (spec.case_expect == "fits") {  // it ran (no OOM), and nothing went to host memory
+    const double gib = 1024.0 * 1024 * 1024, host = mine.summary["peak_memory"].value("host", 0.0);
+    r.passed = host == 0;
+    r.seen = fmt::format("{}: fits, peak {:.2f} GiB on the device, {:.2f} GiB in host memory, a modeled step of {:.0f} ms", changed,
+                         mine.summary.value("peak_memory_total", 0.0) / gib, host / gib, 1e3 * mine.summary.value("modeled_step_s", 0.0));
+    if (!r.passed) r.hint = "offload is the last rung: it pays PCIe every step. A rung below it fits this job";
+  } else {
+    throw Error(fmt::format("labs/08-clinic/lab.toml: case {}: expect = '{}' (curve | final_loss | bubble | fits)", spec.name, spec.case_expect));
+  }
+  return r;
+}
+
+}  // namespace
+
 CheckResult clinic_case(CheckContext& ctx) {
   const CheckSpec& spec = ctx.spec;
+  if (!spec.case_config.empty()) return config_case(ctx);
   const Lab target = find_lab(ctx.paths.source_dir, spec.case_lab);
   const std::string name = fs::path(spec.case_file).filename().string();
   if (std::find(target.files.begin(), target.files.end(), name) == target.files.end())
     throw Error(fmt::format("lab.toml: case {} names {}, not a file of lab {}", spec.name, spec.case_file, target.name));
-  std::ifstream in(ctx.plugin);
-  const nlohmann::json bundle = nlohmann::json::parse(in, nullptr, false);
-  if (!bundle.is_object() || !bundle.contains(spec.case_file) || !bundle[spec.case_file].is_string())
-    throw CheckAbort("error", fmt::format("the submission has no {}", spec.case_file));
+  const std::string source = student_file(ctx);
   char tmpl[] = "/tmp/distlab-clinic-XXXXXX";
   if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the case");
   const fs::path dir = tmpl;
@@ -39,7 +142,7 @@ CheckResult clinic_case(CheckContext& ctx) {
     }
   } cleanup{dir};
   fs::create_directories(dir / "src");
-  std::ofstream(dir / "src" / name, std::ios::binary) << bundle[spec.case_file].get<std::string>();
+  std::ofstream(dir / "src" / name, std::ios::binary) << source;
   CheckResult r;
   r.expected = fmt::format("{} fixed: lab {}'s {} pass{}", spec.case_file, target.id, fmt::join(spec.case_checks, ", "),
                            spec.case_checks.size() == 1 ? "es" : "");
@@ -67,7 +170,9 @@ CheckResult clinic_case(CheckContext& ctx) {
       continue;
     }
     r.detail += fmt::format("{}lab {}'s {} ({}): {}\n  expected: {}\n  seen:     {}{}", r.detail.empty() ? "" : "\n", target.id, check,
-                            tspec->what, o.status, o.expected, o.seen, o.hint.empty() ? "" : "\n  hint:     " + o.hint);
+                            tspec->what, o.status, o.expected, o.seen,
+                            // that check's hint is for its own failure: a crash, hang or error has the case's
+                            o.hint.empty() || o.status != "fail" ? "" : "\n  hint:     " + o.hint);
   }
   r.passed = passed == int(spec.case_checks.size());
   r.seen = fmt::format("{} of {} of lab {}'s checks pass", passed, spec.case_checks.size(), target.id);

@@ -22,9 +22,9 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
   const std::string metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
                                    "--max-restarts", std::to_string(jo.restarts),
-                                   "train", ctx.lab.dir + "/lab.toml", "--set", "lab.plugin=" + plugin,
+                                   "train", jo.config.empty() ? ctx.lab.dir + "/lab.toml" : jo.config, "--set", "lab.plugin=" + plugin,
                                    "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
-                                   "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(10.0, limit_s)),
+                                   "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(5.0, limit_s / 2)),
                                    "--metrics", metrics};
   for (const auto& s : sets) {
     argv.push_back("--set");

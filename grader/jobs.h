@@ -31,6 +31,7 @@ struct JobOptions {
   std::vector<std::string> env;  // NAME=value
   int restarts = 0;              // distlab run --max-restarts
   bool save = false;             // --save the final weights into Job::saved
+  std::string config;            // a config file to run instead of the lab's lab.toml (lab 08's config cases)
 };
 
 // One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation.

@@ -57,6 +57,15 @@ static Lab read_lab(const fs::path& dir) {
       s.case_file = (*c)["file"].value_or(std::string());
       if (auto* cc = (*c)["checks"].as_array())
         for (auto& x : *cc) s.case_checks.push_back(x.value_or(std::string()));
+      s.case_config = (*c)["config"].value_or(std::string());
+      s.case_expect = (*c)["expect"].value_or(std::string());
+      s.case_ranks = int((*c)["ranks"].value_or(int64_t(2)));
+      s.case_reference_ranks = int((*c)["reference_ranks"].value_or(int64_t(1)));
+      s.case_limit = (*c)["limit"].value_or(0.0);
+      if (auto* cc = (*c)["change"].as_array())
+        for (auto& x : *cc) s.case_change.push_back(x.value_or(std::string()));
+      if (auto* cc = (*c)["reference"].as_array())
+        for (auto& x : *cc) s.case_reference.push_back(x.value_or(std::string()));
       if (s.name.empty() || s.points <= 0)
         throw ConfigError(fmt::format("{}: a [[check]] needs a name and positive points", file));
       lab.checks.push_back(s);

@@ -17,6 +17,13 @@ struct CheckSpec {
   // of that lab that must pass once the bug is fixed
   std::string case_lab, case_file;
   std::vector<std::string> case_checks;
+  // ... or a config case: the story's job (config, a file of the clinic run on `ranks` ranks), the keys the
+  // fix may change (every other key is the story's), what the fixed run must show (expect, limit) and the
+  // engine's run it is measured against (the story's config with `reference` overrides on reference_ranks)
+  std::string case_config, case_expect;
+  int case_ranks = 2, case_reference_ranks = 1;
+  double case_limit = 0;
+  std::vector<std::string> case_change, case_reference;
 };
 
 struct Lab {
@@ -26,8 +33,8 @@ struct Lab {
   std::string dir;      // labs/01-collectives
   std::vector<std::string> files;  // the student's files (student/<file>)
   std::vector<CheckSpec> checks;
-  bool answers = false;
-  bool clinic = false;   // [lab] kind = "clinic": each file is a case of another lab (answers-like bundle, cases built by the checks)  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
+  bool answers = false;  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
+  bool clinic = false;   // [lab] kind = "clinic": each file is a case of another lab (answers-like bundle, cases built by the checks)
   bool trains = false;  // lab.toml is a training config (it has [model]): the HTML report runs it
   int ranks = 2;        // [lab] ranks: how many ranks its config runs on (the README's distlab run -n)
   int max_points() const;

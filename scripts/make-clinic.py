@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Writes lab 08's cases from the earlier labs' solutions: each case is one solution file with one seeded bug
+"""Writes lab 08's cases: a code case is one earlier lab's solution file with one seeded bug
 (labs/08-clinic/student/<case>/<file>, what the student diagnoses and fixes) and the file as it should be
-(solutions/08-clinic/<case>/<file>). One source for both, so a fix to a solution reaches the clinic.
+(solutions/08-clinic/<case>/<file>); one source for both, so a fix to a solution reaches the clinic. A config
+case is the story's job (labs/08-clinic/cases/<case>.toml) as the student's run.toml, and the fix applied to
+it as the solution's.
   scripts/make-clinic.py            regenerate
   scripts/make-clinic.py --check    exit 1 if a case file is out of date"""
 import pathlib, sys
@@ -24,17 +26,52 @@ CASES = {
                "    step.scheduler_step();\n  }\n")]),
     "skip_not_synchronised": ("03-amp-accum/amp.cpp", [("  comm.all_reduce(&found, 1, ReduceOp::max);\n", "")]),
     "pipeline_warmup": ("06-tp-pp/tp_pp.cpp", [(WARMUP, "const int warmup = std::min(stage, micro_batches);")]),
+    "rank0_extra_collective": ("02-ddp-cifar/ddp.cpp", [(
+        "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n  }\n",
+        "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n  }\n"
+        "  if (comm.rank() == 0) {  // log the global gradient norm (only rank 0 prints)\n"
+        "    float squares = 0;\n"
+        "    for (auto& g : grads)\n"
+        "      for (int64_t i = 0; i < g.numel; i++) squares += g.data[i] * g.data[i];\n"
+        "    comm.all_reduce(&squares, 1, ReduceOp::sum);\n"
+        "  }\n")]),
+    "every_rank_one_file": ("07-checkpoint/ckpt.cpp", [(
+        "const std::string final_name = state_file(st.rank()), tmp = final_name + \".tmp\";",
+        "const std::string final_name = state_file(0), tmp = final_name + \".tmp\";")]),
 }
 
+# config cases: the story's job (labs/08-clinic/cases/<case>.toml) is the student's file as is; the fix edits it
+CONFIG_CASES = {
+    "bn_without_syncbn": [("sync_batchnorm = false", "sync_batchnorm = true")],
+    "lr_not_scaled": [("lr = 0.02", "lr = 0.04  # x2: the global batch doubled (the linear scaling rule)")],
+    "pipeline_few_micro_batches": [("micro_batches = 4  # the whole batch in four micro-batches of 16: as many as stages",
+                                    "micro_batches = 16  # (p - 1)/(m + p - 1) = 3/19: a 16 % bubble")],
+    "nan_input": [("corrupt = [13159]  # the data set as it came to us (do not change: it is the story's data)",
+                   "corrupt = [13159]  # the data set as it came to us (do not change: it is the story's data)\n"
+                   "exclude = [13159]  # found with data.check_finite = true: record 13159 is all NaN")],
+    "oom_ladder": [("micro_batch = 8\naccum_steps = 1", "micro_batch = 1\naccum_steps = 8"),
+                   ('strategy = "ddp"', 'strategy = "zero2"')],
+}
+
+
+def apply(case, source, text, edits):
+    for before, after in edits:
+        if text.count(before) != 1:
+            sys.exit(f"make-clinic: case {case}: {source} no longer holds exactly one of:\n{before}")
+        text = text.replace(before, after)
+    return text
+
+
 stale = []
+jobs = []
 for case, (source, edits) in CASES.items():
     lab_name, file = source.split("/")
     good = (root / "solutions" / lab_name / file).read_text()
-    bad = good
-    for before, after in edits:
-        if bad.count(before) != 1:
-            sys.exit(f"make-clinic: case {case}: the solution {source} no longer holds exactly one of:\n{before}")
-        bad = bad.replace(before, after)
+    jobs.append((case, file, apply(case, "the solution " + source, good, edits), good))
+for case, edits in CONFIG_CASES.items():
+    story = (root / "labs/08-clinic/cases" / (case + ".toml")).read_text()
+    jobs.append((case, "run.toml", story, apply(case, f"cases/{case}.toml", story, edits)))
+for case, file, bad, good in jobs:
     for path, text in ((root / "labs/08-clinic/student" / case / file, bad), (root / "solutions/08-clinic" / case / file, good)):
         if "--check" in sys.argv:
             if not path.exists() or path.read_text() != text:

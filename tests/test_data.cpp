@@ -2,6 +2,7 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -272,4 +273,47 @@ TEST_CASE("data.path that is not a folder, and a text file that is a folder or a
   CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.text_file") && Catch::Contains("not a regular file"));
   s.text_file = "/dev/zero";  // would read forever
   CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("not a regular file"));
+}
+
+TEST_CASE("data.corrupt makes records NaN, data.check_finite names them, data.exclude leaves them out", "[data]") {
+  Runtime rt;
+  auto corrupt = std::make_unique<CorruptRecords>(synthetic_images(12, 1, 2, 2, 3, 1, "s"), std::vector<int64_t>{5});
+  Batch b = corrupt->make_batch(rt, {4, 5, 6});
+  const float* x = b.x.f32();
+  for (int k = 0; k < 4; k++) {
+    CHECK(std::isfinite(x[k]));
+    CHECK(std::isnan(x[4 + k]));  // record 5, every value
+    CHECK(std::isfinite(x[8 + k]));
+  }
+  // unchecked, the NaN batch goes through (the loss will say "nan" later); checked, the record is named
+  DataLoader quiet(*corrupt, std::make_shared<SequentialSampler>(12), 4, false);
+  Batch q;
+  CHECK(quiet.next(rt, q));
+  CHECK(quiet.next(rt, q));
+  DataLoader checked(*corrupt, std::make_shared<SequentialSampler>(12), 4, false, true);
+  Batch c;
+  CHECK(checked.next(rt, c));  // records 0-3
+  CHECK_THROWS_WITH(checked.next(rt, c), Catch::Contains("train record 5 (4 of its 4 values) in batch 2 of epoch 0"));
+
+  // left out: 11 records, every index past 5 shifted by one, and the source index still the file's
+  auto kept = std::make_unique<ExcludeRecords>(std::move(corrupt), std::vector<int64_t>{5});
+  CHECK(kept->size() == 11);
+  CHECK(kept->source_index(5) == 6);
+  CHECK_THAT(kept->describe(), Catch::Contains("1 record left out"));
+  DataLoader clean(*kept, std::make_shared<SequentialSampler>(11), 4, false, true);
+  Batch e;
+  int batches = 0;
+  while (clean.next(rt, e)) batches++;
+  CHECK(batches == 3);
+  auto plain = synthetic_images(12, 1, 2, 2, 3, 1, "s");
+  Batch want = plain->make_batch(rt, {6});
+  Batch got = kept->make_batch(rt, {5});
+  CHECK(std::equal(want.x.f32(), want.x.f32() + 4, got.x.f32()));
+  CHECK(want.targets == got.targets);
+
+  // out of range, not images, nothing left
+  CHECK_THROWS_WITH(CorruptRecords(synthetic_images(12, 1, 2, 2, 3, 1, "s"), {12}), Catch::Contains("data.corrupt: index 12"));
+  CHECK_THROWS_WITH(ExcludeRecords(synthetic_images(3, 1, 2, 2, 3, 1, "s"), {-1}), Catch::Contains("data.exclude: index -1"));
+  CHECK_THROWS_WITH(ExcludeRecords(synthetic_images(2, 1, 2, 2, 3, 1, "s"), {0, 1}), Catch::Contains("leaves no record"));
+  CHECK_THROWS_AS(CorruptRecords(std::make_unique<TokenDataset>("t", synthetic_tokens(100, 7, 1), 4, 7, true), {0}), DataError);
 }

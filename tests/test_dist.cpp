@@ -248,6 +248,36 @@ TEST_CASE("a collective that one rank never joins times out on the others, namin
   CHECK_FALSE(errors[1]);
 }
 
+TEST_CASE("an extra collective on rank 0 only: the timeout names what each rank called at that place", "[dist][failure]") {
+  // Every rank arrives at #2, each with another call: rank 0's extra logging all_reduce and rank 1's next
+  // step. Without fingerprints the ranks find out only at the timeout, which then says what each one called.
+  ProcessGroupOptions o;
+  o.timeout = Millis(1500);
+  auto errors = run_ranks_collect(2, [](ProcessGroup& pg) {
+    std::vector<float> grads(4096);
+    float norm = 0;
+    for (int step = 0; step < 2; step++) {
+      pg.all_reduce(grads.data(), 4096);
+      if (pg.rank() == 0) pg.all_reduce(&norm, 1);  // "log the norm" from rank 0 only
+    }
+  }, o);
+  bool named = false;
+  for (int r = 0; r < 2; r++) {
+    if (!errors[size_t(r)]) continue;
+    std::string m;
+    try {
+      std::rethrow_exception(errors[size_t(r)]);
+    } catch (const Error& e) {
+      m = e.full();
+    }
+    CHECK_THAT(m, Catch::Contains("arrived: 0, 1"));
+    if (m.find("rank 0 called all_reduce of 1 f32") != std::string::npos &&
+        m.find("rank 1 called all_reduce of 4096 f32") != std::string::npos && m.find("rank-dependent branch") != std::string::npos)
+      named = true;
+  }
+  CHECK(named);
+}
+
 TEST_CASE("DISTLAB_DEBUG=detail: mismatched collectives fail at once naming both sides", "[dist][failure]") {
   ProcessGroupOptions o;
   o.fingerprints = true;

@@ -28,6 +28,7 @@
 #include "core/nn/norm.h"
 #include "core/nn/simple.h"
 #include "core/ops/cpu/conv.h"
+#include "core/ops/cpu/pointwise.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/tensor/runtime.h"
 #include "core/util/error.h"
@@ -740,4 +741,15 @@ TEST_CASE("conv2d with a kernel wider than image + padding, stride 2 (3x3/s2/p1 
   for (ConvShape s : {ConvShape{1, 2, 1, 1, 1, 3, 2, 1}, ConvShape{1, 2, 2, 1, 2, 3, 2, 1},
                       ConvShape{2, 1, 1, 1, 2, 5, 2, 2}})
     compare_conv_with_naive(s);
+}
+
+TEST_CASE("ReLU passes NaN through, as PyTorch's does (a NaN input must not become a silent 0)", "[gradcheck]") {
+  Runtime rt;
+  const float in[4] = {-1.0f, 2.0f, std::nanf(""), -0.0f};
+  float out[4];
+  relu_forward(rt, out, in, 4);
+  CHECK(out[0] == 0.0f);
+  CHECK(out[1] == 2.0f);
+  CHECK(std::isnan(out[2]));
+  CHECK(out[3] == 0.0f);
 }

@@ -771,31 +771,59 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
 
 // Lab 08's cases are other labs' files with one bug each: the fixed files score everything, the bugged ones
 // nothing, and fixing one case earns exactly that case, whose feedback carries the other lab's diagnosis.
-TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the diagnosis, one fix earns its case", "[grader][lab08]") {
+TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the diagnosis, one fix earns its case, a config may change only its case's keys", "[grader][lab08]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs08-" + std::to_string(getpid()));
   fs::remove_all(subs);
   const std::vector<std::string> cases = {"no_sampler/ddp.cpp", "no_set_epoch/ddp.cpp", "sum_not_average/ddp.cpp", "fp16_no_scaler/amp.cpp",
                                           "accum_no_divide/amp.cpp", "scheduler_per_micro_step/amp.cpp", "skip_not_synchronised/amp.cpp",
-                                          "pipeline_warmup/tp_pp.cpp"};
-  // two submissions: every case fixed; every bug left in but the pipeline's fixed
+                                          "pipeline_warmup/tp_pp.cpp", "rank0_extra_collective/ddp.cpp", "every_rank_one_file/ckpt.cpp",
+                                          "bn_without_syncbn/run.toml", "lr_not_scaled/run.toml", "pipeline_few_micro_batches/run.toml",
+                                          "oom_ladder/run.toml", "nan_input/run.toml"};
+  // every case fixed; every bug left in but the pipeline's fixed. sum_not_average and accum_no_divide are left
+  // out of both (a case not attempted): their fixed files are lab 02's and lab 03's solutions, their bugs
+  // those labs' mutants, all graded in those labs' tests, and clinic_cases_match_solutions keeps them so
   for (const std::string& who : {"fixed", "one_fixed"})
     for (const std::string& c : cases) {
+      if (c.rfind("sum_not_average", 0) == 0 || c.rfind("accum_no_divide", 0) == 0) continue;
       const bool good = who == "fixed" || c == "pipeline_warmup/tp_pp.cpp";
       fs::create_directories((subs / who / c).parent_path());
       std::ofstream(subs / who / c) << read(src / (good ? "solutions/08-clinic/" : "labs/08-clinic/student/") / c);
     }
+  // configs that fix the symptom by changing the story: a plugin, a bigger card; and one that is not TOML
+  fs::create_directories(subs / "tampered" / "bn_without_syncbn");
+  fs::create_directories(subs / "tampered" / "oom_ladder");
+  fs::create_directories(subs / "tampered" / "lr_not_scaled");
+  std::ofstream(subs / "tampered" / "bn_without_syncbn" / "run.toml")
+      << read(src / "solutions/08-clinic/bn_without_syncbn/run.toml") << "\n[lab]\nplugin = \"/tmp/evil.so\"\n";
+  std::string oom = read(src / "labs/08-clinic/student/oom_ladder/run.toml");
+  oom.replace(oom.find("device_mem = \"24GiB\""), 20, "device_mem = \"80GiB\"");
+  std::ofstream(subs / "tampered" / "oom_ladder" / "run.toml") << oom;
+  std::ofstream(subs / "tampered" / "lr_not_scaled" / "run.toml") << "[optim\nlr = 0.04\n";
   const fs::path csv = subs.string() + "-grades.csv";
   auto [code, out] = run("grade 08 --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
   INFO(out);
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
-  CHECK(rows["fixed"].total == 14);
+  CHECK(rows["fixed"].total == 24);  // 28 less the two cases left out
   CHECK(rows["one_fixed"].total == 2);  // each seeded bug loses its case; the one fix earns exactly its own
   CHECK(rows["one_fixed"].points["pipeline_warmup"] == 2);
+  CHECK(rows["tampered"].total == 0);
   const std::string fb = read(subs.parent_path() / "feedback" / "one_fixed.txt");
-  CHECK_THAT(fb, Catch::Contains("lab 02's curve_matches_one_rank") && Catch::Contains("average, don't sum"));
   CHECK_THAT(fb, Catch::Contains("lab 03's scaler_rescues_underflow") && Catch::Contains("32 values are 0"));
+  // the hang's timeout says what each rank called at the same place in the sequence
+  CHECK_THAT(fb, Catch::Contains("rank 0 called all_reduce of 1 f32") && Catch::Contains("sequences of collectives differ"));
+  CHECK_THAT(fb, Catch::Contains("lab 07's resume_bitwise"));                   // one file for every rank: the save races, or never completes
+  CHECK_THAT(fb, Catch::Contains("the story's config unchanged: step"));         // BatchNorm: the curve leaves one card's
+  CHECK_THAT(fb, Catch::Contains("the reference's"));                             // the unscaled learning rate ends higher
+  CHECK_THAT(fb, Catch::Contains("a modeled bubble of 4"));                      // m = p = 4: a bubble over 40 %
+  CHECK_THAT(fb, Catch::Contains("out of memory") && Catch::Contains("the OOM ladder"));
+  CHECK_THAT(fb, Catch::Contains("loss became nan at step 31") && Catch::Contains("data.check_finite"));
+  CHECK_THAT(fb, Catch::Contains("the submission has no sum_not_average/ddp.cpp"));
+  const std::string tampered = read(subs.parent_path() / "feedback" / "tampered.txt");
+  CHECK_THAT(tampered, Catch::Contains("lab.plugin = \"/tmp/evil.so\"") && Catch::Contains("changes what the story fixes"));
+  CHECK_THAT(tampered, Catch::Contains("train.device_mem = \"80GiB\" (the story's: \"24GiB\")"));
+  CHECK_THAT(tampered, Catch::Contains("student/lr_not_scaled/run.toml"));
   fs::remove_all(subs);
   fs::remove(csv);
 }

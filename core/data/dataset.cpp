@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "core/util/error.h"
 
 namespace distlab {
@@ -59,6 +62,54 @@ Batch TokenDataset::make_batch(Runtime& rt, const std::vector<int64_t>& idx) con
     }
   }
   return b;
+}
+
+// ---- records corrupt, records left out ----
+
+static void check_indices(const std::vector<int64_t>& v, int64_t n, const std::string& key, const std::string& what) {
+  for (int64_t i : v)
+    if (i < 0 || i >= n)
+      throw DataError(fmt::format("{}: index {} is not a record of {} (0 to {})", key, i, what, n - 1), "indices count from 0 in the train split");
+}
+
+CorruptRecords::CorruptRecords(std::unique_ptr<Dataset> inner, std::vector<int64_t> bad) : inner_(std::move(inner)), bad_(std::move(bad)) {
+  check_indices(bad_, inner_->size(), "data.corrupt", inner_->describe());
+  if (!dynamic_cast<const ImageDataset*>(inner_.get()))
+    throw DataError("data.corrupt: only image data has float inputs to corrupt", "use it with fashion-mnist, cifar10 or synthetic-images");
+  std::sort(bad_.begin(), bad_.end());
+}
+
+Batch CorruptRecords::make_batch(Runtime& rt, const std::vector<int64_t>& idx) const {
+  Batch b = inner_->make_batch(rt, idx);
+  float* x = b.x.defined() ? b.x.f32() : nullptr;
+  if (!x) return b;  // the meta device: no values
+  const int64_t per = b.x.numel() / std::max<int64_t>(b.B, 1);
+  for (size_t i = 0; i < idx.size(); i++)
+    if (std::binary_search(bad_.begin(), bad_.end(), idx[i])) std::fill_n(x + int64_t(i) * per, per, std::numeric_limits<float>::quiet_NaN());
+  return b;
+}
+
+ExcludeRecords::ExcludeRecords(std::unique_ptr<Dataset> inner, const std::vector<int64_t>& excluded) : inner_(std::move(inner)) {
+  check_indices(excluded, inner_->size(), "data.exclude", inner_->describe());
+  std::vector<char> out(size_t(inner_->size()), 0);
+  for (int64_t i : excluded) out[size_t(i)] = 1;
+  for (int64_t i = 0; i < inner_->size(); i++)
+    if (!out[size_t(i)]) keep_.push_back(i);
+  excluded_ = inner_->size() - int64_t(keep_.size());
+  if (keep_.empty()) throw DataError("data.exclude leaves no record of " + inner_->describe());
+}
+
+std::string ExcludeRecords::describe() const {
+  return fmt::format("{}, {} record{} left out (data.exclude)", inner_->describe(), excluded_, excluded_ == 1 ? "" : "s");
+}
+
+Batch ExcludeRecords::make_batch(Runtime& rt, const std::vector<int64_t>& idx) const {
+  std::vector<int64_t> inner(idx.size());
+  for (size_t i = 0; i < idx.size(); i++) {
+    DL_ASSERT(idx[i] >= 0 && idx[i] < size(), "sample index out of range");
+    inner[i] = keep_[size_t(idx[i])];
+  }
+  return inner_->make_batch(rt, inner);
 }
 
 }  // namespace distlab

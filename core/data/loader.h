@@ -9,7 +9,9 @@ namespace distlab {
 
 class DataLoader {
  public:
-  DataLoader(const Dataset& data, std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last);
+  // check_finite: every batch's inputs are checked, and a NaN or Inf fails the run naming the record (the NaN
+  // ladder's "check the input"), before the model turns it into a NaN loss somewhere downstream.
+  DataLoader(const Dataset& data, std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last, bool check_finite = false);
   int64_t batches_per_epoch() const;
   void start_epoch(int64_t epoch);                        // draws the epoch's order
   bool next(Runtime& rt, Batch& out);                     // false at the end of the epoch
@@ -24,8 +26,9 @@ class DataLoader {
   const Dataset& data_;
   std::shared_ptr<Sampler> sampler_;
   int64_t batch_, epoch_ = -1, pos_ = 0;
-  bool drop_last_;
+  bool drop_last_, check_finite_;
   std::vector<int64_t> order_;
+  void check(const Batch& b, const std::vector<int64_t>& idx) const;  // check_finite
 };
 
 }  // namespace distlab

@@ -205,12 +205,23 @@ static DataSets open_tokens(const DataSpec& s) {
   return d;
 }
 
-DataSets open_datasets(const DataSpec& s) {
+static DataSets open_named(const DataSpec& s) {
   if (s.name == "fashion-mnist") return open_fashion_mnist(s);
   if (s.name == "cifar10") return open_cifar10(s);
   if (s.name == "synthetic-images") return synthetic_image_sets(s, "");
   if (s.name == "tokens") return open_tokens(s);
   throw ConfigError("unknown data.name '" + s.name + "'", "use fashion-mnist, cifar10, synthetic-images or tokens");
+}
+
+DataSets open_datasets(const DataSpec& s) {
+  DataSets d = open_named(s);
+  // the train split's records: some corrupt (their indices as the files number them), some left out
+  if (!s.corrupt.empty()) d.train = std::make_unique<CorruptRecords>(std::move(d.train), s.corrupt);
+  if (!s.exclude.empty()) {
+    d.train = std::make_unique<ExcludeRecords>(std::move(d.train), s.exclude);
+    d.note += fmt::format("\ntrain split with data.exclude: {} records remain", d.train->size());
+  }
+  return d;
 }
 
 }  // namespace distlab

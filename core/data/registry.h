@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/data/dataset.h"
 
@@ -18,6 +19,9 @@ struct DataSpec {
   std::string text_file;               // tokens: a text file read as bytes; "" = a synthetic stream
   int64_t synthetic_tokens = 200000;   // tokens: length of the synthetic stream
   int64_t vocab = 256;                 // tokens: vocabulary of the synthetic stream
+  std::vector<int64_t> corrupt;        // train records whose inputs come out NaN (lab 08's NaN case)
+  std::vector<int64_t> exclude;        // train records left out
+  bool check_finite = false;           // every batch's inputs checked for NaN/Inf, the sample named
   uint64_t seed = 0;
 };
 

@@ -191,9 +191,11 @@ void ProcessGroup::run_loop() {
 
 void ProcessGroup::execute(Call& c) {
   if (c.seq >= 0 && opts_.fingerprints) check_fingerprint(c);
-  if (c.seq >= 0 && opts_.track_arrivals && size_ > 1) keys_.set(fmt::format("arrive/{}/{}", c.seq, rank_), {});
+  // the arrival says what this rank called: a timeout can then tell a missing rank from one that came to
+  // the same place in the sequence with another collective (a rank-dependent extra or missing call before it)
+  if (c.seq >= 0 && opts_.track_arrivals && size_ > 1) keys_.set_string(fmt::format("arrive/{}/{}", c.seq, rank_), describe(c));
   try {
-    c.body(c.seq);
+    c.body(wire_id(c));
   } catch (const Error&) {
     throw;
   } catch (const gloo::IoException& e) {
@@ -204,8 +206,9 @@ void ProcessGroup::execute(Call& c) {
 }
 
 void ProcessGroup::fail(const Call& c, const std::string& what) {
-  std::string arrived = "unknown", missing;
+  std::string arrived = "unknown", missing, other_calls;
   std::vector<int> missing_ranks;
+  const std::string mine = describe(c);
   if (opts_.track_arrivals && c.seq >= 0) {  // point to point: the one peer is named in the message
     arrived.clear();
     for (int r = 0; r < size_; r++) {
@@ -218,6 +221,14 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
       }
       (here ? arrived : missing) += fmt::format("{}{}", (here ? arrived : missing).empty() ? "" : ", ", r);
       if (!here) missing_ranks.push_back(global_ranks_.empty() ? r : global_ranks_[size_t(r)]);
+      if (here && r != rank_) {
+        std::string theirs;
+        try {
+          theirs = keys_.get_string(fmt::format("arrive/{}/{}", c.seq, r));
+        } catch (const Error&) {
+        }
+        if (!theirs.empty() && theirs != mine) other_calls += fmt::format("\n  rank {} called {} as #{}", r, theirs, c.seq);
+      }
     }
   }
   const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;
@@ -226,14 +237,34 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
   const std::string message = fmt::format("rank {}: {} {} of {} f32 ({}) on group '{}' {}: {}\n  ranks that arrived: {}{}", rank_, c.op,
                   c.seq >= 0 ? fmt::format("#{}", c.seq) : "(" + c.detail + ")", c.count, format_bytes(double(c.count) * 4), name_,
                   timed_out ? fmt::format("timed out after {:.1f} s", opts_.timeout.count() / 1000.0) : "failed", what,
-                  arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing);
+                  arrived.empty() ? "none" : arrived, missing.empty() ? "" : "; missing: " + missing) +
+                                (other_calls.empty() ? "" : fmt::format("\n  rank {} called {} as #{}{}", rank_, mine, c.seq, other_calls));
   if (peer_lost) throw PeerLostError(message, "another rank failed or exited first: its own output says why (distlab run prints it)");
+  if (!other_calls.empty())  // every rank came, each to another collective: their sequences parted earlier
+    throw CommError(message, "the ranks' sequences of collectives differ: a rank-dependent branch made an extra (or skipped a) "
+                             "collective before this one, e.g. an all_reduce for logging under `if rank == 0`; every rank must "
+                             "issue the same collectives in the same order");
   CommError err(message,
       timed_out ? "a rank never called this collective: a rank-dependent branch (an extra all_reduce on rank 0, an early "
                   "exit, a stuck loop)? rerun with DISTLAB_DEBUG=detail to compare every collective across ranks"
                 : "another rank failed or exited: its own output says why (distlab run prints it)");
   if (timed_out) err.waiting_for = missing_ranks;
   throw err;
+}
+
+// What a collective's messages are tagged with: its place in the sequence (low 20 bits) and a 12-bit hash of
+// what it is (op, count, reduce op or root). Two ranks that reach the same place with different collectives
+// then wait on different tags and time out with a message naming both -- rather than Gloo receiving a
+// message of another size, which aborts the whole process from its I/O thread.
+uint32_t ProcessGroup::wire_id(const Call& c) {
+  if (c.seq < 0) return 0;
+  uint32_t h = 2166136261u;
+  for (unsigned char ch : describe(c)) h = (h ^ ch) * 16777619u;
+  return ((h & 0xfffu) << 20) | uint32_t(c.seq & 0xfffff);
+}
+
+std::string ProcessGroup::describe(const Call& c) {
+  return fmt::format("{} of {} f32{}", c.op, c.count, c.detail.empty() ? "" : " (" + c.detail + ")");
 }
 
 void ProcessGroup::check_fingerprint(const Call& c) {
@@ -301,7 +332,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(float* data, int64_t n, Red
       gloo::AllreduceOptions o(context_);
       o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
       o.setOutput(data, size_t(n));
-      o.setTag(uint32_t(seq & 0xffffff));
+      o.setTag(uint32_t(seq));
       o.setTimeout(opts_.timeout);
       if (op == ReduceOp::max)
         o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<float>));
@@ -327,7 +358,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_16_async(float* data, int64_t n, 
     std::vector<float> padded(static_cast<size_t>(chunk * size_), 0.0f), mine(static_cast<size_t>(chunk));
     std::copy_n(data, n, padded.begin());
     ring_reduce_scatter(mine.data(), padded.data(), chunk, op, seq, wire);
-    gather_16(padded.data(), mine.data(), chunk, wire);
+    gather_16(padded.data(), mine.data(), chunk, wire, seq);
     std::copy_n(padded.begin(), n, data);
     count("all_reduce", moved, moved);
   }, detail);
@@ -348,13 +379,13 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in
   const std::string detail = wire == DType::f32 ? "" : dtype_name(wire);  // ranks must agree on the wire's type too
   if (fake_) return submit("all_gather", n, n * size_ * bytes, true, [=, this](int64_t) { count("all_gather", moved, moved); }, detail);
   return submit("all_gather", n, n * size_ * bytes, true, [=, this](int64_t seq) {
-    (void)seq;
     if (wire != DType::f32) {
-      gather_16(out, in, n, wire);
+      gather_16(out, in, n, wire, seq);
     } else if (size_ > 1 && n > 0) {
       gloo::AllgatherOptions o(context_);
       o.setInput(const_cast<float*>(in), size_t(n));
       o.setOutput(out, size_t(n * size_));
+      o.setTag(uint32_t(seq));
       o.setTimeout(opts_.timeout);
       gloo::allgather(o);
     } else if (n > 0) {
@@ -365,7 +396,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(float* out, const float* in
 }
 
 // 16 bits on the wire: rounded once going in, exact coming out. Runs on the communication thread.
-void ProcessGroup::gather_16(float* out, const float* in, int64_t n, DType wire) {
+void ProcessGroup::gather_16(float* out, const float* in, int64_t n, DType wire, int64_t tag) {
   if (n <= 0) return;
   std::vector<uint16_t> in16(static_cast<size_t>(n)), out16(static_cast<size_t>(n * size_));
   convert(in, DType::f32, in16.data(), wire, n);
@@ -373,6 +404,7 @@ void ProcessGroup::gather_16(float* out, const float* in, int64_t n, DType wire)
     gloo::AllgatherOptions o(context_);
     o.setInput(in16.data(), size_t(n));
     o.setOutput(out16.data(), size_t(n * size_));
+    o.setTag(uint32_t(tag));
     o.setTimeout(opts_.timeout);
     gloo::allgather(o);
   } else {
@@ -388,11 +420,11 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int 
       count("broadcast", rank_ == root ? (size_ - 1) * n * 4 : 0, rank_ == root ? 0 : n * 4);
     }, fmt::format("root {}", root));
   return submit("broadcast", n, n * 4, true, [=, this](int64_t seq) {
-    (void)seq;
     if (size_ > 1 && n > 0) {
       gloo::BroadcastOptions o(context_);
       o.setOutput(data, size_t(n));
       o.setRoot(root);
+      o.setTag(uint32_t(seq));
       o.setTimeout(opts_.timeout);
       gloo::broadcast(o);
     }
@@ -402,9 +434,10 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(float* data, int64_t n, int 
 }
 
 void ProcessGroup::barrier() {
-  submit("barrier", 0, 0, true, [=, this](int64_t) {
+  submit("barrier", 0, 0, true, [=, this](int64_t seq) {
     if (size_ > 1 && !fake_) {
       gloo::BarrierOptions o(context_);
+      o.setTag(uint32_t(seq));
       o.setTimeout(opts_.timeout);
       gloo::barrier(o);
     }

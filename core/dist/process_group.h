@@ -130,7 +130,7 @@ class ProcessGroup {
   struct Call {
     const char* op;
     int64_t seq, count;  // seq -1: point-to-point, outside the group's collective sequence
-    std::function<void(int64_t seq)> body;
+    std::function<void(int64_t id)> body;  // given wire_id(): the tag its messages carry
     std::shared_ptr<Work> work;
     std::string detail;  // what else every rank must agree on: the reduce op, the broadcast root
   };
@@ -139,11 +139,13 @@ class ProcessGroup {
   void run_loop();
   void execute(Call& c);
   void check_fingerprint(const Call& c);
+  static std::string describe(const Call& c);  // "all_reduce of 864 f32 (sum)"
+  static uint32_t wire_id(const Call& c);       // the tag of its messages: sequence and what it is
   [[noreturn]] void fail(const Call& c, const std::string& what);
   void count(const char* op, int64_t sent, int64_t received);
   void ring_reduce_scatter(float* out, const float* in, int64_t n, ReduceOp op, int64_t seq, DType wire = DType::f32);
   std::shared_ptr<Work> all_reduce_16_async(float* data, int64_t n, ReduceOp op, DType wire);
-  void gather_16(float* out, const float* in, int64_t n, DType wire);
+  void gather_16(float* out, const float* in, int64_t n, DType wire, int64_t tag);
   std::vector<float> rs_scratch_;      // the ring reduce-scatter's receive and partial-sum buffers, reused
   std::vector<uint16_t> rs_scratch16_; // and its 16-bit staging, with a 16-bit wire
   uint64_t p2p_slot(int peer, int tag, bool sending);

@@ -96,7 +96,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   if (!rt.is_meta()) {
     auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), lab_);
-    loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last);
+    loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last, cfg.data.check_finite);
     if (loader_->batches_per_epoch() < 1)
       throw ConfigError(fmt::format("the train set has {} samples, fewer than one micro-batch of {}", data_.train->size(), micro_batch_),
                         "lower train.micro_batch");
@@ -462,7 +462,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     samples += double(micro_batch_ * accum_ * dp_world());
     if (!rt_.is_meta() && !std::isfinite(loss) && !scaler_.dynamic())  // a dynamic scaler skips it and backs off
       throw Error(fmt::format("loss became {} at step {}", loss, step + 1),
-                  std::string("the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data") +
+                  std::string("the NaN ladder: lower optim.lr, then clip (optim.clip_grad_norm), then check the input data "
+                                  "(data.check_finite = true names a record holding NaN or Inf), then the loss's normalization") +
                       (rt_.dtype == DType::f16 ? "; in fp16 a value past 65504 is inf: try precision.mode = \"bf16\"" : ""));
     const bool last = step + 1 == total_steps_;
     if ((step + 1) % cfg_.train.log_every == 0 || last) {

@@ -12,7 +12,7 @@ void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
   OpScope op(rt, "relu_forward", double(n), 8.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+  for (int64_t i = 0; i < n; i++) out[i] = inp[i] <= 0.0f ? 0.0f : inp[i];  // NaN stays NaN, as in PyTorch
 }
 
 void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n) {
