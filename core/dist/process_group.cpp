@@ -87,6 +87,23 @@ ProcessGroup::ProcessGroup(Store& store, int rank, int size, ProcessGroupOptions
       throw PeerLostError(message, "another rank failed or exited while the group was connecting: its own output says why (distlab run prints it)");
     throw CommError(message, "a rank did not start or could not be reached; check every rank's output and the network");
   }
+  // Nobody leaves the connect phase before every rank has connected: Gloo's connectFullMesh returns when
+  // THIS rank's pairs are up, and a rank that returned, failed at once (a config it refuses) and closed its
+  // sockets would break a pair another rank is still completing ("closed by peer", blaming the wrong rank).
+  if (size > 1) {
+    keys_.set(fmt::format("connected/{}", rank), {});
+    for (int r = 0; r < size; r++) {
+      try {
+        keys_.wait({fmt::format("connected/{}", r)}, opts_.timeout);
+      } catch (const StoreError&) {
+        CommError err(fmt::format("rank {}: process group '{}' connected, but rank {} did not finish connecting within {:.1f} s", rank,
+                                  name_, r, opts_.timeout.count() / 1000.0),
+                      "that rank is stuck or exited while connecting: its own output says why");
+        err.waiting_for = {global_ranks_[size_t(r)]};
+        throw err;
+      }
+    }
+  }
   context_ = ctx;
   worker_ = std::thread([this] { run_loop(); });
 }
