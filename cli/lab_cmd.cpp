@@ -173,7 +173,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     auto l = grader::find_lab(p.source_dir, *build_id);
     const SandboxSupport sb = probe_sandbox();
     const std::string tag = *build_solution ? "solution" : "student";
-    const std::string src = *build_solution ? (fs::path(p.source_dir) / "solutions" / l.name).string() : (fs::path(l.dir) / "student").string();
+    const std::string src = *build_solution ? grader::solution_folder(p.source_dir, p.build_dir, l) : (fs::path(l.dir) / "student").string();
     auto b = grader::build_plugin(p, l, src, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
     if (!b.ok) {
       std::cerr << "build failed:\n" << b.log;
@@ -222,7 +222,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       return;
     }
     const std::string tag = a->solution ? "solution" : "student";
-    const std::string src = a->solution ? (fs::path(p.source_dir) / "solutions" / l.name).string() : (fs::path(l.dir) / "student").string();
+    const std::string src = a->solution ? grader::solution_folder(p.source_dir, p.build_dir, l) : (fs::path(l.dir) / "student").string();
     grader::SharedResults shared;
     grader::Grade g = grade_folder(p, l, src, tag, (lab_build_dir(p, l) / (tag + ".so")).string(), sb, shared, false);
     std::cout << grader::table(g);

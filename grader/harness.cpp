@@ -234,9 +234,9 @@ const ReferenceTimes& reference_times(const Paths& p, const Lab& lab, const Sand
   if (slot) return *static_cast<const ReferenceTimes*>(slot.get());
   auto times = std::make_shared<ReferenceTimes>();
   slot = times;
-  const fs::path src = fs::path(p.source_dir) / "solutions" / lab.name;
   std::error_code ec;
-  if (!fs::is_directory(src, ec)) return *times;
+  if (!fs::is_directory(fs::path(p.source_dir) / "solutions" / lab.name, ec)) return *times;
+  const fs::path src = solution_folder(p.source_dir, p.build_dir, lab);
   const fs::path so = fs::path(p.build_dir) / "labs" / lab.name / "reference.so";
   bool fresh = fs::exists(so, ec);  // built after every file it comes from: reused
   for (const auto& f : lab.files) fresh = fresh && fs::last_write_time(src / f, ec) < fs::last_write_time(so, ec) && !ec;

@@ -74,6 +74,23 @@ static Lab read_lab(const fs::path& dir) {
   return lab;
 }
 
+std::string solution_folder(const std::string& source_dir, const std::string& build_dir, const Lab& lab) {
+  const fs::path own = fs::path(source_dir) / "solutions" / lab.name;
+  if (!lab.clinic) return own.string();
+  const fs::path dir = fs::path(build_dir) / "labs" / lab.name / "solution-src";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  for (const CheckSpec& c : lab.checks) {
+    if (c.case_file.empty()) continue;
+    fs::path from = own / c.case_file;
+    if (!c.case_lab.empty()) from = fs::path(source_dir) / "solutions" / find_lab(source_dir, c.case_lab).name / fs::path(c.case_file).filename();
+    fs::create_directories((dir / c.case_file).parent_path(), ec);
+    if (!ec) fs::copy_file(from, dir / c.case_file, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw Error(fmt::format("cannot assemble lab {}'s solution: {} -> {}: {}", lab.id, from.string(), (dir / c.case_file).string(), ec.message()));
+  }
+  return dir.string();
+}
+
 std::vector<Lab> all_labs(const std::string& source_dir) {
   std::vector<Lab> labs;
   const fs::path root = fs::path(source_dir) / "labs";

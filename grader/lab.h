@@ -41,6 +41,10 @@ struct Lab {
 };
 
 std::vector<Lab> all_labs(const std::string& source_dir);
+// The folder of a lab's solution: solutions/NN-name. A clinic's code cases are the solutions of the labs
+// they come from, not copies: its folder is assembled under build_dir from solutions/08-clinic (the config
+// cases' fixes) and, for each code case, solutions/<its lab>/<file>.
+std::string solution_folder(const std::string& source_dir, const std::string& build_dir, const Lab& lab);
 Lab find_lab(const std::string& source_dir, const std::string& id_or_name);  // ConfigError listing the labs
 
 }  // namespace distlab::grader

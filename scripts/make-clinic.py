@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes lab 08's cases: a code case is one earlier lab's solution file with one seeded bug
-(labs/08-clinic/student/<case>/<file>, what the student diagnoses and fixes) and the file as it should be
-(solutions/08-clinic/<case>/<file>); one source for both, so a fix to a solution reaches the clinic. A config
-case is the story's job (labs/08-clinic/cases/<case>.toml) as the student's run.toml, and the fix applied to
-it as the solution's.
+(labs/08-clinic/student/<case>/<file>, what the student diagnoses and fixes); its fixed file is that lab's
+solution itself (`distlab grade 08 --solution` takes it from there), so a fix to a solution reaches the
+clinic. A config case is the story's job (labs/08-clinic/cases/<case>.toml) as the student's run.toml, and
+the fix applied to it as solutions/08-clinic/<case>/run.toml.
   scripts/make-clinic.py            regenerate
   scripts/make-clinic.py --check    exit 1 if a case file is out of date"""
 import pathlib, sys
@@ -67,12 +67,24 @@ jobs = []
 for case, (source, edits) in CASES.items():
     lab_name, file = source.split("/")
     good = (root / "solutions" / lab_name / file).read_text()
-    jobs.append((case, file, apply(case, "the solution " + source, good, edits), good))
+    jobs.append((case, file, apply(case, "the solution " + source, good, edits), None))
 for case, edits in CONFIG_CASES.items():
     story = (root / "labs/08-clinic/cases" / (case + ".toml")).read_text()
     jobs.append((case, "run.toml", story, apply(case, f"cases/{case}.toml", story, edits)))
 for case, file, bad, good in jobs:
-    for path, text in ((root / "labs/08-clinic/student" / case / file, bad), (root / "solutions/08-clinic" / case / file, good)):
+    if good is None:  # a code case: no copy of the lab's solution under solutions/08-clinic
+        copy = root / "solutions/08-clinic" / case / file
+        if copy.exists():
+            if "--check" in sys.argv:
+                stale.append(str(copy.relative_to(root)) + " (a copy of a lab's solution: delete it)")
+            else:
+                copy.unlink()
+                copy.parent.rmdir()
+                print("removed", copy.relative_to(root))
+        jobs_files = ((root / "labs/08-clinic/student" / case / file, bad),)
+    else:
+        jobs_files = ((root / "labs/08-clinic/student" / case / file, bad), (root / "solutions/08-clinic" / case / file, good))
+    for path, text in jobs_files:
         if "--check" in sys.argv:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path.relative_to(root)))

@@ -787,8 +787,13 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
     for (const std::string& c : cases) {
       if (c.rfind("sum_not_average", 0) == 0 || c.rfind("accum_no_divide", 0) == 0) continue;
       const bool good = who == "fixed" || c == "pipeline_warmup/tp_pp.cpp";
+      // a code case's fixed file is its lab's solution; a config case's is under solutions/08-clinic
+      const std::map<std::string, std::string> lab_of = {{"ddp.cpp", "02-ddp-cifar"}, {"amp.cpp", "03-amp-accum"},
+                                                         {"tp_pp.cpp", "06-tp-pp"}, {"ckpt.cpp", "07-checkpoint"}};
+      const std::string file = fs::path(c).filename().string();
+      const fs::path fixed = lab_of.count(file) ? src / "solutions" / lab_of.at(file) / file : src / "solutions/08-clinic" / c;
       fs::create_directories((subs / who / c).parent_path());
-      std::ofstream(subs / who / c) << read(src / (good ? "solutions/08-clinic/" : "labs/08-clinic/student/") / c);
+      std::ofstream(subs / who / c) << read(good ? fixed : src / "labs/08-clinic/student" / c);
     }
   // configs that fix the symptom by changing the story: a plugin, a bigger card; and one that is not TOML
   fs::create_directories(subs / "tampered" / "bn_without_syncbn");
