@@ -9,6 +9,9 @@
 // operation, its sequence number, its size and the ranks that arrived. With DISTLAB_DEBUG=detail each
 // collective first exchanges a fingerprint (op, sequence, count, dtype) through the store, so ranks that
 // call different collectives fail at once, naming both sides.
+//
+// process_group.cpp: connecting, the queue, the timeouts and the collectives over Gloo's own algorithms;
+// process_group_p2p.cpp: point-to-point send/recv and our ring reduce-scatter on Gloo's unbound buffers.
 #pragma once
 #include <condition_variable>
 #include <deque>
