@@ -354,15 +354,12 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
       // the engine's DDP behind empty entries: "not implemented", never the engine's own
       {"null_hooks", replace(solution, table, "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, nullptr, nullptr, nullptr};")},
-      // every rank reads all the data (self-test Q6): no speed-up
-      {"no_sampler", replace(solution, "  for (int64_t i = rank; i < total; i += replicas) mine.push_back(order[size_t(i)]);",
-                             "  mine.assign(order.begin(), order.begin() + (n + replicas - 1) / replicas * replicas);")},
       {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n", "")},
       {"bucketed_sum", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "int64_t(b.flat.size()), ReduceOp::sum);")},
       {"bucketed_no_copy_back", replace(solution, "        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);\n", "")},
-      {"no_set_epoch", replace(solution, "seeded_permutation(n, seed + uint64_t(epoch))", "seeded_permutation(n, seed)")},
       {"forward_buckets", replace(solution, "for (size_t k = grads.size(); k-- > 0;) {", "for (size_t k = 0; k < grads.size(); k++) {")},
   };
+  // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
   CHECK(rows["John Smith; touch pwned"].total == 13);
   CHECK(!fs::exists(fs::path(DISTLAB_SOURCE_DIR) / "pwned"));
@@ -370,18 +367,13 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["null_hooks"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
-  CHECK(rows["no_sampler"].points["modeled_speedup_t4"] == 0);
-  CHECK(rows["no_sampler"].points["sampler_disjoint_covering"] == 0);
   CHECK(rows["sum_not_average"].points["curve_matches_one_rank"] == 0);
   CHECK(rows["sum_not_average"].points["sampler_disjoint_covering"] == 2);
   CHECK(rows["bucketed_sum"].points["curve_matches_one_rank"] == 0);
   CHECK(rows["bucketed_no_copy_back"].points["curve_matches_one_rank"] == 0);
   CHECK(rows["bucketed_no_copy_back"].points["params_equal_across_ranks"] == 0);
-  CHECK(rows["no_set_epoch"].points["sampler_set_epoch"] == 0);
-  CHECK(rows["no_set_epoch"].points["curve_matches_one_rank"] == 3);
   CHECK(rows["forward_buckets"].points["bucketed_overlap"] == 0);
   CHECK(rows["forward_buckets"].points["curve_matches_one_rank"] == 3);
-  CHECK_THAT(read(subs.parent_path() / "feedback" / "no_set_epoch.txt"), Catch::Contains("seed + epoch"));
   fs::remove_all(subs);
 }
 
@@ -439,7 +431,6 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs03-" + std::to_string(getpid()));
   const std::string step_body = "  const bool overflow = unscale_(step.comm(), s, grads);\n  if (overflow) {\n    step.skip_step();\n  } else {\n"
                                 "    clip_grad_norm(grads, step.max_norm());  // once, on the accumulated gradient\n    step.optimizer_step();\n  }\n";
-  const std::string loop = "  for (int micro = 0; micro < k; micro++) step.forward_backward(micro, s.scale / float(k));\n";
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", read(src / "labs/03-amp-accum/student/amp.cpp")},
@@ -449,13 +440,8 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
       {"clip_before_unscale", replace(solution, step_body,
                                       "  clip_grad_norm(grads, step.max_norm());\n  const bool overflow = unscale_(step.comm(), s, grads);\n"
                                       "  if (overflow) step.skip_step();\n  else step.optimizer_step();\n")},
-      // each rank decides alone: the replicas split on the first overflow one rank sees
-      {"skip_not_synchronised", replace(solution, "  comm.all_reduce(&found, 1, ReduceOp::max);\n", "")},
       {"growth_never", replace(solution, "    if (std::isfinite(grown)) s.scale = grown;\n", "")},
       {"loss_not_divided_by_k", replace(solution, "s.scale / float(k))", "s.scale)")},
-      {"scheduler_per_micro_step",
-       replace(replace(solution, "  step.scheduler_step();  // once per optimizer step, never per micro-batch\n", ""), loop,
-               "  for (int micro = 0; micro < k; micro++) {\n    step.forward_backward(micro, s.scale / float(k));\n    step.scheduler_step();\n  }\n")},
       // a correct scaler that train_step never uses: no scale, no unscale, no skip
       {"scaler_unused_in_step",
        replace_body(solution, "void train_step(Step& step, const ScalerConfig& c, ScalerState& s)",
@@ -466,6 +452,7 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/03-amp-accum/student/amp.cpp") +
                           "\nstatic int forged = [] { std::puts(\"15/15 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
+  // skip_not_synchronised and scheduler_per_micro_step are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("03", subs, files, "amp.cpp");
   CHECK(rows["solution"].total == 15);
   CHECK(rows["skeleton"].total == 0);
@@ -479,17 +466,11 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   CHECK(rows["no_scaling"].points["clip_grad_norm"] == 1);
   CHECK(rows["clip_before_unscale"].points["fp16_tracks_fp32"] == 0);
   CHECK(rows["clip_before_unscale"].points["scale_sequence"] == 2);
-  CHECK(rows["skip_not_synchronised"].points["overflow_skipped_on_every_rank"] == 0);
-  CHECK(rows["skip_not_synchronised"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["growth_never"].points["scale_sequence"] == 0);
   CHECK(rows["growth_never"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["loss_not_divided_by_k"].points["accumulation_equals_big_batch"] == 0);
   CHECK(rows["loss_not_divided_by_k"].points["scale_sequence"] == 2);
-  CHECK(rows["scheduler_per_micro_step"].points["schedule_once_per_step"] == 0);
-  CHECK(rows["scheduler_per_micro_step"].points["accumulation_equals_big_batch"] == 0);
-  CHECK(rows["scheduler_per_micro_step"].points["overflow_skipped_on_every_rank"] == 2);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "clip_before_unscale.txt"), Catch::Contains("unscale BEFORE clipping"));
-  CHECK_THAT(read(subs.parent_path() / "feedback" / "skip_not_synchronised.txt"), Catch::Contains("ReduceOp::max"));
   fs::remove_all(subs);
 }
 
@@ -816,6 +797,11 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
   CHECK(rows["tampered"].total == 0);
   const std::string fb = read(subs.parent_path() / "feedback" / "one_fixed.txt");
   CHECK_THAT(fb, Catch::Contains("lab 03's scaler_rescues_underflow") && Catch::Contains("32 values are 0"));
+  // lab 02's and lab 03's tests leave these mutants to this one: each fails its check, with that check's hint
+  CHECK_THAT(fb, Catch::Contains("lab 02's sampler_disjoint_covering (") && Catch::Contains("seen:     2 indices"));
+  CHECK_THAT(fb, Catch::Contains("lab 02's sampler_set_epoch (") && Catch::Contains("seeded_permutation(n, seed + epoch)"));
+  CHECK_THAT(fb, Catch::Contains("lab 03's schedule_once_per_step (") && Catch::Contains("once per optimizer step (PyTorch's scheduler.step())"));
+  CHECK_THAT(fb, Catch::Contains("lab 03's overflow_skipped_on_every_rank (") && Catch::Contains("found-inf flag with ReduceOp::max"));
   // the hang's timeout says what each rank called at the same place in the sequence
   CHECK_THAT(fb, Catch::Contains("rank 0 called all_reduce of 1 f32") && Catch::Contains("sequences of collectives differ"));
   CHECK_THAT(fb, Catch::Contains("lab 07's resume_bitwise"));                   // one file for every rank: the save races, or never completes
