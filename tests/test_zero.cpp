@@ -41,11 +41,11 @@ TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 20 steps: bitwise on 2 ranks, within 1
     int ranks;
     std::string config, sets;
   };
-  // (4 ranks: GPT-tiny only — on 2 cores, four CNN ranks cost a minute and test nothing 3 ranks do not)
+  // 3 ranks (shards that do not divide evenly): the CNN; 4 ranks: GPT-tiny. On 2 cores, four CNN ranks cost
+  // a minute and 3 GPT ranks 11 s, and neither tests anything the other two cases do not.
   const std::string steps = "--set train.steps=20 ";
   for (const Case& c : {Case{2, kCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{2, kGpt, kGptSets + steps},
-                        Case{3, kCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{3, kGpt, kGptSets + steps},
-                        Case{4, kGpt, kGptSets + steps}}) {
+                        Case{3, kCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{4, kGpt, kGptSets + steps}}) {
     INFO(c.ranks << " ranks, " << c.config);
     RunOut ddp = train(c.ranks, c.config, c.sets + "--set parallel.strategy=ddp");
     REQUIRE(ddp.code == 0);

@@ -10,6 +10,8 @@
 
 namespace distlab {
 
+class CudaContext;  // core/cuda/context.h: only in a build with CUDA
+
 struct Runtime {
   explicit Runtime(DeviceKind dev = DeviceKind::cpu, int rank_ = 0, int64_t capacity = -1)
       : device(dev), rank(rank_), memory(rank_, device_name(dev), capacity) {}
@@ -26,6 +28,8 @@ struct Runtime {
   DType reduce_dtype = DType::f32;
   MemoryAccountant memory;
   Trace trace;
+  // The rank's GPU (streams, cuBLAS, allocator) when device is cuda; owned by whoever made the Runtime.
+  CudaContext* cuda = nullptr;
 
   bool is_meta() const { return device == DeviceKind::meta; }
   // Shorthands for allocation on this rank's device.

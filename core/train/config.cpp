@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "core/perf/hardware.h"
+#include "core/tensor/device.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -364,8 +365,11 @@ void validate(const RunConfig& c) {
   require(c.train.threads >= 0, c, "train.threads", "must not be negative", "0 picks cores / ranks");
   require(c.train.sampler == "distributed" || c.train.sampler == "plain", c, "train.sampler", "is '" + c.train.sampler + "'",
           "use distributed (each rank its 1/N of the data) or plain (every rank the whole set: the bug)");
-  require(c.train.device == "cpu" || c.train.device == "meta", c, "train.device", "is '" + c.train.device + "'",
-          "use cpu (real numbers) or meta (shapes, memory and FLOPs only)");
+  require(c.train.device == "cpu" || c.train.device == "meta", c, "train.device",
+          c.train.device == "cuda" ? "is 'cuda', which cannot train in this version (cuda: " + cuda_build_status() + ")"
+                                   : "is '" + c.train.device + "'",
+          c.train.device == "cuda" ? "use cpu (real numbers) or meta (shapes, memory and FLOPs only); bench/gpu_check.sh runs the CUDA kernels"
+                                   : "use cpu (real numbers) or meta (shapes, memory and FLOPs only)");
   if (!c.train.device_mem.empty()) {
     try {
       require(parse_device_memory(c.train.device_mem, "train.device_mem") > 0, c, "train.device_mem", "must be positive", "");

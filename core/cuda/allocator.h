@@ -1,0 +1,38 @@
+// A caching allocator for device memory, the idea of PyTorch's CUDACachingAllocator in its simplest form:
+// a training step frees and allocates the same sizes every step, and cudaMalloc/cudaFree synchronize the
+// device, so freed blocks are kept by rounded size and handed out again. Cached blocks are "reserved", not
+// "allocated" (torch.cuda.memory_reserved vs memory_allocated); the rank's MemoryAccountant counts what
+// tensors hold, per category, exactly as on cpu and meta.
+// One stream: a block freed on the compute stream is reused by work queued after it on the same stream,
+// so stream order makes the reuse safe. A block used by another stream must not be freed before that
+// stream is done with it (what PyTorch's record_stream tracks): the NCCL process group keeps its buffers
+// alive until its work completes.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace distlab {
+
+class CudaAllocator {
+ public:
+  CudaAllocator() = default;
+  ~CudaAllocator();
+  CudaAllocator(const CudaAllocator&) = delete;
+  CudaAllocator& operator=(const CudaAllocator&) = delete;
+
+  // Sizes round up to 512 B below 1 MiB and to 2 MiB above (PyTorch's rounding). nullptr when the device
+  // is full even after the cache was emptied: the caller raises the out-of-memory error with its breakdown.
+  void* alloc(int64_t bytes);
+  void free(void* p, int64_t bytes);
+  void empty_cache();  // torch.cuda.empty_cache(): cached blocks back to the driver
+  int64_t reserved() const { return reserved_; }  // in use + cached
+  int64_t cached() const { return cached_; }
+  static int64_t rounded(int64_t bytes);
+
+ private:
+  std::map<int64_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
+  int64_t reserved_ = 0, cached_ = 0;
+};
+
+}  // namespace distlab

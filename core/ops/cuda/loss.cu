@@ -1,0 +1,137 @@
+// Softmax cross-entropy on the GPU, as core/ops/cpu/loss.cpp: one block per row for the max, the sum of
+// exponentials and the probabilities; then one block sums the rows' losses in order and the host reads
+// the mean loss, the count of right answers and any out-of-range target back (the step's one sync).
+
+#include "core/ops/cuda/common.cuh"
+
+namespace distlab::cuda {
+
+namespace {
+
+struct LossTotals {
+  double loss;
+  long long count, hits;
+  int bad_target, bad_row;  // the first target >= V (and its row), or -1
+};
+
+__global__ void softmax_xent_rows_k(float* probs, float* row_loss, int* row_hit, const float* logits, const int32_t* targets,
+                                    int64_t V) {
+  __shared__ float best_v[kThreads];
+  __shared__ int64_t best_i[kThreads];
+  const int64_t n = blockIdx.x;
+  const float* x = logits + n * V;
+  float* p = probs + n * V;
+  // argmax with the cpu's rule (the first of equal maxima): each thread its strided share, then a tree
+  float mv = -INFINITY;
+  int64_t mi = V;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+    if (mi == V || x[v] > mv) {
+      mv = x[v];
+      mi = v;
+    }
+  best_v[threadIdx.x] = mv;
+  best_i[threadIdx.x] = mi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float ov = best_v[threadIdx.x + s];
+      const int64_t oi = best_i[threadIdx.x + s];
+      if (oi != V && (best_i[threadIdx.x] == V || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  const float mx = best_v[0];
+  const int64_t arg = best_i[0];
+  float s = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    p[v] = expf(x[v] - mx);
+    s += p[v];
+  }
+  const float sum = block_sum(s), inv = 1.0f / sum;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
+  if (threadIdx.x == 0) {
+    const int32_t t = targets[n];
+    row_loss[n] = t >= 0 && t < V ? -(x[t] - mx - logf(sum)) : 0.0f;
+    row_hit[n] = t < 0 ? -1 : t >= V ? -2 : (arg == t ? 1 : 0);  // -1 ignored, -2 out of range
+  }
+}
+
+__global__ void sum_rows_k(LossTotals* out, const float* row_loss, const int* row_hit, const int32_t* targets, int64_t N) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;  // one thread, rows in order: the cpu's sum
+  LossTotals t{0.0, 0, 0, -1, -1};
+  for (int64_t n = 0; n < N; n++) {
+    if (row_hit[n] == -1) continue;
+    if (row_hit[n] == -2) {
+      if (t.bad_row < 0) {
+        t.bad_row = int(n);
+        t.bad_target = targets[n];
+      }
+      continue;
+    }
+    t.loss += double(row_loss[n]);
+    t.count++;
+    t.hits += row_hit[n];
+  }
+  *out = t;
+}
+
+__global__ void count_valid_k(int64_t* count, const int32_t* targets, int64_t N) {
+  float c = 0.0f;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] >= 0 ? 1.0f : 0.0f;
+  const float total = block_sum(c);  // exact: integers far below 2^24
+  if (threadIdx.x == 0) *count = int64_t(total);
+}
+
+__global__ void softmax_xent_backward_k(float* dlogits, const float* probs, const int32_t* targets, const int64_t* count,
+                                        int64_t N, int64_t V, float scale) {
+  const float k = *count ? scale / float(*count) : 0.0f;
+  DL_GRID_LOOP(i, N * V) {
+    const int64_t n = i / V, v = i % V;
+    const int32_t t = targets[n];
+    dlogits[i] = t < 0 ? 0.0f : k * (probs[i] - (v == t ? 1.0f : 0.0f));
+  }
+}
+
+}  // namespace
+
+double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                    int64_t* correct) {
+  OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
+  if (N == 0) {
+    if (correct) *correct = 0;
+    return 0.0;
+  }
+  Scratch rows(rt, 2 * N + 8, "cross-entropy row sums");  // row_loss (N f32), row_hit (N int), the totals (32 B)
+  float* row_loss = rows.p;
+  int* row_hit = reinterpret_cast<int*>(rows.p + N);
+  auto* totals = reinterpret_cast<LossTotals*>(rows.p + 2 * N);  // 8N bytes in: aligned for its doubles
+  softmax_xent_rows_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, row_loss, row_hit, logits, targets, V);
+  DL_CUDA_LAUNCHED("softmax_crossentropy_forward");
+  sum_rows_k<<<1, 32, 0, stream(rt)>>>(totals, row_loss, row_hit, targets, N);
+  DL_CUDA_LAUNCHED("softmax_crossentropy_forward sum");
+  LossTotals t{};
+  DL_CUDA(cudaMemcpyAsync(&t, totals, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
+  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  if (t.bad_row >= 0)
+    throw DataError("target " + std::to_string(t.bad_target) + " is out of range for " + std::to_string(V) + " classes",
+                    "the data set's labels don't match model's number of classes");
+  if (correct) *correct = t.hits;
+  return t.count ? t.loss / double(t.count) : 0.0;
+}
+
+void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                   float scale) {
+  OpScope op(rt, "softmax_crossentropy_backward", 2.0 * N * V, 8.0 * N * V);
+  if (N == 0) return;
+  Scratch count(rt, 2, "cross-entropy target count");
+  auto* c = reinterpret_cast<int64_t*>(count.p);
+  count_valid_k<<<1, kThreads, 0, stream(rt)>>>(c, targets, N);
+  DL_CUDA_LAUNCHED("softmax_crossentropy_backward count");
+  softmax_xent_backward_k<<<blocks_for(N * V), kThreads, 0, stream(rt)>>>(dlogits, probs, targets, c, N, V, scale);
+  DL_CUDA_LAUNCHED("softmax_crossentropy_backward");
+}
+
+}  // namespace distlab::cuda

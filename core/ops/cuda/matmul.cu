@@ -1,0 +1,186 @@
+// GEMMs on the GPU through cuBLAS, in the nn.Linear convention of core/ops/cpu/matmul.cpp (weights are
+// (OC, C) = [out, in], everything row-major). cuBLAS is column-major: a row-major C = op(A) op(B) is the
+// column-major C^T = op(B)^T op(A)^T, so every call passes B before A and N before M.
+// Next to it, gemm_naive: the classic 16x16 shared-memory tiling, so the benchmark can show what cuBLAS
+// adds (tensor cores, register blocking, pipelined loads).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+
+#include "core/ops/cuda/common.cuh"
+
+namespace distlab::cuda {
+
+namespace {
+
+cudaDataType cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+int as_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX)
+    throw ShapeError(std::string("GEMM ") + what + " = " + std::to_string(v) + " does not fit cuBLAS's 32-bit int", "split the product into smaller ones");
+  return int(v);
+}
+
+// The one place cuBLAS is called. Untraced: callers record their own event.
+void blas(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, DType at, int64_t lda,
+          const void* B, DType bt, int64_t ldb, float beta, void* C, DType ct, int64_t ldc, GemmMath math) {
+  if (M == 0 || N == 0) return;
+  if (at != bt)
+    throw ShapeError(std::string("GEMM operands of different dtypes (") + dtype_name(at) + " and " + dtype_name(bt) + ")",
+                     "convert both to the same dtype first");
+  const bool low = at != DType::f32;
+  const cublasComputeType_t compute = !low && math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // K = 0: cuBLAS computes C = beta C, which is the right answer; lda must still be >= 1
+  DL_CUBLAS(cublasGemmEx(ctx(rt).blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(N, "N"),
+                         as_int(M, "M"), as_int(K, "K"), &alpha, B, cuda_type(bt), as_int(std::max<int64_t>(ldb, 1), "ldb"), A,
+                         cuda_type(at), as_int(std::max<int64_t>(lda, 1), "lda"), &beta, C, cuda_type(ct),
+                         as_int(std::max<int64_t>(ldc, 1), "ldc"), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+__global__ void to_bf16_k(__nv_bfloat16* dst, const float* src, int64_t n) {
+  DL_GRID_LOOP(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void to_f16_k(__half* dst, const float* src, int64_t n) {
+  DL_GRID_LOOP(i, n) dst[i] = __float2half_rn(src[i]);
+}
+
+// A 16-bit copy of a stored matrix (rows x ld, of which the last row needs only `cols`), in scratch that
+// goes back to the cache when the copy goes out of scope. Stream order keeps the reuse safe.
+struct Narrow {
+  Runtime& rt;
+  void* p = nullptr;
+  int64_t bytes = 0;
+  Narrow(Runtime& r, const float* src, int64_t rows, int64_t cols, int64_t ld, DType to) : rt(r) {
+    const int64_t n = rows == 0 ? 0 : (rows - 1) * ld + cols;
+    bytes = std::max<int64_t>(n, 1) * 2;
+    p = ctx(rt).allocator().alloc(bytes);
+    if (!p) throw OutOfMemoryError("no GPU memory for a " + std::to_string(bytes) + "-byte 16-bit copy of a GEMM operand", "a smaller batch");
+    if (n == 0) return;
+    if (to == DType::bf16) to_bf16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(p), src, n);
+    else to_f16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(p), src, n);
+    DL_CUDA_LAUNCHED("narrow");
+  }
+  ~Narrow() { ctx(rt).allocator().free(p, bytes); }
+};
+
+__global__ void broadcast_rows_k(float* out, const float* bias, int64_t N, int64_t OC) {
+  DL_GRID_LOOP(i, N * OC) out[i] = bias[i % OC];
+}
+// dbias[o] += Σ_n dout[n, o]: one thread per column, the rows in order (the cpu's order)
+__global__ void column_sums_k(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  DL_GRID_LOOP(o, OC) {
+    float acc = 0.0f;
+    for (int64_t n = 0; n < N; n++) acc += dout[n * OC + o];
+    dbias[o] += acc;
+  }
+}
+
+constexpr int kTile = 16;
+__global__ void gemm_tiled_k(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  __shared__ float as[kTile][kTile], bs[kTile][kTile];
+  const int64_t row = int64_t(blockIdx.y) * kTile + threadIdx.y, col = int64_t(blockIdx.x) * kTile + threadIdx.x;
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+    // each thread loads one element of op(A)'s tile (row, k0 + tx) and of op(B)'s tile (k0 + ty, col)
+    const int64_t ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
+    as[threadIdx.y][threadIdx.x] = row < M && ka < K ? (ta ? A[ka * lda + row] : A[row * lda + ka]) : 0.0f;
+    bs[threadIdx.y][threadIdx.x] = kb < K && col < N ? (tb ? B[col * ldb + kb] : B[kb * ldb + col]) : 0.0f;
+    __syncthreads();
+    for (int k = 0; k < kTile; k++) acc += as[threadIdx.y][k] * bs[k][threadIdx.x];
+    __syncthreads();
+  }
+  if (row < M && col < N) {
+    float* c = C + row * ldc + col;
+    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;  // beta 0 never reads C (it may hold NaN)
+  }
+}
+
+}  // namespace
+
+// f32 operands in the context's math: as they are (f32, tf32), or rounded to 16 bits first (bf16, f16).
+void blas_f32(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const GemmMath math = ctx(rt).math;
+  if (math == GemmMath::f32 || math == GemmMath::tf32) {
+    blas(rt, ta, tb, M, N, K, alpha, A, DType::f32, lda, B, DType::f32, ldb, beta, C, DType::f32, ldc, math);
+    return;
+  }
+  const DType low = math == GemmMath::bf16 ? DType::bf16 : DType::f16;
+  Narrow a(rt, A, ta ? K : M, ta ? M : K, lda, low), b(rt, B, tb ? N : K, tb ? K : N, ldb, low);
+  blas(rt, ta, tb, M, N, K, alpha, a.p, low, lda, b.p, low, ldb, beta, C, DType::f32, ldc, math);
+}
+
+void blas_f32_batched(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                      int64_t stride_c, int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  const GemmMath math = ctx(rt).math;
+  // the batched path multiplies f32 (or tf32); under bf16/f16 math each product is rounded on its own
+  if (math == GemmMath::bf16 || math == GemmMath::f16) {
+    for (int64_t i = 0; i < batch; i++)
+      blas_f32(rt, ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
+    return;
+  }
+  const cublasComputeType_t compute = math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  DL_CUBLAS(cublasGemmStridedBatchedEx(ctx(rt).blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), &alpha, B, CUDA_R_32F,
+                                       as_int(std::max<int64_t>(ldb, 1), "ldb"), stride_b, A, CUDA_R_32F,
+                                       as_int(std::max<int64_t>(lda, 1), "lda"), stride_a, &beta, C, CUDA_R_32F,
+                                       as_int(std::max<int64_t>(ldc, 1), "ldc"), stride_c, as_int(batch, "batch"), compute,
+                                       CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_ex(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+             DType at, int64_t lda, const void* B, DType bt, int64_t ldb, float beta, void* C, DType ct, int64_t ldc,
+             GemmMath math) {
+  const double e = double(dtype_size(at));
+  OpScope op(rt, name, 2.0 * M * N * K, e * (M * K + K * N) + 2.0 * dtype_size(ct) * M * N);
+  blas(rt, ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, math);
+}
+
+void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  OpScope op(rt, name, 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
+  blas_f32(rt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_naive(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  OpScope op(rt, "gemm_naive", 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
+  if (M == 0 || N == 0) return;
+  const dim3 threads(kTile, kTile), grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
+  gemm_tiled_k<<<grid, threads, 0, stream(rt)>>>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  DL_CUDA_LAUNCHED("gemm_naive");
+}
+
+void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
+                    int64_t OC) {
+  OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
+  if (bias) {  // start from the broadcast bias, then out = 1 * inp @ w^T + 1 * out
+    broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);
+    DL_CUDA_LAUNCHED("matmul_forward bias");
+  }
+  blas_f32(rt, false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                     int64_t N, int64_t C, int64_t OC, bool need_dinp) {
+  OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * (need_dinp ? 2 : 1), 4.0 * (2 * N * C + 2 * OC * C + N * OC));
+  if (need_dinp) blas_f32(rt, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);  // (N,OC)@(OC,C)
+  if (dw) blas_f32(rt, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);           // (OC,N)@(N,C)
+  if (dbias) {
+    column_sums_k<<<blocks_for(OC), kThreads, 0, stream(rt)>>>(dbias, dout, N, OC);
+    DL_CUDA_LAUNCHED("matmul_backward bias");
+  }
+}
+
+}  // namespace distlab::cuda

@@ -1,0 +1,103 @@
+// The CUDA kernels: one function for each kernel of core/ops/cpu, with the same name, arguments and
+// meaning, in namespace distlab::cuda. Pointers are device pointers; `rt.cuda` is the rank's GPU (its
+// compute stream and cuBLAS handle). Each records the same trace event (name, FLOPs, bytes) as its cpu
+// twin, so the cost model sees one model whatever the device.
+//
+// The kernels are the naive, readable first version: one thread per output element, a block per row for
+// the reductions, GEMMs through cuBLAS. No atomics: every result is summed in a fixed order, so a run is
+// bitwise repeatable on the same GPU (the embedding's backward pays for this: see attention.cu).
+// Files: pointwise.cu (activations, dropout, add, max-pool), matmul.cu (cuBLAS GEMM in f32, TF32, bf16,
+// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding), convert.cu (dtypes, fill).
+// tests/cuda/test_cuda_parity.cpp runs each against the cpu kernel on random inputs.
+#pragma once
+#include <cstdint>
+
+#include "core/cuda/context.h"
+#include "core/ops/cpu/conv.h"  // ConvShape
+#include "core/tensor/runtime.h"
+
+namespace distlab::cuda {
+
+// ---- pointwise.cu ----
+void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n);
+void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n);
+void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n);
+void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n);
+// The mask comes from a counter-based hash of (seed, i), not the cpu kernel's sequential stream: the same
+// seed gives the same mask on every run and GPU, but not the cpu's mask (as torch's CPU and CUDA
+// generators differ).
+void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed);
+void dropout_backward(Runtime& rt, float* dinp, const float* dout, const float* mask, int64_t n);
+void add_forward(Runtime& rt, float* out, const float* a, const float* b, int64_t n);
+void accumulate(Runtime& rt, float* dst, const float* src, int64_t n);
+void maxpool2d_forward(Runtime& rt, float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C, int64_t H,
+                       int64_t W, int64_t K, int64_t stride);
+void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                        int64_t H, int64_t W, int64_t OH, int64_t OW);
+
+// ---- matmul.cu ----
+void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                    int64_t C, int64_t OC);
+void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
+// Row-major C (M, N) = alpha op(A) op(B) + beta C in rt.cuda->math: f32; tf32; or bf16/f16, where A and B
+// are first rounded to 16 bits (into scratch) and the products accumulate in f32 (what the cpu emulates).
+void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The same on typed operands (each f32, bf16 or f16), no conversion: the path whose speed is cuBLAS's own.
+// `math` tf32 applies to f32 operands only; 16-bit operands always multiply on tensor cores with f32 sums.
+void gemm_ex(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const void* A, DType a_type, int64_t lda, const void* B, DType b_type, int64_t ldb, float beta, void* C,
+             DType c_type, int64_t ldc, GemmMath math);
+// A 16x16-tiled shared-memory GEMM in f32, written out: the baseline the benchmark sets against cuBLAS.
+void gemm_naive(Runtime& rt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// ---- conv.cu ----
+void im2col(Runtime& rt, float* col, const float* inp, const ConvShape& s);
+void col2im(Runtime& rt, float* dinp, const float* col, const ConvShape& s);
+void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias,
+                    const ConvShape& s);
+void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col,
+                     const float* w, const ConvShape& s, bool need_dinp = true);
+
+// ---- norm.cu ----
+void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps);
+void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW);
+void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd,
+                     const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW);
+void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW);
+void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const float* inp, const float* mean,
+                              const float* rstd, const float* weight, const float* sum_dy, const float* sum_dy_xhat,
+                              double count, int64_t B, int64_t C, int64_t HW);
+
+// ---- loss.cu ----
+// As the cpu kernel; the mean loss and `correct` come back to the host (the step's one synchronization,
+// as loss.item() is PyTorch's), and a target >= V raises the cpu kernel's DataError.
+double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N,
+                                    int64_t V, int64_t* correct);
+void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
+                                   int64_t V, float scale);
+
+// ---- attention.cu ----
+void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH);
+void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t NH);
+void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                       int64_t T, int64_t C);
+void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C);
+
+// ---- convert.cu ----
+// dst[i] = src[i] converted, rounding to nearest even into 16 bits (the bits of core/tensor/dtype.h)
+void convert(Runtime& rt, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+void fill(Runtime& rt, void* dst, DType type, float value, int64_t n);
+// convert() on a given stream, for code that has a stream but no Runtime (the NCCL group's 16-bit wire)
+void convert_on(cudaStream_t stream, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+
+}  // namespace distlab::cuda

@@ -1,0 +1,537 @@
+// Every CUDA kernel against its cpu twin on random inputs (core/ops/cuda/ops.h against core/ops/cpu):
+// fp32 within 1e-5 of the cpu's result (the largest difference over the largest value), TF32 within 5e-3,
+// bf16/fp16 GEMMs within 1e-4 of the cpu's product of the same rounded inputs; max-pool, the embedding
+// and dtype conversion bit for bit. Without a usable GPU the program prints why and exits 77, which ctest
+// reports as skipped (a build without a GPU still compiles and links all of this).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/cuda/nccl_group.h"
+#include "core/dist/store.h"
+#include "core/ops/cpu/attention.h"
+#include "core/ops/cpu/conv.h"
+#include "core/ops/cpu/loss.h"
+#include "core/ops/cpu/matmul.h"
+#include "core/ops/cpu/norm.h"
+#include "core/ops/cpu/pointwise.h"
+#include "core/ops/cuda/ops.h"
+#include "core/tensor/dtype.h"
+#include "core/util/rng.h"
+
+using namespace distlab;
+
+namespace {
+
+// One cpu and one cuda rank side by side.
+struct Pair {
+  Runtime cpu{DeviceKind::cpu};
+  Runtime gpu{DeviceKind::cuda};
+  CudaContext cx{0};
+  Pair() { gpu.cuda = &cx; }
+};
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  int64_t n = 0;
+  explicit Dev(int64_t count) : n(count) { DL_CUDA(cudaMalloc(&p, size_t(std::max<int64_t>(n, 1)) * sizeof(T))); }
+  explicit Dev(const std::vector<T>& h) : Dev(int64_t(h.size())) {
+    DL_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {  // after everything queued: the kernels run on a non-blocking stream
+    DL_CUDA(cudaDeviceSynchronize());
+    std::vector<T> h(static_cast<size_t>(n));
+    DL_CUDA(cudaMemcpy(h.data(), p, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  Dev(const Dev&) = delete;
+};
+
+std::vector<float> randn(int64_t n, uint64_t seed, float scale = 1.0f) {
+  Rng r(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = scale * r.normal();
+  return v;
+}
+
+// max |a - b| / max |b|: the error relative to the result's scale
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+    m = std::max(m, std::abs(double(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+bool bitwise(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+constexpr double kF32 = 1e-5;
+
+}  // namespace
+
+TEST_CASE("pointwise kernels: relu, gelu, add, accumulate and their backward", "[cuda]") {
+  Pair g;
+  const int64_t n = 100003;  // not a multiple of any block size
+  auto x = randn(n, 1), dy = randn(n, 2);
+  x[5] = NAN;
+  Dev<float> dx(x), ddy(dy), out(n), grad(n);
+  std::vector<float> co(static_cast<size_t>(n)), cg(static_cast<size_t>(n));
+
+  relu_forward(g.cpu, co.data(), x.data(), n);
+  cuda::relu_forward(g.gpu, out.p, dx.p, n);
+  CHECK(bitwise(out.get(), co));  // NaN included
+  relu_backward(g.cpu, cg.data(), dy.data(), co.data(), n);
+  cuda::relu_backward(g.gpu, grad.p, ddy.p, out.p, n);
+  CHECK(bitwise(grad.get(), cg));
+
+  x[5] = 0.5f;
+  Dev<float> dx2(x);
+  gelu_forward(g.cpu, co.data(), x.data(), n);
+  cuda::gelu_forward(g.gpu, out.p, dx2.p, n);
+  CHECK(rel(out.get(), co) < kF32);
+  gelu_backward(g.cpu, cg.data(), dy.data(), x.data(), n);
+  cuda::gelu_backward(g.gpu, grad.p, ddy.p, dx2.p, n);
+  CHECK(rel(grad.get(), cg) < kF32);
+
+  add_forward(g.cpu, co.data(), x.data(), dy.data(), n);
+  cuda::add_forward(g.gpu, out.p, dx2.p, ddy.p, n);
+  CHECK(bitwise(out.get(), co));
+  accumulate(g.cpu, co.data(), dy.data(), n);
+  cuda::accumulate(g.gpu, out.p, ddy.p, n);
+  CHECK(bitwise(out.get(), co));
+}
+
+TEST_CASE("dropout: a mask of 0 and 1/(1-p) at rate p, the same for the same seed, and backward applies it", "[cuda]") {
+  Pair g;
+  const int64_t n = 1 << 20;
+  const float p = 0.1f;
+  auto x = randn(n, 3);
+  Dev<float> dx(x), out(n), mask(n), out2(n), mask2(n), grad(n);
+  cuda::dropout_forward(g.gpu, out.p, mask.p, dx.p, n, p, 42);
+  cuda::dropout_forward(g.gpu, out2.p, mask2.p, dx.p, n, p, 42);
+  const auto m = mask.get(), o = out.get();
+  CHECK(bitwise(m, mask2.get()));
+  int64_t dropped = 0;
+  bool values_ok = true, applied = true;
+  for (int64_t i = 0; i < n; i++) {
+    dropped += m[size_t(i)] == 0.0f;
+    values_ok = values_ok && (m[size_t(i)] == 0.0f || m[size_t(i)] == 1.0f / (1.0f - p));
+    applied = applied && o[size_t(i)] == x[size_t(i)] * m[size_t(i)];
+  }
+  CHECK(values_ok);
+  CHECK(applied);
+  const double rate = double(dropped) / double(n), sigma = std::sqrt(p * (1 - p) / double(n));
+  CHECK(std::abs(rate - p) < 5 * sigma);
+  cuda::dropout_backward(g.gpu, grad.p, dx.p, mask.p, n);
+  CHECK(bitwise(grad.get(), o));
+}
+
+TEST_CASE("max pooling 2x2/2 and 3x3/2: the same maxima, winners and gradients, bit for bit (ties, NaN)", "[cuda]") {
+  Pair g;
+  for (auto [K, stride] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}}) {
+    const int64_t B = 3, C = 5, H = 13, W = 11, OH = (H - K) / stride + 1, OW = (W - K) / stride + 1;
+    auto x = randn(B * C * H * W, 4);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = 1.0f;  // ties
+    x[17] = NAN;
+    auto dy = randn(B * C * OH * OW, 5);
+    std::vector<float> co(static_cast<size_t>(B * C * OH * OW)), cg(x.size());
+    std::vector<int32_t> ca(co.size());
+    maxpool2d_forward(g.cpu, co.data(), ca.data(), x.data(), B, C, H, W, K, stride);
+    maxpool2d_backward(g.cpu, cg.data(), dy.data(), ca.data(), B, C, H, W, OH, OW);
+    Dev<float> dx(x), ddy(dy), out(int64_t(co.size())), grad(int64_t(x.size()));
+    Dev<int32_t> arg(int64_t(co.size()));
+    cuda::maxpool2d_forward(g.gpu, out.p, arg.p, dx.p, B, C, H, W, K, stride);
+    cuda::maxpool2d_backward(g.gpu, grad.p, ddy.p, arg.p, B, C, H, W, OH, OW);
+    INFO("K " << K << " stride " << stride);
+    CHECK(bitwise(out.get(), co));
+    CHECK(arg.get() == ca);
+    CHECK(bitwise(grad.get(), cg));
+  }
+}
+
+TEST_CASE("GEMM: every transpose in f32 against OpenBLAS, the tiled kernel, and TF32, bf16 and fp16 at their tolerances", "[cuda]") {
+  Pair g;
+  const int64_t M = 67, N = 45, K = 130;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+      auto A = randn((ta ? K : M) * lda, 6), B = randn((tb ? N : K) * ldb, 7), C0 = randn(M * ldc, 8);
+      auto ref = C0;
+      blas_sgemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, ref.data(), ldc);
+      Dev<float> dA(A), dB(B);
+      INFO("ta " << ta << " tb " << tb);
+      for (GemmMath math : {GemmMath::f32, GemmMath::tf32}) {
+        g.cx.math = math;
+        Dev<float> dC(C0);
+        cuda::gemm(g.gpu, "gemm", ta, tb, M, N, K, 0.5f, dA.p, lda, dB.p, ldb, 0.25f, dC.p, ldc);
+        CHECK(rel(dC.get(), ref) < (math == GemmMath::f32 ? kF32 : 5e-3));
+      }
+      g.cx.math = GemmMath::f32;
+      Dev<float> dN(C0);
+      cuda::gemm_naive(g.gpu, ta, tb, M, N, K, 0.5f, dA.p, lda, dB.p, ldb, 0.25f, dN.p, ldc);
+      CHECK(rel(dN.get(), ref) < kF32);
+      // 16-bit math: the cpu multiplies the same rounded inputs in f32, as tensor cores do
+      for (DType low : {DType::bf16, DType::f16}) {
+        auto Ar = A, Br = B, lref = C0;
+        round_f32(Ar.data(), Ar.data(), int64_t(Ar.size()), low);
+        round_f32(Br.data(), Br.data(), int64_t(Br.size()), low);
+        blas_sgemm(ta, tb, M, N, K, 0.5f, Ar.data(), lda, Br.data(), ldb, 0.25f, lref.data(), ldc);
+        g.cx.math = low == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
+        Dev<float> dC(C0);
+        cuda::gemm(g.gpu, "gemm", ta, tb, M, N, K, 0.5f, dA.p, lda, dB.p, ldb, 0.25f, dC.p, ldc);
+        INFO(dtype_name(low));
+        CHECK(rel(dC.get(), lref) < 1e-4);
+      }
+      g.cx.math = GemmMath::f32;
+    }
+}
+
+TEST_CASE("gemm_ex on bf16 operands, f32 and bf16 results", "[cuda]") {
+  Pair g;
+  const int64_t M = 64, N = 96, K = 256;
+  auto A = randn(M * K, 9), B = randn(K * N, 10);
+  std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+  for (size_t i = 0; i < A.size(); i++) Ab[i] = f32_to_bf16(A[i]);
+  for (size_t i = 0; i < B.size(); i++) Bb[i] = f32_to_bf16(B[i]);
+  round_f32(A.data(), A.data(), int64_t(A.size()), DType::bf16);
+  round_f32(B.data(), B.data(), int64_t(B.size()), DType::bf16);
+  std::vector<float> ref(static_cast<size_t>(M * N));
+  blas_sgemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, ref.data(), N);
+  Dev<uint16_t> dA(Ab), dB(Bb), dCb(M * N);
+  Dev<float> dC(M * N);
+  cuda::gemm_ex(g.gpu, "gemm_bf16", false, false, M, N, K, 1.0f, dA.p, DType::bf16, K, dB.p, DType::bf16, N, 0.0f, dC.p, DType::f32, N,
+                GemmMath::bf16);
+  CHECK(rel(dC.get(), ref) < 1e-4);
+  cuda::gemm_ex(g.gpu, "gemm_bf16", false, false, M, N, K, 1.0f, dA.p, DType::bf16, K, dB.p, DType::bf16, N, 0.0f, dCb.p, DType::bf16, N,
+                GemmMath::bf16);
+  const auto cb = dCb.get();
+  std::vector<float> back(cb.size());
+  for (size_t i = 0; i < cb.size(); i++) back[i] = bf16_to_f32(cb[i]);
+  CHECK(rel(back, ref) < 1e-2);  // one bf16 rounding of the result: 2^-8 relative
+}
+
+TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
+  Pair g;
+  const int64_t N = 37, C = 70, OC = 29;
+  for (bool with_bias : {true, false}) {
+    auto x = randn(N * C, 11), w = randn(OC * C, 12), b = randn(OC, 13), dy = randn(N * OC, 14), dw0 = randn(OC * C, 15), db0 = randn(OC, 16);
+    std::vector<float> co(static_cast<size_t>(N * OC)), cdx(static_cast<size_t>(N * C)), cdw = dw0, cdb = db0;
+    matmul_forward(g.cpu, co.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+    matmul_backward(g.cpu, cdx.data(), cdw.data(), with_bias ? cdb.data() : nullptr, dy.data(), x.data(), w.data(), N, C, OC);
+    Dev<float> dx(x), dw(w), db(b), ddy(dy), out(N * OC), gx(N * C), gw(dw0), gb(db0);
+    cuda::matmul_forward(g.gpu, out.p, dx.p, dw.p, with_bias ? db.p : nullptr, N, C, OC);
+    cuda::matmul_backward(g.gpu, gx.p, gw.p, with_bias ? gb.p : nullptr, ddy.p, dx.p, dw.p, N, C, OC);
+    INFO("bias " << with_bias);
+    CHECK(rel(out.get(), co) < kF32);
+    CHECK(rel(gx.get(), cdx) < kF32);
+    CHECK(rel(gw.get(), cdw) < kF32);
+    CHECK(rel(gb.get(), cdb) < kF32);
+  }
+}
+
+TEST_CASE("conv2d forward and backward: 3x3 pad 1, 5x5 stride 2 pad 2, 1x1", "[cuda]") {
+  Pair g;
+  for (ConvShape s : {ConvShape{4, 3, 16, 16, 8, 3, 1, 1}, ConvShape{2, 5, 13, 11, 7, 5, 2, 2}, ConvShape{3, 6, 7, 7, 4, 1, 1, 0}}) {
+    const int64_t OHW = s.OH() * s.OW(), cols = s.CKK() * s.B * OHW;
+    auto x = randn(s.B * s.C * s.H * s.W, 17), w = randn(s.OC * s.CKK(), 18), b = randn(s.OC, 19), dy = randn(s.B * s.OC * OHW, 20);
+    auto dw0 = randn(s.OC * s.CKK(), 21), db0 = randn(s.OC, 22);
+    std::vector<float> co(static_cast<size_t>(s.B * s.OC * OHW)), ccol(static_cast<size_t>(cols)), cdx(x.size()), cdw = dw0, cdb = db0;
+    conv2d_forward(g.cpu, co.data(), ccol.data(), x.data(), w.data(), b.data(), s);
+    conv2d_backward(g.cpu, cdx.data(), cdw.data(), cdb.data(), dy.data(), ccol.data(), w.data(), s);
+    Dev<float> dx(x), dw(w), db(b), ddy(dy), out(int64_t(co.size())), col(cols), gx(int64_t(x.size())), gw(dw0), gb(db0);
+    cuda::conv2d_forward(g.gpu, out.p, col.p, dx.p, dw.p, db.p, s);
+    cuda::conv2d_backward(g.gpu, gx.p, gw.p, gb.p, ddy.p, col.p, dw.p, s);
+    INFO("K " << s.K << " stride " << s.stride << " pad " << s.pad);
+    CHECK(bitwise(col.get(), ccol));  // im2col copies
+    CHECK(rel(out.get(), co) < kF32);
+    CHECK(rel(gx.get(), cdx) < kF32);
+    CHECK(rel(gw.get(), cdw) < kF32);
+    CHECK(rel(gb.get(), cdb) < kF32);
+  }
+}
+
+TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
+  Pair g;
+  {
+    const int64_t N = 33, C = 300;
+    auto x = randn(N * C, 23, 3.0f), w = randn(C, 24), b = randn(C, 25), dy = randn(N * C, 26), dw0 = randn(C, 27), db0 = randn(C, 28);
+    for (auto& v : x) v += 2.0f;  // a mean away from zero
+    std::vector<float> co(x.size()), cm(static_cast<size_t>(N)), cr(static_cast<size_t>(N)), cdx(x.size()), cdw = dw0, cdb = db0;
+    layernorm_forward(g.cpu, co.data(), cm.data(), cr.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    layernorm_backward(g.cpu, cdx.data(), cdw.data(), cdb.data(), dy.data(), x.data(), w.data(), cm.data(), cr.data(), N, C);
+    Dev<float> dx(x), dw(w), db(b), ddy(dy), out(N * C), m(N), r(N), gx(N * C), gw(dw0), gb(db0);
+    cuda::layernorm_forward(g.gpu, out.p, m.p, r.p, dx.p, dw.p, db.p, N, C, 1e-5f);
+    cuda::layernorm_backward(g.gpu, gx.p, gw.p, gb.p, ddy.p, dx.p, dw.p, m.p, r.p, N, C);
+    CHECK(rel(out.get(), co) < kF32);
+    CHECK(rel(m.get(), cm) < kF32);
+    CHECK(rel(r.get(), cr) < kF32);
+    CHECK(rel(gx.get(), cdx) < kF32);
+    CHECK(rel(gw.get(), cdw) < kF32);
+    CHECK(rel(gb.get(), cdb) < kF32);
+  }
+  {
+    const int64_t B = 6, C = 7, HW = 50;
+    auto x = randn(B * C * HW, 29, 2.0f), w = randn(C, 30), b = randn(C, 31), dy = randn(B * C * HW, 32);
+    std::vector<float> cm(static_cast<size_t>(C)), cv(static_cast<size_t>(C)), cr(static_cast<size_t>(C)), co(x.size()), csd(static_cast<size_t>(C)), csx(static_cast<size_t>(C)), cdx(x.size());
+    batchnorm_stats(g.cpu, cm.data(), cv.data(), x.data(), B, C, HW);
+    for (int64_t c = 0; c < C; c++) cr[size_t(c)] = 1.0f / std::sqrt(cv[size_t(c)] + 1e-5f);
+    batchnorm_apply(g.cpu, co.data(), x.data(), cm.data(), cr.data(), w.data(), b.data(), B, C, HW);
+    batchnorm_backward_reduce(g.cpu, csd.data(), csx.data(), dy.data(), x.data(), cm.data(), cr.data(), B, C, HW);
+    batchnorm_backward_apply(g.cpu, cdx.data(), dy.data(), x.data(), cm.data(), cr.data(), w.data(), csd.data(), csx.data(), double(B * HW), B, C, HW);
+    Dev<float> dx(x), dw(w), db(b), ddy(dy), m(C), v(C), r(cr), out(int64_t(x.size())), sd(C), sx(C), gx(int64_t(x.size()));
+    cuda::batchnorm_stats(g.gpu, m.p, v.p, dx.p, B, C, HW);
+    CHECK(rel(m.get(), cm) < kF32);
+    CHECK(rel(v.get(), cv) < kF32);
+    Dev<float> cmean(cm);  // the same statistics on both sides from here
+    cuda::batchnorm_apply(g.gpu, out.p, dx.p, cmean.p, r.p, dw.p, db.p, B, C, HW);
+    cuda::batchnorm_backward_reduce(g.gpu, sd.p, sx.p, ddy.p, dx.p, cmean.p, r.p, B, C, HW);
+    Dev<float> csd_d(csd), csx_d(csx);
+    cuda::batchnorm_backward_apply(g.gpu, gx.p, ddy.p, dx.p, cmean.p, r.p, dw.p, csd_d.p, csx_d.p, double(B * HW), B, C, HW);
+    CHECK(rel(out.get(), co) < kF32);
+    CHECK(rel(sd.get(), csd) < kF32);
+    CHECK(rel(sx.get(), csx) < kF32);
+    CHECK(rel(gx.get(), cdx) < kF32);
+  }
+}
+
+TEST_CASE("softmax cross-entropy: loss, right answers, gradient, an ignored target, and a target out of range", "[cuda]") {
+  Pair g;
+  const int64_t N = 41, V = 1000;
+  auto logits = randn(N * V, 33, 2.0f);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  Rng r(34);
+  for (auto& v : t) v = int32_t(r.below(uint64_t(V)));
+  t[3] = -1;                                                   // ignore_index
+  for (int64_t v = 0; v < V; v++) logits[size_t(7 * V + v)] = 1.0f;  // all tied: the first wins
+  t[7] = 0;
+  std::vector<float> cp(logits.size()), cd(logits.size());
+  int64_t c_correct = 0, g_correct = 0;
+  const double cl = softmax_crossentropy_forward(g.cpu, cp.data(), logits.data(), t.data(), N, V, &c_correct);
+  softmax_crossentropy_backward(g.cpu, cd.data(), cp.data(), t.data(), N, V, 0.5f);
+  Dev<float> dl(logits), p(N * V), d(N * V);
+  Dev<int32_t> dt(t);
+  const double gl = cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, dt.p, N, V, &g_correct);
+  cuda::softmax_crossentropy_backward(g.gpu, d.p, p.p, dt.p, N, V, 0.5f);
+  CHECK(std::abs(gl - cl) / cl < kF32);
+  CHECK(g_correct == c_correct);
+  CHECK(g_correct >= 1);
+  CHECK(rel(p.get(), cp) < kF32);
+  CHECK(rel(d.get(), cd) < kF32);
+  t[9] = int32_t(V);
+  Dev<int32_t> bad(t);
+  CHECK_THROWS_WITH(cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, bad.p, N, V, nullptr),
+                    Catch::Contains("target 1000 is out of range for 1000 classes"));
+}
+
+TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embedding bit for bit", "[cuda]") {
+  Pair g;
+  const int64_t B = 2, T = 37, C = 48, NH = 4;
+  auto qkv = randn(B * T * 3 * C, 35), dy = randn(B * T * C, 36);
+  std::vector<float> co(static_cast<size_t>(B * T * C)), ca(static_cast<size_t>(B * NH * T * T)), cd(qkv.size());
+  attention_forward(g.cpu, co.data(), ca.data(), qkv.data(), B, T, C, NH);
+  attention_backward(g.cpu, cd.data(), dy.data(), qkv.data(), ca.data(), B, T, C, NH);
+  Dev<float> dq(qkv), ddy(dy), out(B * T * C), att(B * NH * T * T), dqkv(int64_t(qkv.size()));
+  cuda::attention_forward(g.gpu, out.p, att.p, dq.p, B, T, C, NH);
+  cuda::attention_backward(g.gpu, dqkv.p, ddy.p, dq.p, att.p, B, T, C, NH);
+  CHECK(rel(att.get(), ca) < kF32);
+  CHECK(rel(out.get(), co) < kF32);
+  CHECK(rel(dqkv.get(), cd) < kF32);
+
+  const int64_t Vocab = 50;
+  std::vector<int32_t> tok(static_cast<size_t>(B * T));
+  Rng r(37);
+  for (auto& v : tok) v = int32_t(r.below(uint64_t(Vocab)));  // repeats: several positions per row
+  auto wte = randn(Vocab * C, 38), wpe = randn(T * C, 39), dwte0 = randn(Vocab * C, 40), dwpe0 = randn(T * C, 41);
+  std::vector<float> ce(static_cast<size_t>(B * T * C)), cdwte = dwte0, cdwpe = dwpe0;
+  embedding_forward(g.cpu, ce.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  embedding_backward(g.cpu, cdwte.data(), cdwpe.data(), dy.data(), tok.data(), B, T, C);
+  Dev<int32_t> dtok(tok);
+  Dev<float> dwte(wte), dwpe(wpe), e(B * T * C), gwte(dwte0), gwpe(dwpe0);
+  cuda::embedding_forward(g.gpu, e.p, dtok.p, dwte.p, dwpe.p, B, T, C);
+  cuda::embedding_backward(g.gpu, gwte.p, gwpe.p, ddy.p, dtok.p, B, T, C);
+  CHECK(bitwise(e.get(), ce));
+  CHECK(bitwise(gwte.get(), cdwte));
+  CHECK(bitwise(gwpe.get(), cdwpe));
+}
+
+TEST_CASE("dtype conversion and fill: the bits of core/tensor/dtype.cpp", "[cuda]") {
+  Pair g;
+  auto x = randn(4099, 42, 100.0f);
+  x[0] = 1.0f + 1.0f / 256;  // a bf16 tie, to even
+  x[1] = 70000.0f;           // over fp16's 65504: inf
+  x[2] = 1e-8f;              // under fp16's smallest subnormal
+  Dev<float> dx(x);
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> want(x.size());
+    for (size_t i = 0; i < x.size(); i++) want[i] = t == DType::bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+    Dev<uint16_t> h(int64_t(x.size()));
+    cuda::convert(g.gpu, dx.p, DType::f32, h.p, t, int64_t(x.size()));
+    INFO(dtype_name(t));
+    CHECK(h.get() == want);
+    Dev<float> back(int64_t(x.size()));
+    cuda::convert(g.gpu, h.p, t, back.p, DType::f32, int64_t(x.size()));
+    std::vector<float> wback(x.size());
+    for (size_t i = 0; i < x.size(); i++) wback[i] = t == DType::bf16 ? bf16_to_f32(want[i]) : f16_to_f32(want[i]);
+    CHECK(bitwise(back.get(), wback));
+    cuda::fill(g.gpu, h.p, t, 0.1f, int64_t(x.size()));
+    CHECK(h.get() == std::vector<uint16_t>(x.size(), t == DType::bf16 ? f32_to_bf16(0.1f) : f32_to_f16(0.1f)));
+  }
+}
+
+TEST_CASE("the caching allocator hands a freed block back, rounds like PyTorch, and says no instead of failing", "[cuda]") {
+  Pair g;
+  CudaAllocator& a = g.cx.allocator();
+  CHECK(CudaAllocator::rounded(1) == 512);
+  CHECK(CudaAllocator::rounded(1000) == 1024);
+  CHECK(CudaAllocator::rounded((1 << 20) + 1) == int64_t(2) << 20);
+  void* p = a.alloc(3000);
+  REQUIRE(p);
+  const int64_t reserved = a.reserved();
+  a.free(p, 3000);
+  CHECK(a.cached() == 3072);
+  CHECK(a.alloc(2900) == p);  // same rounded size: the cached block, no cudaMalloc
+  CHECK(a.reserved() == reserved);
+  a.free(p, 2900);
+  CHECK(a.alloc(int64_t(1) << 50) == nullptr);  // a petabyte: refused, and the error is cleared
+  DL_CUDA(cudaGetLastError());
+  a.empty_cache();
+  CHECK(a.cached() == 0);
+}
+
+TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives ProcessGroup's results, and a missing rank times out by name", "[cuda][nccl]") {
+  int gpus = 0;
+  DL_CUDA(cudaGetDeviceCount(&gpus));
+  INFO("NCCL " << nccl_version_string() << ", " << gpus << " GPU(s): one rank each (NCCL refuses two ranks on one GPU)");
+  const int N = gpus;
+  MemoryStore store(Millis(20000));
+  std::vector<std::string> errors(static_cast<size_t>(N));
+  std::vector<std::vector<float>> got(static_cast<size_t>(N));
+  auto rank_main = [&](int r) {
+    try {
+      CudaContext cx(r);
+      NcclGroup g(store, r, N, cx, Millis(20000), nullptr, "t");
+      const int64_t n = 1000;
+      std::vector<float> mine(static_cast<size_t>(n * N));
+      for (int64_t i = 0; i < n * N; i++) mine[static_cast<size_t>(i)] = float(r + 1) * 0.5f + float(i % 7);
+      float* d = nullptr;
+      DL_CUDA(cudaMalloc(&d, size_t(n * N) * 4 * 3));
+      float* out = d + n * N;
+      float* sc = out + n * N;
+      auto put = [&](float* dst, const std::vector<float>& h) {
+        DL_CUDA(cudaMemcpy(dst, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      };
+      auto take = [&](const float* src, int64_t count) {
+        cx.sync();
+        std::vector<float> h(static_cast<size_t>(count));
+        DL_CUDA(cudaMemcpy(h.data(), src, size_t(count) * 4, cudaMemcpyDeviceToHost));
+        return h;
+      };
+      std::vector<float> res;
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        put(d, mine);
+        g.all_reduce_async(d, n, op)->wait();
+        auto h = take(d, n);
+        res.insert(res.end(), h.begin(), h.end());
+      }
+      put(d, mine);
+      g.all_reduce_async(d, n, ReduceOp::sum, DType::bf16)->synchronize();
+      auto h16 = take(d, n);
+      res.insert(res.end(), h16.begin(), h16.end());
+      put(d, mine);
+      g.reduce_scatter_async(out, d, n, ReduceOp::sum)->wait();
+      auto rs = take(out, n);
+      res.insert(res.end(), rs.begin(), rs.end());
+      g.all_gather_async(sc, d + r * n, n)->wait();
+      auto ag = take(sc, n * N);
+      res.insert(res.end(), ag.begin(), ag.end());
+      put(d, std::vector<float>(static_cast<size_t>(n), float(r)));
+      g.broadcast_async(d, n, N - 1)->wait();
+      auto bc = take(d, n);
+      res.insert(res.end(), bc.begin(), bc.end());
+      g.barrier();
+      got[static_cast<size_t>(r)] = res;
+      cudaFree(d);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < N; r++) ts.emplace_back(rank_main, r);
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < N; r++) {
+    INFO("rank " << r);
+    REQUIRE(errors[static_cast<size_t>(r)] == "");
+  }
+  // the expected values, by hand: rank r's element i is (r+1)/2 + i%7
+  const int64_t n = 1000;
+  for (int r = 0; r < N; r++) {
+    const auto& res = got[static_cast<size_t>(r)];
+    REQUIRE(res.size() == size_t(n * (6 + N)));
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++) {
+      double sum = 0, mx = -1e30;
+      for (int q = 0; q < N; q++) {
+        const double v = (q + 1) * 0.5 + double(i % 7);
+        sum += v;
+        mx = std::max(mx, v);
+      }
+      ok = ok && std::abs(res[size_t(i)] - sum) < 1e-4 && std::abs(res[size_t(n + i)] - sum / N) < 1e-4 &&
+           res[size_t(2 * n + i)] == float(mx) && std::abs(res[size_t(3 * n + i)] - sum) < 0.02 * std::abs(sum) + 0.1;
+      double slot = 0;  // reduce_scatter: rank r gets the sum of every rank's slot r
+      for (int q = 0; q < N; q++) slot += (q + 1) * 0.5 + double((r * n + i) % 7);
+      ok = ok && std::abs(res[size_t(4 * n + i)] - slot) < 1e-4;
+      for (int q = 0; q < N; q++)  // all_gather: slot q holds rank q's slot q
+        ok = ok && res[size_t(5 * n + q * n + i)] == float((q + 1) * 0.5 + double((q * n + i) % 7));
+      ok = ok && res[size_t(5 * n + N * n + i)] == float(N - 1);  // broadcast from the last rank
+    }
+    INFO("rank " << r);
+    CHECK(ok);
+  }
+  if (N < 2) {
+    WARN("one GPU: the timeout of a missing rank needs two (NCCL allows one rank per GPU)");
+    return;
+  }
+  // rank 0 all-reduces once more than the others: its wait times out, naming who never got there
+  MemoryStore store2(Millis(20000));
+  std::string err0;
+  auto late = [&](int r) {
+    try {
+      CudaContext cx(r);
+      NcclGroup g(store2, r, 2, cx, Millis(3000), nullptr, "late");
+      float* d = nullptr;
+      DL_CUDA(cudaMalloc(&d, 64));
+      g.all_reduce(d, 16);
+      if (r == 0) g.all_reduce(d, 16);
+      cudaFree(d);
+    } catch (const CommError& e) {
+      if (r == 0) err0 = e.full();
+    }
+  };
+  std::thread t0(late, 0), t1(late, 1);
+  t0.join();
+  t1.join();
+  CHECK_THAT(err0, Catch::Contains("all_reduce #1 of 16 f32 (sum) did not finish") && Catch::Contains("rank 1 never got there"));
+}
+
+int main(int argc, char** argv) {
+  const CudaProbe probe = probe_cuda();
+  if (!probe.usable) {
+    std::printf("skipped: no usable GPU (%s)\n", probe.reason.c_str());
+    return 77;  // ctest's SKIP_RETURN_CODE
+  }
+  const auto& d = probe.devices.front();
+  std::printf("GPU 0: %s, sm %d%d, %.1f GiB\n", d.name.c_str(), d.sm_major, d.sm_minor, double(d.total_bytes) / (1 << 30));
+  return Catch::Session().run(argc, argv);
+}
