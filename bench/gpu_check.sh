@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU checks in one go, for a machine with an NVIDIA GPU (one H200 takes a few minutes):
-#   1. a CUDA build (build-cuda/, DISTLAB_CUDA=ON, for this machine's GPU unless CUDA_ARCHS says otherwise);
-#   2. the CUDA kernels against the cpu kernels (distlab_cuda_tests);
-#   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive).
-# Training on the GPU (GPT-124M tokens/s and MFU, the CNN's img/s) and `distlab bench comm` over NCCL are
-# listed at the end with what they wait for. On a machine without the toolkit or without a GPU every step
-# says why it is skipped, and the script still exits 0: it is safe to run anywhere.
+# The GPU checks in one go, for a machine with an NVIDIA GPU (one H200: a few minutes):
+#   1. the programs: unpacked from .gpubundle/bundle.tar.xz when there is one (bench/gpu_bundle.sh packs it
+#      on a machine with this project's packages: a lent GPU machine has CUDA but not Gloo or OpenBLAS),
+#      else a CUDA build in build-cuda/ for this machine's GPU (CUDA_ARCHS overrides);
+#   2. every CUDA kernel against its cpu twin, and the NCCL group (distlab_cuda_tests);
+#   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive);
+#   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
+# Training on the GPU (GPT-124M tokens/s and MFU, the CNN's img/s) is listed at the end with what it waits for. Without the toolkit or without a GPU each step says why it is
+# skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,41 +15,78 @@ t0=$SECONDS
 status=0
 say() { printf '\n== %s\n' "$*"; }
 
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if [ ! -x "$NVCC" ]; then
-  say "skipped: no CUDA toolkit (nvcc not found; set NVCC=/path/to/nvcc)"
-  exit 0
-fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  archs=${CUDA_ARCHS:-native}
+  gpu=1
 else
-  echo "no GPU answers nvidia-smi: the CUDA code is compiled and linked, the GPU checks skip"
-  archs=${CUDA_ARCHS:-"75;80;90"}
+  echo "no GPU answers nvidia-smi: the CUDA code is built, the GPU checks skip"
+  gpu=0
 fi
 
-say "1. CUDA build (sm ${archs}) in build-cuda/"
-bash scripts/setup.sh >/dev/null || { echo "scripts/setup.sh failed"; exit 1; }
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTLAB_CUDA=ON -DDISTLAB_TESTS=ON \
-      -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=${archs}" >build-cuda.log 2>&1 \
-  || { tail -30 build-cuda.log; echo "configure failed (build-cuda.log)"; exit 1; }
-grep "distlab features" build-cuda.log
-cmake --build build-cuda --target distlab distlab_cuda_tests bench_gemm_cuda >>build-cuda.log 2>&1 \
-  || { tail -40 build-cuda.log; echo "build failed (build-cuda.log)"; exit 1; }
-echo "built in $((SECONDS - t0)) s"
+# CUDA's own libraries where the GPU machine keeps them: the toolkit, or the Python wheels' copies
+cuda_libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
+done
+for py in python3 /usr/bin/python3; do
+  extra=$($py - 2>/dev/null <<'PY'
+import glob, os, site
+dirs = []
+for s in site.getsitepackages():
+    dirs += glob.glob(os.path.join(s, "nvidia", "*", "lib"))
+print(":".join(dirs))
+PY
+) && [ -n "$extra" ] && cuda_libs="$cuda_libs:$extra" && break
+done
 
-say "2. the CUDA kernels against the cpu kernels"
-build-cuda/tests/distlab_cuda_tests --durations yes
+say "1. the programs"
+if [ -f .gpubundle/bundle.tar.xz ]; then
+  B=$(mktemp -d /tmp/distlab-gpu-XXXXXX)
+  tar -C "$B" -xJf .gpubundle/bundle.tar.xz || { echo "cannot unpack .gpubundle/bundle.tar.xz"; exit 1; }
+  head -2 "$B/MANIFEST"
+  export LD_LIBRARY_PATH="$B/lib${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  TESTS=$B/bin/distlab_cuda_tests GEMM=$B/bin/bench_gemm_cuda DISTLAB=$B/bin/distlab
+  missing=$(ldd "$TESTS" "$GEMM" | grep "not found" | sort -u)
+  [ -z "$missing" ] || { echo "libraries not found (CUDA 13's cudart, cuBLAS and NCCL are the GPU machine's):"; echo "$missing"; exit 1; }
+else
+  NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  if [ ! -x "$NVCC" ]; then
+    say "skipped: no CUDA toolkit (nvcc not found; set NVCC=/path/to/nvcc), and no .gpubundle/bundle.tar.xz"
+    exit 0
+  fi
+  if [ $gpu -eq 1 ]; then archs=${CUDA_ARCHS:-native}; else archs=${CUDA_ARCHS:-"75;80;90"}; fi
+  echo "a CUDA build (sm ${archs}) in build-cuda/"
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTLAB_CUDA=ON -DDISTLAB_TESTS=ON \
+        -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=${archs}" >build-cuda.log 2>&1 \
+    || { tail -30 build-cuda.log; echo "configure failed (build-cuda.log): bash scripts/setup.sh installs the packages, or pack a bundle"; exit 1; }
+  grep "distlab features" build-cuda.log
+  cmake --build build-cuda --target distlab distlab_cuda_tests bench_gemm_cuda >>build-cuda.log 2>&1 \
+    || { tail -40 build-cuda.log; echo "build failed (build-cuda.log)"; exit 1; }
+  TESTS=build-cuda/tests/distlab_cuda_tests GEMM=build-cuda/bin/bench_gemm_cuda DISTLAB=build-cuda/bin/distlab
+fi
+echo "ready after $((SECONDS - t0)) s"
+
+say "2. every CUDA kernel against the cpu one; the NCCL group"
+"$TESTS" --durations yes
 rc=$?
 if [ $rc -eq 77 ]; then echo "(skipped)"; elif [ $rc -ne 0 ]; then status=1; fi
 
 say "3. GEMM: distlab against raw cuBLAS"
-build-cuda/bin/bench_gemm_cuda || status=1
+"$GEMM" || status=1
+[ -n "${OUT:-}" ] && [ -f bench/results/gemm_cuda.json ] && cp bench/results/gemm_cuda.json "$OUT/"
 
-say "4. not measured by this version"
+say "4. distlab bench comm over NCCL, one rank per GPU"
+if [ $gpu -eq 1 ]; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  "$DISTLAB" bench comm -n "$ngpu" --backend nccl --max 1GiB || status=1
+  [ -n "${OUT:-}" ] && cp bench/results/comm_nccl_n"$ngpu".json "$OUT/" 2>/dev/null
+else
+  echo "(skipped: no GPU)"
+fi
+
+say "5. not measured by this version"
 echo "GPT-124M bf16 tokens/s and MFU, the CNN's img/s: need training on --device cuda (the trainer runs on cpu and meta)"
-echo "distlab bench comm over NCCL: needs the NCCL process group"
-echo "$(build-cuda/bin/distlab train configs/fashion-mnist-mlp.toml --device cuda 2>&1 | head -1)"
+"$DISTLAB" train configs/fashion-mnist-mlp.toml --device cuda 2>&1 | head -1
 
 say "done in $((SECONDS - t0)) s, status ${status}"
 exit $status

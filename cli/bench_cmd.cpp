@@ -4,6 +4,9 @@
 // broadcast), and #wrong, the elements that differ from the expected result. A row of raw Gloo ring
 // all_reduce (no ProcessGroup around it) is the baseline our all_reduce is held to.
 //
+// `--backend nccl` measures the NCCL group instead, on GPU buffers, one GPU per rank (core/cuda/nccl_bench.h):
+// a build with CUDA on a machine with as many GPUs as ranks.
+//
 // `--ring DIR` adds lab 01's ring functions from DIR/ring.cpp (your own code, built as the grader builds
 // it, then loaded into this benchmark's ranks): their sends and receives go over Gloo's point-to-point
 // buffers, so your ring_all_reduce is measured against Gloo's ring on the same wire.
@@ -37,8 +40,10 @@
 #include "core/parallel/pipeline_sim.h"
 #include "core/perf/hardware.h"
 #include "core/perf/cost_model.h"
+#include "core/tensor/device.h"
 #include "core/util/units.h"
 #include "grader/harness.h"
+#include "core/cuda/nccl_bench.h"  // plain C++: the worker itself is in libdistlab_cuda.so
 #include "labs/01-collectives/api.h"
 
 namespace distlab {
@@ -51,6 +56,7 @@ struct BenchArgs {
   int iters = 0;        // 0: by size
   std::string ring;     // lab 01 folder with ring.cpp (the parent builds it)
   std::string ring_so;  // the built plugin (what the workers load)
+  std::string backend = "gloo";
 };
 
 // ---- lab 01's Comm over Gloo's unbound buffers --------------------------------------------------------
@@ -209,6 +215,20 @@ int worker(const BenchArgs& a) {
   LaunchEnv env = read_launch_env();
   LauncherWatchdog watchdog(env.launcher_pid, Millis(120000), fmt::format("rank {}", env.rank));
   TcpStore store(env.master_addr, env.store_port, Millis(60000), env.store_token);
+  if (a.backend == "nccl") {
+    std::string why;
+    auto run = reinterpret_cast<int (*)(Store*, const NcclBenchOptions*)>(cuda_symbol("distlab_nccl_bench", &why));
+    if (!run) throw ConfigError("--backend nccl: " + why, "use --backend gloo, or a build with the CUDA toolkit and NCCL");
+    NcclBenchOptions o;
+    o.rank = env.rank;
+    o.world = env.world_size;
+    o.local_rank = env.local_rank;
+    o.min_bytes = parse_bytes(a.min_size, "--min");
+    o.max_bytes = parse_bytes(a.max_size, "--max");
+    o.iters = a.iters;
+    o.json = a.json;
+    return run(&store, &o);
+  }
   ProcessGroupOptions po;
   po.timeout = Millis(120000);
   po.track_arrivals = false;  // raw collective speed, as nccl-tests measures it
@@ -327,6 +347,8 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
   comm->add_option("--json", a->json, "where to write the results (default bench/results/comm_n<N>.json)");
   comm->add_option("--ring", a->ring, "also measure lab 01's ring functions from DIR/ring.cpp (e.g. labs/01-collectives/student)");
   comm->add_option("--ring-plugin", a->ring_so, "(set by the launcher: the ring plugin built from --ring)")->group("");
+  comm->add_option("--backend", a->backend, "gloo (CPU ranks, default) or nccl (GPU buffers, one GPU per rank; a CUDA build)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
   // the pipeline's bubble, modeled: equal synthetic stages through the real schedules
   struct PipeArgs {
     std::vector<int> pp{2, 4}, m{1, 2, 4, 8};
@@ -370,12 +392,19 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
       exit_code = worker(*a);
       return;
     }
+    if (a->backend == "nccl") {
+      std::string why;
+      if (!cuda_symbol("distlab_nccl_bench", &why))
+        throw ConfigError("--backend nccl: " + why, "use --backend gloo, or a build with the CUDA toolkit and NCCL");
+      if (!a->ring.empty()) throw ConfigError("--ring measures lab 01 over Gloo: it does not go with --backend nccl", "drop one of them");
+    }
     if (!a->ring.empty()) a->ring_so = build_ring(*a, self_exe);
     LaunchOptions o;
     o.nproc_per_node = a->nproc;
     o.master_port = 0;
     o.threads_per_rank = 1;
-    o.argv = {self_exe, "bench", "comm", "--min", a->min_size, "--max", a->max_size, "--iters", std::to_string(a->iters)};
+    o.argv = {self_exe, "bench", "comm", "--min", a->min_size, "--max", a->max_size, "--iters", std::to_string(a->iters),
+              "--backend", a->backend};
     if (!a->json.empty()) o.argv.insert(o.argv.end(), {"--json", a->json});
     if (!a->ring_so.empty()) o.argv.insert(o.argv.end(), {"--ring-plugin", a->ring_so});
     exit_code = launch(o);

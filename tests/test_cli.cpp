@@ -92,6 +92,10 @@ TEST_CASE("bad invocations explain themselves", "[cli]") {
   CHECK(r.code == 1);  // refused, saying what this build and machine have: no CUDA, no GPU, or the GPUs
   CHECK_THAT(r.out, Catch::Contains("which cannot train in this version (cuda: ") &&
                         (Catch::Contains("not in this build") || Catch::Contains("kernels built;")));
+  // NCCL's benchmark without a GPU: refused by a build without CUDA, or the rank names the failing CUDA call
+  r = run("bench comm -n 1 --backend nccl --max 4KiB");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("--backend nccl: not in this build") || Catch::Contains("cudaSetDevice(device) failed"));
   r = run("frobnicate");
   CHECK(r.code == 2);
   r = run("train --help-config");

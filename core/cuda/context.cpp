@@ -71,10 +71,7 @@ CudaProbe probe_cuda() {
     d.sm_major = prop.major;
     d.sm_minor = prop.minor;
     d.multiprocessors = prop.multiProcessorCount;
-    d.total_bytes = int64_t(prop.totalGlobalMem);
-    size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = int64_t(free_b);
-    (void)cudaGetLastError();
+    d.total_bytes = int64_t(prop.totalGlobalMem);  // free memory needs a context on the device: asked by attach_cuda
     p.devices.push_back(d);
   }
   p.usable = !p.devices.empty();

@@ -21,7 +21,7 @@ struct CudaDeviceInfo {
   std::string name;       // "NVIDIA H200"
   int sm_major = 0, sm_minor = 0;
   int multiprocessors = 0;
-  int64_t total_bytes = 0, free_bytes = 0;
+  int64_t total_bytes = 0;  // not the free bytes: asking would create a context (hundreds of MiB) on every GPU
 };
 
 struct CudaProbe {

@@ -1,11 +1,9 @@
 #include "core/tensor/device.h"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include "core/util/error.h"
-#ifdef DISTLAB_HAVE_CUDA
-#include "core/cuda/context.h"
-#endif
 
 namespace distlab {
 
@@ -18,16 +16,54 @@ const char* device_name(DeviceKind d) {
   return "?";
 }
 
-std::string cuda_build_status() {
-#ifdef DISTLAB_HAVE_CUDA
-  const CudaProbe p = probe_cuda();
-  if (!p.usable) return fmt::format("kernels built; no usable GPU here: {}", p.reason);
-  std::string s = fmt::format("kernels built; {} GPU(s):", p.devices.size());
-  for (const auto& d : p.devices) s += fmt::format(" {}={} (sm {}{})", d.index, d.name, d.sm_major, d.sm_minor);
-  return s;
+namespace {
+
+struct CudaLibrary {
+  void* handle = nullptr;
+  std::string why;  // when handle is null
+};
+
+// libdistlab_cuda.so, loaded on first use by the process that needs it: by name first (LD_LIBRARY_PATH,
+// where a GPU bundle puts it), then from the build. Like the dynamic loader's own state, this is one per
+// process.
+const CudaLibrary& cuda_library() {
+  static const CudaLibrary lib = [] {
+    CudaLibrary l;
+#ifdef DISTLAB_CUDA_LIBRARY
+    l.handle = dlopen("libdistlab_cuda.so", RTLD_NOW | RTLD_GLOBAL);
+    if (!l.handle) l.handle = dlopen(DISTLAB_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+    if (!l.handle) {
+      const char* e = dlerror();
+      l.why = fmt::format("the CUDA half of the engine did not load ({})", e ? e : "?");
+    }
 #else
-  return "not in this build (configured without nvcc, cuBLAS or NCCL, or with -DDISTLAB_CUDA=OFF)";
+    l.why = "not in this build (configured without nvcc, cuBLAS or NCCL, or with -DDISTLAB_CUDA=OFF)";
 #endif
+    return l;
+  }();
+  return lib;
+}
+
+}  // namespace
+
+void* cuda_symbol(const char* name, std::string* why) {
+  const CudaLibrary& lib = cuda_library();
+  if (!lib.handle) {
+    if (why) *why = lib.why;
+    return nullptr;
+  }
+  void* f = dlsym(lib.handle, name);
+  if (!f && why) *why = fmt::format("libdistlab_cuda.so has no {}: it is older than this distlab (rebuild)", name);
+  return f;
+}
+
+std::string cuda_build_status() {
+  std::string why;
+  auto status = reinterpret_cast<void (*)(std::string*)>(cuda_symbol("distlab_cuda_status", &why));
+  if (!status) return why;
+  std::string s;
+  status(&s);
+  return s;
 }
 
 DeviceKind parse_device(const std::string& s) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor/dtype.h"
+
 namespace distlab {
 
 // host: what CPU offload keeps in the host's memory (ZeRO-Offload, FSDP's CPUOffload): counted, but not
@@ -23,6 +25,21 @@ struct MemoryStats {
   int64_t current_total = 0;                   // the device's: every category but host
   int64_t peak_total = 0;                      // high-water mark of the sum (not the sum of peaks)
   std::array<int64_t, kNumCategories> at_peak{};  // breakdown at the moment of peak_total
+};
+
+// A device with memory of its own, as the tensor layer sees it: core/cuda/device_memory.h implements it
+// for a GPU. Virtual calls keep this layer free of GPU headers; a cpu or meta rank has none.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual void* alloc(int64_t bytes) = 0;  // nullptr when the device is full (the accountant then raises OOM)
+  virtual void free(void* p, int64_t bytes) = 0;
+  virtual void zero(void* p, int64_t bytes) = 0;
+  virtual void fill(void* p, DType t, float value, int64_t n) = 0;
+  virtual void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) = 0;  // on the device
+  virtual void to_host(void* host, const void* dev, int64_t bytes) = 0;    // after the work queued before it
+  virtual void from_host(void* dev, const void* host, int64_t bytes) = 0;  // the host buffer is free on return
+  virtual int64_t free_bytes() = 0;  // what the device has free now (cudaMemGetInfo)
 };
 
 class MemoryAccountant {
@@ -59,6 +76,10 @@ class MemoryAccountant {
   // as ZeRO-3 freeing the whole model it was built as.
   void empty_cache();
 
+  // The device's own memory, for tensors of a cuda rank (set where the Runtime gets its CudaContext).
+  void set_device_memory(DeviceMemory* m) { device_memory_ = m; }
+  DeviceMemory* device_memory() const { return device_memory_; }
+
  private:
   int rank_;
   std::string device_;
@@ -66,6 +87,7 @@ class MemoryAccountant {
   MemoryStats stats_;
   std::map<int64_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
   int64_t reserved_ = 0;                               // bytes held: in use + cached
+  DeviceMemory* device_memory_ = nullptr;
 };
 
 }  // namespace distlab

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/util/error.h"
 
@@ -23,7 +24,8 @@ int64_t shape_numel(const Shape& s) {
 
 Storage::~Storage() {
   if (!accountant) return;
-  accountant->host_free(data, bytes);
+  if (device) device->free(data, bytes);
+  else accountant->host_free(data, bytes);
   accountant->release(bytes, category);
 }
 
@@ -48,6 +50,23 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
       st->accountant = nullptr;
       throw OutOfMemoryError(fmt::format("host allocation of {} bytes for {} failed", bytes, what),
                              "the machine itself is out of memory: use a smaller model or batch");
+    }
+  }
+  if (device == DeviceKind::cuda) {
+    st->device = acct.device_memory();
+    if (!st->device) {
+      acct.release(bytes, cat);
+      st->accountant = nullptr;
+      throw Error(fmt::format("{} is a cuda tensor, but rank {} has no GPU attached", what, acct.rank()),
+                  "attach a CudaContext to the Runtime first (attach_cuda in core/cuda/device_memory.h)");
+    }
+    st->data = bytes > 0 ? st->device->alloc(bytes) : nullptr;
+    if (bytes > 0 && !st->data) {  // the accountant's capacity allowed it, the GPU itself did not
+      acct.release(bytes, cat);
+      st->accountant = nullptr;
+      throw OutOfMemoryError(fmt::format("the GPU could not allocate {} bytes for {} on rank {} ({} free on the device; counted: {})",
+                                         bytes, what, acct.rank(), st->device->free_bytes(), acct.breakdown()),
+                             "another process holds GPU memory, or the cache is fragmented: a smaller micro-batch, or --device-mem below the card's size");
     }
   }
   t.storage_ = std::move(st);
@@ -77,16 +96,22 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::clone(Category cat, DType dtype) const {
   DL_ASSERT(defined(), "clone of an undefined tensor");
   Tensor t = empty(shape_, *storage_->accountant, device_, cat, dtype, "clone");
-  if (data() && numel() > 0) convert(data(), dtype_, t.data(), dtype, numel());
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::zero_() {
-  if (data()) std::memset(data(), 0, size_t(nbytes()));
+  if (!data()) return;
+  if (storage_->device) storage_->device->zero(data(), nbytes());
+  else std::memset(data(), 0, size_t(nbytes()));
 }
 
 void Tensor::fill_(float v) {
   if (!data()) return;
+  if (storage_->device) {
+    storage_->device->fill(data(), dtype_, v, numel());
+    return;
+  }
   if (dtype_ == DType::f32) {
     float* p = f32();
     for (int64_t i = 0; i < numel(); i++) p[i] = v;
@@ -100,7 +125,31 @@ void Tensor::fill_(float v) {
 void Tensor::copy_from(const Tensor& src) {
   if (src.numel() != numel())
     throw ShapeError(fmt::format("copy of {} into {}", shape_str(src.shape()), shape_str(shape_)));
-  if (data() && src.data() && numel() > 0) convert(src.data(), src.dtype(), data(), dtype_, numel());
+  if (!data() || !src.data() || numel() == 0) return;
+  DeviceMemory* to = storage_->device;
+  DeviceMemory* from = src.storage_->device;
+  if (!to && !from) {  // host to host
+    convert(src.data(), src.dtype(), data(), dtype_, numel());
+    return;
+  }
+  if (to && from) {  // on the device (one GPU per rank: the same one)
+    to->convert(src.data(), src.dtype(), data(), dtype_, numel());
+    return;
+  }
+  // between host and device: the bytes cross as they are, the dtype changes on the host's side
+  if (src.dtype() == dtype_) {
+    if (to) to->from_host(data(), src.data(), nbytes());
+    else from->to_host(data(), src.data(), nbytes());
+    return;
+  }
+  std::vector<char> staging(size_t(numel() * dtype_size(to ? dtype_ : src.dtype())));
+  if (to) {  // convert on the host, then up
+    convert(src.data(), src.dtype(), staging.data(), dtype_, numel());
+    to->from_host(data(), staging.data(), nbytes());
+  } else {  // down, then convert on the host
+    from->to_host(staging.data(), src.data(), src.nbytes());
+    convert(staging.data(), src.dtype(), data(), dtype_, numel());
+  }
 }
 
 Tensor& Parameter::grad_for_accumulate() {

@@ -1,6 +1,7 @@
 // A dense, contiguous tensor: a shape, a dtype, and shared storage that is counted by the rank's
 // MemoryAccountant under a category. Copies share storage (like torch.Tensor); the bytes are returned to
-// the accountant when the last copy goes away. On the meta device there is no data (data() is nullptr).
+// the accountant when the last copy goes away. On the meta device there is no data (data() is nullptr); on
+// cuda data() is a device pointer, from the accountant's DeviceMemory (core/cuda/device_memory.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,10 +19,11 @@ std::string shape_str(const Shape& s);  // "[128, 3, 32, 32]"
 int64_t shape_numel(const Shape& s);
 
 struct Storage {
-  void* data = nullptr;  // nullptr on meta
+  void* data = nullptr;  // nullptr on meta; a device pointer on cuda
   int64_t bytes = 0;
   Category category = Category::other;
   MemoryAccountant* accountant = nullptr;
+  DeviceMemory* device = nullptr;  // where data lives when it is not the host's
   ~Storage();
 };
 
@@ -54,7 +56,7 @@ class Tensor {
   Tensor clone(Category cat, DType dtype) const;
   void zero_();
   void fill_(float v);
-  void copy_from(const Tensor& src);  // same numel; converts dtype
+  void copy_from(const Tensor& src);  // same numel; converts dtype; between host and device too
   // Drops this handle's storage but keeps the shape, dtype and device: what a ZeRO-3/FSDP parameter is
   // between uses (PyTorch FSDP resizes the flat parameter's storage to 0). defined() is false until the
   // strategy assigns a gathered tensor again; numel() still says how big the parameter is.

@@ -13,6 +13,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/nccl_group.h"
 #include "core/dist/store.h"
 #include "core/ops/cpu/attention.h"
@@ -44,6 +45,9 @@ struct Dev {
   explicit Dev(int64_t count) : n(count) { DL_CUDA(cudaMalloc(&p, size_t(std::max<int64_t>(n, 1)) * sizeof(T))); }
   explicit Dev(const std::vector<T>& h) : Dev(int64_t(h.size())) {
     DL_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // a pageable copy may still be in flight when cudaMemcpy returns, and the kernels run on a non-blocking
+    // stream that does not wait for it
+    DL_CUDA(cudaDeviceSynchronize());
   }
   ~Dev() { cudaFree(p); }
   std::vector<T> get() const {  // after everything queued: the kernels run on a non-blocking stream
@@ -410,6 +414,42 @@ TEST_CASE("the caching allocator hands a freed block back, rounds like PyTorch, 
   CHECK(a.cached() == 0);
 }
 
+TEST_CASE("cuda tensors: GPU memory through the caching allocator, counted by category; fill, clone, copies both ways; OOM with the breakdown", "[cuda]") {
+  CudaContext cx(0);
+  CudaDeviceMemory mem(cx);
+  Runtime rt(DeviceKind::cuda);
+  attach_cuda(rt, cx, mem, int64_t(64) << 20);  // --device-mem 64 MiB: below any card's free memory
+  CHECK(rt.memory.capacity() == int64_t(64) << 20);
+  {
+    Tensor w = rt.zeros({1000, 3}, Category::params, "w");
+    Tensor g = rt.empty({1000, 3}, Category::grads, "g", DType::bf16);
+    CHECK(rt.memory.current(Category::params) == 12000);
+    CHECK(rt.memory.current(Category::grads) == 6000);
+    CHECK(cx.allocator().reserved() >= 18000);
+    Runtime host(DeviceKind::cpu);
+    Tensor h = host.empty({1000, 3}, Category::params, "h");
+    for (int64_t i = 0; i < 3000; i++) h.f32()[i] = float(i) * 0.001f + 1.0f;
+    w.copy_from(h);  // up
+    g.copy_from(w);  // on the device, rounded to bf16
+    Tensor back = host.empty({1000, 3}, Category::params, "back");
+    back.copy_from(g);  // down, widened on the host
+    bool rounded = true;
+    for (int64_t i = 0; i < 3000; i++) rounded = rounded && back.f32()[i] == round_to(h.f32()[i], DType::bf16);
+    CHECK(rounded);
+    Tensor c = w.clone(Category::optim_state, DType::f32);
+    c.fill_(0.5f);
+    back.copy_from(c);
+    CHECK(back.f32()[2999] == 0.5f);
+    c.zero_();
+    back.copy_from(c);
+    CHECK(back.f32()[17] == 0.0f);
+    CHECK_THROWS_WITH(rt.empty({int64_t(16) << 20}, Category::activations, "a big activation"),
+                      Catch::Contains("out of memory") && Catch::Contains("a big activation") && Catch::Contains("params"));
+  }
+  CHECK(rt.memory.stats().current_total == 0);  // every byte back to the accountant...
+  CHECK(cx.allocator().cached() >= 18000);      // ...and the blocks to the cache, not the driver
+}
+
 TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives ProcessGroup's results, and a missing rank times out by name", "[cuda][nccl]") {
   int gpus = 0;
   DL_CUDA(cudaGetDeviceCount(&gpus));
@@ -431,6 +471,7 @@ TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives Proces
       float* sc = out + n * N;
       auto put = [&](float* dst, const std::vector<float>& h) {
         DL_CUDA(cudaMemcpy(dst, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        DL_CUDA(cudaDeviceSynchronize());  // before the group's streams read it
       };
       auto take = [&](const float* src, int64_t count) {
         cx.sync();

@@ -47,10 +47,12 @@ void convert_on(cudaStream_t s, const void* src, DType st, void* dst, DType dt, 
 
 void convert(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n) { convert_on(stream(rt), src, st, dst, dt, n); }
 
-void fill(Runtime& rt, void* dst, DType t, float value, int64_t n) {
+void fill_on(cudaStream_t s, void* dst, DType t, float value, int64_t n) {
   if (n == 0) return;
-  fill_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(dst, t, value, n);
+  fill_k<<<blocks_for(n), kThreads, 0, s>>>(dst, t, value, n);
   DL_CUDA_LAUNCHED("fill");
 }
+
+void fill(Runtime& rt, void* dst, DType t, float value, int64_t n) { fill_on(stream(rt), dst, t, value, n); }
 
 }  // namespace distlab::cuda

@@ -97,7 +97,9 @@ void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout
 // dst[i] = src[i] converted, rounding to nearest even into 16 bits (the bits of core/tensor/dtype.h)
 void convert(Runtime& rt, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
 void fill(Runtime& rt, void* dst, DType type, float value, int64_t n);
-// convert() on a given stream, for code that has a stream but no Runtime (the NCCL group's 16-bit wire)
+// convert() and fill() on a given stream, for code that has a stream but no Runtime (the NCCL group's
+// 16-bit wire, the tensors' device memory)
 void convert_on(cudaStream_t stream, const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+void fill_on(cudaStream_t stream, void* dst, DType type, float value, int64_t n);
 
 }  // namespace distlab::cuda

@@ -1,0 +1,46 @@
+#include "core/cuda/device_memory.h"
+
+#include <algorithm>
+
+#include "core/cuda/check.h"
+#include "core/ops/cuda/ops.h"
+
+namespace distlab {
+
+void* CudaDeviceMemory::alloc(int64_t bytes) { return cx_.allocator().alloc(bytes); }
+
+void CudaDeviceMemory::free(void* p, int64_t bytes) { cx_.allocator().free(p, bytes); }
+
+void CudaDeviceMemory::zero(void* p, int64_t bytes) { DL_CUDA(cudaMemsetAsync(p, 0, size_t(bytes), cx_.compute())); }
+
+void CudaDeviceMemory::fill(void* p, DType t, float value, int64_t n) { cuda::fill_on(cx_.compute(), p, t, value, n); }
+
+void CudaDeviceMemory::convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  cuda::convert_on(cx_.compute(), src, st, dst, dt, n);
+}
+
+void CudaDeviceMemory::to_host(void* host, const void* dev, int64_t bytes) {
+  DL_CUDA(cudaMemcpyAsync(host, dev, size_t(bytes), cudaMemcpyDeviceToHost, cx_.compute()));
+  DL_CUDA(cudaStreamSynchronize(cx_.compute()));
+}
+
+void CudaDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
+  DL_CUDA(cudaMemcpyAsync(dev, host, size_t(bytes), cudaMemcpyHostToDevice, cx_.compute()));
+  DL_CUDA(cudaStreamSynchronize(cx_.compute()));  // the host buffer may be freed once this returns
+}
+
+int64_t CudaDeviceMemory::free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  DL_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return int64_t(free_b) + cx_.allocator().cached();  // cached blocks are ours to hand out
+}
+
+void attach_cuda(Runtime& rt, CudaContext& cx, CudaDeviceMemory& mem, int64_t capacity) {
+  DL_ASSERT(rt.device == DeviceKind::cuda, "attach_cuda on a Runtime that is not a cuda rank");
+  rt.cuda = &cx;
+  rt.memory.set_device_memory(&mem);
+  const int64_t free_now = mem.free_bytes() + rt.memory.stats().current_total;
+  rt.memory.set_capacity(capacity < 0 ? free_now : std::min(capacity, free_now));
+}
+
+}  // namespace distlab
