@@ -766,12 +766,16 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
                                           "pipeline_warmup/tp_pp.cpp", "rank0_extra_collective/ddp.cpp", "every_rank_one_file/ckpt.cpp",
                                           "bn_without_syncbn/run.toml", "lr_not_scaled/run.toml", "pipeline_few_micro_batches/run.toml",
                                           "oom_ladder/run.toml", "nan_input/run.toml"};
-  // every case fixed; every bug left in but the pipeline's fixed. sum_not_average and accum_no_divide are left
-  // out of both (a case not attempted): their fixed files are lab 02's and lab 03's solutions, their bugs
-  // those labs' mutants, all graded in those labs' tests, and clinic_cases_match_solutions keeps them so
+  // "fixed": every config case fixed (their fixes exist only here). "one_fixed": every bug left in but the
+  // pipeline's, a code case, fixed. The other code cases' fixed files are their labs' solutions, graded
+  // full marks in those labs' tests (clinic_cases_match_solutions keeps them identical), so "fixed" leaves
+  // them out (cases not attempted) rather than grade them twice. sum_not_average and accum_no_divide sit
+  // out of both: their bugs are those labs' mutants too.
   for (const std::string& who : {"fixed", "one_fixed"})
     for (const std::string& c : cases) {
       if (c.rfind("sum_not_average", 0) == 0 || c.rfind("accum_no_divide", 0) == 0) continue;
+      const bool config_case = fs::path(c).filename() == "run.toml";
+      if (who == "fixed" && !config_case) continue;
       const bool good = who == "fixed" || c == "pipeline_warmup/tp_pp.cpp";
       // a code case's fixed file is its lab's solution; a config case's is under solutions/08-clinic
       const std::map<std::string, std::string> lab_of = {{"ddp.cpp", "02-ddp-cifar"}, {"amp.cpp", "03-amp-accum"},
@@ -796,7 +800,7 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
   INFO(out);
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
-  CHECK(rows["fixed"].total == 24);  // 28 less the two cases left out
+  CHECK(rows["fixed"].total == 10);  // the five config cases, 2 points each
   CHECK(rows["one_fixed"].total == 2);  // each seeded bug loses its case; the one fix earns exactly its own
   CHECK(rows["one_fixed"].points["pipeline_warmup"] == 2);
   CHECK(rows["tampered"].total == 0);
