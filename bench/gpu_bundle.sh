@@ -28,7 +28,7 @@ done | sort -u | while read -r name path; do
 done
 {
   echo "distlab GPU bundle, $(git rev-parse --short HEAD) $(date -u +%FT%TZ)"
-  grep "^CMAKE_CUDA_ARCHITECTURES:" build/CMakeCache.txt
+  echo "GPU code for: $(grep -o 'code=\[compute_[0-9]*,sm_[0-9]*\]' build/compile_commands.json | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"
   ls "$stage/bin" "$stage/lib"
 } > "$stage/MANIFEST"
 mkdir -p .gpubundle
