@@ -15,6 +15,7 @@
 #include "core/ckpt/atomic_file.h"
 #include "core/dist/tcp_store.h"
 #include "core/dist/watchdog.h"
+#include "core/ops/attach.h"
 #include "core/perf/hardware.h"
 #include "core/train/ecosystem.h"
 #include "core/train/stop_signal.h"
@@ -97,6 +98,8 @@ int run_train(const TrainArgs& a) {
   // SIGTERM (the launcher's stop, a preemption) finishes the step and saves a checkpoint before exiting
   if (!cfg.checkpoint.dir.empty()) install_stop_handler();
   Runtime rt(parse_device(cfg.train.device), env.rank);
+  // a GPU rank (cuda, or cuda-sim on the CPU): its context, memory and kernels, outliving every tensor
+  std::unique_ptr<AttachedDevice> gpu = attach_device(rt, cfg.train.device, env.local_rank);
   // ends this rank if its launcher dies or stays stopped past the collective timeout
   LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
   std::unique_ptr<TcpStore> store;
@@ -144,7 +147,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   sub->add_option("--init", args->init, "load model weights from FILE.safetensors before training");
   sub->add_option("--save", args->save, "write model weights to FILE.safetensors after training");
   sub->add_option("--save-dtype", args->save_dtype, "dtype of --save: f32 (default), bf16 or f16");
-  sub->add_option("--device", args->device, "cpu (default) or meta (shapes, FLOPs and memory only)");
+  sub->add_option("--device", args->device, "cpu (default), meta (shapes, FLOPs and memory only), cuda (a GPU per rank) or cuda-sim (the GPU path on the CPU)");
   sub->add_option("--device-mem", args->device_mem, "simulated device memory: a size (16GiB) or a profile (t4, a100-80g, h100, ...)");
   sub->add_option("--deepspeed", args->deepspeed, "read a DeepSpeed JSON config: zero_optimization, fp16/bf16, batch sizes, ... mapped to distlab's keys");
   sub->add_option("--fsdp-config", args->fsdp_config, "read an FSDP config (accelerate's YAML, or Trainer-style fsdp: full_shard auto_wrap) mapped to distlab's keys");

@@ -1,3 +1,4 @@
+#include "core/tensor/on_host.h"
 #include "core/ckpt/safetensors.h"
 
 #include <algorithm>
@@ -131,7 +132,14 @@ static StTensor to_st(const Tensor& t, DType dtype) {
   s.dtype = dtype_safetensors_name(dtype);
   s.shape = t.shape();
   s.bytes.resize(size_t(t.numel() * dtype_size(dtype)));
-  if (t.data() && t.numel()) convert(t.data(), t.dtype(), s.bytes.data(), dtype, t.numel());
+  if (!t.data() || !t.numel()) return s;
+  if (t.device() != DeviceKind::cuda) {
+    convert(t.data(), t.dtype(), s.bytes.data(), dtype, t.numel());
+  } else {  // a GPU's tensor: down first
+    std::vector<uint8_t> raw(size_t(t.nbytes()));
+    t.to_host(raw.data());
+    convert(raw.data(), t.dtype(), s.bytes.data(), dtype, t.numel());
+  }
   return s;
 }
 
@@ -146,7 +154,8 @@ void save_model(Model& model, const std::string& path, DType dtype, const Optimi
   for (auto* b : model.buffers()) {
     if (b->name.size() >= 20 && b->name.compare(b->name.size() - 20, 20, ".num_batches_tracked") == 0) {
       StTensor s{"I64", {}, std::vector<uint8_t>(8)};
-      int64_t v = int64_t(b->data.f32()[0]);
+      OnHost h(b->data);
+      int64_t v = int64_t(h.p[0]);
       std::memcpy(s.bytes.data(), &v, 8);
       f.tensors[b->name] = s;
     } else {
@@ -181,9 +190,15 @@ void load_model(Model& model, const std::string& path) {
     if (s.dtype == "I64" && dst->numel() == 1 && name.size() >= 20 && name.ends_with("num_batches_tracked")) {
       int64_t v;  // BatchNorm's step counter, the one integer tensor of PyTorch's state dicts here
       std::memcpy(&v, s.bytes.data(), 8);
-      dst->f32()[0] = float(v);
-    } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") {
+      OnHost h(*dst, OnHost::out);
+      h.p[0] = float(v);
+      h.store();
+    } else if ((s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") && dst->device() != DeviceKind::cuda) {
       convert(s.bytes.data(), parse_dtype(s.dtype), dst->data(), dst->dtype(), dst->numel());
+    } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") {  // a GPU's tensor: converted here, then up
+      std::vector<uint8_t> raw(size_t(dst->nbytes()));
+      convert(s.bytes.data(), parse_dtype(s.dtype), raw.data(), dst->dtype(), dst->numel());
+      dst->from_host(raw.data());
     } else {
       mismatched += fmt::format("{}{} has dtype {} ({} expected)", mismatched.empty() ? "" : "; ", name, s.dtype,
                                 name.ends_with("num_batches_tracked") ? "I64" : "F32, BF16 or F16");

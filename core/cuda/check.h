@@ -33,4 +33,9 @@ const char* cublas_status_name(cublasStatus_t s);
   } while (0)
 
 // After a kernel launch: a bad configuration (too many threads, too much shared memory) is reported here.
-#define DL_CUDA_LAUNCHED(name) DL_CUDA(cudaGetLastError())
+// `name` is the kernel's: "the launch of relu_forward" is what the error says was called.
+#define DL_CUDA_LAUNCHED(name)                                                                           \
+  do {                                                                                                   \
+    const cudaError_t dl_e_ = cudaGetLastError();                                                        \
+    if (dl_e_ != cudaSuccess) ::distlab::cuda_fail(dl_e_, ("the launch of " + std::string(name)).c_str(), __FILE__, __LINE__); \
+  } while (0)

@@ -6,10 +6,58 @@
 #include <string>
 
 #include "core/cuda/context.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/nccl_bench.h"
 #include "core/cuda/nccl_group.h"
+#include "core/dist/device_group.h"
+#include "core/ops/cuda/ops.h"
+
+namespace {
+
+// What a cuda rank owns on its GPU, for as long as its tensors live.
+struct CudaRank {
+  explicit CudaRank(int device) : cx(device), mem(cx) {}
+  distlab::CudaContext cx;
+  distlab::CudaDeviceMemory mem;
+};
+
+// dist.backend = "nccl": the DeviceGroup of core/dist/device_group.h over an NcclGroup.
+class NcclWorkOfGroup : public distlab::DeviceWork {
+ public:
+  explicit NcclWorkOfGroup(std::shared_ptr<distlab::NcclWork> w) : w_(std::move(w)) {}
+  // the host waits, with the group's timeout (a peer that never joins is a CommError, not a hung GPU),
+  // then the compute stream
+  void wait() override { w_->synchronize(); }
+
+ private:
+  std::shared_ptr<distlab::NcclWork> w_;
+};
+
+class NcclDeviceGroup : public distlab::DeviceGroup {
+ public:
+  NcclDeviceGroup(distlab::Runtime& rt, distlab::Store& store, int rank, int size, distlab::Millis timeout)
+      : g_(store, rank, size, *rt.cuda, timeout, &rt.trace, "nccl") {}
+  int rank() const override { return g_.rank(); }
+  int size() const override { return g_.size(); }
+  std::string describe() const override { return fmt::format("NCCL {} over {} GPU(s)", distlab::nccl_version_string(), g_.size()); }
+  std::shared_ptr<distlab::DeviceWork> all_reduce_async(float* data, int64_t n, distlab::ReduceOp op, distlab::DType wire) override {
+    return std::make_shared<NcclWorkOfGroup>(g_.all_reduce_async(data, n, op, wire));
+  }
+
+ private:
+  distlab::NcclGroup g_;
+};
+
+}  // namespace
 
 extern "C" {
+
+// The NCCL group of a cuda rank (rt->cuda set by distlab_cuda_attach), joined through the run's store.
+distlab::DeviceGroup* distlab_nccl_group(distlab::Runtime* rt, distlab::Store* store, int rank, int size, int64_t timeout_ms) {
+  if (!rt->cuda) throw distlab::Error("dist.backend = \"nccl\" on a rank without a GPU attached", "train with --device cuda");
+  return new NcclDeviceGroup(*rt, *store, rank, size, distlab::Millis(timeout_ms));
+}
+
 
 // "kernels built; no usable GPU here: <why>" or "kernels built; 1 GPU(s): 0=NVIDIA H200 (sm 90)"
 void distlab_cuda_status(std::string* out) {
@@ -22,7 +70,35 @@ void distlab_cuda_status(std::string* out) {
   for (const auto& d : p.devices) *out += fmt::format(" {}={} (sm {}{})", d.index, d.name, d.sm_major, d.sm_minor);
 }
 
+// The GPUs this process can use; 0 with the reason in *why when none
+int distlab_cuda_device_count(std::string* why) {
+  const distlab::CudaProbe p = distlab::probe_cuda();
+  if (!p.usable) *why = p.reason;
+  return p.usable ? int(p.devices.size()) : 0;
+}
+
 // `distlab bench comm --backend nccl` on one rank; returns its exit code
 int distlab_nccl_bench(distlab::Store* store, const distlab::NcclBenchOptions* o) { return distlab::nccl_bench_worker(*store, *o); }
+
+// Makes `rt` (a cuda Runtime) a rank on GPU local_rank % (the GPUs present): context, memory, kernels.
+// Returns the handle for distlab_cuda_detach; throws CudaError (or Error) with the reason.
+void* distlab_cuda_attach(distlab::Runtime* rt, int local_rank, std::string* describe) {
+  const distlab::CudaProbe p = distlab::probe_cuda();
+  if (!p.usable) throw distlab::Error("train.device is 'cuda', but there is no usable GPU: " + p.reason, "train on --device cpu");
+  const int device = local_rank % int(p.devices.size());
+  auto* r = new CudaRank(device);
+  distlab::attach_cuda(*rt, r->cx, r->mem);
+  rt->kernels = &distlab::cuda::kernel_table();
+  const auto& d = p.devices[size_t(device)];
+  *describe = fmt::format("cuda:{} {} (sm {}{}, {:.1f} GiB free{})", device, d.name, d.sm_major, d.sm_minor,
+                          double(r->mem.free_bytes()) / double(1 << 30),
+                          local_rank >= int(p.devices.size()) ? fmt::format("; shared: {} GPU(s) for more ranks", p.devices.size()) : "");
+  return r;
+}
+
+void distlab_cuda_detach(void* rank) { delete static_cast<CudaRank*>(rank); }
+
+// Waits for the rank's compute stream; an earlier kernel's error surfaces here as a CudaError.
+void distlab_cuda_synchronize(void* rank) { static_cast<CudaRank*>(rank)->cx.sync(); }
 
 }  // extern "C"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -23,7 +24,8 @@ Batch ImageDataset::make_batch(Runtime& rt, const std::vector<int64_t>& idx) con
   b.x = rt.empty({b.B, C_, H_, W_}, Category::activations, "input images");
   b.targets.resize(idx.size());
   const int64_t plane = H_ * W_, img = C_ * plane;
-  float* x = b.x.f32();
+  OnHost xh(b.x, OnHost::out);  // built on the host; a GPU rank's batch goes up in one copy (store below)
+  float* x = xh.p;
   for (size_t i = 0; i < idx.size(); i++) {
     DL_ASSERT(idx[i] >= 0 && idx[i] < size(), "sample index out of range");
     b.targets[i] = labels_[size_t(idx[i])];
@@ -35,6 +37,7 @@ Batch ImageDataset::make_batch(Runtime& rt, const std::vector<int64_t>& idx) con
       for (int64_t p = 0; p < plane; p++) dst[c * plane + p] = float(src[c * plane + p]) * scale - shift;
     }
   }
+  xh.store();
   return b;
 }
 
@@ -81,11 +84,13 @@ CorruptRecords::CorruptRecords(std::unique_ptr<Dataset> inner, std::vector<int64
 
 Batch CorruptRecords::make_batch(Runtime& rt, const std::vector<int64_t>& idx) const {
   Batch b = inner_->make_batch(rt, idx);
-  float* x = b.x.defined() ? b.x.f32() : nullptr;
+  OnHost xh(b.x, OnHost::inout);
+  float* x = xh.p;
   if (!x) return b;  // the meta device: no values
   const int64_t per = b.x.numel() / std::max<int64_t>(b.B, 1);
   for (size_t i = 0; i < idx.size(); i++)
     if (std::binary_search(bad_.begin(), bad_.end(), idx[i])) std::fill_n(x + int64_t(i) * per, per, std::numeric_limits<float>::quiet_NaN());
+  xh.store();
   return b;
 }
 

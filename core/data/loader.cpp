@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -43,7 +44,8 @@ bool DataLoader::next(Runtime& rt, Batch& out) {
 }
 
 void DataLoader::check(const Batch& b, const std::vector<int64_t>& idx) const {
-  const float* x = b.x.defined() ? b.x.f32() : nullptr;
+  OnHost xh(b.x);  // a GPU rank's batch: a host copy (data.check_finite costs one more copy down)
+  const float* x = xh.p;
   if (!x || b.B == 0) return;  // token ids are integers; the meta device has no values
   const int64_t per = b.x.numel() / b.B;
   std::string bad;

@@ -86,9 +86,8 @@ void Sequential::init(uint64_t seed) {
     for (Parameter* p : whole->parameters()) params[p->name] = p;
     for (Buffer* b : whole->buffers()) bufs[b->name] = b;
     for (Parameter* p : parameters())
-      if (p->data.data()) convert(params.at(p->name)->data.data(), DType::f32, p->data.data(), p->data.dtype(), p->data.numel());
-    for (Buffer* b : buffers())
-      if (b->data.data()) std::memcpy(b->data.data(), bufs.at(b->name)->data.data(), size_t(b->data.nbytes()));
+      p->data.copy_from(params.at(p->name)->data);  // rounded to the stage's dtype, onto its device
+    for (Buffer* b : buffers()) b->data.copy_from(bufs.at(b->name)->data);
     return;
   }
   Rng rng(seed);

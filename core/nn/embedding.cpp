@@ -32,7 +32,8 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
                         "raise model.vocab_size to cover the data's tokens");
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding", rt.dtype);
   AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
-  embedding_forward(rt, o.p, tokens.data(), e.p, p.p, B, T, C);
+  Indices ids(rt, tokens);
+  embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);
   o.store();
   saved_tokens_ = tokens;
   B_ = B;
@@ -42,7 +43,8 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
 
 void Embedding::backward(Runtime& rt, const Tensor& dout) {
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-  embedding_backward(rt, de.p, dp.p, dy.p, saved_tokens_.data(), B_, T_, C);
+  Indices ids(rt, saved_tokens_);
+  embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
   de.store();
   dp.store();
   saved_tokens_.clear();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -14,18 +15,14 @@ Parameter make_parameter(Runtime& rt, const std::string& name, const Shape& shap
   return p;
 }
 
-// Draws in f32 (the same numbers whatever the dtype) and rounds once into a 16-bit tensor.
+// Draws in f32 (the same numbers whatever the dtype and device) and rounds once into a 16-bit tensor; a
+// cuda tensor gets its values from the host in one copy.
 template <class Draw>
 static void init_with(Tensor& t, Draw draw) {
   if (!t.data()) return;  // meta: a billion draws would take seconds and there is nowhere to put them
-  if (t.dtype() == DType::f32) {
-    float* p = t.f32();
-    for (int64_t i = 0; i < t.numel(); i++) p[i] = draw();
-    return;
-  }
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (auto& x : v) x = draw();
-  convert(v.data(), DType::f32, t.data(), t.dtype(), t.numel());
+  OnHost h(t, OnHost::out);
+  for (int64_t i = 0; i < t.numel(); i++) h.p[i] = draw();
+  h.store();
 }
 
 void init_uniform(Tensor& t, Rng& rng, float bound) { init_with(t, [&] { return rng.uniform(-bound, bound); }); }

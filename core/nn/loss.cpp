@@ -18,13 +18,15 @@ double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::v
   targets_ = targets;
   AsF32 z(rt, logits);
   logits_dtype_ = logits.dtype();
-  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, targets.data(), N, V, correct);
+  Indices t(rt, targets);
+  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, t.p, N, V, correct);
 }
 
 Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
   Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits", logits_dtype_);
   AsF32 df(rt, d, AsF32::out);
-  softmax_crossentropy_backward(rt, df.p, probs_.f32(), targets_.data(), probs_.size(0), probs_.size(1), scale);
+  Indices t(rt, targets_);
+  softmax_crossentropy_backward(rt, df.p, probs_.f32(), t.p, probs_.size(0), probs_.size(1), scale);
   df.store();  // fp16: a gradient under 2^-24 becomes 0 here unless the loss scale lifted it
   probs_ = Tensor();
   return d;

@@ -7,6 +7,7 @@
 #include "core/dist/process_group.h"
 #include "core/ops/cpu/norm.h"
 #include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -86,24 +87,32 @@ Tensor BatchNorm2d::forward(Runtime& rt, const Tensor& x) {
     Tensor var = rt.empty({C_}, Category::activations, "BatchNorm var");
     batchnorm_stats(rt, mean_.f32(), var.f32(), xf.p, B, C_, HW);
     count_ = double(B * HW);
-    if (sync_ && !rt.is_meta()) count_ = sync_statistics(rt, mean_.f32(), var.f32(), B * HW);
-    if (!rt.is_meta()) {
+    if (!rt.is_meta()) {  // C values: on the host (a GPU rank copies them down and back up)
+      OnHost m(mean_, OnHost::inout), v(var, OnHost::inout), r(rstd_, OnHost::out);
+      OnHost rm(running_mean.data, OnHost::inout), rv(running_var.data, OnHost::inout), nb(num_batches_tracked.data, OnHost::inout);
+      if (sync_) count_ = sync_statistics(rt, m.p, v.p, B * HW);
       const double n = count_;
-      float* rm = running_mean.data.f32();
-      float* rv = running_var.data.f32();
       for (int64_t c = 0; c < C_; c++) {
-        rm[c] = (1 - momentum_) * rm[c] + momentum_ * mean_.f32()[c];
-        rv[c] = (1 - momentum_) * rv[c] + momentum_ * float(var.f32()[c] * n / (n - 1));
-        rstd_.f32()[c] = 1.0f / std::sqrt(var.f32()[c] + eps_);
+        rm.p[c] = (1 - momentum_) * rm.p[c] + momentum_ * m.p[c];
+        rv.p[c] = (1 - momentum_) * rv.p[c] + momentum_ * float(v.p[c] * n / (n - 1));
+        r.p[c] = 1.0f / std::sqrt(v.p[c] + eps_);
       }
-      num_batches_tracked.data.f32()[0] += 1.0f;
+      nb.p[0] += 1.0f;
+      m.store();
+      r.store();
+      rm.store();
+      rv.store();
+      nb.store();
     }
     saved_x_ = x;
   } else if (!rt.is_meta()) {
+    OnHost m(mean_, OnHost::out), r(rstd_, OnHost::out), rm(running_mean.data), rv(running_var.data);
     for (int64_t c = 0; c < C_; c++) {
-      mean_.f32()[c] = running_mean.data.f32()[c];
-      rstd_.f32()[c] = 1.0f / std::sqrt(running_var.data.f32()[c] + eps_);
+      m.p[c] = rm.p[c];
+      r.p[c] = 1.0f / std::sqrt(rv.p[c] + eps_);
     }
+    m.store();
+    r.store();
   }
   {
     AsF32 y(rt, out, AsF32::out), w(rt, weight.data), b(rt, bias.data);
@@ -122,21 +131,24 @@ Tensor BatchNorm2d::backward(Runtime& rt, const Tensor& dout) {
   float* sum_dy_xhat = sum_dy ? sum_dy + C_ : nullptr;
   AsF32 dy(rt, dout), xf(rt, saved_x_);
   batchnorm_backward_reduce(rt, sum_dy, sum_dy_xhat, dy.p, xf.p, mean_.f32(), rstd_.f32(), B, C_, HW);
-  if (!rt.is_meta()) {
-    AsF32 dw(rt, weight.grad_for_accumulate(), AsF32::inout), db(rt, bias.grad_for_accumulate(), AsF32::inout);
+  if (!rt.is_meta()) {  // C values each: on the host
+    OnHost s(sums, OnHost::inout), dw(weight.grad_for_accumulate(), OnHost::inout), db(bias.grad_for_accumulate(), OnHost::inout);
     for (int64_t c = 0; c < C_; c++) {
-      dw.p[c] += sum_dy_xhat[c];
-      db.p[c] += sum_dy[c];
+      dw.p[c] += s.p[C_ + c];  // sum_dy_xhat
+      db.p[c] += s.p[c];       // sum_dy
     }
     dw.store();
     db.store();
+    // SyncBatchNorm: the parameter gradients above stay local (DDP averages them); the input gradient
+    // needs both sums over every rank
+    if (sync_) {
+      sync_->all_reduce(s.p, 2 * C_, ReduceOp::sum);
+      s.store();
+    }
   } else {
     weight.grad_for_accumulate();
     bias.grad_for_accumulate();
   }
-  // SyncBatchNorm: the parameter gradients above stay local (DDP averages them); the input gradient needs
-  // both sums over every rank
-  if (sync_ && !rt.is_meta()) sync_->all_reduce(sum_dy, 2 * C_, ReduceOp::sum);
   AsF32 d(rt, dx, AsF32::out), w(rt, weight.data);
   batchnorm_backward_apply(rt, d.p, dy.p, xf.p, mean_.f32(), rstd_.f32(), w.p, sum_dy, sum_dy_xhat, count_, B, C_, HW);
   d.store();

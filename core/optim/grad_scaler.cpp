@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/dist/process_group.h"
+#include "core/ops/cpu/optim.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -19,11 +20,7 @@ bool GradScaler::found_inf(Runtime& rt, const std::vector<Parameter*>& params, P
     for (auto* p : params) {
       if (!p->grad.defined() || flag != 0) continue;
       AsF32 g(rt, p->grad);
-      for (int64_t j = 0; j < p->grad.numel(); j++)
-        if (!std::isfinite(g.p[j])) {
-          flag = 1;
-          break;
-        }
+      if (!all_finite(rt, g.p, p->grad.numel())) flag = 1;
     }
   // one rank's overflow is every rank's: a step skipped on some ranks only would split the replicas
   if (pg && pg->size() > 1) pg->all_reduce(&flag, 1, ReduceOp::max);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/ops/cpu/optim.h"
 #include "core/ops/op_scope.h"
 #include "core/tensor/as_f32.h"
 
@@ -20,14 +21,14 @@ float* Optimizer::weights(Runtime& rt, size_t i) {
   if (p.data.dtype() == DType::f32) return p.data.f32();
   if (!master_[i].defined()) {
     master_[i] = rt.empty(p.data.shape(), state_category_, "f32 master weights of " + p.name);
-    if (master_[i].data()) convert(p.data.data(), p.data.dtype(), master_[i].data(), DType::f32, p.data.numel());
+    master_[i].copy_from(p.data);  // on the device of the weights (a no-op on meta)
   }
   return master_[i].f32();
 }
 
 void Optimizer::write_back(size_t i) {
   Parameter& p = *params_[i];
-  if (master_[i].defined() && master_[i].data()) convert(master_[i].data(), DType::f32, p.data.data(), p.data.dtype(), p.data.numel());
+  if (master_[i].defined()) p.data.copy_from(master_[i]);
 }
 
 void SGD::step(Runtime& rt, float lr, float grad_factor) {
@@ -44,17 +45,9 @@ void SGD::step(Runtime& rt, float lr, float grad_factor) {
     float* w = weights(rt, i);
     OpScope op(rt, "sgd_step", 4.0 * n, 4.0 * 4 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
-    AsF32 gf(rt, p.grad);
-    const float* g = gf.p;
-    float* buf = bufs_[i].defined() ? bufs_[i].f32() : nullptr;
-    for (int64_t j = 0; j < n; j++) {
-      float d = g[j] * grad_factor + o_.weight_decay * w[j];
-      if (buf) {
-        buf[j] = first ? d : o_.momentum * buf[j] + (1.0f - o_.dampening) * d;
-        d = o_.nesterov ? d + o_.momentum * buf[j] : buf[j];
-      }
-      w[j] -= lr * d;
-    }
+    AsF32 g(rt, p.grad);
+    sgd_update(rt, w, bufs_[i].defined() ? bufs_[i].f32() : nullptr, g.p, n,
+               SgdUpdate{lr, grad_factor, o_.weight_decay, o_.momentum, o_.dampening, o_.nesterov, first});
     write_back(i);
   }
   steps_++;
@@ -99,18 +92,10 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     float* w = weights(rt, i);
     OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
-    AsF32 gf(rt, p.grad);
-    const float* g = gf.p;
-    float* m = m_[i].f32();
-    float* v = v_[i].f32();
+    AsF32 g(rt, p.grad);
     const float decay = p.decay ? 1.0f - lr * o_.weight_decay : 1.0f;
-    for (int64_t j = 0; j < n; j++) {
-      const float gj = g[j] * grad_factor;
-      w[j] *= decay;
-      m[j] = o_.beta1 * m[j] + (1.0f - o_.beta1) * gj;
-      v[j] = o_.beta2 * v[j] + (1.0f - o_.beta2) * gj * gj;
-      w[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + o_.eps);
-    }
+    adamw_update(rt, w, m_[i].f32(), v_[i].f32(), g.p, n,
+                 AdamWUpdate{grad_factor, decay, o_.beta1, o_.beta2, step_size, bc2_sqrt, o_.eps});
     write_back(i);
   }
 }
@@ -154,7 +139,7 @@ double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
   for (auto* p : params) {
     if (!p->grad.defined()) continue;
     AsF32 g(rt, p->grad);
-    for (int64_t j = 0; j < p->grad.numel(); j++) ss += double(g.p[j]) * g.p[j];
+    ss += sum_squares(rt, g.p, p->grad.numel());
   }
   return std::sqrt(ss);
 }
@@ -170,7 +155,7 @@ double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double
   for (auto* p : params) {
     if (!p->grad.defined()) continue;
     AsF32 g(rt, p->grad, AsF32::inout);
-    for (int64_t j = 0; j < p->grad.numel(); j++) g.p[j] *= coef;
+    scale(rt, g.p, p->grad.numel(), coef);
     g.store();
   }
   return norm;

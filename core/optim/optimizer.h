@@ -36,7 +36,10 @@ class Optimizer {
   Parameter& param(size_t i) const { return *params_[i]; }
   // The f32 weights of parameter i a step updates (its master, made now if the first step has not, or its
   // own data when it is f32); after writing them, sync_param(i) rounds them into a 16-bit parameter.
-  float* f32_weights(Runtime& rt, size_t i) { return weights(rt, i); }
+  Tensor f32_weights(Runtime& rt, size_t i) {
+    weights(rt, i);  // makes the master if needed
+    return params_[i]->data.dtype() == DType::f32 ? params_[i]->data : master_[i];
+  }
   void sync_param(size_t i) { write_back(i); }
   // The per-parameter state by PyTorch's names (state_dict()["state"][i]): "exp_avg" and "exp_avg_sq"
   // (AdamW), "momentum_buffer" (SGD with momentum); f32, shaped as parameter i. nullptr where it does not

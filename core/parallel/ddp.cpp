@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -12,12 +12,17 @@ namespace distlab {
 // Our collectives move f32. A 16-bit tensor (mixed precision) travels as f32: converted in, rounded back
 // out. Broadcasts are exact that way; a gradient's average is the f32 average rounded once (NCCL's 16-bit
 // ring rounds at every hop), and the wire carries 4 bytes per value where a 16-bit all-reduce sends 2.
+// (A cuda rank's tensors come down to the host and go back up: Gloo moves host memory.)
 static void broadcast_tensor(ProcessGroup& pg, Tensor& t) {
-  if (t.dtype() == DType::f32 || !t.data()) return pg.broadcast(t.data() ? t.f32() : nullptr, t.numel(), 0);  // meta: no data
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (t.data()) convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
-  pg.broadcast(v.data(), t.numel(), 0);
-  if (t.data()) convert(v.data(), DType::f32, t.data(), t.dtype(), t.numel());
+  OnHost h(t, OnHost::inout);  // meta: nullptr, no data
+  pg.broadcast(h.p, t.numel(), 0);
+  h.store();
+}
+
+// Where a bucket's values are converted: on the host for a cpu rank, by the device for a cuda rank.
+static void convert_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n) {
+  if (rt.device == DeviceKind::cuda) rt.memory.device_memory()->convert(src, st, dst, dt, n);
+  else convert(src, st, dst, dt, n);
 }
 
 void broadcast_model(ProcessGroup& pg, Model& model) {
@@ -33,14 +38,14 @@ NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(model.para
 void NaiveDDP::finish_backward(Runtime& rt) {
   if (!sync_) return;
   for (auto* p : params_) {
-    AsF32 g(rt, grad_or_zeros(*p), AsF32::inout);
+    OnHost g(grad_or_zeros(*p), OnHost::inout);
     pg_.all_reduce(g.p, p->data.numel(), ReduceOp::avg, rt.reduce_dtype);
     g.store();
   }
 }
 
-BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
-    : pg_(pg), rt_(rt), params_(model.parameters()) {
+BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb, DeviceGroup* device)
+    : pg_(pg), rt_(rt), device_(device), params_(model.parameters()) {
   broadcast_model(pg, model);
   const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
   where_.resize(params_.size());
@@ -103,10 +108,21 @@ void BucketedDDP::launch_ready_buckets() {
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
       const Tensor& g = grad_or_zeros(*p);
-      if (flat) convert(g.data(), g.dtype(), flat + off, DType::f32, n);
+      if (flat) convert_values(rt_, g.data(), g.dtype(), flat + off, DType::f32, n);
       off += n;
     }
-    b.work = pg_.all_reduce_async(flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
+    if (device_) {  // NCCL: on the GPU, after the copies queued above
+      b.device_work = device_->all_reduce_async(flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
+      next_to_launch_++;
+      continue;
+    }
+    float* wire = flat;
+    if (flat && rt_.device == DeviceKind::cuda) {  // Gloo reduces host memory: the bucket goes down and back up
+      b.staging.resize(size_t(b.flat.numel()));
+      b.flat.to_host(b.staging.data());
+      wire = b.staging.data();
+    }
+    b.work = pg_.all_reduce_async(wire, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
     next_to_launch_++;
   }
 }
@@ -121,24 +137,28 @@ void BucketedDDP::finish_backward(Runtime& rt) {
     }
   launch_ready_buckets();
   for (auto& b : buckets_) {
-    b.work->wait();
+    if (b.device_work) b.device_work->wait();
+    else b.work->wait();
+    if (!b.staging.empty()) b.flat.from_host(b.staging.data());
     const float* flat = b.flat.f32();
     int64_t off = 0;
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
-      if (flat) convert(flat + off, DType::f32, p->grad.data(), p->grad.dtype(), n);
+      if (flat) convert_values(rt, flat + off, DType::f32, p->grad.data(), p->grad.dtype(), n);
       off += n;
     }
     b.work.reset();
+    b.device_work.reset();
     b.ready = 0;
   }
   marked_.assign(params_.size(), false);
   next_to_launch_ = 0;
 }
 
-std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
+std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb,
+                                       DeviceGroup* device) {
   if (mode == "naive") return std::make_unique<NaiveDDP>(pg, model);
-  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb);
+  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb, device);
   throw ConfigError("unknown parallel.ddp_mode '" + mode + "'", "use bucketed (the default) or naive");
 }
 

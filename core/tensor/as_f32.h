@@ -17,6 +17,8 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "core/tensor/runtime.h"
 #include "core/util/error.h"
 
@@ -34,6 +36,24 @@ class AsF32 {
       return;
     }
     bytes_ = t.numel() * 4;
+    if (t.device() == DeviceKind::cuda) {  // the same, in device scratch, converted by the device
+      dev_ = rt.memory.device_memory();
+      p = static_cast<float*>(dev_->alloc(bytes_));
+      if (!p)
+        throw OutOfMemoryError(fmt::format("the GPU could not allocate {} bytes of f32 scratch for a {} tensor of {}", bytes_,
+                                           dtype_name(t.dtype()), shape_str(t.shape())),
+                               "a smaller micro-batch or model");
+      if (round_input) {
+        void* half = dev_->alloc(t.numel() * 2);
+        if (!half) throw OutOfMemoryError("the GPU could not allocate the 16-bit scratch of a rounded input", "a smaller micro-batch");
+        dev_->convert(t.data(), DType::f32, half, as, t.numel());
+        dev_->convert(half, as, p, DType::f32, t.numel());
+        dev_->free(half, t.numel() * 2);
+      } else if (mode != out) {
+        dev_->convert(t.data(), t.dtype(), p, DType::f32, t.numel());
+      }
+      return;
+    }
     p = static_cast<float*>(rt.memory.host_alloc(bytes_));
     if (!p)
       throw OutOfMemoryError(fmt::format("host allocation of {} bytes of f32 scratch for a {} tensor failed", bytes_,
@@ -43,14 +63,17 @@ class AsF32 {
     else if (mode != out) convert(t.data(), t.dtype(), p, DType::f32, t.numel());
   }
   ~AsF32() {
-    if (bytes_) rt_.memory.host_free(p, bytes_);
+    if (dev_) dev_->free(p, bytes_);
+    else if (bytes_) rt_.memory.host_free(p, bytes_);
   }
   AsF32(const AsF32&) = delete;
   AsF32& operator=(const AsF32&) = delete;
 
   // Rounds what the kernel wrote into the 16-bit tensor (nothing to do when p is the tensor's own memory).
   void store() {
-    if (bytes_ && mode_ != in) convert(p, DType::f32, t_.data(), t_.dtype(), t_.numel());
+    if (!bytes_ || mode_ == in) return;
+    if (dev_) dev_->convert(p, DType::f32, t_.data(), t_.dtype(), t_.numel());
+    else convert(p, DType::f32, t_.data(), t_.dtype(), t_.numel());
   }
 
   float* p = nullptr;
@@ -59,6 +82,34 @@ class AsF32 {
   Runtime& rt_;
   Tensor t_;
   Mode mode_;
+  int64_t bytes_ = 0;
+  DeviceMemory* dev_ = nullptr;  // the scratch is on the device
+};
+
+// Token ids or class labels (host vectors in a Batch) where a kernel reads them: the vector itself on the
+// cpu, a copy in device scratch on cuda (what `targets.to(device)` is in a PyTorch loop).
+class Indices {
+ public:
+  Indices(Runtime& rt, const std::vector<int32_t>& v) {
+    p = v.data();
+    if (rt.device != DeviceKind::cuda || v.empty()) return;
+    dev_ = rt.memory.device_memory();
+    bytes_ = int64_t(v.size()) * 4;
+    void* d = dev_->alloc(bytes_);
+    if (!d) throw OutOfMemoryError(fmt::format("the GPU could not allocate {} bytes for {} indices", bytes_, v.size()), "a smaller micro-batch");
+    dev_->from_host(d, v.data(), bytes_);
+    p = static_cast<const int32_t*>(d);
+  }
+  ~Indices() {
+    if (dev_) dev_->free(const_cast<int32_t*>(p), bytes_);
+  }
+  Indices(const Indices&) = delete;
+  Indices& operator=(const Indices&) = delete;
+
+  const int32_t* p = nullptr;
+
+ private:
+  DeviceMemory* dev_ = nullptr;
   int64_t bytes_ = 0;
 };
 

@@ -66,14 +66,21 @@ std::string cuda_build_status() {
   return s;
 }
 
+bool cuda_usable(std::string* why) {
+  auto count = reinterpret_cast<int (*)(std::string*)>(cuda_symbol("distlab_cuda_device_count", why));
+  return count && count(why) > 0;
+}
+
 DeviceKind parse_device(const std::string& s) {
   if (s == "cpu") return DeviceKind::cpu;
   if (s == "meta") return DeviceKind::meta;
+  if (s == "cuda-sim") return DeviceKind::cuda;
+  std::string why;
+  if (s == "cuda" && cuda_usable(&why)) return DeviceKind::cuda;
   if (s == "cuda")
-    throw ConfigError("device 'cuda' cannot train in this version: " + cuda_build_status(),
-                      "the CUDA kernels are built and checked against the cpu ones (bench/gpu_check.sh on a GPU machine); "
-                      "training runs on --device cpu (real numbers) or --device meta (shapes, memory, FLOPs)");
-  throw ConfigError("unknown device '" + s + "'", "use cpu or meta");
+    throw ConfigError("device 'cuda': this build or machine cannot train on a GPU: " + why,
+                      "train on --device cpu (real numbers) or meta (shapes, memory, FLOPs); cuda-sim runs the GPU's code path on the CPU");
+  throw ConfigError("unknown device '" + s + "'", "use cpu, meta, cuda or cuda-sim");
 }
 
 }  // namespace distlab

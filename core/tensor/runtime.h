@@ -11,6 +11,8 @@
 namespace distlab {
 
 class CudaContext;  // core/cuda/context.h: only in a build with CUDA
+struct Kernels;     // core/ops/kernels.h
+class AttachedDevice;  // core/ops/attach.h
 
 struct Runtime {
   explicit Runtime(DeviceKind dev = DeviceKind::cpu, int rank_ = 0, int64_t capacity = -1)
@@ -30,6 +32,10 @@ struct Runtime {
   Trace trace;
   // The rank's GPU (streams, cuBLAS, allocator) when device is cuda; owned by whoever made the Runtime.
   CudaContext* cuda = nullptr;
+  // The device's kernels when they are not the cpu's (core/ops/kernels.h); nullptr on cpu and meta.
+  const Kernels* kernels = nullptr;
+  // What attach_device made of a cuda (or cuda-sim) rank: synchronize() ends a measured step. nullptr on cpu and meta.
+  AttachedDevice* attached = nullptr;
 
   bool is_meta() const { return device == DeviceKind::meta; }
   // Shorthands for allocation on this rank's device.

@@ -152,6 +152,18 @@ void Tensor::copy_from(const Tensor& src) {
   }
 }
 
+void Tensor::to_host(void* dst) const {
+  if (!data() || numel() == 0) return;
+  if (storage_->device) storage_->device->to_host(dst, data(), nbytes());
+  else std::memcpy(dst, data(), size_t(nbytes()));
+}
+
+void Tensor::from_host(const void* src) {
+  if (!data() || numel() == 0) return;
+  if (storage_->device) storage_->device->from_host(data(), src, nbytes());
+  else std::memcpy(data(), src, size_t(nbytes()));
+}
+
 Tensor& Parameter::grad_for_accumulate() {
   if (!grad.defined())
     grad = Tensor::zeros(data.shape(), *data.accountant(), data.device(), Category::grads, data.dtype(),

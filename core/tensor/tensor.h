@@ -57,6 +57,10 @@ class Tensor {
   void zero_();
   void fill_(float v);
   void copy_from(const Tensor& src);  // same numel; converts dtype; between host and device too
+  // The tensor's bytes (its dtype, nbytes()) to and from host memory, wherever the tensor lives: a memcpy
+  // on the cpu, a copy across on cuda (after the work queued before it). Nothing on meta.
+  void to_host(void* dst) const;
+  void from_host(const void* src);
   // Drops this handle's storage but keeps the shape, dtype and device: what a ZeRO-3/FSDP parameter is
   // between uses (PyTorch FSDP resizes the flat parameter's storage to 0). defined() is false until the
   // strategy assigns a gathered tensor again; numel() still says how big the parameter is.

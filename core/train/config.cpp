@@ -114,7 +114,7 @@ const std::vector<Key>& keys() {
       KEY("train.drop_last", Kind::boolean, bool, train.drop_last, "drop the last short batch of an epoch"),
       KEY("train.sampler", Kind::string, std::string, train.sampler, "distributed | plain (every rank reads the whole set: the missing DistributedSampler)"),
       KEY("train.set_epoch", Kind::boolean, bool, train.set_epoch, "a new order every epoch (false: the forgotten sampler.set_epoch)"),
-      KEY("train.device", Kind::string, std::string, train.device, "cpu | meta"),
+      KEY("train.device", Kind::string, std::string, train.device, "cpu | meta | cuda | cuda-sim"),
       KEY("train.device_mem", Kind::string, std::string, train.device_mem, "simulated device memory: 16GiB or a profile (t4, a100-40g, a100-80g, h100, h200)"),
       KEY("optim.name", Kind::string, std::string, optim.name, "sgd | adamw"),
       KEY("optim.lr", Kind::real, double, optim.lr, "base learning rate"),
@@ -148,6 +148,7 @@ const std::vector<Key>& keys() {
       KEY("parallel.pp_layers", Kind::int_list, std::vector<int64_t>, parallel.pp_layers, "pp > 1: blocks per stage, e.g. [3, 5] (empty: n_layer / pp each)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
+      KEY("dist.backend", Kind::string, std::string, dist.backend, "gloo | nccl (DDP's buckets on the GPU: --device cuda)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
       KEY("precision.reduce_dtype", Kind::string, std::string, precision.reduce_dtype, "fp32 | bf16 | fp16: gradients on the wire when averaged across ranks (FSDP's reduce_dtype)"),
@@ -365,11 +366,22 @@ void validate(const RunConfig& c) {
   require(c.train.threads >= 0, c, "train.threads", "must not be negative", "0 picks cores / ranks");
   require(c.train.sampler == "distributed" || c.train.sampler == "plain", c, "train.sampler", "is '" + c.train.sampler + "'",
           "use distributed (each rank its 1/N of the data) or plain (every rank the whole set: the bug)");
-  require(c.train.device == "cpu" || c.train.device == "meta", c, "train.device",
-          c.train.device == "cuda" ? "is 'cuda', which cannot train in this version (cuda: " + cuda_build_status() + ")"
-                                   : "is '" + c.train.device + "'",
-          c.train.device == "cuda" ? "use cpu (real numbers) or meta (shapes, memory and FLOPs only); bench/gpu_check.sh runs the CUDA kernels"
-                                   : "use cpu (real numbers) or meta (shapes, memory and FLOPs only)");
+  {
+    std::string why;
+    const bool known = c.train.device == "cpu" || c.train.device == "meta" || c.train.device == "cuda-sim";
+    const bool gpu = !known && c.train.device == "cuda" && cuda_usable(&why);  // before `why` is read below
+    require(known || gpu, c, "train.device",
+            c.train.device == "cuda" ? "is 'cuda', but this build or machine cannot train on a GPU (cuda: " + why + ")"
+                                     : "is '" + c.train.device + "'",
+            "use cpu (real numbers), meta (shapes, memory and FLOPs only), cuda (a GPU) or cuda-sim (the GPU's code path on "
+            "the CPU, for checking it without one)");
+  }
+  require(c.dist.backend == "gloo" || c.dist.backend == "nccl", c, "dist.backend", "is '" + c.dist.backend + "'",
+          "use gloo (host memory, any device) or nccl (GPU memory: --device cuda)");
+  require(c.dist.backend == "gloo" || c.train.device == "cuda" || c.train.device == "cuda-sim", c, "dist.backend",
+          "is nccl on device " + c.train.device + ": NCCL moves GPU memory", "use dist.backend = \"gloo\", or --device cuda");
+  require(c.dist.backend == "gloo" || c.parallel.ddp_mode == "bucketed", c, "dist.backend",
+          "is nccl with parallel.ddp_mode " + c.parallel.ddp_mode + ": the NCCL path all-reduces DDP's buckets", "use parallel.ddp_mode = \"bucketed\"");
   if (!c.train.device_mem.empty()) {
     try {
       require(parse_device_memory(c.train.device_mem, "train.device_mem") > 0, c, "train.device_mem", "must be positive", "");

@@ -13,12 +13,13 @@
 
 namespace distlab {
 
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab) {
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab,
+                                        DeviceGroup* device) {
   if (cfg.parallel.strategy == "ddp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     // both broadcast rank 0's weights and buffers: every replica starts equal
     if (lab && lab->is("02")) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
-    return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
+    return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb, device);
   }
   if (cfg.parallel.strategy == "zero1" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
@@ -38,7 +39,7 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "fsdp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
-      return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
+      return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb, device);
     if (lab && lab->is("05")) {
       if (cfg.parallel.wrap_min_params > 0)
         throw ConfigError("parallel.wrap_min_params with lab 05's FSDP", "the lab's hooks see one unit per model unit: leave it at 0");
@@ -66,6 +67,21 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
   if (world > 1 && cfg.parallel.strategy == "none")
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
+}
+
+void check_cuda_fits(const RunConfig& cfg, bool lab, bool mesh) {
+  const std::string& d = cfg.train.device;
+  if (lab)
+    throw ConfigError(fmt::format("lab {} on device {}: a lab's code runs on cpu ranks", cfg.lab.name, d),
+                      "run the lab with --device cpu; cuda trains the engine's own strategies");
+  if (mesh)
+    throw ConfigError(fmt::format("parallel.tp {} / parallel.pp {} on device {}: not in this version", cfg.parallel.tp, cfg.parallel.pp, d),
+                      "tensor and pipeline parallelism run on --device cpu");
+  const bool ok = cfg.parallel.strategy == "none" || cfg.parallel.strategy == "ddp" ||
+                  (cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding == "no_shard");
+  if (!ok)
+    throw ConfigError(fmt::format("parallel.strategy {} on device {}: not in this version", cfg.parallel.strategy, d),
+                      "on cuda: strategy none (one rank) or ddp; ZeRO and FSDP run on --device cpu");
 }
 
 namespace {

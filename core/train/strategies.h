@@ -9,13 +9,22 @@
 #include "core/train/lab_plugin.h"
 
 namespace distlab {
+class DeviceGroup;  // core/dist/device_group.h
+}  // namespace distlab
+
+namespace distlab {
 
 // parallel.strategy, parallel.ddp_mode, parallel.bucket_mb and parallel.sync_batchnorm, on `pg` (nullptr:
 // one rank). A lab's plugin (`lab`) supplies the student's DDP in place of the engine's.
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab);
+// `device`: a cuda rank's NCCL group for DDP's buckets (dist.backend = "nccl"), or nullptr.
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab,
+                                        DeviceGroup* device = nullptr);
 
 // Refuses a strategy that cannot run on `world` ranks (none on several: each would train alone).
 void check_strategy_fits(const RunConfig& cfg, int world);
+// What a cuda (or cuda-sim) rank runs in this version: one rank (strategy none) or DDP, without tensor or
+// pipeline parallelism and without a lab's code (the labs run on cpu ranks). ConfigError otherwise.
+void check_cuda_fits(const RunConfig& cfg, bool lab, bool mesh);
 
 // The order a rank visits the training set in: under a data-parallel strategy each rank its slice of
 // one shared order (DistributedSampler, or the lab student's); on one rank a shuffled or plain order.

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "core/ckpt/checkpoint.h"
+#include "core/dist/device_group.h"
+#include "core/ops/attach.h"
 #include "core/ckpt/safetensors.h"
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
@@ -65,6 +67,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   if (lab && lab->is("06") && rt.is_meta())
     throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", cfg.lab.name), "train on the cpu device");
   check_strategy_fits(cfg, dp_world());
+  if (rt.device == DeviceKind::cuda) check_cuda_fits(cfg, lab != nullptr, mesh_ != nullptr);
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
                       "plan with --device meta, or start real ranks with distlab run");
@@ -127,7 +130,9 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     lab_tp_ = lab_->make_tp_kernels(rt);
     gpt->set_tp_kernels(lab_tp_.get());
   }
-  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
+  if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake())
+    device_group_ = make_device_group(rt, cfg.train.device, *dp_, Millis(int64_t(cfg.dist.timeout_s * 1000)));
+  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_, device_group_.get());
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -140,7 +145,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   // (PyTorch FSDP materializes a meta-initialized model shard by shard; the end state is the same), so a
   // model too big for one device can still be sharded onto it. What does not fit fails at the first step,
   // with the OOM ladder.
-  if (!cfg.train.device_mem.empty()) rt.memory.set_capacity(parse_device_memory(cfg.train.device_mem, "train.device_mem"));
+  if (!cfg.train.device_mem.empty()) {  // a GPU's own size stays the limit: device_mem can only lower it
+    const int64_t cap = parse_device_memory(cfg.train.device_mem, "train.device_mem");
+    rt.memory.set_capacity(rt.device == DeviceKind::cuda && rt.memory.capacity() >= 0 ? std::min(cap, rt.memory.capacity()) : cap);
+  }
   schedule_ = Schedule{cfg.optim.schedule, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.step_size,
                        cfg.optim.gamma, cfg.optim.min_lr, total_steps_};
 }
@@ -253,6 +261,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.trace.keep_events(false);
   skipped_steps_ += o.skipped;
   loss_scale_ = o.next_loss_scale;
+  if (rt_.attached) rt_.attached->synchronize();  // a GPU's queued kernels (the optimizer's) belong to the step's time
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   last_step_flops_ = rt_.trace.flops();
   const MemoryStats& m = rt_.memory.stats();
@@ -378,7 +387,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     whole_params = build_model(meta, spec_)->num_parameters();
   }
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
-                      device_name(rt_.device), world(), strategy_->describe(), compute_threads());
+                      rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
+  if (device_group_) log_ << "gradient buckets all-reduced on the device: " << device_group_->describe() << "\n";
   if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
   if (pipeline_) {
     const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();

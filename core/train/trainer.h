@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/data/loader.h"
+#include "core/dist/device_group.h"
 #include "core/dist/process_group.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
@@ -121,6 +122,7 @@ class Trainer {
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
   LabPlugin* lab_;
+  std::unique_ptr<DeviceGroup> device_group_;  // dist.backend = "nccl": DDP's buckets on the GPU (before strategy_: it outlives it)
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
   int64_t skipped_steps_ = 0;           // steps whose gradients overflowed

@@ -94,6 +94,15 @@ static uint64_t fnv1a(const void* data, size_t n, uint64_t h = 14695981039346656
   return h;
 }
 
+// A tensor's bytes in one number, wherever it lives (a GPU rank's come down first).
+static uint64_t tensor_hash(const Tensor& t, uint64_t h = 1469598103934665603ULL) {
+  if (!t.data()) return h;
+  if (t.device() != DeviceKind::cuda) return fnv1a(t.data(), size_t(t.nbytes()), h);
+  std::vector<char> bytes(size_t(t.nbytes()));
+  t.to_host(bytes.data());
+  return fnv1a(bytes.data(), bytes.size(), h);
+}
+
 // The data a rank trains on, in one number: its size and up to `most` samples spread over it. A rank whose
 // data came from another folder (DISTLAB_DATA on one node only), or another seed, differs here.
 static uint64_t data_hash(Runtime& rt, const Dataset& d, int64_t most) {
@@ -103,7 +112,7 @@ static uint64_t data_hash(Runtime& rt, const Dataset& d, int64_t most) {
   for (int64_t k = 0; k < k_max; k++) at.push_back(k * n / k_max);
   if (at.empty()) return h;
   Batch b = d.make_batch(rt, at);
-  if (b.x.defined() && b.x.data()) h = fnv1a(b.x.data(), size_t(b.x.nbytes()), h);
+  if (b.x.defined() && b.x.data()) h = tensor_hash(b.x, h);
   h = fnv1a(b.tokens.data(), b.tokens.size() * 4, h);
   return fnv1a(b.targets.data(), b.targets.size() * 4, h);
 }
@@ -113,10 +122,10 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
   nlohmann::json mine = nlohmann::json::array();
   // a unit at a time where the parameters are sharded (ZeRO-3, FSDP): every rank gathers the same units
   strategy_->visit_full_params(rt_, *model_, [&](const std::vector<Parameter*>& params) {
-    for (auto* p : params) mine.push_back({p->name, std::to_string(fnv1a(p->data.data(), size_t(p->data.nbytes())))});
+    for (auto* p : params) mine.push_back({p->name, std::to_string(tensor_hash(p->data))});
   });
   if (with_buffers_and_data) {
-    for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(fnv1a(b->data.data(), size_t(b->data.nbytes())))});
+    for (auto* b : model_->buffers()) mine.push_back({b->name, std::to_string(tensor_hash(b->data))});
     mine.push_back({"the training data", std::to_string(data_.train ? data_hash(rt_, *data_.train, std::min<int64_t>(16, micro_batch_)) : 0)});
   }
   // the replicas: the ranks of this rank's data-parallel group (every rank without a mesh; under tensor

@@ -29,6 +29,7 @@
 #include <set>
 
 #include "core/ckpt/checkpoint.h"
+#include "core/tensor/on_host.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/train/trainer.h"
 
@@ -66,12 +67,15 @@ std::vector<Piece> pieces_of(const Strategy::Slice& s, ProcessGroup* tp) {
   return v;
 }
 
+// The f32 weights of parameter i on the host: the parameter itself, its f32 master, or (no master yet) its
+// 16-bit values widened; a GPU's copied down into tmp.
 const float* f32_view(Optimizer& opt, size_t i, std::vector<float>& tmp) {
   Parameter& p = opt.param(i);
-  if (p.data.dtype() == DType::f32) return p.data.f32();
-  if (const Tensor* m = opt.master(&p)) return m->f32();
+  const Tensor* t = p.data.dtype() == DType::f32 ? &p.data : opt.master(&p);
+  if (t && t->device() != DeviceKind::cuda) return t->f32();
   tmp.resize(size_t(p.data.numel()));
-  convert(p.data.data(), p.data.dtype(), tmp.data(), DType::f32, p.data.numel());
+  OnHost h(t ? *t : p.data);
+  std::copy(h.p, h.p + p.data.numel(), tmp.data());
   return tmp.data();
 }
 
@@ -229,11 +233,16 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
       const float* wts = f32_view(*opt_, i, tmp);
       for (const Piece& p : pieces) w.add(p.name, p.shape, p.whole_offset, wts + p.local_offset, p.numel, "weights");
       for (const std::string& name : opt_->state_names())
-        if (Tensor* t = opt_->state(rt_, i, name, false))
-          for (const Piece& p : pieces) w.add("optim." + name + "." + p.name, p.shape, p.whole_offset, t->f32() + p.local_offset, p.numel, "optim_state");
+        if (Tensor* t = opt_->state(rt_, i, name, false)) {
+          OnHost h(*t);
+          for (const Piece& p : pieces) w.add("optim." + name + "." + p.name, p.shape, p.whole_offset, h.p + p.local_offset, p.numel, "optim_state");
+        }
     }
   }
-  for (auto* b : model_->buffers()) w.add(b->name, b->data.shape(), 0, b->data.f32(), b->data.numel(), "buffers");
+  for (auto* b : model_->buffers()) {
+    OnHost h(b->data);
+    w.add(b->name, b->data.shape(), 0, h.p, b->data.numel(), "buffers");
+  }
   w.set_state(rank_state(steps));
 
   nlohmann::json record;
@@ -300,15 +309,17 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     std::vector<Piece> pieces;
     for (const auto& s : slices[i])
       for (Piece& p : pieces_of(s, tp_group())) pieces.push_back(std::move(p));
-    float* w = opt_->f32_weights(rt_, i);
-    for (const Piece& p : pieces) c.read(p.name, p.whole_offset, p.numel, w + p.local_offset);
+    OnHost w(opt_->f32_weights(rt_, i), OnHost::inout);
+    for (const Piece& p : pieces) c.read(p.name, p.whole_offset, p.numel, w.p + p.local_offset);
+    w.store();
     opt_->sync_param(i);  // 16-bit: the rounded master, as a step leaves it
     for (const std::string& name : opt_->state_names()) {
       bool saved = false;
       for (const Piece& p : pieces) saved = saved || c.has("optim." + name + "." + p.name);
       if (!saved) continue;  // the saved run had not stepped it yet
-      Tensor* t = opt_->state(rt_, i, name, true);
-      for (const Piece& p : pieces) c.read("optim." + name + "." + p.name, p.whole_offset, p.numel, t->f32() + p.local_offset);
+      OnHost t(*opt_->state(rt_, i, name, true), OnHost::inout);
+      for (const Piece& p : pieces) c.read("optim." + name + "." + p.name, p.whole_offset, p.numel, t.p + p.local_offset);
+      t.store();
     }
   }
   // the model, where every rank holds it whole (none, DDP, ZeRO-1 and 2; a split model's slices): from the
@@ -318,9 +329,15 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
       std::vector<float> v(size_t(p->data.numel()));
       for (const Piece& piece : pieces_of(Strategy::Slice{p, 0, 0, p->data.numel()}, tp_group()))
         c.read(piece.name, piece.whole_offset, piece.numel, v.data() + piece.local_offset);
-      convert(v.data(), DType::f32, p->data.data(), p->data.dtype(), p->data.numel());
+      OnHost h(p->data, OnHost::out);
+      if (h.p) std::copy(v.begin(), v.end(), h.p);
+      h.store();
     }
-  for (auto* b : model_->buffers()) c.read(b->name, 0, b->data.numel(), b->data.f32(), mine);
+  for (auto* b : model_->buffers()) {
+    OnHost h(b->data, OnHost::inout);
+    c.read(b->name, 0, b->data.numel(), h.p, mine);
+    h.store();
+  }
   strategy_->checkpoint_loaded();
 
   // counters: this rank's own (or rank 0's on another world); AdamW's t per parameter from whichever

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 
 namespace distlab {
@@ -12,6 +13,7 @@ namespace distlab {
 // Per (batch, head): q, k, v are (T, hs) slices of qkv with row stride 3C, so they feed BLAS directly.
 void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
+  if (rt.kernels) return rt.kernels->attention_forward(rt, out, att, qkv, B, T, C, NH);
   const int64_t hs = C / NH, C3 = 3 * C;
   OpScope op(rt, "attention_forward", 4.0 * B * NH * T * T * hs + 5.0 * B * NH * T * T,
              4.0 * (B * T * C3 + B * NH * T * T + B * T * C));
@@ -47,6 +49,7 @@ void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, in
 
 void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH) {
+  if (rt.kernels) return rt.kernels->attention_backward(rt, dqkv, dout, qkv, att, B, T, C, NH);
   const int64_t hs = C / NH, C3 = 3 * C;
   OpScope op(rt, "attention_backward", 8.0 * B * NH * T * T * hs + 4.0 * B * NH * T * T,
              4.0 * (2 * B * T * C3 + 2 * B * NH * T * T + B * T * C));
@@ -86,6 +89,7 @@ void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float
 
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C) {
+  if (rt.kernels) return rt.kernels->embedding_forward(rt, out, tokens, wte, wpe, B, T, C);
   OpScope op(rt, "embedding_forward", double(B * T * C), 4.0 * 3 * B * T * C);
   if (rt.is_meta()) return;
   for (int64_t b = 0; b < B; b++)
@@ -98,6 +102,7 @@ void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const flo
 
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C) {
+  if (rt.kernels) return rt.kernels->embedding_backward(rt, dwte, dwpe, dout, tokens, B, T, C);
   OpScope op(rt, "embedding_backward", 2.0 * B * T * C, 4.0 * 3 * B * T * C);
   if (rt.is_meta()) return;
   for (int64_t b = 0; b < B; b++)

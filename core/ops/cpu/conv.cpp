@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 
 namespace distlab {
@@ -70,6 +71,7 @@ void col2im(float* dinp, const float* col, const ConvShape& s) {
 
 void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias,
                     const ConvShape& s) {
+  if (rt.kernels) return rt.kernels->conv2d_forward(rt, out, col, inp, w, bias, s);
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_forward", 2.0 * s.OC * CKK * N,
              4.0 * (s.B * s.C * s.H * s.W + s.OC * CKK + s.OC * N));
@@ -93,6 +95,7 @@ void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const
 
 void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col,
                      const float* w, const ConvShape& s, bool need_dinp) {
+  if (rt.kernels) return rt.kernels->conv2d_backward(rt, dinp, dw, dbias, dout, col, w, s, need_dinp);
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_backward", 2.0 * s.OC * CKK * N * (need_dinp ? 2 : 1),
              4.0 * (2 * CKK * N + 2 * s.OC * CKK + 2 * s.OC * N));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 #include "core/util/error.h"
 
@@ -9,6 +10,7 @@ namespace distlab {
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets,
                                     int64_t N, int64_t V, int64_t* correct) {
+  if (rt.kernels) return rt.kernels->softmax_crossentropy_forward(rt, probs, logits, targets, N, V, correct);
   OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
   if (rt.is_meta()) return 0.0;
   double total = 0;
@@ -45,6 +47,7 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
 
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,
                                    int64_t N, int64_t V, float scale) {
+  if (rt.kernels) return rt.kernels->softmax_crossentropy_backward(rt, dlogits, probs, targets, N, V, scale);
   OpScope op(rt, "softmax_crossentropy_backward", 2.0 * N * V, 8.0 * N * V);
   if (rt.is_meta()) return;
   int64_t count = 0;

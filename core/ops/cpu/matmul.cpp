@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 
 namespace distlab {
@@ -48,6 +49,7 @@ void blas_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 
 void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (rt.kernels) return rt.kernels->gemm(rt, name, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   OpScope op(rt, name, 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
   if (rt.is_meta()) return;
   blas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -55,6 +57,7 @@ void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N,
 
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t C, int64_t OC) {
+  if (rt.kernels) return rt.kernels->matmul_forward(rt, out, inp, w, bias, N, C, OC);
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
   if (rt.is_meta()) return;
   if (bias) {  // start from the broadcast bias, then C = 1 * inp @ w^T + 1 * C
@@ -77,6 +80,7 @@ void matmul_forward_naive(float* out, const float* inp, const float* w, const fl
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp) {
+  if (rt.kernels) return rt.kernels->matmul_backward(rt, dinp, dw, dbias, dout, inp, w, N, C, OC, need_dinp);
   double flops = 2.0 * N * C * OC * (need_dinp ? 2 : 1);
   OpScope op(rt, "matmul_backward", flops, 4.0 * (2 * N * C + 2 * OC * C + N * OC));
   if (rt.is_meta()) return;

@@ -2,12 +2,14 @@
 
 #include <cmath>
 
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 
 namespace distlab {
 
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps) {
+  if (rt.kernels) return rt.kernels->layernorm_forward(rt, out, mean, rstd, inp, weight, bias, N, C, eps);
   OpScope op(rt, "layernorm_forward", 8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -29,6 +31,7 @@ void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const 
 
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  if (rt.kernels) return rt.kernels->layernorm_backward(rt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   OpScope op(rt, "layernorm_backward", 12.0 * N * C, 4.0 * (3 * N * C + 4 * C + 2 * N));
   if (rt.is_meta()) return;
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dout * weight
@@ -57,6 +60,7 @@ void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, 
 }
 
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW) {
+  if (rt.kernels) return rt.kernels->batchnorm_stats(rt, mean, var, inp, B, C, HW);
   OpScope op(rt, "batchnorm_stats", 3.0 * B * C * HW, 4.0 * B * C * HW);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static)
@@ -78,6 +82,7 @@ void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int
 
 void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd,
                      const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW) {
+  if (rt.kernels) return rt.kernels->batchnorm_apply(rt, out, inp, mean, rstd, weight, bias, B, C, HW);
   OpScope op(rt, "batchnorm_apply", 2.0 * B * C * HW, 8.0 * B * C * HW);
   if (rt.is_meta()) return;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -93,6 +98,7 @@ void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mea
 
 void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp,
                                const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW) {
+  if (rt.kernels) return rt.kernels->batchnorm_backward_reduce(rt, sum_dy, sum_dy_xhat, dout, inp, mean, rstd, B, C, HW);
   OpScope op(rt, "batchnorm_backward_reduce", 4.0 * B * C * HW, 8.0 * B * C * HW);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static)
@@ -114,6 +120,7 @@ void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, c
 void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const float* inp, const float* mean,
                               const float* rstd, const float* weight, const float* sum_dy, const float* sum_dy_xhat,
                               double count, int64_t B, int64_t C, int64_t HW) {
+  if (rt.kernels) return rt.kernels->batchnorm_backward_apply(rt, dinp, dout, inp, mean, rstd, weight, sum_dy, sum_dy_xhat, count, B, C, HW);
   OpScope op(rt, "batchnorm_backward_apply", 6.0 * B * C * HW, 12.0 * B * C * HW);
   if (rt.is_meta()) return;
   // dx = weight * rstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count)

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 #include "core/util/rng.h"
 
 namespace distlab {
 
 void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
+  if (rt.kernels) return rt.kernels->relu_forward(rt, out, inp, n);
   OpScope op(rt, "relu_forward", double(n), 8.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -16,6 +18,7 @@ void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
 }
 
 void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n) {
+  if (rt.kernels) return rt.kernels->relu_backward(rt, dinp, dout, out, n);
   OpScope op(rt, "relu_backward", double(n), 12.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -30,6 +33,7 @@ void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out
 static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
+  if (rt.kernels) return rt.kernels->gelu_forward(rt, out, inp, n);
   OpScope op(rt, "gelu_forward", 10.0 * n, 8.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -41,6 +45,7 @@ void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
 }
 
 void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n) {
+  if (rt.kernels) return rt.kernels->gelu_backward(rt, dinp, dout, inp, n);
   OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -55,6 +60,7 @@ void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp
 }
 
 void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed) {
+  if (rt.kernels) return rt.kernels->dropout_forward(rt, out, mask, inp, n, p, seed);
   OpScope op(rt, "dropout_forward", double(n), 12.0 * n);
   if (rt.is_meta()) return;
   Rng rng(seed);
@@ -66,12 +72,14 @@ void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int
 }
 
 void dropout_backward(Runtime& rt, float* dinp, const float* dout, const float* mask, int64_t n) {
+  if (rt.kernels) return rt.kernels->dropout_backward(rt, dinp, dout, mask, n);
   OpScope op(rt, "dropout_backward", double(n), 12.0 * n);
   if (rt.is_meta()) return;
   for (int64_t i = 0; i < n; i++) dinp[i] = dout[i] * mask[i];
 }
 
 void add_forward(Runtime& rt, float* out, const float* a, const float* b, int64_t n) {
+  if (rt.kernels) return rt.kernels->add_forward(rt, out, a, b, n);
   OpScope op(rt, "add", double(n), 12.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -79,6 +87,7 @@ void add_forward(Runtime& rt, float* out, const float* a, const float* b, int64_
 }
 
 void accumulate(Runtime& rt, float* dst, const float* src, int64_t n) {
+  if (rt.kernels) return rt.kernels->accumulate(rt, dst, src, n);
   OpScope op(rt, "accumulate", double(n), 12.0 * n);
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -87,6 +96,7 @@ void accumulate(Runtime& rt, float* dst, const float* src, int64_t n) {
 
 void maxpool2d_forward(Runtime& rt, float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C, int64_t H,
                        int64_t W, int64_t K, int64_t stride) {
+  if (rt.kernels) return rt.kernels->maxpool2d_forward(rt, out, argmax, inp, B, C, H, W, K, stride);
   const int64_t OH = (H - K) / stride + 1, OW = (W - K) / stride + 1;
   OpScope op(rt, "maxpool2d_forward", double(B * C * OH * OW * K * K), 4.0 * (B * C * H * W + 2 * B * C * OH * OW));
   if (rt.is_meta()) return;
@@ -145,6 +155,7 @@ void maxpool2d_forward(Runtime& rt, float* out, int32_t* argmax, const float* in
 
 void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
                         int64_t H, int64_t W, int64_t OH, int64_t OW) {
+  if (rt.kernels) return rt.kernels->maxpool2d_backward(rt, dinp, dout, argmax, B, C, H, W, OH, OW);
   OpScope op(rt, "maxpool2d_backward", double(B * C * OH * OW), 4.0 * (B * C * H * W + 2 * B * C * OH * OW));
   if (rt.is_meta()) return;
 #pragma omp parallel for schedule(static)

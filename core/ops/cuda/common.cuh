@@ -18,6 +18,13 @@ inline CudaContext& ctx(Runtime& rt) {
   return *rt.cuda;
 }
 inline cudaStream_t stream(Runtime& rt) { return ctx(rt).compute(); }
+// The math of an f32-operand GEMM: a 16-bit run (rt.dtype bf16/f16, autocast's low list) multiplies in its
+// 16 bits with f32 sums, as the cpu emulates; an f32 run in the context's math (f32, or tf32 if asked).
+inline GemmMath gemm_math(Runtime& rt) {
+  if (rt.dtype == DType::bf16) return GemmMath::bf16;
+  if (rt.dtype == DType::f16) return GemmMath::f16;
+  return ctx(rt).math;
+}
 
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {

@@ -109,7 +109,7 @@ __global__ void gemm_tiled_k(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 // f32 operands in the context's math: as they are (f32, tf32), or rounded to 16 bits first (bf16, f16).
 void blas_f32(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const GemmMath math = ctx(rt).math;
+  const GemmMath math = gemm_math(rt);
   if (math == GemmMath::f32 || math == GemmMath::tf32) {
     blas(rt, ta, tb, M, N, K, alpha, A, DType::f32, lda, B, DType::f32, ldb, beta, C, DType::f32, ldc, math);
     return;
@@ -123,7 +123,7 @@ void blas_f32_batched(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64
                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
                       int64_t stride_c, int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
-  const GemmMath math = ctx(rt).math;
+  const GemmMath math = gemm_math(rt);
   // the batched path multiplies f32 (or tf32); under bf16/f16 math each product is rounded on its own
   if (math == GemmMath::bf16 || math == GemmMath::f16) {
     for (int64_t i = 0; i < batch; i++)

@@ -7,13 +7,15 @@
 // the reductions, GEMMs through cuBLAS. No atomics: every result is summed in a fixed order, so a run is
 // bitwise repeatable on the same GPU (the embedding's backward pays for this: see attention.cu).
 // Files: pointwise.cu (activations, dropout, add, max-pool), matmul.cu (cuBLAS GEMM in f32, TF32, bf16,
-// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding), convert.cu (dtypes, fill).
+// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding), convert.cu (dtypes, fill),
+// optim.cu (SGD, AdamW, the norm and overflow reductions); core/cuda/kernel_table.cpp lists them for rt.kernels.
 // tests/cuda/test_cuda_parity.cpp runs each against the cpu kernel on random inputs.
 #pragma once
 #include <cstdint>
 
 #include "core/cuda/context.h"
 #include "core/ops/cpu/conv.h"  // ConvShape
+#include "core/ops/kernels.h"   // SgdUpdate, AdamWUpdate
 #include "core/tensor/runtime.h"
 
 namespace distlab::cuda {
@@ -92,6 +94,17 @@ void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const flo
                        int64_t T, int64_t C);
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C);
+
+// ---- optim.cu ----
+void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
+void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+// these two read their result back to the host (a synchronization, as .item() is)
+double sum_squares(Runtime& rt, const float* x, int64_t n);
+bool all_finite(Runtime& rt, const float* x, int64_t n);
+void scale(Runtime& rt, float* x, int64_t n, float s);
+
+// The table of these kernels that a cuda rank's Runtime points at (rt.kernels; core/ops/kernels.h).
+const Kernels& kernel_table();
 
 // ---- convert.cu ----
 // dst[i] = src[i] converted, rounding to nearest even into 16 bits (the bits of core/tensor/dtype.h)

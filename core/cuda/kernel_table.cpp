@@ -1,0 +1,48 @@
+// The table of CUDA kernels a cuda rank's Runtime points at (rt.kernels, core/ops/kernels.h): the cpu
+// kernels forward each call here. A kernel missing from core/ops/cuda would fail to compile here.
+#include "core/ops/cuda/ops.h"
+
+namespace distlab::cuda {
+
+const Kernels& kernel_table() {
+  static const Kernels k = [] {
+    Kernels t{};
+    t.device = "cuda";
+    t.relu_forward = &cuda::relu_forward;
+    t.relu_backward = &cuda::relu_backward;
+    t.gelu_forward = &cuda::gelu_forward;
+    t.gelu_backward = &cuda::gelu_backward;
+    t.dropout_forward = &cuda::dropout_forward;
+    t.dropout_backward = &cuda::dropout_backward;
+    t.add_forward = &cuda::add_forward;
+    t.accumulate = &cuda::accumulate;
+    t.maxpool2d_forward = &cuda::maxpool2d_forward;
+    t.maxpool2d_backward = &cuda::maxpool2d_backward;
+    t.matmul_forward = &cuda::matmul_forward;
+    t.matmul_backward = &cuda::matmul_backward;
+    t.gemm = &cuda::gemm;
+    t.conv2d_forward = &cuda::conv2d_forward;
+    t.conv2d_backward = &cuda::conv2d_backward;
+    t.layernorm_forward = &cuda::layernorm_forward;
+    t.layernorm_backward = &cuda::layernorm_backward;
+    t.batchnorm_stats = &cuda::batchnorm_stats;
+    t.batchnorm_apply = &cuda::batchnorm_apply;
+    t.batchnorm_backward_reduce = &cuda::batchnorm_backward_reduce;
+    t.batchnorm_backward_apply = &cuda::batchnorm_backward_apply;
+    t.softmax_crossentropy_forward = &cuda::softmax_crossentropy_forward;
+    t.softmax_crossentropy_backward = &cuda::softmax_crossentropy_backward;
+    t.attention_forward = &cuda::attention_forward;
+    t.attention_backward = &cuda::attention_backward;
+    t.embedding_forward = &cuda::embedding_forward;
+    t.embedding_backward = &cuda::embedding_backward;
+    t.sgd_update = &cuda::sgd_update;
+    t.adamw_update = &cuda::adamw_update;
+    t.sum_squares = &cuda::sum_squares;
+    t.scale = &cuda::scale;
+    t.all_finite = &cuda::all_finite;
+    return t;
+  }();
+  return k;
+}
+
+}  // namespace distlab::cuda

@@ -1,0 +1,49 @@
+#include "core/ops/cpu/optim.h"
+
+#include <cmath>
+
+namespace distlab {
+
+void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u) {
+  if (rt.kernels) return rt.kernels->sgd_update(rt, w, buf, g, n, u);
+  for (int64_t j = 0; j < n; j++) {
+    float d = g[j] * u.grad_factor + u.weight_decay * w[j];
+    if (buf) {
+      buf[j] = u.first ? d : u.momentum * buf[j] + (1.0f - u.dampening) * d;
+      d = u.nesterov ? d + u.momentum * buf[j] : buf[j];
+    }
+    w[j] -= u.lr * d;
+  }
+}
+
+void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u) {
+  if (rt.kernels) return rt.kernels->adamw_update(rt, w, m, v, g, n, u);
+  for (int64_t j = 0; j < n; j++) {
+    const float gj = g[j] * u.grad_factor;
+    w[j] *= u.decay;
+    m[j] = u.beta1 * m[j] + (1.0f - u.beta1) * gj;
+    v[j] = u.beta2 * v[j] + (1.0f - u.beta2) * gj * gj;
+    w[j] -= u.step_size * m[j] / (std::sqrt(v[j]) / u.bc2_sqrt + u.eps);
+  }
+}
+
+double sum_squares(Runtime& rt, const float* x, int64_t n) {
+  if (rt.kernels) return rt.kernels->sum_squares(rt, x, n);
+  double ss = 0;
+  for (int64_t j = 0; j < n; j++) ss += double(x[j]) * x[j];
+  return ss;
+}
+
+void scale(Runtime& rt, float* x, int64_t n, float s) {
+  if (rt.kernels) return rt.kernels->scale(rt, x, n, s);
+  for (int64_t j = 0; j < n; j++) x[j] *= s;
+}
+
+bool all_finite(Runtime& rt, const float* x, int64_t n) {
+  if (rt.kernels) return rt.kernels->all_finite(rt, x, n);
+  for (int64_t j = 0; j < n; j++)
+    if (!std::isfinite(x[j])) return false;
+  return true;
+}
+
+}  // namespace distlab

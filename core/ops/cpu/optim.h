@@ -1,0 +1,26 @@
+// The optimizers' arithmetic on one tensor, as kernels (so a cuda rank runs them on the GPU, where its
+// weights are): SGD with momentum, AdamW, and the reductions that gradient clipping and the loss scaler's
+// overflow check need. core/optim/optimizer.cpp decides what to call them with; the formulas are
+// PyTorch's torch.optim.SGD / AdamW (foreach=False) step for step.
+#pragma once
+#include <cstdint>
+
+#include "core/ops/kernels.h"
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+// d = g * grad_factor + weight_decay * w; with momentum: buf = first ? d : momentum * buf + (1 - dampening) * d,
+// d = nesterov ? d + momentum * buf : buf; then w -= lr * d. buf is nullptr without momentum.
+void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
+// g' = g * grad_factor; w *= decay; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+// w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+// sum of x[i]^2, accumulated in double in index order
+double sum_squares(Runtime& rt, const float* x, int64_t n);
+// x *= s
+void scale(Runtime& rt, float* x, int64_t n, float s);
+// false when some x[i] is inf or NaN
+bool all_finite(Runtime& rt, const float* x, int64_t n);
+
+}  // namespace distlab

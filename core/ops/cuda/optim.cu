@@ -1,0 +1,105 @@
+// The optimizers' updates on the GPU, as core/ops/cpu/optim.cpp: one thread per element for SGD and AdamW
+// (the same expressions, so the same f32 rounding step for step), and the two reductions the step reads on
+// the host: the sum of squares (clip_grad_norm; in double, per block then in one block, in a fixed order)
+// and whether everything is finite (the loss scaler's overflow check).
+
+#include "core/ops/cuda/common.cuh"
+
+namespace distlab::cuda {
+
+namespace {
+
+__global__ void sgd_k(float* w, float* buf, const float* g, int64_t n, SgdUpdate u) {
+  DL_GRID_LOOP(j, n) {
+    float d = g[j] * u.grad_factor + u.weight_decay * w[j];
+    if (buf) {
+      buf[j] = u.first ? d : u.momentum * buf[j] + (1.0f - u.dampening) * d;
+      d = u.nesterov ? d + u.momentum * buf[j] : buf[j];
+    }
+    w[j] -= u.lr * d;
+  }
+}
+
+__global__ void adamw_k(float* w, float* m, float* v, const float* g, int64_t n, AdamWUpdate u) {
+  DL_GRID_LOOP(j, n) {
+    const float gj = g[j] * u.grad_factor;
+    w[j] *= u.decay;
+    m[j] = u.beta1 * m[j] + (1.0f - u.beta1) * gj;
+    v[j] = u.beta2 * v[j] + (1.0f - u.beta2) * gj * gj;
+    w[j] -= u.step_size * m[j] / (sqrtf(v[j]) / u.bc2_sqrt + u.eps);
+  }
+}
+
+__global__ void scale_k(float* x, int64_t n, float s) {
+  DL_GRID_LOOP(j, n) x[j] *= s;
+}
+
+constexpr int kReduceBlocks = 256;
+
+// partial[b] = the sum of squares of block b's grid-strided share, in double (a tree in shared memory)
+__global__ void sum_squares_k(double* partial, const float* x, int64_t n) {
+  __shared__ double s[kThreads];
+  double acc = 0;
+  DL_GRID_LOOP(j, n) acc += double(x[j]) * double(x[j]);
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+// flag = 1 when some x[j] is inf or NaN (every writer writes 1: no race on the value)
+__global__ void nonfinite_k(int* flag, const float* x, int64_t n) {
+  DL_GRID_LOOP(j, n) if (!isfinite(x[j])) *flag = 1;
+}
+
+}  // namespace
+
+void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u) {
+  if (n == 0) return;
+  sgd_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(w, buf, g, n, u);
+  DL_CUDA_LAUNCHED("sgd_update");
+}
+
+void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u) {
+  if (n == 0) return;
+  adamw_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(w, m, v, g, n, u);
+  DL_CUDA_LAUNCHED("adamw_update");
+}
+
+void scale(Runtime& rt, float* x, int64_t n, float s) {
+  if (n == 0) return;
+  scale_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(x, n, s);
+  DL_CUDA_LAUNCHED("scale");
+}
+
+double sum_squares(Runtime& rt, const float* x, int64_t n) {
+  if (n == 0) return 0.0;
+  Scratch partial(rt, 2 * kReduceBlocks, "sum of squares' partial sums");  // doubles: 2 floats each
+  auto* d = reinterpret_cast<double*>(partial.p);
+  sum_squares_k<<<kReduceBlocks, kThreads, 0, stream(rt)>>>(d, x, n);
+  DL_CUDA_LAUNCHED("sum_squares");
+  double host[kReduceBlocks];
+  DL_CUDA(cudaMemcpyAsync(host, d, sizeof host, cudaMemcpyDeviceToHost, stream(rt)));
+  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  double total = 0;
+  for (double p : host) total += p;  // the blocks in order: the same bits every run
+  return total;
+}
+
+bool all_finite(Runtime& rt, const float* x, int64_t n) {
+  if (n == 0) return true;
+  Scratch flag(rt, 1, "the overflow flag");
+  auto* f = reinterpret_cast<int*>(flag.p);
+  DL_CUDA(cudaMemsetAsync(f, 0, sizeof(int), stream(rt)));
+  nonfinite_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(f, x, n);
+  DL_CUDA_LAUNCHED("all_finite");
+  int host = 0;
+  DL_CUDA(cudaMemcpyAsync(&host, f, sizeof host, cudaMemcpyDeviceToHost, stream(rt)));
+  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  return host == 0;
+}
+
+}  // namespace distlab::cuda

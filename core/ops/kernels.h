@@ -1,0 +1,99 @@
+// How an op reaches the kernels of the rank's device: a table of function pointers, one per kernel, with
+// the cpu kernels' signatures. `rt.kernels` is nullptr on cpu and meta (the cpu kernels run, or record
+// their cost and return); a cuda rank points it at libdistlab_cuda.so's table (core/cuda/entry.cpp), which
+// is loaded at run time, so the rest of distlab is built and linked without any GPU library.
+//
+// Each cpu kernel starts with the one line that forwards the call:
+//
+//   void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
+//     if (rt.kernels) return rt.kernels->relu_forward(rt, out, inp, n);
+//     ...the cpu loop...
+//
+// so a layer calls relu_forward(rt, ...) and runs on whatever device its tensors are on: this is
+// PyTorch's dispatcher with one key (the device) and no autograd. A pointer handed to a kernel is on the
+// rank's device; code outside the kernels must not read through it (core/ops/sim_device.h makes a read
+// crash, so CI can check that without a GPU).
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/dtype.h"
+
+namespace distlab {
+
+struct Runtime;
+struct ConvShape;
+
+// The optimizers' per-tensor updates (core/ops/cpu/optim.h), as arguments.
+struct SgdUpdate {
+  float lr, grad_factor, weight_decay, momentum, dampening;
+  bool nesterov;
+  bool first;  // the momentum buffer is new: it starts as the first gradient (PyTorch)
+};
+struct AdamWUpdate {
+  float grad_factor, decay, beta1, beta2, step_size, bc2_sqrt, eps;  // decay = 1 - lr * weight_decay (or 1)
+};
+
+struct Kernels {
+  const char* device;  // "cuda", "cuda-sim": for messages
+
+  // ---- pointwise.h ----
+  void (*relu_forward)(Runtime&, float* out, const float* inp, int64_t n);
+  void (*relu_backward)(Runtime&, float* dinp, const float* dout, const float* out, int64_t n);
+  void (*gelu_forward)(Runtime&, float* out, const float* inp, int64_t n);
+  void (*gelu_backward)(Runtime&, float* dinp, const float* dout, const float* inp, int64_t n);
+  void (*dropout_forward)(Runtime&, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed);
+  void (*dropout_backward)(Runtime&, float* dinp, const float* dout, const float* mask, int64_t n);
+  void (*add_forward)(Runtime&, float* out, const float* a, const float* b, int64_t n);
+  void (*accumulate)(Runtime&, float* dst, const float* src, int64_t n);
+  void (*maxpool2d_forward)(Runtime&, float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C, int64_t H,
+                            int64_t W, int64_t K, int64_t stride);
+  void (*maxpool2d_backward)(Runtime&, float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C,
+                             int64_t H, int64_t W, int64_t OH, int64_t OW);
+  // ---- matmul.h ----
+  void (*matmul_forward)(Runtime&, float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                         int64_t C, int64_t OC);
+  void (*matmul_backward)(Runtime&, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                          const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp);
+  void (*gemm)(Runtime&, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  // ---- conv.h ----
+  void (*conv2d_forward)(Runtime&, float* out, float* col, const float* inp, const float* w, const float* bias,
+                         const ConvShape& s);
+  void (*conv2d_backward)(Runtime&, float* dinp, float* dw, float* dbias, const float* dout, const float* col,
+                          const float* w, const ConvShape& s, bool need_dinp);
+  // ---- norm.h ----
+  void (*layernorm_forward)(Runtime&, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int64_t N, int64_t C, float eps);
+  void (*layernorm_backward)(Runtime&, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+  void (*batchnorm_stats)(Runtime&, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW);
+  void (*batchnorm_apply)(Runtime&, float* out, const float* inp, const float* mean, const float* rstd,
+                          const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW);
+  void (*batchnorm_backward_reduce)(Runtime&, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp,
+                                    const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW);
+  void (*batchnorm_backward_apply)(Runtime&, float* dinp, const float* dout, const float* inp, const float* mean,
+                                   const float* rstd, const float* weight, const float* sum_dy,
+                                   const float* sum_dy_xhat, double count, int64_t B, int64_t C, int64_t HW);
+  // ---- loss.h ----
+  double (*softmax_crossentropy_forward)(Runtime&, float* probs, const float* logits, const int32_t* targets, int64_t N,
+                                         int64_t V, int64_t* correct);
+  void (*softmax_crossentropy_backward)(Runtime&, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
+                                        int64_t V, float scale);
+  // ---- attention.h ----
+  void (*attention_forward)(Runtime&, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                            int64_t NH);
+  void (*attention_backward)(Runtime&, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
+                             int64_t T, int64_t C, int64_t NH);
+  void (*embedding_forward)(Runtime&, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                            int64_t T, int64_t C);
+  void (*embedding_backward)(Runtime&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
+                             int64_t T, int64_t C);
+  // ---- optim.h ----
+  void (*sgd_update)(Runtime&, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
+  void (*adamw_update)(Runtime&, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+  double (*sum_squares)(Runtime&, const float* x, int64_t n);
+  void (*scale)(Runtime&, float* x, int64_t n, float s);
+  bool (*all_finite)(Runtime&, const float* x, int64_t n);
+};
+
+}  // namespace distlab

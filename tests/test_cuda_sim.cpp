@@ -1,0 +1,176 @@
+// The cuda rank's code path, checked without a GPU: `--device cuda-sim` (core/ops/sim_device.h) runs
+// everything a cuda rank runs outside the kernels, with device tensors behind addresses that crash host
+// code that reads them. A run must match the cpu's metrics bit for bit (the kernels are the cpu's), so
+// any host code that bypasses the kernels, OnHost or to_host/from_host crashes or changes a number here.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/ops/attach.h"
+#include "core/ops/cpu/optim.h"
+#include "core/ops/cpu/pointwise.h"
+#include "core/ops/sim_device.h"
+#include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
+#include "train_harness.h"
+
+using namespace distlab;
+using namespace distlab::testing;
+namespace fs = std::filesystem;
+
+TEST_CASE("cuda-sim: a kernel runs on device tensors, and a host pointer handed to it is an error naming it", "[cuda-sim]") {
+  Runtime rt(DeviceKind::cuda);
+  auto dev = attach_device(rt, "cuda-sim", 0);
+  REQUIRE(dev);
+  CHECK(rt.attached == dev.get());
+  Tensor x = rt.empty({4}, Category::activations, "x"), y = rt.empty({4}, Category::activations, "y");
+  const float in[4] = {-1.0f, 2.0f, -3.0f, 4.0f};
+  x.from_host(in);
+  relu_forward(rt, y.f32(), x.f32(), 4);
+  float out[4];
+  y.to_host(out);
+  CHECK(out[0] == 0.0f);
+  CHECK(out[1] == 2.0f);
+  CHECK(out[3] == 4.0f);
+  // the kernel is handed host memory instead of the rank's tensor: what a GPU would fault on
+  std::vector<float> host(4, 1.0f);
+  CHECK_THROWS_WITH(relu_forward(rt, y.f32(), host.data(), 4), Catch::Contains("relu_forward") && Catch::Contains("host pointer"));
+  CHECK_THROWS_WITH(sum_squares(rt, host.data(), 4), Catch::Contains("sum_squares"));
+  CHECK(sum_squares(rt, x.f32(), 4) == 1.0 + 4 + 9 + 16);
+  // the device's own pointers are not host addresses
+  CHECK(x.f32() != nullptr);
+  CHECK(sim_host_address(x.f32(), "test") != x.f32());
+}
+
+TEST_CASE("cuda-sim: every kernel of the table is there", "[cuda-sim]") {
+  const Kernels& k = sim_kernels();
+  static_assert(sizeof(Kernels) % sizeof(void*) == 0, "the table is pointers only");
+  void* slots[sizeof(Kernels) / sizeof(void*)];
+  std::memcpy(slots, &k, sizeof k);
+  for (size_t i = 0; i < sizeof(Kernels) / sizeof(void*); i++) {
+    INFO("slot " << i);
+    CHECK(slots[i] != nullptr);
+  }
+  CHECK(std::string(k.device) == "cuda-sim");
+}
+
+TEST_CASE("cuda-sim: OnHost, AsF32 and Indices move 16-bit tensors and indices across and back", "[cuda-sim]") {
+  Runtime rt(DeviceKind::cuda);
+  auto dev = attach_device(rt, "cuda-sim", 0);
+  Tensor t = rt.zeros({3}, Category::params, "t", DType::bf16);
+  {
+    OnHost h(t, OnHost::out);
+    h.p[0] = 1.0f;
+    h.p[1] = 1.0f + 1.0f / 256;  // not a bf16 value: rounds to even (1.0)
+    h.p[2] = -2.5f;
+    h.store();
+  }
+  OnHost back(t);
+  CHECK(back.p[0] == 1.0f);
+  CHECK(back.p[1] == 1.0f);
+  CHECK(back.p[2] == -2.5f);
+  {
+    AsF32 a(rt, t, AsF32::inout);  // an f32 copy on the device
+    scale(rt, a.p, 3, 2.0f);
+    a.store();
+  }
+  OnHost doubled(t);
+  CHECK(doubled.p[2] == -5.0f);
+  std::vector<int32_t> ids = {3, 1, 4};
+  Indices i(rt, ids);
+  CHECK(static_cast<const void*>(i.p) != static_cast<const void*>(ids.data()));
+  int32_t got[3];
+  std::memcpy(got, sim_host_address(i.p, "test"), sizeof got);
+  CHECK(got[2] == 4);
+  // nothing is left on the device but t
+  CHECK(rt.memory.current(Category::params) == 6);
+}
+
+namespace {
+
+// A metrics record without what differs between two equal runs: times, rates, paths, the device's name.
+nlohmann::json comparable(nlohmann::json j) {
+  if (j.is_object()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (auto& [k, v] : j.items()) {
+      const bool varies = k.ends_with("_s") || k.find("_s_") != std::string::npos || k.find("time") != std::string::npos || k.find("per_s") != std::string::npos ||
+                          k == "dir" || k == "device" || k == "from" || k == "config";
+      if (!varies) o[k] = comparable(v);
+    }
+    return o;
+  }
+  if (j.is_array()) {
+    for (auto& v : j) v = comparable(v);
+  }
+  return j;
+}
+
+void check_same_metrics(const TrainRun& cpu, const TrainRun& sim) {
+  INFO("cpu:\n" << cpu.out << "\ncuda-sim:\n" << sim.out);
+  REQUIRE(cpu.code == 0);
+  REQUIRE(sim.code == 0);
+  REQUIRE(!cpu.steps.empty());
+  REQUIRE(cpu.records.size() == sim.records.size());
+  for (size_t i = 0; i < cpu.records.size(); i++) {
+    INFO("record " << i << ": " << cpu.records[i].dump().substr(0, 300));
+    CHECK(comparable(cpu.records[i]) == comparable(sim.records[i]));
+  }
+}
+
+TrainRun train_cli(const std::string& device, const std::string& args) {
+  const std::string metrics = metrics_path(("sim-" + device).c_str());
+  TrainRun r;
+  std::tie(r.code, r.out) = shell_in_source(std::string("timeout 240 ") + DISTLAB_BINARY + " " + args + " --device " + device +
+                                            " --set train.log_every=1000 --metrics " + metrics);
+  read_metrics(metrics, r);
+  return r;
+}
+
+std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("distlab-sim-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+}  // namespace
+
+TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in fp16 with a loss scaler and eval, as the cpu does, bit for bit", "[cuda-sim]") {
+  const std::string gpt = "train configs/gpt-tiny.toml --set train.steps=4 --set precision.mode=bf16 --set optim.clip_grad_norm=0.5";
+  check_same_metrics(train_cli("cpu", gpt), train_cli("cuda-sim", gpt));
+  const std::string cnn = "train configs/cifar-cnn.toml --set train.steps=4 --set precision.mode=fp16 --set train.eval_every=2 "
+                          "--set train.eval_batches=2 --set data.synthetic_train=512 --set train.accum_steps=2";
+  check_same_metrics(train_cli("cpu", cnn), train_cli("cuda-sim", cnn));
+}
+
+TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then over gloo) save, resume and --save as the cpu ranks do", "[cuda-sim]") {
+  const std::string w_cpu = tmp("cpu.safetensors"), w_sim = tmp("sim.safetensors"), ck_cpu = tmp("ck-cpu"), ck_sim = tmp("ck-sim");
+  auto args = [](int steps, const std::string& ck, const std::string& w) {
+    return "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set parallel.strategy=ddp "
+           "--set parallel.sync_batchnorm=true --set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" +
+           std::to_string(steps) + (w.empty() ? "" : " --save " + w);
+  };
+  // the first two steps with dist.backend = "nccl": the buckets all-reduced through the device group
+  const TrainRun first = train_cli("cuda-sim", args(2, ck_sim, "") + " --set dist.backend=nccl");
+  CHECK_THAT(first.out, Catch::Contains("gradient buckets all-reduced on the device: nccl on cuda-sim"));
+  check_same_metrics(train_cli("cpu", args(2, ck_cpu, "")), first);
+  // the resumed runs: from the checkpoints each wrote, to step 4
+  const TrainRun cpu = train_cli("cpu", args(4, ck_cpu, w_cpu)), sim = train_cli("cuda-sim", args(4, ck_sim, w_sim));
+  CHECK_THAT(sim.out, Catch::Contains("resumed from"));
+  check_same_metrics(cpu, sim);
+  CHECK(max_weight_diff(w_cpu, w_sim) == 0.0);
+  for (const auto& p : {w_cpu, w_sim, ck_cpu, ck_sim}) fs::remove_all(p);
+}
+
+TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cuda-sim]") {
+  auto [code, out] = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY +
+                                     " train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero1 --set dist.fake_world_size=2");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("fake world") || Catch::Contains("zero1 on device cuda-sim"));
+  std::tie(code, out) = shell_in_source(std::string("timeout 120 ") + DISTLAB_BINARY +
+                                        " run -n 2 --master-port 0 train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero2");
+  CHECK(code != 0);
+  CHECK_THAT(out, Catch::Contains("parallel.strategy zero2 on device cuda-sim: not in this version"));
+  std::tie(code, out) = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY + " train configs/fashion-mnist-mlp.toml --set dist.backend=nccl");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("dist.backend") && Catch::Contains("NCCL moves GPU memory"));
+}
