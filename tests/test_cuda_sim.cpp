@@ -161,6 +161,15 @@ TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then o
   for (const auto& p : {w_cpu, w_sim, ck_cpu, ck_sim}) fs::remove_all(p);
 }
 
+TEST_CASE("cuda-sim: naive DDP with accumulation (no_sync), and FSDP's NO_SHARD, as the cpu ranks", "[cuda-sim]") {
+  const std::string naive = "run -n 2 --master-port 0 train configs/fashion-mnist-mlp.toml --set train.steps=3 --set parallel.strategy=ddp "
+                            "--set parallel.ddp_mode=naive --set train.accum_steps=2 --set optim.clip_grad_norm=1";
+  check_same_metrics(train_cli("cpu", naive), train_cli("cuda-sim", naive));
+  const std::string no_shard = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set train.steps=3 --set parallel.strategy=fsdp "
+                               "--set parallel.sharding=no_shard --set precision.mode=bf16";
+  check_same_metrics(train_cli("cpu", no_shard), train_cli("cuda-sim", no_shard + " --set dist.backend=nccl"));
+}
+
 TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cuda-sim]") {
   auto [code, out] = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY +
                                      " train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero1 --set dist.fake_world_size=2");

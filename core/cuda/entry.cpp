@@ -43,6 +43,7 @@ class NcclDeviceGroup : public distlab::DeviceGroup {
   std::shared_ptr<distlab::DeviceWork> all_reduce_async(float* data, int64_t n, distlab::ReduceOp op, distlab::DType wire) override {
     return std::make_shared<NcclWorkOfGroup>(g_.all_reduce_async(data, n, op, wire));
   }
+  distlab::CommCounters counters() const override { return g_.total_counters(); }
 
  private:
   distlab::NcclGroup g_;

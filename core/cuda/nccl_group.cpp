@@ -98,7 +98,8 @@ NcclGroup::~NcclGroup() {
   ncclCommDestroy(comm_);
 }
 
-std::shared_ptr<NcclWork> NcclGroup::launch(const char* op, int64_t count, const std::string& detail, int64_t bytes_sent) {
+std::shared_ptr<NcclWork> NcclGroup::launch(const char* op, int64_t count, const std::string& detail, int64_t bytes_sent,
+                                            int64_t bytes_received) {
   if (aborted_) throw CommError(fmt::format("group {} was aborted after a timeout: no collective can run on it", name_), "");
   auto w = std::make_shared<NcclWork>();
   w->group_ = this;
@@ -114,13 +115,28 @@ std::shared_ptr<NcclWork> NcclGroup::launch(const char* op, int64_t count, const
   DL_CUDA(cudaEventCreateWithFlags(&w->done_, cudaEventDisableTiming));
   counters_.calls++;
   counters_.bytes_sent += bytes_sent;
-  counters_.bytes_received += bytes_sent;
+  counters_.bytes_received += bytes_received;
+  if (trace_) {  // as the Gloo group records it: the cost model and the comm report see NCCL's collectives too
+    TraceEvent e;
+    e.name = op;
+    e.kind = EventKind::collective;
+    e.stream = Stream::comm;
+    e.op = op;
+    e.payload_bytes = count * 4;  // the f32 tensor's bytes
+    e.group_size = size_;
+    e.seq = w->seq_;
+    e.group = name_;
+    e.t_begin_us = e.t_end_us = trace_->now_us();
+    trace_->record(e);
+    w->op_ = op;
+  }
   return w;
 }
 
 std::shared_ptr<NcclWork> NcclGroup::all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) {
   const double S = double(n) * dtype_size(wire);
-  auto w = launch("all_reduce", n, reduce_op_name(op), int64_t(2.0 * (size_ - 1) / size_ * S));
+  const int64_t ring = int64_t(2.0 * (size_ - 1) / size_ * S);  // a ring: each rank sends and receives this
+  auto w = launch("all_reduce", n, reduce_op_name(op), ring, ring);
   if (wire == DType::f32) {
     nccl_check(ncclAllReduce(data, data, size_t(n), ncclFloat32, nccl_op(op), comm_, cx_.comm()), "ncclAllReduce", w->what_);
   } else {  // 16 bits on the wire: narrowed, reduced, widened, all on the comm stream
@@ -138,21 +154,24 @@ std::shared_ptr<NcclWork> NcclGroup::all_reduce_async(float* data, int64_t n, Re
 }
 
 std::shared_ptr<NcclWork> NcclGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
-  auto w = launch("reduce_scatter", n, reduce_op_name(op), int64_t(double(size_ - 1) * double(n) * 4));
+  const int64_t ring = int64_t(double(size_ - 1) * double(n) * 4);
+  auto w = launch("reduce_scatter", n, reduce_op_name(op), ring, ring);
   nccl_check(ncclReduceScatter(in, out, size_t(n), ncclFloat32, nccl_op(op), comm_, cx_.comm()), "ncclReduceScatter", w->what_);
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
 }
 
 std::shared_ptr<NcclWork> NcclGroup::all_gather_async(float* out, const float* in, int64_t n) {
-  auto w = launch("all_gather", n, "", int64_t(double(size_ - 1) * double(n) * 4));
+  const int64_t ring = int64_t(double(size_ - 1) * double(n) * 4);
+  auto w = launch("all_gather", n, "", ring, ring);
   nccl_check(ncclAllGather(in, out, size_t(n), ncclFloat32, comm_, cx_.comm()), "ncclAllGather", w->what_);
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
 }
 
 std::shared_ptr<NcclWork> NcclGroup::broadcast_async(float* data, int64_t n, int root) {
-  auto w = launch("broadcast", n, fmt::format("root {}", root), rank_ == root ? int64_t(n) * 4 : 0);
+  // the root sends the buffer, the others receive it (the ring's relaying left out, as in the Gloo group)
+  auto w = launch("broadcast", n, fmt::format("root {}", root), rank_ == root ? int64_t(n) * 4 : 0, rank_ == root ? 0 : int64_t(n) * 4);
   nccl_check(ncclBroadcast(data, data, size_t(n), ncclFloat32, root, comm_, cx_.comm()), "ncclBroadcast", w->what_);
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
@@ -168,14 +187,14 @@ void NcclGroup::barrier() {
 }
 
 void NcclGroup::send(const float* data, int64_t n, int dst) {
-  auto w = launch("send", n, fmt::format("to {}", dst), int64_t(n) * 4);
+  auto w = launch("send", n, fmt::format("to {}", dst), int64_t(n) * 4, 0);
   nccl_check(ncclSend(data, size_t(n), ncclFloat32, dst, comm_, cx_.comm()), "ncclSend", w->what_);
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   w->synchronize();
 }
 
 void NcclGroup::recv(float* data, int64_t n, int src) {
-  auto w = launch("recv", n, fmt::format("from {}", src), 0);
+  auto w = launch("recv", n, fmt::format("from {}", src), 0, int64_t(n) * 4);
   nccl_check(ncclRecv(data, size_t(n), ncclFloat32, src, comm_, cx_.comm()), "ncclRecv", w->what_);
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   w->synchronize();
@@ -223,6 +242,18 @@ NcclWork::~NcclWork() {
 
 void NcclWork::wait() {
   DL_CUDA(cudaStreamWaitEvent(group_->cx_.compute(), done_, 0));
+  if (Trace* t = group_->trace_; t && !op_.empty()) {  // the compute stream waits for this collective from here
+    TraceEvent w;
+    w.name = "wait " + op_;
+    w.kind = EventKind::wait;
+    w.stream = Stream::compute;
+    w.op = op_;
+    w.seq = seq_;
+    w.group = group_->name_;
+    w.t_begin_us = w.t_end_us = t->now_us();
+    t->record(w);
+    op_.clear();  // once
+  }
   if (scratch_) {  // the allocator's blocks are reused in compute-stream order: safe from here
     group_->cx_.allocator().free(scratch_, scratch_bytes_);
     scratch_ = nullptr;

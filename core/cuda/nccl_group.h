@@ -40,6 +40,7 @@ class NcclWork {
   friend class NcclGroup;
   NcclGroup* group_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  std::string op_;    // "all_reduce" until its wait is traced
   std::string what_;  // "all_reduce #12 of 1048576 f32 (sum)"
   int64_t seq_ = 0;
   void* scratch_ = nullptr;  // a 16-bit wire's copy, freed once the compute stream waits for the work
@@ -77,7 +78,8 @@ class NcclGroup {
 
  private:
   friend class NcclWork;
-  std::shared_ptr<NcclWork> launch(const char* op, int64_t count, const std::string& detail, int64_t bytes_sent);
+  std::shared_ptr<NcclWork> launch(const char* op, int64_t count, const std::string& detail, int64_t bytes_sent,
+                                   int64_t bytes_received);
   void check_async(const std::string& what);  // throws CommError if NCCL reported an asynchronous error
   [[noreturn]] void timed_out(const NcclWork& w);
 

@@ -41,6 +41,7 @@ class SimDeviceGroup : public DeviceGroup {
   std::shared_ptr<DeviceWork> all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) override {
     return std::make_shared<SimWork>(mem_, data, n, pg_, op, wire);
   }
+  CommCounters counters() const override { return {}; }
 
  private:
   DeviceMemory& mem_;

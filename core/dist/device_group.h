@@ -33,6 +33,9 @@ class DeviceGroup {
   virtual std::string describe() const = 0;  // "NCCL 2.28.9 over 2 GPUs"
   // data (n f32 on the device) := op over the ranks; `wire` bf16/f16 sends 16 bits (reduce_dtype)
   virtual std::shared_ptr<DeviceWork> all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) = 0;
+  // what this group moved itself (its all-reduces), beside the Gloo group's counters; cuda-sim's traffic
+  // is the Gloo group's, already counted there
+  virtual CommCounters counters() const = 0;
 };
 
 // The device group of a cuda (or cuda-sim) rank beside its Gloo group `pg` (whose store, rank, size and

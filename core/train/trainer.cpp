@@ -453,6 +453,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const double t_start = rt_.trace.now_us();
   double loss = 0, samples = 0;
   double steady_samples = 0, steady_s = 0;  // steps after the first (warm-up), without evaluation
+  int64_t steady_steps = 0;
   nlohmann::json last_eval = nlohmann::json::object();
   bool interrupted = false;
   for (int64_t step = start_step_; step < total_steps_; step++) {
@@ -468,6 +469,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     if (step > start_step_ || total_steps_ == 1) {
       steady_s += (rt_.trace.now_us() - t_step) * 1e-6;
       steady_samples += double(micro_batch_ * accum_ * dp_world());
+      steady_steps++;
     }
     samples += double(micro_batch_ * accum_ * dp_world());
     if (!rt_.is_meta() && !std::isfinite(loss) && !scaler_.dynamic())  // a dynamic scaler skips it and backs off
@@ -531,6 +533,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                             {"test_loss", last_eval.value("loss", nlohmann::json(nullptr))},
                             {"test_accuracy", last_eval.value("accuracy", nlohmann::json(nullptr))},
                             {"samples_per_s", steady_samples / std::max(steady_s, 1e-9)},
+                            // this machine's step, measured (a GPU's: each step ends with a device synchronize), to set
+                            // beside modeled_step_s, the cost model's for the profile (log.profile)
+                            {"measured_step_s", steady_steps ? steady_s / double(steady_steps) : 0.0},
                             {"wall_s", wall},
                             {"params", whole_params},
                             {"params_this_rank", nparams},
@@ -594,10 +599,11 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                         last_step_comm_calls_, pg_->is_fake() ? " (counted on the fake world)" : "");
   if (modeled_.contains("modeled_step_s"))
     log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
-                        "speed-up over one rank {:.2f}x\n",
+                        "speed-up over one rank {:.2f}x; measured here: {:.2f} ms per step\n",
                         modeled_["profile"].get<std::string>(), modeled_["traced_step"].get<int64_t>(),
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
-                        1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>());
+                        1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
+                        1e3 * summary.value("measured_step_s", 0.0));
   return summary;
 }
 

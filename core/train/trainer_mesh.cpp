@@ -37,6 +37,12 @@ std::map<std::string, CommCounters> Trainer::comm_by_op() const {
       t.bytes_sent += c.bytes_sent;
       t.bytes_received += c.bytes_received;
     }
+  if (const CommCounters c = device_group_ ? device_group_->counters() : CommCounters{}; c.calls > 0) {  // dist.backend = "nccl": DDP's all-reduces on the GPU
+    CommCounters& t = all["all_reduce"];
+    t.calls += c.calls;
+    t.bytes_sent += c.bytes_sent;
+    t.bytes_received += c.bytes_received;
+  }
   return all;
 }
 
