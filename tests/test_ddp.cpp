@@ -95,7 +95,7 @@ TEST_CASE("k x m on one rank = 1 x km = 2 ranks x km/2, clipped and scheduled on
 
 // BatchNorm learns faster on this data, so its chaotic phase starts earlier: compared at lr 0.0005
 TEST_CASE("SyncBatchNorm on 2 ranks matches BatchNorm on one", "[ddp][e2e]") {
-  const std::string bn = "--set optim.lr=0.0005 --set train.steps=50 --set model.batchnorm=true --set train.global_batch=128 ";
+  const std::string bn = "--set optim.lr=0.0005 --set train.steps=20 --set model.batchnorm=true --set train.global_batch=128 ";
   const std::string sets = bn + "--set parallel.sync_batchnorm=true";
   RunOut one = train(1, sets), two = train(2, sets);
   REQUIRE(two.code == 0);
