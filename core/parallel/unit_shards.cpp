@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/parallel/staged.h"
 #include "core/optim/grad_scaler.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
@@ -177,12 +178,12 @@ void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, 
   set_aside.clear();
   for (auto& s : flats) {
     Tensor flat = rt.empty({s.padded}, Category::comm_buffers, "gathered f32 masters");
-    pg.all_gather(flat.f32(), s.local.data.f32(), s.shard);  // in f32: the masters, unrounded
+    staged_all_gather(rt, pg, flat.f32(), s.local.data.f32(), s.shard, DType::f32);  // in f32: the masters, unrounded
     for (size_t i = 0; i < s.params.size(); i++) {
       Parameter& p = *s.params[i];
       set_aside.push_back(p.data);
       p.data = rt.empty(p.data.shape(), Category::params, p.name + " (gathered f32 master)");
-      if (flat.data()) std::memcpy(p.data.data(), flat.f32() + s.offset[i], size_t(p.data.numel()) * 4);
+      if (flat.data()) copy_values(rt, flat.f32() + s.offset[i], DType::f32, p.data.data(), DType::f32, p.data.numel());
     }
   }
 }

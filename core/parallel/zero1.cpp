@@ -7,8 +7,10 @@
 #include <cstring>
 
 #include "core/parallel/ddp.h"
+#include "core/parallel/staged.h"
 #include "core/parallel/unit_shards.h"
 #include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -49,25 +51,25 @@ namespace {
 
 // Elements [a, b) of a group's flat vector (positions past its parameters are padding: zeros) into `out`,
 // as f32; and back, into the parameters' own dtype. A bucket's worth at a time, instead of the whole flat.
-void pack_range(const FlatShard& g, int64_t a, int64_t b, float* out, bool grads) {
+void pack_range(Runtime& rt, const FlatShard& g, int64_t a, int64_t b, float* out, bool grads) {
   if (!out) return;  // the meta device
-  std::memset(out, 0, size_t(b - a) * 4);
+  zero_values(rt, out, (b - a) * 4);
   for (size_t i = 0; i < g.params.size(); i++) {
     const Parameter& p = *g.params[i];
     const int64_t lo = std::max(a, g.offset[i]), hi = std::min(b, g.offset[i] + p.data.numel());
     if (lo >= hi) continue;
     const Tensor& t = grads ? p.grad : p.data;
     if (t.defined() && t.data())  // an unused parameter (no gradient) stays zero
-      convert(static_cast<const char*>(t.data()) + (lo - g.offset[i]) * dtype_size(t.dtype()), t.dtype(), out + (lo - a), DType::f32, hi - lo);
+      copy_values(rt, static_cast<const char*>(t.data()) + (lo - g.offset[i]) * dtype_size(t.dtype()), t.dtype(), out + (lo - a), DType::f32, hi - lo);
   }
 }
 
-void unpack_range(FlatShard& g, int64_t a, int64_t b, const float* in) {
+void unpack_range(Runtime& rt, FlatShard& g, int64_t a, int64_t b, const float* in) {
   if (!in) return;
   for (size_t i = 0; i < g.params.size(); i++) {
     Tensor& d = g.params[i]->data;
     const int64_t lo = std::max(a, g.offset[i]), hi = std::min(b, g.offset[i] + d.numel());
-    if (lo < hi) convert(in + (lo - a), DType::f32, static_cast<char*>(d.data()) + (lo - g.offset[i]) * dtype_size(d.dtype()), d.dtype(), hi - lo);
+    if (lo < hi) copy_values(rt, in + (lo - a), DType::f32, static_cast<char*>(d.data()) + (lo - g.offset[i]) * dtype_size(d.dtype()), d.dtype(), hi - lo);
   }
 }
 
@@ -85,18 +87,18 @@ void ZeRO1::finish_backward(Runtime& rt) {
       const int64_t len = std::min(bucket_, g.shard - c);
       Tensor bucket = rt.empty({n * len}, Category::comm_buffers, "zero1 gradient bucket");
       for (int64_t r = 0; r < n; r++)
-        pack_range(g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr, true);
+        pack_range(rt, g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr, true);
       if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its stretch
-        pg_.all_reduce(bucket.f32(), n * len, ReduceOp::avg, rt.reduce_dtype);
-        if (bucket.data()) std::memcpy(part.f32() + c, bucket.f32() + pg_.rank() * len, size_t(len) * 4);
+        staged_all_reduce(rt, pg_, bucket.f32(), n * len, ReduceOp::avg, rt.reduce_dtype);
+        if (bucket.data()) copy_values(rt, bucket.f32() + pg_.rank() * len, DType::f32, part.f32() + c, DType::f32, len);
       } else {
-        pg_.reduce_scatter(part.data() ? part.f32() + c : nullptr, bucket.f32(), len, ReduceOp::avg, rt.reduce_dtype);
+        staged_reduce_scatter(rt, pg_, part.data() ? part.f32() + c : nullptr, bucket.f32(), len, ReduceOp::avg, rt.reduce_dtype);
       }
     }
     for (Parameter* p : g.params) p->grad = Tensor();  // reduced: the step reads only the slice
     // the slice of the gradient in the parameters' dtype: the paper's 2 bytes per parameter with bf16
     g.local.grad = rt.empty({g.shard}, Category::grads, g.local.name + " gradient", rt.dtype);
-    if (part.data()) convert(part.f32(), DType::f32, g.local.grad.data(), rt.dtype, g.shard);
+    if (part.data()) copy_values(rt, part.f32(), DType::f32, g.local.grad.data(), rt.dtype, g.shard);
   }
 }
 
@@ -112,7 +114,7 @@ double ZeRO1::grad_norm(Runtime& rt, Model&) {
   if (!rt.is_meta())
     for (auto& g : groups_) {
       if (!g.local.grad.defined()) continue;
-      AsF32 x(rt, g.local.grad);
+      OnHost x(g.local.grad);  // a GPU's slice comes down: the sum runs in the cpu's order
       for (int64_t i = 0; i < g.shard; i++) ss += double(x.p[i]) * x.p[i];
     }
   return norm_over_ranks(pg_, ss);
@@ -136,7 +138,7 @@ bool ZeRO1::found_inf(Runtime& rt, Model&, ProcessGroup* pg) {
 void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   const int64_t n = pg_.size();
   if (!loaded_) {  // the slices start from the parameters (after --init), at the first step
-    for (auto& g : groups_) pack_range(g, pg_.rank() * g.shard, (pg_.rank() + 1) * g.shard, g.local.data.data() ? g.local.data.f32() : nullptr, false);
+    for (auto& g : groups_) pack_range(rt, g, pg_.rank() * g.shard, (pg_.rank() + 1) * g.shard, g.local.data.data() ? g.local.data.f32() : nullptr, false);
     loaded_ = true;
   }
   opt.step(rt, lr, grad_factor);  // this rank's slices only: the optimizer was built on them
@@ -145,9 +147,9 @@ void ZeRO1::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
     for (int64_t c = 0; c < g.shard; c += bucket_) {  // the same buckets, gathered
       const int64_t len = std::min(bucket_, g.shard - c);
       Tensor bucket = rt.empty({n * len}, Category::comm_buffers, "zero1 gathered bucket");
-      pg_.all_gather(bucket.f32(), g.local.data.data() ? g.local.data.f32() + c : nullptr, len, rt.dtype);  // 16 bits on the wire: what the parameters hold
+      staged_all_gather(rt, pg_, bucket.f32(), g.local.data.data() ? g.local.data.f32() + c : nullptr, len, rt.dtype);  // 16 bits on the wire: what the parameters hold
       for (int64_t r = 0; r < n; r++)
-        unpack_range(g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr);
+        unpack_range(rt, g, r * g.shard + c, r * g.shard + c + len, bucket.data() ? bucket.f32() + r * len : nullptr);
     }
   }
 }

@@ -1,0 +1,23 @@
+// The strategies' buffer moves, wherever the rank's tensors live. A cpu rank converts and copies on the
+// host and hands its buffers to Gloo as they are. A cuda rank converts and copies on its device, and its
+// Gloo collectives go through host copies: down, reduced or gathered by Gloo, back up (PyTorch's gloo
+// backend does the same with CUDA tensors; dist.backend = "nccl" keeps DDP's buckets on the GPU instead,
+// core/dist/device_group.h). Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
+#pragma once
+#include <cstdint>
+
+#include "core/dist/process_group.h"
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+// dst (n values of dt) = src (n values of st), converted
+void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n);
+void zero_values(Runtime& rt, void* p, int64_t bytes);
+
+// ProcessGroup's collective of the same name on the rank's own buffers (nullptr on meta, as there)
+void staged_all_reduce(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire);
+void staged_reduce_scatter(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op, DType wire);
+void staged_all_gather(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire);
+
+}  // namespace distlab
