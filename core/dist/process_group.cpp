@@ -52,6 +52,15 @@ void Work::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
+void Work::then(std::function<void()> f) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto before = std::move(on_wait_);
+  on_wait_ = [before = std::move(before), f = std::move(f)] {
+    if (before) before();
+    f();
+  };
+}
+
 bool Work::done() {
   std::lock_guard<std::mutex> g(mu_);
   return done_;

@@ -59,6 +59,9 @@ class Work {
  public:
   void wait();  // blocks until the operation finished; rethrows its error
   bool done();
+  // Runs f on the waiting thread once the operation has finished, after what was registered before it
+  // (a cuda rank's staged collective copies its host result back up here: core/parallel/staged.h).
+  void then(std::function<void()> f);
 
  private:
   friend class ProcessGroup;

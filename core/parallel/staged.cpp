@@ -46,4 +46,29 @@ void staged_all_gather(Runtime& rt, ProcessGroup& pg, float* out, const float* i
   mem.from_host(out, host_out.data(), n * pg.size() * 4);
 }
 
+std::shared_ptr<Work> staged_reduce_scatter_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op,
+                                                  DType wire) {
+  if (!on_device(rt) || !in) return pg.reduce_scatter_async(out, in, n, op, wire);
+  DeviceMemory* mem = rt.memory.device_memory();
+  auto host_in = std::make_shared<std::vector<float>>(static_cast<size_t>(n * pg.size()));
+  auto host_out = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+  mem->to_host(host_in->data(), in, n * pg.size() * 4);
+  auto w = pg.reduce_scatter_async(host_out->data(), host_in->data(), n, op, wire);
+  // the buffers live in the Work (whose queue entry Gloo holds) until it is waited for
+  w->then([mem, out, n, host_in, host_out] { mem->from_host(out, host_out->data(), n * 4); });
+  return w;
+}
+
+std::shared_ptr<Work> staged_all_gather_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire) {
+  if (!on_device(rt) || !out) return pg.all_gather_async(out, in, n, wire);
+  DeviceMemory* mem = rt.memory.device_memory();
+  auto host_in = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+  auto host_out = std::make_shared<std::vector<float>>(static_cast<size_t>(n * pg.size()));
+  mem->to_host(host_in->data(), in, n * 4);
+  auto w = pg.all_gather_async(host_out->data(), host_in->data(), n, wire);
+  const int64_t total = n * pg.size();
+  w->then([mem, out, total, host_in, host_out] { mem->from_host(out, host_out->data(), total * 4); });
+  return w;
+}
+
 }  // namespace distlab

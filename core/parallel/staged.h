@@ -5,6 +5,7 @@
 // core/dist/device_group.h). Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "core/dist/process_group.h"
 #include "core/tensor/runtime.h"
@@ -19,5 +20,9 @@ void zero_values(Runtime& rt, void* p, int64_t bytes);
 void staged_all_reduce(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire);
 void staged_reduce_scatter(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op, DType wire);
 void staged_all_gather(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire);
+// The same, asynchronous: the input is copied down now, the output up when the Work is waited for.
+std::shared_ptr<Work> staged_reduce_scatter_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op,
+                                                  DType wire);
+std::shared_ptr<Work> staged_all_gather_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire);
 
 }  // namespace distlab

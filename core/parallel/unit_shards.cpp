@@ -9,6 +9,7 @@
 #include "core/parallel/staged.h"
 #include "core/optim/grad_scaler.h"
 #include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -75,29 +76,29 @@ std::vector<Parameter*> UnitShards::locals() {
   return v;
 }
 
-void UnitShards::pack(const FlatShard& s, float* flat, bool grads) {
+void UnitShards::pack(Runtime& rt, const FlatShard& s, float* flat, bool grads) {
   if (!flat) return;  // the meta device
   for (size_t i = 0; i < s.params.size(); i++) {
     const Parameter& p = *s.params[i];
     const Tensor& t = grads ? p.grad : p.data;
-    if (t.defined() && t.data()) convert(t.data(), t.dtype(), flat + s.offset[i], DType::f32, t.numel());
-    else std::memset(flat + s.offset[i], 0, size_t(p.data.numel()) * 4);  // no gradient: it adds zero
+    if (t.defined() && t.data()) copy_values(rt, t.data(), t.dtype(), flat + s.offset[i], DType::f32, t.numel());
+    else zero_values(rt, flat + s.offset[i], p.data.numel() * 4);  // no gradient: it adds zero
   }
-  std::memset(flat + s.numel, 0, size_t(s.padded - s.numel) * 4);  // the padding never carries a value
+  zero_values(rt, flat + s.numel, (s.padded - s.numel) * 4);  // the padding never carries a value
 }
 
-void UnitShards::unpack(FlatShard& s, const float* flat) {
+void UnitShards::unpack(Runtime& rt, FlatShard& s, const float* flat) {
   if (!flat) return;
   for (size_t i = 0; i < s.params.size(); i++) {
     Tensor& d = s.params[i]->data;
-    convert(flat + s.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
+    copy_values(rt, flat + s.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
   }
 }
 
 void UnitShards::load_local(FlatShard& s) {
   Tensor flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat weights");
-  pack(s, flat.f32(), false);
-  if (flat.data()) convert(flat.f32() + pg_.rank() * s.shard, DType::f32, s.local.data.data(), s.local.data.dtype(), s.shard);
+  pack(rt_, s, flat.f32(), false);
+  if (flat.data()) copy_values(rt_, flat.f32() + pg_.rank() * s.shard, DType::f32, s.local.data.data(), s.local.data.dtype(), s.shard);
 }
 
 void UnitShards::reduce_gradients(FlatShard& s, Category part_category) {
@@ -108,9 +109,9 @@ void UnitShards::reduce_gradients(FlatShard& s, Category part_category) {
 void UnitShards::issue_reduce(FlatShard& s, Category part_category) {
   Reduce r{&s, part_category, rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat gradient of unit " + std::to_string(s.unit)),
            rt_.empty({s.shard}, Category::comm_buffers, who_ + " reduced part"), nullptr};
-  pack(s, r.flat.f32(), true);
+  pack(rt_, s, r.flat.f32(), true);
   for (Parameter* p : s.params) p->grad = Tensor();  // whole gradients released: only this rank's part stays
-  r.work = pg_.reduce_scatter_async(r.part.f32(), r.flat.f32(), s.shard, ReduceOp::avg, rt_.reduce_dtype);
+  r.work = staged_reduce_scatter_async(rt_, pg_, r.part.f32(), r.flat.f32(), s.shard, ReduceOp::avg, rt_.reduce_dtype);
   in_flight_.push_back(std::move(r));
 }
 
@@ -120,7 +121,7 @@ void UnitShards::finish_reduces() {
     r.flat = Tensor();
     FlatShard& s = *r.s;
     s.local.grad = rt_.empty({s.shard}, r.part_category, s.local.name + " gradient", rt_.dtype);
-    if (r.part.data()) convert(r.part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
+    if (r.part.data()) copy_values(rt_, r.part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
   }
   in_flight_.clear();
 }
@@ -134,10 +135,10 @@ std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat,
     mine = s.local.data.f32();
   } else {
     part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " part to gather");
-    if (part.data()) convert(s.local.data.data(), s.local.data.dtype(), part.f32(), DType::f32, s.shard);
+    if (part.data()) copy_values(rt_, s.local.data.data(), s.local.data.dtype(), part.f32(), DType::f32, s.shard);
     mine = part.f32();
   }
-  return pg_.all_gather_async(flat.f32(), mine, s.shard, wire);
+  return staged_all_gather_async(rt_, pg_, flat.f32(), mine, s.shard, wire);
 }
 
 std::vector<std::vector<Strategy::Slice>> flat_slices(const std::vector<FlatShard>& flats, int rank) {
@@ -168,7 +169,7 @@ double UnitShards::grad_norm() {
   if (!rt_.is_meta())
     for (auto& s : shards_) {
       if (!s.local.grad.defined()) continue;
-      AsF32 g(rt_, s.local.grad);
+      OnHost g(s.local.grad);  // a GPU's part comes down: the sum runs in the cpu's order
       for (int64_t i = 0; i < s.shard; i++) ss += double(g.p[i]) * g.p[i];
     }
   return norm_over_ranks(pg_, ss);
@@ -206,7 +207,7 @@ double split_flats_norm(Runtime& rt, ProcessGroup& dp, const std::vector<FlatSha
   if (!rt.is_meta())
     for (const FlatShard& g : flats) {
       if (!g.local.grad.defined()) continue;
-      AsF32 x(rt, g.local.grad);
+      OnHost x(g.local.grad);
       const int64_t base = dp.rank() * g.shard;
       for (size_t i = 0; i < g.params.size(); i++) {
         const Parameter& p = *g.params[i];

@@ -52,9 +52,9 @@ class UnitShards {
   std::vector<Parameter*> locals();
 
   // The flat f32 vector of the shard's weights or gradients (zero for a parameter without one), padding zero.
-  static void pack(const FlatShard& s, float* flat, bool grads);
+  static void pack(Runtime& rt, const FlatShard& s, float* flat, bool grads);
   // Weights from a flat f32 vector into each parameter's data (in its dtype).
-  static void unpack(FlatShard& s, const float* flat);
+  static void unpack(Runtime& rt, FlatShard& s, const float* flat);
   // local.data := this rank's part of the parameters' present values (they must be whole here).
   void load_local(FlatShard& s);
   // Average the shard's gradients over ranks: this rank's part into local.grad (the run's dtype, category

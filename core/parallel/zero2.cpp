@@ -52,7 +52,7 @@ void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
       rt.trace.record_copy("offload: updated part to the device", double(s.shard) * dtype_size(rt.dtype));
     Tensor flat, part;
     shards_.gather_async(s, flat, part, rt.dtype)->wait();  // in the parameters' dtype: half the bytes in 16 bits
-    UnitShards::unpack(s, flat.f32());
+    UnitShards::unpack(rt, s, flat.f32());
   }
 }
 

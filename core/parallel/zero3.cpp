@@ -57,7 +57,7 @@ void ZeRO3::gather(int unit) {
   for (FlatShard* s : shards_.of_unit(unit)) {
     f.work[i]->wait();
     for (Parameter* p : s->params) p->data = rt_.empty(p->data.shape(), Category::params, p->name + " (gathered)", rt_.dtype);
-    UnitShards::unpack(*s, f.flat[i].f32());
+    UnitShards::unpack(rt_, *s, f.flat[i].f32());
     i++;
   }
   whole_[size_t(unit)] = true;
@@ -172,7 +172,7 @@ void ZeRO3::gather_full_params(Runtime&, const Optimizer* masters) {
       const bool f32 = masters && masters->master(&s->local);
       for (Parameter* p : s->params)
         p->data = rt_.empty(p->data.shape(), Category::params, p->name + " (gathered)", f32 ? DType::f32 : rt_.dtype);
-      UnitShards::unpack(*s, f.flat[i].f32());
+      UnitShards::unpack(rt_, *s, f.flat[i].f32());
       i++;
     }
     whole_[size_t(u)] = true;

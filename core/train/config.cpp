@@ -380,6 +380,11 @@ void validate(const RunConfig& c) {
           "use gloo (host memory, any device) or nccl (GPU memory: --device cuda)");
   require(c.dist.backend == "gloo" || c.train.device == "cuda" || c.train.device == "cuda-sim", c, "dist.backend",
           "is nccl on device " + c.train.device + ": NCCL moves GPU memory", "use dist.backend = \"gloo\", or --device cuda");
+  const bool ddp_like = c.parallel.strategy == "ddp" || c.parallel.strategy == "none" ||
+                        (c.parallel.strategy == "fsdp" && c.parallel.sharding == "no_shard");
+  require(c.dist.backend == "gloo" || ddp_like, c, "dist.backend",
+          "is nccl with parallel.strategy " + c.parallel.strategy + ": in this version NCCL carries DDP's buckets only",
+          "use dist.backend = \"gloo\" with ZeRO and FSDP (their collectives go through host copies on cuda)");
   require(c.dist.backend == "gloo" || c.parallel.ddp_mode == "bucketed", c, "dist.backend",
           "is nccl with parallel.ddp_mode " + c.parallel.ddp_mode + ": the NCCL path all-reduces DDP's buckets", "use parallel.ddp_mode = \"bucketed\"");
   if (!c.train.device_mem.empty()) {

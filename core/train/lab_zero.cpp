@@ -155,7 +155,7 @@ class LabZeRO : public Strategy {
   }
   std::vector<float> packed(const FlatShard& s, bool grads) {
     std::vector<float> flat(static_cast<size_t>(s.padded));
-    UnitShards::pack(s, flat.data(), grads);
+    UnitShards::pack(rt_, s, flat.data(), grads);  // a lab runs on cpu ranks: host memory
     return flat;
   }
   void answer(const void* data, size_t bytes, const char* during) { plugin_.reply(labproto::kData, data, bytes, 0, during); }
@@ -222,7 +222,7 @@ class LabZeRO : public Strategy {
         check_range(s, f.arg[0], begin, n, "set_weights");
         auto w = packed(s, false);
         if (n) std::memcpy(w.data() + begin, payload.data(), size_t(n) * 4);
-        UnitShards::unpack(s, w.data());  // rounded into the parameters' dtype; the padding dropped
+        UnitShards::unpack(rt_, s, w.data());  // rounded into the parameters' dtype; the padding dropped
         return answer(nullptr, 0, "set_weights");
       }
       default:

@@ -77,11 +77,10 @@ void check_cuda_fits(const RunConfig& cfg, bool lab, bool mesh) {
   if (mesh)
     throw ConfigError(fmt::format("parallel.tp {} / parallel.pp {} on device {}: not in this version", cfg.parallel.tp, cfg.parallel.pp, d),
                       "tensor and pipeline parallelism run on --device cpu");
-  const bool ok = cfg.parallel.strategy == "none" || cfg.parallel.strategy == "ddp" || cfg.parallel.strategy == "zero1" ||
-                  (cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding == "no_shard");
-  if (!ok)
-    throw ConfigError(fmt::format("parallel.strategy {} on device {}: not in this version", cfg.parallel.strategy, d),
-                      "on cuda: strategy none (one rank), ddp or zero1; ZeRO-2/3 and FSDP run on --device cpu");
+  if (cfg.parallel.offload == "cpu")
+    throw ConfigError(fmt::format("parallel.offload = \"cpu\" on device {}: not in this version (the parts would have to live in "
+                                  "pinned host memory, with the optimizer step on the host)", d),
+                      "without offload on cuda, or with offload on --device cpu (where it is modeled)");
 }
 
 namespace {

@@ -22,8 +22,9 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
 
 // Refuses a strategy that cannot run on `world` ranks (none on several: each would train alone).
 void check_strategy_fits(const RunConfig& cfg, int world);
-// What a cuda (or cuda-sim) rank runs in this version: one rank (strategy none) or DDP, without tensor or
-// pipeline parallelism and without a lab's code (the labs run on cpu ranks). ConfigError otherwise.
+// What a cuda (or cuda-sim) rank runs in this version: every strategy (none, DDP, ZeRO-1/2/3, FSDP) but
+// without CPU offload, tensor or pipeline parallelism, or a lab's code (the labs run on cpu ranks).
+// ConfigError otherwise.
 void check_cuda_fits(const RunConfig& cfg, bool lab, bool mesh);
 
 // The order a rank visits the training set in: under a data-parallel strategy each rank its slice of
