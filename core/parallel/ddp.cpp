@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/parallel/staged.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
@@ -17,12 +18,6 @@ static void broadcast_tensor(ProcessGroup& pg, Tensor& t) {
   OnHost h(t, OnHost::inout);  // meta: nullptr, no data
   pg.broadcast(h.p, t.numel(), 0);
   h.store();
-}
-
-// Where a bucket's values are converted: on the host for a cpu rank, by the device for a cuda rank.
-static void convert_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n) {
-  if (rt.device == DeviceKind::cuda) rt.memory.device_memory()->convert(src, st, dst, dt, n);
-  else convert(src, st, dst, dt, n);
 }
 
 void broadcast_model(ProcessGroup& pg, Model& model) {
@@ -108,7 +103,7 @@ void BucketedDDP::launch_ready_buckets() {
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
       const Tensor& g = grad_or_zeros(*p);
-      if (flat) convert_values(rt_, g.data(), g.dtype(), flat + off, DType::f32, n);
+      if (flat) copy_values(rt_, g.data(), g.dtype(), flat + off, DType::f32, n);
       off += n;
     }
     if (device_) {  // NCCL: on the GPU, after the copies queued above
@@ -144,7 +139,7 @@ void BucketedDDP::finish_backward(Runtime& rt) {
     int64_t off = 0;
     for (auto* p : b.params) {
       const int64_t n = p->data.numel();
-      if (flat) convert_values(rt, flat + off, DType::f32, p->grad.data(), p->grad.dtype(), n);
+      if (flat) copy_values(rt, flat + off, DType::f32, p->grad.data(), p->grad.dtype(), n);
       off += n;
     }
     b.work.reset();
