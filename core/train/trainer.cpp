@@ -12,9 +12,7 @@
 #include "core/dist/device_group.h"
 #include "core/ops/attach.h"
 #include "core/ckpt/safetensors.h"
-#include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
-#include "core/perf/trace_io.h"
 #include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
 #include "core/nn/loss.h"
@@ -298,87 +296,6 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   return loss;
 }
 
-// Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
-nlohmann::json Trainer::model_time(int64_t step) {
-  std::vector<std::vector<TraceEvent>> ranks;
-  const bool fake = pg_ && pg_->is_fake();  // one traced rank stands for all of them
-  if (pg_ && pg_->size() > 1 && !fake) {
-    const std::string key = fmt::format("trace/{}/", step);
-    pg_->store().set_string(key + std::to_string(pg_->rank()), events_to_json(rt_.trace.events()).dump());
-    if (!is_rank0()) return {};
-    for (int r = 0; r < pg_->size(); r++) ranks.push_back(events_from_json(nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)))));
-  } else {
-    ranks.push_back(rt_.trace.events());
-  }
-  nlohmann::json out = {{"traced_step", step + 1}};
-  if (!cfg_.log.profile.empty()) {
-    const HardwareProfile hw = *find_profile(cfg_.log.profile);
-    ReplayOptions ro;
-    ro.symmetric = fake;
-    ro.ranks_per_node = fake ? int(cfg_.dist.fake_ranks_per_node) : 0;
-    ReplayResult r = replay(ranks, hw, ro);
-    out["profile"] = hw.name;
-    out["modeled_step_s"] = r.step_s;
-    out["modeled_compute_s"] = r.compute_s;
-    out["modeled_comm_s"] = r.comm_s;
-    out["modeled_exposed_comm_s"] = r.exposed_comm_s;
-    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw);
-    out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
-    if (pipeline_) {  // each stage's idle share of the pipeline's span, against the formula for balanced stages
-      const PipelineTimeline t = pipeline_timeline(r);
-      const int p = pipeline_->stages(), m = int(accum_);
-      out["pipeline_bubble"] = t.bubble_mean;
-      out["pipeline_bubble_by_rank"] = t.bubble;
-      out["pipeline_bubble_formula"] = double(p - 1) / double(m + p - 1);
-      out["pipeline_span_s"] = t.end_s - t.start_s;
-    }
-    if (!cfg_.log.trace.empty()) write_chrome_trace(cfg_.log.trace, chrome_trace_json(r));
-  } else if (!cfg_.log.trace.empty()) {
-    write_chrome_trace(cfg_.log.trace, chrome_trace_json(ranks));
-  }
-  return out;
-}
-
-nlohmann::json Trainer::evaluate() {
-  if (rt_.is_meta()) return {{"kind", "eval"}, {"loss", nullptr}, {"accuracy", nullptr}, {"samples", 0}};
-  model_->set_training(false);
-  DataLoader test(*data_.test, std::make_shared<SequentialSampler>(data_.test->size()), micro_batch_, false);
-  test.start_epoch(0);
-  CrossEntropyLoss ce;
-  double loss_sum = 0;
-  int64_t correct = 0, counted = 0, batches = 0;
-  Batch b;
-  while (test.next(rt_, b)) {
-    if (cfg_.train.eval_batches > 0 && batches >= cfg_.train.eval_batches) break;
-    Tensor logits = pipeline_ ? pipeline_->forward_only(rt_, b) : model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
-    int64_t hits = 0;
-    const int64_t rows = int64_t(b.targets.size());
-    if (!logits.defined()) {  // a pipeline stage before the last: its part is done
-      batches++;
-      continue;
-    }
-    if (ProcessGroup* tp = model_->tp_group())
-      loss_sum += VocabParallelCrossEntropy(*tp).forward(rt_, logits, b.targets, model_->vocab_first(), &hits) * double(rows);
-    else
-      loss_sum += ce.forward(rt_, logits, b.targets, &hits) * double(rows);
-    correct += hits;
-    counted += rows;
-    batches++;
-  }
-  if (pipeline_) {  // the last stage counted: one of its ranks tells every rank (all joined the stages' forwards)
-    const bool reports = pipeline_->last() && mesh_->coord().dp == 0 && mesh_->coord().tp == 0;
-    float v[3] = {reports ? float(loss_sum) : 0.0f, reports ? float(correct) : 0.0f, reports ? float(counted) : 0.0f};
-    pg_->all_reduce(v, 3);
-    loss_sum = v[0];
-    correct = int64_t(v[1]);
-    counted = int64_t(v[2]);
-  }
-  model_->set_training(true);
-  strategy_->release_full_params(rt_, false);  // ZeRO-3: the last units the forward gathered
-  return {{"kind", "eval"}, {"loss", loss_sum / double(std::max<int64_t>(counted, 1))},
-          {"accuracy", double(correct) / double(std::max<int64_t>(counted, 1))}, {"samples", counted}};
-}
-
 nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const int64_t nparams = model_->num_parameters();  // this rank's (its slices under tensor parallelism)
   int64_t whole_params = nparams;                      // the model's
@@ -386,40 +303,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     Runtime meta(DeviceKind::meta);
     whole_params = build_model(meta, spec_)->num_parameters();
   }
-  log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
-                      rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
-  if (device_group_) log_ << "gradient buckets all-reduced on the device: " << device_group_->describe() << "\n";
-  if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
-  if (pipeline_) {
-    const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();
-    log_ << fmt::format("pipeline: stage {} of {}, schedule {}, {} micro-batches per step ({} forward(s) before the first backward here); "
-                        "bubble (p - 1)/(m + p - 1) = {:.1f} % when the stages are balanced\n",
-                        s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == "gpipe" ? m : warmup_forwards(p, s, m) + 1,
-                        100.0 * (p - 1) / (m + p - 1));
-    if (lab_order_) {
-      std::string syncs;
-      for (int j = 0; j < m; j++)
-        if (lab_order_->dp_sync[size_t(j)]) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", j);
-      log_ << fmt::format("  this stage runs the lab's schedule_1f1b: {}; data-parallel gradients averaged in: {}\n",
-                          describe_schedule(lab_order_->actions), syncs.empty() ? "none" : syncs);
-    }
-  }
-  if (!rt_.is_meta()) log_ << data_.note << "\n";
-  log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,
-                      whole_params == nparams ? ""
-                      : fmt::format(" ({} on this rank: {}{})", nparams, pipeline_ ? "its stage's layers" : "",
-                                    mesh_->shape().tp > 1 ? fmt::format("{}1/{} of the split matrices, all of the rest", pipeline_ ? ", " : "",
-                                                                        mesh_->shape().tp)
-                                                          : ""),
-                      model_->describe());
-  if (spec_.name == "gpt")
-    log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
-                        gpt_params_closed_form(spec_), 100.0 * double(whole_params - gpt_params_closed_form(spec_)) / double(whole_params));
-  log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
-                      opt_->describe(), cfg_.optim.lr, cfg_.optim.schedule, micro_batch_, dp_world(), accum_,
-                      micro_batch_ * dp_world() * accum_, total_steps_);
-  log_ << fmt::format("precision {}{} | {}\n", cfg_.precision.mode, rt_.dtype == DType::f32 ? "" : " (f32 master weights in the optimizer)",
-                      scaler_.describe());
+  log_header(whole_params, nparams);
   const bool replicas = dp_ && dp_->size() > 1 && !rt_.is_meta();
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
   const bool checkpoints = !cfg_.checkpoint.dir.empty();
@@ -527,83 +411,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     }
     strategy_->release_full_params(rt_, false);
   }
-  nlohmann::json summary = {{"kind", "summary"},
-                            {"steps", total_steps_},
-                            {"final_loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
-                            {"test_loss", last_eval.value("loss", nlohmann::json(nullptr))},
-                            {"test_accuracy", last_eval.value("accuracy", nlohmann::json(nullptr))},
-                            {"samples_per_s", steady_samples / std::max(steady_s, 1e-9)},
-                            // this machine's step, measured (a GPU's: each step ends with a device synchronize), to set
-                            // beside modeled_step_s, the cost model's for the profile (log.profile)
-                            {"measured_step_s", steady_steps ? steady_s / double(steady_steps) : 0.0},
-                            {"wall_s", wall},
-                            {"params", whole_params},
-                            {"params_this_rank", nparams},
-                            {"device", device_name(rt_.device)},
-                            {"synthetic_data", data_.synthetic},
-                            {"peak_memory", memory_json(peak_)},
-                            {"peak_memory_total", peak_total_},
-                            {"peak_memory_breakdown", memory_json(peak_at_)},  // by category at the moment of the peak
-                            {"precision", cfg_.precision.mode},
-                            {"skipped_steps", skipped_steps_},
-                            {"final_loss_scale", loss_scale_},
-                            {"flops_per_step", last_step_flops_},
-                            {"world_size", world()},
-                            {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
-                            {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
-                            {"dataset_size", data_.train ? data_.train->size() : 0},
-                            {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / accum_ : 0},
-                            {"params_equal_across_ranks", true},  // checked above: a run whose replicas differ fails
-                            {"strategy", cfg_.parallel.strategy},
-                            {"resumed_from_step", start_step_},
-                            {"checkpoint", ckpt_report_},
-                            {"strategy_report", strategy_->report()}};
-  if (pipeline_) {  // every rank's peak of micro-batches in flight, through the store (rank 0 writes the summary)
-    const std::string key = "pipeline/peak/";
-    const nlohmann::json mine{pipe_peak_.peak_in_flight, pipe_peak_.peak_held_bytes, peak_[size_t(Category::activations)]};
-    const bool fake = pg_->is_fake();  // the planned job's rank 0 (stage 0) alone
-    if (!fake) pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
-    if (is_rank0()) {
-      nlohmann::json in_flight = nlohmann::json::array(), held = nlohmann::json::array(), act = nlohmann::json::array();
-      for (int r = 0; r < (fake ? 1 : pg_->size()); r++) {
-        const auto v = fake ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
-        in_flight.push_back(v[0]);
-        held.push_back(v[1]);
-        act.push_back(v[2]);
-      }
-      summary["pipeline"] = {{"stages", pipeline_->stages()}, {"schedule", pipeline_->schedule()}, {"micro_batches", accum_},
-                             {"stage_of_rank", nlohmann::json::array()}, {"peak_in_flight", in_flight}, {"peak_held_bytes", held},
-                             {"peak_activations", act}};
-      for (int r = 0; r < (fake ? 1 : pg_->size()); r++) summary["pipeline"]["stage_of_rank"].push_back(coord_of(r, mesh_->shape()).pp);
-    }
-  }
-  if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
-  for (auto& [k, v] : modeled_.items()) summary[k] = v;
-  if (pg_) {
-    nlohmann::json comm = nlohmann::json::object();
-    for (const auto& [op, c] : comm_by_op())
-      comm[op] = {{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}};
-    summary["comm"] = comm;
-  }
+  nlohmann::json summary = summary_record({loss, steady_samples, steady_s, wall, steady_steps, whole_params, nparams, last_eval});
   metrics.write(summary);
-  // memory by category, with bytes per parameter (the course's 4 + 4 + 8 = 16 for fp32 AdamW)
-  log_ << fmt::format("memory (peak per category{}):\n", rt_.memory.capacity() >= 0 ? ", capacity " + format_bytes(double(rt_.memory.capacity())) : "");
-  for (int i = 0; i < kNumCategories; i++)
-    if (peak_[size_t(i)] > 0)
-      log_ << fmt::format("  {:<13} {:>12}  {:6.2f} bytes/param\n", category_name(Category(i)), format_bytes(double(peak_[size_t(i)])),
-                          double(peak_[size_t(i)]) / double(nparams));
-  log_ << fmt::format("  {:<13} {:>12}\n", "peak total", format_bytes(double(peak_total_)));
-  log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
-  if (pg_ && last_step_comm_calls_ > 0)  // what the step put on the wire: the number the course's "14 GB per step" is about
-    log_ << fmt::format("communication in the last step (rank 0): {} sent in {} collective call(s){}\n", format_bytes(double(last_step_comm_bytes_)),
-                        last_step_comm_calls_, pg_->is_fake() ? " (counted on the fake world)" : "");
-  if (modeled_.contains("modeled_step_s"))
-    log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
-                        "speed-up over one rank {:.2f}x; measured here: {:.2f} ms per step\n",
-                        modeled_["profile"].get<std::string>(), modeled_["traced_step"].get<int64_t>(),
-                        1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
-                        1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
-                        1e3 * summary.value("measured_step_s", 0.0));
+  log_report(summary, nparams, wall);
   return summary;
 }
 

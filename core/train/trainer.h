@@ -68,6 +68,15 @@ class Trainer {
   StepOutcome engine_step(int64_t step);  // accumulate, unscale, skip or clip and step (the engine's)
   StepOutcome lab_step(int64_t step);     // the same driven by lab 03's student (trainer_lab.cpp)
   nlohmann::json model_time(int64_t step);                  // the modeled time of the traced step
+  // The run's log and summary (trainer_report.cpp): the opening lines, the summary record, the closing report.
+  struct RunTotals {
+    double loss = 0, steady_samples = 0, steady_s = 0, wall_s = 0;  // steady: the steps after the first
+    int64_t steady_steps = 0, whole_params = 0, nparams = 0;
+    nlohmann::json last_eval;
+  };
+  void log_header(int64_t whole_params, int64_t nparams);
+  nlohmann::json summary_record(const RunTotals& t);
+  void log_report(const nlohmann::json& summary, int64_t nparams, double wall);
   // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
   // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
   void check_replicas(const std::string& when, bool with_buffers_and_data);
