@@ -6,7 +6,8 @@
 #   2. every CUDA kernel against its cpu twin, and the NCCL group (distlab_cuda_tests);
 #   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive);
 #   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
-#   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's).
+#   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
+#      with 2 or more GPUs, DDP, ZeRO-3 and FSDP over NCCL (ZeRO-3 and FSDP against the same runs over Gloo).
 # Without the toolkit or without a GPU each step says why it is
 # skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
@@ -127,6 +128,21 @@ PY
     "$DISTLAB" run -n "$ngpu" train configs/cifar-cnn.toml --device cuda --set parallel.strategy=ddp --set dist.backend=nccl \
       --set train.steps=60 --set train.micro_batch=256 --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
     [ -f "$M/ddp_nccl.jsonl" ] && rates "$M/ddp_nccl.jsonl" img 1  # samples: the global batch
+    # ZeRO-3 and FSDP with their reduce-scatters and all-gathers on the GPUs, against the same run over Gloo
+    for s in zero3 fsdp; do
+      for b in nccl gloo; do
+        "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device cuda --set parallel.strategy=$s --set dist.backend=$b \
+          --set precision.mode=bf16 --set train.steps=20 --metrics "$M/${s}_$b.jsonl" 2>&1 | grep -E "^step|communication in" || status=1
+      done
+      python3 - "$s" "$M/${s}_nccl.jsonl" "$M/${s}_gloo.jsonl" <<'PY'
+import json, sys
+def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
+a, b = steps(sys.argv[2]), steps(sys.argv[3])
+worst = max((abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-30) for x, y in zip(a, b)), default=float("nan"))
+ms = lambda s: 1e3 * sum(r["wall_s"] for r in s[5:]) / max(len(s[5:]), 1)
+print(f"{sys.argv[1]}: {ms(a):.1f} ms per step over nccl, {ms(b):.1f} over gloo; losses within {worst:.1e} (bf16 sums in another order)")
+PY
+    done
   fi
 else
   echo "(skipped: no GPU)"

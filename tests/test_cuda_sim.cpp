@@ -151,7 +151,7 @@ TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then o
   };
   // the first two steps with dist.backend = "nccl": the buckets all-reduced through the device group
   const TrainRun first = train_cli("cuda-sim", args(2, ck_sim, "") + " --set dist.backend=nccl");
-  CHECK_THAT(first.out, Catch::Contains("gradient buckets all-reduced on the device: nccl on cuda-sim"));
+  CHECK_THAT(first.out, Catch::Contains("the strategy's collectives on the device: nccl on cuda-sim"));
   check_same_metrics(train_cli("cpu", args(2, ck_cpu, "")), first);
   // the resumed runs: from the checkpoints each wrote, to step 4
   const TrainRun cpu = train_cli("cpu", args(4, ck_cpu, w_cpu)), sim = train_cli("cuda-sim", args(4, ck_sim, w_sim));
@@ -168,11 +168,14 @@ TEST_CASE("cuda-sim: naive DDP with accumulation (no_sync) as the cpu ranks", "[
   check_same_metrics(train_cli("cpu", naive), train_cli("cuda-sim", naive));
 }
 
-TEST_CASE("cuda-sim: ZeRO-1 on 2 ranks (bf16 with reduce-scatter and --save, fp16 with all-reduce and SyncBatchNorm) as the cpu ranks", "[cuda-sim]") {
+TEST_CASE("cuda-sim: ZeRO-1 on 2 ranks (bf16 with reduce-scatter over nccl and --save, fp16 with all-reduce over gloo and SyncBatchNorm) as the cpu ranks", "[cuda-sim]") {
   const std::string w_cpu = tmp("z1-cpu.safetensors"), w_sim = tmp("z1-sim.safetensors");
   const std::string gpt = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero1 --set precision.mode=bf16 "
                           "--set train.steps=3 --save ";
-  check_same_metrics(train_cli("cpu", gpt + w_cpu), train_cli("cuda-sim", gpt + w_sim));
+  // the sim's reduce-scatters (bf16 on the wire) and all-gathers through the device group
+  const TrainRun sim = train_cli("cuda-sim", gpt + w_sim + " --set dist.backend=nccl");
+  CHECK_THAT(sim.out, Catch::Contains("the strategy's collectives on the device: nccl on cuda-sim"));
+  check_same_metrics(train_cli("cpu", gpt + w_cpu), sim);
   CHECK(max_weight_diff(w_cpu, w_sim) == 0.0);  // the f32 masters, gathered from the slices
   const std::string cnn = "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set train.steps=3 "
                           "--set parallel.strategy=zero1 --set parallel.zero_reduce=all_reduce --set precision.mode=fp16 --set parallel.sync_batchnorm=true";
@@ -180,21 +183,22 @@ TEST_CASE("cuda-sim: ZeRO-1 on 2 ranks (bf16 with reduce-scatter and --save, fp1
   for (const auto& p : {w_cpu, w_sim}) fs::remove_all(p);
 }
 
-TEST_CASE("cuda-sim: ZeRO-2 in bf16, ZeRO-3 in fp16 through a checkpoint and resume, and FSDP with SyncBatchNorm, as the cpu ranks", "[cuda-sim]") {
+TEST_CASE("cuda-sim: ZeRO-2 in bf16 over nccl, ZeRO-3 in fp16 through a checkpoint and resume (over gloo, resumed over nccl), and FSDP with SyncBatchNorm over nccl, as the cpu ranks", "[cuda-sim]") {
+  const std::string nccl = " --set dist.backend=nccl";  // the sim's device group: the same calls as NCCL's, in the same order
   const std::string z2 = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set train.steps=2 --set parallel.strategy=zero2 --set precision.mode=bf16";
-  check_same_metrics(train_cli("cpu", z2), train_cli("cuda-sim", z2));
+  check_same_metrics(train_cli("cpu", z2), train_cli("cuda-sim", z2 + nccl));
   const std::string ck_cpu = tmp("z3-ck-cpu"), ck_sim = tmp("z3-ck-sim");
   auto z3 = [](int steps, const std::string& ck) {
     return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero3 --set precision.mode=fp16 "
            "--set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" + std::to_string(steps);
   };
   check_same_metrics(train_cli("cpu", z3(2, ck_cpu)), train_cli("cuda-sim", z3(2, ck_sim)));
-  const TrainRun cpu = train_cli("cpu", z3(4, ck_cpu)), sim = train_cli("cuda-sim", z3(4, ck_sim));
+  const TrainRun cpu = train_cli("cpu", z3(4, ck_cpu)), sim = train_cli("cuda-sim", z3(4, ck_sim) + nccl);
   CHECK_THAT(sim.out, Catch::Contains("resumed from"));
   check_same_metrics(cpu, sim);
   const std::string fsdp = "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set train.steps=2 "
                            "--set parallel.strategy=fsdp --set parallel.sync_batchnorm=true";
-  check_same_metrics(train_cli("cpu", fsdp), train_cli("cuda-sim", fsdp));
+  check_same_metrics(train_cli("cpu", fsdp), train_cli("cuda-sim", fsdp + nccl));
   for (const auto& p : {ck_cpu, ck_sim}) fs::remove_all(p);
 }
 
@@ -215,4 +219,9 @@ TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cud
   std::tie(code, out) = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY + " train configs/fashion-mnist-mlp.toml --set dist.backend=nccl");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("dist.backend") && Catch::Contains("NCCL moves GPU memory"));
+  std::tie(code, out) = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY +
+                                        " train configs/fashion-mnist-mlp.toml --device cuda-sim --set dist.backend=nccl --set parallel.strategy=ddp "
+                                        "--set parallel.ddp_mode=naive");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("dist.backend") && Catch::Contains("naive DDP reduces each gradient through the host"));
 }

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include "core/cuda/check.h"
+
 namespace distlab {
 
 CudaAllocator::~CudaAllocator() { empty_cache(); }
@@ -22,15 +24,22 @@ void* CudaAllocator::alloc(int64_t bytes) {
     cached_ -= size;
     return p;
   }
+  // Only an out-of-memory answer means "full": empty the cache and retry, then nullptr (the accountant
+  // raises OutOfMemoryError with its breakdown). Any other error (an earlier kernel's fault, sticky) is
+  // that error, named, not a misleading "out of memory".
   void* p = nullptr;
-  if (cudaMalloc(&p, size_t(size)) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-free out-of-memory error, then retry with the cache emptied
+  cudaError_t e = cudaMalloc(&p, size_t(size));
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // the out-of-memory error is not sticky: clear it
+    DL_CUDA(cudaDeviceSynchronize());  // a cached block may still be read by queued work
     empty_cache();
-    if (cudaMalloc(&p, size_t(size)) != cudaSuccess) {
+    e = cudaMalloc(&p, size_t(size));
+    if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       return nullptr;
     }
   }
+  if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
   reserved_ += size;
   return p;
 }

@@ -21,31 +21,32 @@ struct CudaRank {
   distlab::CudaDeviceMemory mem;
 };
 
-// dist.backend = "nccl": the DeviceGroup of core/dist/device_group.h over an NcclGroup.
-class NcclWorkOfGroup : public distlab::DeviceWork {
- public:
-  explicit NcclWorkOfGroup(std::shared_ptr<distlab::NcclWork> w) : w_(std::move(w)) {}
-  // the host waits, with the group's timeout (a peer that never joins is a CommError, not a hung GPU),
-  // then the compute stream
-  void wait() override { w_->synchronize(); }
-
- private:
-  std::shared_ptr<distlab::NcclWork> w_;
-};
-
+// dist.backend = "nccl": the DeviceGroup of core/dist/device_group.h over an NcclGroup. A Work's wait()
+// is the host's, with the group's timeout (a peer that never joins is a CommError, not a hung GPU), then
+// the compute stream's.
 class NcclDeviceGroup : public distlab::DeviceGroup {
  public:
-  NcclDeviceGroup(distlab::Runtime& rt, distlab::Store& store, int rank, int size, distlab::Millis timeout)
-      : g_(store, rank, size, *rt.cuda, timeout, &rt.trace, "nccl") {}
+  NcclDeviceGroup(distlab::Runtime& rt, distlab::Store& store, const std::string& name, int rank, int size, distlab::Millis timeout)
+      : g_(store, rank, size, *rt.cuda, timeout, &rt.trace, name) {}
   int rank() const override { return g_.rank(); }
   int size() const override { return g_.size(); }
   std::string describe() const override { return fmt::format("NCCL {} over {} GPU(s)", distlab::nccl_version_string(), g_.size()); }
-  std::shared_ptr<distlab::DeviceWork> all_reduce_async(float* data, int64_t n, distlab::ReduceOp op, distlab::DType wire) override {
-    return std::make_shared<NcclWorkOfGroup>(g_.all_reduce_async(data, n, op, wire));
+  std::shared_ptr<distlab::Work> all_reduce_async(float* data, int64_t n, distlab::ReduceOp op, distlab::DType wire) override {
+    return awaited(g_.all_reduce_async(data, n, op, wire));
   }
-  distlab::CommCounters counters() const override { return g_.total_counters(); }
+  std::shared_ptr<distlab::Work> reduce_scatter_async(float* out, const float* in, int64_t n, distlab::ReduceOp op,
+                                                      distlab::DType wire) override {
+    return awaited(g_.reduce_scatter_async(out, in, n, op, wire));
+  }
+  std::shared_ptr<distlab::Work> all_gather_async(float* out, const float* in, int64_t n, distlab::DType wire) override {
+    return awaited(g_.all_gather_async(out, in, n, wire));
+  }
+  std::map<std::string, distlab::CommCounters> counters() const override { return g_.counters(); }
 
  private:
+  static std::shared_ptr<distlab::Work> awaited(std::shared_ptr<distlab::NcclWork> w) {
+    return distlab::Work::elsewhere([w] { w->synchronize(); });
+  }
   distlab::NcclGroup g_;
 };
 
@@ -53,10 +54,11 @@ class NcclDeviceGroup : public distlab::DeviceGroup {
 
 extern "C" {
 
-// The NCCL group of a cuda rank (rt->cuda set by distlab_cuda_attach), joined through the run's store.
-distlab::DeviceGroup* distlab_nccl_group(distlab::Runtime* rt, distlab::Store* store, int rank, int size, int64_t timeout_ms) {
+// The NCCL group of a cuda rank (rt->cuda set by distlab_cuda_attach), joined through the run's store under `name`.
+distlab::DeviceGroup* distlab_nccl_group(distlab::Runtime* rt, distlab::Store* store, const std::string* name, int rank, int size,
+                                         int64_t timeout_ms) {
   if (!rt->cuda) throw distlab::Error("dist.backend = \"nccl\" on a rank without a GPU attached", "train with --device cuda");
-  return new NcclDeviceGroup(*rt, *store, rank, size, distlab::Millis(timeout_ms));
+  return new NcclDeviceGroup(*rt, *store, *name, rank, size, distlab::Millis(timeout_ms));
 }
 
 

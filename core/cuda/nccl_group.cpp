@@ -112,10 +112,14 @@ std::shared_ptr<NcclWork> NcclGroup::launch(const char* op, int64_t count, const
   DL_CUDA(cudaEventRecord(ready, cx_.compute()));
   DL_CUDA(cudaStreamWaitEvent(cx_.comm(), ready, 0));
   DL_CUDA(cudaEventDestroy(ready));  // safe: destruction waits for the recorded work
-  DL_CUDA(cudaEventCreateWithFlags(&w->done_, cudaEventDisableTiming));
-  counters_.calls++;
-  counters_.bytes_sent += bytes_sent;
-  counters_.bytes_received += bytes_received;
+  DL_CUDA(cudaEventCreate(&w->start_));  // timed: the collective's measured seconds
+  DL_CUDA(cudaEventCreate(&w->done_));
+  DL_CUDA(cudaEventRecord(w->start_, cx_.comm()));
+  w->counter_ = op;
+  CommCounters& c = counters_[op];
+  c.calls++;
+  c.bytes_sent += bytes_sent;
+  c.bytes_received += bytes_received;
   if (trace_) {  // as the Gloo group records it: the cost model and the comm report see NCCL's collectives too
     TraceEvent e;
     e.name = op;
@@ -133,6 +137,20 @@ std::shared_ptr<NcclWork> NcclGroup::launch(const char* op, int64_t count, const
   return w;
 }
 
+CommCounters NcclGroup::total_counters() const {
+  CommCounters t;
+  for (const auto& [op, c] : counters_) t += c;
+  return t;
+}
+
+void* NcclGroup::scratch(NcclWork& w, int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 2);
+  void* p = cx_.allocator().alloc(bytes);
+  if (!p) throw OutOfMemoryError(fmt::format("no GPU memory for the 16-bit copy of {}", w.what_), "a smaller bucket or unit");
+  w.scratch_.push_back({p, bytes});  // back to the cache once the compute stream has waited for the work (wait())
+  return p;
+}
+
 std::shared_ptr<NcclWork> NcclGroup::all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) {
   const double S = double(n) * dtype_size(wire);
   const int64_t ring = int64_t(2.0 * (size_ - 1) / size_ * S);  // a ring: each rank sends and receives this
@@ -140,31 +158,44 @@ std::shared_ptr<NcclWork> NcclGroup::all_reduce_async(float* data, int64_t n, Re
   if (wire == DType::f32) {
     nccl_check(ncclAllReduce(data, data, size_t(n), ncclFloat32, nccl_op(op), comm_, cx_.comm()), "ncclAllReduce", w->what_);
   } else {  // 16 bits on the wire: narrowed, reduced, widened, all on the comm stream
-    const int64_t bytes = std::max<int64_t>(n, 1) * 2;
-    void* narrow = cx_.allocator().alloc(bytes);
-    if (!narrow) throw OutOfMemoryError(fmt::format("no GPU memory for the 16-bit copy of {}", w->what_), "a smaller bucket");
+    void* narrow = scratch(*w, n * 2);
     cuda::convert_on(cx_.comm(), data, DType::f32, narrow, wire, n);
     nccl_check(ncclAllReduce(narrow, narrow, size_t(n), nccl_type(wire), nccl_op(op), comm_, cx_.comm()), "ncclAllReduce", w->what_);
     cuda::convert_on(cx_.comm(), narrow, wire, data, DType::f32, n);
-    w->scratch_ = narrow;  // back to the cache once the compute stream has waited for the work (wait())
-    w->scratch_bytes_ = bytes;
   }
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
 }
 
-std::shared_ptr<NcclWork> NcclGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op) {
-  const int64_t ring = int64_t(double(size_ - 1) * double(n) * 4);
+std::shared_ptr<NcclWork> NcclGroup::reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op, DType wire) {
+  const int64_t ring = int64_t(double(size_ - 1) * double(n) * dtype_size(wire));
   auto w = launch("reduce_scatter", n, reduce_op_name(op), ring, ring);
-  nccl_check(ncclReduceScatter(in, out, size_t(n), ncclFloat32, nccl_op(op), comm_, cx_.comm()), "ncclReduceScatter", w->what_);
+  if (wire == DType::f32) {
+    nccl_check(ncclReduceScatter(in, out, size_t(n), ncclFloat32, nccl_op(op), comm_, cx_.comm()), "ncclReduceScatter", w->what_);
+  } else {  // the size·n inputs narrowed, the n results widened
+    void* narrow_in = scratch(*w, n * size_ * 2);
+    void* narrow_out = scratch(*w, n * 2);
+    cuda::convert_on(cx_.comm(), in, DType::f32, narrow_in, wire, n * size_);
+    nccl_check(ncclReduceScatter(narrow_in, narrow_out, size_t(n), nccl_type(wire), nccl_op(op), comm_, cx_.comm()), "ncclReduceScatter",
+               w->what_);
+    cuda::convert_on(cx_.comm(), narrow_out, wire, out, DType::f32, n);
+  }
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
 }
 
-std::shared_ptr<NcclWork> NcclGroup::all_gather_async(float* out, const float* in, int64_t n) {
-  const int64_t ring = int64_t(double(size_ - 1) * double(n) * 4);
+std::shared_ptr<NcclWork> NcclGroup::all_gather_async(float* out, const float* in, int64_t n, DType wire) {
+  const int64_t ring = int64_t(double(size_ - 1) * double(n) * dtype_size(wire));
   auto w = launch("all_gather", n, "", ring, ring);
-  nccl_check(ncclAllGather(in, out, size_t(n), ncclFloat32, comm_, cx_.comm()), "ncclAllGather", w->what_);
+  if (wire == DType::f32) {
+    nccl_check(ncclAllGather(in, out, size_t(n), ncclFloat32, comm_, cx_.comm()), "ncclAllGather", w->what_);
+  } else {  // exact for values that are 16-bit already (gathered 16-bit parameters)
+    void* narrow_in = scratch(*w, n * 2);
+    void* narrow_out = scratch(*w, n * size_ * 2);
+    cuda::convert_on(cx_.comm(), in, DType::f32, narrow_in, wire, n);
+    nccl_check(ncclAllGather(narrow_in, narrow_out, size_t(n), nccl_type(wire), comm_, cx_.comm()), "ncclAllGather", w->what_);
+    cuda::convert_on(cx_.comm(), narrow_out, wire, out, DType::f32, n * size_);
+  }
   DL_CUDA(cudaEventRecord(w->done_, cx_.comm()));
   return w;
 }
@@ -233,10 +264,13 @@ void NcclGroup::timed_out(const NcclWork& w) {
 }
 
 NcclWork::~NcclWork() {
-  if (scratch_) {  // never waited for: the compute stream (the allocator's) must still not reuse it early
+  if (!scratch_.empty()) {  // never waited for: the compute stream (the allocator's) must still not reuse it early
+    // (re-recorded here: a launch that threw after queuing a conversion never recorded it)
+    cudaEventRecord(done_, group_->cx_.comm());
     cudaStreamWaitEvent(group_->cx_.compute(), done_, 0);
-    group_->cx_.allocator().free(scratch_, scratch_bytes_);
+    free_scratch();
   }
+  if (start_) cudaEventDestroy(start_);
   if (done_) cudaEventDestroy(done_);
 }
 
@@ -254,10 +288,12 @@ void NcclWork::wait() {
     t->record(w);
     op_.clear();  // once
   }
-  if (scratch_) {  // the allocator's blocks are reused in compute-stream order: safe from here
-    group_->cx_.allocator().free(scratch_, scratch_bytes_);
-    scratch_ = nullptr;
-  }
+  free_scratch();  // the allocator's blocks are reused in compute-stream order: safe from here
+}
+
+void NcclWork::free_scratch() {
+  for (const auto& [p, bytes] : scratch_) group_->cx_.allocator().free(p, bytes);
+  scratch_.clear();
 }
 
 bool NcclWork::done() { return cudaEventQuery(done_) == cudaSuccess; }
@@ -267,10 +303,17 @@ void NcclWork::synchronize() {
   for (;;) {
     const cudaError_t q = cudaEventQuery(done_);
     if (q == cudaSuccess) break;
-    if (q != cudaErrorNotReady) DL_CUDA(q);
+    if (q != cudaErrorNotReady) cuda_fail(q, ("cudaEventQuery, waiting for " + what_).c_str(), __FILE__, __LINE__);
+    (void)cudaGetLastError();  // "not ready" is no error: leave none behind for the next launch's check
     group_->check_async(what_);
     if (Clock::now() > deadline) group_->timed_out(*this);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (!counter_.empty()) {  // the GPU's own time for it, start event to done event
+    float ms = 0;
+    DL_CUDA(cudaEventElapsedTime(&ms, start_, done_));
+    group_->counters_[counter_].seconds += double(ms) * 1e-3;
+    counter_.clear();
   }
   wait();  // and the compute stream too, so later kernels see the result
 }

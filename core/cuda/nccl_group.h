@@ -13,13 +13,18 @@
 //     event and ncclCommGetAsyncError; past the timeout it aborts the communicator (ncclCommAbort) and
 //     throws a CommError naming the collective, its sequence number, its size, and what each rank called
 //     there, from the arrival keys each rank writes into the store, as the Gloo group does.
+//   - Each collective runs between two timed events; once the host has synchronized on it, their
+//     elapsed time is added to the operation's measured seconds (CommCounters::seconds).
 //   - NCCL requires distinct GPUs within a communicator: ranks = GPUs.
 #pragma once
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/cuda/context.h"
 #include "core/dist/process_group.h"  // ReduceOp, CommCounters, Store, Millis
@@ -39,12 +44,13 @@ class NcclWork {
  private:
   friend class NcclGroup;
   NcclGroup* group_ = nullptr;
-  cudaEvent_t done_ = nullptr;
+  cudaEvent_t start_ = nullptr, done_ = nullptr;  // around the collective on the comm stream, with timing
   std::string op_;    // "all_reduce" until its wait is traced
+  std::string counter_;  // "all_reduce": whose measured seconds the events add to, once (synchronize())
   std::string what_;  // "all_reduce #12 of 1048576 f32 (sum)"
   int64_t seq_ = 0;
-  void* scratch_ = nullptr;  // a 16-bit wire's copy, freed once the compute stream waits for the work
-  int64_t scratch_bytes_ = 0;
+  std::vector<std::pair<void*, int64_t>> scratch_;  // a 16-bit wire's copies, freed once the compute stream waits for the work
+  void free_scratch();
 };
 
 class NcclGroup {
@@ -59,11 +65,12 @@ class NcclGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // As ProcessGroup's, on device pointers. wire bf16/f16: the values travel and are summed in 16 bits
-  // (converted into scratch and back), NCCL's 16-bit all-reduce; half the bytes.
+  // As ProcessGroup's, on device pointers. wire bf16/f16: the values travel (and are summed) in 16 bits,
+  // converted into scratch on the comm stream and back; half the bytes.
   std::shared_ptr<NcclWork> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
-  std::shared_ptr<NcclWork> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum);
-  std::shared_ptr<NcclWork> all_gather_async(float* out, const float* in, int64_t n);
+  std::shared_ptr<NcclWork> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum,
+                                                 DType wire = DType::f32);
+  std::shared_ptr<NcclWork> all_gather_async(float* out, const float* in, int64_t n, DType wire = DType::f32);
   std::shared_ptr<NcclWork> broadcast_async(float* data, int64_t n, int root);
   void all_reduce(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32) {
     all_reduce_async(data, n, op, wire)->synchronize();
@@ -73,13 +80,15 @@ class NcclGroup {
   void send(const float* data, int64_t n, int dst);
   void recv(float* data, int64_t n, int src);
 
-  CommCounters total_counters() const { return counters_; }
+  CommCounters total_counters() const;
+  std::map<std::string, CommCounters> counters() const { return counters_; }  // per operation name
   int64_t sequence() const { return seq_; }
 
  private:
   friend class NcclWork;
   std::shared_ptr<NcclWork> launch(const char* op, int64_t count, const std::string& detail, int64_t bytes_sent,
                                    int64_t bytes_received);
+  void* scratch(NcclWork& w, int64_t bytes);  // comm-stream scratch, owned by w
   void check_async(const std::string& what);  // throws CommError if NCCL reported an asynchronous error
   [[noreturn]] void timed_out(const NcclWork& w);
 
@@ -92,7 +101,7 @@ class NcclGroup {
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   int64_t seq_ = 0;
-  CommCounters counters_;
+  std::map<std::string, CommCounters> counters_;
 };
 
 const char* nccl_version_string();  // "2.28.9"

@@ -61,6 +61,13 @@ void Work::then(std::function<void()> f) {
   };
 }
 
+std::shared_ptr<Work> Work::elsewhere(std::function<void()> wait_for) {
+  auto w = std::make_shared<Work>();
+  w->done_ = true;
+  w->on_wait_ = std::move(wait_for);
+  return w;
+}
+
 bool Work::done() {
   std::lock_guard<std::mutex> g(mu_);
   return done_;
@@ -220,8 +227,12 @@ void ProcessGroup::execute(Call& c) {
   // the arrival says what this rank called: a timeout can then tell a missing rank from one that came to
   // the same place in the sequence with another collective (a rank-dependent extra or missing call before it)
   if (c.seq >= 0 && opts_.track_arrivals && size_ > 1) keys_.set_string(fmt::format("arrive/{}/{}", c.seq, rank_), describe(c));
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     c.body(wire_id(c));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> g(counters_mu_);
+    counters_[c.op].seconds += took;
   } catch (const Error&) {
     throw;
   } catch (const gloo::IoException& e) {
@@ -333,11 +344,7 @@ std::map<std::string, CommCounters> ProcessGroup::counters() const {
 CommCounters ProcessGroup::total_counters() const {
   std::lock_guard<std::mutex> g(counters_mu_);
   CommCounters t;
-  for (const auto& [op, k] : counters_) {
-    t.calls += k.calls;
-    t.bytes_sent += k.bytes_sent;
-    t.bytes_received += k.bytes_received;
-  }
+  for (const auto& [op, k] : counters_) t += k;
   return t;
 }
 

@@ -36,6 +36,8 @@ class Device;
 
 namespace distlab {
 
+class DeviceGroup;  // core/dist/device_group.h
+
 enum class ReduceOp { sum, avg, max };
 const char* reduce_op_name(ReduceOp op);
 
@@ -43,6 +45,17 @@ struct CommCounters {
   int64_t calls = 0;
   int64_t bytes_sent = 0;      // by this rank, as the algorithm moves them (ring: 2(n-1)/n·S for all_reduce)
   int64_t bytes_received = 0;
+  // measured: the time the collectives took on this rank, start to finish, waiting for late peers
+  // included (Gloo: each one's run on the group's thread; NCCL: CUDA events around it on the GPU). The
+  // cost model's modeled time is what to hold it against. 0 on the fake world, which moves nothing.
+  double seconds = 0;
+  CommCounters& operator+=(const CommCounters& o) {
+    calls += o.calls;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    seconds += o.seconds;
+    return *this;
+  }
 };
 
 struct ProcessGroupOptions {
@@ -62,6 +75,9 @@ class Work {
   // Runs f on the waiting thread once the operation has finished, after what was registered before it
   // (a cuda rank's staged collective copies its host result back up here: core/parallel/staged.h).
   void then(std::function<void()> f);
+  // The Work of an operation queued elsewhere (an NCCL collective on a GPU's stream): wait() runs
+  // `wait_for`, which returns once it has finished or throws. done() is true at once: ask wait().
+  static std::shared_ptr<Work> elsewhere(std::function<void()> wait_for);
 
  private:
   friend class ProcessGroup;
@@ -128,6 +144,12 @@ class ProcessGroup {
 
   std::map<std::string, CommCounters> counters() const;  // per operation name
   CommCounters total_counters() const;
+  // The group's collectives on device memory (dist.backend = "nccl"): the strategies' flat buffers on a
+  // cuda rank go through it (core/parallel/staged.h), host memory through Gloo. PyTorch's
+  // init_process_group(backend="cpu:gloo,cuda:nccl") is the same idea: one group, a backend per device.
+  // Not owned; nullptr (the default): Gloo over host copies.
+  void set_device_backend(DeviceGroup* d) { device_backend_ = d; }
+  DeviceGroup* device_backend() const { return device_backend_; }
   void reset_counters();
   int64_t sequence() const { return next_seq_; }  // collectives issued so far
   Store& store() { return store_; }
@@ -159,6 +181,7 @@ class ProcessGroup {
   // tag and index) and of the wait for it
   void trace_p2p(const char* op, int64_t bytes, int sender, int receiver, int tag, uint64_t slot, bool wait);
 
+  DeviceGroup* device_backend_ = nullptr;
   std::unique_ptr<MemoryStore> own_store_;  // the fake world's: nobody else shares it
   Store& store_;
   PrefixStore keys_;

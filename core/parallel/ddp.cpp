@@ -39,8 +39,8 @@ void NaiveDDP::finish_backward(Runtime& rt) {
   }
 }
 
-BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb, DeviceGroup* device)
-    : pg_(pg), rt_(rt), device_(device), params_(model.parameters()) {
+BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
+    : pg_(pg), rt_(rt), params_(model.parameters()) {
   broadcast_model(pg, model);
   const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
   where_.resize(params_.size());
@@ -106,18 +106,9 @@ void BucketedDDP::launch_ready_buckets() {
       if (flat) copy_values(rt_, g.data(), g.dtype(), flat + off, DType::f32, n);
       off += n;
     }
-    if (device_) {  // NCCL: on the GPU, after the copies queued above
-      b.device_work = device_->all_reduce_async(flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
-      next_to_launch_++;
-      continue;
-    }
-    float* wire = flat;
-    if (flat && rt_.device == DeviceKind::cuda) {  // Gloo reduces host memory: the bucket goes down and back up
-      b.staging.resize(size_t(b.flat.numel()));
-      b.flat.to_host(b.staging.data());
-      wire = b.staging.data();
-    }
-    b.work = pg_.all_reduce_async(wire, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
+    // on a cuda rank: NCCL on the GPU after the copies queued above (dist.backend = "nccl"), or Gloo over a
+    // host copy (core/parallel/staged.h)
+    b.work = staged_all_reduce_async(rt_, pg_, flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
     next_to_launch_++;
   }
 }
@@ -132,9 +123,7 @@ void BucketedDDP::finish_backward(Runtime& rt) {
     }
   launch_ready_buckets();
   for (auto& b : buckets_) {
-    if (b.device_work) b.device_work->wait();
-    else b.work->wait();
-    if (!b.staging.empty()) b.flat.from_host(b.staging.data());
+    b.work->wait();
     const float* flat = b.flat.f32();
     int64_t off = 0;
     for (auto* p : b.params) {
@@ -143,17 +132,15 @@ void BucketedDDP::finish_backward(Runtime& rt) {
       off += n;
     }
     b.work.reset();
-    b.device_work.reset();
     b.ready = 0;
   }
   marked_.assign(params_.size(), false);
   next_to_launch_ = 0;
 }
 
-std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb,
-                                       DeviceGroup* device) {
+std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
   if (mode == "naive") return std::make_unique<NaiveDDP>(pg, model);
-  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb, device);
+  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb);
   throw ConfigError("unknown parallel.ddp_mode '" + mode + "'", "use bucketed (the default) or naive");
 }
 

@@ -16,7 +16,6 @@
 #include <memory>
 #include <vector>
 
-#include "core/dist/device_group.h"
 #include "core/dist/process_group.h"
 #include "core/models/model.h"
 #include "core/parallel/strategy.h"
@@ -58,9 +57,9 @@ class NaiveDDP : public DataParallel {
 
 class BucketedDDP : public DataParallel {
  public:
-  // `device`: a cuda rank's NCCL group (dist.backend = "nccl"), which all-reduces the buckets where they
-  // are; nullptr: the Gloo group pg (a cuda rank's buckets cross to the host and back)
-  BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb, DeviceGroup* device = nullptr);
+  // A cuda rank's buckets are all-reduced by pg's device backend where they are (dist.backend = "nccl"),
+  // or cross to the host for Gloo and back (core/parallel/staged.h).
+  BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
   std::string describe() const override { return "ddp (bucketed)"; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
@@ -74,15 +73,12 @@ class BucketedDDP : public DataParallel {
   struct Bucket {
     std::vector<Parameter*> params;  // reverse model order
     Tensor flat;                     // (Σ numel), category comm_buffers
-    std::vector<float> staging;      // a cuda rank's bucket on the host, for Gloo
     std::shared_ptr<Work> work;
-    std::shared_ptr<DeviceWork> device_work;  // the same, on the NCCL group
     int64_t ready = 0;
   };
   void launch_ready_buckets();
   ProcessGroup& pg_;
   Runtime& rt_;
-  DeviceGroup* device_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<int64_t, int64_t>> where_;  // parameter index -> (bucket, offset)
   std::vector<Parameter*> params_;
@@ -91,6 +87,6 @@ class BucketedDDP : public DataParallel {
 };
 
 std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt,
-                                       double bucket_mb, DeviceGroup* device = nullptr);
+                                       double bucket_mb);
 
 }  // namespace distlab

@@ -1,7 +1,8 @@
 #include "core/parallel/staged.h"
 
 #include <cstring>
-#include <vector>
+
+#include "core/dist/device_group.h"
 
 namespace distlab {
 
@@ -19,56 +20,39 @@ void zero_values(Runtime& rt, void* p, int64_t bytes) {
   else std::memset(p, 0, size_t(bytes));
 }
 
+// The blocking forms: a cpu rank's Gloo call as it was; a cuda rank's through the async form, awaited.
 void staged_all_reduce(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire) {
   if (!on_device(rt) || !data) return pg.all_reduce(data, n, op, wire);
-  DeviceMemory& mem = *rt.memory.device_memory();
-  std::vector<float> host(static_cast<size_t>(n));
-  mem.to_host(host.data(), data, n * 4);
-  pg.all_reduce(host.data(), n, op, wire);
-  mem.from_host(data, host.data(), n * 4);
+  staged_all_reduce_async(rt, pg, data, n, op, wire)->wait();
 }
 
 void staged_reduce_scatter(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op, DType wire) {
   if (!on_device(rt) || !in) return pg.reduce_scatter(out, in, n, op, wire);
-  DeviceMemory& mem = *rt.memory.device_memory();
-  std::vector<float> host_in(static_cast<size_t>(n * pg.size())), host_out(static_cast<size_t>(n));
-  mem.to_host(host_in.data(), in, n * pg.size() * 4);
-  pg.reduce_scatter(host_out.data(), host_in.data(), n, op, wire);
-  mem.from_host(out, host_out.data(), n * 4);
+  staged_reduce_scatter_async(rt, pg, out, in, n, op, wire)->wait();
 }
 
 void staged_all_gather(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire) {
   if (!on_device(rt) || !out) return pg.all_gather(out, in, n, wire);
-  DeviceMemory& mem = *rt.memory.device_memory();
-  std::vector<float> host_in(static_cast<size_t>(n)), host_out(static_cast<size_t>(n * pg.size()));
-  mem.to_host(host_in.data(), in, n * 4);
-  pg.all_gather(host_out.data(), host_in.data(), n, wire);
-  mem.from_host(out, host_out.data(), n * pg.size() * 4);
+  staged_all_gather_async(rt, pg, out, in, n, wire)->wait();
+}
+
+std::shared_ptr<Work> staged_all_reduce_async(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire) {
+  if (!on_device(rt) || !data) return pg.all_reduce_async(data, n, op, wire);
+  if (DeviceGroup* d = pg.device_backend()) return d->all_reduce_async(data, n, op, wire);
+  return via_host_all_reduce_async(*rt.memory.device_memory(), pg, data, n, op, wire);
 }
 
 std::shared_ptr<Work> staged_reduce_scatter_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op,
                                                   DType wire) {
   if (!on_device(rt) || !in) return pg.reduce_scatter_async(out, in, n, op, wire);
-  DeviceMemory* mem = rt.memory.device_memory();
-  auto host_in = std::make_shared<std::vector<float>>(static_cast<size_t>(n * pg.size()));
-  auto host_out = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-  mem->to_host(host_in->data(), in, n * pg.size() * 4);
-  auto w = pg.reduce_scatter_async(host_out->data(), host_in->data(), n, op, wire);
-  // the buffers live in the Work (whose queue entry Gloo holds) until it is waited for
-  w->then([mem, out, n, host_in, host_out] { mem->from_host(out, host_out->data(), n * 4); });
-  return w;
+  if (DeviceGroup* d = pg.device_backend()) return d->reduce_scatter_async(out, in, n, op, wire);
+  return via_host_reduce_scatter_async(*rt.memory.device_memory(), pg, out, in, n, op, wire);
 }
 
 std::shared_ptr<Work> staged_all_gather_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire) {
   if (!on_device(rt) || !out) return pg.all_gather_async(out, in, n, wire);
-  DeviceMemory* mem = rt.memory.device_memory();
-  auto host_in = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-  auto host_out = std::make_shared<std::vector<float>>(static_cast<size_t>(n * pg.size()));
-  mem->to_host(host_in->data(), in, n * 4);
-  auto w = pg.all_gather_async(host_out->data(), host_in->data(), n, wire);
-  const int64_t total = n * pg.size();
-  w->then([mem, out, total, host_in, host_out] { mem->from_host(out, host_out->data(), total * 4); });
-  return w;
+  if (DeviceGroup* d = pg.device_backend()) return d->all_gather_async(out, in, n, wire);
+  return via_host_all_gather_async(*rt.memory.device_memory(), pg, out, in, n, wire);
 }
 
 }  // namespace distlab

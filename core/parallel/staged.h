@@ -1,8 +1,12 @@
-// The strategies' buffer moves, wherever the rank's tensors live. A cpu rank converts and copies on the
-// host and hands its buffers to Gloo as they are. A cuda rank converts and copies on its device, and its
-// Gloo collectives go through host copies: down, reduced or gathered by Gloo, back up (PyTorch's gloo
-// backend does the same with CUDA tensors; dist.backend = "nccl" keeps DDP's buckets on the GPU instead,
-// core/dist/device_group.h). Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
+// The strategies' buffer moves and collectives, wherever the rank's tensors live:
+//   - a cpu rank converts and copies on the host and hands its buffers to Gloo as they are;
+//   - a cuda rank converts and copies on its device, and its collectives go
+//       - through the group's device backend when it has one (dist.backend = "nccl": the buffers are
+//         reduced and gathered where they are, core/dist/device_group.h),
+//       - else through host copies: down, reduced or gathered by Gloo, back up (PyTorch's gloo backend
+//         does the same with CUDA tensors).
+// DDP's buckets, ZeRO's and FSDP's flat buffers all come through here: the one place that knows.
+// Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,7 +24,9 @@ void zero_values(Runtime& rt, void* p, int64_t bytes);
 void staged_all_reduce(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire);
 void staged_reduce_scatter(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op, DType wire);
 void staged_all_gather(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire);
-// The same, asynchronous: the input is copied down now, the output up when the Work is waited for.
+// The same, asynchronous. Through host copies, the input is copied down now and the output up when the
+// Work is waited for; through a device backend, wait() returns once the result is in place on the device.
+std::shared_ptr<Work> staged_all_reduce_async(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire);
 std::shared_ptr<Work> staged_reduce_scatter_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, ReduceOp op,
                                                   DType wire);
 std::shared_ptr<Work> staged_all_gather_async(Runtime& rt, ProcessGroup& pg, float* out, const float* in, int64_t n, DType wire);

@@ -148,7 +148,7 @@ const std::vector<Key>& keys() {
       KEY("parallel.pp_layers", Kind::int_list, std::vector<int64_t>, parallel.pp_layers, "pp > 1: blocks per stage, e.g. [3, 5] (empty: n_layer / pp each)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
-      KEY("dist.backend", Kind::string, std::string, dist.backend, "gloo | nccl (DDP's buckets on the GPU: --device cuda)"),
+      KEY("dist.backend", Kind::string, std::string, dist.backend, "gloo | nccl (the strategy's collectives on the GPU: --device cuda)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
       KEY("precision.reduce_dtype", Kind::string, std::string, precision.reduce_dtype, "fp32 | bf16 | fp16: gradients on the wire when averaged across ranks (FSDP's reduce_dtype)"),
@@ -380,13 +380,9 @@ void validate(const RunConfig& c) {
           "use gloo (host memory, any device) or nccl (GPU memory: --device cuda)");
   require(c.dist.backend == "gloo" || c.train.device == "cuda" || c.train.device == "cuda-sim", c, "dist.backend",
           "is nccl on device " + c.train.device + ": NCCL moves GPU memory", "use dist.backend = \"gloo\", or --device cuda");
-  const bool ddp_like = c.parallel.strategy == "ddp" || c.parallel.strategy == "none" ||
-                        (c.parallel.strategy == "fsdp" && c.parallel.sharding == "no_shard");
-  require(c.dist.backend == "gloo" || ddp_like, c, "dist.backend",
-          "is nccl with parallel.strategy " + c.parallel.strategy + ": in this version NCCL carries DDP's buckets only",
-          "use dist.backend = \"gloo\" with ZeRO and FSDP (their collectives go through host copies on cuda)");
-  require(c.dist.backend == "gloo" || c.parallel.ddp_mode == "bucketed", c, "dist.backend",
-          "is nccl with parallel.ddp_mode " + c.parallel.ddp_mode + ": the NCCL path all-reduces DDP's buckets", "use parallel.ddp_mode = \"bucketed\"");
+  require(c.dist.backend == "gloo" || c.parallel.strategy != "ddp" || c.parallel.ddp_mode == "bucketed", c, "dist.backend",
+          "is nccl with parallel.ddp_mode " + c.parallel.ddp_mode + ": the NCCL path all-reduces DDP's buckets (naive DDP "
+          "reduces each gradient through the host)", "use parallel.ddp_mode = \"bucketed\"");
   if (!c.train.device_mem.empty()) {
     try {
       require(parse_device_memory(c.train.device_mem, "train.device_mem") > 0, c, "train.device_mem", "must be positive", "");

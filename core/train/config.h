@@ -71,8 +71,8 @@ struct ParallelOptions {
 
 struct DistOptions {
   double timeout_s = 300.0;  // a collective some rank never joins fails after this
-  // "gloo" (host memory; a cuda rank's DDP buckets cross to the host and back) or "nccl" (a cuda rank's
-  // buckets are all-reduced on the GPU: core/dist/device_group.h)
+  // "gloo" (host memory; a cuda rank's flat buffers cross to the host and back) or "nccl" (a cuda rank's
+  // DDP buckets and ZeRO/FSDP reduce-scatters and all-gathers run on the GPU: core/dist/device_group.h)
   std::string backend = "gloo";
   // --device meta only: run rank 0 of a job of this many ranks over a process group that moves no data
   // but traces and counts every collective (planning; 0 = off)

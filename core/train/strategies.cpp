@@ -13,13 +13,12 @@
 
 namespace distlab {
 
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab,
-                                        DeviceGroup* device) {
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab) {
   if (cfg.parallel.strategy == "ddp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     // both broadcast rank 0's weights and buffers: every replica starts equal
     if (lab && lab->is("02")) return lab->make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
-    return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb, device);
+    return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
   }
   if (cfg.parallel.strategy == "zero1" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
@@ -39,7 +38,7 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
   if (cfg.parallel.strategy == "fsdp" && pg) {
     if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
     if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
-      return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb, device);
+      return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
     if (lab && lab->is("05")) {
       if (cfg.parallel.wrap_min_params > 0)
         throw ConfigError("parallel.wrap_min_params with lab 05's FSDP", "the lab's hooks see one unit per model unit: leave it at 0");

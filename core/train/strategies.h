@@ -9,16 +9,11 @@
 #include "core/train/lab_plugin.h"
 
 namespace distlab {
-class DeviceGroup;  // core/dist/device_group.h
-}  // namespace distlab
-
-namespace distlab {
 
 // parallel.strategy, parallel.ddp_mode, parallel.bucket_mb and parallel.sync_batchnorm, on `pg` (nullptr:
-// one rank). A lab's plugin (`lab`) supplies the student's DDP in place of the engine's.
-// `device`: a cuda rank's NCCL group for DDP's buckets (dist.backend = "nccl"), or nullptr.
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab,
-                                        DeviceGroup* device = nullptr);
+// one rank). A lab's plugin (`lab`) supplies the student's DDP in place of the engine's. On a cuda rank
+// the strategies' collectives go through pg's device backend when it has one (dist.backend = "nccl").
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, LabPlugin* lab);
 
 // Refuses a strategy that cannot run on `world` ranks (none on several: each would train alone).
 void check_strategy_fits(const RunConfig& cfg, int world);

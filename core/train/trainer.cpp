@@ -128,9 +128,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     lab_tp_ = lab_->make_tp_kernels(rt);
     gpt->set_tp_kernels(lab_tp_.get());
   }
-  if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake())
-    device_group_ = make_device_group(rt, cfg.train.device, *dp_, Millis(int64_t(cfg.dist.timeout_s * 1000)));
-  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_, device_group_.get());
+  if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
+    device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
+                                                                           Millis(int64_t(cfg.dist.timeout_s * 1000))));
+  }
+  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -285,11 +287,13 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   if (traced) modeled_ = model_time(step);
   last_step_comm_bytes_ = comm.bytes_sent - comm_before.bytes_sent;
   last_step_comm_calls_ = comm.calls - comm_before.calls;
+  last_step_comm_s_ = comm.seconds - comm_before.seconds;
   nlohmann::json rec = {{"kind", "step"}, {"step", step + 1}, {"loss", rt_.is_meta() ? nlohmann::json(nullptr) : nlohmann::json(loss)},
                         {"lr", o.lr}, {"grad_norm", o.skipped ? nlohmann::json(nullptr) : nlohmann::json(o.grad_norm)},
                         {"loss_scale", o.loss_scale}, {"skipped", o.skipped}, {"samples", samples}, {"wall_s", wall_s},
                         {"comm_bytes_sent", comm.bytes_sent - comm_before.bytes_sent},
                         {"comm_calls", comm.calls - comm_before.calls},
+                        {"comm_s", last_step_comm_s_},  // measured: the step's collectives, start to finish, overlapped or not
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
                                                                   {"peak_total", m.peak_total}}}};
   metrics.write(rec);

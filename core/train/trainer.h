@@ -131,7 +131,7 @@ class Trainer {
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
   LabPlugin* lab_;
-  std::unique_ptr<DeviceGroup> device_group_;  // dist.backend = "nccl": DDP's buckets on the GPU (before strategy_: it outlives it)
+  std::unique_ptr<DeviceBackend> device_group_;  // dist.backend = "nccl": dp_'s device backend (before strategy_: it outlives it)
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
   int64_t skipped_steps_ = 0;           // steps whose gradients overflowed
@@ -143,6 +143,7 @@ class Trainer {
   std::array<int64_t, kNumCategories> peak_{};
   int64_t peak_total_ = 0;
   int64_t last_step_comm_bytes_ = 0, last_step_comm_calls_ = 0;  // the last step's collectives on this rank
+  double last_step_comm_s_ = 0;                                    // and their measured time (CommCounters::seconds)
   std::array<int64_t, kNumCategories> peak_at_{};  // the categories at the moment of peak_total_ (they sum to it)
   double last_step_flops_ = 0;
   int64_t start_step_ = 0;       // steps done before this run: the resumed checkpoint's

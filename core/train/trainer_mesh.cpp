@@ -16,11 +16,7 @@ namespace distlab {
 
 CommCounters Trainer::comm_totals() const {
   CommCounters t;
-  for (const auto& [op, c] : comm_by_op()) {
-    t.calls += c.calls;
-    t.bytes_sent += c.bytes_sent;
-    t.bytes_received += c.bytes_received;
-  }
+  for (const auto& [op, c] : comm_by_op()) t += c;
   return t;
 }
 
@@ -31,18 +27,9 @@ std::map<std::string, CommCounters> Trainer::comm_by_op() const {
   if (mesh_)
     for (MeshAxis a : {MeshAxis::dp, MeshAxis::tp, MeshAxis::pp}) groups.push_back(&mesh_->group(a));
   for (ProcessGroup* g : groups)
-    for (const auto& [op, c] : g->counters()) {
-      CommCounters& t = all[op];
-      t.calls += c.calls;
-      t.bytes_sent += c.bytes_sent;
-      t.bytes_received += c.bytes_received;
-    }
-  if (const CommCounters c = device_group_ ? device_group_->counters() : CommCounters{}; c.calls > 0) {  // dist.backend = "nccl": DDP's all-reduces on the GPU
-    CommCounters& t = all["all_reduce"];
-    t.calls += c.calls;
-    t.bytes_sent += c.bytes_sent;
-    t.bytes_received += c.bytes_received;
-  }
+    for (const auto& [op, c] : g->counters()) all[op] += c;
+  if (device_group_)  // dist.backend = "nccl": the strategy's collectives on the GPU
+    for (const auto& [op, c] : device_group_->get()->counters()) all[op] += c;
   return all;
 }
 

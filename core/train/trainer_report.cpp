@@ -99,7 +99,7 @@ nlohmann::json Trainer::evaluate() {
 void Trainer::log_header(int64_t whole_params, int64_t nparams) {
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
                       rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
-  if (device_group_) log_ << "gradient buckets all-reduced on the device: " << device_group_->describe() << "\n";
+  if (device_group_) log_ << "the strategy's collectives on the device: " << device_group_->get()->describe() << "\n";
   if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
   if (pipeline_) {
     const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();
@@ -193,7 +193,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
   if (pg_) {
     nlohmann::json comm = nlohmann::json::object();
     for (const auto& [op, c] : comm_by_op())
-      comm[op] = {{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}};
+      comm[op] = {{"calls", c.calls}, {"bytes_sent", c.bytes_sent}, {"bytes_received", c.bytes_received}, {"measured_s", c.seconds}};
     summary["comm"] = comm;
   }
   return summary;
@@ -211,7 +211,10 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
   log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
   if (pg_ && last_step_comm_calls_ > 0)  // what the step put on the wire: the number the course's "14 GB per step" is about
     log_ << fmt::format("communication in the last step (rank 0): {} sent in {} collective call(s){}\n", format_bytes(double(last_step_comm_bytes_)),
-                        last_step_comm_calls_, pg_->is_fake() ? " (counted on the fake world)" : "");
+                        last_step_comm_calls_,
+                        pg_->is_fake() ? " (counted on the fake world)"
+                                       : fmt::format(", measured {:.2f} ms in them (start to finish, waits for peers and overlap included)",
+                                                     1e3 * last_step_comm_s_));
   if (modeled_.contains("modeled_step_s"))
     log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
                         "speed-up over one rank {:.2f}x; measured here: {:.2f} ms per step\n",

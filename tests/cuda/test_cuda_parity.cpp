@@ -1,8 +1,8 @@
 // Every CUDA kernel against its cpu twin on random inputs (core/ops/cuda/ops.h against core/ops/cpu):
 // fp32 within 1e-5 of the cpu's result (the largest difference over the largest value), TF32 within 5e-3,
-// bf16/fp16 GEMMs within 1e-4 of the cpu's product of the same rounded inputs; max-pool, the embedding
-// and dtype conversion bit for bit. Without a usable GPU the program prints why and exits 77, which ctest
-// reports as skipped (a build without a GPU still compiles and links all of this).
+// bf16/fp16 GEMMs within 1e-4 of the cpu's product of the same rounded inputs; max-pool, the embedding,
+// dtype conversion and the optimizers' updates bit for bit. Without a usable GPU the program prints why
+// and exits 77, which ctest reports as skipped (a build without a GPU still compiles and links all of this).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -21,6 +21,7 @@
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/cpu/norm.h"
+#include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/cuda/ops.h"
 #include "core/tensor/dtype.h"
@@ -115,6 +116,54 @@ TEST_CASE("pointwise kernels: relu, gelu, add, accumulate and their backward", "
   accumulate(g.cpu, co.data(), dy.data(), n);
   cuda::accumulate(g.gpu, out.p, ddy.p, n);
   CHECK(bitwise(out.get(), co));
+}
+
+TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for bit, the sum of squares, scale, the overflow check", "[cuda]") {
+  Pair g;
+  const int64_t n = 70001;
+  const auto w0 = randn(n, 11), grad = randn(n, 12, 0.1f);
+  Dev<float> dg(grad);
+  for (const bool nesterov : {false, true}) {
+    INFO("SGD, nesterov " << nesterov);
+    std::vector<float> w = w0, buf(static_cast<size_t>(n));
+    Dev<float> dw(w0), dbuf(n);
+    for (int step = 0; step < 3; step++) {  // the first step starts the momentum buffer
+      const SgdUpdate u{0.05f, 0.5f, 1e-2f, 0.9f, 0.1f, nesterov, step == 0};
+      sgd_update(g.cpu, w.data(), buf.data(), grad.data(), n, u);
+      cuda::sgd_update(g.gpu, dw.p, dbuf.p, dg.p, n, u);
+    }
+    CHECK(bitwise(dw.get(), w));
+    CHECK(bitwise(dbuf.get(), buf));
+  }
+  {
+    std::vector<float> w = w0, m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    Dev<float> dw(w0), dm(m), dv(v);
+    for (int step = 1; step <= 3; step++) {
+      const float b1 = 0.9f, b2 = 0.999f, lr = 1e-3f;
+      const AdamWUpdate u{0.5f, 1.0f - lr * 0.1f, b1, b2, lr / (1.0f - std::pow(b1, float(step))), std::sqrt(1.0f - std::pow(b2, float(step))), 1e-8f};
+      adamw_update(g.cpu, w.data(), m.data(), v.data(), grad.data(), n, u);
+      cuda::adamw_update(g.gpu, dw.p, dm.p, dv.p, dg.p, n, u);
+    }
+    CHECK(bitwise(dw.get(), w));
+    CHECK(bitwise(dm.get(), m));
+    CHECK(bitwise(dv.get(), v));
+  }
+  // the sum of squares in double: another order of the same terms, so equal to about 1e-15
+  const double ss = sum_squares(g.cpu, grad.data(), n), dss = cuda::sum_squares(g.gpu, dg.p, n);
+  CHECK(std::abs(dss - ss) <= 1e-12 * ss);
+  CHECK(cuda::sum_squares(g.gpu, dg.p, n) == dss);  // and the same bits every time
+  std::vector<float> x = grad;
+  Dev<float> dx(grad);
+  scale(g.cpu, x.data(), n, 0.125f);
+  cuda::scale(g.gpu, dx.p, n, 0.125f);
+  CHECK(bitwise(dx.get(), x));
+  CHECK(cuda::all_finite(g.gpu, dx.p, n));
+  x[size_t(n - 1)] = INFINITY;
+  Dev<float> dinf(x);
+  CHECK_FALSE(cuda::all_finite(g.gpu, dinf.p, n));
+  x[size_t(n - 1)] = NAN;
+  Dev<float> dnan(x);
+  CHECK_FALSE(cuda::all_finite(g.gpu, dnan.p, n));
 }
 
 TEST_CASE("dropout: a mask of 0 and 1/(1-p) at rate p, the same for the same seed, and backward applies it", "[cuda]") {
@@ -497,6 +546,14 @@ TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives Proces
       g.all_gather_async(sc, d + r * n, n)->wait();
       auto ag = take(sc, n * N);
       res.insert(res.end(), ag.begin(), ag.end());
+      // 16 bits on the wire (ZeRO's reduce_dtype, the 16-bit parameters' gathers): bf16 sums, exact gathers
+      put(d, mine);
+      g.reduce_scatter_async(out, d, n, ReduceOp::sum, DType::bf16)->synchronize();
+      auto rs16 = take(out, n);
+      res.insert(res.end(), rs16.begin(), rs16.end());
+      g.all_gather_async(sc, d + r * n, n, DType::bf16)->synchronize();  // (r+1)/2 + i%7: exact in bf16
+      auto ag16 = take(sc, n * N);
+      res.insert(res.end(), ag16.begin(), ag16.end());
       put(d, std::vector<float>(static_cast<size_t>(n), float(r)));
       g.broadcast_async(d, n, N - 1)->wait();
       auto bc = take(d, n);
@@ -519,7 +576,7 @@ TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives Proces
   const int64_t n = 1000;
   for (int r = 0; r < N; r++) {
     const auto& res = got[static_cast<size_t>(r)];
-    REQUIRE(res.size() == size_t(n * (6 + N)));
+    REQUIRE(res.size() == size_t(n * (7 + 2 * N)));
     bool ok = true;
     for (int64_t i = 0; i < n; i++) {
       double sum = 0, mx = -1e30;
@@ -535,7 +592,11 @@ TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives Proces
       ok = ok && std::abs(res[size_t(4 * n + i)] - slot) < 1e-4;
       for (int q = 0; q < N; q++)  // all_gather: slot q holds rank q's slot q
         ok = ok && res[size_t(5 * n + q * n + i)] == float((q + 1) * 0.5 + double((q * n + i) % 7));
-      ok = ok && res[size_t(5 * n + N * n + i)] == float(N - 1);  // broadcast from the last rank
+      const int64_t at16 = 5 * n + N * n;  // the bf16 reduce-scatter, then the bf16 all-gather
+      ok = ok && std::abs(res[size_t(at16 + i)] - slot) < 0.02 * std::abs(slot) + 0.1;
+      for (int q = 0; q < N; q++)
+        ok = ok && res[size_t(at16 + n + q * n + i)] == float((q + 1) * 0.5 + double((q * n + i) % 7));
+      ok = ok && res[size_t(at16 + n + N * n + i)] == float(N - 1);  // broadcast from the last rank
     }
     INFO("rank " << r);
     CHECK(ok);

@@ -1,5 +1,5 @@
 // The optimizers' updates on the GPU, as core/ops/cpu/optim.cpp: one thread per element for SGD and AdamW
-// (the same expressions, so the same f32 rounding step for step), and the two reductions the step reads on
+// (the same operations, each rounded as the cpu rounds it, so the same bits), and the two reductions the step reads on
 // the host: the sum of squares (clip_grad_norm; in double, per block then in one block, in a fixed order)
 // and whether everything is finite (the loss scaler's overflow check).
 
@@ -9,24 +9,31 @@ namespace distlab::cuda {
 
 namespace {
 
+// nvcc fuses a * b + c into one FMA (one rounding) by default, where the cpu rounds twice: the updates
+// spell every operation with its round-to-nearest intrinsic, which nvcc never fuses, in the cpu's order.
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+
 __global__ void sgd_k(float* w, float* buf, const float* g, int64_t n, SgdUpdate u) {
   DL_GRID_LOOP(j, n) {
-    float d = g[j] * u.grad_factor + u.weight_decay * w[j];
+    float d = add(mul(g[j], u.grad_factor), mul(u.weight_decay, w[j]));
     if (buf) {
-      buf[j] = u.first ? d : u.momentum * buf[j] + (1.0f - u.dampening) * d;
-      d = u.nesterov ? d + u.momentum * buf[j] : buf[j];
+      buf[j] = u.first ? d : add(mul(u.momentum, buf[j]), mul(sub(1.0f, u.dampening), d));
+      d = u.nesterov ? add(d, mul(u.momentum, buf[j])) : buf[j];
     }
-    w[j] -= u.lr * d;
+    w[j] = sub(w[j], mul(u.lr, d));
   }
 }
 
 __global__ void adamw_k(float* w, float* m, float* v, const float* g, int64_t n, AdamWUpdate u) {
   DL_GRID_LOOP(j, n) {
-    const float gj = g[j] * u.grad_factor;
-    w[j] *= u.decay;
-    m[j] = u.beta1 * m[j] + (1.0f - u.beta1) * gj;
-    v[j] = u.beta2 * v[j] + (1.0f - u.beta2) * gj * gj;
-    w[j] -= u.step_size * m[j] / (sqrtf(v[j]) / u.bc2_sqrt + u.eps);
+    const float gj = mul(g[j], u.grad_factor);
+    w[j] = mul(w[j], u.decay);
+    m[j] = add(mul(u.beta1, m[j]), mul(sub(1.0f, u.beta1), gj));
+    v[j] = add(mul(u.beta2, v[j]), mul(mul(sub(1.0f, u.beta2), gj), gj));
+    // sqrt and division are correctly rounded (nvcc's defaults, -prec-sqrt and -prec-div), as the cpu's
+    w[j] = sub(w[j], __fdiv_rn(mul(u.step_size, m[j]), add(__fdiv_rn(__fsqrt_rn(v[j]), u.bc2_sqrt), u.eps)));
   }
 }
 
