@@ -248,6 +248,32 @@ TEST_CASE("a collective that one rank never joins times out on the others, namin
   CHECK_FALSE(errors[1]);
 }
 
+TEST_CASE("a long run keeps a bounded number of store keys per group, and a timeout after thousands of collectives still names the missing rank", "[dist][failure]") {
+  // 2500 collectives: more than kArrivalSlots, so every slot is reused; the extra one on rank 0 then finds
+  // an older collective's note in rank 1's slot, which is not an arrival
+  MemoryStore store(Millis(20000));
+  ProcessGroupOptions o;
+  o.timeout = Millis(1500);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; r++)
+    ranks.emplace_back([&, r] {
+      try {
+        ProcessGroup pg(store, r, 2, o);
+        float x = 1.0f;
+        for (int i = 0; i < 2500; i++) pg.all_reduce(&x, 1);
+        if (r == 0) pg.all_reduce(&x, 1);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      } catch (const Error& e) {
+        errors[size_t(r)] = e.full();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  CHECK(store.size() <= size_t(2 * kArrivalSlots + 64));  // the arrivals' slots, and the rendezvous' few keys
+  CHECK_THAT(errors[0], Catch::Contains("all_reduce #2500") && Catch::Contains("arrived: 0") && Catch::Contains("missing: 1"));
+  CHECK(errors[1].empty());
+}
+
 TEST_CASE("an extra collective on rank 0 only: the timeout names what each rank called at that place", "[dist][failure]") {
   // Every rank arrives at #2, each with another call: rank 0's extra logging all_reduce and rank 1's next
   // step. Without fingerprints the ranks find out only at the timeout, which then says what each one called.

@@ -40,7 +40,10 @@ void nccl_check(ncclResult_t r, const char* call, const std::string& what) {
                       : "NCCL_DEBUG=INFO shows how the ranks connected");
 }
 
-std::string seq_key(const std::string& name, int64_t seq, int rank) { return fmt::format("{}/nccl/{}/{}", name, seq, rank); }
+// where rank `rank` notes what it called at place `seq`: one of kArrivalSlots slots (process_group.h)
+std::string seq_key(const std::string& name, int64_t seq, int rank) {
+  return fmt::format("{}/nccl/{}/{}", name, seq % kArrivalSlots, rank);
+}
 
 }  // namespace
 
@@ -247,8 +250,9 @@ void NcclGroup::timed_out(const NcclWork& w) {
   std::vector<int> missing;
   for (int r = 0; r < size_; r++) {
     const std::string key = seq_key(name_, w.seq_, r);
-    if (store_.check({key})) calls += fmt::format("\n  rank {} called {}", r, store_.get_string(key));
-    else {
+    const std::string theirs = store_.check({key}) ? store_.get_string(key) : "";
+    if (theirs.find(fmt::format(" #{} of", w.seq_)) != std::string::npos) calls += fmt::format("\n  rank {} called {}", r, theirs);
+    else {  // nothing, or an older collective's note in the slot
       calls += fmt::format("\n  rank {} never got there", r);
       missing.push_back(r);
     }

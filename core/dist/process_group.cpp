@@ -226,7 +226,9 @@ void ProcessGroup::execute(Call& c) {
   if (c.seq >= 0 && opts_.fingerprints) check_fingerprint(c);
   // the arrival says what this rank called: a timeout can then tell a missing rank from one that came to
   // the same place in the sequence with another collective (a rank-dependent extra or missing call before it)
-  if (c.seq >= 0 && opts_.track_arrivals && size_ > 1) keys_.set_string(fmt::format("arrive/{}/{}", c.seq, rank_), describe(c));
+  // (in one of kArrivalSlots slots, so a long run's store holds a bounded number of keys per group)
+  if (c.seq >= 0 && opts_.track_arrivals && size_ > 1)
+    keys_.set_string(fmt::format("arrive/{}/{}", c.seq % kArrivalSlots, rank_), fmt::format("#{} {}", c.seq, describe(c)));
   const auto t0 = std::chrono::steady_clock::now();
   try {
     c.body(wire_id(c));
@@ -248,24 +250,21 @@ void ProcessGroup::fail(const Call& c, const std::string& what) {
   const std::string mine = describe(c);
   if (opts_.track_arrivals && c.seq >= 0) {  // point to point: the one peer is named in the message
     arrived.clear();
+    const std::string tag = fmt::format("#{} ", c.seq);  // the slot's note is this collective's, not an older one's
     for (int r = 0; r < size_; r++) {
-      bool here = false;
+      const std::string key = fmt::format("arrive/{}/{}", c.seq % kArrivalSlots, r);
+      std::string theirs;
       try {
-        here = keys_.check({fmt::format("arrive/{}/{}", c.seq, r)});
+        if (keys_.check({key})) theirs = keys_.get_string(key);
       } catch (const Error&) {
         arrived = "unknown (the store is gone)";
         break;
       }
+      const bool here = theirs.rfind(tag, 0) == 0;
       (here ? arrived : missing) += fmt::format("{}{}", (here ? arrived : missing).empty() ? "" : ", ", r);
       if (!here) missing_ranks.push_back(global_ranks_.empty() ? r : global_ranks_[size_t(r)]);
-      if (here && r != rank_) {
-        std::string theirs;
-        try {
-          theirs = keys_.get_string(fmt::format("arrive/{}/{}", c.seq, r));
-        } catch (const Error&) {
-        }
-        if (!theirs.empty() && theirs != mine) other_calls += fmt::format("\n  rank {} called {} as #{}", r, theirs, c.seq);
-      }
+      theirs = here ? theirs.substr(tag.size()) : "";
+      if (here && r != rank_ && theirs != mine) other_calls += fmt::format("\n  rank {} called {} as #{}", r, theirs, c.seq);
     }
   }
   const bool timed_out = what.find("Timed out") != std::string::npos || what.find("timeout") != std::string::npos;

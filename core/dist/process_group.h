@@ -68,6 +68,11 @@ struct ProcessGroupOptions {
 // Options from the environment: DISTLAB_DEBUG=detail turns fingerprints on.
 ProcessGroupOptions options_from_env(Millis timeout);
 
+// Each rank notes in the store what it called at each place of its group's sequence, so a timeout can name
+// what every rank called there. The notes live in this many slots (place % slots): a rank is never that
+// many collectives ahead of another, and a run of a million steps keeps as many keys as one of ten.
+constexpr int64_t kArrivalSlots = 1024;
+
 class Work {
  public:
   void wait();  // blocks until the operation finished; rethrows its error

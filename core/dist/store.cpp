@@ -95,4 +95,9 @@ bool MemoryStore::check(const std::vector<std::string>& keys) {
   return true;
 }
 
+size_t MemoryStore::size() {
+  std::lock_guard<std::mutex> g(mu_);
+  return data_.size();
+}
+
 }  // namespace distlab

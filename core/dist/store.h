@@ -75,6 +75,7 @@ class MemoryStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
   void abort_waits();  // wakes every blocked get/wait with a StoreError (server shutdown)
+  size_t size();       // the keys it holds
 
  private:
   bool aborted_ = false;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -277,8 +278,8 @@ TEST_CASE("gemm_ex on bf16 operands, f32 and bf16 results", "[cuda]") {
 
 TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
   Pair g;
-  const int64_t N = 37, C = 70, OC = 29;
-  for (bool with_bias : {true, false}) {
+  // N = 1000: more than one chunk of the bias gradient's two-pass sum (kChunkRows = 256)
+  for (auto [N, C, OC, with_bias] : {std::tuple<int64_t, int64_t, int64_t, bool>{37, 70, 29, true}, {37, 70, 29, false}, {1000, 64, 48, true}}) {
     auto x = randn(N * C, 11), w = randn(OC * C, 12), b = randn(OC, 13), dy = randn(N * OC, 14), dw0 = randn(OC * C, 15), db0 = randn(OC, 16);
     std::vector<float> co(static_cast<size_t>(N * OC)), cdx(static_cast<size_t>(N * C)), cdw = dw0, cdb = db0;
     matmul_forward(g.cpu, co.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
@@ -317,8 +318,9 @@ TEST_CASE("conv2d forward and backward: 3x3 pad 1, 5x5 stride 2 pad 2, 1x1", "[c
 
 TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
   Pair g;
-  {
-    const int64_t N = 33, C = 300;
+  for (const int64_t N : {33, 700}) {  // 700 rows: three chunks of dweight's and dbias's two-pass sums
+    const int64_t C = 300;
+    INFO("layernorm over " << N << " rows");
     auto x = randn(N * C, 23, 3.0f), w = randn(C, 24), b = randn(C, 25), dy = randn(N * C, 26), dw0 = randn(C, 27), db0 = randn(C, 28);
     for (auto& v : x) v += 2.0f;  // a mean away from zero
     std::vector<float> co(x.size()), cm(static_cast<size_t>(N)), cr(static_cast<size_t>(N)), cdx(x.size()), cdw = dw0, cdb = db0;
@@ -401,6 +403,17 @@ TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embed
   CHECK(rel(att.get(), ca) < kF32);
   CHECK(rel(out.get(), co) < kF32);
   CHECK(rel(dqkv.get(), cd) < kF32);
+  {  // a bf16 run's math: the heads' products on bf16 operands with f32 sums, all heads in one call
+    Runtime gb(DeviceKind::cuda);
+    gb.cuda = &g.cx;
+    gb.dtype = DType::bf16;
+    Dev<float> out16(B * T * C), att16(B * NH * T * T), dqkv16(int64_t(qkv.size()));
+    cuda::attention_forward(gb, out16.p, att16.p, dq.p, B, T, C, NH);
+    cuda::attention_backward(gb, dqkv16.p, ddy.p, dq.p, att16.p, B, T, C, NH);
+    CHECK(rel(att16.get(), ca) < 2e-2);  // a few bf16 roundings (2^-8) of the operands
+    CHECK(rel(out16.get(), co) < 2e-2);
+    CHECK(rel(dqkv16.get(), cd) < 3e-2);
+  }
 
   const int64_t Vocab = 50;
   std::vector<int32_t> tok(static_cast<size_t>(B * T));

@@ -77,6 +77,11 @@ void blas_f32_batched(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64
                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
                       int64_t stride_c, int64_t batch);
 
+// out[o] += Σ_n x[n, o] for x (N, OC), deterministic: chunks of kChunkRows rows in order, then the
+// chunks in order (matmul.cu); layernorm's dweight and dbias are chunked the same way (norm.cu).
+constexpr int64_t kChunkRows = 256;
+void add_column_sums(Runtime& rt, float* out, const float* x, int64_t N, int64_t OC, const char* name);
+
 // A kernel's f32 workspace in device memory, counted by the rank's accountant under `other` as the cpu
 // kernel's rt.empty() workspace is, and back to the cache when it goes out of scope.
 struct Scratch {

@@ -47,18 +47,22 @@ __global__ void layernorm_backward_dx_k(float* dinp, const float* dout, const fl
   }
 }
 
-// dweight[i] += Σ_n xhat * dy, dbias[i] += Σ_n dy: one thread per column, rows in order
-__global__ void layernorm_backward_dw_k(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
-                                        const float* rstd, int64_t N, int64_t C) {
-  DL_GRID_LOOP(i, C) {
-    float dw = 0.0f, db = 0.0f;
-    for (int64_t n = 0; n < N; n++) {
-      const float dy = dout[n * C + i];
-      db += dy;
-      dw += (inp[n * C + i] - mean[n]) * rstd[n] * dy;
+// dweight[i] += Σ_n xhat * dy, dbias[i] += Σ_n dy, chunked as add_column_sums (common.cuh): this kernel
+// writes each chunk's sums, rows in order; add_column_sums then adds the chunks in order
+__global__ void layernorm_backward_dw_partials_k(float* pdw, float* pdb, const float* dout, const float* inp, const float* mean,
+                                                 const float* rstd, int64_t N, int64_t C) {
+  for (int64_t chunk = blockIdx.y; chunk * kChunkRows < N; chunk += gridDim.y) {
+    const int64_t end = (chunk + 1) * kChunkRows < N ? (chunk + 1) * kChunkRows : N;
+    DL_GRID_LOOP(i, C) {
+      float dw = 0.0f, db = 0.0f;
+      for (int64_t n = chunk * kChunkRows; n < end; n++) {
+        const float dy = dout[n * C + i];
+        db += dy;
+        dw += (inp[n * C + i] - mean[n]) * rstd[n] * dy;
+      }
+      pdw[chunk * C + i] = dw;
+      pdb[chunk * C + i] = db;
     }
-    dweight[i] += dw;
-    dbias[i] += db;
   }
 }
 
@@ -134,8 +138,13 @@ void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, 
   if (N == 0) return;
   layernorm_backward_dx_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(dinp, dout, inp, weight, mean, rstd, C);
   DL_CUDA_LAUNCHED("layernorm_backward dx");
-  layernorm_backward_dw_k<<<blocks_for(C), kThreads, 0, stream(rt)>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  Scratch partial(rt, 2 * chunks * C, "layernorm backward's partial sums");
+  const dim3 grid(blocks_for(C), unsigned(std::min<int64_t>(chunks, 65535)));
+  layernorm_backward_dw_partials_k<<<grid, kThreads, 0, stream(rt)>>>(partial.p, partial.p + chunks * C, dout, inp, mean, rstd, N, C);
   DL_CUDA_LAUNCHED("layernorm_backward dw");
+  add_column_sums(rt, dweight, partial.p, chunks, C, "layernorm_backward dweight");
+  add_column_sums(rt, dbias, partial.p + chunks * C, chunks, C, "layernorm_backward dbias");
 }
 
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW) {
