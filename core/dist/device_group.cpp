@@ -48,7 +48,7 @@ class SimDeviceGroup : public DeviceGroup {
   SimDeviceGroup(Runtime& rt, ProcessGroup& pg) : mem_(*rt.memory.device_memory()), pg_(pg) {}
   int rank() const override { return pg_.rank(); }
   int size() const override { return pg_.size(); }
-  std::string describe() const override { return fmt::format("nccl on cuda-sim (Gloo over host copies, {} ranks)", pg_.size()); }
+  std::string describe() const override { return fmt::format("nccl on cuda-sim (Gloo over host copies, {} rank(s))", pg_.size()); }
   std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op, DType wire) override {
     return via_host_all_reduce_async(mem_, pg_, data, n, op, wire);
   }

@@ -159,7 +159,8 @@ void ParallelGPT::swap_saved(SavedState& s) {
 }
 
 void ParallelGPT::init(uint64_t seed) {
-  Runtime side(device_);  // f32, its own accountant: the whole model lives only for this call
+  // the whole model on the host (f32, its own accountant: it lives only for this call); a meta rank's on meta
+  Runtime side(device_ == DeviceKind::meta ? DeviceKind::meta : DeviceKind::cpu);
   GPT whole(side, spec_);
   whole.init(seed);
   load_split_params(parameters(), whole.parameters(), tp_.rank(), tp_.size());

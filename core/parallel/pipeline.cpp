@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "core/dist/errors.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -46,23 +48,20 @@ Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int mic
                                   100.0 * (pp.size() - 1) / (m_ + pp.size() - 1), pp.size()));
 }
 
-// The p2p payload travels as f32; 16-bit activations are widened for the wire and rounded back (exact).
+// The p2p payload travels as f32 through host memory (Gloo's send and recv); 16-bit activations are
+// widened for the wire and rounded back (exact), and a cuda rank's cross to the host and back (OnHost).
 void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, const Shape& in_shape, int src, int in_tag,
                         const std::string& what) {
   const int64_t n_out = out.defined() ? out.numel() : 0, n = src >= 0 ? shape_numel(in_shape) : 0;
-  std::vector<float> send_buf, recv_buf;
-  if (dst >= 0 && out.data()) {
-    send_buf.resize(static_cast<size_t>(n_out));
-    convert(out.data(), out.dtype(), send_buf.data(), DType::f32, n_out);
-  }
+  std::unique_ptr<OnHost> send, recv;
+  if (dst >= 0 && out.data()) send = std::make_unique<OnHost>(out, OnHost::in);
   if (src >= 0) {
     *in = rt.empty(in_shape, Category::activations,
                    in_tag % 2 == 0 || in_tag == 1 ? fmt::format("activations from stage {}", src) : fmt::format("gradient from stage {}", src), rt.dtype);
-    if (in->data()) recv_buf.resize(static_cast<size_t>(n));
+    if (in->data()) recv = std::make_unique<OnHost>(*in, OnHost::out);
   }
   try {
-    pp_.send_recv(send_buf.empty() ? nullptr : send_buf.data(), dst >= 0 ? n_out : 0, dst, out_tag, recv_buf.empty() ? nullptr : recv_buf.data(),
-                  n, src, in_tag);
+    pp_.send_recv(send ? send->p : nullptr, dst >= 0 ? n_out : 0, dst, out_tag, recv ? recv->p : nullptr, n, src, in_tag);
   } catch (const PeerLostError& e) {  // the neighbour died first: its own output says why (the launcher blames it)
     throw PeerLostError(fmt::format("pipeline stage {} of {}: {} — {}", stage(), stages(), what, e.what()), e.hint());
   } catch (const CommError& e) {
@@ -73,7 +72,7 @@ void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Te
     err.waiting_for = e.waiting_for;
     throw err;
   }
-  if (src >= 0 && in->data()) convert(recv_buf.data(), DType::f32, in->data(), in->dtype(), n);
+  if (recv) recv->store();
 }
 
 std::string check_schedule(const std::vector<PipeAction>& order, int m) {
@@ -210,18 +209,18 @@ void Pipeline::sync_tied(Runtime& rt, Parameter* tied) {
   Tensor& g = tied->grad_for_accumulate();
   const int64_t n = g.numel();
   if (!g.data()) return pp_.send_recv(nullptr, n, peer, 4, nullptr, n, peer, 4);  // meta: traced, no data
-  std::vector<float> mine(static_cast<size_t>(n)), theirs(static_cast<size_t>(n));
-  convert(g.data(), g.dtype(), mine.data(), DType::f32, n);
+  OnHost mine(g, OnHost::inout);
+  std::vector<float> theirs(static_cast<size_t>(n));
   try {
-    pp_.send_recv(mine.data(), n, peer, 4, theirs.data(), n, peer, 4);
+    pp_.send_recv(mine.p, n, peer, 4, theirs.data(), n, peer, 4);
   } catch (const PeerLostError& e) {
     throw PeerLostError(fmt::format("pipeline stage {}: summing the tied embedding's gradient with stage {}: {}", stage(), peer, e.what()), e.hint());
   } catch (const CommError& e) {
     throw CommError(fmt::format("pipeline stage {}: summing the tied embedding's gradient with stage {}: {}", stage(), peer, e.what()), e.hint());
   }
   // the same sum on both stages (addition commutes: a + b == b + a, bit for bit)
-  for (int64_t i = 0; i < n; i++) mine[size_t(i)] += theirs[size_t(i)];
-  convert(mine.data(), DType::f32, g.data(), g.dtype(), n);
+  for (int64_t i = 0; i < n; i++) mine.p[i] += theirs[size_t(i)];
+  mine.store();
 }
 
 }  // namespace distlab

@@ -11,6 +11,7 @@
 #include "core/ops/cpu/attention.h"
 #include "core/ops/op_scope.h"
 #include "core/tensor/as_f32.h"
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -66,12 +67,14 @@ Shape whole_shape(const Parameter& p, int t) {
 }
 
 // local = this rank's runs of whole, converting between their dtypes
+// `whole` is a host tensor; `local` may be on a cuda rank's device (OnHost carries it up)
 static void take_runs(const Tensor& whole, Tensor& local, int dim, int parts, int rank, int t) {
   if (!local.data() || !whole.data()) return;  // meta
-  const size_t ws = size_t(dtype_size(whole.dtype())), ls = size_t(dtype_size(local.dtype()));
+  const size_t ws = size_t(dtype_size(whole.dtype()));
+  OnHost l(local, OnHost::out);
   for (const SliceRun& r : split_runs(whole.shape(), dim, parts, rank, t))
-    convert(static_cast<const char*>(whole.data()) + size_t(r.whole_offset) * ws, whole.dtype(),
-            static_cast<char*>(local.data()) + size_t(r.local_offset) * ls, local.dtype(), r.numel);
+    convert(static_cast<const char*>(whole.data()) + size_t(r.whole_offset) * ws, whole.dtype(), l.p + r.local_offset, DType::f32, r.numel);
+  l.store();  // rounded to the local dtype
 }
 
 void load_split_params(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole, int rank, int t) {
@@ -339,6 +342,19 @@ Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& 
     throw ShapeError(fmt::format("vocab-parallel embedding: {} tokens for a batch of {} x {} (block size {})", tokens.size(), B, T, block));
   const int64_t rows = wte.data.size(0);
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding (vocab-parallel)", rt.dtype);
+  if (tp_.size() == 1) {  // the whole vocabulary here (pipeline stages alone): the embedding's kernels, on any device
+    if (!rt.is_meta())
+      for (auto t : tokens)
+        if (t < 0 || t >= vocab) throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
+    AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
+    Indices ids(rt, tokens);
+    embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);  // the same sums as the loop below with one rank
+    o.store();
+    saved_tokens_ = tokens;
+    B_ = B;
+    T_ = T;
+    return out;
+  }
   Tensor sum = rt.empty({B, T, C}, Category::comm_buffers, "embedding rows to all-reduce", DType::f32);
   if (out.data()) {
     AsF32 e(rt, wte.data), p(rt, wpe.data), o(rt, out, AsF32::out);
@@ -365,7 +381,10 @@ Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& 
 void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
   const int64_t rows = wte.data.size(0);
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-  if (de.p && dp.p && dy.p)
+  if (tp_.size() == 1) {  // the embedding's kernel: the same sums in the same order as the loop below
+    Indices ids(rt, saved_tokens_);
+    embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+  } else if (de.p && dp.p && dy.p)
     for (int64_t i = 0; i < B_ * T_; i++) {  // in the whole embedding's order: the same sums, row by row
       const int64_t t = saved_tokens_[size_t(i)];
       for (int64_t c = 0; c < C; c++) {

@@ -17,10 +17,10 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
 
 // Refuses a strategy that cannot run on `world` ranks (none on several: each would train alone).
 void check_strategy_fits(const RunConfig& cfg, int world);
-// What a cuda (or cuda-sim) rank runs in this version: every strategy (none, DDP, ZeRO-1/2/3, FSDP) but
-// without CPU offload, tensor or pipeline parallelism, or a lab's code (the labs run on cpu ranks).
+// What a cuda (or cuda-sim) rank runs in this version: every strategy (none, DDP, ZeRO-1/2/3, FSDP), but
+// not CPU offload, tensor or pipeline parallelism, or a lab's code (the labs run on cpu ranks).
 // ConfigError otherwise.
-void check_cuda_fits(const RunConfig& cfg, bool lab, bool mesh);
+void check_cuda_fits(const RunConfig& cfg, bool lab);
 
 // The order a rank visits the training set in: under a data-parallel strategy each rank its slice of
 // one shared order (DistributedSampler, or the lab student's); on one rank a shuffled or plain order.
