@@ -7,7 +7,7 @@
 #   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive);
 #   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
 #   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
-#      with 2 or more GPUs, DDP, ZeRO-3 and FSDP over NCCL (ZeRO-3 and FSDP against the same runs over Gloo).
+#      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU; with 2 or more GPUs, DDP and FSDP over NCCL too.
 # Without the toolkit or without a GPU each step says why it is
 # skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
@@ -113,6 +113,20 @@ losses = " ".join("%.6f" % s["loss"] for s in b)
 print(f"{sys.argv[1]}: {len(b)} steps on cuda; loss {losses}; largest relative difference from the cpu (loss, grad norm): {worst:.2e}")
 PY
 }
+nccl_vs_gloo() {  # strategy, steps: gpt-tiny in bf16 on every GPU over NCCL, then over Gloo
+  for b in nccl gloo; do
+    "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device cuda --set parallel.strategy=$1 --set dist.backend=$b \
+      --set precision.mode=bf16 --set train.steps=$2 --metrics "$M/$1_$b.jsonl" 2>&1 | grep -E "^step|communication in|collectives on" || status=1
+  done
+  python3 - "$1 on $ngpu GPU(s)" "$M/$1_nccl.jsonl" "$M/$1_gloo.jsonl" <<'PY'
+import json, sys
+def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
+a, b = steps(sys.argv[2]), steps(sys.argv[3])
+worst = max((abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-30) for x, y in zip(a, b)), default=float("nan"))
+ms = lambda s: 1e3 * sum(r["wall_s"] for r in s[2:]) / max(len(s[2:]), 1)
+print(f"{sys.argv[1]}: {ms(a):.1f} ms per step over nccl, {ms(b):.1f} over gloo; losses within {worst:.1e} (bf16 sums in another order)")
+PY
+}
 if [ $gpu -eq 1 ]; then
   M=${OUT:-/tmp}
   "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
@@ -129,38 +143,13 @@ if [ $gpu -eq 1 ]; then
   done
   # the strategies' NCCL path on whatever GPUs there are (one GPU: a 1-rank communicator, which still runs
   # every reduce-scatter and all-gather through NCCL, 16-bit wire included), against the same run over Gloo
-  for s in zero1 zero3; do
-    for b in nccl gloo; do
-      "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device cuda --set parallel.strategy=$s --set dist.backend=$b \
-        --set precision.mode=bf16 --set train.steps=10 --metrics "$M/${s}_${b}_all.jsonl" 2>&1 | grep -E "^step|communication in|collectives on" || status=1
-    done
-    python3 - "$s over nccl and gloo on $ngpu GPU(s)" "$M/${s}_nccl_all.jsonl" "$M/${s}_gloo_all.jsonl" <<'PY'
-import json, sys
-def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
-a, b = steps(sys.argv[2]), steps(sys.argv[3])
-worst = max((abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-30) for x, y in zip(a, b)), default=float("nan"))
-print(f"{sys.argv[1]}: {len(a)} and {len(b)} steps, losses within {worst:.1e}")
-PY
-  done
+  nccl_vs_gloo zero1 10
+  nccl_vs_gloo zero3 10
   if [ "$ngpu" -ge 2 ]; then  # DDP over NCCL, a rank per GPU
     "$DISTLAB" run -n "$ngpu" train configs/cifar-cnn.toml --device cuda --set parallel.strategy=ddp --set dist.backend=nccl \
       --set train.steps=60 --set train.micro_batch=256 --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
     [ -f "$M/ddp_nccl.jsonl" ] && rates "$M/ddp_nccl.jsonl" img 1  # samples: the global batch
-    # ZeRO-3 and FSDP with their reduce-scatters and all-gathers on the GPUs, against the same run over Gloo
-    for s in zero3 fsdp; do
-      for b in nccl gloo; do
-        "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device cuda --set parallel.strategy=$s --set dist.backend=$b \
-          --set precision.mode=bf16 --set train.steps=20 --metrics "$M/${s}_$b.jsonl" 2>&1 | grep -E "^step|communication in" || status=1
-      done
-      python3 - "$s" "$M/${s}_nccl.jsonl" "$M/${s}_gloo.jsonl" <<'PY'
-import json, sys
-def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
-a, b = steps(sys.argv[2]), steps(sys.argv[3])
-worst = max((abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-30) for x, y in zip(a, b)), default=float("nan"))
-ms = lambda s: 1e3 * sum(r["wall_s"] for r in s[5:]) / max(len(s[5:]), 1)
-print(f"{sys.argv[1]}: {ms(a):.1f} ms per step over nccl, {ms(b):.1f} over gloo; losses within {worst:.1e} (bf16 sums in another order)")
-PY
-    done
+    nccl_vs_gloo fsdp 20  # FSDP's prefetched all-gathers across GPUs
   fi
 else
   echo "(skipped: no GPU)"
