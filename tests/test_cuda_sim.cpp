@@ -202,6 +202,46 @@ TEST_CASE("cuda-sim: ZeRO-2 in bf16 over nccl, ZeRO-3 in fp16 through a checkpoi
   for (const auto& p : {ck_cpu, ck_sim}) fs::remove_all(p);
 }
 
+TEST_CASE("cuda-sim: GPT in 2 pipeline stages (1F1B, bf16) through a checkpoint, resume, --save and --init, and dp 2 x pp 2 with ZeRO-1 over nccl, as the cpu ranks", "[cuda-sim][pp]") {
+  const std::string w_cpu = tmp("pp-cpu.safetensors"), w_sim = tmp("pp-sim.safetensors"), ck_cpu = tmp("pp-ck-cpu"), ck_sim = tmp("pp-ck-sim");
+  auto pp = [](int steps, const std::string& ck) {
+    return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.micro_batches=4 --set precision.mode=bf16 "
+           "--set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" + std::to_string(steps);
+  };
+  // the stages' sends, the tied embedding's sum, the row-parallel biases and the loss on the device
+  check_same_metrics(train_cli("cpu", pp(2, ck_cpu)), train_cli("cuda-sim", pp(2, ck_sim)));
+  const TrainRun cpu = train_cli("cpu", pp(4, ck_cpu) + " --save " + w_cpu), sim = train_cli("cuda-sim", pp(4, ck_sim) + " --save " + w_sim);
+  CHECK_THAT(sim.out, Catch::Contains("resumed from") && Catch::Contains("gathered from 1 tensor-parallel rank(s) x 2 stage(s)"));
+  check_same_metrics(cpu, sim);
+  CHECK(max_weight_diff(w_cpu, w_sim) == 0.0);  // each stage's f32 masters, sent to rank 0 from the device
+  // --init: the whole model's file, each stage's part of it written into the device
+  const std::string init = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.micro_batches=2 "
+                           "--set train.steps=1 --init " + w_cpu;
+  check_same_metrics(train_cli("cpu", init), train_cli("cuda-sim", init));
+  // 2 replicas of 2 stages: ZeRO-1's reduce-scatters and all-gathers over each stage's data-parallel pair
+  const std::string z1 = "run -n 4 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.strategy=zero1 "
+                         "--set parallel.micro_batches=4 --set train.micro_batch=2 --set precision.mode=fp16 --set train.steps=2";
+  const TrainRun z1_sim = train_cli("cuda-sim", z1 + " --set dist.backend=nccl");
+  CHECK_THAT(z1_sim.out, Catch::Contains("nccl on cuda-sim (Gloo over host copies, 2 rank(s))"));
+  check_same_metrics(train_cli("cpu", z1), z1_sim);
+  for (const auto& p : {w_cpu, w_sim, ck_cpu, ck_sim}) fs::remove_all(p);
+}
+
+TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activations' all-reduces over nccl and --save; tp 2 x pp 2 with eval), as the cpu ranks", "[cuda-sim][tp]") {
+  const std::string w_cpu = tmp("tp-cpu.safetensors"), w_sim = tmp("tp-sim.safetensors");
+  // the vocabulary-parallel embedding and loss, the row-parallel bias, attention on this rank's heads
+  const std::string tp = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.tp=2 --set precision.mode=bf16 "
+                         "--set optim.clip_grad_norm=0.5 --set train.steps=3 --save ";
+  const TrainRun sim = train_cli("cuda-sim", tp + w_sim + " --set dist.backend=nccl");
+  CHECK_THAT(sim.out, Catch::Contains("the tensor-parallel layers' all-reduces on the device: nccl on cuda-sim"));
+  check_same_metrics(train_cli("cpu", tp + w_cpu), sim);
+  CHECK(max_weight_diff(w_cpu, w_sim) == 0.0);  // the slices gathered from the device's f32 masters
+  const std::string tp_pp = "run -n 4 --master-port 0 train configs/gpt-tiny.toml --set parallel.tp=2 --set parallel.pp=2 "
+                            "--set parallel.micro_batches=2 --set train.steps=2 --set train.eval_every=2 --set train.eval_batches=2";
+  check_same_metrics(train_cli("cpu", tp_pp), train_cli("cuda-sim", tp_pp));
+  for (const auto& p : {w_cpu, w_sim}) fs::remove_all(p);
+}
+
 TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cuda-sim]") {
   auto [code, out] = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY +
                                      " train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero1 --set dist.fake_world_size=2");
@@ -212,10 +252,6 @@ TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cud
                                         "--set parallel.offload=cpu");
   CHECK(code != 0);
   CHECK_THAT(out, Catch::Contains("parallel.offload = \"cpu\" on device cuda-sim: not in this version"));
-  std::tie(code, out) = shell_in_source(std::string("timeout 120 ") + DISTLAB_BINARY +
-                                        " run -n 2 --master-port 0 train configs/gpt-tiny.toml --device cuda-sim --set parallel.tp=2");
-  CHECK(code != 0);
-  CHECK_THAT(out, Catch::Contains("on device cuda-sim: not in this version"));
   std::tie(code, out) = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY + " train configs/fashion-mnist-mlp.toml --set dist.backend=nccl");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("dist.backend") && Catch::Contains("NCCL moves GPU memory"));

@@ -20,6 +20,8 @@ const Kernels& kernel_table() {
     t.maxpool2d_backward = &cuda::maxpool2d_backward;
     t.matmul_forward = &cuda::matmul_forward;
     t.matmul_backward = &cuda::matmul_backward;
+    t.bias_forward = &cuda::bias_forward;
+    t.bias_backward = &cuda::bias_backward;
     t.gemm = &cuda::gemm;
     t.conv2d_forward = &cuda::conv2d_forward;
     t.conv2d_backward = &cuda::conv2d_backward;
@@ -31,6 +33,9 @@ const Kernels& kernel_table() {
     t.batchnorm_backward_apply = &cuda::batchnorm_backward_apply;
     t.softmax_crossentropy_forward = &cuda::softmax_crossentropy_forward;
     t.softmax_crossentropy_backward = &cuda::softmax_crossentropy_backward;
+    t.vocab_ce_max = &cuda::vocab_ce_max;
+    t.vocab_ce_exp = &cuda::vocab_ce_exp;
+    t.vocab_ce_finish = &cuda::vocab_ce_finish;
     t.attention_forward = &cuda::attention_forward;
     t.attention_backward = &cuda::attention_backward;
     t.embedding_forward = &cuda::embedding_forward;

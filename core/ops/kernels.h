@@ -54,6 +54,8 @@ struct Kernels {
                          int64_t C, int64_t OC);
   void (*matmul_backward)(Runtime&, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                           const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp);
+  void (*bias_forward)(Runtime&, float* out, const float* bias, int64_t N, int64_t OC);
+  void (*bias_backward)(Runtime&, float* dbias, const float* dout, int64_t N, int64_t OC);
   void (*gemm)(Runtime&, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
   // ---- conv.h ----
@@ -79,6 +81,11 @@ struct Kernels {
                                          int64_t V, int64_t* correct);
   void (*softmax_crossentropy_backward)(Runtime&, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                         int64_t V, float scale);
+  void (*vocab_ce_max)(Runtime&, float* mx, const float* logits, int64_t N, int64_t V);
+  void (*vocab_ce_exp)(Runtime&, float* probs, float* sum, float* zt, const float* logits, const float* mx,
+                       const int32_t* targets, int64_t first, int64_t N, int64_t V);
+  double (*vocab_ce_finish)(Runtime&, float* probs, const float* sum, const float* zt, const float* mx,
+                            const int32_t* targets, int64_t N, int64_t V, int64_t* correct);
   // ---- attention.h ----
   void (*attention_forward)(Runtime&, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                             int64_t NH);

@@ -153,6 +153,16 @@ void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
   distlab::matmul_backward(rt, dev(dinp, "matmul_backward"), dev(dw, "matmul_backward"), dev(dbias, "matmul_backward"), dev(dout, "matmul_backward"), dev(inp, "matmul_backward"), dev(w, "matmul_backward"), N, C, OC, need_dinp);
 }
 
+void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC) {
+  OnCpu cpu(rt);
+  distlab::bias_forward(rt, dev(out, "bias_forward"), dev(bias, "bias_forward"), N, OC);
+}
+
+void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC) {
+  OnCpu cpu(rt);
+  distlab::bias_backward(rt, dev(dbias, "bias_backward"), dev(dout, "bias_backward"), N, OC);
+}
+
 void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   OnCpu cpu(rt);
   distlab::gemm(rt, name, trans_a, trans_b, M, N, K, alpha, dev(A, "gemm"), lda, dev(B, "gemm"), ldb, beta, dev(C, "gemm"), ldc);
@@ -218,6 +228,21 @@ void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float
   distlab::attention_backward(rt, dev(dqkv, "attention_backward"), dev(dout, "attention_backward"), dev(qkv, "attention_backward"), dev(att, "attention_backward"), B, T, C, NH);
 }
 
+void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
+  OnCpu cpu(rt);
+  distlab::vocab_ce_max(rt, dev(mx, "vocab_ce_max"), dev(logits, "vocab_ce_max"), N, V);
+}
+
+void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx, const int32_t* targets, int64_t first, int64_t N, int64_t V) {
+  OnCpu cpu(rt);
+  distlab::vocab_ce_exp(rt, dev(probs, "vocab_ce_exp"), dev(sum, "vocab_ce_exp"), dev(zt, "vocab_ce_exp"), dev(logits, "vocab_ce_exp"), dev(mx, "vocab_ce_exp"), dev(targets, "vocab_ce_exp"), first, N, V);
+}
+
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
+  OnCpu cpu(rt);
+  return distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct);
+}
+
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C) {
   OnCpu cpu(rt);
   distlab::embedding_forward(rt, dev(out, "embedding_forward"), dev(tokens, "embedding_forward"), dev(wte, "embedding_forward"), dev(wpe, "embedding_forward"), B, T, C);
@@ -273,6 +298,8 @@ const Kernels& sim_kernels() {
     t.maxpool2d_backward = sim::maxpool2d_backward;
     t.matmul_forward = sim::matmul_forward;
     t.matmul_backward = sim::matmul_backward;
+    t.bias_forward = sim::bias_forward;
+    t.bias_backward = sim::bias_backward;
     t.gemm = sim::gemm;
     t.conv2d_forward = sim::conv2d_forward;
     t.conv2d_backward = sim::conv2d_backward;
@@ -286,6 +313,9 @@ const Kernels& sim_kernels() {
     t.softmax_crossentropy_backward = sim::softmax_crossentropy_backward;
     t.attention_forward = sim::attention_forward;
     t.attention_backward = sim::attention_backward;
+    t.vocab_ce_max = sim::vocab_ce_max;
+    t.vocab_ce_exp = sim::vocab_ce_exp;
+    t.vocab_ce_finish = sim::vocab_ce_finish;
     t.embedding_forward = sim::embedding_forward;
     t.embedding_backward = sim::embedding_backward;
     t.sgd_update = sim::sgd_update;

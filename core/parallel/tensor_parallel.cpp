@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "core/ops/cpu/attention.h"
+#include "core/ops/cpu/loss.h"
+#include "core/ops/cpu/matmul.h"
 #include "core/ops/op_scope.h"
+#include "core/parallel/staged.h"
 #include "core/tensor/as_f32.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
@@ -18,12 +21,9 @@ namespace distlab {
 
 void all_reduce_tensor(Runtime& rt, ProcessGroup& g, Tensor& t) {
   if (g.size() == 1) return;
-  if (!t.data()) return g.all_reduce(nullptr, t.numel());  // meta: traced and counted, no data
-  if (t.dtype() == DType::f32) return g.all_reduce(t.f32(), t.numel());
-  std::vector<float> f(static_cast<size_t>(t.numel()));
-  convert(t.data(), t.dtype(), f.data(), DType::f32, t.numel());
-  g.all_reduce(f.data(), t.numel());
-  convert(f.data(), DType::f32, t.data(), t.dtype(), t.numel());
+  AsF32 f(rt, t, AsF32::inout);  // a cpu f32 tensor itself; 16-bit through f32, rounded once after the sum
+  staged_all_reduce(rt, g, f.p, t.numel(), ReduceOp::sum, DType::f32);  // on the device where it lives; nullptr (meta): traced
+  f.store();
 }
 
 static int64_t split(int64_t n, ProcessGroup& g, const std::string& what, const std::string& prefix) {
@@ -107,14 +107,13 @@ int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, 
     const Tensor* m = masters ? masters->master(&l) : nullptr;
     const Tensor& src = m ? *m : l.data;
     const int64_t n = src.numel();
-    std::vector<float> mine(static_cast<size_t>(n));
-    convert(src.data(), src.dtype(), mine.data(), DType::f32, n);
+    const OnHost mine(src);  // f32 on the host, from any device and dtype
     if (l.split_dim < 0 || t == 1) {  // whole on every rank
-      convert(mine.data(), DType::f32, w.data(), w.dtype(), n);
+      convert(mine.p, DType::f32, w.data(), w.dtype(), n);
       continue;
     }
     std::vector<float> all(static_cast<size_t>(n * t)), out(static_cast<size_t>(w.numel()));
-    tp.all_gather(all.data(), mine.data(), n);
+    tp.all_gather(all.data(), mine.p, n);
     for (int r = 0; r < t; r++)
       for (const SliceRun& run : split_runs(w.shape(), l.split_dim, l.split_parts, r, t))
         std::memcpy(out.data() + run.whole_offset, all.data() + r * n + run.local_offset, size_t(run.numel) * sizeof(float));
@@ -242,11 +241,10 @@ Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
   if (kernels_) return kernels_forward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, x, saved_x_);
   Tensor y = local_.forward(rt, x);  // this rank's term of Σ_r x_r·W_rᵀ
   all_reduce_tensor(rt, tp_, y);     // g
-  if (has_bias_ && y.data()) {       // the bias once, after the sum
-    const int64_t out = local_.out_features, rows = y.numel() / out;
+  if (has_bias_) {                   // the bias once, after the sum
+    const int64_t out = local_.out_features;
     AsF32 yf(rt, y, AsF32::inout), b(rt, bias.data);
-    for (int64_t i = 0; i < rows; i++)
-      for (int64_t j = 0; j < out; j++) yf.p[i * out + j] += b.p[j];
+    bias_forward(rt, yf.p, b.p, y.numel() / out, out);
     yf.store();
   }
   return y;
@@ -255,11 +253,9 @@ Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
 Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   if (kernels_) return kernels_backward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, dout, saved_x_);
   if (has_bias_) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient
-    const int64_t out = local_.out_features, rows = dout.numel() / out;
+    const int64_t out = local_.out_features;
     AsF32 db(rt, bias.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-    if (db.p && dy.p)
-      for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < out; j++) db.p[j] += dy.p[i * out + j];
+    bias_backward(rt, db.p, dy.p, dout.numel() / out, out);
     db.store();
   }
   return local_.backward(rt, dout);  // g's backward is the identity: dx_r = dy·W_r, dW_r = dyᵀ·x_r
@@ -340,61 +336,38 @@ void VocabParallelEmbedding::load_slice(const Embedding& whole) {
 Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
   if (T > block || int64_t(tokens.size()) != B * T)
     throw ShapeError(fmt::format("vocab-parallel embedding: {} tokens for a batch of {} x {} (block size {})", tokens.size(), B, T, block));
+  // this rank's tokens as rows of its slice; the others' as -1, whose rows the kernel leaves zero here
   const int64_t rows = wte.data.size(0);
+  saved_local_.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); i++) {
+    const int32_t t = tokens[i];
+    if (!rt.is_meta() && (t < 0 || t >= vocab)) throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
+    saved_local_[i] = t >= first && t < first + rows ? int32_t(t - first) : -1;
+  }
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding (vocab-parallel)", rt.dtype);
-  if (tp_.size() == 1) {  // the whole vocabulary here (pipeline stages alone): the embedding's kernels, on any device
-    if (!rt.is_meta())
-      for (auto t : tokens)
-        if (t < 0 || t >= vocab) throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
+  {
     AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
-    Indices ids(rt, tokens);
-    embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);  // the same sums as the loop below with one rank
+    Indices ids(rt, saved_local_);
+    embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);  // wte row + wpe for this rank's tokens, zeros for the others
     o.store();
-    saved_tokens_ = tokens;
-    B_ = B;
-    T_ = T;
-    return out;
   }
-  Tensor sum = rt.empty({B, T, C}, Category::comm_buffers, "embedding rows to all-reduce", DType::f32);
-  if (out.data()) {
-    AsF32 e(rt, wte.data), p(rt, wpe.data), o(rt, out, AsF32::out);
-    float* s = sum.f32();
-    for (int64_t i = 0; i < B * T; i++) {
-      const int64_t t = tokens[size_t(i)];
-      if (t < 0 || t >= vocab) throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
-      const bool mine = t >= first && t < first + rows;
-      for (int64_t c = 0; c < C; c++) s[i * C + c] = mine ? e.p[(t - first) * C + c] : 0.0f;
-    }
-    if (tp_.size() > 1) tp_.all_reduce(s, B * T * C);  // exactly one rank's row, plus zeros: the row itself
-    for (int64_t i = 0; i < B * T; i++)
-      for (int64_t c = 0; c < C; c++) o.p[i * C + c] = s[i * C + c] + p.p[(i % T) * C + c];
-    o.store();
-  } else if (tp_.size() > 1) {
-    tp_.all_reduce(nullptr, B * T * C);
-  }
-  saved_tokens_ = tokens;
+  all_reduce_tensor(rt, tp_, out);  // each token: exactly one rank's row, plus zeros — the row itself
   B_ = B;
   T_ = T;
   return out;
 }
 
 void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
-  const int64_t rows = wte.data.size(0);
+  // dout is whole on every rank: each adds it into its own tokens' rows, and every rank into all of dwpe
+  // (the same sums in the same order as the whole embedding's)
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-  if (tp_.size() == 1) {  // the embedding's kernel: the same sums in the same order as the loop below
-    Indices ids(rt, saved_tokens_);
+  {
+    Indices ids(rt, saved_local_);
     embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
-  } else if (de.p && dp.p && dy.p)
-    for (int64_t i = 0; i < B_ * T_; i++) {  // in the whole embedding's order: the same sums, row by row
-      const int64_t t = saved_tokens_[size_t(i)];
-      for (int64_t c = 0; c < C; c++) {
-        if (t >= first && t < first + rows) de.p[(t - first) * C + c] += dy.p[i * C + c];
-        dp.p[(i % T_) * C + c] += dy.p[i * C + c];
-      }
-    }
+  }
   de.store();
   dp.store();
-  saved_tokens_.clear();
+  saved_local_.clear();
 }
 
 double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first,
@@ -402,69 +375,45 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
   const int64_t V = logits.size(-1), N = logits.numel() / V;
   if (int64_t(targets.size()) != N)
     throw ShapeError(fmt::format("vocab-parallel cross-entropy: {} targets for {} rows of logits {}", targets.size(), N, shape_str(logits.shape())));
+  if (tp_.size() == 1) return whole_.forward(rt, logits, targets, correct);
+  for (const int32_t t : targets)
+    if (t >= V * tp_.size())
+      throw DataError(fmt::format("target {} is out of range for a vocabulary of {}", t, V * tp_.size()),
+                      "the data set's tokens don't match model.vocab_size");
   probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities (this rank's columns)");
   targets_ = targets;
   first_ = first;
   logits_dtype_ = logits.dtype();
-  std::vector<float> mx(static_cast<size_t>(N)), sum(static_cast<size_t>(N)), zt(static_cast<size_t>(N), 0.0f);
-  OpScope op(rt, "vocab_parallel_crossentropy_forward", 5.0 * double(N * V), 8.0 * double(N * V));
-  if (!logits.data()) {  // meta: the three all-reduces, traced
-    for (int k = 0; k < 3 && tp_.size() > 1; k++) tp_.all_reduce(nullptr, N, k == 0 ? ReduceOp::max : ReduceOp::sum);
-    return 0.0;
-  }
+  // per row: the max, the sum of exp(z - max) and the target's logit, each all-reduced over the group
+  Tensor mx = rt.empty({N}, Category::activations, "row maxima of the logits"), sum = rt.empty({N}, Category::activations, "row sums of exp"),
+         zt = rt.empty({N}, Category::activations, "the target's logit");
   AsF32 z(rt, logits);
-  float* p = probs_.f32();
-  for (int64_t n = 0; n < N; n++) {
-    float m = z.p[n * V];
-    for (int64_t v = 1; v < V; v++) m = std::max(m, z.p[n * V + v]);
-    mx[size_t(n)] = m;
-  }
-  if (tp_.size() > 1) tp_.all_reduce(mx.data(), N, ReduceOp::max);
-  for (int64_t n = 0; n < N; n++) {
-    double s = 0;
-    for (int64_t v = 0; v < V; v++) {
-      p[n * V + v] = std::exp(z.p[n * V + v] - mx[size_t(n)]);
-      s += p[n * V + v];
-    }
-    sum[size_t(n)] = float(s);
-    const int32_t t = targets[size_t(n)];
-    if (t >= V * tp_.size())
-      throw DataError(fmt::format("target {} is out of range for a vocabulary of {}", t, V * tp_.size()),
-                      "the data set's tokens don't match model.vocab_size");
-    if (t >= first && t < first + V) zt[size_t(n)] = z.p[n * V + (t - first)];
-  }
-  if (tp_.size() > 1) {
-    tp_.all_reduce(sum.data(), N);
-    tp_.all_reduce(zt.data(), N);
-  }
-  double total = 0;
-  counted_ = 0;
-  if (correct) *correct = 0;
-  for (int64_t n = 0; n < N; n++) {
-    const float inv = 1.0f / sum[size_t(n)];
-    for (int64_t v = 0; v < V; v++) p[n * V + v] *= inv;
-    if (targets[size_t(n)] < 0) continue;
-    total += -(double(zt[size_t(n)]) - mx[size_t(n)] - std::log(double(sum[size_t(n)])));
-    counted_++;
-    if (correct && zt[size_t(n)] == mx[size_t(n)]) ++*correct;
-  }
-  return counted_ ? total / double(counted_) : 0.0;
+  Indices t(rt, targets);
+  vocab_ce_max(rt, mx.f32(), z.p, N, V);
+  staged_all_reduce(rt, tp_, mx.f32(), N, ReduceOp::max, DType::f32);
+  vocab_ce_exp(rt, probs_.f32(), sum.f32(), zt.f32(), z.p, mx.f32(), t.p, first, N, V);
+  staged_all_reduce(rt, tp_, sum.f32(), N, ReduceOp::sum, DType::f32);
+  staged_all_reduce(rt, tp_, zt.f32(), N, ReduceOp::sum, DType::f32);  // one rank's logit, plus zeros
+  return vocab_ce_finish(rt, probs_.f32(), sum.f32(), zt.f32(), mx.f32(), t.p, N, V, correct);  // loss = log(sum) + max - z_target
 }
 
 Tensor VocabParallelCrossEntropy::backward(Runtime& rt, float scale) {
+  if (tp_.size() == 1) return whole_.backward(rt, scale);
+  // (softmax - onehot) · scale / rows is the plain loss's gradient, with the targets as this rank's columns:
+  // a target another rank holds as V (never a column here), an ignored one as -1 (a zero row)
   const int64_t N = probs_.size(0), V = probs_.size(1);
-  OpScope op(rt, "vocab_parallel_crossentropy_backward", 2.0 * double(N * V), 8.0 * double(N * V));
-  Tensor d = rt.empty({N, V}, Category::activations, "grad of logits (this rank's columns)", logits_dtype_);
-  AsF32 df(rt, d, AsF32::out);
-  if (df.p) {
-    const float f = scale / float(std::max<int64_t>(counted_, 1));
-    const float* p = probs_.f32();
-    for (int64_t n = 0; n < N; n++) {
-      const int32_t t = targets_[size_t(n)];
-      for (int64_t v = 0; v < V; v++) df.p[n * V + v] = t < 0 ? 0.0f : (p[n * V + v] - (t - first_ == v ? 1.0f : 0.0f)) * f;
-    }
+  std::vector<int32_t> local(targets_.size());
+  for (size_t i = 0; i < local.size(); i++) {
+    const int32_t t = targets_[i];
+    local[i] = t < 0 ? -1 : t >= first_ && t < first_ + V ? int32_t(t - first_) : int32_t(V);
   }
-  df.store();
+  Tensor d = rt.empty({N, V}, Category::activations, "grad of logits (this rank's columns)", logits_dtype_);
+  {
+    AsF32 df(rt, d, AsF32::out);
+    Indices ti(rt, local);
+    softmax_crossentropy_backward(rt, df.p, probs_.f32(), ti.p, N, V, scale);
+    df.store();
+  }
   probs_ = Tensor();
   return d;
 }

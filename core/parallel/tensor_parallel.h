@@ -22,6 +22,7 @@
 #include "core/nn/attention.h"
 #include "core/nn/embedding.h"
 #include "core/nn/linear.h"
+#include "core/nn/loss.h"
 #include "core/optim/optimizer.h"
 
 namespace distlab {
@@ -151,7 +152,7 @@ class ParallelSelfAttention : public Layer {
 
 // GPT-2's embeddings with the vocabulary split: rank r holds rows [r·V/t, (r+1)·V/t) of wte (whose tied
 // lm_head then gives this rank's V/t columns of the logits); wpe is whole on every rank.
-//   forward   each rank writes its rows' vectors (zeros for tokens it does not hold), all-reduce, + wpe
+//   forward   each rank writes its rows' vectors + wpe (zeros for tokens it does not hold), all-reduce
 //   backward  each rank adds dout into the rows of its own tokens (no communication); dwpe everywhere alike
 class VocabParallelEmbedding {
  public:
@@ -160,7 +161,7 @@ class VocabParallelEmbedding {
   void backward(Runtime& rt, const Tensor& dout);
   void load_slice(const Embedding& whole);
   void swap_saved(SavedState& s) {
-    s.swap(saved_tokens_);
+    s.swap(saved_local_);
     s.swap(B_);
     s.swap(T_);
   }
@@ -169,7 +170,7 @@ class VocabParallelEmbedding {
 
  private:
   ProcessGroup& tp_;
-  std::vector<int32_t> saved_tokens_;
+  std::vector<int32_t> saved_local_;  // the tokens as rows of this rank's slice, -1 for the others' (core/ops/cpu/attention.h)
   int64_t B_ = 0, T_ = 0;
 };
 
@@ -182,15 +183,17 @@ class VocabParallelCrossEntropy {
   // logits (N, V/t): columns [first, first + V/t) of the vocabulary; the mean loss over rows whose target
   // is not negative, the same on every rank. `correct` counts the rows whose target's logit is the
   // largest of the whole vocabulary (argmax, from the all-reduced max: no extra communication).
+  // With one TP rank (pipeline stages alone) it is the plain CrossEntropyLoss: its kernels, on any device.
   double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first, int64_t* correct = nullptr);
   Tensor backward(Runtime& rt, float scale = 1.0f);  // (N, V/t): (softmax - onehot) · scale / rows
 
  private:
   ProcessGroup& tp_;
+  CrossEntropyLoss whole_;  // tp = 1
   Tensor probs_;
   DType logits_dtype_ = DType::f32;
   std::vector<int32_t> targets_;
-  int64_t first_ = 0, counted_ = 0;
+  int64_t first_ = 0;
 };
 
 // The all-reduce (sum) of a tensor in its dtype, over `g`: f32 in place; 16-bit through an f32 buffer,

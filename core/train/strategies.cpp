@@ -73,11 +73,6 @@ void check_cuda_fits(const RunConfig& cfg, bool lab) {
   if (lab)
     throw ConfigError(fmt::format("lab {} on device {}: a lab's code runs on cpu ranks", cfg.lab.name, d),
                       "run the lab with --device cpu; cuda trains the engine's own strategies");
-  if (cfg.parallel.tp > 1 || cfg.parallel.pp > 1)
-    throw ConfigError(fmt::format("parallel.tp {} / parallel.pp {} on device {}: not in this version (the split model's layers "
-                                  "add their biases and compute the vocabulary-parallel loss on the host)", cfg.parallel.tp, cfg.parallel.pp, d),
-                      "tensor and pipeline parallelism run on --device cpu");
-
   if (cfg.parallel.offload == "cpu")
     throw ConfigError(fmt::format("parallel.offload = \"cpu\" on device {}: not in this version (the parts would have to live in "
                                   "pinned host memory, with the optimizer step on the host)", d),

@@ -132,6 +132,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
                                                                            Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
+  if (cfg.dist.backend == "nccl" && mesh_ && shape.tp > 1) {  // the split layers' all-reduces of activations too
+    ProcessGroup& tp = mesh_->group(MeshAxis::tp);
+    tp_device_group_ = std::make_unique<DeviceBackend>(tp, make_device_group(rt, cfg.train.device, tp, Millis(int64_t(cfg.dist.timeout_s * 1000))));
+  }
   strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),

@@ -132,6 +132,7 @@ class Trainer {
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
   LabPlugin* lab_;
   std::unique_ptr<DeviceBackend> device_group_;  // dist.backend = "nccl": dp_'s device backend (before strategy_: it outlives it)
+  std::unique_ptr<DeviceBackend> tp_device_group_;  // and the TP group's, for the split layers' activations (parallel.tp > 1)
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
   int64_t skipped_steps_ = 0;           // steps whose gradients overflowed

@@ -3,7 +3,6 @@
 // --save). The loop itself is trainer.cpp; the pipeline's schedule core/parallel/pipeline.h.
 #include <fmt/format.h>
 
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -28,15 +27,20 @@ std::map<std::string, CommCounters> Trainer::comm_by_op() const {
     for (MeshAxis a : {MeshAxis::dp, MeshAxis::tp, MeshAxis::pp}) groups.push_back(&mesh_->group(a));
   for (ProcessGroup* g : groups)
     for (const auto& [op, c] : g->counters()) all[op] += c;
-  if (device_group_)  // dist.backend = "nccl": the strategy's collectives on the GPU
-    for (const auto& [op, c] : device_group_->get()->counters()) all[op] += c;
+  for (const auto* d : {device_group_.get(), tp_device_group_.get()})  // dist.backend = "nccl": collectives on the GPU
+    if (d)
+      for (const auto& [op, c] : d->get()->counters()) all[op] += c;
   return all;
 }
 
 // --init under tensor or pipeline parallelism: the file holds the whole model; each rank takes its stage's
 // parameters, and its slices of the split ones
+// The whole model of --init and --save lives on the host (f32, its own accountant, only for the call):
+// a cuda rank's split model reads and writes it through OnHost and Tensor::to_host/from_host.
+static DeviceKind whole_model_device(DeviceKind d) { return d == DeviceKind::cuda ? DeviceKind::cpu : d; }
+
 void Trainer::load_whole_model(const std::string& path) {
-  Runtime side(rt_.device);  // f32, its own accountant: the whole model lives only for this call
+  Runtime side(whole_model_device(rt_.device));
   auto whole = build_model(side, spec_);
   load_model(*whole, path);
   ProcessGroup& tp = mesh_->group(MeshAxis::tp);
@@ -44,7 +48,7 @@ void Trainer::load_whole_model(const std::string& path) {
   std::map<std::string, Buffer*> bufs;
   for (Buffer* b : whole->buffers()) bufs[b->name] = b;
   for (Buffer* b : model_->buffers())
-    if (b->data.data()) std::memcpy(b->data.data(), bufs.at(b->name)->data.data(), size_t(b->data.nbytes()));
+    if (b->data.data()) b->data.from_host(bufs.at(b->name)->data.data());  // the same dtype (f32 statistics)
   log_ << "loaded weights from " << path << " (this rank's part of them)\n";
 }
 
@@ -52,7 +56,7 @@ void Trainer::load_whole_model(const std::string& path) {
 // masters) into whole tensors, the stages' first ranks send theirs to rank 0, and rank 0 writes the whole
 // model — the same file a one-rank run writes, loadable by PyTorch
 void Trainer::save_whole_model(const std::string& path, DType dtype) {
-  Runtime side(rt_.device);
+  Runtime side(whole_model_device(rt_.device));
   auto whole = build_model(side, spec_);
   gather_split_params(mesh_->group(MeshAxis::tp), model_->parameters(), whole->parameters(), opt_.get());
   // every tensor of the whole model (parameters, then buffers) and whether this stage holds it
@@ -65,7 +69,7 @@ void Trainer::save_whole_model(const std::string& path, DType dtype) {
   std::map<std::string, Tensor*> by_name(all.begin(), all.end());
   for (Buffer* b : model_->buffers()) {  // every rank's own BatchNorm statistics; rank 0's (and its stage's) are saved
     mine.insert(b->name);
-    if (b->data.data()) std::memcpy(by_name.at(b->name)->data(), b->data.data(), size_t(b->data.nbytes()));
+    if (b->data.data()) b->data.to_host(by_name.at(b->name)->data());
   }
   if (pipeline_ && mesh_->coord().dp == 0 && mesh_->coord().tp == 0) {
     // the stages' first ranks send rank 0 what they hold, in the whole model's order

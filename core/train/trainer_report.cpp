@@ -100,6 +100,7 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
                       rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
   if (device_group_) log_ << "the strategy's collectives on the device: " << device_group_->get()->describe() << "\n";
+  if (tp_device_group_) log_ << "the tensor-parallel layers' all-reduces on the device: " << tp_device_group_->get()->describe() << "\n";
   if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
   if (pipeline_) {
     const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();

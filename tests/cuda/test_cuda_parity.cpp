@@ -292,6 +292,15 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
     CHECK(rel(gx.get(), cdx) < kF32);
     CHECK(rel(gw.get(), cdw) < kF32);
     CHECK(rel(gb.get(), cdb) < kF32);
+    // the bias on its own (a row-parallel layer's, after its all-reduce): added exactly, summed in chunks
+    std::vector<float> cy = co, cb2 = db0;
+    bias_forward(g.cpu, cy.data(), b.data(), N, OC);
+    bias_backward(g.cpu, cb2.data(), dy.data(), N, OC);
+    Dev<float> gy(co), gb2(db0);
+    cuda::bias_forward(g.gpu, gy.p, db.p, N, OC);
+    cuda::bias_backward(g.gpu, gb2.p, ddy.p, N, OC);
+    CHECK(bitwise(gy.get(), cy));
+    CHECK(rel(gb2.get(), cb2) < kF32);
   }
 }
 
@@ -390,6 +399,33 @@ TEST_CASE("softmax cross-entropy: loss, right answers, gradient, an ignored targ
                     Catch::Contains("target 1000 is out of range for 1000 classes"));
 }
 
+TEST_CASE("the vocabulary-parallel loss's three kernels on one rank's columns (no all-reduce between them: one rank)", "[cuda]") {
+  Pair g;
+  const int64_t N = 13, V = 700, first = 1400;  // rank 2 of a vocabulary split in slices of 700
+  auto logits = randn(N * V, 33, 4.0f);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; n++) t[size_t(n)] = int32_t(n % 3 == 0 ? first + 37 * n : n % 3 == 1 ? 5 * n : first + V + n);
+  t[4] = -1;                                                   // ignored
+  logits[size_t(3 * V + 37 * 3)] = 50.0f;                      // row 3's target is its max: a hit
+  std::vector<float> cmx(static_cast<size_t>(N)), csum(cmx.size()), czt(cmx.size()), cp(logits.size());
+  int64_t c_correct = 0, g_correct = 0;
+  vocab_ce_max(g.cpu, cmx.data(), logits.data(), N, V);
+  vocab_ce_exp(g.cpu, cp.data(), csum.data(), czt.data(), logits.data(), cmx.data(), t.data(), first, N, V);
+  const double cl = vocab_ce_finish(g.cpu, cp.data(), csum.data(), czt.data(), cmx.data(), t.data(), N, V, &c_correct);
+  Dev<float> dl(logits), mx(N), sum(N), zt(N), p(N * V);
+  Dev<int32_t> dt(t);
+  cuda::vocab_ce_max(g.gpu, mx.p, dl.p, N, V);
+  cuda::vocab_ce_exp(g.gpu, p.p, sum.p, zt.p, dl.p, mx.p, dt.p, first, N, V);
+  const double gl = cuda::vocab_ce_finish(g.gpu, p.p, sum.p, zt.p, mx.p, dt.p, N, V, &g_correct);
+  CHECK(bitwise(mx.get(), cmx));
+  CHECK(bitwise(zt.get(), czt));
+  CHECK(rel(sum.get(), csum) < kF32);
+  CHECK(rel(p.get(), cp) < kF32);
+  CHECK(std::abs(gl - cl) / std::abs(cl) < kF32);
+  CHECK(g_correct == c_correct);
+  CHECK(c_correct >= 1);
+}
+
 TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embedding bit for bit", "[cuda]") {
   Pair g;
   const int64_t B = 2, T = 37, C = 48, NH = 4;
@@ -418,7 +454,10 @@ TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embed
   const int64_t Vocab = 50;
   std::vector<int32_t> tok(static_cast<size_t>(B * T));
   Rng r(37);
-  for (auto& v : tok) v = int32_t(r.below(uint64_t(Vocab)));  // repeats: several positions per row
+  for (auto& v : tok) {  // repeats: several positions per row; -1 (about 1 in 6): another tensor-parallel rank's row
+    v = int32_t(r.below(uint64_t(Vocab + 10)));
+    if (v >= Vocab) v = -1;
+  }
   auto wte = randn(Vocab * C, 38), wpe = randn(T * C, 39), dwte0 = randn(Vocab * C, 40), dwpe0 = randn(T * C, 41);
   std::vector<float> ce(static_cast<size_t>(B * T * C)), cdwte = dwte0, cdwpe = dwpe0;
   embedding_forward(g.cpu, ce.data(), tok.data(), wte.data(), wpe.data(), B, T, C);

@@ -95,7 +95,12 @@ void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const flo
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
       float* o = out + (b * T + t) * C;
-      const float* e = wte + int64_t(tokens[b * T + t]) * C;
+      const int32_t tok = tokens[b * T + t];
+      if (tok < 0) {  // another rank's row: it writes the sum
+        for (int64_t i = 0; i < C; i++) o[i] = 0.0f;
+        continue;
+      }
+      const float* e = wte + int64_t(tok) * C;
       for (int64_t i = 0; i < C; i++) o[i] = e[i] + (wpe ? wpe[t * C + i] : 0.0f);
     }
 }
@@ -108,8 +113,9 @@ void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
       const float* d = dout + (b * T + t) * C;
-      float* e = dwte + int64_t(tokens[b * T + t]) * C;
-      for (int64_t i = 0; i < C; i++) e[i] += d[i];
+      const int32_t tok = tokens[b * T + t];
+      if (tok >= 0)
+        for (int64_t i = 0; i < C; i++) dwte[int64_t(tok) * C + i] += d[i];
       if (dwpe)
         for (int64_t i = 0; i < C; i++) dwpe[t * C + i] += d[i];
     }

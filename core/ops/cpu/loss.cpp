@@ -1,5 +1,6 @@
 #include "core/ops/cpu/loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/ops/kernels.h"
@@ -63,6 +64,55 @@ void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* pro
     }
     for (int64_t v = 0; v < V; v++) d[v] = k * (p[v] - (v == t ? 1.0f : 0.0f));
   }
+}
+
+// ---- the vocabulary-parallel loss's three steps ----
+
+void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
+  if (rt.kernels) return rt.kernels->vocab_ce_max(rt, mx, logits, N, V);
+  OpScope op(rt, "vocab_ce_max", double(N * V), 4.0 * double(N * V));
+  if (rt.is_meta()) return;
+  for (int64_t n = 0; n < N; n++) {
+    float m = logits[n * V];
+    for (int64_t v = 1; v < V; v++) m = std::max(m, logits[n * V + v]);
+    mx[n] = m;
+  }
+}
+
+void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx,
+                  const int32_t* targets, int64_t first, int64_t N, int64_t V) {
+  if (rt.kernels) return rt.kernels->vocab_ce_exp(rt, probs, sum, zt, logits, mx, targets, first, N, V);
+  OpScope op(rt, "vocab_ce_exp", 3.0 * double(N * V), 8.0 * double(N * V));
+  if (rt.is_meta()) return;
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) {
+      probs[n * V + v] = std::exp(logits[n * V + v] - mx[n]);
+      s += probs[n * V + v];
+    }
+    sum[n] = float(s);
+    const int32_t t = targets[n];
+    zt[n] = t >= first && t < first + V ? logits[n * V + (t - first)] : 0.0f;
+  }
+}
+
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
+                       int64_t N, int64_t V, int64_t* correct) {
+  if (rt.kernels) return rt.kernels->vocab_ce_finish(rt, probs, sum, zt, mx, targets, N, V, correct);
+  OpScope op(rt, "vocab_ce_finish", double(N * V), 8.0 * double(N * V));
+  if (correct) *correct = 0;
+  if (rt.is_meta()) return 0.0;
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t n = 0; n < N; n++) {
+    const float inv = 1.0f / sum[n];
+    for (int64_t v = 0; v < V; v++) probs[n * V + v] *= inv;
+    if (targets[n] < 0) continue;
+    total += -(double(zt[n]) - mx[n] - std::log(double(sum[n])));
+    counted++;
+    if (correct && zt[n] == mx[n]) ++*correct;
+  }
+  return counted ? total / double(counted) : 0.0;
 }
 
 }  // namespace distlab

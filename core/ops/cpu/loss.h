@@ -15,4 +15,18 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,
                                    int64_t N, int64_t V, float scale);
 
+
+// Megatron's vocabulary-parallel cross-entropy (core/parallel/tensor_parallel.h) as three kernels, with
+// the TP group's all-reduces between them. logits (N, V) are this rank's columns [first, first + V) of the
+// vocabulary; mx, sum and zt are (N).
+// mx = each row's max over this rank's columns (then all-reduced with max: the whole row's)
+void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V);
+// probs (N, V) = exp(logits - mx); sum = each row's Σ probs, added in double; zt = the target's logit where
+// this rank holds the target, else 0 (both then all-reduced with sum)
+void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx,
+                  const int32_t* targets, int64_t first, int64_t N, int64_t V);
+// probs /= sum; returns the mean of log(sum) + mx - zt over rows whose target is >= 0. `correct` counts the
+// rows whose target's logit is the whole row's max (no extra communication).
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
+                       int64_t N, int64_t V, int64_t* correct);
 }  // namespace distlab

@@ -92,4 +92,20 @@ void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
   }
 }
 
+void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC) {
+  if (rt.kernels) return rt.kernels->bias_forward(rt, out, bias, N, OC);
+  OpScope op(rt, "bias_forward", double(N * OC), 4.0 * (2 * N * OC + OC));
+  if (rt.is_meta()) return;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+}
+
+void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC) {
+  if (rt.kernels) return rt.kernels->bias_backward(rt, dbias, dout, N, OC);
+  OpScope op(rt, "bias_backward", double(N * OC), 4.0 * (N * OC + 2 * OC));
+  if (rt.is_meta()) return;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < OC; o++) dbias[o] += dout[n * OC + o];
+}
+
 }  // namespace distlab

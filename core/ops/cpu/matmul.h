@@ -19,6 +19,12 @@ void matmul_forward_naive(float* out, const float* inp, const float* w, const fl
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
 
+// out (N, OC) += bias (OC) on every row: a bias added on its own, after the product (a row-parallel layer
+// adds it once, after the all-reduce of its ranks' partial products; core/parallel/tensor_parallel.h)
+void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
+// dbias (OC) += column sums of dout (N, OC), the rows in order: matmul_backward's bias part on its own
+void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC);
+
 // Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, recorded as one trace event named `name`.
 void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);

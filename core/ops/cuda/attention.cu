@@ -48,7 +48,8 @@ __global__ void embedding_forward_k(float* out, const int32_t* tokens, const flo
                                     int64_t C) {
   DL_GRID_LOOP(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
-    out[i] = wte[int64_t(tokens[bt]) * C + c] + (wpe ? wpe[(bt % T) * C + c] : 0.0f);
+    const int32_t tok = tokens[bt];  // -1: another tensor-parallel rank's row (zeros here)
+    out[i] = tok < 0 ? 0.0f : wte[int64_t(tok) * C + c] + (wpe ? wpe[(bt % T) * C + c] : 0.0f);
   }
 }
 
@@ -62,7 +63,7 @@ __global__ void embedding_backward_wte_k(float* dwte, const float* dout, const i
   DL_GRID_LOOP(c, C)
   for (int64_t bt = 0; bt < BT; bt++) {
     const int32_t tok = tokens[bt];
-    if (unsigned(tok) % kTokenGroups == g) dwte[int64_t(tok) * C + c] += dout[bt * C + c];
+    if (tok >= 0 && unsigned(tok) % kTokenGroups == g) dwte[int64_t(tok) * C + c] += dout[bt * C + c];
   }
 }
 // dwpe: one thread per (t, channel), the batch in order

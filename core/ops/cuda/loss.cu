@@ -95,6 +95,48 @@ __global__ void softmax_xent_backward_k(float* dlogits, const float* probs, cons
   }
 }
 
+// ---- the vocabulary-parallel loss: a block per row ----
+
+__global__ void vocab_max_k(float* mx, const float* logits, int64_t V) {
+  const float* x = logits + int64_t(blockIdx.x) * V;
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+  m = block_max(m);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+
+__global__ void vocab_exp_k(float* probs, float* sum, float* zt, const float* logits, const float* mx, const int32_t* targets,
+                            int64_t first, int64_t V) {
+  const int64_t n = blockIdx.x;
+  const float* x = logits + n * V;
+  float* p = probs + n * V;
+  const float m = mx[n];
+  float s = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    p[v] = expf(x[v] - m);
+    s += p[v];
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const int32_t t = targets[n];
+    sum[n] = s;
+    zt[n] = t >= first && t < first + V ? x[t - first] : 0.0f;
+  }
+}
+
+// probs /= sum, and each row's loss and hit for sum_rows_k (-1: an ignored row)
+__global__ void vocab_finish_k(float* probs, float* row_loss, int* row_hit, const float* sum, const float* zt, const float* mx,
+                               const int32_t* targets, int64_t V) {
+  const int64_t n = blockIdx.x;
+  const float inv = 1.0f / sum[n];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) probs[n * V + v] *= inv;
+  if (threadIdx.x == 0) {
+    const bool counted = targets[n] >= 0;
+    row_loss[n] = counted ? -(zt[n] - mx[n] - logf(sum[n])) : 0.0f;
+    row_hit[n] = counted ? (zt[n] == mx[n] ? 1 : 0) : -1;
+  }
+}
+
 }  // namespace
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
@@ -132,6 +174,41 @@ void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* pro
   DL_CUDA_LAUNCHED("softmax_crossentropy_backward count");
   softmax_xent_backward_k<<<blocks_for(N * V), kThreads, 0, stream(rt)>>>(dlogits, probs, targets, c, N, V, scale);
   DL_CUDA_LAUNCHED("softmax_crossentropy_backward");
+}
+
+void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
+  OpScope op(rt, "vocab_ce_max", double(N * V), 4.0 * double(N * V));
+  if (N == 0) return;
+  vocab_max_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(mx, logits, V);
+  DL_CUDA_LAUNCHED("vocab_ce_max");
+}
+
+void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx, const int32_t* targets,
+                  int64_t first, int64_t N, int64_t V) {
+  OpScope op(rt, "vocab_ce_exp", 3.0 * double(N * V), 8.0 * double(N * V));
+  if (N == 0) return;
+  vocab_exp_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, sum, zt, logits, mx, targets, first, V);
+  DL_CUDA_LAUNCHED("vocab_ce_exp");
+}
+
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
+                       int64_t N, int64_t V, int64_t* correct) {
+  OpScope op(rt, "vocab_ce_finish", double(N * V), 8.0 * double(N * V));
+  if (correct) *correct = 0;
+  if (N == 0) return 0.0;
+  Scratch rows(rt, 2 * N + 8, "vocab-parallel loss row sums");  // as softmax_crossentropy_forward's
+  float* row_loss = rows.p;
+  int* row_hit = reinterpret_cast<int*>(rows.p + N);
+  auto* totals = reinterpret_cast<LossTotals*>(rows.p + 2 * N);
+  vocab_finish_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, row_loss, row_hit, sum, zt, mx, targets, V);
+  DL_CUDA_LAUNCHED("vocab_ce_finish");
+  sum_rows_k<<<1, 32, 0, stream(rt)>>>(totals, row_loss, row_hit, targets, N);
+  DL_CUDA_LAUNCHED("vocab_ce_finish sum");
+  LossTotals t{};
+  DL_CUDA(cudaMemcpyAsync(&t, totals, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
+  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  if (correct) *correct = t.hits;
+  return t.count ? t.loss / double(t.count) : 0.0;
 }
 
 }  // namespace distlab::cuda

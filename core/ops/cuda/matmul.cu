@@ -82,6 +82,9 @@ int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t stride = 0, int64_t
 __global__ void broadcast_rows_k(float* out, const float* bias, int64_t N, int64_t OC) {
   DL_GRID_LOOP(i, N * OC) out[i] = bias[i % OC];
 }
+__global__ void add_rows_k(float* out, const float* bias, int64_t N, int64_t OC) {
+  DL_GRID_LOOP(i, N * OC) out[i] += bias[i % OC];
+}
 
 // dbias[o] += Σ_n dout[n, o], in two passes with a fixed order (the same bits every run): the rows in
 // chunks of kChunkRows, each chunk's column sums in row order, then each column's chunks in order. One
@@ -221,6 +224,18 @@ void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
   if (need_dinp) blas_f32(rt, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);  // (N,OC)@(OC,C)
   if (dw) blas_f32(rt, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);           // (OC,N)@(N,C)
   if (dbias) add_column_sums(rt, dbias, dout, N, OC, "matmul_backward bias");
+}
+
+void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC) {
+  OpScope op(rt, "bias_forward", double(N * OC), 4.0 * (2 * N * OC + OC));
+  if (N * OC == 0) return;
+  add_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);
+  DL_CUDA_LAUNCHED("bias_forward");
+}
+
+void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC) {
+  OpScope op(rt, "bias_backward", double(N * OC), 4.0 * (N * OC + 2 * OC));
+  add_column_sums(rt, dbias, dout, N, OC, "bias_backward");
 }
 
 }  // namespace distlab::cuda

@@ -42,6 +42,9 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
                     int64_t C, int64_t OC);
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
+void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
+// the column sums in matmul_backward's two deterministic passes (the same bits every run; not the cpu's order)
+void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC);
 // Row-major C (M, N) = alpha op(A) op(B) + beta C in rt.cuda->math: f32; tf32; or bf16/f16, where A and B
 // are first rounded to 16 bits (into scratch) and the products accumulate in f32 (what the cpu emulates).
 void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -84,6 +87,13 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
                                     int64_t V, int64_t* correct);
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                    int64_t V, float scale);
+// The vocabulary-parallel loss's three steps (core/ops/cpu/loss.h): a block per row; the sums in f32 by the
+// block (the cpu adds in double); vocab_ce_finish brings the mean loss and `correct` to the host.
+void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V);
+void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx,
+                  const int32_t* targets, int64_t first, int64_t N, int64_t V);
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
+                       int64_t N, int64_t V, int64_t* correct);
 
 // ---- attention.cu ----
 void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
