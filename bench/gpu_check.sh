@@ -7,7 +7,8 @@
 #   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive);
 #   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
 #   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
-#      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU; with 2 or more GPUs, DDP and FSDP over NCCL too.
+#      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the cpu;
+#      with 2 or more GPUs, DDP and FSDP over NCCL too, and GPT split over 2 GPUs (tp 2, pp 2) against the cpu.
 # Without the toolkit or without a GPU each step says why it is
 # skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
@@ -145,11 +146,27 @@ if [ $gpu -eq 1 ]; then
   # every reduce-scatter and all-gather through NCCL, 16-bit wire included), against the same run over Gloo
   nccl_vs_gloo zero1 10
   nccl_vs_gloo zero3 10
+  # CPU offload: the parts and the optimizer state in host memory, the step on the host, against the cpu ranks
+  for s in zero2 zero3; do
+    for d in cpu cuda; do
+      "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device $d --set parallel.strategy=$s --set parallel.offload=cpu \
+        --set train.steps=5 --metrics "$M/offload_$d.jsonl" >/dev/null 2>&1 || status=1
+    done
+    against_cpu "$s with cpu offload on $ngpu GPU(s)" "$M/offload_cpu.jsonl" "$M/offload_cuda.jsonl"
+  done
   if [ "$ngpu" -ge 2 ]; then  # DDP over NCCL, a rank per GPU
     "$DISTLAB" run -n "$ngpu" train configs/cifar-cnn.toml --device cuda --set parallel.strategy=ddp --set dist.backend=nccl \
       --set train.steps=60 --set train.micro_batch=256 --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
     [ -f "$M/ddp_nccl.jsonl" ] && rates "$M/ddp_nccl.jsonl" img 1  # samples: the global batch
     nccl_vs_gloo fsdp 20  # FSDP's prefetched all-gathers across GPUs
+    # a model split over 2 GPUs: tensor parallel (its all-reduces over NCCL), then 2 pipeline stages
+    for split in "parallel.tp=2" "parallel.pp=2 --set parallel.micro_batches=4"; do
+      for d in cpu cuda; do
+        "$DISTLAB" run -n 2 train configs/gpt-tiny.toml --device $d --set $split --set dist.backend=$([ $d = cuda ] && echo nccl || echo gloo) \
+          --set train.steps=5 --metrics "$M/split_$d.jsonl" >/dev/null 2>&1 || status=1
+      done
+      against_cpu "$split on 2 GPUs" "$M/split_cpu.jsonl" "$M/split_cuda.jsonl"
+    done
   fi
 else
   echo "(skipped: no GPU)"

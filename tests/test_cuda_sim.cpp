@@ -8,12 +8,17 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/models/zoo.h"
 #include "core/ops/attach.h"
+#include "core/optim/optimizer.h"
+#include "core/parallel/zero2.h"
+#include "core/train/config.h"
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/sim_device.h"
 #include "core/tensor/as_f32.h"
 #include "core/tensor/on_host.h"
+#include "dist_harness.h"
 #include "train_harness.h"
 
 using namespace distlab;
@@ -227,7 +232,7 @@ TEST_CASE("cuda-sim: GPT in 2 pipeline stages (1F1B, bf16) through a checkpoint,
   for (const auto& p : {w_cpu, w_sim, ck_cpu, ck_sim}) fs::remove_all(p);
 }
 
-TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activations' all-reduces over nccl and --save; tp 2 x pp 2 with eval), as the cpu ranks", "[cuda-sim][tp]") {
+TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activations' all-reduces over nccl and --save, tp 2 x pp 2 with eval), as the cpu ranks", "[cuda-sim][tp]") {
   const std::string w_cpu = tmp("tp-cpu.safetensors"), w_sim = tmp("tp-sim.safetensors");
   // the vocabulary-parallel embedding and loss, the row-parallel bias, attention on this rank's heads
   const std::string tp = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.tp=2 --set precision.mode=bf16 "
@@ -242,16 +247,92 @@ TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activation
   for (const auto& p : {w_cpu, w_sim}) fs::remove_all(p);
 }
 
+TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and the optimizer state are host memory, stepped by the host's kernels", "[cuda-sim][offload]") {
+  distlab::testing::run_ranks(1, [](ProcessGroup& pg) {
+    Runtime rt(DeviceKind::cuda);
+    auto dev = attach_device(rt, "cuda-sim", 0);
+    std::ifstream in(std::string(DISTLAB_SOURCE_DIR) + "/configs/fashion-mnist-mlp.toml");
+    RunConfig cfg = parse_config(std::string(std::istreambuf_iterator<char>(in), {}), "fashion-mnist-mlp.toml", {});
+    auto model = build_model(rt, cfg.model);
+    model->init(1);
+    ZeRO2 z(pg, *model, rt, /*offload=*/true);
+    AdamW opt(z.optimizer_parameters(*model), AdamWOptions{});
+    opt.set_state_category(z.optimizer_state_category());
+    for (Parameter* p : model->parameters()) {  // a gradient of ones on the device
+      Tensor& g = p->grad_for_accumulate();
+      CHECK(g.device() == DeviceKind::cuda);
+      OnHost h(g, OnHost::out);
+      std::fill(h.p, h.p + g.numel(), 1.0f);
+      h.store();
+    }
+    z.begin_backward(true);
+    for (int u = int(model->units().size()) - 1; u >= 0; u--) z.after_layer_backward(u, model->units()[size_t(u)]);
+    z.finish_backward(rt);
+    for (Parameter* part : z.optimizer_parameters(*model)) CHECK(part->grad.device() == DeviceKind::cpu);  // reduced, then down
+    z.step(rt, opt, 0.01f, 1.0f);
+    CHECK(rt.device == DeviceKind::cuda);  // the host's kernels only for the step
+    REQUIRE(opt.size() > 0);
+    for (size_t i = 0; i < opt.size(); i++) {
+      const Parameter& part = opt.param(i);
+      INFO(part.name);
+      CHECK(part.data.device() == DeviceKind::cpu);  // readable right here: host memory
+      CHECK(part.data.category() == Category::host);
+      for (const std::string& name : opt.state_names()) CHECK(opt.state(rt, i, name, false)->device() == DeviceKind::cpu);
+      // AdamW's first step moved every weight by lr against its gradient's sign (ones): the momentum holds 0.1 x 1
+      CHECK(opt.state(rt, i, "exp_avg", false)->f32()[0] == Approx(0.1f));
+    }
+    for (Parameter* p : model->parameters()) CHECK(p->data.device() == DeviceKind::cuda);  // the whole weights: on the device
+  });
+}
+
+TEST_CASE("cuda-sim: CPU offload (ZeRO-2 in bf16 over nccl through a checkpoint and resume, ZeRO-3 in fp16 with --save, FSDP) steps the parts in host memory, as the cpu ranks", "[cuda-sim][offload]") {
+  const std::string ck_cpu = tmp("off-ck-cpu"), ck_sim = tmp("off-ck-sim"), w_cpu = tmp("off-cpu.safetensors"), w_sim = tmp("off-sim.safetensors");
+  auto z2 = [](int steps, const std::string& ck) {
+    return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero2 --set parallel.offload=cpu "
+           "--set precision.mode=bf16 --set optim.clip_grad_norm=0.5 --set checkpoint.every=2 --set checkpoint.dir=" + ck +
+           " --set train.steps=" + std::to_string(steps);
+  };
+  const std::string nccl = " --set dist.backend=nccl";
+  check_same_metrics(train_cli("cpu", z2(2, ck_cpu)), train_cli("cuda-sim", z2(2, ck_sim) + nccl));
+  const TrainRun cpu = train_cli("cpu", z2(4, ck_cpu)), sim = train_cli("cuda-sim", z2(4, ck_sim) + nccl);
+  CHECK_THAT(sim.out, Catch::Contains("resumed from"));
+  check_same_metrics(cpu, sim);
+  // the parts (and their state) in host memory, the gradients' parts brought down to them
+  CHECK(sim.summary["peak_memory"]["host"].get<double>() > 0);
+  const std::string z3 = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero3 --set parallel.offload=cpu "
+                         "--set precision.mode=fp16 --set train.steps=3 --save ";
+  check_same_metrics(train_cli("cpu", z3 + w_cpu), train_cli("cuda-sim", z3 + w_sim + nccl));
+  CHECK(max_weight_diff(w_cpu, w_sim) == 0.0);  // the f32 masters, up from the host and gathered
+  const std::string fsdp = "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set train.steps=2 "
+                           "--set parallel.strategy=fsdp --set parallel.offload=cpu";
+  check_same_metrics(train_cli("cpu", fsdp), train_cli("cuda-sim", fsdp));
+  for (const auto& p : {ck_cpu, ck_sim, w_cpu, w_sim}) fs::remove_all(p);
+}
+
+TEST_CASE("cuda-sim: lab 02's DDP (2 ranks) and lab 03's scaler and accumulation run the solutions' code as on cpu ranks, and lab 04 is refused naming it", "[cuda-sim][lab]") {
+  for (const char* lab : {"02", "03", "04"}) {
+    auto [code, out] = shell_in_source(std::string("timeout 300 ") + DISTLAB_BINARY + " lab build " + lab + " --solution");
+    INFO(out);
+    REQUIRE(code == 0);
+  }
+  const std::string so = std::string(DISTLAB_SOURCE_DIR) + "/build/labs/";
+  // the student's hooks get the gradients down from the device and hand the averages back up
+  const std::string lab02 = "run -n 2 --master-port 0 train labs/02-ddp-cifar/lab.toml --set train.steps=3 --set lab.plugin=" + so +
+                            "02-ddp-cifar/solution.so";
+  check_same_metrics(train_cli("cpu", lab02), train_cli("cuda-sim", lab02));
+  const std::string lab03 = "train labs/03-amp-accum/lab.toml --set train.steps=3 --set lab.plugin=" + so + "03-amp-accum/solution.so";
+  check_same_metrics(train_cli("cpu", lab03), train_cli("cuda-sim", lab03));
+  const TrainRun lab04 = train_cli("cuda-sim", "run -n 2 --master-port 0 train labs/04-zero/lab.toml --set train.steps=1 --set lab.plugin=" + so +
+                                                   "04-zero/solution.so");
+  CHECK(lab04.code != 0);
+  CHECK_THAT(lab04.out, Catch::Contains("lab 04-zero on device cuda-sim: not in this version"));
+}
+
 TEST_CASE("cuda-sim refuses what a cuda rank does not run yet, naming it", "[cuda-sim]") {
   auto [code, out] = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY +
                                      " train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero1 --set dist.fake_world_size=2");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("fake world"));
-  std::tie(code, out) = shell_in_source(std::string("timeout 120 ") + DISTLAB_BINARY +
-                                        " run -n 2 --master-port 0 train configs/fashion-mnist-mlp.toml --device cuda-sim --set parallel.strategy=zero2 "
-                                        "--set parallel.offload=cpu");
-  CHECK(code != 0);
-  CHECK_THAT(out, Catch::Contains("parallel.offload = \"cpu\" on device cuda-sim: not in this version"));
   std::tie(code, out) = shell_in_source(std::string("timeout 60 ") + DISTLAB_BINARY + " train configs/fashion-mnist-mlp.toml --set dist.backend=nccl");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("dist.backend") && Catch::Contains("NCCL moves GPU memory"));

@@ -75,206 +75,194 @@ T* dev(T* p, const char* kernel) {
   return static_cast<T*>(const_cast<void*>(sim_host_address(p, kernel)));
 }
 
-// For the length of one kernel the rank is a cpu rank: the cpu kernel does not dispatch back here, and the
-// workspace it allocates (conv's columns, attention's scores) is host memory it can use.
-struct OnCpu {
-  explicit OnCpu(Runtime& r) : rt(r), saved(r.kernels), device(r.device) {
-    r.kernels = nullptr;
-    r.device = DeviceKind::cpu;
-  }
-  ~OnCpu() {
-    rt.kernels = saved;
-    rt.device = device;
-  }
-  Runtime& rt;
-  const Kernels* saved;
-  DeviceKind device;
-};
+// For the length of one kernel the rank is a cpu rank (HostKernels, core/tensor/runtime.h): the cpu kernel
+// does not dispatch back here, and the workspace it allocates (conv's columns, attention's scores) is host
+// memory it can use.
 
 namespace sim {
 
 void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::relu_forward(rt, dev(out, "relu_forward"), dev(inp, "relu_forward"), n);
 }
 
 void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::relu_backward(rt, dev(dinp, "relu_backward"), dev(dout, "relu_backward"), dev(out, "relu_backward"), n);
 }
 
 void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::gelu_forward(rt, dev(out, "gelu_forward"), dev(inp, "gelu_forward"), n);
 }
 
 void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::gelu_backward(rt, dev(dinp, "gelu_backward"), dev(dout, "gelu_backward"), dev(inp, "gelu_backward"), n);
 }
 
 void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::dropout_forward(rt, dev(out, "dropout_forward"), dev(mask, "dropout_forward"), dev(inp, "dropout_forward"), n, p, seed);
 }
 
 void dropout_backward(Runtime& rt, float* dinp, const float* dout, const float* mask, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::dropout_backward(rt, dev(dinp, "dropout_backward"), dev(dout, "dropout_backward"), dev(mask, "dropout_backward"), n);
 }
 
 void add_forward(Runtime& rt, float* out, const float* a, const float* b, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::add_forward(rt, dev(out, "add_forward"), dev(a, "add_forward"), dev(b, "add_forward"), n);
 }
 
 void accumulate(Runtime& rt, float* dst, const float* src, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::accumulate(rt, dev(dst, "accumulate"), dev(src, "accumulate"), n);
 }
 
 void maxpool2d_forward(Runtime& rt, float* out, int32_t* argmax, const float* inp, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t stride) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::maxpool2d_forward(rt, dev(out, "maxpool2d_forward"), dev(argmax, "maxpool2d_forward"), dev(inp, "maxpool2d_forward"), B, C, H, W, K, stride);
 }
 
 void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32_t* argmax, int64_t B, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::maxpool2d_backward(rt, dev(dinp, "maxpool2d_backward"), dev(dout, "maxpool2d_backward"), dev(argmax, "maxpool2d_backward"), B, C, H, W, OH, OW);
 }
 
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::matmul_forward(rt, dev(out, "matmul_forward"), dev(inp, "matmul_forward"), dev(w, "matmul_forward"), dev(bias, "matmul_forward"), N, C, OC);
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::matmul_backward(rt, dev(dinp, "matmul_backward"), dev(dw, "matmul_backward"), dev(dbias, "matmul_backward"), dev(dout, "matmul_backward"), dev(inp, "matmul_backward"), dev(w, "matmul_backward"), N, C, OC, need_dinp);
 }
 
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::bias_forward(rt, dev(out, "bias_forward"), dev(bias, "bias_forward"), N, OC);
 }
 
 void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::bias_backward(rt, dev(dbias, "bias_backward"), dev(dout, "bias_backward"), N, OC);
 }
 
 void gemm(Runtime& rt, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::gemm(rt, name, trans_a, trans_b, M, N, K, alpha, dev(A, "gemm"), lda, dev(B, "gemm"), ldb, beta, dev(C, "gemm"), ldc);
 }
 
 void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias, const ConvShape& s) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::conv2d_forward(rt, dev(out, "conv2d_forward"), dev(col, "conv2d_forward"), dev(inp, "conv2d_forward"), dev(w, "conv2d_forward"), dev(bias, "conv2d_forward"), s);
 }
 
 void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col, const float* w, const ConvShape& s, bool need_dinp) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::conv2d_backward(rt, dev(dinp, "conv2d_backward"), dev(dw, "conv2d_backward"), dev(dbias, "conv2d_backward"), dev(dout, "conv2d_backward"), dev(col, "conv2d_backward"), dev(w, "conv2d_backward"), s, need_dinp);
 }
 
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::layernorm_forward(rt, dev(out, "layernorm_forward"), dev(mean, "layernorm_forward"), dev(rstd, "layernorm_forward"), dev(inp, "layernorm_forward"), dev(weight, "layernorm_forward"), dev(bias, "layernorm_forward"), N, C, eps);
 }
 
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::layernorm_backward(rt, dev(dinp, "layernorm_backward"), dev(dweight, "layernorm_backward"), dev(dbias, "layernorm_backward"), dev(dout, "layernorm_backward"), dev(inp, "layernorm_backward"), dev(weight, "layernorm_backward"), dev(mean, "layernorm_backward"), dev(rstd, "layernorm_backward"), N, C);
 }
 
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::batchnorm_stats(rt, dev(mean, "batchnorm_stats"), dev(var, "batchnorm_stats"), dev(inp, "batchnorm_stats"), B, C, HW);
 }
 
 void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd, const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::batchnorm_apply(rt, dev(out, "batchnorm_apply"), dev(inp, "batchnorm_apply"), dev(mean, "batchnorm_apply"), dev(rstd, "batchnorm_apply"), dev(weight, "batchnorm_apply"), dev(bias, "batchnorm_apply"), B, C, HW);
 }
 
 void batchnorm_backward_reduce(Runtime& rt, float* sum_dy, float* sum_dy_xhat, const float* dout, const float* inp, const float* mean, const float* rstd, int64_t B, int64_t C, int64_t HW) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::batchnorm_backward_reduce(rt, dev(sum_dy, "batchnorm_backward_reduce"), dev(sum_dy_xhat, "batchnorm_backward_reduce"), dev(dout, "batchnorm_backward_reduce"), dev(inp, "batchnorm_backward_reduce"), dev(mean, "batchnorm_backward_reduce"), dev(rstd, "batchnorm_backward_reduce"), B, C, HW);
 }
 
 void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const float* inp, const float* mean, const float* rstd, const float* weight, const float* sum_dy, const float* sum_dy_xhat, double count, int64_t B, int64_t C, int64_t HW) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::batchnorm_backward_apply(rt, dev(dinp, "batchnorm_backward_apply"), dev(dout, "batchnorm_backward_apply"), dev(inp, "batchnorm_backward_apply"), dev(mean, "batchnorm_backward_apply"), dev(rstd, "batchnorm_backward_apply"), dev(weight, "batchnorm_backward_apply"), dev(sum_dy, "batchnorm_backward_apply"), dev(sum_dy_xhat, "batchnorm_backward_apply"), count, B, C, HW);
 }
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   return distlab::softmax_crossentropy_forward(rt, dev(probs, "softmax_crossentropy_forward"), dev(logits, "softmax_crossentropy_forward"), dev(targets, "softmax_crossentropy_forward"), N, V, correct);
 }
 
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V, float scale) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::softmax_crossentropy_backward(rt, dev(dlogits, "softmax_crossentropy_backward"), dev(probs, "softmax_crossentropy_backward"), dev(targets, "softmax_crossentropy_backward"), N, V, scale);
 }
 
 void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::attention_forward(rt, dev(out, "attention_forward"), dev(att, "attention_forward"), dev(qkv, "attention_forward"), B, T, C, NH);
 }
 
 void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::attention_backward(rt, dev(dqkv, "attention_backward"), dev(dout, "attention_backward"), dev(qkv, "attention_backward"), dev(att, "attention_backward"), B, T, C, NH);
 }
 
 void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::vocab_ce_max(rt, dev(mx, "vocab_ce_max"), dev(logits, "vocab_ce_max"), N, V);
 }
 
 void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx, const int32_t* targets, int64_t first, int64_t N, int64_t V) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::vocab_ce_exp(rt, dev(probs, "vocab_ce_exp"), dev(sum, "vocab_ce_exp"), dev(zt, "vocab_ce_exp"), dev(logits, "vocab_ce_exp"), dev(mx, "vocab_ce_exp"), dev(targets, "vocab_ce_exp"), first, N, V);
 }
 
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   return distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct);
 }
 
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::embedding_forward(rt, dev(out, "embedding_forward"), dev(tokens, "embedding_forward"), dev(wte, "embedding_forward"), dev(wpe, "embedding_forward"), B, T, C);
 }
 
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::embedding_backward(rt, dev(dwte, "embedding_backward"), dev(dwpe, "embedding_backward"), dev(dout, "embedding_backward"), dev(tokens, "embedding_backward"), B, T, C);
 }
 
 void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::sgd_update(rt, dev(w, "sgd_update"), dev(buf, "sgd_update"), dev(g, "sgd_update"), n, u);
 }
 
 void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::adamw_update(rt, dev(w, "adamw_update"), dev(m, "adamw_update"), dev(v, "adamw_update"), dev(g, "adamw_update"), n, u);
 }
 
 double sum_squares(Runtime& rt, const float* x, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   return distlab::sum_squares(rt, dev(x, "sum_squares"), n);
 }
 
 void scale(Runtime& rt, float* x, int64_t n, float s) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   distlab::scale(rt, dev(x, "scale"), n, s);
 }
 
 bool all_finite(Runtime& rt, const float* x, int64_t n) {
-  OnCpu cpu(rt);
+  HostKernels cpu(rt);
   return distlab::all_finite(rt, dev(x, "all_finite"), n);
 }
 

@@ -20,10 +20,17 @@ float* Optimizer::weights(Runtime& rt, size_t i) {
   Parameter& p = *params_[i];
   if (p.data.dtype() == DType::f32) return p.data.f32();
   if (!master_[i].defined()) {
-    master_[i] = rt.empty(p.data.shape(), state_category_, "f32 master weights of " + p.name);
+    master_[i] = new_state(rt, i, "f32 master weights of ", false);
     master_[i].copy_from(p.data);  // on the device of the weights (a no-op on meta)
   }
   return master_[i].f32();
+}
+
+Tensor Optimizer::new_state(Runtime& rt, size_t i, const std::string& what, bool zero) {
+  const Parameter& p = *params_[i];
+  const DeviceKind d = rt.is_meta() ? DeviceKind::meta : p.data.device();
+  return zero ? Tensor::zeros(p.data.shape(), rt.memory, d, state_category_, DType::f32, what + p.name)
+              : Tensor::empty(p.data.shape(), rt.memory, d, state_category_, DType::f32, what + p.name);
 }
 
 void Optimizer::write_back(size_t i) {
@@ -39,7 +46,7 @@ void SGD::step(Runtime& rt, float lr, float grad_factor) {
     const int64_t n = p.data.numel();
     bool first = false;
     if (o_.momentum != 0.0f && !bufs_[i].defined()) {
-      bufs_[i] = rt.empty(p.data.shape(), state_category_, "momentum of " + p.name);
+      bufs_[i] = new_state(rt, i, "momentum of ", false);
       first = true;
     }
     float* w = weights(rt, i);
@@ -61,7 +68,7 @@ std::vector<std::string> SGD::state_names() const {
 Tensor* SGD::state(Runtime& rt, size_t i, const std::string& name, bool make) {
   if (name != "momentum_buffer" || o_.momentum == 0.0f) return nullptr;
   if (bufs_.empty()) bufs_.resize(params_.size());
-  if (!bufs_[i].defined() && make) bufs_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "momentum of " + params_[i]->name);
+  if (!bufs_[i].defined() && make) bufs_[i] = new_state(rt, i, "momentum of ", true);
   return bufs_[i].defined() ? &bufs_[i] : nullptr;
 }
 
@@ -86,8 +93,8 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     const float step_size = float(lr / bc1);
     const float bc2_sqrt = float(std::sqrt(bc2));
     if (!m_[i].defined()) {
-      m_[i] = rt.zeros(p.data.shape(), state_category_, "exp_avg of " + p.name);
-      v_[i] = rt.zeros(p.data.shape(), state_category_, "exp_avg_sq of " + p.name);
+      m_[i] = new_state(rt, i, "exp_avg of ", true);
+      v_[i] = new_state(rt, i, "exp_avg_sq of ", true);
     }
     float* w = weights(rt, i);
     OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
@@ -109,8 +116,8 @@ Tensor* AdamW::state(Runtime& rt, size_t i, const std::string& name, bool make) 
     t_.assign(params_.size(), 0);
   }
   if (!m_[i].defined() && make) {
-    m_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "exp_avg of " + params_[i]->name);
-    v_[i] = rt.zeros(params_[i]->data.shape(), state_category_, "exp_avg_sq of " + params_[i]->name);
+    m_[i] = new_state(rt, i, "exp_avg of ", true);
+    v_[i] = new_state(rt, i, "exp_avg_sq of ", true);
   }
   Tensor& t = name == "exp_avg" ? m_[i] : v_[i];
   return t.defined() ? &t : nullptr;

@@ -28,7 +28,8 @@ class Optimizer {
   int64_t steps() const { return steps_; }
   // The f32 master weights of a 16-bit parameter once the first step made them; nullptr otherwise.
   const Tensor* master(const Parameter* p) const;
-  // Where the state lives: optim_state (the device), or host under CPU offload (set before the first step).
+  // How the state is counted: optim_state, or host under CPU offload (set before the first step). It lives
+  // where its parameter does (PyTorch's rule): a cuda rank's offloaded parts, and their state, in host memory.
   void set_state_category(Category c) { state_category_ = c; }
 
   // For checkpoints (core/train/trainer_ckpt.cpp). The parameters stepped, in order:
@@ -56,6 +57,8 @@ class Optimizer {
   float* weights(Runtime& rt, size_t i);
   // After updating weights(rt, i): rounds the master into the 16-bit parameter.
   void write_back(size_t i);
+  // New f32 state for parameter i ("exp_avg of <name>"), on the parameter's device, zeroed or not.
+  Tensor new_state(Runtime& rt, size_t i, const std::string& what, bool zero);
   std::vector<Parameter*> params_;
   std::vector<Tensor> master_;  // f32 masters of 16-bit parameters (optim_state), undefined for f32 ones
   int64_t steps_ = 0;

@@ -1,6 +1,7 @@
 #include "core/parallel/staged.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/dist/device_group.h"
 
@@ -18,6 +19,25 @@ void zero_values(Runtime& rt, void* p, int64_t bytes) {
   if (bytes <= 0) return;
   if (on_device(rt)) rt.memory.device_memory()->zero(p, bytes);
   else std::memset(p, 0, size_t(bytes));
+}
+
+void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n) {
+  if (n <= 0) return;
+  if (sd == dd) {
+    if (sd == DeviceKind::cuda) rt.memory.device_memory()->convert(src, st, dst, dt, n);
+    else convert(src, st, dst, dt, n);
+    return;
+  }
+  DeviceMemory& m = *rt.memory.device_memory();
+  if (dd != DeviceKind::cuda) {  // down, then converted on the host
+    std::vector<char> raw(size_t(n * dtype_size(st)));
+    m.to_host(raw.data(), src, n * dtype_size(st));
+    convert(raw.data(), st, dst, dt, n);
+  } else {  // converted on the host, then up
+    std::vector<char> raw(size_t(n * dtype_size(dt)));
+    convert(src, st, raw.data(), dt, n);
+    m.from_host(dst, raw.data(), n * dtype_size(dt));
+  }
 }
 
 // The blocking forms: a cpu rank's Gloo call as it was; a cuda rank's through the async form, awaited.

@@ -38,8 +38,14 @@ UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
   shards_ = flat_layout(groups, pg.size());
   for (FlatShard& s : shards_) {
     s.local.name = fmt::format("{} part {} of unit {} ({})", who, pg.rank(), s.unit, s.local.decay ? "decayed" : "undecayed");
-    s.local.data = rt.zeros({s.shard}, local_cat, s.local.name, local_dtype);
+    s.local.data = Tensor::zeros({s.shard}, rt.memory, part_device(local_cat), local_cat, local_dtype, s.local.name);
   }
+}
+
+bool UnitShards::parts_on_host() const { return !shards_.empty() && shards_.front().local.data.device() != rt_.device; }
+
+DeviceKind UnitShards::part_device(Category c) const {
+  return c == Category::host && rt_.device == DeviceKind::cuda ? DeviceKind::cpu : rt_.device;
 }
 
 std::vector<FlatShard> flat_layout(const std::vector<std::vector<Parameter*>>& units, int64_t n) {
@@ -98,7 +104,9 @@ void UnitShards::unpack(Runtime& rt, FlatShard& s, const float* flat) {
 void UnitShards::load_local(FlatShard& s) {
   Tensor flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " flat weights");
   pack(rt_, s, flat.f32(), false);
-  if (flat.data()) copy_values(rt_, flat.f32() + pg_.rank() * s.shard, DType::f32, s.local.data.data(), s.local.data.dtype(), s.shard);
+  if (flat.data())
+    copy_across(rt_, flat.f32() + pg_.rank() * s.shard, DType::f32, rt_.device, s.local.data.data(), s.local.data.dtype(), s.local.data.device(),
+                s.shard);
 }
 
 void UnitShards::reduce_gradients(FlatShard& s, Category part_category) {
@@ -120,22 +128,24 @@ void UnitShards::finish_reduces() {
     r.work->wait();
     r.flat = Tensor();
     FlatShard& s = *r.s;
-    s.local.grad = rt_.empty({s.shard}, r.part_category, s.local.name + " gradient", rt_.dtype);
-    if (r.part.data()) copy_values(rt_, r.part.f32(), DType::f32, s.local.grad.data(), rt_.dtype, s.shard);
+    s.local.grad = Tensor::empty({s.shard}, rt_.memory, part_device(r.part_category), r.part_category, rt_.dtype, s.local.name + " gradient");
+    if (r.part.data()) copy_across(rt_, r.part.f32(), DType::f32, rt_.device, s.local.grad.data(), rt_.dtype, s.local.grad.device(), s.shard);
   }
   in_flight_.clear();
 }
 
 std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, DType wire, const Tensor* master) {
   flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " gathered unit " + std::to_string(s.unit));
+  const Tensor& src = master && master->defined() ? *master : s.local.data;
+  // handed to the collective as it is: f32 on the rank's device (an offloaded part is modeled as a copy to
+  // the device on a cpu rank, and is one on a cuda rank)
+  const bool as_is = src.dtype() == DType::f32 && src.device() == rt_.device && (&src == master || src.category() != Category::host);
   const float* mine = nullptr;
-  if (master && master->defined()) {
-    mine = master->f32();
-  } else if (s.local.data.dtype() == DType::f32 && s.local.data.category() != Category::host) {
-    mine = s.local.data.f32();
+  if (as_is) {
+    mine = src.f32();
   } else {
     part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " part to gather");
-    if (part.data()) copy_values(rt_, s.local.data.data(), s.local.data.dtype(), part.f32(), DType::f32, s.shard);
+    if (part.data()) copy_across(rt_, src.data(), src.dtype(), src.device(), part.f32(), DType::f32, part.device(), s.shard);
     mine = part.f32();
   }
   return staged_all_gather_async(rt_, pg_, flat.f32(), mine, s.shard, wire);
@@ -178,8 +188,14 @@ double UnitShards::grad_norm() {
 void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, std::vector<Tensor>& set_aside) {
   set_aside.clear();
   for (auto& s : flats) {
-    Tensor flat = rt.empty({s.padded}, Category::comm_buffers, "gathered f32 masters");
-    staged_all_gather(rt, pg, flat.f32(), s.local.data.f32(), s.shard, DType::f32);  // in f32: the masters, unrounded
+    Tensor flat = rt.empty({s.padded}, Category::comm_buffers, "gathered f32 masters"), up;
+    const float* mine = s.local.data.f32();
+    if (s.local.data.device() != rt.device) {  // an offloaded part, in host memory: up to the device first
+      up = rt.empty({s.shard}, Category::comm_buffers, "f32 master part to gather");
+      copy_across(rt, mine, DType::f32, s.local.data.device(), up.f32(), DType::f32, up.device(), s.shard);
+      mine = up.f32();
+    }
+    staged_all_gather(rt, pg, flat.f32(), mine, s.shard, DType::f32);  // in f32: the masters, unrounded
     for (size_t i = 0; i < s.params.size(); i++) {
       Parameter& p = *s.params[i];
       set_aside.push_back(p.data);
@@ -198,6 +214,7 @@ void restore_params(std::vector<FlatShard>& flats, std::vector<Tensor>& set_asid
 }
 
 bool UnitShards::found_inf(ProcessGroup* over) {
+  HostKernels host(rt_, parts_on_host());  // an offloaded part's gradient is checked where it is
   return GradScaler::found_inf(rt_, locals(), over ? over : &pg_);  // every rank's parts differ: MAX over ranks
 }
 

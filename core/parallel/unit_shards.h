@@ -55,6 +55,8 @@ class UnitShards {
   static void pack(Runtime& rt, const FlatShard& s, float* flat, bool grads);
   // Weights from a flat f32 vector into each parameter's data (in its dtype).
   static void unpack(Runtime& rt, FlatShard& s, const float* flat);
+  // The parts live on the rank's device, or — CPU offload on a cuda rank (local_cat host) — in host memory,
+  // where the optimizer steps them with the host's kernels (HostKernels, core/tensor/runtime.h).
   // local.data := this rank's part of the parameters' present values (they must be whole here).
   void load_local(FlatShard& s);
   // Average the shard's gradients over ranks: this rank's part into local.grad (the run's dtype, category
@@ -76,8 +78,12 @@ class UnitShards {
   double grad_norm();
   bool found_inf(ProcessGroup* over = nullptr);  // over: a group holding this one's ranks (default: this one)
   ProcessGroup& group() { return pg_; }
+  // CPU offload on a cuda rank: the parts are host memory, stepped with the host's kernels.
+  bool parts_on_host() const;
 
  private:
+  // Where a part of category c lives: host memory for CPU offload's on a cuda rank, else the rank's device.
+  DeviceKind part_device(Category c) const;
   Runtime& rt_;
   ProcessGroup& pg_;
   std::string who_;

@@ -44,7 +44,10 @@ void ZeRO2::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
     loaded_ = true;
   }
   rt.trace.set_on_host(offload_);  // offloaded: the host's CPU steps the host's state
-  opt.step(rt, lr, grad_factor);    // this rank's parts only: the optimizer was built on them
+  {
+    HostKernels host(rt, shards_.parts_on_host());  // a cuda rank's offloaded parts: with the host's kernels, for real
+    opt.step(rt, lr, grad_factor);                   // this rank's parts only: the optimizer was built on them
+  }
   rt.trace.set_on_host(false);
   for (auto& s : shards_.all()) {
     s.local.grad = Tensor();

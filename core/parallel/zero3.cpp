@@ -153,7 +153,10 @@ void ZeRO3::finish_backward(Runtime&) {
 
 void ZeRO3::step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) {
   rt.trace.set_on_host(o_.offload);  // offloaded: the host's CPU steps the host's state
-  opt.step(rt, lr, grad_factor);     // each part; the next forward gathers the new values
+  {
+    HostKernels host(rt, shards_.parts_on_host());  // a cuda rank's offloaded parts: with the host's kernels, for real
+    opt.step(rt, lr, grad_factor);                   // each part; the next forward gathers the new values
+  }
   rt.trace.set_on_host(false);
   for (auto& s : shards_.all()) s.local.grad = Tensor();
   release_full_params(rt, false);  // nothing whole may outlive the step: it would be stale

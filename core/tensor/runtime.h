@@ -47,6 +47,33 @@ struct Runtime {
   }
 };
 
+// The host's kernels for a while, on a cuda rank: what CPU offload's optimizer step runs on the parts kept
+// in host memory (core/parallel/zero2.h), and what cuda-sim's kernel table runs (core/ops/sim_device.h).
+// Within it rt.device is cpu and rt.kernels nullptr, so ops run their cpu kernels and rt.empty makes host
+// tensors. With `on` false, or on a rank that is not cuda, nothing changes.
+class HostKernels {
+ public:
+  explicit HostKernels(Runtime& rt, bool on = true)
+      : rt_(rt), kernels_(rt.kernels), device_(rt.device), on_(on && rt.device == DeviceKind::cuda) {
+    if (!on_) return;
+    rt.kernels = nullptr;
+    rt.device = DeviceKind::cpu;
+  }
+  ~HostKernels() {
+    if (!on_) return;
+    rt_.kernels = kernels_;
+    rt_.device = device_;
+  }
+  HostKernels(const HostKernels&) = delete;
+  HostKernels& operator=(const HostKernels&) = delete;
+
+ private:
+  Runtime& rt_;
+  const Kernels* kernels_;
+  DeviceKind device_;
+  bool on_;
+};
+
 // Sets the compute threads this process uses (OpenMP; BLAS runs inside them). A rank must not oversubscribe: with N ranks on
 // C cores, each should use about C/N threads.
 void set_compute_threads(int n);

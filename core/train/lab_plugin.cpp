@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -13,6 +15,13 @@ namespace {
 constexpr size_t kMaxPending = 4096;  // async collectives the plugin may have in flight
 
 wire::Clock::time_point deadline_in(double s) { return wire::after_seconds(s); }
+
+// The buffer of a collective the student asks for: host memory whatever the rank's device (the payload
+// comes from and goes back to the student's process), at least one element.
+Tensor host_buffer(Runtime& rt, int64_t n, const char* what) {
+  return Tensor::empty({std::max<int64_t>(n, 1)}, rt.memory, rt.is_meta() ? DeviceKind::meta : DeviceKind::cpu, Category::comm_buffers,
+                       DType::f32, what);
+}
 
 // The student's sampler: indices come from the plugin, checked before the loader uses them.
 class LabSampler : public Sampler {
@@ -88,7 +97,9 @@ class LabDDP : public DataParallel {
     size_t at = 0;
     for (auto* p : params_) {
       const size_t bytes = size_t(p->data.numel()) * 4;
-      std::memcpy(p->grad_for_accumulate().f32(), out.data() + at, bytes);
+      OnHost g(p->grad_for_accumulate(), OnHost::out);  // a cuda rank's: up to the device
+      std::memcpy(g.p, out.data() + at, bytes);
+      g.store();
       at += bytes;
     }
   }
@@ -98,7 +109,8 @@ class LabDDP : public DataParallel {
  private:
   // a parameter that got no gradient this step (unused) contributes zeros, as DDP's find_unused_parameters
   static void append(std::vector<char>& v, Parameter& p) {
-    const char* g = reinterpret_cast<const char*>(p.grad_for_accumulate().f32());
+    const OnHost h(p.grad_for_accumulate());  // a cuda rank's: down from the device
+    const char* g = reinterpret_cast<const char*>(h.p);
     v.insert(v.end(), g, g + p.data.numel() * 4);
   }
 
@@ -196,7 +208,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   if (op < 0 || op > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", op, payload.size()));
   const int64_t n = int64_t(payload.size() / 4);
   const ReduceOp rop = op == 0 ? ReduceOp::sum : op == 1 ? ReduceOp::avg : ReduceOp::max;
-  Tensor buf = rt->empty({std::max<int64_t>(n, 1)}, Category::comm_buffers, "lab all_reduce buffer");
+  Tensor buf = host_buffer(*rt, n, "lab all_reduce buffer");
   if (n) std::memcpy(buf.f32(), payload.data(), payload.size());
   if (f.op == labproto::kAllReduce) {
     pg->all_reduce(buf.f32(), n, rop);
@@ -224,8 +236,7 @@ void LabPlugin::serve_scatter_gather(const wire::Frame& f, std::vector<char>& pa
   if (!rs && uint64_t(n) * uint64_t(world) * 4 > labproto::kMaxPayload)
     throw Error(fmt::format("the lab's {} asked for an all_gather of {} floats per rank: over the {} MiB a message may hold", during, n,
                             labproto::kMaxPayload >> 20));
-  Tensor in = rt.empty({std::max<int64_t>(rs ? n * world : n, 1)}, Category::comm_buffers, "lab collective input");
-  Tensor out = rt.empty({std::max<int64_t>(rs ? n : n * world, 1)}, Category::comm_buffers, "lab collective output");
+  Tensor in = host_buffer(rt, rs ? n * world : n, "lab collective input"), out = host_buffer(rt, rs ? n : n * world, "lab collective output");
   if (!payload.empty()) std::memcpy(in.f32(), payload.data(), payload.size());
   if (rs) pg.reduce_scatter(out.f32(), in.f32(), n, f.arg[0] == 1 ? ReduceOp::avg : ReduceOp::sum);
   else pg.all_gather(out.f32(), in.f32(), n);
@@ -252,7 +263,10 @@ LabStepResult LabPlugin::train_step(LabStepOps& ops, int accum_steps, double max
     std::vector<float> g(static_cast<size_t>(total), 0.0f);
     int64_t at = 0;
     for (auto* p : params) {
-      if (p->grad.defined() && p->grad.data()) convert(p->grad.data(), p->grad.dtype(), g.data() + at, DType::f32, p->grad.numel());
+      if (p->grad.defined() && p->grad.data()) {
+        const OnHost h(p->grad);  // f32, on the host
+        std::copy(h.p, h.p + p->grad.numel(), g.data() + at);
+      }
       at += p->data.numel();
     }
     return g;

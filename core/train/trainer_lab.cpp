@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/tensor/on_host.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 
@@ -85,7 +86,9 @@ Trainer::StepOutcome Trainer::lab_step(int64_t) {  // the step number: the stude
     size_t at = 0;
     for (auto* p : params) {
       p->grad = rt_.empty(p->data.shape(), Category::grads, "the lab's gradient of " + p->name);
-      if (p->grad.data()) std::memcpy(p->grad.data(), g.data() + at, size_t(p->data.numel()) * 4);
+      OnHost h(p->grad, OnHost::out);  // up to a cuda rank's device
+      if (h.p) std::memcpy(h.p, g.data() + at, size_t(p->data.numel()) * 4);
+      h.store();
       at += size_t(p->data.numel());
     }
     o.lr = schedule_.lr_at(lab_schedule_steps_);
