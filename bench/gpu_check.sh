@@ -148,6 +148,7 @@ if [ $gpu -eq 1 ]; then
   nccl_vs_gloo zero3 10
   # CPU offload: the parts and the optimizer state in host memory, the step on the host, against the cpu ranks
   for s in zero2 zero3; do
+    rm -f "$M"/offload_*.jsonl  # a failed run leaves nothing for against_cpu to mistake for its own
     for d in cpu cuda; do
       "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device $d --set parallel.strategy=$s --set parallel.offload=cpu \
         --set train.steps=5 --metrics "$M/offload_$d.jsonl" >/dev/null 2>&1 || status=1
@@ -161,6 +162,7 @@ if [ $gpu -eq 1 ]; then
     nccl_vs_gloo fsdp 20  # FSDP's prefetched all-gathers across GPUs
     # a model split over 2 GPUs: tensor parallel (its all-reduces over NCCL), then 2 pipeline stages
     for split in "parallel.tp=2" "parallel.pp=2 --set parallel.micro_batches=4"; do
+      rm -f "$M"/split_*.jsonl
       for d in cpu cuda; do
         "$DISTLAB" run -n 2 train configs/gpt-tiny.toml --device $d --set $split --set dist.backend=$([ $d = cuda ] && echo nccl || echo gloo) \
           --set train.steps=5 --metrics "$M/split_$d.jsonl" >/dev/null 2>&1 || status=1

@@ -139,6 +139,13 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
 }
 
 // ---- either layer through TpKernels (a lab's): the same shapes, the arithmetic elsewhere ----
+// The lab's code is host code in a process of its own: its arrays are host memory (OnHost), down from and
+// back up to a cuda rank's device.
+
+// an f32 gradient the lab writes: host memory, counted as the rank's gradients
+static Tensor lab_grad(Runtime& rt, const Shape& shape, const std::string& what) {
+  return Tensor::empty(shape, rt.memory, rt.is_meta() ? DeviceKind::meta : DeviceKind::cpu, Category::grads, DType::f32, what);
+}
 
 static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& x,
                               Tensor& saved_x) {
@@ -148,7 +155,7 @@ static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGro
   shape.back() = out;
   Tensor y = rt.empty(shape, Category::activations, "output of " + local.weight.name, rt.dtype);
   saved_x = x;
-  AsF32 xf(rt, x), w(rt, local.weight.data), b(rt, bias ? bias->data : Tensor()), yf(rt, y, AsF32::out);
+  OnHost xf(x), w(local.weight.data), b(bias ? bias->data : Tensor()), yf(y, OnHost::out);
   if (!yf.p) return y;  // meta: shapes only (a lab refuses the meta device)
   const int64_t rows = x.numel() / in;
   if (column) k.column_forward(tp, xf.p, w.p, bias ? b.p : nullptr, yf.p, rows, in, out);
@@ -162,10 +169,10 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
                                Tensor& saved_x) {
   const int64_t in = local.in_features, out = local.out_features, rows = saved_x.numel() / in;
   Tensor dx = rt.empty(saved_x.shape(), Category::activations, "grad of input of " + local.weight.name, rt.dtype);
-  Tensor dw = rt.empty({out, in}, Category::grads, "the lab's gradient of " + local.weight.name);
-  Tensor db = bias ? rt.empty({out}, Category::grads, "the lab's gradient of " + bias->name) : Tensor();
+  Tensor dw = lab_grad(rt, {out, in}, "the lab's gradient of " + local.weight.name);
+  Tensor db = bias ? lab_grad(rt, {out}, "the lab's gradient of " + bias->name) : Tensor();
   {
-    AsF32 dxf(rt, dx, AsF32::out), x(rt, saved_x), w(rt, local.weight.data), dy(rt, dout);
+    OnHost dxf(dx, OnHost::out), x(saved_x), w(local.weight.data), dy(dout);
     if (dxf.p) {
       if (column) k.column_backward(tp, x.p, w.p, dy.p, dxf.p, dw.f32(), bias ? db.f32() : nullptr, rows, in, out);
       else k.row_backward(tp, x.p, w.p, dy.p, dxf.p, dw.f32(), bias ? db.f32() : nullptr, rows, in, out);
@@ -175,7 +182,7 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
   std::vector<std::pair<Parameter*, Tensor*>> grads = {{&local.weight, &dw}};
   if (bias) grads.push_back({bias, &db});
   for (auto [p, g] : grads) {
-    AsF32 acc(rt, p->grad_for_accumulate(), AsF32::inout);
+    OnHost acc(p->grad_for_accumulate(), OnHost::inout);
     if (acc.p && g->data())
       for (int64_t i = 0; i < g->numel(); i++) acc.p[i] += g->f32()[i];
     acc.store();

@@ -82,22 +82,26 @@ std::vector<Parameter*> UnitShards::locals() {
   return v;
 }
 
-void UnitShards::pack(Runtime& rt, const FlatShard& s, float* flat, bool grads) {
+void UnitShards::pack(Runtime& rt, const FlatShard& s, float* flat, bool grads, DeviceKind where) {
   if (!flat) return;  // the meta device
+  auto zero = [&](float* p, int64_t n) {
+    if (where == rt.device) zero_values(rt, p, n * 4);
+    else std::fill(p, p + n, 0.0f);
+  };
   for (size_t i = 0; i < s.params.size(); i++) {
     const Parameter& p = *s.params[i];
     const Tensor& t = grads ? p.grad : p.data;
-    if (t.defined() && t.data()) copy_values(rt, t.data(), t.dtype(), flat + s.offset[i], DType::f32, t.numel());
-    else zero_values(rt, flat + s.offset[i], p.data.numel() * 4);  // no gradient: it adds zero
+    if (t.defined() && t.data()) copy_across(rt, t.data(), t.dtype(), t.device(), flat + s.offset[i], DType::f32, where, t.numel());
+    else zero(flat + s.offset[i], p.data.numel());  // no gradient: it adds zero
   }
-  zero_values(rt, flat + s.numel, (s.padded - s.numel) * 4);  // the padding never carries a value
+  zero(flat + s.numel, s.padded - s.numel);  // the padding never carries a value
 }
 
-void UnitShards::unpack(Runtime& rt, FlatShard& s, const float* flat) {
+void UnitShards::unpack(Runtime& rt, FlatShard& s, const float* flat, DeviceKind where) {
   if (!flat) return;
   for (size_t i = 0; i < s.params.size(); i++) {
     Tensor& d = s.params[i]->data;
-    copy_values(rt, flat + s.offset[i], DType::f32, d.data(), d.dtype(), d.numel());
+    copy_across(rt, flat + s.offset[i], DType::f32, where, d.data(), d.dtype(), d.device(), d.numel());
   }
 }
 

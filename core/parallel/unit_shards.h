@@ -52,9 +52,12 @@ class UnitShards {
   std::vector<Parameter*> locals();
 
   // The flat f32 vector of the shard's weights or gradients (zero for a parameter without one), padding zero.
-  static void pack(Runtime& rt, const FlatShard& s, float* flat, bool grads);
+  // `where`: the flat's device, the rank's own by default (cpu: a host vector on a cuda rank, lab 04's).
+  static void pack(Runtime& rt, const FlatShard& s, float* flat, bool grads, DeviceKind where);
+  static void pack(Runtime& rt, const FlatShard& s, float* flat, bool grads) { pack(rt, s, flat, grads, rt.device); }
   // Weights from a flat f32 vector into each parameter's data (in its dtype).
-  static void unpack(Runtime& rt, FlatShard& s, const float* flat);
+  static void unpack(Runtime& rt, FlatShard& s, const float* flat, DeviceKind where);
+  static void unpack(Runtime& rt, FlatShard& s, const float* flat) { unpack(rt, s, flat, rt.device); }
   // The parts live on the rank's device, or — CPU offload on a cuda rank (local_cat host) — in host memory,
   // where the optimizer steps them with the host's kernels (HostKernels, core/tensor/runtime.h).
   // local.data := this rank's part of the parameters' present values (they must be whole here).

@@ -19,6 +19,7 @@
 #include "core/optim/grad_scaler.h"
 #include "core/parallel/ddp.h"
 #include "core/parallel/unit_shards.h"
+#include "core/tensor/on_host.h"
 #include "core/train/lab_plugin.h"
 #include "core/util/error.h"
 
@@ -100,9 +101,8 @@ class LabZeRO : public Strategy {
     double ss = 0;
     for (auto& s : flats_)
       if (s.local.grad.defined() && s.local.grad.data()) {
-        std::vector<float> g(size_t(s.local.grad.numel()));
-        convert(s.local.grad.data(), s.local.grad.dtype(), g.data(), DType::f32, s.local.grad.numel());
-        for (float x : g) ss += double(x) * x;
+        const OnHost g(s.local.grad);  // f32 on the host, from any device and dtype
+        for (int64_t i = 0; i < s.local.grad.numel(); i++) ss += double(g.p[i]) * g.p[i];
       }
     return norm_over_ranks(pg_, ss);  // the parts are disjoint when the partition is: the global norm
   }
@@ -155,7 +155,7 @@ class LabZeRO : public Strategy {
   }
   std::vector<float> packed(const FlatShard& s, bool grads) {
     std::vector<float> flat(static_cast<size_t>(s.padded));
-    UnitShards::pack(rt_, s, flat.data(), grads);  // a lab runs on cpu ranks: host memory
+    UnitShards::pack(rt_, s, flat.data(), grads, DeviceKind::cpu);  // a host vector (down from a cuda rank's device)
     return flat;
   }
   void answer(const void* data, size_t bytes, const char* during) { plugin_.reply(labproto::kData, data, bytes, 0, during); }
@@ -191,12 +191,14 @@ class LabZeRO : public Strategy {
           if (n > 0) {
             s.local.data = rt_.empty({n}, Category::optim_state, "f32 master of the part of " + s.local.name, DType::f32);
             const auto w = packed(s, false);
-            if (s.local.data.data()) std::memcpy(s.local.data.f32(), w.data() + begin, size_t(n) * 4);
+            s.local.data.from_host(w.data() + begin);
           }
         }
         if (n > 0) {
           s.local.grad = rt_.empty({n}, Category::grads, "gradient part of " + s.local.name, rt_.dtype);
-          if (s.local.grad.data()) convert(payload.data(), DType::f32, s.local.grad.data(), rt_.dtype, n);
+          OnHost g(s.local.grad, OnHost::out);  // rounded to the run's dtype, on the rank's device
+          if (g.p) std::memcpy(g.p, payload.data(), size_t(n) * 4);
+          g.store();
         }
         for (Parameter* p : s.params) p->grad = Tensor();  // the whole gradient: released, only the part stays
         kept_[size_t(f.arg[0])] = true;
@@ -213,7 +215,8 @@ class LabZeRO : public Strategy {
         FlatShard& s = flat_of(f.arg[0], "part_weights");
         if (!stepped_) throw lab_error(fmt::format("part_weights({}) before optimizer_step", f.arg[0]));
         const int64_t n = s.local.data.defined() ? s.local.data.numel() : 0;
-        return answer(n ? s.local.data.data() : nullptr, size_t(n) * 4, "part_weights");
+        const OnHost w(s.local.data);  // the f32 master of the part
+        return answer(n ? w.p : nullptr, size_t(n) * 4, "part_weights");
       }
       case labproto::kZeroSetWeights: {
         FlatShard& s = flat_of(f.arg[0], "set_weights");
@@ -222,7 +225,7 @@ class LabZeRO : public Strategy {
         check_range(s, f.arg[0], begin, n, "set_weights");
         auto w = packed(s, false);
         if (n) std::memcpy(w.data() + begin, payload.data(), size_t(n) * 4);
-        UnitShards::unpack(rt_, s, w.data());  // rounded into the parameters' dtype; the padding dropped
+        UnitShards::unpack(rt_, s, w.data(), DeviceKind::cpu);  // rounded into the parameters' dtype; the padding dropped
         return answer(nullptr, 0, "set_weights");
       }
       default:

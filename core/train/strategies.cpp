@@ -68,13 +68,6 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
 }
 
-void check_cuda_fits(const RunConfig& cfg, const LabPlugin* lab) {
-  const std::string& d = cfg.train.device;
-  if (lab && !lab->is("02") && !lab->is("03"))
-    throw ConfigError(fmt::format("lab {} on device {}: not in this version (its code reads the engine's tensors in host memory)", cfg.lab.name, d),
-                      "run the lab with --device cpu; labs 02 and 03 run on cuda too");
-}
-
 namespace {
 
 // The forgotten set_epoch: whatever epoch the loader asks for, the order of epoch 0.

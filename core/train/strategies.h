@@ -17,10 +17,6 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
 
 // Refuses a strategy that cannot run on `world` ranks (none on several: each would train alone).
 void check_strategy_fits(const RunConfig& cfg, int world);
-// What a cuda (or cuda-sim) rank runs in this version: every strategy (none, DDP, ZeRO-1/2/3, FSDP, with or
-// without CPU offload), tensor and pipeline parallelism, and labs 02 and 03's code (their gradients cross
-// to the student's process through the host). ConfigError otherwise: the other labs run on cpu ranks.
-void check_cuda_fits(const RunConfig& cfg, const LabPlugin* lab);
 
 // The order a rank visits the training set in: under a data-parallel strategy each rank its slice of
 // one shared order (DistributedSampler, or the lab student's); on one rank a shuffled or plain order.

@@ -65,7 +65,6 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   if (lab && lab->is("06") && rt.is_meta())
     throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", cfg.lab.name), "train on the cpu device");
   check_strategy_fits(cfg, dp_world());
-  if (rt.device == DeviceKind::cuda) check_cuda_fits(cfg, lab);
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
                       "plan with --device meta, or start real ranks with distlab run");

@@ -28,6 +28,7 @@
 
 #include "core/ckpt/checkpoint.h"
 #include "core/ckpt/safetensors.h"
+#include "core/tensor/on_host.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
@@ -230,7 +231,10 @@ std::vector<char> Trainer::lab_snapshot(int64_t step) {
     for (const auto& n : names) {
       const Tensor* t = opt_->state(rt_, i, n, false);
       put_i64(out, t ? t->numel() : 0);
-      if (t) out.insert(out.end(), reinterpret_cast<const char*>(t->f32()), reinterpret_cast<const char*>(t->f32() + t->numel()));
+      if (t) {
+        const OnHost h(*t);  // a cuda rank's: down from the device
+        out.insert(out.end(), reinterpret_cast<const char*>(h.p), reinterpret_cast<const char*>(h.p + t->numel()));
+      }
     }
   const auto streams = model_->rng_streams();
   put_i64(out, int64_t(streams.size()));
@@ -296,7 +300,7 @@ nlohmann::json Trainer::lab_restore_problems(const std::string& dir) {
       std::vector<float> want(size_t(opt_->param(i).data.numel()));
       ref.read(logical, 0, int64_t(want.size()), want.data());
       if (!t) missing++;
-      else if (std::memcmp(t->f32(), want.data(), want.size() * 4) != 0) differ++;
+      else if (std::memcmp(OnHost(*t).p, want.data(), want.size() * 4) != 0) differ++;
     }
     if (missing) problems.push_back(fmt::format("the optimizer's {} was not restored for {} of {} parameters (they start from zero again)", name, missing, total));
     else if (differ) problems.push_back(fmt::format("the optimizer's {} differs from what was saved for {} of {} parameters", name, differ, total));
@@ -401,7 +405,9 @@ void Trainer::lab_resume(MetricsWriter& metrics) {
         if (count < 0) continue;
         Tensor* t = opt_->state(rt_, i, n, true);
         if (count != t->numel()) throw lab07_error("load_state: a broken answer");
-        r.copy(t->f32(), size_t(count) * 4);
+        OnHost h(*t, OnHost::out);  // up to a cuda rank's device
+        r.copy(h.p, size_t(count) * 4);
+        h.store();
       }
     const bool rng = r.take<int64_t>();
     const int64_t ns = r.take<int64_t>();
