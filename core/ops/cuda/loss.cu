@@ -78,6 +78,25 @@ __global__ void sum_rows_k(LossTotals* out, const float* row_loss, const int* ro
   *out = t;
 }
 
+// Each row's loss and hit (-1 ignored, -2 target out of range) in scratch; totals() sums them in row order
+// and brings the sums to the host: the step's one synchronization.
+struct RowResults {
+  RowResults(Runtime& rt, int64_t N, const char* what) : rows(rt, 2 * N + 8, what), loss(rows.p), hit(reinterpret_cast<int*>(rows.p + N)), n(N) {}
+  LossTotals totals(Runtime& rt, const int32_t* targets, const char* what) {
+    auto* sums = reinterpret_cast<LossTotals*>(rows.p + 2 * n);  // 8N bytes in: aligned for its doubles
+    sum_rows_k<<<1, 32, 0, stream(rt)>>>(sums, loss, hit, targets, n);
+    DL_CUDA_LAUNCHED(what);
+    LossTotals t{};
+    DL_CUDA(cudaMemcpyAsync(&t, sums, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
+    DL_CUDA(cudaStreamSynchronize(stream(rt)));
+    return t;
+  }
+  Scratch rows;  // row_loss (N f32), row_hit (N int), the totals (32 B)
+  float* loss;
+  int* hit;
+  int64_t n;
+};
+
 __global__ void count_valid_k(int64_t* count, const int32_t* targets, int64_t N) {
   float c = 0.0f;
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] >= 0 ? 1.0f : 0.0f;
@@ -146,17 +165,10 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
     if (correct) *correct = 0;
     return 0.0;
   }
-  Scratch rows(rt, 2 * N + 8, "cross-entropy row sums");  // row_loss (N f32), row_hit (N int), the totals (32 B)
-  float* row_loss = rows.p;
-  int* row_hit = reinterpret_cast<int*>(rows.p + N);
-  auto* totals = reinterpret_cast<LossTotals*>(rows.p + 2 * N);  // 8N bytes in: aligned for its doubles
-  softmax_xent_rows_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, row_loss, row_hit, logits, targets, V);
+  RowResults rows(rt, N, "cross-entropy row sums");
+  softmax_xent_rows_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, logits, targets, V);
   DL_CUDA_LAUNCHED("softmax_crossentropy_forward");
-  sum_rows_k<<<1, 32, 0, stream(rt)>>>(totals, row_loss, row_hit, targets, N);
-  DL_CUDA_LAUNCHED("softmax_crossentropy_forward sum");
-  LossTotals t{};
-  DL_CUDA(cudaMemcpyAsync(&t, totals, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
-  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  const LossTotals t = rows.totals(rt, targets, "softmax_crossentropy_forward sum");
   if (t.bad_row >= 0)
     throw DataError("target " + std::to_string(t.bad_target) + " is out of range for " + std::to_string(V) + " classes",
                     "the data set's labels don't match model's number of classes");
@@ -196,17 +208,10 @@ double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float*
   OpScope op(rt, "vocab_ce_finish", double(N * V), 8.0 * double(N * V));
   if (correct) *correct = 0;
   if (N == 0) return 0.0;
-  Scratch rows(rt, 2 * N + 8, "vocab-parallel loss row sums");  // as softmax_crossentropy_forward's
-  float* row_loss = rows.p;
-  int* row_hit = reinterpret_cast<int*>(rows.p + N);
-  auto* totals = reinterpret_cast<LossTotals*>(rows.p + 2 * N);
-  vocab_finish_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, row_loss, row_hit, sum, zt, mx, targets, V);
+  RowResults rows(rt, N, "vocab-parallel loss row sums");
+  vocab_finish_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, sum, zt, mx, targets, V);
   DL_CUDA_LAUNCHED("vocab_ce_finish");
-  sum_rows_k<<<1, 32, 0, stream(rt)>>>(totals, row_loss, row_hit, targets, N);
-  DL_CUDA_LAUNCHED("vocab_ce_finish sum");
-  LossTotals t{};
-  DL_CUDA(cudaMemcpyAsync(&t, totals, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
-  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  const LossTotals t = rows.totals(rt, targets, "vocab_ce_finish sum");
   if (correct) *correct = t.hits;
   return t.count ? t.loss / double(t.count) : 0.0;
 }
