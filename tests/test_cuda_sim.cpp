@@ -137,6 +137,9 @@ std::string tmp(const std::string& name) {
   return (fs::temp_directory_path() / ("distlab-sim-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
+// `args` on cpu ranks and on cuda-sim ranks: the same metrics
+void check_same_runs(const std::string& args) { check_same_metrics(train_cli("cpu", args), train_cli("cuda-sim", args)); }
+
 // `args` on cpu ranks, then on cuda-sim ranks over nccl (whose log says `says`): the same metrics, and the
 // same weights saved (--save)
 void check_same_over_nccl(const std::string& args, const std::string& says) {
@@ -152,10 +155,10 @@ void check_same_over_nccl(const std::string& args, const std::string& says) {
 
 TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in fp16 with a loss scaler and eval, as the cpu does, bit for bit", "[cuda-sim]") {
   const std::string gpt = "train configs/gpt-tiny.toml --set train.steps=4 --set precision.mode=bf16 --set optim.clip_grad_norm=0.5";
-  check_same_metrics(train_cli("cpu", gpt), train_cli("cuda-sim", gpt));
+  check_same_runs(gpt);
   const std::string cnn = "train configs/cifar-cnn.toml --set train.steps=4 --set precision.mode=fp16 --set train.eval_every=2 "
                           "--set train.eval_batches=2 --set data.synthetic_train=512 --set train.accum_steps=2";
-  check_same_metrics(train_cli("cpu", cnn), train_cli("cuda-sim", cnn));
+  check_same_runs(cnn);
 }
 
 TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then over gloo) save, resume and --save as the cpu ranks do", "[cuda-sim]") {
@@ -181,7 +184,7 @@ TEST_CASE("cuda-sim: naive DDP with accumulation (no_sync) as the cpu ranks", "[
   // (FSDP's NO_SHARD is bucketed DDP: the DDP case covers it)
   const std::string naive = "run -n 2 --master-port 0 train configs/fashion-mnist-mlp.toml --set train.steps=3 --set parallel.strategy=ddp "
                             "--set parallel.ddp_mode=naive --set train.accum_steps=2 --set optim.clip_grad_norm=1";
-  check_same_metrics(train_cli("cpu", naive), train_cli("cuda-sim", naive));
+  check_same_runs(naive);
 }
 
 TEST_CASE("cuda-sim: ZeRO-1 on 2 ranks (bf16 with reduce-scatter over nccl and --save, fp16 with all-reduce over gloo and SyncBatchNorm) as the cpu ranks", "[cuda-sim]") {
@@ -192,7 +195,7 @@ TEST_CASE("cuda-sim: ZeRO-1 on 2 ranks (bf16 with reduce-scatter over nccl and -
                        "the strategy's collectives on the device: nccl on cuda-sim");
   const std::string cnn = "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set train.steps=3 "
                           "--set parallel.strategy=zero1 --set parallel.zero_reduce=all_reduce --set precision.mode=fp16 --set parallel.sync_batchnorm=true";
-  check_same_metrics(train_cli("cpu", cnn), train_cli("cuda-sim", cnn));
+  check_same_runs(cnn);
 }
 
 TEST_CASE("cuda-sim: ZeRO-2 in bf16 over nccl, ZeRO-3 in fp16 through a checkpoint and resume (over gloo, resumed over nccl), and FSDP with SyncBatchNorm over nccl, as the cpu ranks", "[cuda-sim]") {
@@ -229,7 +232,7 @@ TEST_CASE("cuda-sim: GPT in 2 pipeline stages (1F1B, bf16) through a checkpoint,
   // --init: the whole model's file, each stage's part of it written into the device
   const std::string init = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.micro_batches=2 "
                            "--set train.steps=1 --init " + w_cpu;
-  check_same_metrics(train_cli("cpu", init), train_cli("cuda-sim", init));
+  check_same_runs(init);
   // 2 replicas of 2 stages: ZeRO-1's reduce-scatters and all-gathers over each stage's data-parallel pair
   const std::string z1 = "run -n 4 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.strategy=zero1 "
                          "--set parallel.micro_batches=4 --set train.micro_batch=2 --set precision.mode=fp16 --set train.steps=2";
@@ -247,7 +250,7 @@ TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activation
                        "the tensor-parallel layers' all-reduces on the device: nccl on cuda-sim");
   const std::string tp_pp = "run -n 4 --master-port 0 train configs/gpt-tiny.toml --set parallel.tp=2 --set parallel.pp=2 "
                             "--set parallel.micro_batches=2 --set train.steps=2 --set train.eval_every=2 --set train.eval_batches=2";
-  check_same_metrics(train_cli("cpu", tp_pp), train_cli("cuda-sim", tp_pp));
+  check_same_runs(tp_pp);
 }
 
 TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and the optimizer state are host memory, stepped by the host's kernels", "[cuda-sim][offload]") {
@@ -308,7 +311,7 @@ TEST_CASE("cuda-sim: CPU offload (ZeRO-2 in bf16 over nccl through a checkpoint 
                        "the strategy's collectives on the device: nccl on cuda-sim");
   const std::string fsdp = "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set train.steps=2 "
                            "--set parallel.strategy=fsdp --set parallel.offload=cpu";
-  check_same_metrics(train_cli("cpu", fsdp), train_cli("cuda-sim", fsdp));
+  check_same_runs(fsdp);
   for (const auto& p : {ck_cpu, ck_sim}) fs::remove_all(p);
 }
 
@@ -327,7 +330,7 @@ TEST_CASE("cuda-sim: the labs' solutions run on a cuda rank as on cpu ranks (02 
   };
   for (const std::string& run : {lab("02-ddp-cifar", ""), lab("04-zero", ""), lab("06-tp-pp", ""), lab("06-tp-pp", "--set parallel.tp=1 --set parallel.pp=2")}) {
     INFO(run);
-    check_same_metrics(train_cli("cpu", run), train_cli("cuda-sim", run));
+    check_same_runs(run);
   }
   // lab 07: the student's save_state writes the optimizer's state (down from the device), load_state puts it back up
   const std::string ck_cpu = tmp("lab07-cpu"), ck_sim = tmp("lab07-sim");
