@@ -10,9 +10,7 @@ namespace distlab {
 static bool on_device(const Runtime& rt) { return rt.device == DeviceKind::cuda; }
 
 void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n) {
-  if (n <= 0) return;
-  if (on_device(rt)) rt.memory.device_memory()->convert(src, st, dst, dt, n);
-  else convert(src, st, dst, dt, n);
+  copy_across(rt, src, st, rt.device, dst, dt, rt.device, n);
 }
 
 void zero_values(Runtime& rt, void* p, int64_t bytes) {

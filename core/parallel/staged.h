@@ -16,12 +16,13 @@
 
 namespace distlab {
 
-// dst (n values of dt) = src (n values of st), converted
+// dst (n values of dt, on device dd) = src (n values of st, on device sd), converted. On one device the
+// conversion runs there; across (a cuda rank's CPU-offload parts are host memory) the bytes cross as they
+// are and the dtype changes on the host's side.
+void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n);
+// the same where both live on the rank's device
 void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n);
 void zero_values(Runtime& rt, void* p, int64_t bytes);
-// The same where src and dst may live apart: a cuda rank's CPU-offload parts are host memory. The bytes
-// cross as they are; the dtype changes on the host's side.
-void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n);
 
 // ProcessGroup's collective of the same name on the rank's own buffers (nullptr on meta, as there)
 void staged_all_reduce(Runtime& rt, ProcessGroup& pg, float* data, int64_t n, ReduceOp op, DType wire);

@@ -142,11 +142,6 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
 // The lab's code is host code in a process of its own: its arrays are host memory (OnHost), down from and
 // back up to a cuda rank's device.
 
-// an f32 gradient the lab writes: host memory, counted as the rank's gradients
-static Tensor lab_grad(Runtime& rt, const Shape& shape, const std::string& what) {
-  return Tensor::empty(shape, rt.memory, rt.is_meta() ? DeviceKind::meta : DeviceKind::cpu, Category::grads, DType::f32, what);
-}
-
 static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& x,
                               Tensor& saved_x) {
   const int64_t in = local.in_features, out = local.out_features;
@@ -169,8 +164,9 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
                                Tensor& saved_x) {
   const int64_t in = local.in_features, out = local.out_features, rows = saved_x.numel() / in;
   Tensor dx = rt.empty(saved_x.shape(), Category::activations, "grad of input of " + local.weight.name, rt.dtype);
-  Tensor dw = lab_grad(rt, {out, in}, "the lab's gradient of " + local.weight.name);
-  Tensor db = bias ? lab_grad(rt, {out}, "the lab's gradient of " + bias->name) : Tensor();
+  // the lab writes f32 gradients in host memory, counted as the rank's gradients
+  Tensor dw = rt.host_empty({out, in}, Category::grads, "the lab's gradient of " + local.weight.name);
+  Tensor db = bias ? rt.host_empty({out}, Category::grads, "the lab's gradient of " + bias->name) : Tensor();
   {
     OnHost dxf(dx, OnHost::out), x(saved_x), w(local.weight.data), dy(dout);
     if (dxf.p) {

@@ -45,7 +45,7 @@ UnitShards::UnitShards(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
 bool UnitShards::parts_on_host() const { return !shards_.empty() && shards_.front().local.data.device() != rt_.device; }
 
 DeviceKind UnitShards::part_device(Category c) const {
-  return c == Category::host && rt_.device == DeviceKind::cuda ? DeviceKind::cpu : rt_.device;
+  return c == Category::host ? rt_.host_device() : rt_.device;
 }
 
 std::vector<FlatShard> flat_layout(const std::vector<std::vector<Parameter*>>& units, int64_t n) {
@@ -138,20 +138,22 @@ void UnitShards::finish_reduces() {
   in_flight_.clear();
 }
 
+// A part as an all-gather takes it: n f32 values on the rank's device. `src` itself when it is that, else
+// a copy in `up` (made here): a 16-bit part widened, a part kept in host memory (CPU offload) brought up.
+// With `count_host`, a cpu rank copies its host-category part too: nothing crosses there, but the modeled
+// memory then holds the buffer a GPU would need.
+static const float* f32_on_device(Runtime& rt, const Tensor& src, int64_t n, Tensor& up, bool count_host, const std::string& what) {
+  if (src.dtype() == DType::f32 && src.device() == rt.device && !(count_host && src.category() == Category::host)) return src.f32();
+  up = rt.empty({n}, Category::comm_buffers, what);
+  if (up.data()) copy_across(rt, src.data(), src.dtype(), src.device(), up.f32(), DType::f32, up.device(), n);
+  return up.f32();
+}
+
 std::shared_ptr<Work> UnitShards::gather_async(const FlatShard& s, Tensor& flat, Tensor& part, DType wire, const Tensor* master) {
   flat = rt_.empty({s.padded}, Category::comm_buffers, who_ + " gathered unit " + std::to_string(s.unit));
-  const Tensor& src = master && master->defined() ? *master : s.local.data;
-  // handed to the collective as it is: f32 on the rank's device (an offloaded part is modeled as a copy to
-  // the device on a cpu rank, and is one on a cuda rank)
-  const bool as_is = src.dtype() == DType::f32 && src.device() == rt_.device && (&src == master || src.category() != Category::host);
-  const float* mine = nullptr;
-  if (as_is) {
-    mine = src.f32();
-  } else {
-    part = rt_.empty({s.shard}, Category::comm_buffers, who_ + " part to gather");
-    if (part.data()) copy_across(rt_, src.data(), src.dtype(), src.device(), part.f32(), DType::f32, part.device(), s.shard);
-    mine = part.f32();
-  }
+  const bool from_master = master && master->defined();
+  const Tensor& src = from_master ? *master : s.local.data;
+  const float* mine = f32_on_device(rt_, src, s.shard, part, !from_master, who_ + " part to gather");
   return staged_all_gather_async(rt_, pg_, flat.f32(), mine, s.shard, wire);
 }
 
@@ -193,12 +195,7 @@ void lend_masters(Runtime& rt, ProcessGroup& pg, std::vector<FlatShard>& flats, 
   set_aside.clear();
   for (auto& s : flats) {
     Tensor flat = rt.empty({s.padded}, Category::comm_buffers, "gathered f32 masters"), up;
-    const float* mine = s.local.data.f32();
-    if (s.local.data.device() != rt.device) {  // an offloaded part, in host memory: up to the device first
-      up = rt.empty({s.shard}, Category::comm_buffers, "f32 master part to gather");
-      copy_across(rt, mine, DType::f32, s.local.data.device(), up.f32(), DType::f32, up.device(), s.shard);
-      mine = up.f32();
-    }
+    const float* mine = f32_on_device(rt, s.local.data, s.shard, up, false, "f32 master part to gather");
     staged_all_gather(rt, pg, flat.f32(), mine, s.shard, DType::f32);  // in f32: the masters, unrounded
     for (size_t i = 0; i < s.params.size(); i++) {
       Parameter& p = *s.params[i];

@@ -45,6 +45,12 @@ struct Runtime {
   Tensor zeros(const Shape& s, Category c, const std::string& what = "tensor", DType t = DType::f32) {
     return Tensor::zeros(s, memory, device, c, t, what);
   }
+  // Host memory on this rank, whatever its device: cpu, or meta on meta. What a cuda rank keeps on the
+  // host side: CPU offload's parts (core/parallel/unit_shards.h), a lab's arrays (core/train/lab_plugin.h).
+  DeviceKind host_device() const { return is_meta() ? DeviceKind::meta : DeviceKind::cpu; }
+  Tensor host_empty(const Shape& s, Category c, const std::string& what, DType t = DType::f32) {
+    return Tensor::empty(s, memory, host_device(), c, t, what);
+  }
 };
 
 // The host's kernels for a while, on a cuda rank: what CPU offload's optimizer step runs on the parts kept

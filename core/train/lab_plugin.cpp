@@ -18,10 +18,7 @@ wire::Clock::time_point deadline_in(double s) { return wire::after_seconds(s); }
 
 // The buffer of a collective the student asks for: host memory whatever the rank's device (the payload
 // comes from and goes back to the student's process), at least one element.
-Tensor host_buffer(Runtime& rt, int64_t n, const char* what) {
-  return Tensor::empty({std::max<int64_t>(n, 1)}, rt.memory, rt.is_meta() ? DeviceKind::meta : DeviceKind::cpu, Category::comm_buffers,
-                       DType::f32, what);
-}
+Tensor host_buffer(Runtime& rt, int64_t n, const char* what) { return rt.host_empty({std::max<int64_t>(n, 1)}, Category::comm_buffers, what); }
 
 // The student's sampler: indices come from the plugin, checked before the loader uses them.
 class LabSampler : public Sampler {
