@@ -253,7 +253,7 @@ TEST_CASE("cuda-sim: GPT under tensor parallel (tp 2 in bf16 with the activation
   check_same_runs(tp_pp);
 }
 
-TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and the optimizer state are host memory, stepped by the host's kernels", "[cuda-sim][offload]") {
+TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and the optimizer state are page-locked host memory, stepped by the host's kernels", "[cuda-sim][offload]") {
   distlab::testing::run_ranks(1, [](ProcessGroup& pg) {
     Runtime rt(DeviceKind::cuda);
     auto dev = attach_device(rt, "cuda-sim", 0);
@@ -274,7 +274,10 @@ TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and 
     z.begin_backward(true);
     for (int u = int(model->units().size()) - 1; u >= 0; u--) z.after_layer_backward(u, model->units()[size_t(u)]);
     z.finish_backward(rt);
-    for (Parameter* part : z.optimizer_parameters(*model)) CHECK(part->grad.device() == DeviceKind::cpu);  // reduced, then down
+    for (Parameter* part : z.optimizer_parameters(*model)) {  // reduced, then down
+      CHECK(part->grad.device() == DeviceKind::cpu);
+      CHECK(part->grad.is_pinned());
+    }
     z.step(rt, opt, 0.01f, 1.0f);
     CHECK(rt.device == DeviceKind::cuda);  // the host's kernels only for the step
     REQUIRE(opt.size() > 0);
@@ -283,11 +286,18 @@ TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and 
       INFO(part.name);
       CHECK(part.data.device() == DeviceKind::cpu);  // readable right here: host memory
       CHECK(part.data.category() == Category::host);
-      for (const std::string& name : opt.state_names()) CHECK(opt.state(rt, i, name, false)->device() == DeviceKind::cpu);
+      CHECK(part.data.is_pinned());  // page-locked: its copies run at the bus's full speed
+      for (const std::string& name : opt.state_names()) {
+        CHECK(opt.state(rt, i, name, false)->device() == DeviceKind::cpu);
+        CHECK(opt.state(rt, i, name, false)->is_pinned());
+      }
       // AdamW's first step moved every weight by lr against its gradient's sign (ones): the momentum holds 0.1 x 1
       CHECK(opt.state(rt, i, "exp_avg", false)->f32()[0] == Approx(0.1f));
     }
     for (Parameter* p : model->parameters()) CHECK(p->data.device() == DeviceKind::cuda);  // the whole weights: on the device
+    // a cpu rank's host memory is not pinned: there is no device to pin it for
+    Runtime cpu;
+    CHECK_FALSE(Tensor::empty({4}, cpu.memory, DeviceKind::cpu, Category::host, DType::f32, "part").is_pinned());
   });
 }
 

@@ -8,6 +8,15 @@ namespace distlab {
 
 CudaAllocator::~CudaAllocator() { empty_cache(); }
 
+cudaError_t CudaAllocator::raw_alloc(void** p, int64_t bytes) const {
+  return kind_ == Kind::device ? cudaMalloc(p, size_t(bytes)) : cudaHostAlloc(p, size_t(bytes), cudaHostAllocDefault);
+}
+
+void CudaAllocator::raw_free(void* p) const {
+  if (kind_ == Kind::device) cudaFree(p);
+  else cudaFreeHost(p);
+}
+
 int64_t CudaAllocator::rounded(int64_t bytes) {
   constexpr int64_t kSmall = 512, kLarge = int64_t(2) << 20;
   if (bytes <= 0) return kSmall;
@@ -28,18 +37,18 @@ void* CudaAllocator::alloc(int64_t bytes) {
   // raises OutOfMemoryError with its breakdown). Any other error (an earlier kernel's fault, sticky) is
   // that error, named, not a misleading "out of memory".
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, size_t(size));
+  cudaError_t e = raw_alloc(&p, size);
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // the out-of-memory error is not sticky: clear it
     DL_CUDA(cudaDeviceSynchronize());  // a cached block may still be read by queued work
     empty_cache();
-    e = cudaMalloc(&p, size_t(size));
+    e = raw_alloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       return nullptr;
     }
   }
-  if (e != cudaSuccess) cuda_fail(e, "cudaMalloc", __FILE__, __LINE__);
+  if (e != cudaSuccess) cuda_fail(e, kind_ == Kind::device ? "cudaMalloc" : "cudaHostAlloc", __FILE__, __LINE__);
   reserved_ += size;
   return p;
 }
@@ -55,7 +64,7 @@ void CudaAllocator::empty_cache() {
   if (cached_ == 0) return;
   cudaDeviceSynchronize();  // a cached block may still be read by queued work
   for (auto& [size, blocks] : free_blocks_) {
-    for (void* p : blocks) cudaFree(p);
+    for (void* p : blocks) raw_free(p);
     reserved_ -= size * int64_t(blocks.size());
     blocks.clear();
   }

@@ -7,7 +7,13 @@
 // so stream order makes the reuse safe. A block used by another stream must not be freed before that
 // stream is done with it (what PyTorch's record_stream tracks): the NCCL process group keeps its buffers
 // alive until its work completes.
+// Kind::pinned is the same cache over page-locked host memory (cudaHostAlloc; PyTorch's
+// CachingHostAllocator), what CPU offload keeps on the host: cudaHostAlloc is slow, and cudaFreeHost
+// synchronizes the device, while a step makes and drops its offloaded gradient parts every step. The
+// copies to and from these blocks are synchronous today, so a freed block is never still being read.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -16,7 +22,8 @@ namespace distlab {
 
 class CudaAllocator {
  public:
-  CudaAllocator() = default;
+  enum class Kind { device, pinned };
+  explicit CudaAllocator(Kind kind = Kind::device) : kind_(kind) {}
   ~CudaAllocator();
   CudaAllocator(const CudaAllocator&) = delete;
   CudaAllocator& operator=(const CudaAllocator&) = delete;
@@ -31,6 +38,10 @@ class CudaAllocator {
   static int64_t rounded(int64_t bytes);
 
  private:
+  cudaError_t raw_alloc(void** p, int64_t bytes) const;
+  void raw_free(void* p) const;
+
+  Kind kind_;
   std::map<int64_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
   int64_t reserved_ = 0, cached_ = 0;
 };

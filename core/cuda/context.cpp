@@ -96,6 +96,7 @@ CudaContext::~CudaContext() {
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
   alloc_.empty_cache();
+  pinned_.empty_cache();
   if (blas_) cublasDestroy(blas_);
   if (blas_workspace_) cudaFree(blas_workspace_);
   if (compute_) cudaStreamDestroy(compute_);

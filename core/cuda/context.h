@@ -54,6 +54,7 @@ class CudaContext {
   cublasHandle_t blas() const { return blas_; }
   GemmMath math = GemmMath::f32;
   CudaAllocator& allocator() { return alloc_; }
+  CudaAllocator& pinned() { return pinned_; }  // page-locked host memory (CPU offload's), cached the same way
   // Waits for everything queued on the compute stream; errors from earlier kernels surface here.
   void sync();
 
@@ -63,6 +64,7 @@ class CudaContext {
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   CudaAllocator alloc_;
+  CudaAllocator pinned_{CudaAllocator::Kind::pinned};
 };
 
 }  // namespace distlab

@@ -29,6 +29,10 @@ void CudaDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   DL_CUDA(cudaStreamSynchronize(cx_.compute()));  // the host buffer may be freed once this returns
 }
 
+void* CudaDeviceMemory::pinned_alloc(int64_t bytes) { return cx_.pinned().alloc(bytes); }
+
+void CudaDeviceMemory::pinned_free(void* p, int64_t bytes) { cx_.pinned().free(p, bytes); }
+
 int64_t CudaDeviceMemory::free_bytes() {
   size_t free_b = 0, total_b = 0;
   DL_CUDA(cudaMemGetInfo(&free_b, &total_b));

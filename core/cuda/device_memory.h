@@ -20,6 +20,8 @@ class CudaDeviceMemory : public DeviceMemory {
   void to_host(void* host, const void* dev, int64_t bytes) override;
   void from_host(void* dev, const void* host, int64_t bytes) override;
   int64_t free_bytes() override;
+  void* pinned_alloc(int64_t bytes) override;
+  void pinned_free(void* p, int64_t bytes) override;
 
  private:
   CudaContext& cx_;

@@ -65,6 +65,10 @@ void SimDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   std::memcpy(const_cast<void*>(sim_host_address(dev, "from_host")), host, size_t(bytes));
 }
 
+void* SimDeviceMemory::pinned_alloc(int64_t bytes) { return std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)); }
+
+void SimDeviceMemory::pinned_free(void* p, int64_t) { std::free(p); }
+
 // a simulated 80 GiB card: the capacity is then what --device-mem says, as on a GPU
 int64_t SimDeviceMemory::free_bytes() { return int64_t(80) << 30; }
 

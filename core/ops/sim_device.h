@@ -27,6 +27,9 @@ class SimDeviceMemory : public DeviceMemory {
   void to_host(void* host, const void* dev, int64_t bytes) override;
   void from_host(void* dev, const void* host, int64_t bytes) override;
   int64_t free_bytes() override;
+  // host memory as it is (a real address: host code reads it), standing in for page-locked memory
+  void* pinned_alloc(int64_t bytes) override;
+  void pinned_free(void* p, int64_t bytes) override;
 };
 
 // The simulated device's kernels: the cpu kernels on unpoisoned pointers.

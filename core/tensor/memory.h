@@ -14,7 +14,8 @@
 namespace distlab {
 
 // host: what CPU offload keeps in the host's memory (ZeRO-Offload, FSDP's CPUOffload): counted, but not
-// against the device's capacity, and not in the device's total.
+// against the device's capacity, and not in the device's total. On a cuda rank it is page-locked
+// (DeviceMemory::pinned_alloc).
 enum class Category { params, grads, optim_state, activations, comm_buffers, other, host };
 constexpr int kNumCategories = 7;
 const char* category_name(Category c);  // "params", "grads", "optim_state", ...
@@ -40,6 +41,11 @@ class DeviceMemory {
   virtual void to_host(void* host, const void* dev, int64_t bytes) = 0;    // after the work queued before it
   virtual void from_host(void* dev, const void* host, int64_t bytes) = 0;  // the host buffer is free on return
   virtual int64_t free_bytes() = 0;  // what the device has free now (cudaMemGetInfo)
+  // Page-locked host memory (cudaHostAlloc; PyTorch's pin_memory(), DeepSpeed's pin_memory: true): what CPU
+  // offload keeps on the host of a cuda rank, so that its copies to and from the device run at the bus's
+  // full speed, straight from and into place. nullptr when the host has none to give.
+  virtual void* pinned_alloc(int64_t bytes) = 0;
+  virtual void pinned_free(void* p, int64_t bytes) = 0;
 };
 
 class MemoryAccountant {

@@ -25,6 +25,7 @@ int64_t shape_numel(const Shape& s) {
 Storage::~Storage() {
   if (!accountant) return;
   if (device) device->free(data, bytes);
+  else if (pinned_by) pinned_by->pinned_free(data, bytes);
   else accountant->host_free(data, bytes);
   accountant->release(bytes, category);
 }
@@ -44,11 +45,13 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
   st->category = cat;
   st->accountant = &acct;
   if (device == DeviceKind::cpu && bytes > 0) {
-    st->data = acct.host_alloc(bytes);
+    // CPU offload's host memory on a rank with a device is page-locked by it (Category::host's comment)
+    if (cat == Category::host && acct.device_memory()) st->pinned_by = acct.device_memory();
+    st->data = st->pinned_by ? st->pinned_by->pinned_alloc(bytes) : acct.host_alloc(bytes);
     if (!st->data) {
       acct.release(bytes, cat);
       st->accountant = nullptr;
-      throw OutOfMemoryError(fmt::format("host allocation of {} bytes for {} failed", bytes, what),
+      throw OutOfMemoryError(fmt::format("{}host allocation of {} bytes for {} failed", st->pinned_by ? "page-locked " : "", bytes, what),
                              "the machine itself is out of memory: use a smaller model or batch");
     }
   }

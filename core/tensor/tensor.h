@@ -24,6 +24,7 @@ struct Storage {
   Category category = Category::other;
   MemoryAccountant* accountant = nullptr;
   DeviceMemory* device = nullptr;  // where data lives when it is not the host's
+  DeviceMemory* pinned_by = nullptr;  // host memory page-locked by this device (CPU offload's, on a cuda rank)
   ~Storage();
 };
 
@@ -45,6 +46,8 @@ class Tensor {
   DType dtype() const { return dtype_; }
   DeviceKind device() const { return device_; }
   bool is_meta() const { return device_ == DeviceKind::meta; }
+  // host memory page-locked for a cuda rank's copies (PyTorch's Tensor.is_pinned())
+  bool is_pinned() const { return storage_ && storage_->pinned_by; }
   Category category() const { return storage_ ? storage_->category : Category::other; }
 
   void* data() const { return storage_ ? storage_->data : nullptr; }

@@ -25,6 +25,7 @@
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/cuda/ops.h"
+#include "core/parallel/staged.h"
 #include "core/tensor/dtype.h"
 #include "core/util/rng.h"
 
@@ -549,6 +550,35 @@ TEST_CASE("cuda tensors: GPU memory through the caching allocator, counted by ca
   }
   CHECK(rt.memory.stats().current_total == 0);  // every byte back to the accountant...
   CHECK(cx.allocator().cached() >= 18000);      // ...and the blocks to the cache, not the driver
+}
+
+TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and crosses straight into place both ways", "[cuda]") {
+  CudaContext cx(0);
+  CudaDeviceMemory mem(cx);
+  Runtime rt(DeviceKind::cuda);
+  attach_cuda(rt, cx, mem);
+  {
+    Tensor part = Tensor::empty({5000}, rt.memory, DeviceKind::cpu, Category::host, DType::f32, "an offloaded part");
+    Tensor plain = rt.host_empty({5000}, Category::activations, "a host array");
+    CHECK(part.is_pinned());
+    CHECK_FALSE(plain.is_pinned());
+    cudaPointerAttributes attr{};
+    DL_CUDA(cudaPointerGetAttributes(&attr, part.data()));
+    CHECK(attr.type == cudaMemoryTypeHost);  // registered with the driver: DMA without a staging copy
+    for (int64_t i = 0; i < 5000; i++) part.f32()[i] = float(i) - 2500.5f;
+    Tensor up = rt.empty({5000}, Category::comm_buffers, "up");
+    copy_across(rt, part.data(), DType::f32, DeviceKind::cpu, up.data(), DType::f32, DeviceKind::cuda, 5000);
+    Tensor down = Tensor::empty({5000}, rt.memory, DeviceKind::cpu, Category::host, DType::bf16, "a gradient part");
+    Tensor half = rt.empty({5000}, Category::comm_buffers, "half", DType::bf16);
+    half.copy_from(up);  // rounded on the device
+    copy_across(rt, half.data(), DType::bf16, DeviceKind::cuda, down.data(), DType::bf16, DeviceKind::cpu, 5000);
+    bool same = true;
+    for (int64_t i = 0; i < 5000; i++) same = same && bf16_to_f32(static_cast<const uint16_t*>(down.data())[i]) == round_to(float(i) - 2500.5f, DType::bf16);
+    CHECK(same);
+  }
+  CHECK(cx.pinned().cached() >= 2 * 5000 + 4 * 5000);  // freed to the cache: no cudaFreeHost, which synchronizes
+  cx.pinned().empty_cache();
+  CHECK(cx.pinned().reserved() == 0);
 }
 
 TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives ProcessGroup's results, and a missing rank times out by name", "[cuda][nccl]") {
