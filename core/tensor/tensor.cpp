@@ -45,13 +45,18 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
   st->category = cat;
   st->accountant = &acct;
   if (device == DeviceKind::cpu && bytes > 0) {
-    // CPU offload's host memory on a rank with a device is page-locked by it (Category::host's comment)
-    if (cat == Category::host && acct.device_memory()) st->pinned_by = acct.device_memory();
-    st->data = st->pinned_by ? st->pinned_by->pinned_alloc(bytes) : acct.host_alloc(bytes);
+    // CPU offload's host memory on a rank with a device is page-locked by it (Category::host's comment).
+    // Where the host will not lock that much (a container's limit), it is ordinary memory: the same
+    // numbers, slower copies (is_pinned() says which).
+    if (cat == Category::host && acct.device_memory()) {
+      st->data = acct.device_memory()->pinned_alloc(bytes);
+      if (st->data) st->pinned_by = acct.device_memory();
+    }
+    if (!st->data) st->data = acct.host_alloc(bytes);
     if (!st->data) {
       acct.release(bytes, cat);
       st->accountant = nullptr;
-      throw OutOfMemoryError(fmt::format("{}host allocation of {} bytes for {} failed", st->pinned_by ? "page-locked " : "", bytes, what),
+      throw OutOfMemoryError(fmt::format("host allocation of {} bytes for {} failed", bytes, what),
                              "the machine itself is out of memory: use a smaller model or batch");
     }
   }

@@ -221,7 +221,7 @@ Table deepspeed_table(DeepSpeedState& st) {
            (optimizer ? st.offload_optimizer : st.offload_param) = true;
            m.set(f, v, "parallel.offload", "cpu");
          }},
-        {"pin_memory", note_only("host buffers are pinned for the copies (the cost model's PCIe bandwidth)")},
+        {"pin_memory", note_only("always: on a GPU, offloaded parts are page-locked host memory (the cost model's PCIe bandwidth)")},
         {"nvme_path", note_only("no NVMe tier in distlab (device must be cpu)")},
         {"buffer_count", note_only("NVMe buffers (not used with cpu)")},
         {"buffer_size", note_only("NVMe buffers (not used with cpu)")},

@@ -568,6 +568,9 @@ TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and 
     for (int64_t i = 0; i < 5000; i++) part.f32()[i] = float(i) - 2500.5f;
     Tensor up = rt.empty({5000}, Category::comm_buffers, "up");
     copy_across(rt, part.data(), DType::f32, DeviceKind::cpu, up.data(), DType::f32, DeviceKind::cuda, 5000);
+    std::vector<float> check(5000);
+    up.to_host(check.data());
+    CHECK(std::memcmp(check.data(), part.data(), 5000 * sizeof(float)) == 0);  // up, every bit
     Tensor down = Tensor::empty({5000}, rt.memory, DeviceKind::cpu, Category::host, DType::bf16, "a gradient part");
     Tensor half = rt.empty({5000}, Category::comm_buffers, "half", DType::bf16);
     half.copy_from(up);  // rounded on the device
@@ -579,6 +582,8 @@ TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and 
   CHECK(cx.pinned().cached() >= 2 * 5000 + 4 * 5000);  // freed to the cache: no cudaFreeHost, which synchronizes
   cx.pinned().empty_cache();
   CHECK(cx.pinned().reserved() == 0);
+  CHECK(cx.pinned().alloc(int64_t(1) << 50) == nullptr);  // a petabyte of locked memory: refused, the error cleared
+  DL_CUDA(cudaGetLastError());
 }
 
 TEST_CASE("NCCL: a group over every GPU there is (ranks as threads) gives ProcessGroup's results, and a missing rank times out by name", "[cuda][nccl]") {
