@@ -4,6 +4,7 @@
 // any host code that bypasses the kernels, OnHost or to_host/from_host crashes or changes a number here.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "core/models/zoo.h"
 #include "core/ops/attach.h"
 #include "core/optim/optimizer.h"
+#include "core/parallel/staged.h"
 #include "core/parallel/zero2.h"
 #include "core/train/config.h"
 #include "core/ops/cpu/optim.h"
@@ -299,6 +301,37 @@ TEST_CASE("cuda-sim: under CPU offload a cuda rank's parts, their gradients and 
     Runtime cpu;
     CHECK_FALSE(Tensor::empty({4}, cpu.memory, DeviceKind::cpu, Category::host, DType::f32, "part").is_pinned());
   });
+}
+
+TEST_CASE("cuda-sim: copy_across moves values between host and device in every dtype pair, with the host's conversion bits", "[cuda-sim][offload]") {
+  Runtime rt(DeviceKind::cuda);
+  auto dev = attach_device(rt, "cuda-sim", 0);
+  const int64_t n = 1000;
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) values[size_t(i)] = (float(i) - 500.3f) * 1.0001f;  // not exact in 16 bits
+  for (DType st : {DType::f32, DType::bf16, DType::f16})
+    for (DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (bool down : {true, false}) {
+        INFO(dtype_name(st) << " -> " << dtype_name(dt) << (down ? " down" : " up"));
+        // the source: `values` in st, where it starts; the answer: the host's own conversion st -> dt
+        Tensor host_src = rt.host_empty({n}, Category::host, "host source", st);
+        convert(values.data(), DType::f32, host_src.data(), st, n);
+        Tensor expect = rt.host_empty({n}, Category::host, "expected", dt);
+        convert(host_src.data(), st, expect.data(), dt, n);
+        Tensor src = host_src;
+        if (down) {
+          src = rt.empty({n}, Category::comm_buffers, "device source", st);
+          src.from_host(host_src.data());
+        }
+        Tensor dst = down ? rt.host_empty({n}, Category::host, "host result", dt) : rt.empty({n}, Category::comm_buffers, "device result", dt);
+        copy_across(rt, src.data(), st, src.device(), dst.data(), dt, dst.device(), n);
+        Tensor got = dst;
+        if (!down) {
+          got = rt.host_empty({n}, Category::host, "result, down", dt);
+          dst.to_host(got.data());
+        }
+        CHECK(std::memcmp(got.data(), expect.data(), size_t(n * dtype_size(dt))) == 0);
+      }
 }
 
 TEST_CASE("cuda-sim: CPU offload (ZeRO-2 in bf16 over nccl through a checkpoint and resume, ZeRO-3 in fp16 with --save, FSDP) steps the parts in host memory, as the cpu ranks", "[cuda-sim][offload]") {

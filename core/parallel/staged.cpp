@@ -27,17 +27,34 @@ void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* ds
     return;
   }
   DeviceMemory& m = *rt.memory.device_memory();
+  const bool down = dd != DeviceKind::cuda;
   if (st == dt) {  // straight into place: at the bus's full speed when the host side is page-locked
-    if (dd != DeviceKind::cuda) m.to_host(dst, src, n * dtype_size(st));
+    if (down) m.to_host(dst, src, n * dtype_size(st));
     else m.from_host(dst, src, n * dtype_size(st));
     return;
   }
-  if (dd != DeviceKind::cuda) {  // down, then converted on the host
-    std::vector<char> raw(size_t(n * dtype_size(st)));
+  // The smaller dtype crosses the bus: a narrowing runs before the crossing, a widening after it, on
+  // whichever side that is (both sides convert to the same bits). The device's side converts in a scratch
+  // block: transient, like NCCL's 16-bit copies, and when the device has none the host converts instead.
+  const DType wire = dtype_size(dt) < dtype_size(st) ? dt : st;
+  const int64_t bytes = n * dtype_size(wire);
+  const bool on_device = down ? wire != st : wire != dt;  // is the device's side the one that converts?
+  if (void* scratch = on_device ? m.alloc(bytes) : nullptr) {
+    if (down) {  // f32 on the device -> 16 bits there, down into place
+      m.convert(src, st, scratch, wire, n);
+      m.to_host(dst, scratch, bytes);
+    } else {  // 16 bits up, widened into place on the device
+      m.from_host(scratch, src, bytes);
+      m.convert(scratch, wire, dst, dt, n);
+    }
+    m.free(scratch, bytes);  // stream order: reused only by work queued after the conversion
+    return;
+  }
+  std::vector<char> raw(size_t(n * dtype_size(down ? st : dt)));
+  if (down) {  // down as it is, converted on the host
     m.to_host(raw.data(), src, n * dtype_size(st));
     convert(raw.data(), st, dst, dt, n);
   } else {  // converted on the host, then up
-    std::vector<char> raw(size_t(n * dtype_size(dt)));
     convert(src, st, raw.data(), dt, n);
     m.from_host(dst, raw.data(), n * dtype_size(dt));
   }

@@ -17,8 +17,8 @@
 namespace distlab {
 
 // dst (n values of dt, on device dd) = src (n values of st, on device sd), converted. On one device the
-// conversion runs there; across (a cuda rank's CPU-offload parts are host memory) the bytes cross as they
-// are and the dtype changes on the host's side.
+// conversion runs there; across (a cuda rank's CPU-offload parts are host memory) the smaller of the two
+// dtypes crosses the bus, so f32 -> bf16 narrows on the sending side and bf16 -> f32 widens on the receiving one.
 void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n);
 // the same where both live on the rank's device
 void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n);

@@ -552,7 +552,7 @@ TEST_CASE("cuda tensors: GPU memory through the caching allocator, counted by ca
   CHECK(cx.allocator().cached() >= 18000);      // ...and the blocks to the cache, not the driver
 }
 
-TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and crosses straight into place both ways", "[cuda]") {
+TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and crosses both ways in the smaller dtype", "[cuda]") {
   CudaContext cx(0);
   CudaDeviceMemory mem(cx);
   Runtime rt(DeviceKind::cuda);
@@ -572,11 +572,13 @@ TEST_CASE("CPU offload's host memory on a cuda rank is page-locked, cached, and 
     up.to_host(check.data());
     CHECK(std::memcmp(check.data(), part.data(), 5000 * sizeof(float)) == 0);  // up, every bit
     Tensor down = Tensor::empty({5000}, rt.memory, DeviceKind::cpu, Category::host, DType::bf16, "a gradient part");
-    Tensor half = rt.empty({5000}, Category::comm_buffers, "half", DType::bf16);
-    half.copy_from(up);  // rounded on the device
-    copy_across(rt, half.data(), DType::bf16, DeviceKind::cuda, down.data(), DType::bf16, DeviceKind::cpu, 5000);
+    copy_across(rt, up.data(), DType::f32, DeviceKind::cuda, down.data(), DType::bf16, DeviceKind::cpu, 5000);  // rounded on the device, 2 bytes down
     bool same = true;
     for (int64_t i = 0; i < 5000; i++) same = same && bf16_to_f32(static_cast<const uint16_t*>(down.data())[i]) == round_to(float(i) - 2500.5f, DType::bf16);
+    CHECK(same);
+    copy_across(rt, down.data(), DType::bf16, DeviceKind::cpu, up.data(), DType::f32, DeviceKind::cuda, 5000);  // 2 bytes up, widened there
+    up.to_host(check.data());
+    for (int64_t i = 0; i < 5000; i++) same = same && check[size_t(i)] == round_to(float(i) - 2500.5f, DType::bf16);
     CHECK(same);
   }
   CHECK(cx.pinned().cached() >= 2 * 5000 + 4 * 5000);  // freed to the cache: no cudaFreeHost, which synchronizes
