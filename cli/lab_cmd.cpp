@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <iostream>
 #include <sstream>
 
@@ -87,15 +90,39 @@ grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const
 struct GradeArgs {
   std::string lab, json, junit, submissions, csv, feedback, html;
   bool solution = false, no_sandbox = false, require_sandbox = false;
+  std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
 };
 
-// `--submissions DIR`: every subfolder built and graded on its own; a CSV row and a feedback file each.
+// A feedback file's name from a submission's folder name: letters, digits, '.', '_' and '-' kept, anything
+// else '_', at most 80 characters; a name that had to change, or that another folder's name already took,
+// gets a hash of the whole folder name, so that no two students share a file and none is too long.
+std::string feedback_name(const std::string& student, std::set<std::string>& taken) {
+  std::string base;
+  for (char c : student) base += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ? c : '_';
+  if (base.empty() || base[0] == '.') base = "_" + base;
+  bool changed = base != student;
+  if (base.size() > 80) {
+    base.resize(80);
+    changed = true;
+  }
+  std::string name = base;
+  for (uint64_t salt = 0; changed || taken.count(name); salt++, changed = false)
+    name = fmt::format("{}-{:08x}", base, uint32_t(std::hash<std::string>{}(student + std::string(salt, '+'))));
+  taken.insert(name);
+  return name;
+}
+
+// `--submissions DIR`: every subfolder built and graded on its own; a CSV row and a feedback file each. An
+// entry that is not a folder (a file, a link) gets a row that says why; whatever goes wrong in one
+// student's grading becomes that student's error row, never the batch's end.
 int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeArgs& a, const SandboxSupport& sb) {
   if (!fs::is_directory(a.submissions))
     throw ConfigError("--submissions " + a.submissions + " is not a folder", "give a folder with one subfolder per student");
+  if (!a.junit.empty() || !a.html.empty())
+    throw ConfigError("--junit and --html write one student's report: with --submissions, use --csv, --json and the feedback folder",
+                      "or grade one student's folder at a time with --junit/--html");
   std::vector<fs::path> dirs;
-  for (const auto& d : fs::directory_iterator(a.submissions))
-    if (d.is_directory() && !d.is_symlink()) dirs.push_back(d.path());
+  for (const auto& d : fs::directory_iterator(a.submissions)) dirs.push_back(d.path());
   std::sort(dirs.begin(), dirs.end());
   const fs::path feedback = !a.feedback.empty() ? fs::path(a.feedback)
                             : !a.csv.empty()    ? fs::absolute(a.csv).parent_path() / "feedback"
@@ -103,25 +130,41 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   fs::create_directories(feedback);
   std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
   std::vector<grader::Grade> grades;
+  std::set<std::string> taken;
   grader::SharedResults shared;  // the references, computed once for the batch
+  if (a.seed) shared.seed = *a.seed;
   for (const auto& d : dirs) {
-    char tmpl[] = "/tmp/distlab-plugin-XXXXXX";  // each plugin in a folder of its own, gone after its grading
-    if (!mkdtemp(tmpl)) throw IoError("cannot create a temporary folder for a plugin");
     grader::Grade g;
-    try {
-      g = grade_folder(p, l, d.string(), d.filename().string(), std::string(tmpl) + "/plugin.so", sb, shared, true);
-    } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
-      g.student = d.filename().string();
-      g.lab = l;
-      g.built = false;
-      g.build_log = std::string("grading failed: ") + e.what();
-    }
+    g.student = d.filename().string();
+    g.lab = l;
+    g.seed = shared.seed;
     std::error_code ec;
-    fs::remove_all(tmpl, ec);
+    const auto st = fs::symlink_status(d, ec);
+    if (ec || fs::is_symlink(st) || !fs::is_directory(st)) {
+      g.build_log = fmt::format("{}: not graded: {}", d.string(),
+                                ec ? ec.message() : fs::is_symlink(st) ? "a symbolic link, not a folder (links are refused at any depth)"
+                                                                       : "not a folder (a submission is a folder holding the lab's files)");
+    } else {
+      char tmpl[] = "/tmp/distlab-plugin-XXXXXX";  // each plugin in a folder of its own, gone after its grading
+      try {
+        if (!mkdtemp(tmpl)) throw IoError("cannot create a temporary folder for a plugin");
+        g = grade_folder(p, l, d.string(), g.student, std::string(tmpl) + "/plugin.so", sb, shared, true);
+      } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
+        g.built = false;
+        g.checks.clear();
+        g.build_log = std::string("grading failed: ") + e.what();
+      }
+      g.seed = shared.seed;
+      if (tmpl[std::strlen(tmpl) - 1] != 'X') fs::remove_all(tmpl, ec);
+    }
     std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
       return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;
     });
-    write_atomically((feedback / (g.student + ".txt")).string(), grader::table(g));
+    try {
+      write_atomically((feedback / (feedback_name(g.student, taken) + ".txt")).string(), grader::table(g));
+    } catch (const std::exception& e) {
+      std::cerr << fmt::format("distlab: could not write {}'s feedback: {}\n", sanitize_output(g.student, 200), e.what());
+    }
     grades.push_back(g);
     std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
                              g.built ? "" : "  (build failed)")
@@ -195,6 +238,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV)");
   grade->add_flag("--no-sandbox", a->no_sandbox, "run the plugin without bubblewrap (your own code only: it can then read your files)");
   grade->add_flag("--require-sandbox", a->require_sandbox, "refuse to grade unless bubblewrap and cgroups all work (for instructors)");
+  grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
     grader::Lab l;
@@ -224,7 +268,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     const std::string tag = a->solution ? "solution" : "student";
     const std::string src = a->solution ? grader::solution_folder(p.source_dir, p.build_dir, l) : (fs::path(l.dir) / "student").string();
     grader::SharedResults shared;
+    if (a->seed) shared.seed = *a->seed;
     grader::Grade g = grade_folder(p, l, src, tag, (lab_build_dir(p, l) / (tag + ".so")).string(), sb, shared, false);
+    g.seed = shared.seed;
     std::cout << grader::table(g);
     if (!a->json.empty()) write_atomically(a->json, grader::to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!a->junit.empty()) write_atomically(a->junit, grader::to_junit(g));

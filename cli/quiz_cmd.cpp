@@ -31,6 +31,7 @@
 
 #include "core/lab/sandbox.h"
 #include "core/util/error.h"
+#include "core/util/nesting.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -392,7 +393,9 @@ int ask(const std::string& self_exe, const Quiz& quiz, bool scenarios) {
 nlohmann::ordered_json grade_file(const Quiz& quiz, const std::string& path) {
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("cannot read answers file '{}'", path));
-  nlohmann::ordered_json answers = nlohmann::ordered_json::parse(in, nullptr, false);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check_nesting(text, path);
+  nlohmann::ordered_json answers = nlohmann::ordered_json::parse(text, nullptr, false);
   if (answers.is_discarded() || !answers.is_object())
     throw Error(fmt::format("'{}' is not a JSON object", path), "write {\"question-id\": \"b\", \"other-id\": 14, ...}");
   std::set<std::string> ids;

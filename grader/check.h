@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 
@@ -34,10 +35,19 @@ struct CheckAbort : std::runtime_error {
   CheckAbort(std::string status_, const std::string& what) : std::runtime_error(what), status(std::move(status_)) {}
 };
 
-// Results a lab shares between its checks during one grading (lab 02's training jobs), keyed by name.
+// Results a lab shares between its checks during one grading (lab 02's training jobs), keyed by name, and
+// the grading's seed: every scenario a check draws (inputs, sizes, scales, where an overflow or a kill
+// happens) comes from it. It is drawn from the machine's entropy for each `distlab grade` (or given with
+// --seed to reproduce one), never passed to a plugin, so a submission can't predict what it will be asked.
 struct SharedResults {
   std::map<std::string, std::shared_ptr<void>> items;
+  uint64_t seed = draw_seed();
+  static uint64_t draw_seed();
 };
+
+// A generator for one scenario of a check: the grading's seed mixed with the scenario's own numbers, so
+// that each (check, world, size, ...) gets its own stream and reruns of one grading agree.
+std::mt19937_64 scenario_rng(uint64_t seed, std::initializer_list<int64_t> salt);
 
 struct CheckContext {
   const Paths& paths;
@@ -52,6 +62,7 @@ struct CheckContext {
   // how to start the plugin for this check (`name` appears in messages: "rank 1's plugin")
   PluginLaunch launch(const std::string& name) const;
   double seconds_left() const;
+  std::mt19937_64 rng(std::initializer_list<int64_t> salt) const { return scenario_rng(shared.seed, salt); }
 };
 
 using CheckFn = std::function<CheckResult(CheckContext&)>;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <deque>
+#include <random>
 
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
@@ -17,10 +18,16 @@ namespace distlab::grader {
 namespace {
 
 const std::vector<int> kWorlds = {2, 3, 4};
-const std::vector<int64_t> kSizes = {0, 1, 7, 1000, (1 << 20) + 3};
+const std::vector<int64_t> kSizes = {0, 1, 7, 1000, (1 << 20) + 3};  // and one size drawn per world (sizes_for)
 constexpr uint64_t kMaxInFlight = uint64_t(512) << 20;  // bytes sent and not yet received, over all ranks
 
-float value(int rank, int64_t i) { return float((rank + 1) * 3 + i % 11) * 0.25f; }  // sums are exact in fp32
+// The awkward sizes every grading tries, and one more drawn from the grading's seed.
+std::vector<int64_t> sizes_for(CheckContext& ctx, labproto::Fn fn, int world) {
+  std::vector<int64_t> v = kSizes;
+  auto gen = ctx.rng({fn, world, -1});
+  v.push_back(std::uniform_int_distribution<int64_t>(2, 5000)(gen));
+  return v;
+}
 
 struct Traffic {
   int64_t bytes_sent = 0, bytes_received = 0, messages = 0;
@@ -172,25 +179,31 @@ class Ring {
   std::vector<std::unique_ptr<PluginProcess>> procs_;
 };
 
-std::vector<std::vector<float>> inputs_for(labproto::Fn fn, int world, int64_t n) {
+// Every rank's input, drawn from the grading's seed: no rank can know another's values without receiving
+// them. Quarter-integers in [-128, 128]: any order of adding up to four of them is exact in fp32, so the
+// sums below are the only right answer whatever order the ring adds in.
+std::vector<std::vector<float>> inputs_for(CheckContext& ctx, labproto::Fn fn, int world, int64_t n) {
   std::vector<std::vector<float>> in(static_cast<size_t>(world));
   const int64_t len = fn == labproto::kRingReduceScatter ? n * world : n;
-  for (int r = 0; r < world; r++)
-    for (int64_t i = 0; i < len; i++) in[size_t(r)].push_back(value(r, i));
+  auto gen = ctx.rng({fn, world, n});
+  std::uniform_int_distribution<int> q(-512, 512);
+  for (int r = 0; r < world; r++) {
+    in[size_t(r)].resize(size_t(len));
+    for (auto& x : in[size_t(r)]) x = float(q(gen)) * 0.25f;
+  }
   return in;
 }
 
-// What every rank must end with, computed here.
-std::vector<float> expected(labproto::Fn fn, int world, int rank, int64_t n) {
+// What every rank must end with, computed here from the inputs.
+std::vector<float> expected(const std::vector<std::vector<float>>& in, labproto::Fn fn, int world, int rank, int64_t n) {
   std::vector<float> want;
   if (fn == labproto::kRingAllGather) {
-    for (int q = 0; q < world; q++)
-      for (int64_t i = 0; i < n; i++) want.push_back(value(q, i));
+    for (int q = 0; q < world; q++) want.insert(want.end(), in[size_t(q)].begin(), in[size_t(q)].begin() + n);
   } else {
     const int64_t off = fn == labproto::kRingReduceScatter ? rank * n : 0;
     for (int64_t i = 0; i < n; i++) {
       float s = 0;
-      for (int q = 0; q < world; q++) s += value(q, off + i);
+      for (int q = 0; q < world; q++) s += in[size_t(q)][size_t(off + i)];
       want.push_back(s);
     }
   }
@@ -198,9 +211,9 @@ std::vector<float> expected(labproto::Fn fn, int world, int rank, int64_t n) {
 }
 
 // "" when every rank's output is right; else the first difference.
-std::string first_difference(const RingRun& run, labproto::Fn fn, int world, int64_t n) {
+std::string first_difference(const RingRun& run, const std::vector<std::vector<float>>& in, labproto::Fn fn, int world, int64_t n) {
   for (int r = 0; r < world; r++) {
-    const auto want = expected(fn, world, r, n);
+    const auto want = expected(in, fn, world, r, n);
     const auto& got = run.out[size_t(r)];
     if (got.size() != want.size()) return fmt::format("rank {} returned {} floats instead of {}", r, got.size(), want.size());
     for (size_t i = 0; i < want.size(); i++)
@@ -213,9 +226,10 @@ std::string first_difference(const RingRun& run, labproto::Fn fn, int world, int
 CheckResult compare(CheckContext& ctx, labproto::Fn fn) {
   for (int world : kWorlds) {
     Ring ring(ctx, world);
-    for (int64_t n : kSizes) {
-      RingRun run = ring.run(fn, n, inputs_for(fn, world, n));
-      if (auto bad = first_difference(run, fn, world, n); !bad.empty())
+    for (int64_t n : sizes_for(ctx, fn, world)) {
+      const auto in = inputs_for(ctx, fn, world, n);
+      RingRun run = ring.run(fn, n, in);
+      if (auto bad = first_difference(run, in, fn, world, n); !bad.empty())
         return {false, fmt::format("the sum of the ranks' inputs ({} on {} ranks, n = {})", fn_name(fn), world, n), bad, ""};
     }
   }
@@ -229,8 +243,9 @@ CheckResult traffic(CheckContext& ctx, const std::vector<labproto::Fn>& fns) {
     Ring ring(ctx, world);
     for (labproto::Fn fn : fns) {
       const int64_t n = fn == labproto::kRingAllReduce ? 1000003 : 250001;  // not divisible by 2, 3 or 4
-      RingRun run = ring.run(fn, n, inputs_for(fn, world, n));
-      if (auto bad = first_difference(run, fn, world, n); !bad.empty())
+      const auto in = inputs_for(ctx, fn, world, n);
+      RingRun run = ring.run(fn, n, in);
+      if (auto bad = first_difference(run, in, fn, world, n); !bad.empty())
         return {false, fmt::format("a correct {} (traffic counts only then)", fn_name(fn)), bad, ""};
       const double S = double(fn == labproto::kRingAllReduce ? n : n * world) * 4;
       const double phases = fn == labproto::kRingAllReduce ? 2 : 1;
@@ -258,8 +273,9 @@ CheckResult modeled_time(CheckContext& ctx) {
   const int world = 4;
   const int64_t n = 1 << 20;
   Ring ring(ctx, world);
-  RingRun run = ring.run(labproto::kRingAllReduce, n, inputs_for(labproto::kRingAllReduce, world, n));
-  if (auto bad = first_difference(run, labproto::kRingAllReduce, world, n); !bad.empty())
+  const auto in = inputs_for(ctx, labproto::kRingAllReduce, world, n);
+  RingRun run = ring.run(labproto::kRingAllReduce, n, in);
+  if (auto bad = first_difference(run, in, labproto::kRingAllReduce, world, n); !bad.empty())
     return {false, "a correct all_reduce (its time counts only then)", bad, ""};
   double ours = 0;
   for (const auto& t : run.traffic)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "grader/check.h"
 #include "grader/jobs.h"
@@ -164,40 +165,68 @@ CheckResult atomic_save(CheckContext& ctx) {
   return compare(ref, mine, "rank 1 killed halfway through its file of step 20, resumed from step 10");
 }
 
+// One byte of a rank's state file flipped: the rank and the byte drawn from the grading's seed (in the middle
+// third, where the optimizer's moments lie: a flip there breaks no structure, only a checksum sees it).
+std::string flip_a_byte(CheckContext& ctx, const fs::path& folder, int64_t salt) {
+  auto gen = ctx.rng({salt});
+  const int rank = int(gen() % 2);
+  const fs::path file = folder / ("rank-" + std::to_string(rank) + ".state");
+  const auto size = fs::file_size(file);
+  const auto at = size / 3 + gen() % std::max<uintmax_t>(1, size / 3);
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ (1 + gen() % 255));
+  f.seekp(std::streamoff(at));
+  f.write(&c, 1);
+  return fmt::format("byte {} of rank-{}.state", at, rank);
+}
+
+// Two resumes from the checkpoints of one run that died after step 20: one where a file of the newest
+// checkpoint (step 20) is corrupt, which must be refused (resume from step 10), and one where only the
+// older checkpoint (step 10) is, which must not matter (resume from step 20). Neither "no checksum" nor
+// "refuse step 20" passes both.
 CheckResult corrupt_detected(CheckContext& ctx) {
   const Job& ref = whole(ctx);
-  TempDir d;
+  TempDir d, older;
   // the first run dies after the checkpoint of step 20 (rank 0 killed at step 21, no restart)
   student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
-  const fs::path file = fs::path(d.path) / "step-000020" / "rank-1.state";
-  if (!fs::exists(file))
-    return {false, "the checkpoint of step 20 holds rank-1.state", "it does not", "", "save_state must leave state_file(rank) in the folder"};
-  const auto size = fs::file_size(file);
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(size / 2));
-    char c = 0;
-    f.read(&c, 1);
-    c = char(c ^ 0x5A);
-    f.seekp(std::streamoff(size / 2));
-    f.write(&c, 1);
-  }
+  for (int r = 0; r < 2; r++)
+    for (const char* step : {"step-000010", "step-000020"})
+      if (!fs::exists(fs::path(d.path) / step / ("rank-" + std::to_string(r) + ".state")))
+        return {false, fmt::format("the checkpoints of steps 10 and 20 hold rank-0.state and rank-1.state"), fmt::format("{} has no rank-{}.state", step, r),
+                "", "save_state must leave state_file(rank) in the folder"};
+  fs::copy(d.path, older.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  const std::string newest_flip = flip_a_byte(ctx, fs::path(d.path) / "step-000020", 20);
+  const std::string older_flip = flip_a_byte(ctx, fs::path(older.path) / "step-000010", 10);
+  // the first run's steps are in another metrics file: from the resume on, the losses are the uninterrupted run's
+  auto tail_from = [&](size_t step) {
+    Job tail = ref;
+    tail.losses.erase(tail.losses.begin(), tail.losses.begin() + std::min<size_t>(step, tail.losses.size()));
+    return tail;
+  };
   const Job mine = student(ctx, 2, {d.set()}, JobOptions{{}, 0, true});
   const nlohmann::json res = resume_of(mine);
   const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
   if (from == 20)  // (the run may have failed on it: a corrupt value on one rank splits the replicas)
-    return {false, "load_state refuses the checkpoint of step 20 (one byte of rank-1.state flipped) and the job resumes from step 10",
+    return {false, "load_state refuses the checkpoint of step 20 (" + newest_flip + " flipped) and the job resumes from step 10",
             "it loaded the corrupt file", join(strings(res.value("lab07_problems", nlohmann::json()))),
             "a corrupt file must not load: keep a checksum (CRC-32) of the bytes in the file and compare it in load_state; return why"};
-  checked(mine, "resumed after byte " + std::to_string(size / 2) + " of rank-1.state was flipped");
+  checked(mine, "resumed after " + newest_flip + " of step 20 was flipped");
   if (from != 10)
     return {false, "the job resumes from step 10", from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
             "only the newest checkpoint is corrupt: the one before it must still load"};
-  // the first run's steps are in another metrics file: from the resume on, the losses are the uninterrupted run's
-  Job tail = ref;
-  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + std::min<size_t>(10, tail.losses.size()));
-  Job mine_tail = mine;
-  return compare(tail, mine_tail, "rank-1.state of step 20 corrupt, resumed from step 10");
+  if (CheckResult c = compare(tail_from(10), mine, newest_flip + " of step 20 corrupt, resumed from step 10"); !c.passed) return c;
+  const Job whole_newest = student(ctx, 2, {older.set()}, JobOptions{{}, 0, true});
+  const nlohmann::json res2 = resume_of(whole_newest);
+  const int64_t from2 = res2.is_null() ? -1 : res2.value("step", int64_t(-1));
+  if (from2 != 20)
+    return {false, "with only the older checkpoint corrupt (" + older_flip + " of step 10), the job resumes from the whole newest one, step 20",
+            from2 < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from2), whole_newest.output,
+            "refuse a checkpoint because its bytes don't match their checksum, never because of its step or the world size"};
+  checked(whole_newest, "resumed from step 20 with " + older_flip + " of step 10 flipped");
+  return compare(tail_from(20), whole_newest, "step 10 corrupt, resumed from the whole step 20");
 }
 
 CheckResult reshard_2_to_1(CheckContext& ctx) {

@@ -19,6 +19,8 @@
 #include "core/lab/sandbox.h"
 #include "core/train/ecosystem.h"
 #include "core/util/error.h"
+#include "core/util/error.h"
+#include "core/util/nesting.h"
 #include "grader/check.h"
 
 namespace fs = std::filesystem;
@@ -34,7 +36,10 @@ toml::table answers(const CheckContext& ctx, const std::string& name) {
   if (!bundle.is_object() || !bundle.contains(name) || !bundle[name].is_string())
     throw CheckAbort("error", fmt::format("the submission has no {}", name));
   try {
+    check_nesting(bundle[name].get<std::string>(), "student/" + name);  // a parser that recurses, in the grader's own process
     return toml::parse(bundle[name].get<std::string>(), "student/" + name);
+  } catch (const ConfigError& e) {
+    throw CheckAbort("error", e.what());
   } catch (const toml::parse_error& e) {
     throw CheckAbort("error", fmt::format("student/{}:{}: {}", name, e.source().begin.line, e.description()));
   }

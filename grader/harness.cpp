@@ -1,12 +1,14 @@
 #include "grader/harness.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "core/util/error.h"
 
@@ -38,6 +40,18 @@ struct TempDir {
   }
 };
 
+// The first folder or file on the way from a submission's root to one of its files that is a symbolic link
+// ("" when none): a case folder linked to the course's solutions, or to a classmate's, is no submission.
+std::string link_on_the_way(const fs::path& root, const fs::path& rel) {
+  fs::path at = root;
+  for (const auto& part : rel) {
+    at /= part;
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(at, ec))) return at.string();
+  }
+  return "";
+}
+
 void copy_file_checked(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::create_directories(to.parent_path(), ec);
@@ -47,6 +61,23 @@ void copy_file_checked(const fs::path& from, const fs::path& to) {
 }
 
 }  // namespace
+
+uint64_t SharedResults::draw_seed() {
+  std::random_device rd;  // /dev/urandom
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+std::mt19937_64 scenario_rng(uint64_t seed, std::initializer_list<int64_t> salt) {
+  std::vector<uint64_t> words = {seed, seed >> 32};
+  for (int64_t x : salt) words.push_back(uint64_t(x));
+  std::vector<uint32_t> w32;
+  for (uint64_t x : words) {
+    w32.push_back(uint32_t(x));
+    w32.push_back(uint32_t(x >> 32));
+  }
+  std::seed_seq seq(w32.begin(), w32.end());
+  return std::mt19937_64(seq);
+}
 
 std::string Paths::host_exe() const { return (fs::path(self_exe).parent_path() / "distlab-labhost").string(); }
 
@@ -77,6 +108,10 @@ BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_
   for (const auto& f : lab.files) {
     const fs::path src = fs::path(src_dir) / f;
     std::error_code ec;
+    if (const std::string link = link_on_the_way(src_dir, f); !link.empty()) {
+      b.log = fmt::format("{}: refused: {} is a symbolic link (a submission's files and folders must be its own, not links)", src.string(), link);
+      return b;
+    }
     const auto st = fs::symlink_status(src, ec);
     if ((ec || !fs::exists(st)) && lab.clinic) continue;  // a case not attempted: its check says the file is missing
     if (ec || !fs::exists(st)) {
@@ -85,6 +120,11 @@ BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_
     }
     if (fs::is_symlink(st) || !fs::is_regular_file(st)) {
       b.log = fmt::format("{}: refused: a submission's files must be regular files, not links or devices", src.string());
+      return b;
+    }
+    struct stat sst{};
+    if (::lstat(src.c_str(), &sst) == 0 && sst.st_nlink > 1) {  // a hard link can name a file the student can't read
+      b.log = fmt::format("{}: refused: a file with {} names (a hard link): copy the file instead", src.string(), sst.st_nlink);
       return b;
     }
     if (fs::file_size(src) > kMaxSourceBytes) {
@@ -140,6 +180,7 @@ BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_
   o.memory_mb = 4096;
   o.cpu_s = 300;
   o.file_mb = 128;
+  o.clean_env = true;
   RunResult r = run_to_end(cmd, o, 300, 12000);
   b.log = r.output;
   if (r.timed_out) {
@@ -249,7 +290,8 @@ const ReferenceTimes& reference_times(const Paths& p, const Lab& lab, const Sand
     b = build_plugin(p, lab, src.string(), so.string(), sb);
   }
   if (!b.ok || !probe_plugin(p, lab, b.plugin, sb).empty()) return *times;
-  SharedResults own;  // the reference's results stay its own
+  SharedResults own;  // the reference's results stay its own; its scenarios are the batch's
+  own.seed = shared.seed;
   for (const auto& spec : lab.checks) {
     auto it = checks.find(spec.name);
     if (it == checks.end() || it->second.times_itself) continue;

@@ -72,7 +72,8 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
     j.status = r.timed_out ? "timeout" : "error";
     j.failure = r.timed_out ? fmt::format("the {}-rank training job was still running after {:.0f} s and was stopped:\n{}", ranks, limit_s, r.output)
                             : fmt::format("the {}-rank training job failed ({}):\n{}", ranks, describe_wait_status(r.status), r.output);
-    j.diverged = !r.timed_out && !j.losses.empty() && r.output.find("the replicas diverged") != std::string::npos;
+    // from the trainer's own record (core/train/trainer_checks.cpp), never from the output, which the plugin can print into
+    for (const auto& rec : j.records) j.diverged = j.diverged || (!r.timed_out && !j.losses.empty() && rec.value("kind", "") == "diverged");
   }
   return j;
 }

@@ -23,16 +23,16 @@ static std::string indent(const std::string& s, const std::string& pad) {
 }
 
 std::string table(const Grade& g) {
-  std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, g.student);
-  if (!g.built) return t + "BUILD FAILED: no check ran\n" + indent(g.build_log, "  ") + "\n";
+  std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, sanitize_output(g.student, 300));
+  if (!g.built) return t + "BUILD FAILED: no check ran\n" + indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
   t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>6}\n", "check", "points", "max", "result", "time");
   for (const auto& c : g.checks) {
     t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>5.1f}s\n", c.spec.name, c.points, c.spec.points,
                      c.status == "pass" ? "pass" : "FAIL(" + c.status + ")", c.seconds);
     if (c.status != "pass") {
-      if (!c.expected.empty()) t += indent("expected: " + c.expected, "      ") + "\n";
-      if (!c.seen.empty()) t += indent("seen:     " + c.seen, "      ") + "\n";
-      if (!c.hint.empty()) t += indent("hint:     " + c.hint, "      ") + "\n";
+      if (!c.expected.empty()) t += indent("expected: " + sanitize_output(c.expected, 20000), "      ") + "\n";
+      if (!c.seen.empty()) t += indent("seen:     " + sanitize_output(c.seen, 20000), "      ") + "\n";
+      if (!c.hint.empty()) t += indent("hint:     " + sanitize_output(c.hint, 4000), "      ") + "\n";
     }
   }
   t += fmt::format("  {:<34} {:>6} {:>4}\n", "total", g.points(), g.lab.max_points());
@@ -43,17 +43,18 @@ nlohmann::json to_json(const Grade& g) {
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : g.checks)
     checks.push_back({{"name", c.spec.name}, {"points", c.points}, {"max", c.spec.points}, {"status", c.status},
-                      {"expected", c.expected}, {"seen", c.seen}, {"hint", c.hint}, {"seconds", c.seconds},
+                      {"expected", sanitize_output(c.expected, 20000)}, {"seen", sanitize_output(c.seen, 20000)},
+                      {"hint", sanitize_output(c.hint, 4000)}, {"seconds", c.seconds},
                       {"limit_s", c.limit_s}});
-  return {{"lab", g.lab.name}, {"student", g.student}, {"built", g.built}, {"build_log", g.build_log},
-          {"points", g.points()}, {"max_points", g.lab.max_points()}, {"checks", checks}};
+  return {{"lab", g.lab.name}, {"student", sanitize_output(g.student, 300)}, {"built", g.built}, {"build_log", sanitize_output(g.build_log, 20000)},
+          {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"checks", checks}};
 }
 
 std::string to_junit(const Grade& g) {
   int failures = 0;
   for (const auto& c : g.checks) failures += c.status != "pass";
   std::string x = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n",
-                              xml_escape(g.lab.name + " " + g.student), g.built ? g.checks.size() : 1, g.built ? failures : 1);
+                              xml_escape(g.lab.name + " " + sanitize_output(g.student, 300)), g.built ? g.checks.size() : 1, g.built ? failures : 1);
   if (!g.built) x += "  <testcase name=\"build\"><failure message=\"build failed\">" + xml_escape(g.build_log) + "</failure></testcase>\n";
   for (const auto& c : g.checks) {
     x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", xml_escape(c.spec.name), c.seconds);
@@ -78,7 +79,7 @@ std::string gradebook_csv(const std::vector<Grade>& grades) {
   for (const auto& c : grades.front().lab.checks) csv += "," + c.name;
   csv += ",total,max,error\n";
   for (const auto& g : grades) {
-    csv += quote(g.student);
+    csv += quote(sanitize_output(g.student, 300));
     for (const auto& spec : g.lab.checks) {
       int p = 0;
       for (const auto& c : g.checks)

@@ -100,16 +100,27 @@ std::pair<int, std::string> run(const std::string& args) {
 }
 
 // Writes each submission into its own folder of `subs`, grades the batch, returns the CSV's rows.
+// `extra`: more arguments for `distlab grade` (a --seed that pins the scenarios a test's verdicts rely on).
 std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
-                                       const std::string& file_name, std::string* json = nullptr) {
+                                       const std::string& file_name, std::string* json = nullptr, const std::string& extra = "") {
   fs::remove_all(subs);
+  fs::create_directories(subs);
   for (const auto& [name, text] : files) {
+    if (text.rfind("@file:", 0) == 0) {  // the submission itself is a file, not a folder
+      std::ofstream(subs / name) << text.substr(6);
+      continue;
+    }
+    if (text.rfind("@linkdir:", 0) == 0) {  // the submission is a link to someone else's folder
+      fs::create_symlink(text.substr(9), subs / name);
+      continue;
+    }
     fs::create_directories(subs / name);
     if (text.rfind("@symlink:", 0) == 0) fs::create_symlink(text.substr(9), subs / name / file_name);
     else std::ofstream(subs / name / file_name) << text;
   }
   const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
-  auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string());
+  auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string() +
+                         (extra.empty() ? "" : " " + extra));
   INFO(out);
   REQUIRE(code == 0);
   INFO(read(csv));
@@ -222,6 +233,18 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
                                  "  if (getuid() == 0) throw std::runtime_error(\"root\");\n"
                                  "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
       {"=HYPERLINK(1)", skeleton},
+      // the ring's messages, all zeros, and sums predicted from its own input (the old fixed inputs were
+      // value(q, i) = mine + (q - r)·0.75): the right traffic, no data moved. Inputs drawn per grading fail it
+      {"predicts", replace_body(solution, "void ring_all_reduce(", R"(
+  const int N = comm.size(), r = comm.rank();
+  std::vector<float> zeros(static_cast<size_t>(count), 0.0f);
+  reduce_scatter_phase(comm, zeros.data(), count);
+  all_gather_phase(comm, zeros.data(), count);
+  for (int64_t i = 0; i < count; i++) {
+    float s = 0;
+    for (int q = 0; q < N; q++) s += data[i] + float(q - r) * 0.75f;
+    data[i] = s;
+  })")},
       // the grader's host from inside: a Unix socket in the host's /tmp, an abstract one, loopback TCP, and
       // a /tmp filled past its size
       {"reach_host", "#include <sys/socket.h>\n#include <sys/un.h>\n#include <netinet/in.h>\n#include <arpa/inet.h>\n" +
@@ -245,8 +268,29 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
                              "  if (wrote >= 200) throw std::runtime_error(\"/tmp took 200 MiB\");\n"
                              "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
   };
+  // entries that are no submission, and names that would break a feedback file or a terminal
+  files["not_a_folder"] = "@file:" + solution;
+  files["linked_folder"] = "@linkdir:" + (src / "solutions/01-collectives").string();
+  const std::string long_name = std::string(250, 'n');
+  files[long_name] = skeleton;
+  files["bidi\xe2\x80\xae\x1b[31mred"] = skeleton;
   std::string json;
   auto rows = grade_batch("01", subs, files, "ring.cpp", &json);
+  CHECK(rows["not_a_folder"].total == 0);
+  CHECK_THAT(rows["not_a_folder"].error, Catch::Contains("not a folder"));
+  CHECK(rows["linked_folder"].total == 0);
+  CHECK_THAT(rows["linked_folder"].error, Catch::Contains("symbolic link"));
+  CHECK(rows.count(long_name) == 1);
+  CHECK(rows.count("bidi??[31mred") == 1);  // U+202E and ESC shown as '?'
+  {  // the long name's feedback: shortened, with a hash that keeps it apart from any other
+    int long_ones = 0;
+    for (const auto& e : fs::directory_iterator(subs.parent_path() / "feedback")) {
+      INFO(e.path().string());
+      CHECK(e.path().filename().string().size() <= 100);
+      long_ones += e.path().filename().string().rfind(std::string(80, 'n') + "-", 0) == 0;
+    }
+    CHECK(long_ones >= 1);
+  }
   CHECK(rows["solution"].total == 12);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
@@ -280,6 +324,10 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   }
   CHECK_THAT(rows["crash"].error, Catch::Contains("SEGV"));
   CHECK_THAT(rows["hang"].error, Catch::Contains("timeout"));
+  CHECK(rows["predicts"].points["all_reduce_equals_builtin"] == 0);
+  CHECK(rows["predicts"].points["all_reduce_bandwidth_optimal"] == 0);  // traffic counts only with right sums
+  CHECK(rows["predicts"].points["all_reduce_modeled_time"] == 0);
+  CHECK(rows["predicts"].total == 6);  // reduce-scatter and all-gather are the solution's
   CHECK(rows["snoop"].total == 12);  // it found none of the files it looked for
   CHECK(rows["reach_host"].total == 12);  // no host socket answered, and /tmp stopped it well before 200 MiB
   for (int fd : listeners) {
@@ -456,10 +504,21 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
       // a global constructor that prints a forged verdict and exits before anything runs
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/03-amp-accum/student/amp.cpp") +
                           "\nstatic int forged = [] { std::puts(\"15/15 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+      // answers from a table instead of the work: unscale_ replays the old check's found-inf pattern without
+      // an all_reduce, and train_step skips the old scenario's first four steps without looking for an inf
+      {"table_of_answers",
+       replace(replace(solution, "  comm.all_reduce(&found, 1, ReduceOp::max);\n  return found != 0;",
+                       "  static int calls = 0;\n  (void)found;\n  return calls++ % 3 != 0;"),
+               "  const bool overflow = unscale_(step.comm(), s, grads);\n",
+               "  static int steps = 0;\n  for (auto& g : grads)\n    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= s.scale;\n"
+               "  const bool overflow = steps++ < 4;\n")},
   };
   // skip_not_synchronised and scheduler_per_micro_step are lab 08's cases: its test grades them with these checks
-  auto rows = grade_batch("03", subs, files, "amp.cpp");
+  // seed 3 draws a start at 2^27.1 backed off by 0.456: 8 overflowing steps first (measured), not the table's 4
+  auto rows = grade_batch("03", subs, files, "amp.cpp", nullptr, "--seed 3");
   CHECK(rows["solution"].total == 15);
+  CHECK(rows["table_of_answers"].points["overflow_skipped_on_every_rank"] == 0);
+  CHECK(rows["table_of_answers"].points["scaler_drives_the_step"] == 0);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["scaler_unused_in_step"].points["scaler_drives_the_step"] == 0);
@@ -508,8 +567,53 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, m
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+      // nothing kept, junk of DDP's size all-reduced, nothing gathered: DDP's bytes, tiny memory, no training
+      {"empty_parts", replace(replace(solution, reduce,
+                                      "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, part.data(), 0);\n"),
+                              "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
+                              "    step.set_weights(f, 0, whole.data(), s.padded);\n",
+                              "    (void)whole;\n")},
+      // the last rank keeps its neighbour's part too: it trains as DDP, and that rank holds twice the state
+      {"last_rank_hoards", replace(replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
+                                           "  const int64_t n = s.end - s.begin;\n  std::vector<float> all(size_t(s.padded));\n"
+                                           "  comm.all_gather(part.data(), all.data(), n);\n"
+                                           "  if (comm.size() > 1 && comm.rank() == comm.size() - 1) step.keep_grad(flat, s.begin - n, all.data() + s.begin - n, 2 * n);\n"
+                                           "  else step.keep_grad(flat, s.begin, part.data(), n);\n"),
+                                   "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);",
+                                   "    comm.all_gather(mine.data() + (mine.size() > size_t(s.end - s.begin) ? s.end - s.begin : 0), whole.data(), s.end - s.begin);")},
+      // offsets chosen so that begin + n wraps in the trainer (the root process outside the sandbox): the
+      // write lands before the flat's buffer, or the read after keep_grad hands the trainer's heap over
+      {"set_weights_wraps", replace(solution, "  step.optimizer_step();  // this rank's parts only",
+                                    "  { std::vector<float> junk(16, 1.0f);\n"
+                                    "    step.set_weights(0, INT64_MAX - 15, junk.data(), 16); }\n"
+                                    "  step.optimizer_step();  // this rank's parts only")},
+      {"keep_grad_wraps", replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
+                                  "  std::vector<float> big(16384, 0.0f);\n"
+                                  "  step.keep_grad(flat, INT64_MAX - 15, big.data(), 16384);\n")},
+      // a reduce_scatter written straight onto the socket, past the host's checks: n·world wraps to 64 bytes
+      {"raw_reduce_scatter", "#include <unistd.h>\n#include <cstring>\n" +
+                                 replace(solution, "  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);\n",
+                                         "  struct { uint32_t op, reserved; uint64_t bytes; int64_t arg[8]; } f{};\n"
+                                         "  f.op = 24; f.bytes = 64; f.arg[0] = 1; f.arg[1] = (int64_t(1) << 62) + 16;\n"
+                                         "  char payload[64] = {};\n"
+                                         "  if (write(3, &f, sizeof f) != sizeof f || write(3, payload, 64) != 64) _exit(9);\n"
+                                         "  char answer[80];\n  if (read(3, answer, 80) <= 0) _exit(9);\n")},
   };
   auto rows = grade_batch("04", subs, files, "zero.cpp");
+  CHECK(rows["empty_parts"].total == 2);  // the partition only: bytes and memory count for a ZeRO that trains
+  CHECK(rows["last_rank_hoards"].points["zero1_equals_ddp"] == 3);
+  CHECK(rows["last_rank_hoards"].points["zero1_memory"] == 0);  // measured on every rank, not on rank 0 alone
+  CHECK(rows["last_rank_hoards"].points["zero2_memory"] == 0);
+  // the trainer refuses each with the numbers it was sent, and stays whole: no signal, no heap in a report
+  for (const std::string bad : {"set_weights_wraps", "keep_grad_wraps", "raw_reduce_scatter"}) {
+    INFO(bad);
+    CHECK(rows[bad].total == 2);  // partition: a direct call of shard_of, the only check without a trainer
+    CHECK_THAT(rows[bad].error, !Catch::Contains("signal") && !Catch::Contains("double free") && !Catch::Contains("corruption"));
+  }
+  const fs::path fb = subs.parent_path() / "feedback";
+  CHECK_THAT(read(fb / "set_weights_wraps.txt"), Catch::Contains("is not inside flat 0's padded length"));
+  CHECK_THAT(read(fb / "keep_grad_wraps.txt"), Catch::Contains("is not inside flat"));
+  CHECK_THAT(read(fb / "raw_reduce_scatter.txt"), Catch::Contains("asked for a reduce_scatter of n = 4611686018427387920"));
   CHECK(rows["solution"].total == 13);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
@@ -634,6 +738,9 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
                                    "  files.rename(tmp, final_name);\n", "")},
       // no checksum: a flipped byte loads
       {"no_checksum", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n", "")},
+      // no checksum, and the checkpoint the old check corrupted refused by its step: the older corrupt one loads
+      {"refuses_step_20", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n",
+                                  "  if (st.step() == 20 && st.world() == 2) return name + \": CRC-32 mismatch (corrupt)\";\n")},
       // the position kept as a count of batches: on 1 rank that is half the samples, seen twice
       {"no_reshard", replace(solution, "  if (world != st.world() || micro != st.micro_batch()) position = position * micro * world / (st.micro_batch() * st.world());\n",
                              "")},
@@ -662,6 +769,8 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK(rows["no_atomic_rename"].points["corrupt_detected"] == 2);
   CHECK(rows["no_checksum"].points["resume_bitwise"] == 4);
   CHECK(rows["no_checksum"].points["corrupt_detected"] == 0);
+  CHECK(rows["refuses_step_20"].points["corrupt_detected"] == 0);
+  CHECK(rows["refuses_step_20"].points["resume_bitwise"] == 4);
   CHECK(rows["no_reshard"].points["resume_bitwise"] == 4);
   CHECK(rows["no_reshard"].points["reshard_2_to_1"] == 0);
   const fs::path feedback = subs.parent_path() / "feedback";

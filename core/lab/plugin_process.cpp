@@ -39,6 +39,7 @@ PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
   o.memory_mb = launch.memory_mb;
   o.cpu_s = launch.cpu_s;
   o.file_mb = 8;
+  o.clean_env = true;  // a trainer's environment holds the job's store token: none of it reaches the plugin
   try {
     pid_ = spawn_process(argv, o);
   } catch (...) {

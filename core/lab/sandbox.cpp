@@ -110,14 +110,17 @@ SandboxSupport probe_sandbox() {
 
 std::vector<std::string> sandbox_command(const SandboxPolicy& policy, const std::vector<std::string>& argv) {
   std::vector<std::string> a = {"bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-                                "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--clearenv",
+                                "--cap-drop", "ALL", "--disable-userns", "--new-session", "--die-with-parent", "--clearenv",
                                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
                                 "--setenv", "MALLOC_ARENA_MAX", "2", "--setenv", "LANG", "C.UTF-8",
                                 "--ro-bind", "/usr", "/usr"};
   add_root_links(a);
+  // /tmp and /dev/shm are sized tmpfs: --dev's own /dev/shm would be a folder on an unsized tmpfs
   for (const auto& x : {"--proc", "/proc", "--dev", "/dev", "--size"}) a.push_back(x);
   a.push_back(std::to_string(policy.tmpfs_mb << 20));
-  for (const auto& x : {"--tmpfs", "/tmp", "--dir", "/run"}) a.push_back(x);
+  for (const auto& x : {"--tmpfs", "/tmp", "--size"}) a.push_back(x);
+  a.push_back(std::to_string(policy.tmpfs_mb << 20));
+  for (const auto& x : {"--tmpfs", "/dev/shm", "--dir", "/run"}) a.push_back(x);
   for (const auto& [from, to] : policy.ro_binds)
     for (const auto& x : {std::string("--ro-bind"), from, to}) a.push_back(x);
   for (const auto& [from, to] : policy.rw_binds)
@@ -184,8 +187,12 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o)
   for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; e++)
-    if (strncmp(*e, "MALLOC_ARENA_MAX=", 17) != 0) env_strings.emplace_back(*e);
+  if (o.clean_env) {  // nothing of ours: no token, no grader variables (bwrap's /proc/1/environ is this)
+    env_strings = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  } else {
+    for (char** e = environ; *e; e++)
+      if (strncmp(*e, "MALLOC_ARENA_MAX=", 17) != 0) env_strings.emplace_back(*e);
+  }
   env_strings.emplace_back("MALLOC_ARENA_MAX=2");  // RLIMIT_AS counts glibc's 64 MiB per-thread arenas
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
@@ -309,6 +316,15 @@ std::string sanitize_output(const std::string& raw, size_t max_bytes) {
     if (ok && len == 3 && c == 0xED) ok = static_cast<unsigned char>(s[i + 1]) < 0xA0;   // surrogates
     if (ok && len == 4 && c == 0xF0) ok = static_cast<unsigned char>(s[i + 1]) >= 0x90;
     if (ok && len == 4 && c == 0xF4) ok = static_cast<unsigned char>(s[i + 1]) < 0x90;
+    if (ok && len == 3) {  // bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069) reorder what a reader sees
+      const unsigned c1 = static_cast<unsigned char>(s[i + 1]), c2 = static_cast<unsigned char>(s[i + 2]);
+      const unsigned cp = ((c & 0x0Fu) << 12) | ((c1 & 0x3Fu) << 6) | (c2 & 0x3Fu);
+      if ((cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200E || cp == 0x200F) {
+        out += '?';
+        i += len;
+        continue;
+      }
+    }
     if (ok) {
       out.append(s, i, len);
       i += len;

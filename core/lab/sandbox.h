@@ -1,8 +1,9 @@
 // Running code we do not trust: a student's plugin, and the compiler that builds it. Three layers, each
 // of which holds without the others:
 //  1. bubblewrap, unprivileged: a user namespace where the process is uid 65534 with no capability, its own
-//     mount, PID, network, IPC and UTS namespaces, a new session, and a file system of only /usr (the
-//     system's programs and libraries), a size-capped tmpfs /tmp and the few files bound in by name.
+//     mount, PID, network, IPC and UTS namespaces, a new session, no further user namespaces, a file system
+//     of only /usr (the system's programs and libraries), size-capped tmpfs /tmp and /dev/shm, and the few
+//     files bound in by name; started with an environment of PATH and LANG only (SpawnOptions::clean_env).
 //  2. cgroups (v1, as root): one memory limit over every process of a check and its tmpfs pages, and a cap on
 //     its tasks (a fork bomb fails its check, not the machine).
 //  3. rlimits and a wall clock: address space, CPU seconds, file size, no core dumps; the caller kills the
@@ -62,6 +63,7 @@ struct SpawnOptions {
   double cpu_s = 0;                     // RLIMIT_CPU (0: none)
   int64_t file_mb = 64;                 // RLIMIT_FSIZE; writes past it fail (SIGXFSZ ignored)
   bool new_session = true;              // its own session and process group, killed as one
+  bool clean_env = false;               // PATH, LANG and MALLOC_ARENA_MAX only, instead of ours (untrusted code)
 };
 // fork + exec with everything above; the child dies with its parent. Returns the pid.
 pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o);
@@ -80,7 +82,8 @@ RunResult run_to_end(const std::vector<std::string>& argv, SpawnOptions o, doubl
 std::string describe_wait_status(int status);
 
 // Text from a process we do not trust, fit for a report: at most max_bytes from the end, invalid UTF-8
-// replaced by U+FFFD, control characters other than newline and tab shown as '?'.
+// replaced by U+FFFD, control characters other than newline and tab, and the bidirectional overrides
+// (U+202A-E, U+2066-9, U+200E-F), shown as '?'.
 std::string sanitize_output(const std::string& raw, size_t max_bytes = 4000);
 
 }  // namespace distlab

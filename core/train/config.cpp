@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include <fstream>
+
 #include <filesystem>
 #include <functional>
 #include <sstream>
@@ -11,6 +13,7 @@
 #include "core/perf/hardware.h"
 #include "core/tensor/device.h"
 #include "core/util/error.h"
+#include "core/util/nesting.h"
 
 namespace distlab {
 
@@ -488,6 +491,7 @@ RunConfig finish(toml::table t, const std::string& name, const std::vector<std::
 
 RunConfig parse_config(const std::string& text, const std::string& name, const std::vector<std::string>& overrides,
                        const std::vector<SourcedSetting>& from_files) {
+  check_nesting(text, name);  // before the parser: it recurses once per level
   toml::table t;
   try {
     t = toml::parse(text, name);
@@ -507,12 +511,14 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
                       "give a .toml file: configs/ has examples");
   if (std::filesystem::file_size(path, ec) > (16u << 20))
     throw ConfigError(fmt::format("config file '{}' is larger than 16 MiB", path), "a config is a few lines of TOML");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("config file '{}' cannot be read", path), "check the path: configs/ has examples");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check_nesting(text, path);  // before the parser: it recurses once per level
   toml::table t;
   try {
-    t = toml::parse_file(path);
+    t = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    if (e.description().find("File could not be opened") != std::string_view::npos)
-      throw ConfigError(fmt::format("config file '{}' cannot be read", path), "check the path: configs/ has examples");
     throw ConfigError(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description()),
                       "the file is not valid TOML");
   }

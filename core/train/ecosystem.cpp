@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/util/error.h"
+#include "core/util/nesting.h"
 
 namespace distlab {
 
@@ -539,6 +540,7 @@ EcosystemConfig read_file(const std::string& path, const std::string& what, Ecos
 }  // namespace
 
 EcosystemConfig map_deepspeed(const std::string& text, const std::string& name) {
+  check_nesting(text, name);
   json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
     throw ConfigError(fmt::format("{}: not a JSON object", name), "a DeepSpeed config is one JSON object: {\"zero_optimization\": {...}, ...}");

@@ -227,8 +227,9 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
 void LabPlugin::serve_scatter_gather(const wire::Frame& f, std::vector<char>& payload, ProcessGroup& pg, Runtime& rt, const char* during) {
   const bool rs = f.op == labproto::kReduceScatter;
   const int64_t n = rs ? f.arg[1] : f.arg[0];
-  const int64_t world = pg.size();
-  if (n < 0 || payload.size() % 4 || int64_t(payload.size() / 4) != (rs ? n * world : n) || (rs && (f.arg[0] < 0 || f.arg[0] > 1)))
+  const int64_t world = pg.size(), floats = int64_t(payload.size() / 4);
+  // n comes from the plugin: compared by division, never multiplied (n·world may wrap)
+  if (n < 0 || payload.size() % 4 || (rs ? floats % world != 0 || floats / world != n : floats != n) || (rs && (f.arg[0] < 0 || f.arg[0] > 1)))
     throw Error(fmt::format("the lab's {} asked for a {} of n = {} with {} bytes", during, rs ? "reduce_scatter" : "all_gather", n, payload.size()));
   if (!rs && uint64_t(n) * uint64_t(world) * 4 > labproto::kMaxPayload)
     throw Error(fmt::format("the lab's {} asked for an all_gather of {} floats per rank: over the {} MiB a message may hold", during, n,
@@ -293,9 +294,12 @@ LabStepResult LabPlugin::train_step(LabStepOps& ops, int accum_steps, double max
       case labproto::kStepSkip:
         ops.skip_step();
         return reply(labproto::kData, nullptr, 0, 0, "skip_step");
-      default:
+      case labproto::kStepScheduler:
         ops.scheduler_step();
         return reply(labproto::kData, nullptr, 0, 0, "scheduler_step");
+      default:
+        throw Error(fmt::format("the lab's train_step sent request {}, which lab 03 has no use for", f.op),
+                    "a Step asks for forward_backward, grads, optimizer_step, skip_step and scheduler_step only");
     }
   };
   const std::vector<char> out = call(labproto::kTrainStep, {pg ? pg->rank() : 0, pg ? pg->size() : 1, accum_steps, int64_t(params.size())},

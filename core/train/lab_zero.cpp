@@ -147,10 +147,11 @@ class LabZeRO : public Strategy {
     return flats_[size_t(f)];
   }
   void check_range(const FlatShard& s, int64_t f, int64_t begin, int64_t n, const char* what) {
-    if (begin < 0 || n < 0 || begin + n > s.padded)
+    // in this order, so that nothing wraps: begin and n come from the plugin and may be anything
+    if (begin < 0 || n < 0 || begin > s.padded || n > s.padded - begin)
       throw lab_error(fmt::format("{}({}, begin {}, n {}): [{}, {}) is not inside flat {}'s padded length {} ({} elements padded to a "
                                   "multiple of {} ranks)",
-                                  what, f, begin, n, begin, begin + n, f, s.padded, s.numel, pg_.size()),
+                                  what, f, begin, n, begin, uint64_t(begin) + uint64_t(n), f, s.padded, s.numel, pg_.size()),
                       "a part is a range of the flat padded to the smallest multiple of the world size: shard_of");
   }
   std::vector<float> packed(const FlatShard& s, bool grads) {

@@ -404,7 +404,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (interrupted) return {{"kind", "interrupted"}, {"steps", total_steps_}, {"interrupted", true}};
   if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
-  if (replicas) check_replicas("at the end", false);  // throws: ranks that differ fail the run
+  if (replicas) check_replicas("at the end", false, &metrics);  // throws: ranks that differ fail the run
   if (!out.save_path.empty() && mesh_) {
     strategy_->gather_full_params(rt_, opt_.get());  // ZeRO-1: the f32 masters lent to the slices
     save_whole_model(out.save_path, parse_dtype(out.save_dtype));

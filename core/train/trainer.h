@@ -79,7 +79,9 @@ class Trainer {
   void log_report(const nlohmann::json& summary, int64_t nparams, double wall);
   // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
   // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
-  void check_replicas(const std::string& when, bool with_buffers_and_data);
+  // metrics (at the end): a {"kind": "diverged"} record is written before the throw, so that a reader (the
+  // grader) learns of it from the trainer's own file, never from output a plugin could print
+  void check_replicas(const std::string& when, bool with_buffers_and_data, MetricsWriter* metrics = nullptr);
   // Checkpoints (trainer_ckpt.cpp): find and load the one to resume from (checkpoint.resume), save this
   // rank's part of the state after `steps` steps (a collective: every rank calls it), and what a save
   // weighs per rank (bytes by category, the modeled write time) without writing it.

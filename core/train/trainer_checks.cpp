@@ -117,7 +117,7 @@ static uint64_t data_hash(Runtime& rt, const Dataset& d, int64_t most) {
   return fnv1a(b.targets.data(), b.targets.size() * 4, h);
 }
 
-void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data) {
+void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data, MetricsWriter* metrics) {
   // [[name, hash], ...] of this rank, published for the others
   nlohmann::json mine = nlohmann::json::array();
   // a unit at a time where the parameters are sharded (ZeRO-3, FSDP): every rank gathers the same units
@@ -144,6 +144,7 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
       if (name == "the training data")
         throw Error(fmt::format("rank {} trains on other data than rank {} ({}): {}", r, first, when, data_.note),
                     "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
+      if (metrics && is_rank0()) metrics->write({{"kind", "diverged"}, {"rank", r}, {"parameter", name}, {"versus_rank", first}});
       throw Error(fmt::format("rank {}'s {} differs from rank {}'s {}: the replicas {}", r, name, first, when,
                               when == "at the end" ? "diverged during training" : "start from different weights"),
                   when == "at the end"

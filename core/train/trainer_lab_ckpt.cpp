@@ -77,10 +77,15 @@ void put_str(std::vector<char>& out, const std::string& s) {
 
 // The checkpoint folder's files as the student's code reaches them: one request per call, confined to
 // plain names in `dir`, and watched — what a kill in the middle would leave is recorded as a violation.
+//
+// A quota bounds what one save_state may put on the trainer's disk: at most kMaxFiles files opened and
+// `byte_quota` bytes written (a few times the snapshot it was given: the State holds everything worth saving).
+// The trainer's own files in the folder (model.safetensors and its .partial) are not the student's to touch.
 class FileServer {
  public:
-  FileServer(LabPlugin& plugin, std::string dir, int rank, bool kill_on_write, std::ostream& log)
-      : plugin_(plugin), dir_(std::move(dir)), rank_(rank), kill_on_write_(kill_on_write), log_(log) {}
+  static constexpr int kMaxFiles = 16;
+  FileServer(LabPlugin& plugin, std::string dir, int rank, bool kill_on_write, std::ostream& log, uint64_t byte_quota)
+      : plugin_(plugin), dir_(std::move(dir)), rank_(rank), kill_on_write_(kill_on_write), log_(log), quota_(byte_quota) {}
   ~FileServer() {
     for (auto& [h, f] : open_) ::close(f.fd);
   }
@@ -98,6 +103,9 @@ class FileServer {
     switch (f.op) {
       case labproto::kFileOpen: {
         const std::string name = checked(std::string(payload.begin(), payload.end()), "open");
+        if (++opened_ > kMaxFiles)
+          throw lab07_error(fmt::format("open(\"{}\"): more than {} files opened in one save_state", name, kMaxFiles),
+                            "a state file and its temporary name are all a checkpoint needs");
         if (name == state_file(rank_))
           violations.push_back(fmt::format("opened {}, the final name, for writing: a kill during the write leaves a torn file that looks complete",
                                            name));
@@ -111,6 +119,11 @@ class FileServer {
         Open& o = handle(f.arg[0], "write");
         const char* p = payload.data();
         size_t n = payload.size();
+        if (n > quota_ - written_)
+          throw lab07_error(fmt::format("write({}): {} bytes would take this save_state past its quota of {} bytes ({} written)", o.name, n,
+                                        quota_, written_),
+                            "a rank's state file holds its State once: a few times the snapshot save_state was given at most");
+        written_ += n;
         if (kill_on_write_) {  // DISTLAB_TEST_FAULT: half of this write reaches the disk, then SIGKILL
           n /= 2;
           write_all(o, p, n);
@@ -182,6 +195,9 @@ class FileServer {
     if (!valid_name(name))
       throw lab07_error(fmt::format("{}(\"{}\"): not a plain file name", call, name.substr(0, 80)),
                         "letters, digits, '.', '_' and '-', not starting with '.', at most 200 characters");
+    if (name.rfind("model.safetensors", 0) == 0)
+      throw lab07_error(fmt::format("{}(\"{}\"): the trainer's weights file, not the student's", call, name),
+                        "your files are state_file(rank) and temporary names of your own");
     return name;
   }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
@@ -208,6 +224,8 @@ class FileServer {
   std::map<int32_t, Open> open_;
   std::map<std::string, bool> closed_dirty_;
   int32_t next_ = 1;
+  uint64_t quota_, written_ = 0;
+  int opened_ = 0;
 };
 
 }  // namespace
@@ -255,8 +273,8 @@ void Trainer::lab_save_checkpoint(const std::string& dir, int64_t steps, Metrics
   make_step_dir((fs::path(dir) / ".reference").string(), steps);
   write_checkpoint((fs::path(dir) / ".reference").string(), steps, "lab 07's reference", false);
 
-  FileServer files(*lab_, dir, rank, fault_due("save", steps), log_);
   const std::vector<char> snap = lab_snapshot(steps);
+  FileServer files(*lab_, dir, rank, fault_due("save", steps), log_, 4 * uint64_t(snap.size()) + (1 << 20));
   lab_->call(labproto::kSaveState, {}, snap.data(), snap.size(), pg_, &rt_, "save_state",
              [&](const wire::Frame& f, std::vector<char>& payload) { files.serve(f, payload); });
   files.finish();
@@ -361,8 +379,8 @@ void Trainer::lab_resume(MetricsWriter& metrics) {
       StFile weights = read_safetensors((fs::path(dir) / "model.safetensors").string());
       step = std::stoll(weights.metadata.at("step"));
       load_model(*model_, (fs::path(dir) / "model.safetensors").string());
-      FileServer files(*lab_, dir, rank, false, log_);
       const std::vector<char> snap = lab_snapshot(step);
+      FileServer files(*lab_, dir, rank, false, log_, 4 * uint64_t(snap.size()) + (1 << 20));
       back = lab_->call(labproto::kLoadState, {}, snap.data(), snap.size(), pg_, &rt_, "load_state",
                         [&](const wire::Frame& f, std::vector<char>& payload) { files.serve(f, payload); });
       if (back.size() < 4 || (std::memcpy(&len, back.data(), 4), len < 0) || size_t(len) + 4 > back.size())

