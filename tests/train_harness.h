@@ -75,10 +75,11 @@ inline TrainRun train_in_process(const std::string& toml, std::vector<std::strin
   return r;
 }
 
-// `sets` is appended to the command line as is ("--set a=b --set c=d").
-inline TrainRun train_ranks(int ranks, const std::string& config, const std::string& sets) {
+// `sets` is appended to the command line as is ("--set a=b --set c=d"); `run_opts` go to `distlab run`
+// ("--threads-per-rank 1": runs compared at 1e-6 pin their threads, since 2 threads change OpenBLAS's sums).
+inline TrainRun train_ranks(int ranks, const std::string& config, const std::string& sets, const std::string& run_opts = "") {
   const std::string metrics = metrics_path("ranks");
-  const std::string cmd = std::string("timeout 240 ") + DISTLAB_BINARY + " run -n " + std::to_string(ranks) + " --master-port 0 train " +
+  const std::string cmd = std::string("timeout 240 ") + DISTLAB_BINARY + " run -n " + std::to_string(ranks) + " " + run_opts + " --master-port 0 train " +
                           config + " --set train.log_every=1000 --metrics " + metrics + " " + sets;
   TrainRun r;
   std::tie(r.code, r.out) = shell_in_source(cmd);
