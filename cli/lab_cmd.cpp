@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -146,8 +145,9 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
                                                                        : "not a folder (a submission is a folder holding the lab's files)");
     } else {
       char tmpl[] = "/tmp/distlab-plugin-XXXXXX";  // each plugin in a folder of its own, gone after its grading
+      bool made = false;
       try {
-        if (!mkdtemp(tmpl)) throw IoError("cannot create a temporary folder for a plugin");
+        if (!(made = mkdtemp(tmpl) != nullptr)) throw IoError("cannot create a temporary folder for a plugin");
         g = grade_folder(p, l, d.string(), g.student, std::string(tmpl) + "/plugin.so", sb, shared, true);
       } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
         g.built = false;
@@ -155,7 +155,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
         g.build_log = std::string("grading failed: ") + e.what();
       }
       g.seed = shared.seed;
-      if (tmpl[std::strlen(tmpl) - 1] != 'X') fs::remove_all(tmpl, ec);
+      if (made) fs::remove_all(tmpl, ec);
     }
     std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
       return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;

@@ -19,7 +19,10 @@ namespace {
 
 const std::vector<int> kWorlds = {2, 3, 4};
 const std::vector<int64_t> kSizes = {0, 1, 7, 1000, (1 << 20) + 3};  // and one size drawn per world (sizes_for)
-constexpr uint64_t kMaxInFlight = uint64_t(512) << 20;  // bytes sent and not yet received, over all ranks
+// What the relay holds for a plugin: no message (or answer) larger than the whole N·n buffer, and no more than
+// twice that sent and not yet received over all ranks (a ring has at most one chunk per rank on its way), so
+// a plugin that floods costs the grader a few times the buffer, not gigabytes outside any cgroup.
+uint64_t whole_buffer_bytes(int world, int64_t n) { return uint64_t(std::max<int64_t>(n, 1)) * uint64_t(world) * 4; }
 
 // The awkward sizes every grading tries, and one more drawn from the grading's seed.
 std::vector<int64_t> sizes_for(CheckContext& ctx, labproto::Fn fn, int world) {
@@ -103,14 +106,14 @@ class Ring {
         while (procs_[size_t(r)]->fd() != pfd.fd) r++;
         wire::Frame f;
         std::vector<char> payload;
-        procs_[size_t(r)]->receive(f, payload, ctx_.deadline, during.c_str());
+        procs_[size_t(r)]->receive(f, payload, ctx_.deadline, during.c_str(), whole_buffer_bytes(world_, n));
         if (f.op == labproto::kSend) {
           const int dst = int(f.arg[0]);
           if (dst < 0 || dst >= world_ || dst == r) throw CheckAbort("error", fmt::format("during {}: rank {} sent to rank {}", during, r, dst));
           in_flight += payload.size();
-          if (in_flight > kMaxInFlight)
+          if (in_flight > 2 * whole_buffer_bytes(world_, n) + (1 << 20))
             throw CheckAbort("error", fmt::format("during {}: more than {} MiB sent and not received: do the ranks ever recv?",
-                                                  during, kMaxInFlight >> 20));
+                                                  during, (2 * whole_buffer_bytes(world_, n) + (1 << 20)) >> 20));
           res.traffic[size_t(r)].bytes_sent += int64_t(payload.size());
           res.traffic[size_t(r)].messages++;
           queue[size_t(r)][size_t(dst)].push_back(std::move(payload));

@@ -166,16 +166,24 @@ BuildResult build_plugin(const Paths& p, const Lab& lab, const std::string& src_
   std::vector<std::string> cmd = {"g++", "-std=c++20", "-O2", "-fPIC", "-shared", "-w", "-I" + inc};
   for (const auto& f : lab.files) cmd.push_back(srcd + "/" + f);
   for (const auto& a : {std::string("-o"), outd + "/plugin.so", std::string("-Wl,--no-undefined")}) cmd.push_back(a);
+  struct Fd {  // the seccomp program, closed here once bwrap has its copy
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } filter{boxed ? seccomp_filter() : -1};
   if (boxed) {
     SandboxPolicy pol;
     pol.ro_binds = {{(tmp.path / "include").string(), "/work/include"}, {(tmp.path / "src").string(), "/work/src"}};
     pol.rw_binds = {{(tmp.path / "out").string(), "/work/out"}};
     pol.tmpfs_mb = 512;
     pol.chdir = "/work/src";
+    pol.seccomp_fd = filter.fd >= 0 ? 3 : -1;
     cmd = sandbox_command(pol, cmd);
   }
   CheckCgroup cg(4096, 64);
   SpawnOptions o;
+  if (filter.fd >= 0) o.fds = {{filter.fd, 3}};
   o.cgroup = &cg;
   o.memory_mb = 4096;
   o.cpu_s = 300;

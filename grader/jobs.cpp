@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "core/util/error.h"
 
@@ -13,12 +16,62 @@ namespace fs = std::filesystem;
 
 namespace distlab::grader {
 
+namespace {
+
+// The first of `p`'s folders that others may not enter, or `p` itself when others may not read it ("": none).
+std::string closed_to_others(const fs::path& p, bool folder) {
+  fs::path at;
+  for (const auto& part : fs::absolute(p)) {
+    at /= part;
+    struct stat st{};
+    if (::stat(at.c_str(), &st) != 0) return at.string();
+    const bool last = at == fs::absolute(p);
+    if ((!last || folder) && !(st.st_mode & S_IXOTH)) return at.string();
+    if (last && !(st.st_mode & S_IROTH)) return at.string();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string unreachable_for_job_user(const Paths& p, const Lab& lab) {
+  const fs::path bin = fs::path(p.self_exe).parent_path();
+  for (const auto& [path, folder] : std::vector<std::pair<fs::path, bool>>{
+           {p.self_exe, false}, {p.host_exe(), false}, {bin.parent_path() / "lib", true}, {fs::path(lab.dir) / "lab.toml", false}})
+    if (std::string bad = closed_to_others(path, folder); !bad.empty()) return bad;
+  return "";
+}
+
+void hand_to_job_user(const std::string& path) {
+  if (geteuid() != 0) return;
+  std::error_code ec;
+  [[maybe_unused]] int rc = ::lchown(path.c_str(), kJobUid, kJobUid);
+  for (const auto& e : fs::recursive_directory_iterator(path, ec)) rc = ::lchown(e.path().c_str(), kJobUid, kJobUid);
+}
+
 // Every argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
-Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s,
+Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const std::vector<std::string>& sets, double limit_s,
             const JobOptions& jo) {
   char tmpl[] = "/tmp/distlab-job-XXXXXX";
   if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the training job");
   const fs::path dir = tmpl;
+  // root grades: the job runs as kJobUid, in its folder, with its own copy of the plugin
+  std::string plugin = plugin_in, as_root;
+  if (geteuid() == 0) as_root = unreachable_for_job_user(ctx.paths, ctx.lab);
+  const bool drop = geteuid() == 0 && as_root.empty();
+  if (drop) {
+    std::error_code ec;
+    if (plugin != "none") {
+      plugin = (dir / "plugin.so").string();
+      fs::copy_file(plugin_in, plugin, ec);
+      if (ec) throw Error(fmt::format("cannot copy the plugin for the training job: {}", ec.message()));
+    }
+    hand_to_job_user(dir.string());
+  } else if (!as_root.empty() && !ctx.shared.items.count("note:job-as-root")) {
+    ctx.shared.items["note:job-as-root"] = std::make_shared<int>(0);
+    std::cerr << fmt::format("distlab grade: WARNING: training jobs run as root: {} is closed to uid {} (nobody): build in a "
+                             "folder others can read to run them unprivileged\n", as_root, kJobUid);
+  }
   const std::string metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
                                    "--max-restarts", std::to_string(jo.restarts),
@@ -43,6 +96,7 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
   SpawnOptions o;
   o.cgroup = &ctx.cgroup;
   o.file_mb = 256;
+  o.run_as = drop ? kJobUid : 0;
   RunResult r = run_to_end(argv, o, limit_s, 3000);
   Job j;
   j.seconds = r.seconds;
@@ -73,7 +127,8 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::
     j.failure = r.timed_out ? fmt::format("the {}-rank training job was still running after {:.0f} s and was stopped:\n{}", ranks, limit_s, r.output)
                             : fmt::format("the {}-rank training job failed ({}):\n{}", ranks, describe_wait_status(r.status), r.output);
     // from the trainer's own record (core/train/trainer_checks.cpp), never from the output, which the plugin can print into
-    for (const auto& rec : j.records) j.diverged = j.diverged || (!r.timed_out && !j.losses.empty() && rec.value("kind", "") == "diverged");
+    j.diverged = !r.timed_out && !j.losses.empty() &&
+                 std::any_of(j.records.begin(), j.records.end(), [](const nlohmann::json& rec) { return rec.value("kind", "") == "diverged"; });
   }
   return j;
 }

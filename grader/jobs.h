@@ -34,9 +34,19 @@ struct JobOptions {
   std::string config;            // a config file to run instead of the lab's lab.toml (lab 08's config cases)
 };
 
-// One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation.
+// One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation. Where the
+// grader is root, the job runs as kJobUid (nobody, core/lab/sandbox.h), in a folder of its own that holds
+// its own copy of the plugin: a request that got past the trainer's checks would find an unprivileged
+// process, not root. When the engine's files are not readable by that user (a build under /root), the job
+// runs as root and the first job of the grading says why.
 Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s,
             const JobOptions& jo = {});
+
+// "" when kJobUid can run the engine's jobs from these paths; else the first path it can't reach.
+std::string unreachable_for_job_user(const Paths& p, const Lab& lab);
+// A folder a job writes into (lab 07's checkpoints): given, with everything in it, to kJobUid when root.
+void hand_to_job_user(const std::string& path);
+
 
 // A job shared by the checks of one grading: run once, its result (or failure) reused; a failed one throws
 // CheckAbort. student: with the student's plugin (limited to a few times the engine's run of the same job),

@@ -225,12 +225,19 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
       {"include_stdin", "#include \"/dev/stdin\"\n"},
       {"symlink", "@symlink:" + (src / "solutions/01-collectives/ring.cpp").string()},
       // load the instructor's plugin at run time, or read the solution, /etc/shadow, /root: none is there
-      {"snoop", replace_body(solution, in_all_gather,
+      {"snoop", "#include <sys/ptrace.h>\n" + replace_body(solution, in_all_gather,
                              "  const char* paths[] = {\"" + (src / "solutions/01-collectives/ring.cpp").string() + "\", \"/etc/shadow\", \"/root\", \"" +
                                  (fs::path(DISTLAB_SOURCE_DIR) / "build/labs/01-collectives/solution.so").string() + "\"};\n"
                                  "  for (const char* p : paths) if (access(p, F_OK) == 0) throw std::runtime_error(std::string(\"can see \") + p);\n"
                                  "  if (dlopen(paths[3], RTLD_NOW)) throw std::runtime_error(\"loaded the solution\");\n"
                                  "  if (getuid() == 0) throw std::runtime_error(\"root\");\n"
+                                 "  if (ptrace(PTRACE_ATTACH, 1, nullptr, nullptr) == 0) throw std::runtime_error(\"ptrace attached to pid 1\");\n"
+                                 "  { FILE* env = std::fopen(\"/proc/1/environ\", \"r\"); std::string e; for (int c; env && (c = std::fgetc(env)) != EOF;) e += char(c);\n"
+                                 "    if (env) std::fclose(env);\n"
+                                 "    for (size_t at = 0; at < e.size(); at = e.find('\\0', at) + 1) {\n"
+                                 "      const std::string v = e.substr(at, e.find('\\0', at) - at);\n"
+                                 "      if (v.rfind(\"PATH=\", 0) && v.rfind(\"LANG=\", 0) && v.rfind(\"MALLOC_ARENA_MAX=\", 0)) throw std::runtime_error(\"pid 1's environment: \" + v);\n"
+                                 "      if (e.find('\\0', at) == std::string::npos) break;\n    } }\n"
                                  "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
       {"=HYPERLINK(1)", skeleton},
       // the ring's messages, all zeros, and sums predicted from its own input (the old fixed inputs were
@@ -275,6 +282,9 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   files[long_name] = skeleton;
   files["bidi\xe2\x80\xae\x1b[31mred"] = skeleton;
   std::string json;
+  std::error_code ec;  // an earlier run's long-name feedback would pass the check below on its own
+  for (const auto& e : fs::directory_iterator(subs.parent_path() / "feedback", ec))
+    if (e.path().filename().string().rfind(std::string(80, 'n'), 0) == 0) fs::remove(e.path());
   auto rows = grade_batch("01", subs, files, "ring.cpp", &json);
   CHECK(rows["not_a_folder"].total == 0);
   CHECK_THAT(rows["not_a_folder"].error, Catch::Contains("not a folder"));

@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "core/lab/sandbox.h"
+
 using namespace std::string_literals;
 namespace fs = std::filesystem;
 
@@ -280,5 +282,19 @@ TEST_CASE("launcher options out of range are refused before anything starts", "[
     Result r = sh(run(bad + " --master-port 0 -- true"));
     INFO(bad << "\n" << r.out);
     CHECK(r.code != 0);
+  }
+}
+
+// The grader's training jobs run as nobody where the grader is root (grader/jobs.h): the child drops its
+// uid, gid and groups before exec, after joining its cgroup.
+TEST_CASE("spawn_process with run_as drops a root parent's child to that user and no groups", "[launcher][sandbox]") {
+  if (geteuid() != 0) SUCCEED("not root: nothing to drop");
+  else {
+    distlab::SpawnOptions o;
+    o.run_as = distlab::kJobUid;
+    const distlab::RunResult r = distlab::run_to_end({"/bin/sh", "-c", "id -u; id -g; id -G"}, o, 20);
+    CHECK(r.output == "65534\n65534\n65534\n");
+    distlab::SpawnOptions stay;
+    CHECK(distlab::run_to_end({"/bin/sh", "-c", "id -u"}, stay, 20).output == "0\n");
   }
 }

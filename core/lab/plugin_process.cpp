@@ -18,9 +18,14 @@ using wire::Clock;
 using wire::Io;
 
 PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
+  const int host_copy = launch.sandbox ? copy_to_memfd(launch.host_exe) : -1;  // this sandbox's own copy (throws first)
+  const int filter = launch.sandbox ? seccomp_filter() : -1;
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    for (int fd : {filter, host_copy})
+      if (fd >= 0) ::close(fd);
     throw Error(fmt::format("cannot start {}: socketpair: {}", launch.name, strerror(errno)));
+  }
   if (launch.output_fd < 0) {
     log_fd_ = memfd_create("plugin-output", MFD_CLOEXEC);
     if (log_fd_ < 0) log_fd_ = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -28,13 +33,17 @@ PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
   std::vector<std::string> argv = {launch.host_exe, launch.lab_id, launch.plugin};
   if (launch.sandbox) {
     SandboxPolicy p;
-    p.ro_binds = {{launch.host_exe, "/run/distlab-labhost"}, {launch.plugin, "/run/plugin.so"}};
+    p.ro_binds = {{launch.plugin, "/run/plugin.so"}};
+    p.private_copies = {{5, "/run/distlab-labhost"}};
     p.tmpfs_mb = 64;
+    p.seccomp_fd = filter >= 0 ? 4 : -1;
     argv = sandbox_command(p, {"/run/distlab-labhost", launch.lab_id, "/run/plugin.so"});
   }
   SpawnOptions o;
   o.output_fd = launch.output_fd >= 0 ? launch.output_fd : log_fd_;
   o.fds = {{sv[1], 3}};
+  if (filter >= 0) o.fds.push_back({filter, 4});  // bwrap reads the program and closes it
+  if (host_copy >= 0) o.fds.push_back({host_copy, 5});
   o.cgroup = launch.cgroup;
   o.memory_mb = launch.memory_mb;
   o.cpu_s = launch.cpu_s;
@@ -45,9 +54,13 @@ PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
   } catch (...) {
     ::close(sv[0]);
     ::close(sv[1]);
+    for (int fd : {filter, host_copy})
+      if (fd >= 0) ::close(fd);
     throw;
   }
   ::close(sv[1]);
+  for (int fd : {filter, host_copy})
+    if (fd >= 0) ::close(fd);
   sock_ = sv[0];
 }
 

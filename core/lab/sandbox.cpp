@@ -1,6 +1,11 @@
 #include "core/lab/sandbox.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/syscall.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <string.h>
@@ -12,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -95,10 +101,16 @@ SandboxSupport probe_sandbox() {
   const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   SpawnOptions o;
   o.output_fd = devnull;
+  const int filter = seccomp_filter();  // probed as it is used: a kernel that refuses the filter is no sandbox
+  if (filter >= 0) {
+    p.seccomp_fd = 3;
+    o.fds = {{filter, 3}};
+  }
   const pid_t pid = spawn_process(sandbox_command(p, {"/usr/bin/true"}), o);
   int st = 0;
   s.bwrap = pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
   if (devnull >= 0) ::close(devnull);
+  if (filter >= 0) ::close(filter);
   if (!s.bwrap) s.why_not = "bubblewrap with user namespaces does not run here: apt-get install bubblewrap";
   const bool root = geteuid() == 0;
   s.memory_cgroup = root && writable_controller("memory");
@@ -106,6 +118,52 @@ SandboxSupport probe_sandbox() {
   if (s.bwrap && (!s.memory_cgroup || !s.pids_cgroup))
     s.why_not = root ? "cgroup v1 memory/pids controllers are not writable here" : "cgroups need root";
   return s;
+}
+
+int copy_to_memfd(const std::string& path) {
+  const int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) throw Error(fmt::format("cannot read {}: {}", path, strerror(errno)));
+  const int out = memfd_create("private-copy", MFD_CLOEXEC);
+  char buf[1 << 16];
+  bool ok = out >= 0;
+  for (ssize_t n; ok && (n = ::read(in, buf, sizeof buf)) != 0;) ok = n > 0 && ::write(out, buf, size_t(n)) == n;
+  ::close(in);
+  if (!ok || lseek(out, 0, SEEK_SET) != 0) {
+    if (out >= 0) ::close(out);
+    throw Error(fmt::format("cannot copy {} for a sandbox: {}", path, strerror(errno)));
+  }
+  return out;
+}
+
+int seccomp_filter() {
+#if defined(__x86_64__)
+  constexpr uint32_t arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint32_t arch = AUDIT_ARCH_AARCH64;
+#else
+  return -1;
+#endif
+  // the architecture first (a 32-bit syscall number means something else), then the refused calls
+  const uint32_t deny = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
+  const sock_filter prog[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, deny),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ptrace, 4, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 3, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, deny),
+  };
+  const int fd = memfd_create("seccomp", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (::write(fd, prog, sizeof prog) != ssize_t(sizeof prog) || lseek(fd, 0, SEEK_SET) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 std::vector<std::string> sandbox_command(const SandboxPolicy& policy, const std::vector<std::string>& argv) {
@@ -125,6 +183,10 @@ std::vector<std::string> sandbox_command(const SandboxPolicy& policy, const std:
     for (const auto& x : {std::string("--ro-bind"), from, to}) a.push_back(x);
   for (const auto& [from, to] : policy.rw_binds)
     for (const auto& x : {std::string("--bind"), from, to}) a.push_back(x);
+  for (const auto& [fd, to] : policy.private_copies)
+    for (const auto& x : {std::string("--perms"), std::string("0555"), std::string("--ro-bind-data"), std::to_string(fd), to}) a.push_back(x);
+  if (policy.seccomp_fd >= 0)
+    for (const auto& x : {std::string("--seccomp"), std::to_string(policy.seccomp_fd)}) a.push_back(x);
   for (const auto& x : {std::string("--chdir"), policy.chdir, std::string("--")}) a.push_back(x);
   a.insert(a.end(), argv.begin(), argv.end());
   return a;
@@ -215,6 +277,12 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o)
     const int fd = ::open(f.c_str(), O_WRONLY);
     if (fd >= 0 && ::write(fd, pid_text, size_t(len)) < 0) _exit(126);
     if (fd >= 0) ::close(fd);
+  }
+  if (o.run_as != 0 && geteuid() == 0) {  // after joining the cgroup (root's to write), before anything else
+    if (setgroups(0, nullptr) != 0 || setresgid(o.run_as, o.run_as, o.run_as) != 0 || setresuid(o.run_as, o.run_as, o.run_as) != 0)
+      _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a change of credentials clears it
+    if (getppid() != parent) _exit(127);
   }
   const int in = o.stdin_fd >= 0 ? o.stdin_fd : ::open("/dev/null", O_RDONLY);
   // move the passed fds out of the way first, so that dup2 into 3, 4, ... never clobbers a source

@@ -3,7 +3,8 @@
 //  1. bubblewrap, unprivileged: a user namespace where the process is uid 65534 with no capability, its own
 //     mount, PID, network, IPC and UTS namespaces, a new session, no further user namespaces, a file system
 //     of only /usr (the system's programs and libraries), size-capped tmpfs /tmp and /dev/shm, and the few
-//     files bound in by name; started with an environment of PATH and LANG only (SpawnOptions::clean_env).
+//     files bound in by name; started with an environment of PATH and LANG only (SpawnOptions::clean_env);
+//     a seccomp filter refuses ptrace and reading another process's memory (seccomp_filter).
 //  2. cgroups (v1, as root): one memory limit over every process of a check and its tmpfs pages, and a cap on
 //     its tasks (a fork bomb fails its check, not the machine).
 //  3. rlimits and a wall clock: address space, CPU seconds, file size, no core dumps; the caller kills the
@@ -35,7 +36,17 @@ struct SandboxPolicy {
   std::vector<std::pair<std::string, std::string>> rw_binds;  // host path -> path inside (a build's output)
   int64_t tmpfs_mb = 64;                                      // /tmp inside
   std::string chdir = "/tmp";
+  int seccomp_fd = -1;  // the child's fd holding seccomp_filter()'s program (bwrap --seccomp), -1: none
+  // child fd -> path inside: a private executable copy of what the fd holds (bwrap --ro-bind-data), so
+  // that no two sandboxes share the file (a flock on a shared binary would be a channel between them)
+  std::vector<std::pair<int, std::string>> private_copies;
 };
+// A memfd holding a copy of the file at `path` (for SandboxPolicy::private_copies); throws on failure.
+int copy_to_memfd(const std::string& path);
+// A memfd holding a seccomp program for bwrap's --seccomp: ptrace, process_vm_readv/writev and kcmp fail
+// with EPERM (a plugin can neither trace nor read the memory of the sandbox's other processes, its pid 1
+// among them); every other system call is allowed. -1 where this architecture has no program here.
+int seccomp_filter();
 // The bwrap command line that runs argv under the policy.
 std::vector<std::string> sandbox_command(const SandboxPolicy& policy, const std::vector<std::string>& argv);
 
@@ -64,7 +75,10 @@ struct SpawnOptions {
   int64_t file_mb = 64;                 // RLIMIT_FSIZE; writes past it fail (SIGXFSZ ignored)
   bool new_session = true;              // its own session and process group, killed as one
   bool clean_env = false;               // PATH, LANG and MALLOC_ARENA_MAX only, instead of ours (untrusted code)
+  uid_t run_as = 0;                     // root only: the child drops to this uid and gid, no groups (0: stays)
 };
+// The unprivileged user a grader's training jobs run as when the grader is root (nobody).
+constexpr uid_t kJobUid = 65534;
 // fork + exec with everything above; the child dies with its parent. Returns the pid.
 pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o);
 

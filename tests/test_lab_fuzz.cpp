@@ -1,0 +1,173 @@
+// The protocol fuzzer: the trainer's side of labs 02-06 (core/train/lab_*.cpp), the code that runs as the
+// grader's user outside the sandbox, driven by tests/fuzz_plugin.cpp — a plugin that writes seeded random
+// and adversarial frames straight onto its socket. Two ranks, four for lab 04 (threads over an in-memory store), each with
+// its own plugin process sending the same stream, so that the collectives the trainer runs for it meet.
+// Every request must be answered or refused with a distlab::Error; a crash, a hang, a std:: exception
+// escaping the checks, or (this executable is built with AddressSanitizer, whose malloc and memcpy
+// interceptors cover the engine's library too) an over-read, an over-write or a double free fails it.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/models/zoo.h"
+#include "core/optim/optimizer.h"
+#include "core/train/lab_plugin.h"
+#include "dist_harness.h"
+
+using namespace distlab;
+
+extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }  // leaks are not this test's subject
+
+namespace {
+
+constexpr int kCalls = 1000;  // calls into the plugin per lab and rank; each serves requests until one is refused
+
+struct Tally {
+  std::mutex m;
+  int calls = 0, refused = 0, returned = 0;
+  std::map<std::string, int> escaped;  // std:: exceptions that are not an Error: a check that is missing
+  void add(int c, int r, int ret, const std::map<std::string, int>& e) {
+    std::lock_guard<std::mutex> g(m);
+    calls += c, refused += r, returned += ret;
+    for (const auto& [k, v] : e) escaped[k] += v;
+  }
+};
+
+// Calls `entries` round-robin kCalls times, counting how each ended.
+void drive(Tally& tally, const std::vector<std::function<void()>>& entries) {
+  int refused = 0, returned = 0;
+  std::map<std::string, int> escaped;
+  for (int i = 0; i < kCalls; i++) {
+    try {
+      entries[size_t(i) % entries.size()]();
+      returned++;
+    } catch (const Error&) {
+      refused++;
+    } catch (const std::exception& e) {
+      escaped[std::string(e.what()).substr(0, 160)]++;
+    }
+  }
+  tally.add(kCalls, refused, returned, escaped);
+}
+
+LabPluginOptions options(const std::string& lab) {
+  LabPluginOptions o;
+  o.host_exe = DISTLAB_LABHOST;
+  o.plugin = FUZZ_PLUGIN;
+  o.lab_name = lab;
+  o.sandbox = "off";  // the trainer's side is under test, not the sandbox
+  o.timeout_s = 20;
+  return o;
+}
+
+ModelSpec mlp() {
+  ModelSpec s;
+  s.name = "mlp";
+  s.in_channels = 1, s.height = 2, s.width = 2, s.num_classes = 3;
+  s.hidden = {5};
+  return s;
+}
+
+ModelSpec gpt() {
+  ModelSpec s;
+  s.name = "gpt";
+  s.vocab_size = 16, s.block_size = 4, s.n_layer = 2, s.n_head = 2, s.n_embd = 8;
+  return s;
+}
+
+// Lab 03's Step on the trainer's side, doing nothing: the request's parsing is what is fuzzed.
+class IdleStep : public LabStepOps {
+ public:
+  explicit IdleStep(Model& m) : model_(m) {}
+  double forward_backward(int64_t, float) override { return 1.0; }
+  std::vector<Parameter*> parameters() override { return model_.parameters(); }
+  void optimizer_step(const std::vector<float>&) override {}
+  void skip_step() override {}
+  void scheduler_step() override {}
+
+ private:
+  Model& model_;
+};
+
+void fuzz_lab(const std::string& lab, Tally& tally) {
+  ProcessGroupOptions po;
+  po.timeout = Millis(15000);
+  // lab 04 on 4 ranks: where a reduce_scatter's n·world can wrap to a small size (n = 2^62 + 16)
+  distlab::testing::run_ranks(lab == "04-zero" ? 4 : 2, [&](ProcessGroup& pg) {
+    Runtime rt;
+    auto model = build_model(rt, lab == "05-fsdp-1b" ? gpt() : mlp());
+    for (auto* p : model->parameters()) p->grad_for_accumulate();
+    LabPlugin plugin(options(lab));
+    std::vector<std::function<void()>> entries;
+    std::unique_ptr<DataParallel> ddp;
+    std::unique_ptr<Strategy> strategy;
+    std::unique_ptr<TpKernels> tp;
+    std::unique_ptr<Optimizer> opt;
+    IdleStep step(*model);
+    int stage = 1;  // lab 04: ZeRO-1 and ZeRO-2 in turn
+    if (lab == "02-ddp-cifar") {
+      entries.push_back([&] { plugin.make_sampler(100, 2, pg.rank(), 7, true)->indices(1); });
+      entries.push_back([&] { ddp = plugin.make_ddp("naive", pg, *model, rt, 25); });
+      entries.push_back([&] { if (ddp) ddp->finish_backward(rt); });
+    } else if (lab == "03-amp-accum") {
+      const float cfg[3] = {65536, 2, 0.5f};
+      entries.push_back([&, cfg] { plugin.train_step(step, 2, 1.0, cfg, 3, &pg, rt); });
+    } else if (lab == "04-zero") {
+      // each phase its own entry, so that a refusal in one leaves the others reachable (a step's set_weights
+      // after a reduce that failed)
+      entries.push_back([&] {
+        stage = 3 - stage;
+        strategy = plugin.make_zero(stage, pg, *model, rt);
+        opt = std::make_unique<AdamW>(strategy->optimizer_parameters(*model), AdamWOptions{});
+        strategy->begin_backward(true);
+      });
+      entries.push_back([&] {
+        for (int u = int(model->units().size()) - 1; u >= 0; u--) strategy->after_layer_backward(u, model->units()[size_t(u)]);
+      });
+      entries.push_back([&] { strategy->finish_backward(rt); });
+      entries.push_back([&] { strategy->step(rt, *opt, 0.01f, 1.0f); });
+      entries.push_back([&] { strategy->step(rt, *opt, 0.01f, 1.0f); });
+    } else if (lab == "05-fsdp-1b") {
+      strategy = plugin.make_fsdp(pg, *model, rt, "full_shard", true, false);
+      const int units = int(model->units().size());
+      for (int u = 0; u < units; u++) {  // every hook its own entry
+        entries.push_back([&, u] { strategy->before_forward(u); });
+        entries.push_back([&, u] { strategy->after_forward(u); });
+      }
+      entries.push_back([&] { strategy->begin_backward(true); });
+      for (int u = units - 1; u >= 0; u--) entries.push_back([&, u] { strategy->after_layer_backward(u, model->units()[size_t(u)]); });
+      entries.push_back([&] { strategy->finish_backward(rt); });
+    } else {  // 06-tp-pp
+      tp = plugin.make_tp_kernels(rt);
+      std::vector<float> x(2 * 3, 0.5f), w(4 * 3, 0.25f), b(4, 0.1f), y(2 * 4), dy(2 * 4, 1.0f), dx(2 * 3), dw(4 * 3), db(4);
+      entries.push_back([&, x, w, b, y]() mutable { tp->column_forward(pg, x.data(), w.data(), b.data(), y.data(), 2, 3, 4); });
+      entries.push_back([&, x, w, dy, dx, dw, db]() mutable {
+        tp->row_backward(pg, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), 2, 3, 4);
+      });
+      entries.push_back([&] { plugin.pipeline_order(2, pg.rank(), 4); });
+    }
+    drive(tally, entries);
+  }, po);
+}
+
+}  // namespace
+
+TEST_CASE("the trainer's side of labs 02-06 answers or refuses every request of a plugin that sends random and adversarial frames", "[lab][fuzz]") {
+  for (const std::string lab : {"02-ddp-cifar", "03-amp-accum", "04-zero", "05-fsdp-1b", "06-tp-pp"}) {
+    INFO(lab);
+    Tally t;
+    fuzz_lab(lab, t);
+    std::string escaped;
+    for (const auto& [what, n] : t.escaped) escaped += fmt::format("\n  {} x {}", n, what);
+    INFO(fmt::format("{}: {} calls, {} refused with an Error, {} returned{}", lab, t.calls, t.refused, t.returned,
+                     escaped.empty() ? "" : ", escaped:" + escaped));
+    WARN(fmt::format("{}: {} calls, {} refused, {} returned", lab, t.calls, t.refused, t.returned));
+    CHECK(t.calls == (lab == "04-zero" ? 4 : 2) * kCalls);
+    CHECK(t.refused > t.calls / 2);  // the stream is mostly garbage: most calls end in a refusal
+    CHECK(t.escaped.empty());
+  }
+}
