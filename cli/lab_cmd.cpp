@@ -9,11 +9,16 @@
 #include <iostream>
 #include <sstream>
 
+#include <toml++/toml.h>
+
 #include "core/ckpt/atomic_file.h"
+#include "core/train/config.h"
 #include "core/util/error.h"
+#include "core/util/nesting.h"
 #include "grader/harness.h"
 #include "grader/html.h"
 #include "grader/report.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -144,18 +149,17 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
                                 ec ? ec.message() : fs::is_symlink(st) ? "a symbolic link, not a folder (links are refused at any depth)"
                                                                        : "not a folder (a submission is a folder holding the lab's files)");
     } else {
-      char tmpl[] = "/tmp/distlab-plugin-XXXXXX";  // each plugin in a folder of its own, gone after its grading
-      bool made = false;
+      std::string tmpl;  // each plugin in a folder of its own, gone after its grading
       try {
-        if (!(made = mkdtemp(tmpl) != nullptr)) throw IoError("cannot create a temporary folder for a plugin");
-        g = grade_folder(p, l, d.string(), g.student, std::string(tmpl) + "/plugin.so", sb, shared, true);
+        tmpl = grader::make_scratch_dir(p, "plugin");
+        g = grade_folder(p, l, d.string(), g.student, tmpl + "/plugin.so", sb, shared, true);
       } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
         g.built = false;
         g.checks.clear();
         g.build_log = std::string("grading failed: ") + e.what();
       }
       g.seed = shared.seed;
-      if (made) fs::remove_all(tmpl, ec);
+      if (!tmpl.empty()) fs::remove_all(tmpl, ec);
     }
     std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
       return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;
@@ -226,6 +230,31 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     std::cout << "built " << b.plugin << "\n";
   });
 
+  // Internal (hidden): one file of a submission parsed in a process of its own, so that a parser that crashes
+  // or loops on it costs the student a check, not the grader its process (grader/harness.h). Exit 0: parsed;
+  // 1: a parse error, printed; anything else: the parser died.
+  auto gp = std::make_shared<std::array<std::string, 3>>();  // as, name, file
+  auto* parse = app.add_subcommand("grade-parse", "");
+  parse->group("");
+  parse->add_option("--as", (*gp)[0])->required()->check(CLI::IsMember({"toml", "config"}));
+  parse->add_option("--name", (*gp)[1]);
+  parse->add_option("file", (*gp)[2])->required();
+  parse->callback([gp, &exit_code] {
+    const auto& [as, name, file] = *gp;
+    try {
+      const std::string text = read_file(file);
+      check_nesting(text, name);
+      if (as == "toml") (void)toml::parse(text, name);
+      else (void)parse_config(text, name);
+    } catch (const toml::parse_error& e) {
+      std::cerr << name << ":" << e.source().begin.line << ": " << e.description() << "\n";
+      exit_code = 1;
+    } catch (const Error& e) {
+      std::cerr << e.full() << "\n";
+      exit_code = 1;
+    }
+  });
+
   auto a = std::make_shared<GradeArgs>();
   auto* grade = app.add_subcommand("grade", "build and grade a lab; a table that explains every point");
   grade->add_option("lab", a->lab, "lab number or name")->required();
@@ -241,6 +270,8 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
+    const grader::Scratch scratch;  // every temporary folder of this grading, removed even if the grader is killed
+    p.scratch = scratch.root();
     grader::Lab l;
     try {
       l = grader::find_lab(p.source_dir, a->lab);

@@ -19,6 +19,7 @@ struct Paths {
   std::string source_dir;  // the repository (labs/, solutions/)
   std::string build_dir;   // where plugins go (build/labs/...)
   std::string self_exe;    // this distlab binary
+  std::string scratch;     // the grading's temporary root (grader/scratch.h); empty: /tmp
   std::string host_exe() const;  // distlab-labhost beside it
 };
 

@@ -46,6 +46,11 @@ void put_grads(std::vector<char>& v, const std::vector<std::vector<float>>& grad
   for (const auto& g : grads) v.insert(v.end(), reinterpret_cast<const char*>(g.data()), reinterpret_cast<const char*>(g.data() + g.size()));
 }
 
+// The largest message a plugin's answer (or request) may be here: what it was given (every answer of this
+// lab is a scaler state or the gradients it got, an all_reduce of them at most) plus room for an exception's
+// text. Anything larger is refused before the grader allocates for it.
+uint64_t answer_limit(size_t in_bytes) { return uint64_t(in_bytes) + (uint64_t(64) << 10); }
+
 // One call into one plugin, waiting for its answer (no collectives on the way).
 std::vector<char> call(CheckContext& ctx, PluginProcess& p, std::initializer_list<int64_t> args, const std::vector<char>& in,
                        const std::string& during) {
@@ -55,7 +60,7 @@ std::vector<char> call(CheckContext& ctx, PluginProcess& p, std::initializer_lis
   for (int64_t a : args) f.arg[k++] = a;
   p.send(f, in.data(), in.size(), ctx.deadline, during.c_str());
   std::vector<char> out;
-  p.receive(f, out, ctx.deadline, during.c_str());
+  p.receive(f, out, ctx.deadline, during.c_str(), answer_limit(in.size()));
   if (f.op == labproto::kRaised)
     throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
   if (f.op == labproto::kAllReduce)
@@ -102,7 +107,7 @@ std::vector<Unscaled> unscale_ranks(CheckContext& ctx, std::vector<std::unique_p
       if (done[size_t(r)]) continue;
       wire::Frame f;
       std::vector<char> payload;
-      procs[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str());
+      procs[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str(), answer_limit(4 + per_rank[size_t(r)].size() * 4));
       if (f.op == labproto::kRaised)
         throw CheckAbort("error", fmt::format("rank {}'s unscale_ threw: {}", r, sanitize_output(std::string(payload.begin(), payload.end()), 1500)));
       if (f.op == labproto::kReturn) {

@@ -47,6 +47,9 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
     for (int k = 0; k < 7; k++) f.arg[k] = args[k];
     ranks.p[size_t(r)]->send(f, payloads[size_t(r)].data(), payloads[size_t(r)].size() * 4, ctx.deadline, during.c_str());
   }
+  // the largest answer or all_reduce a rank may send: every output of the layer at once (y or dx, dW, db),
+  // plus room for an exception's text; anything larger is refused before the grader allocates for it
+  const uint64_t limit = 4 * (uint64_t(rows) * uint64_t(in + out) + uint64_t(in) * uint64_t(out) + uint64_t(out)) + (uint64_t(64) << 10);
   Called c;
   c.out.resize(size_t(t));
   std::vector<bool> done(static_cast<size_t>(t), false);
@@ -60,7 +63,7 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
       }
       wire::Frame f;
       std::vector<char> payload;
-      ranks.p[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str());
+      ranks.p[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str(), limit);
       if (f.op == labproto::kRaised)
         throw CheckAbort("error", fmt::format("rank {}'s {} threw: {}", r, during, sanitize_output(std::string(payload.begin(), payload.end()), 1500)));
       if ((f.op != labproto::kReturn && f.op != labproto::kAllReduce) || payload.size() % 4)

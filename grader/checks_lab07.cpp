@@ -14,6 +14,7 @@
 
 #include "grader/check.h"
 #include "grader/jobs.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -24,10 +25,8 @@ namespace {
 // A checkpoint folder for one check's runs, removed after it.
 struct TempDir {
   std::string path;
-  TempDir() {
-    char t[] = "/tmp/distlab-lab07-XXXXXX";
-    if (!mkdtemp(t)) throw Error("cannot create a temporary folder for lab 07's checkpoints");
-    path = t;
+  explicit TempDir(const CheckContext& ctx) {
+    path = make_scratch_dir(ctx.paths, "lab07");
     hand_to_job_user(path);  // the jobs write here (grader/jobs.h)
   }
   ~TempDir() {
@@ -41,7 +40,7 @@ struct TempDir {
 const Job& whole(CheckContext& ctx) {
   auto& slot = ctx.shared.items["engine:lab07-whole"];
   if (!slot) {
-    TempDir d;
+    TempDir d(ctx);
     slot = std::make_shared<Job>(run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
   }
   const Job& j = *static_cast<const Job*>(slot.get());
@@ -134,7 +133,7 @@ Job checked(Job j, const std::string& what) {
 
 CheckResult resume_bitwise(CheckContext& ctx) {
   const Job& ref = whole(ctx);
-  TempDir d;
+  TempDir d(ctx);
   const Job mine = checked(student(ctx, 2, {d.set()}, JobOptions{{kill_at(1, "step", 17)}, 1, true}), "killed at step 17 and restarted");
   if (resume_of(mine).is_null())
     return {false, "the restarted job resumes from step 10", "it started from step 0", mine.output,
@@ -144,7 +143,7 @@ CheckResult resume_bitwise(CheckContext& ctx) {
 
 CheckResult atomic_save(CheckContext& ctx) {
   const Job& ref = whole(ctx);
-  TempDir d;
+  TempDir d(ctx);
   const Job mine = student(ctx, 2, {d.set()}, JobOptions{{kill_at(1, "save", 20)}, 1, true});
   const auto violations = violations_of(mine);
   const nlohmann::json res = resume_of(mine);
@@ -190,7 +189,7 @@ std::string flip_a_byte(CheckContext& ctx, const fs::path& folder, int64_t salt)
 // "refuse step 20" passes both.
 CheckResult corrupt_detected(CheckContext& ctx) {
   const Job& ref = whole(ctx);
-  TempDir d, older;
+  TempDir d(ctx), older(ctx);
   // the first run dies after the checkpoint of step 20 (rank 0 killed at step 21, no restart)
   student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
   for (int r = 0; r < 2; r++)
@@ -236,13 +235,13 @@ CheckResult reshard_2_to_1(CheckContext& ctx) {
   // the engine's own 2 -> 1 resume (shared by a batch): its losses after step 20 are the reference
   auto& slot = ctx.shared.items["engine:lab07-reshard"];
   if (!slot) {
-    TempDir d;
+    TempDir d(ctx);
     run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{kill_at(0, "step", 21)}, 0, false});
     slot = std::make_shared<Job>(run_job(ctx, 1, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
   }
   const Job& ref = *static_cast<const Job*>(slot.get());
   if (!ref.ok) throw CheckAbort(ref.status, "the engine's own 2 -> 1 resume failed: " + ref.failure);
-  TempDir d;
+  TempDir d(ctx);
   student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
   if (!fs::exists(fs::path(d.path) / "step-000020" / "rank-0.state"))
     return {false, "the checkpoint of step 20 holds rank-0.state", "it does not", "", "save_state must leave state_file(rank) in the folder"};

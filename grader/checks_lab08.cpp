@@ -17,6 +17,7 @@
 #include "grader/check.h"
 #include "grader/harness.h"
 #include "grader/jobs.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -49,7 +50,9 @@ CheckResult config_case(CheckContext& ctx) {
   const RunConfig story = load_config(story_path);
   RunConfig theirs;
   try {
-    theirs = parse_config(student_file(ctx), "student/" + spec.case_file);
+    const std::string text = student_file(ctx);
+    parse_in_own_process(ctx, text, "student/" + spec.case_file, "config");
+    theirs = parse_config(text, "student/" + spec.case_file);
   } catch (const Error& e) {
     return {false, fmt::format("{} is a run config", spec.case_file), e.full(), "", "fix the file so that `distlab train` reads it"};
   }
@@ -131,9 +134,7 @@ CheckResult clinic_case(CheckContext& ctx) {
   if (std::find(target.files.begin(), target.files.end(), name) == target.files.end())
     throw Error(fmt::format("lab.toml: case {} names {}, not a file of lab {}", spec.name, spec.case_file, target.name));
   const std::string source = student_file(ctx);
-  char tmpl[] = "/tmp/distlab-clinic-XXXXXX";
-  if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the case");
-  const fs::path dir = tmpl;
+  const fs::path dir = make_scratch_dir(ctx.paths, "clinic");
   struct Cleanup {
     fs::path d;
     ~Cleanup() {

@@ -22,6 +22,8 @@
 #include "core/util/error.h"
 #include "core/util/nesting.h"
 #include "grader/check.h"
+#include "grader/harness.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -35,6 +37,7 @@ toml::table answers(const CheckContext& ctx, const std::string& name) {
   const nlohmann::json bundle = nlohmann::json::parse(in, nullptr, false);
   if (!bundle.is_object() || !bundle.contains(name) || !bundle[name].is_string())
     throw CheckAbort("error", fmt::format("the submission has no {}", name));
+  parse_in_own_process(ctx, bundle[name].get<std::string>(), "student/" + name, "toml");  // first where a crash costs nothing
   try {
     check_nesting(bundle[name].get<std::string>(), "student/" + name);  // a parser that recurses, in the grader's own process
     return toml::parse(bundle[name].get<std::string>(), "student/" + name);
@@ -100,8 +103,7 @@ CheckResult fields_of(CheckContext& ctx, const std::string& file) {
 double measured_peak_gib(CheckContext& ctx, const std::string& file, const std::string& model, int64_t ranks) {
   auto& slot = ctx.shared.items["lab09 peak:" + file];  // the same for every submission of a batch
   if (slot) return *static_cast<double*>(slot.get());
-  char tmpl[] = "/tmp/distlab-lab09-XXXXXX";
-  if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder");
+  const std::string tmpl = make_scratch_dir(ctx.paths, "lab09");
   const std::string metrics = (fs::path(tmpl) / "m.jsonl").string();
   const std::string cfg = (fs::path(ctx.lab.dir) / "configs" / file).string();
   std::vector<std::string> argv = {ctx.paths.self_exe, "train", (fs::path(ctx.paths.source_dir) / model).string(), "--device", "meta",

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/util/error.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -345,6 +346,34 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
     out.push_back(o);
   }
   return out;
+}
+
+void parse_in_own_process(const CheckContext& ctx, const std::string& text, const std::string& name, const std::string& as) {
+  if (text.size() > kMaxSourceBytes)
+    throw CheckAbort("error", fmt::format("{} is {} bytes: a file of a submission is at most {}", name, text.size(), kMaxSourceBytes));
+  const std::string dir = make_scratch_dir(ctx.paths, "parse");
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  const std::string file = (fs::path(dir) / "file").string();
+  {
+    std::ofstream out(file, std::ios::binary);
+    out << text;
+    if (!out.flush()) throw Error(fmt::format("cannot write {} for its parse", file), "is /tmp full?");
+  }
+  SpawnOptions o;
+  o.cgroup = &ctx.cgroup;
+  o.memory_mb = 512;
+  o.cpu_s = 20;
+  o.clean_env = true;
+  const RunResult r = run_to_end({ctx.paths.self_exe, "grade-parse", "--as", as, "--name", name, file}, o, std::max(1.0, std::min(30.0, ctx.seconds_left())), 4000);
+  if (r.timed_out) throw CheckAbort("timeout", fmt::format("{}: its parse did not end in time", name));
+  if (WIFEXITED(r.status) && (WEXITSTATUS(r.status) == 0 || WEXITSTATUS(r.status) == 1)) return;  // parsed, or a parse error it names
+  throw CheckAbort("error", fmt::format("{}: the parser {} on it (in a process of its own)", name, describe_wait_status(r.status)));
 }
 
 }  // namespace distlab::grader

@@ -42,4 +42,11 @@ CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, cons
 std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb,
                                      SharedResults& shared);
 
+// A submission's text file (a run config, an answers file) parsed first in a process of its own
+// (`distlab grade-parse`, with the check's cgroup, 512 MiB of address space, 20 s of CPU): a parser that
+// crashes, loops or runs out of memory on it costs this student the check (a CheckAbort naming the file),
+// never the grader its process. Only a text that parser survived is parsed again in the grader's process.
+// `as`: "toml" or "config" (a whole run config, as `distlab train` reads it).
+void parse_in_own_process(const CheckContext& ctx, const std::string& text, const std::string& name, const std::string& as);
+
 }  // namespace distlab::grader

@@ -1,7 +1,9 @@
 #include "grader/html.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,8 @@
 #include "core/report/svg.h"
 #include "core/train/config.h"
 #include "core/util/error.h"
+#include "grader/jobs.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -49,20 +53,29 @@ ReportRuns run_report_runs(const Paths& p, const Lab& lab, const std::string& pl
   const RunConfig cfg = load_config(config);
   out.profile = cfg.log.profile.empty() ? "t4-pcie" : cfg.log.profile;
   const int64_t steps = cfg.train.steps > 0 ? std::min<int64_t>(cfg.train.steps, kReportSteps) : kReportSteps;
-  char tmpl[] = "/tmp/distlab-report-XXXXXX";
-  if (!mkdtemp(tmpl)) throw IoError("cannot create a temporary folder for the report's runs", "is /tmp writable?");
-  const fs::path dir = tmpl;
-  auto run = [&](const std::string& who, const std::string& so, bool trace) {
-    const std::string metrics = (dir / (who + ".jsonl")).string();
+  const fs::path dir = make_scratch_dir(p, "report");
+  ::chmod(dir.c_str(), 0711);  // each run's own folder below is kJobUid's where the grader is root
+  // as a grading's jobs: where the grader is root, as kJobUid with a copy of the plugin, in a cgroup
+  CheckCgroup cg(4096, 256);
+  auto run = [&](const std::string& who, const std::string& so_in, bool trace) {
+    const fs::path sub = dir / who;
+    fs::create_directories(sub);
+    const JobUser user = prepare_job_user(p, lab, sub.string(), so_in);
+    const std::string& so = user.plugin;
+    out.ran_as = user.run_as ? fmt::format("uid {} (nobody)", user.run_as)
+                             : geteuid() == 0 ? fmt::format("root ({} is closed to uid {})", user.as_root, kJobUid) : fmt::format("uid {}", geteuid());
+    const std::string metrics = (sub / "metrics.jsonl").string();
     std::vector<std::string> argv = {p.self_exe, "run", "-n", std::to_string(lab.ranks), "--master-port", "0", "--grace", "2",
                                      "train", config, "--set", "lab.plugin=" + so,
                                      "--set", std::string("lab.sandbox=") + (sb.bwrap ? "require" : "off"),
                                      "--set", fmt::format("train.steps={}", steps), "--set", "train.eval_batches=1",
                                      "--set", "train.log_every=1000", "--set", "checkpoint.dir=", "--set", "log.profile=" + out.profile,
                                      "--metrics", metrics};
-    if (trace) argv.insert(argv.end(), {"--set", "log.trace=" + (dir / "trace.json").string()});
+    if (trace) argv.insert(argv.end(), {"--set", "log.trace=" + (sub / "trace.json").string()});
     SpawnOptions o;
     o.file_mb = 256;
+    o.cgroup = &cg;
+    o.run_as = user.run_as;
     const RunResult r = run_to_end(argv, o, 300, 3000);
     std::vector<json> records = read_records_or_empty(metrics);
     if (r.timed_out || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0 || !finished(records))
@@ -73,7 +86,7 @@ ReportRuns run_report_runs(const Paths& p, const Lab& lab, const std::string& pl
   out.command = fmt::format("distlab run -n {} train {} --set train.steps={} --set log.profile={}", lab.ranks, config, steps, out.profile);
   out.student = run("student", plugin, true);
   if (out.why_not.empty()) out.engine = run("engine", "none", false);
-  std::ifstream tin(dir / "trace.json");
+  std::ifstream tin(dir / "student" / "trace.json");
   if (tin) out.trace = json::parse(tin, nullptr, false);
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -124,7 +137,7 @@ figcaption {{ font-size: 13px; color: #555; }}
     h += "<p id=\"no-run\">" + e(runs.why_not.empty() ? "no run" : runs.why_not.substr(0, runs.why_not.find('\n'))) + "</p>\n";
     if (runs.why_not.find('\n') != std::string::npos) h += "<pre>" + e(runs.why_not.substr(runs.why_not.find('\n') + 1)) + "</pre>\n";
   } else {
-    h += "<p>" + e(runs.command) + ", with your code and with the engine's.</p>\n";
+    h += "<p>" + e(runs.command) + ", with your code and with the engine's (run as " + e(runs.ran_as) + ").</p>\n";
     auto figure = [&](const std::string& id, const std::string& svg, const std::string& caption) {
       h += fmt::format("<figure id=\"{}\">\n{}<figcaption>{}</figcaption></figure>\n", id, svg, e(caption));
     };

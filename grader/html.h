@@ -20,10 +20,12 @@ struct ReportRuns {
   std::vector<nlohmann::json> student, engine;  // metrics records
   nlohmann::json trace;                 // the student's modeled step (Chrome trace)
   std::string profile;
+  std::string ran_as;                   // "uid 65534 (nobody)", or the grader's user and why
 };
 
 // A short run (up to 20 steps) of the lab's config on lab.ranks ranks, with the student's plugin and with
-// the engine's (lab.plugin = none), sandboxed as the checks are.
+// the engine's (lab.plugin = none), sandboxed as the checks are: in a cgroup and, where the grader is root,
+// as kJobUid with a copy of the plugin (grader/jobs.h), as a grading's training jobs.
 ReportRuns run_report_runs(const Paths& p, const Lab& lab, const std::string& plugin, const SandboxSupport& sb);
 
 std::string to_html(const Grade& g, const ReportRuns& runs);

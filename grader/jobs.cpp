@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "core/util/error.h"
+#include "grader/scratch.h"
 
 namespace fs = std::filesystem;
 
@@ -49,28 +50,34 @@ void hand_to_job_user(const std::string& path) {
   for (const auto& e : fs::recursive_directory_iterator(path, ec)) rc = ::lchown(e.path().c_str(), kJobUid, kJobUid);
 }
 
+JobUser prepare_job_user(const Paths& p, const Lab& lab, const std::string& dir, const std::string& plugin) {
+  JobUser u;
+  u.plugin = plugin;
+  if (geteuid() != 0) return u;
+  u.as_root = unreachable_for_job_user(p, lab);
+  if (!u.as_root.empty()) return u;
+  if (plugin != "none") {
+    u.plugin = (fs::path(dir) / "plugin.so").string();
+    std::error_code ec;
+    fs::copy_file(plugin, u.plugin, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw Error(fmt::format("cannot copy the plugin for the training job: {}", ec.message()));
+  }
+  hand_to_job_user(dir);
+  u.run_as = kJobUid;
+  return u;
+}
+
 // Every argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
 Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const std::vector<std::string>& sets, double limit_s,
             const JobOptions& jo) {
-  char tmpl[] = "/tmp/distlab-job-XXXXXX";
-  if (!mkdtemp(tmpl)) throw Error("cannot create a temporary folder for the training job");
-  const fs::path dir = tmpl;
+  const fs::path dir = make_scratch_dir(ctx.paths, "job");
   // root grades: the job runs as kJobUid, in its folder, with its own copy of the plugin
-  std::string plugin = plugin_in, as_root;
-  if (geteuid() == 0) as_root = unreachable_for_job_user(ctx.paths, ctx.lab);
-  const bool drop = geteuid() == 0 && as_root.empty();
-  if (drop) {
-    std::error_code ec;
-    if (plugin != "none") {
-      plugin = (dir / "plugin.so").string();
-      fs::copy_file(plugin_in, plugin, ec);
-      if (ec) throw Error(fmt::format("cannot copy the plugin for the training job: {}", ec.message()));
-    }
-    hand_to_job_user(dir.string());
-  } else if (!as_root.empty() && !ctx.shared.items.count("note:job-as-root")) {
+  const JobUser user = prepare_job_user(ctx.paths, ctx.lab, dir.string(), plugin_in);
+  const std::string& plugin = user.plugin;
+  if (!user.as_root.empty() && !ctx.shared.items.count("note:job-as-root")) {
     ctx.shared.items["note:job-as-root"] = std::make_shared<int>(0);
     std::cerr << fmt::format("distlab grade: WARNING: training jobs run as root: {} is closed to uid {} (nobody): build in a "
-                             "folder others can read to run them unprivileged\n", as_root, kJobUid);
+                             "folder others can read to run them unprivileged\n", user.as_root, kJobUid);
   }
   const std::string metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
@@ -96,7 +103,7 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
   SpawnOptions o;
   o.cgroup = &ctx.cgroup;
   o.file_mb = 256;
-  o.run_as = drop ? kJobUid : 0;
+  o.run_as = user.run_as;
   RunResult r = run_to_end(argv, o, limit_s, 3000);
   Job j;
   j.seconds = r.seconds;

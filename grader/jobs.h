@@ -47,6 +47,16 @@ std::string unreachable_for_job_user(const Paths& p, const Lab& lab);
 // A folder a job writes into (lab 07's checkpoints): given, with everything in it, to kJobUid when root.
 void hand_to_job_user(const std::string& path);
 
+// Who runs a job from the folder `dir`: where the grader is root and kJobUid can reach the engine, a copy
+// of `plugin` (unless "none") in `dir`, the folder given to kJobUid, and run_as = kJobUid; else the plugin
+// as it is and run_as = 0, with `as_root` naming the path kJobUid can't reach (root only).
+struct JobUser {
+  std::string plugin;
+  uid_t run_as = 0;
+  std::string as_root;
+};
+JobUser prepare_job_user(const Paths& p, const Lab& lab, const std::string& dir, const std::string& plugin);
+
 
 // A job shared by the checks of one grading: run once, its result (or failure) reused; a failed one throws
 // CheckAbort. student: with the student's plugin (limited to a few times the engine's run of the same job),

@@ -3,7 +3,7 @@
 // (fd 3, core/lab/wire.h), past every check of the host, from a seeded stream: every opcode of the protocol
 // and some that are none, arguments at the edges of int64 (and the sizes that make n·world or begin + n
 // wrap), payloads empty, short, long, of the claimed size or not, file names that climb out of their
-// folder. After each frame it reads one answer, whatever it is, and sends the next; it stops only when
+// folder, lab 07's load_state answers with counts at the edges. After each frame it reads one answer, whatever it is, and sends the next; it stops only when
 // the trainer closes the socket. The trainer must answer or refuse each with an Error, never crash,
 // over-read or hang.
 #include <unistd.h>
@@ -73,15 +73,15 @@ std::vector<char> payload(std::mt19937_64& g, const Frame& f) {
     case 3: p.resize(size_t(4 * (uint64_t(f.arg[1]) % 70000))); break;  // floats as if arg1 were their count
     case 4: p.resize(size_t(g() % (1 << 20))); break;                 // up to 1 MiB
     case 5: {                                                         // a file name, or two
-      static const char* kNames[] = {"rank-0.state", "../../etc/passwd", "model.safetensors", "model.safetensors.partial", ".reference",
-                                     "a\0b", "", "x/y", "rank-0.state.tmp"};
-      const std::string a = kNames[g() % 9], b = kNames[g() % 9];
+      static const std::string kNames[] = {"rank-0.state", "../../etc/passwd", "model.safetensors", "model.safetensors.partial", ".reference",
+                                           std::string("a\0b", 3), "", "x/y", "rank-0.state.tmp", "rank-1.state", "t", "..", "."};
+      const std::string a = kNames[g() % 13], b = kNames[g() % 13];
       p.assign(a.begin(), a.end());
       if (g() % 2) {
         p.push_back('\0');
         p.insert(p.end(), b.begin(), b.end());
       }
-      break;
+      return p;  // as it is: the NUL between two names is the request's
     }
     case 6: p.resize(4); break;  // one float or int32
     default: p.resize(size_t(8 * (g() % 64))); break;
@@ -108,11 +108,35 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
   }
 }
 
+// Lab 07: a return shaped like load_state's answer (core/train/lab_files.h), its counts at the edges: the
+// test's model has parameters of 20, 5, 15 and 3 values, two optimizer states each and one dropout stream.
+std::vector<char> load_answer(std::mt19937_64& g) {
+  std::vector<char> out;
+  auto put = [&](const void* p, size_t n) { out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); };
+  auto i64 = [&](int64_t v) { put(&v, 8); };
+  const int32_t len = g() % 4 == 0 ? int32_t(edge(g)) : g() % 2 ? 0 : 5;
+  put(&len, 4);
+  if (len > 0 && len < 64) out.resize(out.size() + size_t(len), 'r');
+  i64(g() % 2), i64(g() % 3 ? 7 : edge(g));
+  static const int64_t kCounts[] = {20, 5, 15, 3};
+  const int entries = g() % 4 == 0 ? int(g() % 12) : 8;
+  for (int e = 0; e < entries; e++) {
+    const int64_t n = g() % 3 == 0 ? -1 : g() % 5 == 0 ? edge(g) : kCounts[(e / 2) % 4];
+    i64(n);
+    if (n > 0 && n < 64) out.resize(out.size() + size_t(n) * 4);
+  }
+  i64(g() % 2), i64(g() % 4 ? 1 : edge(g)), i64(int64_t(g()));
+  i64(g() % 2), i64(g() % 3 ? 1 : edge(g)), i64(g() % 3 ? 2 : edge(g));
+  if (g() % 8 == 0) out.resize(size_t(g() % (out.size() + 16)));  // cut short, or with bytes to spare
+  return out;
+}
+
 [[noreturn]] void fuzz(uint64_t lab) {
   std::mt19937_64 g(lab);
   static const uint32_t kOps[] = {4, 5, 10, 11, 12, 20, 21, 22, 23, 24, 25, 30, 31, 32, 33, 34, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
                                   50, 51, 52, 53, 54, 55, 56};
   const std::vector<uint32_t> own = own_ops(lab);
+  int32_t handle = 1;
   for (;;) {
     Frame f;
     const bool lab_op = g() % 2;
@@ -125,6 +149,18 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
     }
     std::vector<char> p = payload(g, f);
     if (lab_op && g() % 2) p.resize(size_t(4) << (g() % 12));  // 4 bytes to 8 KiB of floats
+    if (lab == 7 && f.op == 4 && g() % 2) p = load_answer(g);   // load_state's return, shaped to get past its first fields
+    if (lab == 7 && g() % 4 != 0) {  // lab 07's files as a student's code would use them, most of the time: names
+      // that are allowed, the handle the last open gave, writes of up to 256 KiB (several reach the quota)
+      static const uint32_t kFileOps[] = {50, 51, 51, 51, 52, 53, 54, 55, 56};
+      static const char* kPlain[] = {"rank-0.state", "rank-1.state", "rank-0.state.tmp", "t"};
+      f.op = kFileOps[g() % 9];
+      const std::string a = g() % 3 ? kPlain[g() % 4] : "n" + std::to_string(g() % 40), b = kPlain[g() % 4];  // up to 44 names
+      p.assign(a.begin(), a.end());
+      if (f.op == 54) (p.push_back('\0'), p.insert(p.end(), b.begin(), b.end()));
+      if (f.op >= 51 && f.op <= 53) f.arg[0] = g() % 8 ? handle : edge(g), p.clear();
+      if (f.op == 51) p.resize(size_t(g() % (256 << 10)));
+    }
     f.bytes = p.size();
     if (!write_all(&f, sizeof f) || (!p.empty() && !write_all(p.data(), p.size()))) _exit(0);
     Frame answer;  // whatever comes back (data, a handle, the next call): read whole, then the next request
@@ -135,6 +171,7 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
       if (!read_all(sink.data(), n)) _exit(0);
       left -= n;
     }
+    if (f.op == 50 && answer.op == 12 && answer.bytes == 4) std::memcpy(&handle, sink.data(), 4);  // lab 07's open
   }
 }
 

@@ -119,6 +119,28 @@ TEST_CASE("GPT in pipeline stages (pp 2 and 4, 1F1B and GPipe, and dp 2 x tp 2 x
   fs::remove(ref_save);
 }
 
+TEST_CASE("a replica that diverges in a stage without rank 0 fails every rank, and rank 0's metrics record it", "[pp][ddp][replicas]") {
+  // dp 2 x pp 2: ranks 2 and 3 are stage 1's replicas; before step 2 rank 3's first weight moves by 1e-3
+  const std::string metrics = metrics_path("skew");
+  const std::string cmd = std::string("DISTLAB_TEST_FAULT=skew:3:step:2 timeout 240 ") + DISTLAB_BINARY + " run -n 4 --master-port 0 --grace 1 train " +
+                          kGpt + " --set train.steps=3 --set train.eval_batches=1 --set model.n_layer=2 --set parallel.pp=2 " +
+                          "--set parallel.strategy=ddp --set parallel.micro_batches=2 --set train.micro_batch=2 --metrics " + metrics;
+  auto [code, out] = shell_in_source(cmd);
+  INFO(out);
+  CHECK(code != 0);
+  // rank 0 (stage 0, whose replicas agree) fails too, naming stage 1's first weight: the launcher shows its output
+  CHECK_THAT(out, Catch::Contains("rank 3's transformer.h.1.ln_1.weight differs from rank 2's at the end: the replicas diverged during training"));
+  TrainRun r;
+  read_metrics(metrics + ".partial", r);  // a failed run's metrics stay .partial (read_metrics removes what it read)
+  nlohmann::json diverged;
+  for (const auto& rec : r.records)
+    if (rec["kind"] == "diverged") diverged = rec;
+  INFO(nlohmann::json(r.records).dump());
+  REQUIRE(diverged.is_object());
+  CHECK(diverged["rank"] == 3);
+  CHECK(diverged["versus_rank"] == 2);
+}
+
 TEST_CASE("the CIFAR CNN with BatchNorm in 2 pipeline stages (split to balance parameters) trains as one rank accumulating", "[pp][train][cnn]") {
   // global batch 16 = 4 micro-batches of 4; every stage keeps its own BatchNorm statistics, updated in the
   // micro-batches' order as one rank's are

@@ -46,9 +46,10 @@ class PluginProcess {
   void wait_ready(wire::Clock::time_point deadline);
 
   void send(const wire::Frame& f, const void* payload, uint64_t bytes, wire::Clock::time_point deadline, const char* during);
-  // Reads one frame; a closed socket, a timeout or garbage throws PluginError naming `during`.
-  void receive(wire::Frame& f, std::vector<char>& payload, wire::Clock::time_point deadline, const char* during,
-               uint64_t max_bytes = labproto::kMaxPayload);
+  // Reads one frame; a closed socket, a timeout or garbage throws PluginError naming `during`. A payload over
+  // `max_bytes` (what the caller expects at most: the grader's process is outside every cgroup) is refused
+  // before anything is allocated for it.
+  void receive(wire::Frame& f, std::vector<char>& payload, wire::Clock::time_point deadline, const char* during, uint64_t max_bytes);
 
   int fd() const { return sock_; }
   const std::string& name() const { return launch_.name; }

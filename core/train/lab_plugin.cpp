@@ -146,6 +146,15 @@ LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
   }
 }
 
+LabPlugin::~LabPlugin() {
+  for (auto& [handle, p] : pending_) {
+    try {
+      p.work->wait();
+    } catch (...) {  // the collective failed: the process group has let go of the buffer
+    }
+  }
+}
+
 std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes,
                                   ProcessGroup* pg, Runtime* rt, const char* during, const Serve& serve) {
   wire::Frame f;
@@ -158,7 +167,7 @@ std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t
   for (;;) {
     wire::Frame r;
     std::vector<char> payload;
-    proc_->receive(r, payload, deadline_in(opt_.timeout_s), during);
+    proc_->receive(r, payload, deadline_in(opt_.timeout_s), during, max_message_);
     if (r.op == labproto::kReturn) return payload;
     if (r.op == labproto::kRaised)
       throw Error(fmt::format("{} (in the lab's {})", sanitize_output(std::string(payload.begin(), payload.end()), 2000), during),
@@ -196,7 +205,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
     auto it = pending_.find(f.arg[0]);
     if (it == pending_.end()) refuse(fmt::format("waited for handle {}, which no all_reduce_async returned", f.arg[0]));
     it->second.work->wait();
-    reply(labproto::kData, it->second.buffer.data(), size_t(it->second.buffer.nbytes()), 0);
+    reply(labproto::kData, it->second.bytes ? it->second.buffer.data() : nullptr, it->second.bytes, 0);
     pending_.erase(it);
     return;
   }
@@ -215,9 +224,9 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   if (pending_.size() >= kMaxPending) refuse(fmt::format("has more than {} all_reduce_async in flight: wait for them", kMaxPending));
   Pending p;
   p.work = pg->all_reduce_async(buf.f32(), n, rop);
-  p.buffer = std::move(buf);
+  p.buffer = std::move(buf);  // at least one element; `bytes` is what the plugin sent, and gets back (0 for an empty vector)
+  p.bytes = payload.size();
   const int64_t h = next_handle_++;
-  if (n == 0) p.buffer = Tensor();
   pending_[h] = std::move(p);
   reply(labproto::kHandle, nullptr, 0, h);
 }

@@ -5,6 +5,7 @@
 // group (counted and traced like the engine's own), and take the averaged gradients back.
 // An entry the student left empty fails with a message naming it: the engine's own code never stands in.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +46,11 @@ struct LabPluginOptions {
 class LabPlugin {
  public:
   explicit LabPlugin(const LabPluginOptions& o);  // starts the host and waits for the plugin to load
+  // Waits for every all_reduce_async the plugin never waited for: their buffers are freed only once the
+  // process group is done with them (an error ends the wait, never the wait for the buffer's last use).
+  ~LabPlugin();
+  LabPlugin(const LabPlugin&) = delete;
+  LabPlugin& operator=(const LabPlugin&) = delete;
 
   std::shared_ptr<Sampler> make_sampler(int64_t n, int world, int rank, uint64_t seed, bool shuffle);
   // naive ("naive") or bucketed DDP by the student; broadcasts rank 0's weights first, as the engine's does
@@ -80,9 +86,16 @@ class LabPlugin {
                          Runtime* rt, const char* during, const Serve& serve = nullptr);
   void reply(labproto::Op op, const void* data, size_t bytes, int64_t arg, const char* during);
 
+  // The largest message the plugin may send from now on (a request's payload or a function's answer), once
+  // the trainer knows its model: a few times the parameters' bytes, never over labproto::kMaxPayload. A larger
+  // one is a protocol error, before the trainer allocates for it.
+  void limit_messages(uint64_t bytes) { max_message_ = std::min(bytes, labproto::kMaxPayload); }
+  uint64_t message_limit() const { return max_message_; }
+
  private:
   struct Pending {
     Tensor buffer;  // comm_buffers
+    size_t bytes = 0;  // of the plugin's vector
     std::shared_ptr<Work> work;
   };
   void serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during,
@@ -93,6 +106,7 @@ class LabPlugin {
   std::unique_ptr<PluginProcess> proc_;
   std::map<int64_t, Pending> pending_;
   int64_t next_handle_ = 1;
+  uint64_t max_message_ = labproto::kMaxPayload;
 };
 
 }  // namespace distlab

@@ -115,6 +115,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_ = build_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                        cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
+  if (lab_) {  // what a plugin may send at once: a few copies of every parameter (a bucket, a flat's parts, a State)
+    uint64_t params = 0;
+    for (Parameter* p : model_->parameters()) params += uint64_t(p->data.numel());
+    lab_->limit_messages(64 * params + (uint64_t(16) << 20));
+  }
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
     if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();

@@ -80,7 +80,8 @@ class Trainer {
   // Every rank must hold the same tensors (`when`: "at the start" after --init, "at the end") and, at the
   // start, the same data: any difference throws, naming the first tensor (or the data) that differs.
   // metrics (at the end): a {"kind": "diverged"} record is written before the throw, so that a reader (the
-  // grader) learns of it from the trainer's own file, never from output a plugin could print
+  // grader) learns of it from the trainer's own file, never from output a plugin could print. Every group's
+  // verdict reaches every rank: a divergence in a group without rank 0 fails every rank and is recorded too.
   void check_replicas(const std::string& when, bool with_buffers_and_data, MetricsWriter* metrics = nullptr);
   // Checkpoints (trainer_ckpt.cpp): find and load the one to resume from (checkpoint.resume), save this
   // rank's part of the state after `steps` steps (a collective: every rank calls it), and what a save
@@ -95,8 +96,8 @@ class Trainer {
   void lab_resume(MetricsWriter& metrics);
   nlohmann::json checkpoint_estimate();
   nlohmann::json rank_state(int64_t steps);
-  void fault_point(const char* where, int64_t step);  // DISTLAB_TEST_FAULT: the resume tests' kill -9
-  bool fault_due(const char* where, int64_t step) const;
+  void fault_point(const char* where, int64_t step);  // DISTLAB_TEST_FAULT: the resume tests' kill -9, a skewed replica
+  bool fault_due(const char* where, int64_t step, const char* action = "kill") const;
   std::vector<char> lab_snapshot(int64_t step);                 // lab 07: the State the student's code sees
   nlohmann::json lab_restore_problems(const std::string& dir);  // lab 07: what load_state left unlike the save
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }

@@ -135,24 +135,37 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
   pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
   const int first = members[0];
   const auto ref = nlohmann::json::parse(pg_->store().get_string(key + std::to_string(first)));
-  for (size_t k = 1; k < members.size(); k++) {
+  // this group's first difference, if any: {"rank", "parameter", "versus_rank"}
+  nlohmann::json verdict;
+  for (size_t k = 1; k < members.size() && verdict.is_null(); k++) {
     const int r = members[k];
     const auto theirs = r == pg_->rank() ? mine : nlohmann::json::parse(pg_->store().get_string(key + std::to_string(r)));
     for (size_t i = 0; i < ref.size(); i++) {
       if (i < theirs.size() && theirs[i] == ref[i]) continue;
-      const std::string name = ref[i][0];
-      if (name == "the training data")
-        throw Error(fmt::format("rank {} trains on other data than rank {} ({}): {}", r, first, when, data_.note),
-                    "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
-      if (metrics && is_rank0()) metrics->write({{"kind", "diverged"}, {"rank", r}, {"parameter", name}, {"versus_rank", first}});
-      throw Error(fmt::format("rank {}'s {} differs from rank {}'s {}: the replicas {}", r, name, first, when,
-                              when == "at the end" ? "diverged during training" : "start from different weights"),
-                  when == "at the end"
-                      ? "every rank must apply the same averaged gradient to the same weights: is a gradient not averaged, or "
-                        "not copied back, on some rank?"
-                      : "give every rank the same --init file (or none): weights loaded after DDP's broadcast stay per rank");
+      verdict = {{"rank", r}, {"parameter", ref[i][0]}, {"versus_rank", first}};
+      break;
     }
   }
+  // every group's verdict reaches every rank: a divergence in a group without rank 0 (a pipeline stage's, a
+  // tensor slice's replicas) fails the whole run too, and rank 0 records it
+  pg_->store().set_string(key + "verdict/" + std::to_string(pg_->rank()), verdict.is_null() ? "" : verdict.dump());
+  for (int q = 0; q < pg_->size() && verdict.is_null(); q++) {
+    const std::string v = q == pg_->rank() ? "" : pg_->store().get_string(key + "verdict/" + std::to_string(q));
+    if (!v.empty()) verdict = nlohmann::json::parse(v);
+  }
+  if (verdict.is_null()) return;
+  const int r = verdict["rank"], versus = verdict["versus_rank"];
+  const std::string name = verdict["parameter"];
+  if (name == "the training data")
+    throw Error(fmt::format("rank {} trains on other data than rank {} ({}): {}", r, versus, when, data_.note),
+                "every rank must read the same data set: check data.path and $DISTLAB_DATA on every node");
+  if (metrics && is_rank0()) metrics->write({{"kind", "diverged"}, {"rank", r}, {"parameter", name}, {"versus_rank", versus}});
+  throw Error(fmt::format("rank {}'s {} differs from rank {}'s {}: the replicas {}", r, name, versus, when,
+                          when == "at the end" ? "diverged during training" : "start from different weights"),
+              when == "at the end"
+                  ? "every rank must apply the same averaged gradient to the same weights: is a gradient not averaged, or "
+                    "not copied back, on some rank?"
+                  : "give every rank the same --init file (or none): weights loaded after DDP's broadcast stay per rank");
 }
 
 }  // namespace distlab

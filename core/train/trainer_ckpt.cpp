@@ -93,23 +93,37 @@ bool may_change(const std::string& k) {
 
 }  // namespace
 
-bool Trainer::fault_due(const char* where, int64_t step) const {
-  const char* spec = std::getenv("DISTLAB_TEST_FAULT");  // "kill:RANK:step:S" or "kill:RANK:save:S"
+bool Trainer::fault_due(const char* where, int64_t step, const char* action) const {
+  // "kill:RANK:step:S" / "kill:RANK:save:S": the resume tests' kill -9 before step S or during the save of S;
+  // "skew:RANK:step:S": before step S, rank RANK's first weight moves by 1e-3 (a replica that diverged)
+  const char* spec = std::getenv("DISTLAB_TEST_FAULT");
   if (!spec || !*spec) return false;
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (attempt && std::string(attempt) != "0") return false;  // a restarted group runs clean
   int rank = -1;
-  char kind[8] = {};
+  char what[8] = {}, kind[8] = {};
   long long at = -1;
-  if (std::sscanf(spec, "kill:%d:%7[a-z]:%lld", &rank, kind, &at) != 3 || (std::string(kind) != "step" && std::string(kind) != "save"))
-    throw ConfigError(fmt::format("DISTLAB_TEST_FAULT='{}' is not kill:RANK:step:S or kill:RANK:save:S", spec),
-                      "it is the resume tests' fault injection; unset it");
-  return rank == (pg_ ? pg_->rank() : 0) && kind == std::string(where) && at == step;
+  const bool ok = std::sscanf(spec, "%7[a-z]:%d:%7[a-z]:%lld", what, &rank, kind, &at) == 4 &&
+                  ((std::string(what) == "kill" && (std::string(kind) == "step" || std::string(kind) == "save")) ||
+                   (std::string(what) == "skew" && std::string(kind) == "step"));
+  if (!ok)
+    throw ConfigError(fmt::format("DISTLAB_TEST_FAULT='{}' is not kill:RANK:step:S, kill:RANK:save:S or skew:RANK:step:S", spec),
+                      "it is the tests' fault injection; unset it");
+  return what == std::string(action) && rank == (pg_ ? pg_->rank() : 0) && kind == std::string(where) && at == step;
 }
 
 void Trainer::fault_point(const char* where, int64_t step) {
-  if (!fault_due(where, step)) return;
   const int rank = pg_ ? pg_->rank() : 0;
+  if (fault_due(where, step, "skew")) {
+    Parameter* p = model_->parameters().at(0);
+    OnHost h(p->data, OnHost::inout);
+    h.p[0] += 1e-3f;
+    h.store();
+    const std::string note = fmt::format("DISTLAB_TEST_FAULT: rank {} moves its {} by 1e-3 before step {}\n", rank, p->name, step);
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, note.data(), note.size());
+    return;
+  }
+  if (!fault_due(where, step)) return;
   log_.flush();
   std::fflush(nullptr);
   const std::string note = fmt::format("DISTLAB_TEST_FAULT: rank {} kills itself with SIGKILL at {} {}\n", rank, where, step);
