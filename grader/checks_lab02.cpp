@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "core/data/distributed_sampler.h"
@@ -108,11 +109,24 @@ CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
 const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=30", "log.profile="};
 const std::vector<std::string> kShort = {"train.steps=3"};
 
+// The student's DDP in `mode` on 2 ranks, and whether its curve follows the 1-rank run's within 1e-5.
+const Job& curve_job(CheckContext& ctx, const std::string& mode) {
+  return job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode), true);
+}
+bool follows_one_rank(CheckContext& ctx, const std::string& mode) {
+  const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
+  const Job& mine = curve_job(ctx, mode);
+  if (mine.diverged || mine.losses.size() != ref.losses.size()) return false;
+  for (size_t i = 0; i < ref.losses.size(); i++)
+    if (!(std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]) < 1e-5)) return false;
+  return true;
+}
+
 // Both DDPs of the student (naive and bucketed) against one rank with the same global batch.
 CheckResult curve(CheckContext& ctx) {
   const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
   for (const std::string mode : {"naive", "bucketed"}) {
-    const Job& mine = job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode), true);
+    const Job& mine = curve_job(ctx, mode);
     double worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
@@ -174,7 +188,11 @@ CheckResult speedup(CheckContext& ctx) {
           "", "too much communication is exposed: send fewer, larger messages (buckets) and start them during backward"};
 }
 
-int64_t expected_buckets(double bucket_mb) {
+struct Buckets {
+  int64_t count = 0;
+  int64_t largest = 0;  // bytes: bucket_mb, or one parameter larger than it
+};
+Buckets expected_buckets(double bucket_mb) {
   Runtime rt(DeviceKind::meta);
   ModelSpec spec;
   spec.name = "cifar_cnn";
@@ -183,28 +201,53 @@ int64_t expected_buckets(double bucket_mb) {
   auto m = build_model(rt, spec);
   auto params = m->parameters();
   const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
-  int64_t buckets = 0, bytes = 0;
+  Buckets b;
+  int64_t bytes = 0;
   for (size_t k = params.size(); k-- > 0;) {
-    if (buckets == 0 || (bytes > 0 && bytes + params[k]->data.nbytes() > cap)) {
-      buckets++;
+    if (b.count == 0 || (bytes > 0 && bytes + params[k]->data.nbytes() > cap)) {
+      b.count++;
       bytes = 0;
     }
     bytes += params[k]->data.nbytes();
+    b.largest = std::max(b.largest, bytes);
   }
-  return buckets;
+  return b;
+}
+
+// Bucketing counts only for a bucketed DDP that trains: all_reduces of junk in the right number, or of the
+// right sizes at the right times, with the gradients never averaged, earn nothing.
+std::optional<CheckResult> bucketed_must_train(CheckContext& ctx) {
+  if (follows_one_rank(ctx, "bucketed")) return std::nullopt;
+  return CheckResult{false, "a bucketed DDP whose 2-rank curve follows the 1-rank run (see curve_matches_one_rank)",
+                     "it does not: its buckets are not counted", "",
+                     "the buckets must carry every gradient, averaged, and be written back before the step"};
 }
 
 // The trainer counts the collectives it runs for the plugin: one all_reduce per bucket.
+// ... of the sizes buckets have: on every rank, no all_reduce larger than the largest bucket (a count made
+// of small decoys and one all_reduce of everything is not bucketing).
 CheckResult bucket_count(CheckContext& ctx) {
+  if (auto bad = bucketed_must_train(ctx)) return *bad;
   const Job& mine = job(ctx, "short-2", 2, true, kShort);
-  const int64_t want = expected_buckets(0.05);
+  const Buckets want = expected_buckets(0.05);
   const int64_t calls = mine.first_step.value("comm_calls", int64_t(-1));
-  if (calls == want) return {true, "", "", ""};
-  return {false, fmt::format("{} all_reduces per step: one per bucket of <= 0.05 MiB", want), fmt::format("{}", calls), "",
-          calls > want ? "copy a whole bucket into one flat buffer and all_reduce it once" : "every parameter must be in some bucket"};
+  if (calls != want.count)
+    return {false, fmt::format("{} all_reduces per step: one per bucket of <= 0.05 MiB", want.count), fmt::format("{}", calls), "",
+            calls > want.count ? "copy a whole bucket into one flat buffer and all_reduce it once" : "every parameter must be in some bucket"};
+  const nlohmann::json ranks = mine.summary.value("ranks", nlohmann::json::array());
+  if (!ranks.is_array() || ranks.size() != 2) return {false, "every rank's report in the run's summary", "none", ""};
+  for (const auto& r : ranks) {
+    const int64_t largest = r.value("lab_largest_all_reduce_bytes", int64_t(-1));
+    if (largest < 0 || largest > want.largest)
+      return {false, fmt::format("{} all_reduces per step, none larger than the largest bucket ({} bytes)", want.count, want.largest),
+              fmt::format("rank {} all_reduced {} bytes at once", r.value("rank", -1), largest), "",
+              "a bucket holds parameters in reverse order until the next would take it past bucket_mb: one all_reduce each"};
+  }
+  return {true, "", "", ""};
 }
 
 CheckResult overlap(CheckContext& ctx) {
+  if (auto bad = bucketed_must_train(ctx)) return *bad;
   const Job& naive = job(ctx, "short-2-engine-naive", 2, false, with(kShort, "parallel.ddp_mode=naive"));
   const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const double n = naive.summary.value("modeled_exposed_comm_s", 0.0), b = mine.summary.value("modeled_exposed_comm_s", 1e9);

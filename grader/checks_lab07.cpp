@@ -131,14 +131,24 @@ Job checked(Job j, const std::string& what) {
 
 // ---- the checks ----
 
+// Which rank is killed, and before which step (11..19 or 21..29), drawn from the grading's seed: the job must
+// resume from the newest checkpoint before it (10 or 20), so a code that saves (or accepts) one checkpoint it
+// expects to be asked for does not pass.
 CheckResult resume_bitwise(CheckContext& ctx) {
   const Job& ref = whole(ctx);
+  auto gen = ctx.rng({7001});
+  const int rank = int(gen() % 2), step = (gen() % 2 ? 11 : 21) + int(gen() % 9), expect = (step - 1) / 10 * 10;
   TempDir d(ctx);
-  const Job mine = checked(student(ctx, 2, {d.set()}, JobOptions{{kill_at(1, "step", 17)}, 1, true}), "killed at step 17 and restarted");
-  if (resume_of(mine).is_null())
-    return {false, "the restarted job resumes from step 10", "it started from step 0", mine.output,
-            "the restarted job found no complete checkpoint: save_state must leave state_file(rank) (and load_state accept it)"};
-  return compare(ref, mine, "rank 1 killed at step 17, resumed from step 10");
+  const std::string what = fmt::format("rank {} killed at step {} and restarted", rank, step);
+  const Job mine = checked(student(ctx, 2, {d.set()}, JobOptions{{kill_at(rank, "step", step)}, 1, true}), what);
+  const nlohmann::json res = resume_of(mine);
+  const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
+  if (from != expect)
+    return {false, fmt::format("{}: the job resumes from step {}, the newest checkpoint", what, expect),
+            from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
+            from < 0 ? "the restarted job found no complete checkpoint: save_state must leave state_file(rank) (and load_state accept it)"
+                     : "every checkpoint is complete when every rank saved it: save_state at every save, load_state accepts what it wrote"};
+  return compare(ref, mine, fmt::format("{}, resumed from step {}", what, expect));
 }
 
 CheckResult atomic_save(CheckContext& ctx) {

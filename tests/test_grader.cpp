@@ -421,6 +421,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
       {"bucketed_sum", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "int64_t(b.flat.size()), ReduceOp::sum);")},
       {"bucketed_no_copy_back", replace(solution, "        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);\n", "")},
       {"forward_buckets", replace(solution, "for (size_t k = grads.size(); k-- > 0;) {", "for (size_t k = 0; k < grads.size(); k++) {")},
+      // one all_reduce per bucket, in the right number and at the right times, of one float each: the count
+      // and the overlap of real buckets, and gradients never averaged
+      {"decoy_buckets", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "1, ReduceOp::avg);")},
   };
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
@@ -437,6 +440,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   CHECK(rows["bucketed_no_copy_back"].points["params_equal_across_ranks"] == 0);
   CHECK(rows["forward_buckets"].points["bucketed_overlap"] == 0);
   CHECK(rows["forward_buckets"].points["curve_matches_one_rank"] == 3);
+  CHECK(rows["decoy_buckets"].points["bucketed_allreduces"] == 0);
+  CHECK(rows["decoy_buckets"].points["bucketed_overlap"] == 0);
+  CHECK(rows["decoy_buckets"].points["curve_matches_one_rank"] == 0);
   fs::remove_all(subs);
 }
 
@@ -751,6 +757,8 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
       // no checksum, and the checkpoint the old check corrupted refused by its step: the older corrupt one loads
       {"refuses_step_20", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n",
                                   "  if (st.step() == 20 && st.world() == 2) return name + \": CRC-32 mismatch (corrupt)\";\n")},
+      // saves only the checkpoint a fixed kill at step 17 would resume from (step 10): the drawn kill comes later
+      {"saves_only_step_10", replace(solution, "  Buffer payload;\n  payload.put(st.step());", "  if (st.step() != 10) return;\n  Buffer payload;\n  payload.put(st.step());")},
       // the position kept as a count of batches: on 1 rank that is half the samples, seen twice
       {"no_reshard", replace(solution, "  if (world != st.world() || micro != st.micro_batch()) position = position * micro * world / (st.micro_batch() * st.world());\n",
                              "")},
@@ -766,7 +774,8 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
     INFO(name);
     CHECK((name == "solution" || name == "skeleton" || name == "forged_exit" || text != solution));  // every mutant is one
   }
-  auto rows = grade_batch("07", subs, files, "ckpt.cpp");
+  // seed 2: rank 1 is killed before step 22 (resumed from step 20)
+  auto rows = grade_batch("07", subs, files, "ckpt.cpp", nullptr, "--seed 2");
   CHECK(rows["solution"].total == 11);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
@@ -780,7 +789,10 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK(rows["no_checksum"].points["resume_bitwise"] == 4);
   CHECK(rows["no_checksum"].points["corrupt_detected"] == 0);
   CHECK(rows["refuses_step_20"].points["corrupt_detected"] == 0);
-  CHECK(rows["refuses_step_20"].points["resume_bitwise"] == 4);
+  CHECK(rows["refuses_step_20"].points["resume_bitwise"] == 0);  // it resumes from step 10, not 20
+  CHECK(rows["saves_only_step_10"].points["resume_bitwise"] == 0);
+  CHECK(rows["saves_only_step_10"].points["atomic_save"] == 0);
+  CHECK(rows["saves_only_step_10"].points["corrupt_detected"] == 0);
   CHECK(rows["no_reshard"].points["resume_bitwise"] == 4);
   CHECK(rows["no_reshard"].points["reshard_2_to_1"] == 0);
   const fs::path feedback = subs.parent_path() / "feedback";

@@ -213,6 +213,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   const int64_t op = f.arg[0];
   if (op < 0 || op > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", op, payload.size()));
   const int64_t n = int64_t(payload.size() / 4);
+  largest_all_reduce_ = std::max<uint64_t>(largest_all_reduce_, payload.size());
   const ReduceOp rop = op == 0 ? ReduceOp::sum : op == 1 ? ReduceOp::avg : ReduceOp::max;
   Tensor buf = host_buffer(*rt, n, "lab all_reduce buffer");
   if (n) std::memcpy(buf.f32(), payload.data(), payload.size());

@@ -91,6 +91,8 @@ class LabPlugin {
   // one is a protocol error, before the trainer allocates for it.
   void limit_messages(uint64_t bytes) { max_message_ = std::min(bytes, labproto::kMaxPayload); }
   uint64_t message_limit() const { return max_message_; }
+  // The largest all_reduce the plugin asked for (bytes): lab 02's grader checks a bucket against bucket_mb
+  uint64_t largest_all_reduce_bytes() const { return largest_all_reduce_; }
 
  private:
   struct Pending {
@@ -107,6 +109,7 @@ class LabPlugin {
   std::map<int64_t, Pending> pending_;
   int64_t next_handle_ = 1;
   uint64_t max_message_ = labproto::kMaxPayload;
+  uint64_t largest_all_reduce_ = 0;
 };
 
 }  // namespace distlab

@@ -191,10 +191,11 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
   }
   if (pg_ && !pg_->is_fake() && pg_->size() > 1) {  // every rank's own numbers, through the store: a reader (the grader)
     const std::string key = "summary/ranks/";     // checks them all, not rank 0's alone
-    const nlohmann::json mine = {{"rank", pg_->rank()},
-                                 {"peak_memory", memory_json(peak_)},
-                                 {"comm_bytes_sent_last_step", last_step_comm_bytes_},
-                                 {"strategy_report", strategy_->report()}};
+    nlohmann::json mine = {{"rank", pg_->rank()},
+                           {"peak_memory", memory_json(peak_)},
+                           {"comm_bytes_sent_last_step", last_step_comm_bytes_},
+                           {"strategy_report", strategy_->report()}};
+    if (lab_) mine["lab_largest_all_reduce_bytes"] = lab_->largest_all_reduce_bytes();
     pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
     if (is_rank0()) {
       nlohmann::json ranks = nlohmann::json::array();
