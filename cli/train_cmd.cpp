@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/dist/env.h"
+#include "core/dist/error_file.h"
 #include "core/dist/errors.h"
 #include "core/ckpt/atomic_file.h"
 #include "core/dist/tcp_store.h"
@@ -124,7 +125,14 @@ int run_train(const TrainArgs& a) {
     if (lab && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
     const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
-    if (summary.value("interrupted", false)) return 128 + SIGTERM;  // the metrics stay .partial: the run is not over
+    if (summary.value("interrupted", false)) {  // the metrics stay .partial: the run is not over
+      // for the launcher: the rank that was sent SIGTERM is the one to name, the others stopped with it
+      const int sent_to = summary.value("stop_rank", -1);
+      record_worker_stop(sent_to >= 0 ? fmt::format("rank {} was sent SIGTERM: every rank saved and stopped (exit 143)", sent_to)
+                                      : "SIGTERM: every rank saved and stopped (exit 143)",
+                         sent_to >= 0 && sent_to != env.rank);
+      return 128 + SIGTERM;
+    }
     metrics.finish();
   } catch (const Error& e) {
     metrics.fail(e.what());

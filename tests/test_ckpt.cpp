@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -215,6 +217,8 @@ TEST_CASE("SIGTERM saves a checkpoint and stops with 143, and the resumed run fi
   waitpid(pid, &status, 0);
   const std::string out = slurp(s / "out.txt");
   INFO(out);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 143);  // 128 + SIGTERM, as the README says (it was 130, Ctrl-C's)
   CHECK(out.find("(SIGTERM)") != std::string::npos);
   CHECK(out.find("stopped by SIGTERM after step") != std::string::npos);
   REQUIRE(fs::exists(metrics + ".partial"));  // not finished: the metrics stay .partial
@@ -435,8 +439,34 @@ TEST_CASE("a hostile manifest (paths out of the folder, pieces past the end, imp
   CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("world_size -1"));
   forge([](nlohmann::json& m) { m["tensors"] = "not an object"; });
   CHECK_THROWS_AS(Checkpoint(dir), CheckpointError);
+  // a step that is not the folder's: it would resume at step -5 and save over the checkpoints after it
+  forge([](nlohmann::json& m) { m["step"] = -5; });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("step -5 in a folder of step 2"));
+  forge([](nlohmann::json& m) { m["step"] = 7; });
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("step 7 in a folder of step 2"));
   forge([](nlohmann::json&) {});
   CHECK_NOTHROW(Checkpoint(dir).verify_files());  // the untouched manifest is fine
+  // files that are not files: a link to /dev/zero (was read without end, then bad_alloc) and a FIFO (a hang)
+  const std::string manifest = dir + "/manifest.json", kept = s / "manifest.kept";
+  fs::rename(manifest, kept);
+  fs::create_symlink("/dev/zero", manifest);
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("not a regular file"));
+  fs::remove(manifest);
+  REQUIRE(mkfifo(manifest.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(Checkpoint(dir), Catch::Contains("not a regular file"));
+  auto [code, out] = shell_in_source(fmt::format("timeout 20 {} ckpt inspect {}", DISTLAB_BINARY, dir));
+  CHECK(code != 0);
+  CHECK(code != 124);  // refused, not timed out
+  CHECK_THAT(out, Catch::Contains("not a regular file"));
+  fs::remove(manifest);
+  fs::rename(kept, manifest);
+  const std::string rank0 = dir + "/rank-00000.safetensors";
+  fs::rename(rank0, kept);
+  fs::create_symlink("/dev/zero", rank0);
+  CHECK_THROWS_AS(Checkpoint(dir).verify_files(), CheckpointError);
+  fs::remove(rank0);
+  fs::rename(kept, rank0);
+  CHECK_NOTHROW(Checkpoint(dir).verify_files());
 }
 
 TEST_CASE("a checkpoint of another model is refused naming the keys, and resume = never will not overwrite one", "[ckpt]") {
@@ -484,6 +514,9 @@ TEST_CASE("distlab ckpt inspect and export: the manifest with checksums, and the
   REQUIRE(ecode == 0);
   StFile a = read_safetensors(s / "export.safetensors"), b = read_safetensors(s / "saved.safetensors");
   REQUIRE(a.tensors.size() == b.tensors.size());
+  // both hold the tied pair as PyTorch's GPT state_dict does: lm_head.weight, a copy of wte
+  REQUIRE(a.tensors.count("lm_head.weight"));
+  CHECK(a.tensors["lm_head.weight"].bytes == a.tensors["transformer.wte.weight"].bytes);
   for (const auto& [name, t] : b.tensors) {
     INFO(name);
     REQUIRE(a.tensors.count(name));

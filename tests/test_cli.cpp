@@ -96,6 +96,14 @@ TEST_CASE("bad invocations explain themselves", "[cli]") {
   r = run("bench comm -n 1 --backend nccl --max 4KiB");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("--backend nccl: not in this build") || Catch::Contains("cudaSetDevice(device) failed"));
+  // a planned world on a real device: its ranks were never started (it said "8 ranks were started")
+  r = run("train configs/fashion-mnist-mlp.toml --set dist.fake_world_size=8");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("dist.fake_world_size 8 on device cpu: the fake world moves no data"));
+  // a timeout no collective can meet (it said the launcher had exited)
+  r = run("train configs/fashion-mnist-mlp.toml --set dist.timeout_s=0.0001");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("dist.timeout_s is 0.0001 s, under a second"));
   r = run("frobnicate");
   CHECK(r.code == 2);
   r = run("train --help-config");

@@ -1,5 +1,9 @@
 // Config: keys, types, overrides, and errors that name the key and file:line.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "core/train/config.h"
 #include "core/train/ecosystem.h"
@@ -86,6 +90,7 @@ TEST_CASE("NaN, infinity and absurd sizes are refused with the key and where it 
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"train.threads=100000"}), Catch::Contains("train.threads") && Catch::Contains("over the limit"));
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"data.synthetic_train=1000000000000"}), Catch::Contains("data.synthetic_train"));
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"optim.gamma=0"}), Catch::Contains("optim.gamma must be positive"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"dist.timeout_s=0.0001"}), Catch::Contains("dist.timeout_s is 0.0001 s, under a second"));
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"model.hidden=[8, 100000000]"}), Catch::Contains("model.hidden"));
 }
 
@@ -93,6 +98,13 @@ TEST_CASE("a config path must be a readable regular file", "[config]") {
   CHECK_THROWS_WITH(load_config("/tmp"), Catch::Contains("not a regular file"));
   CHECK_THROWS_WITH(load_config("/nonexistent/run.toml"), Catch::Contains("does not exist"));
   CHECK_THROWS_WITH(load_config("/dev/zero"), Catch::Contains("not a regular file"));
+  // an empty file, or comments only, trained the default MLP without a word
+  const std::string empty = (std::filesystem::temp_directory_path() / ("distlab-empty-" + std::to_string(::getpid()) + ".toml")).string();
+  for (const char* text : {"", "# only a comment\n\n"}) {
+    std::ofstream(empty) << text;
+    CHECK_THROWS_WITH(load_config(empty), Catch::Contains("sets nothing"));
+  }
+  std::filesystem::remove(empty);
 }
 
 // The parsers recurse once per level: text nested past any config's need is refused before they see it,

@@ -4,14 +4,19 @@
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <cstring>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <memory>
+#include <thread>
 
 #include "core/dist/errors.h"
 #include "core/tensor/dtype.h"
@@ -405,6 +410,65 @@ struct RawClient {
 };
 
 }  // namespace
+
+// This process's resident memory (the store's server runs in it), in MiB.
+double rss_mib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+TEST_CASE("the TCP store's memory is bounded: 1,000 clients announcing 16 MiB before the token, 64 with it", "[dist][store]") {
+  rlimit nofile{};
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  nofile.rlim_cur = std::max<rlim_t>(nofile.rlim_cur, std::min<rlim_t>(nofile.rlim_max, 8192));
+  setrlimit(RLIMIT_NOFILE, &nofile);
+  REQUIRE(nofile.rlim_cur >= 2200);  // 1,000 clients and the server's 1,000 ends
+  TcpStoreServer server("127.0.0.1", 0, "s3cret");
+  const int port = server.port();
+  const double before = rss_mib();
+  {
+    // before the token only a hello (2 KiB) may come: a 16 MiB length is refused before anything is allocated
+    std::vector<std::unique_ptr<RawClient>> idle;
+    for (int i = 0; i < 1000; i++) {
+      idle.push_back(std::make_unique<RawClient>(port));
+      idle.back()->send_bytes(RawClient::u32(16u << 20) + std::string(4096, 'x'));
+    }
+    for (int ms = 0; ms < 20000 && server.rejected() < 1000; ms += 50) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(server.rejected() >= 1000);
+    INFO(rss_mib() - before << " MiB more");
+    WARN(fmt::format("1,000 clients announcing 16 MiB before the token: the store grew {:.1f} MiB", rss_mib() - before));
+    CHECK(rss_mib() - before < 64);  // was 3.4 GB with 300 such clients
+  }
+  {
+    // with the token, at most 256 MiB of messages at once over every connection: the rest are told "busy"
+    std::vector<std::unique_ptr<RawClient>> big;
+    int busy = 0;
+    for (int i = 0; i < 64; i++) {
+      big.push_back(std::make_unique<RawClient>(port));
+      big.back()->message(std::string(1, '\x06') + RawClient::str("s3cret"));
+      std::string why;
+      const int status = big.back()->reply(5000, &why);
+      INFO(why);
+      REQUIRE(status == 0);
+      // a 16 MiB set that never ends (a refused one is closed by the server: the send may stop short)
+      const std::string part = RawClient::u32(16u << 20) + std::string(1 << 20, 'v');
+      [[maybe_unused]] const ssize_t sent = ::send(big.back()->fd, part.data(), part.size(), MSG_NOSIGNAL);
+    }
+    for (auto& c : big) {
+      std::string why;
+      if (c->reply(200, &why) == 2 && why.find("try again") != std::string::npos) busy++;
+    }
+    INFO(rss_mib() - before << " MiB more");
+    WARN(fmt::format("64 clients with the token, 16 MiB messages: {} told busy, the store grew {:.1f} MiB", busy, rss_mib() - before));
+    CHECK(busy >= 64 - 16);  // 16 x 16 MiB fill the 256 MiB
+    CHECK(rss_mib() - before < 256 + 64);
+  }
+  TcpStore ok("127.0.0.1", port, Millis(5000), "s3cret");  // and it serves on
+  ok.set_string("k", "v");
+  CHECK(ok.get_string("k") == "v");
+}
 
 TEST_CASE("the TCP store answers garbage with errors, closes bad connections and keeps serving", "[dist][store]") {
   TcpStoreServer server("127.0.0.1", 0, "s3cret");

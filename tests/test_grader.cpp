@@ -528,6 +528,11 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
                "  const bool overflow = unscale_(step.comm(), s, grads);\n",
                "  static int steps = 0;\n  for (auto& g : grads)\n    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= s.scale;\n"
                "  const bool overflow = steps++ < 4;\n")},
+      // unscale_ asks for an all_reduce of 256 MiB (the most a message may be): the grader, outside every
+      // cgroup, refuses the message by its length before it allocates for it; so does the trainer
+      {"floods_the_grader", replace(solution, "  comm.all_reduce(&found, 1, ReduceOp::max);\n",
+                                    "  comm.all_reduce(&found, 1, ReduceOp::max);\n  static std::vector<float> flood(size_t(64) << 20);\n"
+                                    "  comm.all_reduce(flood.data(), int64_t(flood.size()), ReduceOp::max);\n")},
   };
   // skip_not_synchronised and scheduler_per_micro_step are lab 08's cases: its test grades them with these checks
   // seed 3 draws a start at 2^27.1 backed off by 0.456: 8 overflowing steps first (measured), not the table's 4
@@ -535,6 +540,9 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   CHECK(rows["solution"].total == 15);
   CHECK(rows["table_of_answers"].points["overflow_skipped_on_every_rank"] == 0);
   CHECK(rows["table_of_answers"].points["scaler_drives_the_step"] == 0);
+  CHECK(rows["floods_the_grader"].points["overflow_skipped_on_every_rank"] == 0);
+  CHECK(rows["floods_the_grader"].points["scaler_drives_the_step"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "floods_the_grader.txt"), Catch::Contains("over the limit of"));
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["scaler_unused_in_step"].points["scaler_drives_the_step"] == 0);

@@ -89,6 +89,19 @@ TEST_CASE("a worker that exits non-zero stops the others and is named with its l
   CHECK_THAT(r.out, Catch::Contains("rank 1") && Catch::Contains("exit code 3") && Catch::Contains("about to fail on purpose"));
 }
 
+TEST_CASE("workers that exit leaving a setsid descendant with their output open: the launcher returns, and kills it", "[launcher]") {
+  // it blocked forever reading the pipe, deaf to SIGTERM and SIGINT, and the sleeps outlived it
+  const std::string marker = "distlab-setsid-marker-" + std::to_string(getpid());
+  Result r = sh(run("-n 2 --master-port 0 --grace 2 -- bash -c 'setsid bash -c \"exec -a " + marker +
+                                    " sleep 120\" & sleep 1; echo done $RANK; exit 0'"));
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.secs < 20.0);
+  CHECK_THAT(r.out, Catch::Contains("done 0") && Catch::Contains("kept its output open"));
+  for (int i = 0; i < 20 && count_processes(marker) > 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(count_processes(marker) == 0);
+}
+
 TEST_CASE("a worker killed by SIGKILL: the launcher says so, and leaves no orphans", "[launcher][failure]") {
   const std::string marker = "distlab-orphan-marker-" + std::to_string(getpid());
   Result r = sh(run("-n 2 --master-port 0 --grace 2 -- bash -c 'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
@@ -210,6 +223,34 @@ TEST_CASE("a stopped rank is named as the cause, not the rank that timed out wai
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
   CHECK_THAT(r.out, Catch::Contains("rank 0 failed waiting for it"));
+}
+
+// The same with the engine's strategies, whose collectives run on subgroups or were entered before the stop:
+// a healthy rank that timed out was blamed under ZeRO-3 and pipeline parallelism ("ranks that arrived: ...").
+TEST_CASE("a rank stopped during ZeRO-3 or pipeline training is named as the cause", "[launcher][failure]") {
+  for (const std::string sets : {"--set parallel.strategy=zero3", "--set parallel.pp=2 --set parallel.micro_batches=2"}) {
+    INFO(sets);
+    Result r = sh(run("-n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -STOP $$) & fi; exec "s +
+                      DISTLAB_BINARY + " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 "
+                      "--set train.log_every=1000000 --set train.eval_every=0 --set dist.timeout_s=4 " + sets + "'"));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
+  }
+}
+
+// SIGTERM to one rank (a preemption of one node): every rank saves and exits 143, and the headline names the
+// rank that was sent it (it blamed rank 0, the first to exit)
+TEST_CASE("a SIGTERM to one rank stops every rank after a checkpoint, and the rank that got it is named", "[launcher][failure]") {
+  const fs::path ck = fs::temp_directory_path() / ("distlab-term1-" + std::to_string(getpid()));
+  Result r = sh(run("-n 2 --master-port 0 --grace 5 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -TERM $$) & fi; exec "s + DISTLAB_BINARY +
+                    " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 --set train.log_every=1000000 "
+                    "--set train.eval_every=0 --set parallel.strategy=ddp --set checkpoint.dir=" + ck.string() + "'"));
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("distlab run: rank 1 (local rank 1") && Catch::Contains("rank 1 was sent SIGTERM"));
+  CHECK_THAT(r.out, Catch::Contains("stopped by SIGTERM (sent to rank 1) after step"));
+  fs::remove_all(ck);
 }
 
 TEST_CASE("workers of a stopped launcher end themselves after the timeout", "[launcher][failure]") {

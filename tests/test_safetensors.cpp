@@ -252,3 +252,44 @@ TEST_CASE("safetensors with overlapping, holed or trailing data, or an integer w
   fs::remove(path);
   fs::remove(ok);
 }
+
+TEST_CASE("a GPT goes to PyTorch with its tied lm_head: nanoGPT loads it strictly, its logits are ours, its state_dict comes back",
+          "[safetensors][torch][gpt]") {
+  INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
+  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  ModelSpec spec;
+  spec.name = "gpt";
+  spec.vocab_size = 64, spec.block_size = 16, spec.n_layer = 2, spec.n_head = 2, spec.n_embd = 32;
+  Runtime rt;
+  auto ours = build_model(rt, spec);
+  ours->init(5);
+  ours->set_training(false);
+  const std::string from_us = tmp("gpt-to-torch.safetensors"), from_torch = tmp("gpt-from-torch.safetensors"), out = tmp("gpt-logits.txt");
+  save_model(*ours, from_us, DType::f32);
+  StFile saved = read_safetensors(from_us);
+  REQUIRE(saved.tensors.count("lm_head.weight"));  // the alias: nanoGPT's strict load needs the key
+  CHECK(saved.tensors["lm_head.weight"].bytes == saved.tensors["transformer.wte.weight"].bytes);
+  const int rc = std::system(("/usr/bin/python3 " + std::string(DISTLAB_SOURCE_DIR) + "/tests/torch_peer.py gpt " + from_us + " " + from_torch +
+                              " " + out + " 2 2 32 64 16").c_str());
+  REQUIRE(rc == 0);
+  Batch b;
+  b.B = 1, b.T = 16;
+  for (int i = 0; i < 16; i++) b.tokens.push_back(i % 64), b.targets.push_back((i + 1) % 64);
+  Tensor logits = ours->forward(rt, b);  // (16, 64)
+  std::ifstream in(out);
+  for (int64_t i = 0; i < 16 * 64; i++) {
+    double v;
+    in >> v;
+    INFO(i);
+    REQUIRE(logits.f32()[i] == Approx(v).margin(1e-4));
+  }
+  // PyTorch's state_dict has both keys of the tied pair: it loads back
+  auto back = build_model(rt, spec);
+  load_model(*back, from_torch);
+  // an lm_head that is not wte's copy (a model trained untied) is refused, never silently dropped
+  StFile untied = read_safetensors(from_torch);
+  untied.tensors["lm_head.weight"].bytes[0] ^= 0x40;
+  write_safetensors(from_torch, untied);
+  CHECK_THROWS_WITH(load_model(*back, from_torch), Catch::Contains("lm_head.weight is not a copy of transformer.wte.weight"));
+  for (auto p : {from_us, from_torch, out}) fs::remove(p);
+}

@@ -6,6 +6,9 @@ small parser of the format, so no extra package is needed.
       load our weights into the reference CNN, print its logits on a fixed input, save 2x the weights
   torch_peer.py train IN.safetensors OUT.safetensors LOSSES.txt bn|plain STEPS LR
       SGD-momentum steps of the reference CNN in train mode on a fixed batch; save weights, print losses
+  torch_peer.py gpt IN.safetensors OUT.safetensors LOGITS.txt N_LAYER N_HEAD N_EMBD VOCAB BLOCK
+      nanoGPT's GPT (lm_head tied to wte) loads our file with strict=True, prints its logits on tokens
+      0..BLOCK-1 (mod VOCAB), and saves its state_dict (both keys of the tied pair, as PyTorch holds them)
 """
 import json, struct, sys
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -39,6 +42,41 @@ def cnn(bn):
     m.add_module('flat', nn.Flatten()); m.add_module('fc', nn.Linear(4096, 10))
     return m
 
+class CausalSelfAttention(nn.Module):  # nanoGPT's, without the mask buffer (computed here)
+    def __init__(self, C, H):
+        super().__init__(); self.H = H
+        self.c_attn = nn.Linear(C, 3 * C); self.c_proj = nn.Linear(C, C)
+    def forward(self, x):
+        B, T, C = x.shape; q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = [t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v)]
+        att = (q @ k.transpose(-2, -1)) / (k.size(-1) ** 0.5)
+        att = att.masked_fill(torch.ones(T, T).tril() == 0, float('-inf')).softmax(dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+class MLP(nn.Module):
+    def __init__(self, C):
+        super().__init__(); self.c_fc = nn.Linear(C, 4 * C); self.c_proj = nn.Linear(4 * C, C)
+    def forward(self, x): return self.c_proj(F.gelu(self.c_fc(x), approximate='tanh'))  # GPT-2's GELU
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(C); self.attn = CausalSelfAttention(C, H); self.ln_2 = nn.LayerNorm(C); self.mlp = MLP(C)
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x)); return x + self.mlp(self.ln_2(x))
+
+class GPT(nn.Module):
+    def __init__(self, L, H, C, V, T):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C),
+                                              h=nn.ModuleList([Block(C, H) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.size(1)))
+        for b in self.transformer.h: x = b(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
 def fixed_input(n):  # the same formula as the C++ side
     return torch.arange(n * 3 * 32 * 32, dtype=torch.float32).reshape(n, 3, 32, 32) / 3000.0 - 1.0
 
@@ -63,4 +101,12 @@ elif mode == 'train':
     for _ in range(steps):
         opt.zero_grad(); loss = F.cross_entropy(m(x), y); loss.backward(); opt.step(); losses.append(loss.item())
     print(' '.join('%.8f' % v for v in losses), file=open(txt, 'w'))
+    save(m.state_dict(), dst)
+elif mode == 'gpt':
+    L, H, C, V, T = (int(a) for a in sys.argv[5:10])
+    m = GPT(L, H, C, V, T)
+    m.load_state_dict({k: v.float() for k, v in load(src).items()}, strict=True)
+    m.eval()
+    with torch.no_grad(): logits = m(torch.arange(T).remainder(V).view(1, T))
+    print(' '.join('%.6f' % v for v in logits.flatten().tolist()), file=open(txt, 'w'))
     save(m.state_dict(), dst)

@@ -75,9 +75,12 @@ inline TrainRun train_in_process(const std::string& toml, std::vector<std::strin
   return r;
 }
 
-// `sets` is appended to the command line as is ("--set a=b --set c=d"); `run_opts` go to `distlab run`
-// ("--threads-per-rank 1": runs compared at 1e-6 pin their threads, since 2 threads change OpenBLAS's sums).
-inline TrainRun train_ranks(int ranks, const std::string& config, const std::string& sets, const std::string& run_opts = "") {
+// `sets` is appended to the command line as is ("--set a=b --set c=d"); `run_opts` go to `distlab run`.
+// Every rank computes on one thread unless run_opts says otherwise: the tests compare runs of different
+// rank counts at 1e-6, and a 1-rank reference on 2 threads sums in another order than its stages on 1 each
+// (measured on an AVX2 machine: 1.3e-4 on the CNN with BatchNorm; 5e-8 with the threads pinned).
+inline TrainRun train_ranks(int ranks, const std::string& config, const std::string& sets,
+                            const std::string& run_opts = "--threads-per-rank 1") {
   const std::string metrics = metrics_path("ranks");
   const std::string cmd = std::string("timeout 240 ") + DISTLAB_BINARY + " run -n " + std::to_string(ranks) + " " + run_opts + " --master-port 0 train " +
                           config + " --set train.log_every=1000 --metrics " + metrics + " " + sets;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/ckpt/atomic_file.h"
+#include "core/util/read_file.h"
 
 namespace distlab {
 
@@ -34,10 +35,17 @@ std::string crc32_hex(uint32_t c) { return fmt::format("{:08x}", c); }
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
-static std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError(fmt::format("{}: cannot open", path));
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+static int64_t step_of(const std::string& name);  // step-NNNNNN's number, -1 for another name
+
+// A checkpoint's own small file (manifest.json, COMPLETE): a regular file of at most `max_bytes`, never a
+// link to /dev/zero nor a FIFO (core/util/read_file.h); anything else is a CheckpointError, so that resume
+// moves on to the checkpoint before.
+static std::vector<uint8_t> read_bytes(const std::string& path, uint64_t max_bytes, const char* what) {
+  try {
+    return read_regular_file(path, max_bytes, what);
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what(), "a checkpoint's files are the regular files its save wrote");
+  }
 }
 
 // ---- writing ----
@@ -120,8 +128,8 @@ Checkpoint::Checkpoint(const std::string& step_dir) : dir_(step_dir) {
   const fs::path complete = fs::path(step_dir) / "COMPLETE";
   if (!fs::exists(complete))
     throw IncompleteCheckpoint(fmt::format("{}: incomplete (no COMPLETE marker: the save did not finish)", step_dir));
-  std::vector<uint8_t> text = read_bytes((fs::path(step_dir) / "manifest.json").string());
-  std::vector<uint8_t> marker = read_bytes(complete.string());
+  std::vector<uint8_t> text = read_bytes((fs::path(step_dir) / "manifest.json").string(), uint64_t(256) << 20, "the manifest");
+  std::vector<uint8_t> marker = read_bytes(complete.string(), 64 << 10, "the COMPLETE marker");
   const std::string want = crc32_hex(crc32(text.data(), text.size()));
   if (std::string(marker.begin(), marker.end()).find("manifest.json crc32 " + want) == std::string::npos)
     throw CheckpointError(fmt::format("{}: manifest.json does not match its checksum in COMPLETE (corrupt)", step_dir));
@@ -129,7 +137,12 @@ Checkpoint::Checkpoint(const std::string& step_dir) : dir_(step_dir) {
     manifest_ = nlohmann::json::parse(text.begin(), text.end());
     if (manifest_.at("format") != "distlab-checkpoint" || manifest_.at("version") != 1)
       throw CheckpointError(fmt::format("{}: not a distlab checkpoint of version 1", step_dir));
-    manifest_.at("step").get<int64_t>();
+    // the step is the folder's: an edited one (COMPLETE's checksum recomputed) would resume elsewhere, and
+    // its run save over the checkpoints after it
+    const int64_t step = manifest_.at("step").get<int64_t>(), named = step_of(fs::path(step_dir).filename().string());
+    if (step < 0 || (named >= 0 && step != named))
+      throw CheckpointError(fmt::format("{}/manifest.json: step {} in a folder of step {}", step_dir, step, named),
+                            "a checkpoint's manifest names the step of its folder (step-NNNNNN)");
     if (const int w = manifest_.at("world_size").get<int>(); w < 1 || w > (1 << 20))
       throw CheckpointError(fmt::format("{}/manifest.json: world_size {} is impossible", step_dir, w));
     for (auto& [name, f] : manifest_.at("files").items()) {
@@ -181,7 +194,7 @@ const StFile& Checkpoint::file_of_rank(int rank) {
   auto nit = file_name_.find(rank);
   if (nit == file_name_.end()) throw CheckpointError(fmt::format("{}: no file for rank {}", dir_, rank));
   const std::string path = (fs::path(dir_) / nit->second).string();
-  std::vector<uint8_t> raw = read_bytes(path);
+  std::vector<uint8_t> raw = read_bytes(path, uint64_t(1) << 40, "a rank's file");
   const std::string want = manifest_["files"][nit->second].at("crc32").get<std::string>();
   const std::string got = crc32_hex(crc32(raw.data(), raw.size()));
   if (got != want)
@@ -362,6 +375,7 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
     }
     f.tensors[name] = std::move(st);
   }
+  add_tied_lm_head(f);  // PyTorch's GPT state_dict has both keys of the tied pair
   f.metadata["format"] = "pt";
   f.metadata["producer"] = "distlab";
   f.metadata["step"] = std::to_string(c.step());

@@ -12,6 +12,7 @@
 #include "core/ckpt/atomic_file.h"
 #include "core/ckpt/checkpoint.h"
 #include "core/util/error.h"
+#include "core/util/read_file.h"
 
 namespace distlab {
 
@@ -24,9 +25,12 @@ static int64_t st_dtype_size(const std::string& d) {
 }
 
 StFile read_safetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw DataError(fmt::format("{}: cannot open", path), "check the path given to --init");
-  std::vector<uint8_t> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> raw;
+  try {  // a regular file only: never a link to /dev/zero, nor a FIFO that blocks forever
+    raw = read_regular_file(path, uint64_t(1) << 40, "a safetensors file");
+  } catch (const IoError& e) {
+    throw DataError(e.what(), "check the path given to --init");
+  }
   return parse_safetensors(raw, path);
 }
 
@@ -162,10 +166,19 @@ void save_model(Model& model, const std::string& path, DType dtype, const Optimi
       f.tensors[b->name] = to_st(b->data, DType::f32);  // running statistics stay f32
     }
   }
+  add_tied_lm_head(f);
   f.metadata = metadata;
   f.metadata["format"] = "pt";
   f.metadata["producer"] = "distlab";
   write_safetensors(path, f);
+}
+
+void add_tied_lm_head(StFile& f) {
+  const auto wte = f.tensors.find("transformer.wte.weight");
+  if (wte != f.tensors.end() && !f.tensors.count("lm_head.weight")) {
+    const StTensor copy = wte->second;
+    f.tensors["lm_head.weight"] = copy;
+  }
 }
 
 void load_model(Model& model, const std::string& path) {
@@ -208,8 +221,18 @@ void load_model(Model& model, const std::string& path) {
   for (const auto& [name, s] : f.tensors) {
     bool known = false;
     for (auto& w : want) known = known || w.first == name;
-    // a tied lm_head.weight (as some exporters write it) is the same tensor as wte: accept it
-    if (!known && name != "lm_head.weight") unexpected += (unexpected.empty() ? "" : ", ") + name;
+    if (!known && name == "lm_head.weight") {  // the tied alias (add_tied_lm_head): the same values as wte, or refused
+      const auto wte = f.tensors.find("transformer.wte.weight");
+      bool model_ties = false;
+      for (auto& w : want) model_ties = model_ties || w.first == "transformer.wte.weight";
+      if (model_ties && wte != f.tensors.end() && wte->second.dtype == s.dtype && wte->second.shape == s.shape && wte->second.bytes == s.bytes)
+        continue;
+      if (model_ties)
+        throw DataError(fmt::format("{}: lm_head.weight is not a copy of transformer.wte.weight", path),
+                        "distlab's GPT ties the lm_head to the token embedding (nanoGPT's weight tying): an untied lm_head has "
+                        "no place in it");
+    }
+    if (!known) unexpected += (unexpected.empty() ? "" : ", ") + name;
   }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty())
     throw DataError(fmt::format("{}: does not match the model.{}{}{}", path,

@@ -44,8 +44,13 @@ WrittenFile write_safetensors(const std::string& path, const StFile& file, const
 // `metadata` joins the header's __metadata__.
 void save_model(Model& model, const std::string& path, DType dtype, const Optimizer* masters = nullptr,
                 const std::map<std::string, std::string>& metadata = {});
+// GPT's tied pair in the file as PyTorch's state_dict holds it: nanoGPT's and Hugging Face's GPT-2 have both
+// transformer.wte.weight and lm_head.weight (one tensor, two keys). safetensors stores no shared storage, so
+// the alias is a copy: written where the file has wte and no lm_head (save_model, ckpt export).
+void add_tied_lm_head(StFile& f);
 // Loads every parameter and buffer by name, converting from F32/BF16/F16. Names missing from the file,
-// extra names in it, and shape mismatches are errors that list them.
+// extra names in it, and shape mismatches are errors that list them. A tied lm_head.weight (the alias
+// above) is taken when it equals transformer.wte.weight, refused when it does not (distlab's GPT ties them).
 void load_model(Model& model, const std::string& path);
 
 }  // namespace distlab

@@ -23,6 +23,16 @@ void record_worker_error(const std::exception& e) {
                       << "\n";
 }
 
+void record_worker_stop(const std::string& message, bool secondary) {
+  const char* path = std::getenv("DISTLAB_ERROR_FILE");
+  if (!path || !*path) return;
+  const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ofstream(path) << nlohmann::json{{"time_ns", now}, {"message", message}, {"secondary", secondary}, {"waiting_for", nlohmann::json::array()}}
+                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      << "\n";
+}
+
 namespace {
 
 [[noreturn]] void on_terminate() {

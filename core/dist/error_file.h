@@ -10,6 +10,9 @@
 namespace distlab {
 
 void record_worker_error(const std::exception& e);
+// A worker that stops on purpose with a non-zero exit (143: a SIGTERM, the checkpoint saved): `secondary`
+// when the signal went to another rank, so that the launcher names the rank that was sent it.
+void record_worker_stop(const std::string& message, bool secondary);
 
 // An exception thrown on a thread we don't own (Gloo's transport thread enforces that both sides of a
 // message have the same size) ends the process through std::terminate: this handler says what it was

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -217,7 +218,7 @@ class Group {
 
   bool log_failed() const { return log_failed_; }
 
-  // Runs one attempt; returns 0 on success, 1 on a rank's failure, 130 on interrupt.
+  // Runs one attempt; returns 0 on success, 1 on a rank's failure, 128 + the signal on an interrupt (130, 143).
   int run(const Rendezvous& rv) {
     const int world = o_.nnodes * o_.nproc_per_node;
     for (int l = 0; l < o_.nproc_per_node; l++) {
@@ -240,6 +241,7 @@ class Group {
       w.pid = spawn(o_, w, world, rv, fds[1], fds[0], attempt_);
       guard_.watch(w.pid);
       close(fds[1]);
+      fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);  // never blocked by a writer that outlives the worker
       w.out_fd = fds[0];
       w.running = true;
     }
@@ -264,13 +266,15 @@ class Group {
     if (int(w.tail.size()) > o_.tail_lines) w.tail.pop_front();
   }
 
-  void drain(Worker& w, bool until_eof) {
+  // What the pipe holds now (non-blocking): one read, or all of it with `until_eof`. At its end (or when
+  // `flush`), the last line without a newline too.
+  void drain(Worker& w, bool until_eof, bool flush = false) {
     char buf[65536];
     for (;;) {
       ssize_t n = read(w.out_fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        if (n == 0 && !w.partial.empty()) {
+        if ((n == 0 || flush) && !w.partial.empty()) {
           on_line(w, w.partial);
           w.partial.clear();
         }
@@ -355,12 +359,55 @@ class Group {
         guard_.forget(w.pid);
         w.running = false;
       }
+    finish_output();
+  }
+
+  // After every worker exited: their output to its end, for at most the grace. A descendant that left the
+  // worker's process group (setsid) and kept the pipe open must not hold the launcher: whoever still holds
+  // a pipe's write end then is killed (found through /proc/*/fd: what the launcher can reach), and the
+  // pipe closed.
+  void finish_output() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(o_.grace_s, 5.0));
+    for (;;) {
+      bool open = false;
+      for (auto& w : workers_) open = open || w.out_fd >= 0;
+      if (!open || std::chrono::steady_clock::now() >= until) break;
+      poll_output(20);
+    }
     for (auto& w : workers_)
       if (w.out_fd >= 0) {
-        drain(w, true);
+        const int killed = kill_pipe_writers(w.out_fd);
+        drain(w, true, true);
         close(w.out_fd);
         w.out_fd = -1;
+        if (killed > 0)
+          std::cerr << fmt::format("distlab run: rank {} exited, but {} process(es) it started kept its output open (they left its "
+                                   "process group: setsid?): killed\n", w.rank, killed);
       }
+  }
+
+  // Every process that holds the pipe `read_fd` reads from (its other end), other than this one: SIGKILL.
+  static int kill_pipe_writers(int read_fd) {
+    struct stat me {};
+    if (fstat(read_fd, &me) != 0) return 0;
+    const std::string want = fmt::format("pipe:[{}]", me.st_ino);
+    int killed = 0;
+    std::error_code ec;
+    for (const auto& p : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = p.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const pid_t pid = pid_t(std::stol(name));
+      if (pid == getpid()) continue;
+      std::error_code e2;
+      for (const auto& f : std::filesystem::directory_iterator(p.path() / "fd", e2)) {
+        std::error_code e3;
+        if (std::filesystem::read_symlink(f.path(), e3).string() == want) {
+          if (kill(pid, SIGKILL) == 0) killed++;
+          break;
+        }
+      }
+    }
+    return killed;
   }
 
   int supervise() {
@@ -371,7 +418,7 @@ class Group {
         std::cerr << fmt::format("distlab run: interrupted (signal {}): stopping {} worker(s)\n", int(g_interrupted),
                                  workers_.size());
         stop_all();
-        return 130;
+        return 128 + int(g_interrupted);  // a shell's convention: 130 for SIGINT (Ctrl-C), 143 for SIGTERM
       }
       const Worker* first_failure = nullptr;
       bool all_done = true;
@@ -394,12 +441,7 @@ class Group {
         return 1;
       }
       if (all_done) {
-        for (auto& w : workers_)
-          if (w.out_fd >= 0) {
-            drain(w, true);
-            close(w.out_fd);
-            w.out_fd = -1;
-          }
+        finish_output();
         return 0;
       }
     }
@@ -429,10 +471,15 @@ class Group {
 
   // A rank whose collective timed out waiting for ranks that were still alive (stopped, or stuck before
   // the collective) did not cause the failure: the first of those did. nullptr: the culprit is the cause.
+  // A rank the failed collective did not wait for can still be the cause: one stopped inside the collective
+  // (it arrived, then SIGSTOP) or in another group's (a pipeline stage's, a tensor slice's). A rank that was
+  // stopped (state T) when the failure was seen is named then: a healthy rank that timed out is not blamed.
   const Worker* root_cause(const Worker& culprit) {
     for (int r : read_worker_error(culprit.error_file).waiting_for)
       for (const auto& w : workers_)
         if (w.rank == r && w.stopped_by_us) return &w;
+    for (const auto& w : workers_)
+      if (&w != &culprit && w.stopped_by_us && (w.state_at_failure == 'T' || w.state_at_failure == 't')) return &w;
     return nullptr;
   }
 
@@ -454,6 +501,12 @@ class Group {
       msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) failed: {}", rank, f->local_rank, f->pid, describe_status(f->status));
     }
     msg += fmt::format("; stopped the other {} worker(s)\n", workers_.size() - 1);
+    // what the rank's error file says, when its output does not (a rank other than 0 prints little)
+    const WorkerError why = read_worker_error(f->error_file);
+    const std::string first_line = why.message.substr(0, why.message.find('\n')).substr(0, 400);
+    bool in_tail = first_line.empty();
+    for (const auto& l : f->tail) in_tail = in_tail || l.find(first_line) != std::string::npos;
+    if (!in_tail) msg += fmt::format("  rank {}: {}\n", rank, first_line);
     msg += fmt::format("---- last {} lines of rank {} ----\n", f->tail.size(), rank);
     for (const auto& l : f->tail) msg += "  " + l + "\n";
     if (cause) {

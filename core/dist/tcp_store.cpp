@@ -37,6 +37,13 @@ enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kHello 
 enum Status : uint8_t { kOk = 0, kTimedOut = 1, kRefused = 2 };
 
 constexpr uint32_t kMaxMessage = 16u << 20;  // Gloo's addresses and our keys are bytes to kilobytes
+// Before its token a connection may send a hello only: an opcode and a token of at most 1024 bytes. A
+// longer length prefix is refused before anything is allocated for it.
+constexpr uint32_t kMaxHello = 2048;
+// What the large messages (over kMaxHello) being read and served may hold at once, over every connection:
+// past it such a message is refused ("busy") and its connection closed, so that many large messages can't
+// exhaust the launcher. Small ones are bounded by kMaxConnections x kMaxHello.
+constexpr uint64_t kMaxHeld = uint64_t(256) << 20;
 constexpr int64_t kMaxKeys = 4096;
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr int64_t kMaxWaitMs = int64_t(7) * 24 * 3600 * 1000;
@@ -137,7 +144,7 @@ bool write_all(int fd, const std::vector<char>& m, Clock::time_point deadline) {
   return true;
 }
 
-enum class Got { ok, closed, timed_out, too_big };
+enum class Got { ok, closed, timed_out, too_big, busy };
 
 Got read_exact(int fd, char* p, size_t n, Clock::time_point deadline) {
   size_t off = 0;
@@ -152,8 +159,11 @@ Got read_exact(int fd, char* p, size_t n, Clock::time_point deadline) {
 }
 
 // One message: its first byte may take until `first_by`; once it started, the rest must follow within
-// kMessageWithin (or by `first_by`, if that is later: a client waiting for a reply).
-Got read_message(int fd, std::vector<char>& out, Clock::time_point first_by) {
+// kMessageWithin (or by `first_by`, if that is later: a client waiting for a reply). At most `cap` bytes;
+// with `held` (the server's), its size is counted there before it is allocated, and stays counted until
+// the caller releases it (on ok) — a read that fails releases it here.
+Got read_message(int fd, std::vector<char>& out, Clock::time_point first_by, uint32_t cap = kMaxMessage,
+                 std::atomic<uint64_t>* held = nullptr) {
   char len[4];
   Got g = read_exact(fd, len, 1, first_by);
   if (g != Got::ok) return g;
@@ -161,9 +171,17 @@ Got read_message(int fd, std::vector<char>& out, Clock::time_point first_by) {
   if ((g = read_exact(fd, len + 1, 3, rest_by)) != Got::ok) return g;
   uint32_t n;
   std::memcpy(&n, len, 4);
-  if (n > kMaxMessage) return Got::too_big;
+  if (n > cap) return Got::too_big;
+  // small messages (a hello, a get, a key) are bounded by the connections' count; large ones by the budget
+  const uint64_t counted = held && n > kMaxHello ? n : 0;
+  if (counted && held->fetch_add(counted) + counted > kMaxHeld) {
+    held->fetch_sub(counted);
+    return Got::busy;
+  }
   out.resize(n);
-  return n == 0 ? Got::ok : read_exact(fd, out.data(), n, rest_by);
+  g = n == 0 ? Got::ok : read_exact(fd, out.data(), n, rest_by);
+  if (g != Got::ok && counted) held->fetch_sub(counted);
+  return g;
 }
 
 std::vector<char> refusal(const std::string& why) { return Writer().u8(kRefused).str(why).done(); }
@@ -287,12 +305,28 @@ void TcpStoreServer::serve(int fd) {
   const auto reply_by = [] { return Clock::now() + kMessageWithin; };
   std::vector<char> msg;
   while (!stopping_) {
-    const Got got = read_message(fd, msg, trusted ? kNever : hello_by);
-    if (got == Got::too_big) write_all(fd, refusal(fmt::format("a message over {} bytes", kMaxMessage)), reply_by());
+    // a message taken out of held_ when served, and its buffer given back if it was a large one
+    struct Release {
+      std::atomic<uint64_t>& held;
+      std::vector<char>& msg;
+      uint64_t n = 0;
+      ~Release() {
+        if (msg.capacity() > (64u << 10)) std::vector<char>().swap(msg);
+        held.fetch_sub(n);
+      }
+    };
+    const uint32_t cap = trusted ? kMaxMessage : kMaxHello;
+    const Got got = read_message(fd, msg, trusted ? kNever : hello_by, cap, &held_);
+    if (got == Got::too_big)
+      write_all(fd, refusal(trusted ? fmt::format("a message over {} bytes", kMaxMessage)
+                                    : "a first message longer than a hello: this store needs the job's token first (DISTLAB_STORE_TOKEN)"),
+                reply_by());
+    if (got == Got::busy) write_all(fd, refusal(fmt::format("the store holds {} MiB of messages at once: try again", kMaxHeld >> 20)), reply_by());
     if (got != Got::ok) {
       if (got != Got::closed) rejected_++;
       return;
     }
+    Release release{held_, msg, msg.size() > kMaxHello ? msg.size() : 0};
     Writer w;
     try {
       Reader r{msg};

@@ -45,6 +45,7 @@ class TcpStoreServer {
   std::string token_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> accepted_{0}, rejected_{0};
+  std::atomic<uint64_t> held_{0};  // bytes of the messages being read and served, over every connection
   MemoryStore data_;
   std::mutex mu_;
   std::list<Conn> conns_;

@@ -446,7 +446,8 @@ void validate(const RunConfig& c) {
           "is '" + c.parallel.zero_reduce + "'", "use reduce_scatter or all_reduce");
   require(c.parallel.ddp_mode == "bucketed" || c.parallel.ddp_mode == "naive", c, "parallel.ddp_mode",
           "is '" + c.parallel.ddp_mode + "'", "use bucketed or naive");
-  require(c.dist.timeout_s > 0, c, "dist.timeout_s", "must be positive", "");
+  require(c.dist.timeout_s >= 1, c, "dist.timeout_s", fmt::format("is {} s, under a second", c.dist.timeout_s),
+          "it bounds every collective and the rendezvous itself: below a second a healthy run fails (its default is 300)");
   require(c.lab.sandbox == "auto" || c.lab.sandbox == "require" || c.lab.sandbox == "off", c, "lab.sandbox",
           "is '" + c.lab.sandbox + "'", "use auto, require or off");
   require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");
@@ -522,6 +523,9 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
     throw ConfigError(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description()),
                       "the file is not valid TOML");
   }
+  if (t.empty())  // an empty file (or comments only) would train the default model without a word
+    throw ConfigError(fmt::format("config file '{}' sets nothing (no section, no key)", path),
+                      "a run's config names at least its model and data: start from one in configs/");
   return finish(std::move(t), path, overrides, from_files);
 }
 

@@ -64,10 +64,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
                       "set parallel.tp (and parallel.pp) > 1, e.g. --set parallel.tp=2 on two ranks");
   if (lab && lab->is("06") && rt.is_meta())
     throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", cfg.lab.name), "train on the cpu device");
-  check_strategy_fits(cfg, dp_world());
+  // the fake world first: on a real device its N ranks were never started (not "N ranks were started")
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
                       "plan with --device meta, or start real ranks with distlab run");
+  check_strategy_fits(cfg, dp_world());
   if (world() > 1 && rt.is_meta() && !(pg && pg->is_fake()))
     throw ConfigError("the meta device runs on one rank",
                       "plan one rank of an N-rank job with `distlab train ... --device meta --set dist.fake_world_size=N`, without distlab run");
@@ -286,11 +287,18 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     // pipeline parallelism only the last stage's ranks have one)
     const bool has_loss = !pipeline_ || pipeline_->last();
     const int holders = pipeline_ ? pg_->size() / pipeline_->stages() : pg_->size();
-    float l[2] = {has_loss ? float(loss) : 0.0f, stop_agreed_ ? 1.0f : 0.0f};
+    // the stop flag is world + rank on a rank that was sent SIGTERM: the sum says how many were, and which
+    // when it was one (exact in f32 to worlds of a few thousand ranks)
+    const int world = pg_->size();
+    float l[2] = {has_loss ? float(loss) : 0.0f, stop_agreed_ ? float(world + pg_->rank()) : 0.0f};
     pg_->all_reduce(l, 2, ReduceOp::sum);
     loss = l[0] / float(holders);
     stop_agreed_ = l[1] > 0;
+    const int64_t flags = int64_t(std::llround(l[1]));
+    stop_rank_ = flags >= world && flags < 2 * world ? int(flags - world) : -1;
     samples *= dp_world();
+  } else {
+    stop_rank_ = stop_agreed_ ? (pg_ ? pg_->rank() : 0) : -1;
   }
   if (traced) modeled_ = model_time(step);
   last_step_comm_bytes_ = comm.bytes_sent - comm_before.bytes_sent;
@@ -399,14 +407,14 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       save_checkpoint(step + 1, metrics, fmt::format("every {} steps", cfg_.checkpoint.every));
     if (stop_agreed_) {  // SIGTERM: save where we stand and stop; `distlab train` exits 143
       if (checkpoints) save_checkpoint(step + 1, metrics, "SIGTERM");
-      log_ << fmt::format("stopped by SIGTERM after step {}{}\n", step + 1,
+      log_ << fmt::format("stopped by SIGTERM{} after step {}{}\n", stop_rank_ >= 0 ? fmt::format(" (sent to rank {})", stop_rank_) : "", step + 1,
                           checkpoints ? "; the checkpoint resumes it (checkpoint.resume = auto)" : " (no checkpoint.dir: nothing saved)");
       metrics.write({{"kind", "interrupted"}, {"step", step + 1}, {"signal", "SIGTERM"}});
       interrupted = true;
       break;
     }
   }
-  if (interrupted) return {{"kind", "interrupted"}, {"steps", total_steps_}, {"interrupted", true}};
+  if (interrupted) return {{"kind", "interrupted"}, {"steps", total_steps_}, {"interrupted", true}, {"stop_rank", stop_rank_}};
   if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false, &metrics);  // throws: ranks that differ fail the run

@@ -153,6 +153,7 @@ class Trainer {
   int64_t start_step_ = 0;       // steps done before this run: the resumed checkpoint's
   int64_t saved_step_ = -1;      // the step of the last checkpoint written (or resumed from)
   bool stop_agreed_ = false;     // every rank saw a stop request (SIGTERM) by the end of this step
+  int stop_rank_ = -1;           // the rank that was sent it, when exactly one was (-1: none, or several)
   std::string resumed_from_;
   nlohmann::json ckpt_report_ = nlohmann::json::object();  // saves made, their bytes and seconds
 };
