@@ -134,14 +134,8 @@ CheckResult clinic_case(CheckContext& ctx) {
   if (std::find(target.files.begin(), target.files.end(), name) == target.files.end())
     throw Error(fmt::format("lab.toml: case {} names {}, not a file of lab {}", spec.name, spec.case_file, target.name));
   const std::string source = student_file(ctx);
-  const fs::path dir = make_scratch_dir(ctx.paths, "clinic");
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const ScratchDir scratch(ctx.paths, "clinic");
+  const fs::path dir = scratch.path();
   fs::create_directories(dir / "src");
   std::ofstream(dir / "src" / name, std::ios::binary) << source;
   CheckResult r;

@@ -351,15 +351,8 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
 void parse_in_own_process(const CheckContext& ctx, const std::string& text, const std::string& name, const std::string& as) {
   if (text.size() > kMaxSourceBytes)
     throw CheckAbort("error", fmt::format("{} is {} bytes: a file of a submission is at most {}", name, text.size(), kMaxSourceBytes));
-  const std::string dir = make_scratch_dir(ctx.paths, "parse");
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
-  const std::string file = (fs::path(dir) / "file").string();
+  const ScratchDir dir(ctx.paths, "parse");
+  const std::string file = (fs::path(dir.path()) / "file").string();
   {
     std::ofstream out(file, std::ios::binary);
     out << text;

@@ -61,6 +61,11 @@ Scratch::~Scratch() {
   if (watcher_ > 0) ::waitpid(watcher_, nullptr, 0);
 }
 
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
 std::string make_scratch_dir(const Paths& p, const std::string& tag) {
   std::string tmpl = p.scratch.empty() ? "/tmp/distlab-" + tag + "-XXXXXX" : (fs::path(p.scratch) / (tag + "-XXXXXX")).string();
   if (!mkdtemp(tmpl.data()))

@@ -35,4 +35,17 @@ class Scratch {
 // else /tmp/distlab-TAG-XXXXXX. Throws IoError naming the folder when it cannot be made.
 std::string make_scratch_dir(const Paths& p, const std::string& tag);
 
+// make_scratch_dir's folder, removed with everything in it when this goes out of scope.
+class ScratchDir {
+ public:
+  ScratchDir(const Paths& p, const std::string& tag) : path_(make_scratch_dir(p, tag)) {}
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace distlab::grader

@@ -399,6 +399,11 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
   CHECK(resumed.out.find("resumed from " + s5 + " (step 5)") != std::string::npos);
   CHECK(resumed.losses == std::vector<double>(whole.losses.begin() + 5, whole.losses.end()));
   CHECK(resumed.weights == whole.weights);
+  // the refused complete folders were kept aside when their steps were saved again, not deleted
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(s / "ck")) aside += e.path().filename().string().find(".replaced-") != std::string::npos;
+  CHECK(aside == 3);  // steps 10, 15 and 20
+  CHECK(resumed.out.find("was complete but not resumed from: kept as") != std::string::npos);
   // an incomplete folder (no COMPLETE) is skipped as a save that did not finish
   fs::remove(s20 + "/COMPLETE");
   CHECK_THROWS_AS(Checkpoint(s20), IncompleteCheckpoint);

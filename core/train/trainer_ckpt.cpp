@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <ostream>
 #include <set>
@@ -214,7 +215,15 @@ void Trainer::make_step_dir(const std::string& dir, int64_t steps) {
   const bool group = pg_ && pg_->size() > 1;
   if (is_rank0()) {
     std::error_code ec;
-    if (fs::exists(dir, ec)) fs::remove_all(dir, ec);  // a save of this step that never completed
+    if (fs::exists(fs::path(dir) / "COMPLETE", ec)) {
+      // a complete checkpoint of this step that the resume refused (corrupt, edited) or passed over: moved
+      // aside, never deleted (what a user wrote is theirs to remove)
+      const std::string aside = fmt::format("{}.replaced-{}", dir, std::time(nullptr));
+      fs::rename(dir, aside, ec);
+      if (!ec) log_ << fmt::format("checkpoint: {} was complete but not resumed from: kept as {}\n", dir, aside);
+    } else if (fs::exists(dir, ec)) {
+      fs::remove_all(dir, ec);  // a save of this step that never completed
+    }
     if (!ec) fs::create_directories(dir, ec);
     if (ec) setup_error = fmt::format("checkpoint: cannot create '{}': {}", dir, ec.message());
     if (group) pg_->store().set_string(fmt::format("ckpt/{}/{}/dir", dir, steps), setup_error);
