@@ -29,7 +29,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
-#include "core/lab/sandbox.h"
+#include "grader/bridge/sandbox.h"
 #include "core/util/error.h"
 #include "core/util/nesting.h"
 

@@ -21,6 +21,7 @@
 #include "core/train/ecosystem.h"
 #include "core/train/stop_signal.h"
 #include "core/train/trainer.h"
+#include "grader/bridge/lab_extension.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -46,24 +47,6 @@ void check_same_config(ProcessGroup& pg, const RunConfig& cfg) {
     if (x != y) diff += fmt::format("\n  rank {}: {}   rank 0: {}", pg.rank(), x, y);
   throw ConfigError(fmt::format("rank {} runs a different config from rank 0:{}", pg.rank(), diff),
                     "every rank must get the same config file and --set overrides");
-}
-
-// A lab's config runs the student's code: the plugin `distlab lab build` made (or lab.plugin), in a process
-// of its own beside this rank (core/train/lab_plugin.h).
-std::unique_ptr<LabPlugin> start_lab_plugin(const RunConfig& cfg) {
-  if ((cfg.lab.name.empty() && cfg.lab.plugin.empty()) || cfg.lab.plugin == "none") return nullptr;  // none: the engine's
-  const std::string path = !cfg.lab.plugin.empty() ? cfg.lab.plugin
-                                                   : (std::filesystem::path(DISTLAB_BUILD_DIR) / "labs" / cfg.lab.name / "student.so").string();
-  if (!std::filesystem::is_regular_file(path))
-    throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", cfg.lab.name, path),
-                      fmt::format("run `distlab lab build {}` first", cfg.lab.name.substr(0, 2)));
-  LabPluginOptions o;
-  o.host_exe = (std::filesystem::canonical("/proc/self/exe").parent_path() / "distlab-labhost").string();
-  o.plugin = std::filesystem::absolute(path).string();
-  o.lab_name = cfg.lab.name.empty() ? std::filesystem::path(path).parent_path().filename().string() : cfg.lab.name;
-  o.sandbox = cfg.lab.sandbox;
-  o.timeout_s = cfg.dist.timeout_s;
-  return std::make_unique<LabPlugin>(o);
 }
 
 int run_train(const TrainArgs& a) {
@@ -121,7 +104,8 @@ int run_train(const TrainArgs& a) {
   MetricsWriter metrics(rank0 ? cfg.log.metrics : "");
   std::ostringstream quiet;  // ranks other than 0 don't print progress
   try {
-    std::unique_ptr<LabPlugin> lab = start_lab_plugin(cfg);
+    // a lab's config: the student's code behind the trainer's extension points (grader/bridge/lab_extension.h)
+    std::unique_ptr<LabExtension> lab = start_lab_extension(cfg, DISTLAB_BUILD_DIR);
     if (lab && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
     const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});

@@ -1,5 +1,5 @@
 // What a check is: a function that runs in the grader's own process (never in one that loads a plugin),
-// starts the student's plugin in sandboxed processes (core/lab/plugin_process.h), feeds them inputs, takes
+// starts the student's plugin in sandboxed processes (grader/bridge/plugin_process.h), feeds them inputs, takes
 // back data, computes the references from the engine itself, and decides. The plugin never sees a verdict
 // and can't forge one: whatever it prints is only shown, never parsed.
 #pragma once
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/lab/plugin_process.h"
+#include "grader/bridge/plugin_process.h"
 #include "grader/lab.h"
 
 namespace distlab::grader {

@@ -2,7 +2,7 @@
 // each in its own sandboxed host, one per tensor-parallel rank, whose all-reduces are served here (summed,
 // and counted) — the references are the whole Linear computed here in double, and the engine's 1F1B order.
 // Then training jobs (grader/jobs.h): the trainers are the engine's, the student's layers and schedule run
-// beside each rank (core/train/lab_tp.cpp), and the trainers measure the losses, the bytes, the bubble and
+// beside each rank (grader/bridge/lab_tp.cpp), and the trainers measure the losses, the bytes, the bubble and
 // the micro-batches each stage held, where the plugin can't reach. References: one rank (the numbers), the
 // engine's own split runs (the bytes), (p − 1)/(m + p − 1) (the bubble).
 #include <fmt/format.h>

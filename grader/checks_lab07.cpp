@@ -1,5 +1,5 @@
 // Lab 07's checks: real training jobs (grader/jobs.h) killed and restarted the way a preempted node is, the
-// student's save_state and load_state beside each rank (core/train/trainer_lab_ckpt.cpp). The reference is
+// student's save_state and load_state beside each rank (grader/bridge/lab_checkpoint.cpp). The reference is
 // the engine's uninterrupted run of the same config: a resume passes when every loss and the final weights
 // are its very bits. The trainers also compare what load_state restored with the engine's own save of the
 // same step, and record how the student's files were written (a write under the final name, a rename

@@ -16,7 +16,7 @@
 #include <set>
 #include <toml++/toml.h>
 
-#include "core/lab/sandbox.h"
+#include "grader/bridge/sandbox.h"
 #include "core/train/ecosystem.h"
 #include "core/util/error.h"
 #include "core/util/error.h"

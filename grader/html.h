@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/lab/sandbox.h"
+#include "grader/bridge/sandbox.h"
 #include "grader/harness.h"
 #include "grader/report.h"
 

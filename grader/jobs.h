@@ -35,7 +35,7 @@ struct JobOptions {
 };
 
 // One `distlab run` of the lab's config; plugin "none" runs the engine's own implementation. Where the
-// grader is root, the job runs as kJobUid (nobody, core/lab/sandbox.h), in a folder of its own that holds
+// grader is root, the job runs as kJobUid (nobody, grader/bridge/sandbox.h), in a folder of its own that holds
 // its own copy of the plugin: a request that got past the trainer's checks would find an unprivileged
 // process, not root. When the engine's files are not readable by that user (a build under /root), the job
 // runs as root and the first job of the grading says why.

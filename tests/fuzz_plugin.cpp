@@ -1,6 +1,6 @@
 // A hostile plugin for the protocol fuzzer (tests/test_lab_fuzz.cpp): whichever of its lab's functions the
 // trainer calls first, it never runs student code. It writes frames straight onto the socket to the trainer
-// (fd 3, core/lab/wire.h), past every check of the host, from a seeded stream: every opcode of the protocol
+// (fd 3, grader/bridge/wire.h), past every check of the host, from a seeded stream: every opcode of the protocol
 // and some that are none, arguments at the edges of int64 (and the sizes that make n·world or begin + n
 // wrap), payloads empty, short, long, of the claimed size or not, file names that climb out of their
 // folder, lab 07's load_state answers with counts at the edges. After each frame it reads one answer, whatever it is, and sends the next; it stops only when
@@ -108,7 +108,7 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
   }
 }
 
-// Lab 07: a return shaped like load_state's answer (core/train/lab_files.h), its counts at the edges: the
+// Lab 07: a return shaped like load_state's answer (grader/bridge/lab_files.h), its counts at the edges: the
 // test's model has parameters of 20, 5, 15 and 3 values, two optimizer states each and one dropout stream.
 std::vector<char> load_answer(std::mt19937_64& g) {
   std::vector<char> out;

@@ -1,4 +1,4 @@
-// The protocol fuzzer: the trainer's side of labs 02-07 (core/train/lab_*.cpp), the code that runs as the
+// The protocol fuzzer: the trainer's side of labs 02-07 (grader/bridge/lab_*.cpp), the code that runs as the
 // grader's user outside the sandbox, driven by tests/fuzz_plugin.cpp — a plugin that writes seeded random
 // and adversarial frames straight onto its socket. Two ranks, four for lab 04 (threads over an in-memory store), each with
 // its own plugin process sending the same stream, so that the collectives the trainer runs for it meet.
@@ -21,9 +21,9 @@
 
 #include "core/models/zoo.h"
 #include "core/optim/optimizer.h"
-#include "core/lab/sandbox.h"
-#include "core/train/lab_files.h"
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/sandbox.h"
+#include "grader/bridge/lab_files.h"
+#include "grader/bridge/lab_plugin.h"
 #include "dist_harness.h"
 
 using namespace distlab;

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "core/lab/sandbox.h"
+#include "grader/bridge/sandbox.h"
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;

@@ -21,7 +21,7 @@
 //
 // Every file is written to "<name>.partial", fsync'd and renamed (core/ckpt/atomic_file.h); COMPLETE comes
 // last, so a save killed at any point leaves either a complete checkpoint or a folder that loading skips.
-// Read next: core/train/trainer_ckpt.cpp (what the trainer saves and restores).
+// Read next: core/train/extension.h (what a caller may put in place of the engine's parts).
 #pragma once
 #include <cstdint>
 #include <map>

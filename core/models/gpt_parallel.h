@@ -78,7 +78,7 @@ class ParallelGPT : public Model {
   // the tied pair across stages: wte on the first stage, its copy on the last (nullptr elsewhere, and
   // when one stage holds both)
   Parameter* tied_embedding();
-  // Every block's column- and row-parallel layers through `k` (lab 06's, from the plugin); nullptr: their own.
+  // Every block's column- and row-parallel layers through `k` (replaced arithmetic: tensor_parallel.h); nullptr: their own.
   void set_tp_kernels(TpKernels* k);
 
  private:

@@ -3,6 +3,7 @@
 // and before it, hook->before_layer_backward(unit); around each unit's forward, before_forward(unit) and
 // after_forward(unit). after_layer_backward is the one place a parallel strategy (DDP buckets, ZeRO/FSDP
 // reduce-scatter) learns a unit's gradients are complete. Nothing else decides when gradients sync.
+// Read next: core/parallel/strategy.h (the hooks' other side).
 #pragma once
 #include <memory>
 #include <string>

@@ -12,6 +12,7 @@
 // Both broadcast rank 0's parameters and buffers at construction, so every replica starts equal. With
 // set_sync(false) (PyTorch's no_sync) the hooks do nothing: gradients accumulate locally over micro-steps,
 // and only the last micro-step communicates.
+// Read next: zero1.h (the optimizer state split over the ranks).
 #pragma once
 #include <memory>
 #include <vector>

@@ -23,7 +23,7 @@
 //                            host, not counted against the device); each gather first copies a part to
 //                            the device, each reduced gradient part goes back, the step runs on the host's
 //                            CPU — the cost model charges the copies at the profile's host link bandwidth
-// Read next: zero3.h (the mechanics), core/train/strategies.cpp (the config keys).
+// Read next: mesh.h (dp × tp × pp: the groups tensor and pipeline parallelism run on).
 #pragma once
 #include "core/parallel/zero3.h"
 

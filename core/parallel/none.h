@@ -1,5 +1,6 @@
 // The single-device strategy: one rank holds everything, so no hook has anything to do. It is what a run
 // with parallel.strategy = "none" gets, and what every other strategy reduces to on one rank.
+// Read next: ddp.h (the first strategy that communicates).
 #pragma once
 #include "core/parallel/strategy.h"
 

@@ -21,7 +21,7 @@
 // Data parallelism over the stages' replicas synchronises gradients once, during the last micro-batch's
 // backward (the strategy's no_sync before). The tied embedding's two copies (first and last stage) sum
 // their gradients after the last backward.
-// Read next: core/models/gpt_parallel.h (a stage), core/train/trainer.cpp (where a step calls train_step).
+// Read next: core/train/trainer_ckpt.cpp (checkpoints: what a bitwise resume needs).
 #pragma once
 #include <functional>
 #include <map>
@@ -46,6 +46,12 @@ std::vector<PipeAction> pipeline_schedule(const std::string& schedule, int stage
 std::string describe_schedule(const std::vector<PipeAction>& s);  // "F0 F1 B0 F2 B1 B2"
 // "" when `order` runs every micro-batch 0..m-1 forward once and then backward once; else what is wrong.
 std::string check_schedule(const std::vector<PipeAction>& order, int micro_batches);
+// A stage's own order of its m micro-batches, and for each micro-batch whether its backward synchronises
+// the data-parallel replicas (the engine's: pipeline_schedule, and only the last one).
+struct PipelineOrder {
+  std::vector<PipeAction> actions;
+  std::vector<bool> dp_sync;  // by micro-batch
+};
 
 // What the loss does on the last stage: logits -> (loss, dlogits scaled by `factor`)
 using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const Batch& batch, float factor, Tensor& dlogits)>;

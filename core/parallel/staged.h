@@ -7,6 +7,7 @@
 //         does the same with CUDA tensors).
 // DDP's buckets, ZeRO's and FSDP's flat buffers all come through here: the one place that knows.
 // Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
+// Read next: zero3.h (the parameters split as well).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -15,6 +15,7 @@
 // before_forward gathers a unit's shards, step updates only this rank's). FSDP, TP and PP implement the
 // same calls. Which strategy a run gets is make_strategy's decision
 // (core/train/strategies.cpp), from the config — the trainer never compares a strategy's name.
+// Read next: none.h, then ddp.h.
 #pragma once
 #include <functional>
 #include <memory>

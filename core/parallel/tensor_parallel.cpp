@@ -138,9 +138,9 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
   return std::sqrt(double(ss));
 }
 
-// ---- either layer through TpKernels (a lab's): the same shapes, the arithmetic elsewhere ----
-// The lab's code is host code in a process of its own: its arrays are host memory (OnHost), down from and
-// back up to a cuda rank's device.
+// ---- either layer through TpKernels (replaced arithmetic): the same shapes, the arithmetic elsewhere ----
+// The kernels are host code, perhaps in a process of their own: their arrays are host memory (OnHost), down
+// from and back up to a cuda rank's device.
 
 static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& x,
                               Tensor& saved_x) {
@@ -151,7 +151,7 @@ static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGro
   Tensor y = rt.empty(shape, Category::activations, "output of " + local.weight.name, rt.dtype);
   saved_x = x;
   OnHost xf(x), w(local.weight.data), b(bias ? bias->data : Tensor()), yf(y, OnHost::out);
-  if (!yf.p) return y;  // meta: shapes only (a lab refuses the meta device)
+  if (!yf.p) return y;  // meta: shapes only (replaced kernels compute nothing on meta)
   const int64_t rows = x.numel() / in;
   if (column) k.column_forward(tp, xf.p, w.p, bias ? b.p : nullptr, yf.p, rows, in, out);
   else k.row_forward(tp, xf.p, w.p, bias ? b.p : nullptr, yf.p, rows, in, out);
@@ -164,9 +164,9 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
                                Tensor& saved_x) {
   const int64_t in = local.in_features, out = local.out_features, rows = saved_x.numel() / in;
   Tensor dx = rt.empty(saved_x.shape(), Category::activations, "grad of input of " + local.weight.name, rt.dtype);
-  // the lab writes f32 gradients in host memory, counted as the rank's gradients
-  Tensor dw = rt.host_empty({out, in}, Category::grads, "the lab's gradient of " + local.weight.name);
-  Tensor db = bias ? rt.host_empty({out}, Category::grads, "the lab's gradient of " + bias->name) : Tensor();
+  // the kernels write f32 gradients in host memory, counted as the rank's gradients
+  Tensor dw = rt.host_empty({out, in}, Category::grads, "the kernels' gradient of " + local.weight.name);
+  Tensor db = bias ? rt.host_empty({out}, Category::grads, "the kernels' gradient of " + bias->name) : Tensor();
   {
     OnHost dxf(dx, OnHost::out), x(saved_x), w(local.weight.data), dy(dout);
     if (dxf.p) {

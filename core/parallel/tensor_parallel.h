@@ -16,7 +16,7 @@
 // column-parallel (each rank computes n_head/t heads), c_proj row-parallel.
 //
 // The reference they are held to is the whole nn.Linear on one rank (tests/test_tensor_parallel.cpp).
-// Read next: mesh.h (which ranks form a TP group).
+// Read next: core/models/gpt_parallel.h (GPT split with these layers).
 #pragma once
 #include "core/dist/process_group.h"
 #include "core/nn/attention.h"
@@ -52,8 +52,8 @@ int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, 
 // the stages' sums added over the PP group (a tied copy counted once). Either group may be nullptr.
 double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp);
 
-// The two layers' arithmetic and their collectives, replaceable: lab 06's student writes them, and its
-// plugin runs them in a process of its own (core/train/lab_tp.cpp). Every array is f32, row-major, in
+// The two layers' arithmetic and their collectives, replaceable (ParallelGPT::set_tp_kernels): host code
+// that may run elsewhere, even in a process of its own (the grader's bridge does). Every array is f32, row-major, in
 // PyTorch's layout: x (rows, in), w (out, in) — this rank's slice, as the layer holds it — b (out) or
 // nullptr, y (rows, out). Gradients are written, not added: the layer adds them to its parameters'.
 class TpKernels {

@@ -8,7 +8,7 @@
 // Per unit rather than one vector for the whole model (ZeRO-1's layout, zero1.h) because stages 2 and 3
 // communicate unit by unit during backward (and, in stage 3, forward): each unit is one reduce-scatter and
 // one all-gather. Padding is zero, adds nothing to a sum or a norm, and never lands in a parameter.
-// Read next: zero2.h (gradients sharded), zero3.h (parameters sharded too).
+// Read next: staged.h (where a buffer crosses between host and device, and a collective goes to Gloo or NCCL).
 #pragma once
 #include <vector>
 

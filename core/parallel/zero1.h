@@ -15,7 +15,7 @@
 // whole gradients are released once reduced; the slice is kept in the parameters' dtype), and optimizer
 // state K·Ψ/N instead of K·Ψ — the paper's 4Ψ + 12Ψ/N with bf16 parameters and Adam.
 // Communication: reduce_scatter + all_gather = one all_reduce's worth, so ZeRO-1 costs what DDP costs.
-// Read next: core/parallel/ddp.h (what this extends), strategy.h (the calls the trainer makes).
+// Read next: zero2.h (the gradients split too).
 #pragma once
 #include <memory>
 #include <string>

@@ -18,7 +18,7 @@
 // optimizer state live in host memory, and the host's CPU runs the step; each reduced gradient part
 // crosses PCIe to the host and each updated part crosses back before the all-gather. Device memory:
 // 2Ψ of parameters plus the unit in flight; the price is those copies, every step.
-// Read next: unit_shards.h (the layout), zero3.h (parameters sharded as well).
+// Read next: unit_shards.h (the layout it shares with ZeRO-3).
 #pragma once
 #include <memory>
 

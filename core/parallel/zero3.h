@@ -18,7 +18,7 @@
 // DDP's bytes in fp32 — the price of the paper's Nx memory saving. 16-bit parameters travel in 16 bits.
 // Prefetch: the unit the forward (or backward) will need next is gathered asynchronously while this one
 // computes; the order is recorded on the first step (PyTorch FSDP records its execution order the same way).
-// Read next: unit_shards.h (the layout), strategy.h (when the trainer calls what).
+// Read next: fsdp.h (the same machinery in PyTorch's words).
 #pragma once
 #include <map>
 #include <memory>

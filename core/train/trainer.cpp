@@ -29,41 +29,19 @@ static int default_threads() {
   return int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, LabPlugin* lab)
-    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), lab_(lab), scaler_(loss_scale_options(cfg.precision)) {
+Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, TrainerExtension* ext)
+    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), ext_(ext), scaler_(loss_scale_options(cfg.precision)) {
   // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
   const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp);
   dp_ = pg;
   accum_ = cfg.train.accum_steps;
+  if (ext_) ext_->check_run(cfg, shape, rt);  // what the extension cannot serve, before anything is built
   if (shape.tp > 1 || shape.pp > 1) {
-    const std::string split = fmt::format("parallel.tp {} x parallel.pp {}", shape.tp, shape.pp);
-    if (lab && !lab->is("06"))
-      throw ConfigError(fmt::format("{} in lab {}: the lab's hooks see whole layers on one stage", split, cfg.lab.name),
-                        "run the lab without parallel.tp and parallel.pp");
-    if (lab && shape.pp > 1 && cfg.parallel.schedule != "1f1b")
-      throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, cfg.lab.name),
-                        "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
-    const std::string& st = cfg.parallel.strategy;
-    const bool whole_grads = st == "none" || st == "ddp" || st == "zero1";  // reduced after the backward, or whole
-    if (!whole_grads && shape.pp > 1)
-      throw ConfigError(fmt::format("parallel.strategy {} with {}: ZeRO-2's gradient buckets and ZeRO-3/FSDP's units are reduced during "
-                                    "a pipeline's backward, before the tied embedding's two copies (first and last stage) are summed",
-                                    st, split),
-                        "with pipeline stages use parallel.strategy = \"zero1\" (the optimizer state split over the data-parallel "
-                        "ranks, Megatron's distributed optimizer) or \"ddp\"; zero2, zero3 and fsdp compose with parallel.tp alone "
-                        "(PyTorch's 2D: FSDP across the data-parallel ranks, TP inside a node)");
-    if (lab && cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
-      throw ConfigError(fmt::format("parallel.strategy {} in lab {}: the lab's dp_sync drives DDP", cfg.parallel.strategy, cfg.lab.name),
-                        "set parallel.strategy = \"ddp\"");
+    check_strategy_composes(cfg, shape);  // ZeRO-2/3 and FSDP reduce during the backward: not with stages
     if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);
   }
-  if (lab && lab->is("06") && !mesh_)
-    throw ConfigError(fmt::format("lab {} with parallel.tp 1 and parallel.pp 1: none of the lab's code would run", cfg.lab.name),
-                      "set parallel.tp (and parallel.pp) > 1, e.g. --set parallel.tp=2 on two ranks");
-  if (lab && lab->is("06") && rt.is_meta())
-    throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", cfg.lab.name), "train on the cpu device");
   // the fake world first: on a real device its N ranks were never started (not "N ranks were started")
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
@@ -96,7 +74,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   }
 
   if (!rt.is_meta()) {
-    auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), lab_);
+    auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), ext_);
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last, cfg.data.check_finite);
     if (loader_->batches_per_epoch() < 1)
       throw ConfigError(fmt::format("the train set has {} samples, fewer than one micro-batch of {}", data_.train->size(), micro_batch_),
@@ -116,23 +94,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_ = build_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                        cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
-  if (lab_) {  // what a plugin may send at once: a few copies of every parameter (a bucket, a flat's parts, a State)
-    uint64_t params = 0;
-    for (Parameter* p : model_->parameters()) params += uint64_t(p->data.numel());
-    lab_->limit_messages(64 * params + (uint64_t(16) << 20));
-  }
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
     if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
-    if (lab_ && lab_->is("06"))  // the student's 1F1B order for this stage, checked, and its data-parallel syncs
-      lab_order_ = std::make_unique<LabPlugin::PipeOrder>(lab_->pipeline_order(shape.pp, mesh_->coord().pp, int(accum_)));
   }
-  if (lab_ && lab_->is("06") && shape.tp > 1) {  // the student's column- and row-parallel layers
-    auto* gpt = dynamic_cast<ParallelGPT*>(model_.get());
-    if (!gpt) throw ConfigError(fmt::format("parallel.tp {} with model {} in lab {}", shape.tp, spec_.name, cfg.lab.name), "the lab's tensor parallelism splits GPT");
-    lab_tp_ = lab_->make_tp_kernels(rt);
-    gpt->set_tp_kernels(lab_tp_.get());
-  }
+  if (ext_) ext_->on_model(*model_, rt, mesh_.get(), accum_);  // layer substitution, a stage's own order
   if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
     device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
                                                                            Millis(int64_t(cfg.dist.timeout_s * 1000))));
@@ -141,7 +107,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     ProcessGroup& tp = mesh_->group(MeshAxis::tp);
     tp_device_group_ = std::make_unique<DeviceBackend>(tp, make_device_group(rt, cfg.train.device, tp, Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
-  strategy_ = make_strategy(cfg, dp_, *model_, rt, lab_);
+  strategy_ = make_strategy(cfg, dp_, *model_, rt, ext_);
   if (cfg.optim.name == "sgd") {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
@@ -200,6 +166,10 @@ double Trainer::micro_step(float loss_factor, bool sync, int64_t& samples) {
   return loss;
 }
 
+RunParts Trainer::parts() {
+  return RunParts{cfg_, rt_, log_, pg_, *model_, *opt_, *strategy_, loader_.get(), micro_batch_};
+}
+
 double Trainer::loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits) {
   if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
     VocabParallelCrossEntropy ce(*tp);
@@ -213,7 +183,7 @@ double Trainer::loss_and_grad(const Tensor& logits, const Batch& b, float factor
   return loss;
 }
 
-Trainer::StepOutcome Trainer::engine_step(int64_t step) {
+StepOutcome Trainer::engine_step(int64_t step) {
   StepOutcome o;
   const int64_t k = accum_;
   o.loss_scale = scaler_.scale();
@@ -222,11 +192,11 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
     // a strategy that reduces after the backward (ZeRO-1) does so once here, after the tied copies' sum
     const bool later = strategy_->reduces_after_backward();
     const std::vector<bool> no_sync(size_t(k), false);
+    const PipelineOrder* order = ext_ ? ext_->pipeline_order() : nullptr;  // nullptr: the schedule's
     const Pipeline::StepResult r = pipeline_->train_step(
         rt_, [&] { return next_batch(); },
         [&](Runtime&, const Tensor& logits, const Batch& b, float factor, Tensor& d) { return loss_and_grad(logits, b, factor, d); },
-        o.loss_scale / float(k), *strategy_, lab_order_ ? &lab_order_->actions : nullptr,
-        later ? &no_sync : lab_order_ ? &lab_order_->dp_sync : nullptr);
+        o.loss_scale / float(k), *strategy_, order ? &order->actions : nullptr, later ? &no_sync : order ? &order->dp_sync : nullptr);
     pipeline_->sync_tied(rt_, tied_);  // the lm_head's copy and wte: one gradient, the same step on both stages
     if (later) {
       strategy_->begin_backward(true);
@@ -255,6 +225,7 @@ Trainer::StepOutcome Trainer::engine_step(int64_t step) {
   scaler_.update(o.skipped);
   o.next_loss_scale = scaler_.scale();
   strategy_->zero_grad(*model_);
+  sched_steps_ = step + 1;  // the scheduler steps with the optimizer (or with a skipped step, as the lr does)
   return o;
 }
 
@@ -266,7 +237,14 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.trace.clear_events();
   const CommCounters comm_before = comm_totals();
   const double t0 = rt_.trace.now_us();
-  const StepOutcome o = lab_ && lab_->drives_steps() ? lab_step(step) : engine_step(step);
+  StepOutcome o;
+  if (ext_ && ext_->drives_steps()) {  // an extension's step, through the same micro-batches and optimizer
+    Calls calls(*this);
+    RunParts run = parts();
+    o = ext_->drive_step(run, calls, step);
+  } else {
+    o = engine_step(step);
+  }
   rt_.trace.keep_events(false);
   skipped_steps_ += o.skipped;
   loss_scale_ = o.next_loss_scale;
@@ -386,7 +364,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       const double el = (rt_.trace.now_us() - t_start) * 1e-6;
       log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
                           rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
-                          scaler_.enabled() || (lab_ && lab_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
+                          scaler_.enabled() || (ext_ && ext_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
                           samples / std::max(el, 1e-9), el);
       log_.flush();
     }

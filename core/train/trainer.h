@@ -2,7 +2,8 @@
 //   loader → micro-batch → model.forward → loss → model.backward (hook after each unit)
 //   → [accumulate? next micro-batch] → clip → optimizer.step → zero_grad → metrics
 // Evaluation runs the test set in eval mode. On the meta device there is no data: batches have shapes only
-// and the run reports parameters, FLOPs and memory.
+// and the run reports parameters, FLOPs and memory. (The walk through the engine: docs/ENGINE.md.)
+// Read next: core/models/model.h (the hooks a step's forward and backward call).
 #pragma once
 #include <iosfwd>
 #include <memory>
@@ -19,7 +20,7 @@
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/train/config.h"
-#include "core/train/lab_plugin.h"
+#include "core/train/extension.h"
 #include "core/train/metrics.h"
 
 namespace distlab {
@@ -43,30 +44,22 @@ std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype,
 class Trainer {
  public:
   // pg: the ranks of a data-parallel job (nullptr: one rank). Only rank 0 logs, evaluates and saves.
-  // hooks: a lab's student code replacing the engine's sampler / DDP (nullptr: the engine's own)
-  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg = nullptr, LabPlugin* lab = nullptr);
+  // ext: parts of the run in place of the engine's own (core/train/extension.h; nullptr: none). It must
+  // outlive the trainer.
+  Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg = nullptr, TrainerExtension* ext = nullptr);
   // Runs every step; returns the summary record (also written to the metrics file).
   nlohmann::json run(MetricsWriter& metrics, const TrainOutputs& out = {});
   Model& model() { return *model_; }
   // One evaluation over (up to eval_batches of) the test set: {"loss", "accuracy", "samples"}.
   nlohmann::json evaluate();
   int64_t total_steps() const { return total_steps_; }
-  // What one optimizer step did, for its metrics record.
-  struct StepOutcome {
-    double loss = 0, lr = 0, grad_norm = 0;  // grad_norm: unscaled, before clipping (lab 03: what the student stepped with)
-    // the scale this step's backward used (lab 03: the loss factor times k, as the trainer saw it), and the next step's
-    float loss_scale = 1, next_loss_scale = 1;
-    bool skipped = false;
-    int64_t samples = 0;  // this rank's
-  };
 
  private:
   Batch next_batch();
   Batch meta_batch(int64_t B);
   double train_step(int64_t step, MetricsWriter& metrics);  // returns the mean loss of the step
   double micro_step(float loss_factor, bool sync, int64_t& samples);
-  StepOutcome engine_step(int64_t step);  // accumulate, unscale, skip or clip and step (the engine's)
-  StepOutcome lab_step(int64_t step);     // the same driven by lab 03's student (trainer_lab.cpp)
+  StepOutcome engine_step(int64_t step);  // accumulate, unscale, skip or clip and step (an extension may drive it instead)
   nlohmann::json model_time(int64_t step);                  // the modeled time of the traced step
   // The run's log and summary (trainer_report.cpp): the opening lines, the summary record, the closing report.
   struct RunTotals {
@@ -91,15 +84,13 @@ class Trainer {
   void save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::string& why);
   void make_step_dir(const std::string& dir, int64_t steps);                        // rank 0 makes it afresh
   int64_t write_checkpoint(const std::string& dir, int64_t steps, const std::string& why, bool fault = true);  // the files; bytes
-  // lab 07: the student's save_state and load_state beside the weights (trainer_lab_ckpt.cpp)
-  void lab_save_checkpoint(const std::string& dir, int64_t steps, MetricsWriter& metrics, double t0);
-  void lab_resume(MetricsWriter& metrics);
   nlohmann::json checkpoint_estimate();
   nlohmann::json rank_state(int64_t steps);
   void fault_point(const char* where, int64_t step);  // DISTLAB_TEST_FAULT: the resume tests' kill -9, a skewed replica
   bool fault_due(const char* where, int64_t step, const char* action = "kill") const;
-  std::vector<char> lab_snapshot(int64_t step);                 // lab 07: the State the student's code sees
-  nlohmann::json lab_restore_problems(const std::string& dir);  // lab 07: what load_state left unlike the save
+  // what an extension's hooks see of the run, and may ask of the trainer (core/train/extension.h)
+  RunParts parts();
+  class Calls;
   bool is_rank0() const { return !pg_ || pg_->rank() == 0; }
   int world() const { return pg_ ? pg_->size() : 1; }
   // the data-parallel ranks: the world without a mesh; its dp axis with one (parallel.tp, parallel.pp)
@@ -129,17 +120,15 @@ class Trainer {
   ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the strategy) runs over
   std::unique_ptr<Pipeline> pipeline_;  // parallel.pp > 1: this rank's stage runs the schedule
   Parameter* tied_ = nullptr;           // the pipeline's tied embedding on the first and last stage
-  std::unique_ptr<TpKernels> lab_tp_;   // lab 06: the student's column- and row-parallel arithmetic
-  std::unique_ptr<LabPlugin::PipeOrder> lab_order_;  // lab 06: this stage's order and data-parallel syncs, the student's
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
-  LabPlugin* lab_;
+  TrainerExtension* ext_;               // parts in place of the engine's (nullptr: none)
   std::unique_ptr<DeviceBackend> device_group_;  // dist.backend = "nccl": dp_'s device backend (before strategy_: it outlives it)
   std::unique_ptr<DeviceBackend> tp_device_group_;  // and the TP group's, for the split layers' activations (parallel.tp > 1)
   std::unique_ptr<Strategy> strategy_;  // the only thing the loop knows of parallelism (strategies.h)
   GradScaler scaler_;                   // fp16's loss scale (disabled for fp32 and bf16 by default)
   int64_t skipped_steps_ = 0;           // steps whose gradients overflowed
-  int64_t lab_schedule_steps_ = 0;      // lab 03: the student's scheduler_step() calls so far
+  int64_t sched_steps_ = 0;             // the lr scheduler's position (PyTorch's last_epoch): the steps taken, or a driven step's calls
   float loss_scale_ = 1;                // for the progress line: the scale of the next step
   nlohmann::json modeled_;  // the cost model's verdict on the traced step
   Schedule schedule_;
@@ -156,6 +145,25 @@ class Trainer {
   int stop_rank_ = -1;           // the rank that was sent it, when exactly one was (-1: none, or several)
   std::string resumed_from_;
   nlohmann::json ckpt_report_ = nlohmann::json::object();  // saves made, their bytes and seconds
+};
+
+// What an extension's hook may ask of the trainer (core/train/extension.h), on the trainer's own parts.
+class Trainer::Calls : public TrainerCalls {
+ public:
+  explicit Calls(Trainer& t) : t_(t) {}
+  double forward_backward(float loss_factor, bool sync, int64_t& samples) override { return t_.micro_step(loss_factor, sync, samples); }
+  void optimizer_step(float lr, float grad_factor) override { t_.strategy_->step(t_.rt_, *t_.opt_, lr, grad_factor); }
+  void zero_grad() override { t_.strategy_->zero_grad(*t_.model_); }
+  double scheduler_lr() const override { return t_.schedule_.lr_at(t_.sched_steps_); }
+  void scheduler_step() override { t_.sched_steps_++; }
+  void write_engine_checkpoint(const std::string& dir, int64_t steps, const std::string& why) override {
+    t_.make_step_dir(dir, steps);
+    t_.write_checkpoint(dir, steps, why, false);
+  }
+  bool fault_due(const char* where, int64_t step, const char* action) const override { return t_.fault_due(where, step, action); }
+
+ private:
+  Trainer& t_;
 };
 
 }  // namespace distlab

@@ -13,11 +13,14 @@
 //   loss scale                    GradScaler (scale, clean steps, hysteresis)
 //   RNG streams                   init: the seed; dropout: each Dropout's draws so far
 //   data order                    the sampler's order is f(seed, epoch): the epoch and the batches taken
-//   trainer counters              skipped steps, lab 03's scheduler calls
+//   lr scheduler                  its position (the steps taken, or a      the rank's state: scheduler.steps
+//                                 driven step's scheduler_step calls)
+//   trainer counters              skipped steps
 //
 // With all of it back, step S+1 of a resumed run reads the same weights, moments, masks and batch as the
 // uninterrupted run's step S+1, and computes the same bits. The tests kill a rank with SIGKILL at a random
 // step and compare (tests/test_ckpt.cpp).
+// Read next: core/ckpt/checkpoint.h (the files).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -150,7 +153,8 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
           {"rng", {{"seed", cfg_.train.seed}, {"dropout_calls", dropout}}},
           {"optimizer", {{"name", cfg_.optim.name}, {"steps", opt_->steps()}, {"param_steps", param_steps}}},
           {"scaler", {{"scale", scaler_.scale()}, {"growth_tracker", scaler_.growth_tracker()}, {"hysteresis_left", scaler_.hysteresis_left()}}},
-          {"trainer", {{"skipped_steps", skipped_steps_}, {"lab_schedule_steps", lab_schedule_steps_}, {"epoch", epoch_}}}};
+          {"scheduler", {{"steps", sched_steps_}}},
+          {"trainer", {{"skipped_steps", skipped_steps_}, {"epoch", epoch_}}}};
 }
 
 nlohmann::json Trainer::checkpoint_estimate() {
@@ -194,7 +198,13 @@ void Trainer::save_checkpoint(int64_t steps, MetricsWriter& metrics, const std::
   const std::string dir = (fs::path(cfg_.checkpoint.dir) / step_dir_name(steps)).string();
   metrics.sync();  // the records up to this step are on disk before the checkpoint that a resume continues them from
   make_step_dir(dir, steps);
-  if (lab_ && lab_->is("07")) return lab_save_checkpoint(dir, steps, metrics, t0);  // the student's (trainer_lab_ckpt.cpp)
+  if (ext_ && ext_->owns_checkpoints()) {  // an extension's own state in the folder, in place of the engine's files
+    Calls calls(*this);
+    RunParts run = parts();
+    ext_->save(run, calls, dir, steps, metrics);
+    ckpt_report_["saves"] = ckpt_report_.value("saves", 0) + 1;
+    return;
+  }
   const int64_t bytes = write_checkpoint(dir, steps, why);
   const double secs = (rt_.trace.now_us() - t0) * 1e-6;
   std::vector<std::string> removed;
@@ -381,7 +391,8 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     scaler_.restore(sc.at("scale").get<float>(), sc.at("growth_tracker").get<int64_t>(), sc.at("hysteresis_left").get<int64_t>());
     loss_scale_ = scaler_.scale();
     skipped_steps_ = st.at("trainer").at("skipped_steps").get<int64_t>();
-    lab_schedule_steps_ = st.at("trainer").at("lab_schedule_steps").get<int64_t>();
+    // the scheduler's position (a checkpoint without it: the engine's own steps drove it)
+    sched_steps_ = st.contains("scheduler") ? st.at("scheduler").at("steps").get<int64_t>() : c.step();
     const auto streams = model_->rng_streams();
     const auto& calls = st.at("rng").at("dropout_calls");
     if (calls.size() == streams.size()) {
@@ -430,7 +441,16 @@ void Trainer::resume(MetricsWriter& metrics) {
   if (const std::string why = strategy_->checkpoint_refusal(); !why.empty())
     throw ConfigError(fmt::format("checkpoint.dir is set, but {}", why), "run without checkpoint.dir");
   if (rt_.is_meta()) return;  // nothing to load or save: the meta run reports what a save would weigh
-  if (lab_ && lab_->is("07")) return lab_resume(metrics);  // the student's load_state (trainer_lab_ckpt.cpp)
+  if (ext_ && ext_->owns_checkpoints()) {  // the extension finds, checks and loads its own
+    Calls calls(*this);
+    RunParts run = parts();
+    if (const std::optional<ResumePoint> p = ext_->resume(run, calls, metrics)) {
+      start_step_ = saved_step_ = p->step;
+      resumed_from_ = p->dir;
+      if (loader_) epoch_ = loader_->epoch();
+    }
+    return;
+  }
   const bool group = pg_ && pg_->size() > 1;
   // rank 0 chooses (every file checksummed), the others take its word: they all load the same one
   nlohmann::json choice = {{"dir", ""}, {"error", ""}, {"hint", ""}};

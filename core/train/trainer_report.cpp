@@ -108,14 +108,8 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
                         "bubble (p - 1)/(m + p - 1) = {:.1f} % when the stages are balanced\n",
                         s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == "gpipe" ? m : warmup_forwards(p, s, m) + 1,
                         100.0 * (p - 1) / (m + p - 1));
-    if (lab_order_) {
-      std::string syncs;
-      for (int j = 0; j < m; j++)
-        if (lab_order_->dp_sync[size_t(j)]) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", j);
-      log_ << fmt::format("  this stage runs the lab's schedule_1f1b: {}; data-parallel gradients averaged in: {}\n",
-                          describe_schedule(lab_order_->actions), syncs.empty() ? "none" : syncs);
-    }
   }
+  if (ext_) ext_->describe(log_);
   if (!rt_.is_meta()) log_ << data_.note << "\n";
   log_ << fmt::format("model {}: {} parameters{}\n{}", spec_.name, whole_params,
                       whole_params == nparams ? ""
@@ -195,7 +189,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                            {"peak_memory", memory_json(peak_)},
                            {"comm_bytes_sent_last_step", last_step_comm_bytes_},
                            {"strategy_report", strategy_->report()}};
-    if (lab_) mine["lab_largest_all_reduce_bytes"] = lab_->largest_all_reduce_bytes();
+    if (ext_) ext_->report(mine);
     pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
     if (is_rank0()) {
       nlohmann::json ranks = nlohmann::json::array();

@@ -1,6 +1,6 @@
 // The plugin's host: `distlab-labhost LAB PLUGIN` loads a student's plugin and serves requests on fd 3
-// (core/lab/protocol.h). It links nothing of the engine but the lab's own API header, so the plugin can
-// resolve no engine symbol; it runs inside the sandbox (core/lab/sandbox.h), so it can touch no file of
+// (grader/bridge/protocol.h). It links nothing of the engine but the lab's own API header, so the plugin can
+// resolve no engine symbol; it runs inside the sandbox (grader/bridge/sandbox.h), so it can touch no file of
 // the grader's. One file per lab serves that lab's functions.
 #pragma once
 #include <dlfcn.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/lab/protocol.h"
-#include "core/lab/wire.h"
+#include "grader/bridge/protocol.h"
+#include "grader/bridge/wire.h"
 
 namespace labhost {
 

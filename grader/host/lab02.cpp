@@ -1,4 +1,4 @@
-// Lab 02's host: the student's sampler and DDP beside a trainer (core/train/lab_plugin.cpp). The trainer
+// Lab 02's host: the student's sampler and DDP beside a trainer (grader/bridge/lab_plugin.cpp). The trainer
 // sends gradients in, runs the collectives the plugin asks for on its own process group (and counts
 // them), and takes the averaged gradients back.
 #include <dlfcn.h>

@@ -1,5 +1,5 @@
 // Lab 04's host: the student's partition and ZeRO. shard_of is called directly (the grader's quick check);
-// zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer (core/train/lab_zero.cpp): every
+// zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer (grader/bridge/lab_zero.cpp): every
 // gradient fetched, part kept, optimizer step and weight written is a request the trainer runs, checks and
 // answers, and every collective runs on the trainer's real process group.
 #include <dlfcn.h>

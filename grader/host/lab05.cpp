@@ -1,6 +1,6 @@
 // Lab 05's host: the student's FSDP hooks. Each hook call carries the unit, the options and what the Fsdp
 // answers locally (sizes, the root, the recorded orders); every gather, wait, free and reduce-scatter is a
-// request the trainer runs on its sharding machinery (core/train/lab_fsdp.cpp), checks, and answers.
+// request the trainer runs on its sharding machinery (grader/bridge/lab_fsdp.cpp), checks, and answers.
 #include <dlfcn.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "core/lab/sandbox.h"
+#include "grader/bridge/sandbox.h"
 
 #include <fcntl.h>
 #include <grp.h>

@@ -1,4 +1,4 @@
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/lab_plugin.h"
 
 #include <fmt/format.h>
 

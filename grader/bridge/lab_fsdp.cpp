@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel/zero3.h"
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
 
 namespace distlab {

@@ -1,4 +1,4 @@
-#include "core/lab/plugin_process.h"
+#include "grader/bridge/plugin_process.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/lab/protocol.h"
-#include "core/lab/sandbox.h"
-#include "core/lab/wire.h"
+#include "grader/bridge/protocol.h"
+#include "grader/bridge/sandbox.h"
+#include "grader/bridge/wire.h"
 #include "core/util/error.h"
 
 namespace distlab {

@@ -1,5 +1,5 @@
 // A lab's student code in a training run. The plugin is never loaded into the trainer: it runs in its own
-// sandboxed process (core/lab/plugin_process.h), and the classes here stand in for it behind the engine's
+// sandboxed process (grader/bridge/plugin_process.h), and the classes here stand in for it behind the engine's
 // interfaces — a Sampler whose indices come from the student's sampler_indices, and a DataParallel whose
 // hooks send the gradients over, run the collectives the student asks for on this rank's real process
 // group (counted and traced like the engine's own), and take the averaged gradients back.
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/data/sampler.h"
-#include "core/lab/plugin_process.h"
+#include "grader/bridge/plugin_process.h"
 #include "core/parallel/ddp.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/tensor_parallel.h"
@@ -20,7 +20,7 @@
 namespace distlab {
 
 // What lab 03's train_step may ask of the trainer, one call per request of the student's Step
-// (labs/03-amp-accum/api.h). The trainer implements it (core/train/trainer_lab.cpp) and checks the order.
+// (labs/03-amp-accum/api.h). The trainer implements it (grader/bridge/lab_step.cpp) and checks the order.
 class LabStepOps {
  public:
   virtual ~LabStepOps() = default;
@@ -56,26 +56,23 @@ class LabPlugin {
   // naive ("naive") or bucketed DDP by the student; broadcasts rank 0's weights first, as the engine's does
   std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
 
-  // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — core/train/lab_zero.cpp
+  // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — grader/bridge/lab_zero.cpp
   std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt);
-  // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — core/train/lab_fsdp.cpp
+  // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — grader/bridge/lab_fsdp.cpp
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
 
   // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
-  // layer's tensor-parallel group — core/train/lab_tp.cpp
+  // layer's tensor-parallel group — grader/bridge/lab_tp.cpp
   std::unique_ptr<TpKernels> make_tp_kernels(Runtime& rt);
   // Lab 06: stage `stage`'s order of its m micro-batches (the student's schedule_1f1b, checked), and for each
   // micro-batch whether its backward synchronises the data-parallel replicas (the student's dp_sync)
-  struct PipeOrder {
-    std::vector<PipeAction> actions;
-    std::vector<bool> dp_sync;  // by micro-batch
-  };
-  PipeOrder pipeline_order(int stages, int stage, int micro_batches);
+  PipelineOrder pipeline_order(int stages, int stage, int micro_batches);
 
   // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
   // answers the student's all_reduces with their own data.
   bool drives_steps() const { return is("03"); }
   bool is(const char* lab_id) const { return opt_.lab_name.rfind(lab_id, 0) == 0; }  // "02": lab 02's plugin
+  const std::string& name() const { return opt_.lab_name; }
   LabStepResult train_step(LabStepOps& ops, int accum_steps, double max_norm, const float scaler_config[3],
                            int32_t growth_interval, ProcessGroup* pg, Runtime& rt);
 

@@ -1,7 +1,8 @@
 // The trainer's side of lab 03: the student's train_step (labs/03-amp-accum/api.h) drives one optimizer
 // step, and every request it makes runs here, on the engine's model, optimizer and schedule. The order is
 // checked as it happens: micro-batches 0..k-1 once each, then exactly one optimizer_step or skip_step.
-// Compare Trainer::engine_step (trainer.cpp), the engine's own version of the same step.
+// It is LabExtension::drive_step (lab_extension.h): the trainer's micro-batches and optimizer through
+// TrainerCalls. Compare Trainer::engine_step (core/train/trainer.cpp), the engine's own version of the same step.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -9,7 +10,7 @@
 #include <functional>
 
 #include "core/tensor/on_host.h"
-#include "core/train/trainer.h"
+#include "grader/bridge/lab_extension.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -18,7 +19,7 @@ namespace {
 
 class Ops : public LabStepOps {
  public:
-  Ops(Trainer::StepOutcome& o, int64_t k, std::function<double(float, bool)> micro, std::vector<Parameter*> params,
+  Ops(StepOutcome& o, int64_t k, std::function<double(float, bool)> micro, std::vector<Parameter*> params,
       std::function<void(const std::vector<float>&)> step, std::function<void()> skip, std::function<void()> sched)
       : o_(o), k_(k), micro_(std::move(micro)), params_(std::move(params)), step_(std::move(step)), skip_(std::move(skip)),
         sched_(std::move(sched)) {}
@@ -66,7 +67,7 @@ class Ops : public LabStepOps {
     if (done_micro_ < k_) throw lab_error(fmt::format("{}() after {} of {} micro-batches", what, done_micro_, k_), "run all k micro-batches first");
     done_ = what;
   }
-  Trainer::StepOutcome& o_;
+  StepOutcome& o_;
   int64_t k_, done_micro_ = 0;
   double loss_sum_ = 0;
   const char* done_ = nullptr;
@@ -78,32 +79,34 @@ class Ops : public LabStepOps {
 
 }  // namespace
 
-Trainer::StepOutcome Trainer::lab_step(int64_t) {  // the step number: the student's scheduler_step counts
+StepOutcome LabExtension::drive_step(RunParts& run, TrainerCalls& calls, int64_t) {  // the step number: the student's scheduler_step counts
   StepOutcome o;
-  const auto params = model_->parameters();
+  Runtime& rt = run.rt;
+  const auto params = run.model.parameters();
   // the optimizer reads the student's f32 gradients: they replace the model's (16-bit) ones for the step
   const auto take_step = [&](const std::vector<float>& g) {
     size_t at = 0;
     for (auto* p : params) {
-      p->grad = rt_.empty(p->data.shape(), Category::grads, "the lab's gradient of " + p->name);
+      p->grad = rt.empty(p->data.shape(), Category::grads, "the lab's gradient of " + p->name);
       OnHost h(p->grad, OnHost::out);  // up to a cuda rank's device
       if (h.p) std::memcpy(h.p, g.data() + at, size_t(p->data.numel()) * 4);
       h.store();
       at += size_t(p->data.numel());
     }
-    o.lr = schedule_.lr_at(lab_schedule_steps_);
-    strategy_->step(rt_, *opt_, float(o.lr), 1.0f);
-    strategy_->zero_grad(*model_);
+    o.lr = calls.scheduler_lr();
+    calls.optimizer_step(float(o.lr), 1.0f);
+    calls.zero_grad();
   };
-  Ops ops(o, cfg_.train.accum_steps, [&](float factor, bool sync) { return micro_step(factor, sync, o.samples); }, params, take_step,
-          [&] { strategy_->zero_grad(*model_); }, [&] { lab_schedule_steps_++; });
-  const PrecisionOptions& pc = cfg_.precision;
+  const RunConfig& cfg = run.cfg;
+  Ops ops(o, cfg.train.accum_steps, [&](float factor, bool sync) { return calls.forward_backward(factor, sync, o.samples); }, params,
+          take_step, [&] { calls.zero_grad(); }, [&] { calls.scheduler_step(); });
+  const PrecisionOptions& pc = cfg.precision;
   const float scaler[3] = {float(pc.init_scale), float(pc.growth_factor), float(pc.backoff_factor)};
-  const LabStepResult r = lab_->train_step(ops, int(cfg_.train.accum_steps), cfg_.optim.clip_grad_norm, scaler,
-                                           int32_t(std::min<int64_t>(pc.growth_interval, INT32_MAX)), pg_, rt_);
+  const LabStepResult r = plugin_->train_step(ops, int(cfg.train.accum_steps), cfg.optim.clip_grad_norm, scaler,
+                                              int32_t(std::min<int64_t>(pc.growth_interval, INT32_MAX)), run.pg, rt);
   ops.check_complete();
   o.next_loss_scale = r.scale_after;  // the student's own state, for the progress line only
-  if (o.skipped) o.lr = schedule_.lr_at(lab_schedule_steps_);
+  if (o.skipped) o.lr = calls.scheduler_lr();
   return o;
 }
 

@@ -5,7 +5,7 @@
 //                      would tear a file on a kill recorded as a violation
 //   parse_load_answer  load_state's answer (the refusal, then what it set), read without trusting a length
 //
-// Both take whatever the plugin sends; the trainer (core/train/trainer_lab_ckpt.cpp) decides what to do with
+// Both take whatever the plugin sends; the trainer (grader/bridge/lab_checkpoint.cpp) decides what to do with
 // the result. tests/test_lab_fuzz.cpp throws random and adversarial requests at both.
 #pragma once
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/lab/wire.h"
+#include "grader/bridge/wire.h"
 
 namespace distlab {
 

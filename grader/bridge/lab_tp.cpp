@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -87,10 +87,10 @@ class LabTpKernels : public TpKernels {
 
 std::unique_ptr<TpKernels> LabPlugin::make_tp_kernels(Runtime& rt) { return std::make_unique<LabTpKernels>(*this, rt); }
 
-LabPlugin::PipeOrder LabPlugin::pipeline_order(int stages, int stage, int m) {
+PipelineOrder LabPlugin::pipeline_order(int stages, int stage, int m) {
   const std::vector<char> raw = call(labproto::kPipeSchedule, {stages, stage, m}, nullptr, 0, nullptr, nullptr, "schedule_1f1b");
   if (raw.size() % 8) throw Error("the lab's schedule_1f1b returned a broken list");
-  PipeOrder o;
+  PipelineOrder o;
   for (size_t at = 0; at < raw.size(); at += 8) {
     int32_t a[2];
     std::memcpy(a, raw.data() + at, 8);

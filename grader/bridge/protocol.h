@@ -26,13 +26,13 @@ enum Op : uint32_t {
   kAllReduceAsync = 21,  // arg0 = ReduceOp; payload: floats; answered by kHandle (arg0)
   kWait = 22,            // arg0 = handle; answered by kData
   kHandle = 23,
-  // lab 03: what the student's train_step asks of the trainer (core/train/lab_plugin.cpp)
+  // lab 03: what the student's train_step asks of the trainer (grader/bridge/lab_plugin.cpp)
   kStepForwardBackward = 30,  // arg0 = micro; payload: the f32 loss factor; answered by kData (the f64 loss)
   kStepGrads = 31,            // answered by kData: every gradient as f32, in the model's order
   kStepOptimizer = 32,        // payload: every gradient as f32; answered by kData (empty)
   kStepSkip = 33,             // answered by kData (empty)
   kStepScheduler = 34,        // answered by kData (empty)
-  // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (core/train/lab_zero.cpp)
+  // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (grader/bridge/lab_zero.cpp)
   kReduceScatter = 24,  // arg0 = ReduceOp, arg1 = n; payload: size·n floats; answered by kData (n floats)
   kAllGather = 25,      // payload: n floats; answered by kData (size·n floats)
   kZeroGrad = 40,          // arg0 = flat; answered by kData: its whole gradient on this rank (numel floats)
@@ -40,14 +40,14 @@ enum Op : uint32_t {
   kZeroOptimizer = 42,     // answered by kData (empty)
   kZeroPartWeights = 43,   // arg0 = flat; answered by kData: the part's weights after the step
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
-  // lab 05: what the student's FSDP asks of the trainer's sharding machinery (core/train/lab_fsdp.cpp); arg0 =
+  // lab 05: what the student's FSDP asks of the trainer's sharding machinery (grader/bridge/lab_fsdp.cpp); arg0 =
   // unit, each answered by kData (empty; kFsdpIsWhole: an int32)
   kFsdpGather = 45,
   kFsdpWait = 46,
   kFsdpFree = 47,
   kFsdpReduceScatter = 48,
   kFsdpIsWhole = 49,
-  // lab 07: the checkpoint folder's files, through the trainer (core/train/trainer_lab_ckpt.cpp)
+  // lab 07: the checkpoint folder's files, through the trainer (grader/bridge/lab_checkpoint.cpp)
   kFileOpen = 50,    // payload: the name; answered by kData (an int32 handle)
   kFileWrite = 51,   // arg0 = handle; payload: the bytes; answered by kData (empty)
   kFileSync = 52,    // arg0 = handle; answered by kData (empty)
@@ -93,7 +93,7 @@ enum Fn : int64_t {
   kLoadState = 51,  // payload: the snapshot (a fresh run's values); returns int32 length + the refusal ("" =
                     // loaded), then what was set: int64 flag + steps; per param per name an int64 count (-1:
                     // not set) + floats; int64 flag + #streams + draws; int64 flag + epoch + position
-  // lab 06 (core/train/lab_tp.cpp). The layers: args rank, size, rows, in, out, has_bias; payload x (rows, in),
+  // lab 06 (grader/bridge/lab_tp.cpp). The layers: args rank, size, rows, in, out, has_bias; payload x (rows, in),
   // w (out, in), then b (out, when has_bias; forward) or dy (rows, out; backward); return y (rows, out), or dx
   // (rows, in), dw (out, in), db (out, when has_bias). Their all-reduces are kAllReduce requests (op sum).
   kTpColumnForward = 60,

@@ -20,7 +20,7 @@
 #include "core/parallel/ddp.h"
 #include "core/parallel/unit_shards.h"
 #include "core/tensor/on_host.h"
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
 
 namespace distlab {

@@ -1,6 +1,6 @@
-// Lab 07's file service and load_state's answer (core/train/lab_files.h). Read with
-// core/train/trainer_lab_ckpt.cpp, which serves them during save_state and load_state.
-#include "core/train/lab_files.h"
+// Lab 07's file service and load_state's answer (grader/bridge/lab_files.h). Read with
+// grader/bridge/lab_checkpoint.cpp, which serves them during save_state and load_state.
+#include "grader/bridge/lab_files.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,9 +14,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/lab/protocol.h"
-#include "core/lab/sandbox.h"
-#include "core/train/lab_plugin.h"
+#include "grader/bridge/protocol.h"
+#include "grader/bridge/sandbox.h"
+#include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
 
 namespace distlab {

@@ -1,0 +1,105 @@
+#include "grader/bridge/lab_extension.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <ostream>
+
+#include "core/models/gpt_parallel.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+LabExtension::LabExtension(std::unique_ptr<LabPlugin> plugin) : plugin_(std::move(plugin)) {}
+
+void LabExtension::check_run(const RunConfig& cfg, const MeshShape& mesh, const Runtime& rt) {
+  const std::string& lab = name();
+  if (mesh.tp > 1 || mesh.pp > 1) {
+    const std::string split = fmt::format("parallel.tp {} x parallel.pp {}", mesh.tp, mesh.pp);
+    if (!plugin_->is("06"))
+      throw ConfigError(fmt::format("{} in lab {}: the lab's hooks see whole layers on one stage", split, lab),
+                        "run the lab without parallel.tp and parallel.pp");
+    if (mesh.pp > 1 && cfg.parallel.schedule != "1f1b")
+      throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, lab),
+                        "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
+    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
+      throw ConfigError(fmt::format("parallel.strategy {} in lab {}: the lab's dp_sync drives DDP", cfg.parallel.strategy, lab),
+                        "set parallel.strategy = \"ddp\"");
+  }
+  if (plugin_->is("06") && mesh.tp == 1 && mesh.pp == 1)
+    throw ConfigError(fmt::format("lab {} with parallel.tp 1 and parallel.pp 1: none of the lab's code would run", lab),
+                      "set parallel.tp (and parallel.pp) > 1, e.g. --set parallel.tp=2 on two ranks");
+  if (plugin_->is("06") && rt.is_meta())
+    throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", lab), "train on the cpu device");
+  if (plugin_->is("02") && cfg.parallel.strategy == "ddp" && cfg.precision.mode != "fp32")
+    throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients", cfg.precision.mode, lab),
+                      "run the lab in fp32 (its default); mixed precision is lab 03's subject");
+  if (plugin_->is("04") && cfg.parallel.offload == "cpu" && cfg.parallel.strategy == "zero2")
+    throw ConfigError("parallel.offload = \"cpu\" with lab 04's ZeRO-2: the lab's strategy keeps its parts on the device",
+                      "run the lab without offload; offload is lab 05's subject");
+  if (plugin_->is("05") && cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard" && cfg.parallel.wrap_min_params > 0)
+    throw ConfigError("parallel.wrap_min_params with lab 05's FSDP", "the lab's hooks see one unit per model unit: leave it at 0");
+}
+
+std::shared_ptr<Sampler> LabExtension::make_sampler(const RunConfig& cfg, int64_t n, int world, int rank) {
+  if (plugin_->is("02") && cfg.parallel.strategy == "ddp") return plugin_->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
+  return nullptr;
+}
+
+void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro_batches) {
+  // what the plugin may send at once: a few copies of every parameter (a bucket, a flat's parts, a State)
+  uint64_t params = 0;
+  for (Parameter* p : model.parameters()) params += uint64_t(p->data.numel());
+  plugin_->limit_messages(64 * params + (uint64_t(16) << 20));
+  if (!plugin_->is("06") || !mesh) return;
+  const MeshShape& shape = mesh->shape();
+  if (shape.pp > 1)  // the student's 1F1B order for this stage, checked, and its data-parallel syncs
+    order_ = plugin_->pipeline_order(shape.pp, mesh->coord().pp, int(micro_batches));
+  if (shape.tp > 1) {  // the student's column- and row-parallel layers in every block
+    auto* gpt = dynamic_cast<ParallelGPT*>(&model);
+    if (!gpt) throw ConfigError(fmt::format("parallel.tp {} in lab {} with a model that is not GPT", shape.tp, name()), "the lab's tensor parallelism splits GPT");
+    tp_ = plugin_->make_tp_kernels(rt);
+    gpt->set_tp_kernels(tp_.get());
+  }
+}
+
+std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) {
+  const std::string& st = cfg.parallel.strategy;
+  if (plugin_->is("02") && st == "ddp") return plugin_->make_ddp(cfg.parallel.ddp_mode, dp, model, rt, cfg.parallel.bucket_mb);
+  if (plugin_->is("04") && st == "zero1") return plugin_->make_zero(1, dp, model, rt);
+  if (plugin_->is("04") && st == "zero2") return plugin_->make_zero(2, dp, model, rt);
+  if (plugin_->is("05") && st == "fsdp" && cfg.parallel.sharding != "no_shard")
+    return plugin_->make_fsdp(dp, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, cfg.parallel.offload == "cpu");
+  return nullptr;  // the engine's
+}
+
+void LabExtension::describe(std::ostream& log) const {
+  if (!order_) return;
+  std::string syncs;
+  for (size_t j = 0; j < order_->dp_sync.size(); j++)
+    if (order_->dp_sync[j]) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", j);
+  log << fmt::format("  this stage runs the lab's schedule_1f1b: {}; data-parallel gradients averaged in: {}\n",
+                     describe_schedule(order_->actions), syncs.empty() ? "none" : syncs);
+}
+
+void LabExtension::report(nlohmann::json& rank) const {
+  rank["lab_largest_all_reduce_bytes"] = plugin_->largest_all_reduce_bytes();  // lab 02's bucket check
+}
+
+std::unique_ptr<LabExtension> start_lab_extension(const RunConfig& cfg, const std::string& build_dir) {
+  if ((cfg.lab.name.empty() && cfg.lab.plugin.empty()) || cfg.lab.plugin == "none") return nullptr;  // none: the engine's
+  namespace fs = std::filesystem;
+  const std::string path = !cfg.lab.plugin.empty() ? cfg.lab.plugin : (fs::path(build_dir) / "labs" / cfg.lab.name / "student.so").string();
+  if (!fs::is_regular_file(path))
+    throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", cfg.lab.name, path),
+                      fmt::format("run `distlab lab build {}` first", cfg.lab.name.substr(0, 2)));
+  LabPluginOptions o;
+  o.host_exe = (fs::canonical("/proc/self/exe").parent_path() / "distlab-labhost").string();
+  o.plugin = fs::absolute(path).string();
+  o.lab_name = cfg.lab.name.empty() ? fs::path(path).parent_path().filename().string() : cfg.lab.name;
+  o.sandbox = cfg.lab.sandbox;
+  o.timeout_s = cfg.dist.timeout_s;
+  return std::make_unique<LabExtension>(std::make_unique<LabPlugin>(o));
+}
+
+}  // namespace distlab

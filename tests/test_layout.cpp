@@ -1,0 +1,101 @@
+// The repository's shape, checked: the engine (core/) includes nothing above it and names no lab in its
+// code; every "Read next" line in core/ points at a file that exists, and following them never comes back
+// to where it started (docs/ENGINE.md walks the same order).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = DISTLAB_SOURCE_DIR;
+
+std::vector<fs::path> engine_files() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::recursive_directory_iterator(kRoot / "core")) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && (ext == ".h" || ext == ".cpp" || ext == ".cu" || ext == ".cuh")) out.push_back(e.path());
+  }
+  return out;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("the engine includes nothing above it and has no lab logic", "[layout]") {
+  const std::regex upward(R"re(#include\s+"(grader|cli|labs|solutions|tests|bench)/)re");
+  // code, not comments: a lab's plugin type, a lab picked by its number, a lab's member
+  const std::regex lab_code(R"re(\bLab[A-Z]\w*|\bis\("0[0-9]"\)|\blab_\w+|cfg_?\.lab\b)re");
+  std::vector<std::string> found;
+  for (const fs::path& f : engine_files()) {
+    std::istringstream in(slurp(f));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      n++;
+      const std::string code = line.substr(0, line.find("//"));
+      if (std::regex_search(line, upward) || std::regex_search(code, lab_code))
+        found.push_back(fs::relative(f, kRoot).string() + ":" + std::to_string(n) + ": " + line);
+    }
+  }
+  INFO("lines:\n" << [&] {
+    std::string s;
+    for (const auto& l : found) s += l + "\n";
+    return s;
+  }());
+  // the config still carries [lab]'s keys (lab.plugin, lab.sandbox) for the grader's bridge to read
+  for (const auto& l : found) CHECK_THAT(l, Catch::StartsWith("core/train/config"));
+}
+
+TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead back to where they started", "[layout]") {
+  // "Read next: a.h (why), b.h" -> the first file named: the next stop of the walk
+  const std::regex next_re(R"re(Read next:\s*([\w./-]+\.(?:h|cpp|cuh|md)))re");
+  std::map<std::string, std::string> next;
+  for (const fs::path& f : engine_files()) {
+    const std::string text = slurp(f);
+    std::smatch m;
+    if (!std::regex_search(text, m, next_re)) continue;
+    std::string target = m[1];
+    fs::path resolved = kRoot / target;
+    if (!fs::exists(resolved)) resolved = f.parent_path() / target;  // a sibling: "zero2.h"
+    INFO(fs::relative(f, kRoot).string() << " -> " << target);
+    REQUIRE(fs::exists(resolved));
+    next[fs::relative(f, kRoot).string()] = fs::relative(fs::canonical(resolved), kRoot).string();
+  }
+  CHECK(next.size() >= 15);
+  for (const auto& [start, _] : next) {
+    std::set<std::string> seen{start};
+    std::string at = start;
+    while (next.count(at)) {
+      at = next[at];
+      INFO("from " << start << " the chain comes back to " << at);
+      REQUIRE(!seen.count(at));
+      seen.insert(at);
+    }
+  }
+  // the walk's spine, in order
+  const std::vector<std::string> spine = {"core/train/trainer.h", "core/models/model.h", "core/parallel/strategy.h",
+                                          "core/parallel/none.h", "core/parallel/ddp.h", "core/parallel/zero1.h",
+                                          "core/parallel/zero2.h", "core/parallel/unit_shards.h", "core/parallel/staged.h",
+                                          "core/parallel/zero3.h", "core/parallel/fsdp.h", "core/parallel/mesh.h",
+                                          "core/parallel/tensor_parallel.h", "core/models/gpt_parallel.h", "core/parallel/pipeline.h",
+                                          "core/train/trainer_ckpt.cpp", "core/ckpt/checkpoint.h", "core/train/extension.h"};
+  for (size_t i = 0; i + 1 < spine.size(); i++) CHECK(next[spine[i]] == spine[i + 1]);
+  const std::string walk = slurp(kRoot / "docs" / "ENGINE.md");
+  for (const auto& f : spine)
+    if (f != "core/parallel/none.h" && f != "core/parallel/unit_shards.h" && f != "core/parallel/staged.h" && f != "core/parallel/mesh.h")
+      CHECK_THAT(walk, Catch::Contains(fs::path(f).filename().string()));
+}
