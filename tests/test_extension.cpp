@@ -131,7 +131,7 @@ TEST_CASE("an extension's sampler replaces the engine's: train.shuffle = true th
   CHECK(mine.r.losses == plain.r.losses);
 }
 
-TEST_CASE("an extension's checkpoints: saved into the trainer's step folders, resumed from its own point; the engine's "
+TEST_CASE("an extension's checkpoints: saved into the trainer's step folders, resumed from its own point, and the engine's "
           "checkpoint holds the scheduler's position",
           "[extension][ckpt]") {
   const std::string dir = scratch_path("ext", "ckpt");
