@@ -9,5 +9,8 @@ namespace distlab {
 
 void install_stop_handler();  // SIGTERM sets the flag (a second SIGTERM is still just the flag)
 bool stop_requested();
+// the SIGTERM came from this rank's launcher (`distlab run` forwards one to every worker), so no single
+// rank was the one sent it
+bool stop_from_launcher();
 
 }  // namespace distlab

@@ -266,9 +266,11 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     const bool has_loss = !pipeline_ || pipeline_->last();
     const int holders = pipeline_ ? pg_->size() / pipeline_->stages() : pg_->size();
     // the stop flag is world + rank on a rank that was sent SIGTERM: the sum says how many were, and which
-    // when it was one (exact in f32 to worlds of a few thousand ranks)
+    // when it was one (exact in f32 to worlds of a few thousand ranks); a SIGTERM the launcher forwarded to
+    // every rank counts as 2·world, so it names no rank, however the signals and the all-reduce interleave
     const int world = pg_->size();
-    float l[2] = {has_loss ? float(loss) : 0.0f, stop_agreed_ ? float(world + pg_->rank()) : 0.0f};
+    const float flag = !stop_agreed_ ? 0.0f : stop_from_launcher() ? float(2 * world) : float(world + pg_->rank());
+    float l[2] = {has_loss ? float(loss) : 0.0f, flag};
     pg_->all_reduce(l, 2, ReduceOp::sum);
     loss = l[0] / float(holders);
     stop_agreed_ = l[1] > 0;
@@ -276,7 +278,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
     stop_rank_ = flags >= world && flags < 2 * world ? int(flags - world) : -1;
     samples *= dp_world();
   } else {
-    stop_rank_ = stop_agreed_ ? (pg_ ? pg_->rank() : 0) : -1;
+    stop_rank_ = stop_agreed_ && !stop_from_launcher() ? (pg_ ? pg_->rank() : 0) : -1;
   }
   if (traced) modeled_ = model_time(step);
   last_step_comm_bytes_ = comm.bytes_sent - comm_before.bytes_sent;
