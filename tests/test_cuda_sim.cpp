@@ -12,7 +12,7 @@
 #include "core/models/zoo.h"
 #include "core/ops/attach.h"
 #include "core/optim/optimizer.h"
-#include "core/parallel/staged.h"
+#include "core/parallel/comm_buffers.h"
 #include "core/parallel/zero2.h"
 #include "core/train/config.h"
 #include "core/ops/cpu/optim.h"

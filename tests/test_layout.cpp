@@ -88,14 +88,16 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
   }
   // the walk's spine, in order
   const std::vector<std::string> spine = {"core/train/trainer.h", "core/models/model.h", "core/parallel/strategy.h",
-                                          "core/parallel/none.h", "core/parallel/ddp.h", "core/parallel/zero1.h",
-                                          "core/parallel/zero2.h", "core/parallel/unit_shards.h", "core/parallel/staged.h",
-                                          "core/parallel/zero3.h", "core/parallel/fsdp.h", "core/parallel/mesh.h",
+                                          "core/parallel/none.h", "core/parallel/ddp.h", "core/parallel/flat_param.h",
+                                          "core/parallel/comm_buffers.h", "core/parallel/sharded_strategy.h", "core/parallel/zero1.h",
+                                          "core/parallel/zero2.h", "core/parallel/offload.h", "core/parallel/flat_masters.h",
+                                          "core/parallel/flat_slices.h", "core/parallel/exec_order.h", "core/parallel/zero3.h", "core/parallel/fsdp.h", "core/parallel/mesh.h",
                                           "core/parallel/tensor_parallel.h", "core/models/gpt_parallel.h", "core/parallel/pipeline.h",
                                           "core/train/trainer_ckpt.cpp", "core/ckpt/checkpoint.h", "core/train/extension.h"};
   for (size_t i = 0; i + 1 < spine.size(); i++) CHECK(next[spine[i]] == spine[i + 1]);
   const std::string walk = slurp(kRoot / "docs" / "ENGINE.md");
   for (const auto& f : spine)
-    if (f != "core/parallel/none.h" && f != "core/parallel/unit_shards.h" && f != "core/parallel/staged.h" && f != "core/parallel/mesh.h")
+    if (f != "core/parallel/none.h" && f != "core/parallel/comm_buffers.h" && f != "core/parallel/sharded_strategy.h" &&
+        f != "core/parallel/flat_masters.h" && f != "core/parallel/flat_slices.h" && f != "core/parallel/exec_order.h" && f != "core/parallel/mesh.h")
       CHECK_THAT(walk, Catch::Contains(fs::path(f).filename().string()));
 }

@@ -1,7 +1,7 @@
 // A cuda rank's collectives on device memory: `dist.backend = "nccl"`. The strategies' flat buffers (DDP's
 // buckets, ZeRO's and FSDP's reduce-scatters and all-gathers) are reduced and gathered where they are, on
 // the GPU, instead of crossing to the host for Gloo. The rank's ProcessGroup holds its DeviceGroup as its
-// device backend (ProcessGroup::set_device_backend), and core/parallel/staged.h dispatches by where a
+// device backend (ProcessGroup::set_device_backend), and core/parallel/comm_buffers.h dispatches by where a
 // buffer lives. Two implementations:
 //   - on a GPU, libdistlab_cuda.so's NcclGroup (core/cuda/nccl_group.h): the collective runs on the
 //     communication stream after what the compute stream has queued, so backward overlaps it;

@@ -78,7 +78,7 @@ class Work {
   void wait();  // blocks until the operation finished; rethrows its error
   bool done();
   // Runs f on the waiting thread once the operation has finished, after what was registered before it
-  // (a cuda rank's staged collective copies its host result back up here: core/parallel/staged.h).
+  // (a cuda rank's staged collective copies its host result back up here: core/parallel/comm_buffers.h).
   void then(std::function<void()> f);
   // The Work of an operation queued elsewhere (an NCCL collective on a GPU's stream): wait() runs
   // `wait_for`, which returns once it has finished or throws. done() is true at once: ask wait().
@@ -150,7 +150,7 @@ class ProcessGroup {
   std::map<std::string, CommCounters> counters() const;  // per operation name
   CommCounters total_counters() const;
   // The group's collectives on device memory (dist.backend = "nccl"): the strategies' flat buffers on a
-  // cuda rank go through it (core/parallel/staged.h), host memory through Gloo. PyTorch's
+  // cuda rank go through it (core/parallel/comm_buffers.h), host memory through Gloo. PyTorch's
   // init_process_group(backend="cpu:gloo,cuda:nccl") is the same idea: one group, a backend per device.
   // Not owned; nullptr (the default): Gloo over host copies.
   void set_device_backend(DeviceGroup* d) { device_backend_ = d; }

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "core/parallel/staged.h"
+#include "core/parallel/comm_buffers.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
@@ -107,7 +107,7 @@ void BucketedDDP::launch_ready_buckets() {
       off += n;
     }
     // on a cuda rank: NCCL on the GPU after the copies queued above (dist.backend = "nccl"), or Gloo over a
-    // host copy (core/parallel/staged.h)
+    // host copy (core/parallel/comm_buffers.h)
     b.work = staged_all_reduce_async(rt_, pg_, flat, b.flat.numel(), ReduceOp::avg, rt_.reduce_dtype);
     next_to_launch_++;
   }

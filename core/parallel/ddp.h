@@ -12,7 +12,7 @@
 // Both broadcast rank 0's parameters and buffers at construction, so every replica starts equal. With
 // set_sync(false) (PyTorch's no_sync) the hooks do nothing: gradients accumulate locally over micro-steps,
 // and only the last micro-step communicates.
-// Read next: zero1.h (the optimizer state split over the ranks).
+// Read next: flat_param.h (the flat layout the ZeRO stages share), then zero1.h (the optimizer state split).
 #pragma once
 #include <memory>
 #include <vector>
@@ -59,7 +59,7 @@ class NaiveDDP : public DataParallel {
 class BucketedDDP : public DataParallel {
  public:
   // A cuda rank's buckets are all-reduced by pg's device backend where they are (dist.backend = "nccl"),
-  // or cross to the host for Gloo and back (core/parallel/staged.h).
+  // or cross to the host for Gloo and back (core/parallel/comm_buffers.h).
   BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
   std::string describe() const override { return "ddp (bucketed)"; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;

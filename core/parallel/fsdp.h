@@ -2,7 +2,7 @@
 // same idea (ZeRO stage 3) as PyTorch ships it. What the names mean here:
 //
 //   FlatParameter            one flat vector per unit (a transformer block, a conv layer: the model's
-//                            units()) and weight-decay group, padded to N (unit_shards.h)
+//                            units()) and weight-decay group, padded to N (flat_param.h)
 //   auto_wrap_policy         per unit (transformer_auto_wrap_policy's choice), or size-based:
 //                            parallel.wrap_min_params merges consecutive units until a flat vector holds
 //                            that many parameters — fewer, larger all-gathers, a larger working set

@@ -12,7 +12,7 @@
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/op_scope.h"
-#include "core/parallel/staged.h"
+#include "core/parallel/comm_buffers.h"
 #include "core/tensor/as_f32.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"

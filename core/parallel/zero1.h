@@ -15,20 +15,19 @@
 // whole gradients are released once reduced; the slice is kept in the parameters' dtype), and optimizer
 // state K·Ψ/N instead of K·Ψ — the paper's 4Ψ + 12Ψ/N with bf16 parameters and Adam.
 // Communication: reduce_scatter + all_gather = one all_reduce's worth, so ZeRO-1 costs what DDP costs.
+// The layout is flat_param.h's, with the whole model as one unit; this file issues its collectives.
 // Read next: zero2.h (the gradients split too).
 #pragma once
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dist/process_group.h"
 #include "core/models/model.h"
-#include "core/parallel/strategy.h"
-#include "core/parallel/unit_shards.h"
+#include "core/parallel/sharded_strategy.h"
 
 namespace distlab {
 
-class ZeRO1 : public Strategy {
+class ZeRO1 : public ShardedStrategy {
  public:
   // mode: "reduce_scatter" (the default) or "all_reduce" (all-reduce the whole gradient, then slice).
   // bucket_mb: the f32 bytes reduced (and gathered) per collective — DeepSpeed's reduce_bucket_size.
@@ -38,31 +37,19 @@ class ZeRO1 : public Strategy {
 
   void begin_backward(bool sync) override { sync_ = sync; }
   void finish_backward(Runtime& rt) override;  // this rank's slice of the averaged gradient
-  std::vector<Parameter*> optimizer_parameters(Model& model) override;
-  double grad_norm(Runtime& rt, Model& model) override;    // over every rank's slice
-  bool found_inf(Runtime& rt, Model& model, ProcessGroup* pg) override;  // over every rank's slice
-  double split_grad_norm(Runtime& rt, Model& model, ProcessGroup* tp, ProcessGroup* pp) override;
   bool reduces_after_backward() const override { return true; }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
-  void zero_grad(Model& model) override {
-    model.zero_grad();
-    for (auto& g : groups_) g.local.grad = Tensor();
-  }
   // for a save: the f32 slices (the master weights) gathered and lent to the parameters, then put back
-  std::vector<std::vector<Slice>> optimizer_slices(Model&) override { return flat_slices(groups_, pg_.rank()); }
-  bool replicates_optimizer() const override { return false; }
   void checkpoint_loaded() override { loaded_ = true; }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 
  private:
   ProcessGroup& pg_;
-  Runtime& rt_;
   std::string mode_;
   int64_t bucket_;  // elements of each rank's slice per collective (bucket_mb / 4 bytes / N)
-  // one flat vector per weight-decay group over the whole model (unit_shards.h's FlatShard, unit 0):
-  // local.data is this rank's f32 slice (optim_state), local.grad its slice of the averaged gradient
-  std::vector<FlatShard> groups_;
+  // flats_ (ShardedStrategy's): one flat vector per weight-decay group over the whole model; local.data is
+  // this rank's f32 slice (optim_state), local.grad its slice of the averaged gradient
   bool sync_ = true;
   bool loaded_ = false;  // the slices hold the parameters' values (done at the first step, after --init)
   std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends the masters

@@ -18,36 +18,44 @@
 // optimizer state live in host memory, and the host's CPU runs the step; each reduced gradient part
 // crosses PCIe to the host and each updated part crosses back before the all-gather. Device memory:
 // 2Ψ of parameters plus the unit in flight; the price is those copies, every step.
-// Read next: unit_shards.h (the layout it shares with ZeRO-3).
+// The layout is flat_param.h's, one flat vector per unit; offload.h holds what CPU offload changes.
+// Read next: offload.h (what CPU offload changes), then zero3.h (the parameters split too).
 #pragma once
 #include <memory>
+#include <vector>
 
-#include "core/parallel/strategy.h"
-#include "core/parallel/unit_shards.h"
+#include "core/parallel/offload.h"
+#include "core/parallel/sharded_strategy.h"
 
 namespace distlab {
 
 class ZeRO2 : public ShardedStrategy {
  public:
   ZeRO2(ProcessGroup& pg, Model& model, Runtime& rt, bool offload = false);
-  std::string describe() const override { return offload_ ? "zero2 (cpu offload)" : "zero2"; }
-  Category optimizer_state_category() const override { return offload_ ? Category::host : Category::optim_state; }
+  std::string describe() const override { return offload_.on ? "zero2 (cpu offload)" : "zero2"; }
+  Category optimizer_state_category() const override { return offload_.optimizer_state(); }
   nlohmann::json report() const override;
 
   void begin_backward(bool sync) override { sync_ = sync; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
-  void finish_reduces();
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override;
   void checkpoint_loaded() override { loaded_ = true; }
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
 
  private:
+  void finish_reduces();  // wait for the reduce-scatters in flight, keep each rank's part
+
+  struct Reduce {  // a unit's gradients on their way: the whole flat vector, this rank's averaged part
+    FlatParam* f;
+    Tensor flat, part;
+    std::shared_ptr<Work> work;
+  };
   ProcessGroup& pg_;
   Runtime& rt_;
-  bool offload_;
-  std::vector<FlatShard*> reducing_;  // parts whose reduce is in flight (offload: copied to the host once done)
+  Offload offload_;
+  std::vector<Reduce> reducing_;
   bool sync_ = true;
   bool loaded_ = false;            // the parts hold the parameters' values (at the first step, after --init)
   std::vector<Tensor> set_aside_;  // the parameters' own data while gather_full_params lends f32 masters

@@ -17,14 +17,18 @@
 // Communication: parameters gathered twice (forward, backward) and gradients reduce-scattered once: 1.5x
 // DDP's bytes in fp32 — the price of the paper's Nx memory saving. 16-bit parameters travel in 16 bits.
 // Prefetch: the unit the forward (or backward) will need next is gathered asynchronously while this one
-// computes; the order is recorded on the first step (PyTorch FSDP records its execution order the same way).
+// computes; the order is recorded on the first step (exec_order.h: PyTorch FSDP records its order the same way).
+// Below, a "unit" is the model's (Model::units()); a "group" is one flat vector's worth of units (flat_param.h):
+// the same thing unless FSDP's size-based wrap policy merges consecutive units.
 // Read next: fsdp.h (the same machinery in PyTorch's words).
 #pragma once
 #include <map>
 #include <memory>
+#include <vector>
 
-#include "core/parallel/strategy.h"
-#include "core/parallel/unit_shards.h"
+#include "core/parallel/exec_order.h"
+#include "core/parallel/offload.h"
+#include "core/parallel/sharded_strategy.h"
 
 namespace distlab {
 
@@ -33,8 +37,8 @@ struct ShardedOptions {
   bool reshard_after_forward = true;  // false (FSDP's SHARD_GRAD_OP): a unit gathered for its forward stays
                                       // whole until its backward is done — one all-gather per step, not two
   bool prefetch = true;               // gather the next unit (in forward and in backward) while this one computes
-  bool offload = false;               // CPU offload: the parts, their gradients and the optimizer state live in
-                                      // host memory; the step runs on the host's CPU
+  bool offload = false;               // CPU offload (offload.h): the parts, their gradients and the optimizer
+                                      // state live in host memory; the step runs on the host's CPU
   int64_t min_params = 0;             // FSDP's size_based_auto_wrap_policy: consecutive units share one flat
                                       // vector until it holds this many parameters (0: one per unit)
 };
@@ -56,31 +60,38 @@ class ZeRO3 : public ShardedStrategy {
   void gather_full_params(Runtime& rt, const Optimizer* masters) override;
   void release_full_params(Runtime& rt, bool keep_changes) override;
   void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) override;
-  Category optimizer_state_category() const override { return o_.offload ? Category::host : Category::optim_state; }
+  Category optimizer_state_category() const override { return offload_.parts(Category::optim_state); }
 
  protected:
-  struct InFlight {  // a unit's all-gathers, issued and not yet waited for
+  struct InFlight {  // a group's all-gathers, issued and not yet waited for
     std::vector<std::shared_ptr<Work>> work;
     std::vector<Tensor> flat, part;
+    std::vector<bool> f32;  // per flat vector: from the optimizer's f32 masters (a save), into f32 parameters
   };
-  void issue(int unit, const Optimizer* masters = nullptr);  // the unit's all-gathers, async
-  void gather(int unit);                                      // whole parameters (waits for a prefetch)
-  void prefetch(const std::vector<int>& order, int unit);     // issue the unit after `unit` in `order`
-  void release(int unit);                                     // back to its parts
-  void release_waiting(int keep_a, int keep_b);               // after_forward's units, but these two
-  void finish_reduces();                                      // the gradient reduces in flight, stored
+  struct Reduce {  // a group's gradients on their way: the whole flat vector, this rank's averaged part
+    FlatParam* f;
+    Tensor flat, part;
+    std::shared_ptr<Work> work;
+  };
+  void issue(int group, const Optimizer* masters = nullptr);  // the group's all-gathers, async
+  void gather(int group);                                      // whole parameters (waits for a prefetch)
+  void prefetch(const ExecOrder& order, int group);            // issue the group after `group` in `order`
+  void release(int group);                                     // back to its parts: the whole weights freed
+  void release_waiting(int keep_a, int keep_b);                // after_forward's groups, but these two
+  void reduce(int group);                                      // the group's reduce-scatters, async
+  void finish_reduces();                                       // the reduces in flight, each rank's part kept
 
   ProcessGroup& pg_;
   Runtime& rt_;
   ShardedOptions o_;
+  Offload offload_;
   std::string name_;
   bool sync_ = true;
-  std::vector<bool> whole_;            // per unit: its parameters are whole now
-  std::map<int, InFlight> in_flight_;  // per unit
+  std::vector<bool> whole_;            // per group: its parameters are whole now
+  std::map<int, InFlight> in_flight_;  // per group
   std::vector<int> waiting_;           // forward done, parameters not yet freed
-  std::vector<int> reducing_;          // units whose gradients are being reduce-scattered
-  std::vector<int> fwd_order_, bwd_order_;
-  bool recording_fwd_ = true, recording_bwd_ = true;  // the first step records the orders prefetch follows
+  std::vector<Reduce> reducing_;
+  ExecOrder fwd_order_, bwd_order_;    // of groups, recorded on the first step
   int64_t gathers_ = 0, prefetches_ = 0;
 };
 

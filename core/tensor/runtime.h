@@ -46,7 +46,7 @@ struct Runtime {
     return Tensor::zeros(s, memory, device, c, t, what);
   }
   // Host memory on this rank, whatever its device: cpu, or meta on meta. What a cuda rank keeps on the
-  // host side: CPU offload's parts (core/parallel/unit_shards.h), arrays handed to host code (TpKernels).
+  // host side: CPU offload's parts (core/parallel/offload.h), arrays handed to host code (TpKernels).
   DeviceKind host_device() const { return is_meta() ? DeviceKind::meta : DeviceKind::cpu; }
   Tensor host_empty(const Shape& s, Category c, const std::string& what, DType t = DType::f32) {
     return Tensor::empty(s, memory, host_device(), c, t, what);

@@ -52,6 +52,12 @@ class Tensor {
 
   void* data() const { return storage_ ? storage_->data : nullptr; }
   float* f32() const;  // checks the dtype is f32; nullptr on meta
+  // element i onwards, as f32 (a bucket's stretch of a flat buffer); nullptr on meta, so that algorithm code
+  // hands a null buffer on without a check and the copies and collectives do nothing with it
+  float* f32_at(int64_t i) const {
+    float* p = f32();
+    return p ? p + i : nullptr;
+  }
 
   // Same storage, new shape with the same number of elements.
   Tensor view(const Shape& shape) const;

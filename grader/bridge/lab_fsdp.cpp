@@ -23,12 +23,12 @@ class LabFSDP : public ZeRO3 {
  public:
   LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding)
       : ZeRO3(pg, model, rt, o, "fsdp (the student's, " + sharding + ")"), plugin_(plugin) {
-    const size_t n = size_t(shards_.num_units());
+    const size_t n = size_t(flats_.num_groups());  // lab 05 refuses wrapping: a group is a unit
     running_.assign(n, 0);
     done_.assign(n, false);
     reduced_.assign(n, false);
     numel_.assign(n, 0);
-    for (const auto& s : shards_.all()) numel_[size_t(s.unit)] += s.numel;
+    for (const auto& f : flats_.all()) numel_[size_t(f.group)] += f.numel;
   }
   nlohmann::json report() const override {
     auto r = ZeRO3::report();
@@ -38,7 +38,7 @@ class LabFSDP : public ZeRO3 {
 
   void before_forward(int unit) override {
     if (root_ < 0) root_ = unit;  // the first unit a forward reaches encloses the others (PyTorch's root)
-    if (recording_fwd_ && (fwd_order_.empty() || fwd_order_.back() != unit)) fwd_order_.push_back(unit);
+    fwd_order_.record(unit);
     hook(0, unit);
     if (!whole_[size_t(unit)])
       throw lab_error(fmt::format("before_forward({}) returned, and unit {}'s parameters are not whole for its forward", unit, unit),
@@ -51,12 +51,12 @@ class LabFSDP : public ZeRO3 {
   }
   void begin_backward(bool sync) override {
     sync_ = sync;
-    recording_fwd_ = false;
+    fwd_order_.freeze();
     done_.assign(done_.size(), false);
     reduced_.assign(reduced_.size(), false);
   }
   void before_layer_backward(int unit) override {
-    if (recording_bwd_ && (bwd_order_.empty() || bwd_order_.back() != unit)) bwd_order_.push_back(unit);
+    bwd_order_.record(unit);
     hook(2, unit);
     if (!whole_[size_t(unit)])
       throw lab_error(fmt::format("unit {}'s backward needs its parameters, and they are not whole: freed after its forward and not "
@@ -77,7 +77,7 @@ class LabFSDP : public ZeRO3 {
   }
   void finish_backward(Runtime&) override {
     finish_reduces();
-    recording_bwd_ = false;
+    bwd_order_.freeze();
   }
 
  private:
@@ -85,7 +85,7 @@ class LabFSDP : public ZeRO3 {
     std::vector<char> in;
     auto put = [&](const void* p, size_t n) { in.insert(in.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); };
     for (int64_t n : numel_) put(&n, 8);
-    for (const auto* order : {&fwd_order_, &bwd_order_}) {
+    for (const auto* order : {&fwd_order_.units(), &bwd_order_.units()}) {
       const int32_t n = int32_t(order->size());
       put(&n, 4);
       for (int u : *order) {
@@ -120,7 +120,7 @@ class LabFSDP : public ZeRO3 {
         break;
       case labproto::kFsdpFree:
         if (running_[k] > 0)
-          throw lab_error(fmt::format("free({}) while unit {}'s {} is running", u, u, done_[k] || !recording_fwd_ ? "backward" : "forward"),
+          throw lab_error(fmt::format("free({}) while unit {}'s {} is running", u, u, done_[k] || !fwd_order_.recording() ? "backward" : "forward"),
                           "a unit is freed in its after_ hooks, or later: never between before_ and after_");
         release(int(u));
         break;
@@ -131,8 +131,7 @@ class LabFSDP : public ZeRO3 {
         if (!done_[k]) throw lab_error(fmt::format("reduce_scatter({}) before unit {}'s backward is done", u, u), "in after_backward(unit)");
         if (reduced_[k]) throw lab_error(fmt::format("reduce_scatter({}) twice in one step", u));
         finish_reduces();  // the unit before it (in backward), whose reduce overlapped this unit's backward
-        for (FlatShard* s : shards_.of_unit(int(u))) shards_.issue_reduce(*s, o_.offload ? Category::host : Category::grads);
-        reducing_.push_back(int(u));
+        reduce(int(u));
         reduced_[k] = true;
         break;
       default: {

@@ -1,5 +1,5 @@
 // Lab 04's trainer side: the student's ZeRO-1 or ZeRO-2 (labs/04-zero/api.h) behind the engine's Strategy.
-// The layout is the engine's — flats, as core/parallel/unit_shards.h makes them: one unit's parameters of
+// The layout is the engine's — flats, as core/parallel/flat_param.h makes them: one unit's parameters of
 // one weight-decay group — but the partition, the collectives and their order are the student's. What the
 // student hands over stays here, in the trainer's process, where the plugin can't reach it:
 //
@@ -18,7 +18,7 @@
 
 #include "core/optim/grad_scaler.h"
 #include "core/parallel/ddp.h"
-#include "core/parallel/unit_shards.h"
+#include "core/parallel/flat_param.h"
 #include "core/tensor/on_host.h"
 #include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
@@ -36,11 +36,11 @@ class LabZeRO : public Strategy {
   LabZeRO(LabPlugin& plugin, int stage, ProcessGroup& pg, Model& model, Runtime& rt)
       : plugin_(plugin), stage_(stage), pg_(pg), rt_(rt) {
     broadcast_model(pg, model);  // every replica starts equal, as the engine's strategies
-    flats_ = flat_layout(model.units(), pg.size());  // the engine's layout (unit_shards.h), nothing allocated
-    for (FlatShard& s : flats_) {
+    flats_ = flat_layout(model.units(), pg.size());  // the engine's layout (flat_param.h: a group per unit), nothing allocated
+    for (FlatParam& s : flats_) {
       std::string names;
       for (Parameter* p : s.params) names += (names.empty() ? "" : " ") + p->name;
-      s.local.name = fmt::format("unit {} ({}): {}", s.unit, s.local.decay ? "decayed" : "undecayed", names);
+      s.local.name = fmt::format("unit {} ({}): {}", s.group, s.local.decay ? "decayed" : "undecayed", names);
     }
     begin_.assign(flats_.size(), -1);
     kept_.assign(flats_.size(), false);
@@ -59,7 +59,7 @@ class LabZeRO : public Strategy {
     for (const auto& s : flats_) {
       padded += s.padded;
       kept += s.local.data.defined() ? s.local.data.numel() : 0;
-      unit_numel[s.unit] += s.numel;
+      unit_numel[s.group] += s.numel;
     }
     for (const auto& [u, n] : unit_numel)
       if (u > 0) largest = std::max(largest, n);
@@ -75,7 +75,7 @@ class LabZeRO : public Strategy {
   void after_layer_backward(int unit, const std::vector<Parameter*>&) override {
     if (stage_ != 2 || !sync_) return;  // accumulation: whole gradients add up until the last micro-step
     for (size_t f = 0; f < flats_.size(); f++)
-      if (flats_[f].unit == unit) {
+      if (flats_[f].group == unit) {
         reducing_ = int(f);
         call(labproto::kZero2Reduce, int64_t(f), "zero2_reduce");
         reducing_ = -1;
@@ -142,11 +142,11 @@ class LabZeRO : public Strategy {
       plugin_.call(fn, {pg_.rank(), pg_.size(), nflats}, table_.data(), table_.size(), &pg_, &rt_, during, serve);
   }
 
-  FlatShard& flat_of(int64_t f, const char* what) {
+  FlatParam& flat_of(int64_t f, const char* what) {
     if (f < 0 || f >= int64_t(flats_.size())) throw lab_error(fmt::format("{}({}): there are flats 0..{}", what, f, flats_.size() - 1));
     return flats_[size_t(f)];
   }
-  void check_range(const FlatShard& s, int64_t f, int64_t begin, int64_t n, const char* what) {
+  void check_range(const FlatParam& s, int64_t f, int64_t begin, int64_t n, const char* what) {
     // in this order, so that nothing wraps: begin and n come from the plugin and may be anything
     if (begin < 0 || n < 0 || begin > s.padded || n > s.padded - begin)
       throw lab_error(fmt::format("{}({}, begin {}, n {}): [{}, {}) is not inside flat {}'s padded length {} ({} elements padded to a "
@@ -154,9 +154,9 @@ class LabZeRO : public Strategy {
                                   what, f, begin, n, begin, uint64_t(begin) + uint64_t(n), f, s.padded, s.numel, pg_.size()),
                       "a part is a range of the flat padded to the smallest multiple of the world size: shard_of");
   }
-  std::vector<float> packed(const FlatShard& s, bool grads) {
+  std::vector<float> packed(const FlatParam& s, bool grads) {
     std::vector<float> flat(static_cast<size_t>(s.padded));
-    UnitShards::pack(rt_, s, flat.data(), grads, DeviceKind::cpu);  // a host vector (down from a cuda rank's device)
+    pack(rt_, s, 0, s.padded, flat.data(), grads, DeviceKind::cpu);  // a host vector (down from a cuda rank's device)
     return flat;
   }
   void answer(const void* data, size_t bytes, const char* during) { plugin_.reply(labproto::kData, data, bytes, 0, during); }
@@ -164,7 +164,7 @@ class LabZeRO : public Strategy {
   void serve_step(const wire::Frame& f, std::vector<char>& payload) {
     switch (f.op) {
       case labproto::kZeroGrad: {
-        FlatShard& s = flat_of(f.arg[0], "grad");
+        FlatParam& s = flat_of(f.arg[0], "grad");
         if (reducing_ != kAll && reducing_ != f.arg[0])
           throw lab_error(reducing_ == -1 ? fmt::format("grad({}) in zero_step: gradients are read in zero{}_reduce", f.arg[0], stage_)
                                           : fmt::format("grad({}) in zero2_reduce(step, {}): flat {}'s gradient is not complete yet", f.arg[0],
@@ -176,7 +176,7 @@ class LabZeRO : public Strategy {
         return answer(g.data(), size_t(s.numel) * 4, "grad");
       }
       case labproto::kZeroKeep: {
-        FlatShard& s = flat_of(f.arg[0], "keep_grad");
+        FlatParam& s = flat_of(f.arg[0], "keep_grad");
         const int64_t begin = f.arg[1], n = int64_t(payload.size() / 4);
         if (reducing_ == -1) throw lab_error(fmt::format("keep_grad({}, ...) in zero_step: parts are kept in zero{}_reduce", f.arg[0], stage_));
         if (kept_[size_t(f.arg[0])]) throw lab_error(fmt::format("keep_grad({}, ...) twice in one step", f.arg[0]), "once per flat per step");
@@ -213,20 +213,20 @@ class LabZeRO : public Strategy {
         return answer(nullptr, 0, "optimizer_step");
       }
       case labproto::kZeroPartWeights: {
-        FlatShard& s = flat_of(f.arg[0], "part_weights");
+        FlatParam& s = flat_of(f.arg[0], "part_weights");
         if (!stepped_) throw lab_error(fmt::format("part_weights({}) before optimizer_step", f.arg[0]));
         const int64_t n = s.local.data.defined() ? s.local.data.numel() : 0;
         const OnHost w(s.local.data);  // the f32 master of the part
         return answer(n ? w.p : nullptr, size_t(n) * 4, "part_weights");
       }
       case labproto::kZeroSetWeights: {
-        FlatShard& s = flat_of(f.arg[0], "set_weights");
+        FlatParam& s = flat_of(f.arg[0], "set_weights");
         if (!in_step_) throw lab_error(fmt::format("set_weights({}, ...) outside zero_step", f.arg[0]));
         const int64_t begin = f.arg[1], n = int64_t(payload.size() / 4);
         check_range(s, f.arg[0], begin, n, "set_weights");
         auto w = packed(s, false);
         if (n) std::memcpy(w.data() + begin, payload.data(), size_t(n) * 4);
-        UnitShards::unpack(rt_, s, w.data(), DeviceKind::cpu);  // rounded into the parameters' dtype; the padding dropped
+        unpack(rt_, s, 0, s.padded, w.data(), DeviceKind::cpu);  // rounded into the parameters' dtype; the padding dropped
         return answer(nullptr, 0, "set_weights");
       }
       default:
@@ -238,7 +238,7 @@ class LabZeRO : public Strategy {
   int stage_;
   ProcessGroup& pg_;
   Runtime& rt_;
-  std::vector<FlatShard> flats_;  // local: this rank's part (data: the f32 master, grad: the kept part)
+  std::vector<FlatParam> flats_;  // local: this rank's part (data: the f32 master, grad: the kept part)
   std::vector<int64_t> begin_;    // where each part starts (-1: none kept yet)
   std::vector<bool> kept_;        // this step
   std::vector<char> table_;       // numel + name per flat, for the host

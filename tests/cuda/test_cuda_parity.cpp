@@ -25,7 +25,7 @@
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/cuda/ops.h"
-#include "core/parallel/staged.h"
+#include "core/parallel/comm_buffers.h"
 #include "core/tensor/dtype.h"
 #include "core/util/rng.h"
 

@@ -1,4 +1,4 @@
-#include "core/parallel/staged.h"
+#include "core/parallel/comm_buffers.h"
 
 #include <cstring>
 #include <vector>
@@ -14,13 +14,13 @@ void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, in
 }
 
 void zero_values(Runtime& rt, void* p, int64_t bytes) {
-  if (bytes <= 0) return;
+  if (bytes <= 0 || !p) return;
   if (on_device(rt)) rt.memory.device_memory()->zero(p, bytes);
   else std::memset(p, 0, size_t(bytes));
 }
 
 void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0 || !src || !dst) return;  // nothing to copy, or the meta device
   if (sd == dd) {
     if (sd == DeviceKind::cuda) rt.memory.device_memory()->convert(src, st, dst, dt, n);
     else convert(src, st, dst, dt, n);

@@ -1,4 +1,4 @@
-// The strategies' buffer moves and collectives, wherever the rank's tensors live:
+// The strategies' communication buffers: their copies and collectives, wherever the rank's tensors live:
 //   - a cpu rank converts and copies on the host and hands its buffers to Gloo as they are;
 //   - a cuda rank converts and copies on its device, and its collectives go
 //       - through the group's device backend when it has one (dist.backend = "nccl": the buffers are
@@ -6,8 +6,10 @@
 //       - else through host copies: down, reduced or gathered by Gloo, back up (PyTorch's gloo backend
 //         does the same with CUDA tensors).
 // DDP's buckets, ZeRO's and FSDP's flat buffers all come through here: the one place that knows.
-// Pointers may point inside a tensor (a bucket's stretch of a flat buffer).
-// Read next: zero3.h (the parameters split as well).
+// Pointers may point inside a tensor (a bucket's stretch of a flat buffer). On the meta device every pointer
+// is null (Tensor::f32_at keeps it so) and every copy does nothing; the collectives are still traced and counted.
+// The collectives are "staged" because a cuda rank without a device backend stages them through host copies.
+// Read next: sharded_strategy.h (what the ZeRO stages share), then zero1.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,7 +23,7 @@ namespace distlab {
 // conversion runs there; across (a cuda rank's CPU-offload parts are host memory) the smaller of the two
 // dtypes crosses the bus, so f32 -> bf16 narrows on the sending side and bf16 -> f32 widens on the receiving one.
 void copy_across(Runtime& rt, const void* src, DType st, DeviceKind sd, void* dst, DType dt, DeviceKind dd, int64_t n);
-// the same where both live on the rank's device
+// the same where both live on the rank's device (nothing when either pointer is null: the meta device)
 void copy_values(Runtime& rt, const void* src, DType st, void* dst, DType dt, int64_t n);
 void zero_values(Runtime& rt, void* p, int64_t bytes);
 
