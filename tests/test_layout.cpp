@@ -101,3 +101,51 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
         f != "core/parallel/flat_masters.h" && f != "core/parallel/flat_slices.h" && f != "core/parallel/exec_order.h" && f != "core/parallel/mesh.h")
       CHECK_THAT(walk, Catch::Contains(fs::path(f).filename().string()));
 }
+
+TEST_CASE("each ZeRO stage's file issues its own collectives, the flat layout issues none, and neither checks for the meta device", "[layout]") {
+  auto code_of = [](const fs::path& p) {  // the file without its comments
+    std::istringstream in(slurp(p));
+    std::string out;
+    for (std::string line; std::getline(in, line);) out += line.substr(0, line.find("//")) + "\n";
+    return out;
+  };
+  auto lines_of = [](const fs::path& p) {
+    std::istringstream in(slurp(p));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n++;
+    return n;
+  };
+  const fs::path dir = kRoot / "core" / "parallel";
+  const std::regex null_check(R"re(\.data\(\)\s*\?|if\s*\([^)]*\.data\(\)\)|\.data\(\)\s*&&)re");
+  // stage: the collectives its own file must show
+  const std::map<std::string, std::vector<std::string>> stages = {
+      {"zero1.cpp", {"staged_reduce_scatter(", "staged_all_gather("}},
+      {"zero2.cpp", {"staged_reduce_scatter_async(", "staged_all_gather("}},
+      {"zero3.cpp", {"staged_reduce_scatter_async(", "staged_all_gather_async(", ".release()"}}};
+  for (const auto& [file, calls] : stages) {
+    INFO(file);
+    const std::string code = code_of(dir / file);
+    for (const auto& c : calls) CHECK_THAT(code, Catch::Contains(c));
+    CHECK(lines_of(dir / file) <= 250);
+    CHECK(!std::regex_search(code, null_check));
+  }
+  for (const char* file : {"flat_param.h", "flat_param.cpp"}) {
+    INFO(file);
+    const std::string code = code_of(dir / file);
+    // (the gradient norm's scalars go through the group's own all_gather and all_reduce)
+    for (const char* c : {"reduce_scatter", "staged_all_gather", "staged_all_reduce"}) CHECK_THAT(code, !Catch::Contains(c));
+  }
+  // the strategy interface: two halves of at most 12 virtuals each
+  const std::string strategy = code_of(dir / "strategy.h");
+  const auto step_hooks = strategy.substr(strategy.find("class StepHooks"), strategy.find("class StrategyState") - strategy.find("class StepHooks"));
+  const auto state = strategy.substr(strategy.find("class StrategyState"), strategy.find("class Strategy :") - strategy.find("class StrategyState"));
+  auto virtuals = [](const std::string& s) {
+    const std::regex v(R"re(\bvirtual\b[^;{]*\(|\boverride\b)re");
+    int n = 0;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), v); it != std::sregex_iterator(); ++it) n++;
+    return n;
+  };
+  INFO("StepHooks:\n" << step_hooks << "\nStrategyState:\n" << state);
+  CHECK(virtuals(step_hooks) - 1 <= 12);  // the destructor (~StepHooks() override) not counted
+  CHECK(virtuals(state) - 1 <= 12);       // nor virtual ~StrategyState()
+}

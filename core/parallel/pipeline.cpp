@@ -57,7 +57,7 @@ void Pipeline::exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Te
   if (dst >= 0 && out.data()) send = std::make_unique<OnHost>(out, OnHost::in);
   if (src >= 0) {
     *in = rt.empty(in_shape, Category::activations,
-                   in_tag % 2 == 0 || in_tag == 1 ? fmt::format("activations from stage {}", src) : fmt::format("gradient from stage {}", src), rt.dtype);
+                   pipe_tag::is_gradient(in_tag) ? fmt::format("gradient from stage {}", src) : fmt::format("activations from stage {}", src), rt.dtype);
     if (in->data()) recv = std::make_unique<OnHost>(*in, OnHost::out);
   }
   try {
@@ -91,113 +91,190 @@ std::string check_schedule(const std::vector<PipeAction>& order, int m) {
   return "";
 }
 
-// Messages are tagged by micro-batch: a stage that expects micro-batch j's activations takes only those,
-// so schedules whose orders do not fit together hang (and the timeout names the stage and what it
-// waited for) rather than train on each other's tensors.
-static int activation_tag(int micro) { return 16 + 2 * micro; }
-static int gradient_tag(int micro) { return 17 + 2 * micro; }
+// ---- one step ----
 
-Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor,
-                                          Strategy& strategy, const std::vector<PipeAction>* order, const std::vector<bool>* dp_sync) {
+struct Pipeline::Step {
+  Runtime& rt;
+  const std::function<Batch()>& next;
+  const StageLoss& loss;
+  float loss_factor;
+  StepHooks& strategy;
+  const std::vector<bool>* dp_sync;  // by micro-batch; nullptr: only the last backward synchronises
+  int last_backward = -1;            // the micro-batch whose backward is the step's last
+  std::vector<Batch> batches;        // read in order, once; every stage reads the same micro-batches
+  std::map<int, Tensor> dlogits;     // the last stage's: a micro-batch's loss gradient, from its forward to its backward
   StepResult res;
-  const int s = stage();
-  const std::vector<PipeAction> own = order ? std::vector<PipeAction>() : pipeline_schedule(schedule_, stages(), s, m_);
-  const std::vector<PipeAction>& actions = order ? *order : own;
-  if (const std::string bad = check_schedule(actions, m_); !bad.empty())
-    throw ConfigError(fmt::format("pipeline stage {} of {}: its schedule ({}) {}", s, stages(), describe_schedule(actions), bad),
-                      "every micro-batch runs forward once, then backward once, on every stage");
-  const int prev = first() ? -1 : s - 1, next_stage = last() ? -1 : s + 1;
-  std::vector<Batch> batches;
-  std::map<int, Tensor> dlogits;  // the last stage's: a micro-batch's loss gradient, from its forward to its backward
-  auto batch = [&](int j) -> const Batch& {  // read in order, once; every stage reads the same micro-batches
+
+  const Batch& batch(int j) {
     while (int(batches.size()) <= j) {
       batches.push_back(next());
       res.samples += batches.back().samples();
     }
     return batches[size_t(j)];
-  };
-  auto forward = [&](int j, const Tensor& x) {
-    rt.trace.mark(fmt::format("F{}", j), true);
-    const Batch& b = batch(j);
-    Tensor y = model_.forward_stage(rt, b, x, &strategy);
-    if (last()) {
-      res.loss_sum += loss(rt, y, b, loss_factor, dlogits[j]);
-      y = Tensor();
-    }
-    SavedState& held = held_[j];
-    model_.swap_saved(held);  // this micro-batch's saved activations leave the layers until its backward
-    res.peak_in_flight = std::max(res.peak_in_flight, int(held_.size()));
-    int64_t bytes = 0;
-    for (const auto& [k, h] : held_) bytes += h.bytes();
-    for (const auto& [k, d] : dlogits) bytes += d.defined() ? d.nbytes() : 0;
-    res.peak_held_bytes = std::max(res.peak_held_bytes, bytes);
-    rt.trace.mark(fmt::format("F{}", j), false);
-    return y;
-  };
-  // the last micro-batch's backward is the last backward of the step: data parallelism syncs in it
-  int last_backward = -1;
-  for (const PipeAction& a : actions)
-    if (a.op == PipeAction::backward) last_backward = a.micro;
-  auto backward = [&](int j, const Tensor& dy) {
-    rt.trace.mark(fmt::format("B{}", j), true);
-    model_.swap_saved(held_.at(j));
-    held_.erase(j);
-    Tensor d = last() ? dlogits.at(j) : dy;
-    dlogits.erase(j);
-    strategy.begin_backward(dp_sync ? bool(dp_sync->at(size_t(j))) : j == last_backward);
-    Tensor dx = model_.backward_stage(rt, d, &strategy);
-    strategy.finish_backward(rt);
-    rt.trace.mark(fmt::format("B{}", j), false);
-    return dx;
-  };
-  // Where an action's input comes from: a forward's from the stage before, a backward's from the stage after.
-  auto source = [&](const PipeAction& a) { return a.op == PipeAction::forward ? prev : next_stage; };
-  auto tag_of = [&](const PipeAction& a) { return a.op == PipeAction::forward ? activation_tag(a.micro) : gradient_tag(a.micro); };
-  // a forward receives what this stage takes in, a backward the gradient of what it gave out
-  auto input_shape = [&](const PipeAction& a) {
-    const Batch& b = batch(a.micro);
-    return a.op == PipeAction::forward ? model_.stage_input_shape(b) : model_.stage_output_shape(b);
-  };
-  auto input_name = [&](const PipeAction& a) {
-    return fmt::format("micro-batch {}'s {} from stage {}", a.micro, a.op == PipeAction::forward ? "activations" : "gradient", source(a));
-  };
+  }
+};
 
+Tensor Pipeline::forward(Step& st, int j, const Tensor& x) {
+  Runtime& rt = st.rt;
+  rt.trace.mark(fmt::format("F{}", j), true);
+  const Batch& b = st.batch(j);
+  Tensor y = model_.forward_stage(rt, b, x, &st.strategy);
+  if (last()) {
+    st.res.loss_sum += st.loss(rt, y, b, st.loss_factor, st.dlogits[j]);
+    y = Tensor();
+  }
+  SavedState& held = held_[j];
+  model_.swap_saved(held);  // this micro-batch's saved activations leave the layers until its backward
+  st.res.peak_in_flight = std::max(st.res.peak_in_flight, int(held_.size()));
+  int64_t bytes = 0;
+  for (const auto& [k, h] : held_) bytes += h.bytes();
+  for (const auto& [k, d] : st.dlogits) bytes += d.defined() ? d.nbytes() : 0;
+  st.res.peak_held_bytes = std::max(st.res.peak_held_bytes, bytes);
+  rt.trace.mark(fmt::format("F{}", j), false);
+  return y;
+}
+
+Tensor Pipeline::backward(Step& st, int j, const Tensor& dy) {
+  Runtime& rt = st.rt;
+  rt.trace.mark(fmt::format("B{}", j), true);
+  model_.swap_saved(held_.at(j));
+  held_.erase(j);
+  Tensor d = last() ? st.dlogits.at(j) : dy;
+  st.dlogits.erase(j);
+  // data parallelism synchronises during the step's last backward (no_sync before), or where dp_sync says
+  st.strategy.begin_backward(st.dp_sync ? bool(st.dp_sync->at(size_t(j))) : j == st.last_backward);
+  Tensor dx = model_.backward_stage(rt, d, &st.strategy);
+  st.strategy.finish_backward(rt);
+  rt.trace.mark(fmt::format("B{}", j), false);
+  return dx;
+}
+
+// ---- the neighbour exchanges: a forward's input comes from the stage before, a backward's from the one after ----
+
+static std::string what_moves(int micro, bool gradient, const char* dir, int stage) {
+  return fmt::format("micro-batch {}'s {} {} stage {}", micro, gradient ? "gradient" : "activations", dir, stage);
+}
+
+Tensor Pipeline::recv_forward(Step& st, int j) {
+  Tensor x;
+  if (prev() >= 0)
+    exchange(st.rt, Tensor(), -1, 0, &x, model_.stage_input_shape(st.batch(j)), prev(), pipe_tag::activations(j),
+             "receiving " + what_moves(j, false, "from", prev()));
+  return x;
+}
+
+Tensor Pipeline::recv_backward(Step& st, int j) {
+  Tensor dy;
+  if (next() >= 0)
+    exchange(st.rt, Tensor(), -1, 0, &dy, model_.stage_output_shape(st.batch(j)), next(), pipe_tag::gradient(j),
+             "receiving " + what_moves(j, true, "from", next()));
+  return dy;
+}
+
+void Pipeline::send_forward(Step& st, int j, const Tensor& y) {
+  if (next() >= 0) exchange(st.rt, y, next(), pipe_tag::activations(j), nullptr, {}, -1, 0, "sending " + what_moves(j, false, "to", next()));
+}
+
+void Pipeline::send_backward(Step& st, int j, const Tensor& dx) {
+  if (prev() >= 0) exchange(st.rt, dx, prev(), pipe_tag::gradient(j), nullptr, {}, -1, 0, "sending " + what_moves(j, true, "to", prev()));
+}
+
+// Both at once: the stage after is sending micro-batch jb's gradient back while this one sends j's
+// activations on. Two blocking sends towards each other would deadlock.
+Tensor Pipeline::send_forward_recv_backward(Step& st, int j, const Tensor& y, int jb) {
+  Tensor dy;
+  if (next() >= 0)
+    exchange(st.rt, y, next(), pipe_tag::activations(j), &dy, model_.stage_output_shape(st.batch(jb)), next(), pipe_tag::gradient(jb),
+             "sending " + what_moves(j, false, "to", next()) + " and receiving " + what_moves(jb, true, "from", next()));
+  return dy;
+}
+
+Tensor Pipeline::send_backward_recv_forward(Step& st, int j, const Tensor& dx, int jf) {
+  Tensor x;
+  if (prev() >= 0)
+    exchange(st.rt, dx, prev(), pipe_tag::gradient(j), &x, model_.stage_input_shape(st.batch(jf)), prev(), pipe_tag::activations(jf),
+             "sending " + what_moves(j, true, "to", prev()) + " and receiving " + what_moves(jf, false, "from", prev()));
+  return x;
+}
+
+// ---- the executors ----
+
+// 1F1B (PipeDream-Flush), in its three phases, as Megatron-LM's forward_backward_pipelining_without_interleaving:
+//   warm-up     w = min(p − s − 1, m) forwards: receive, compute, send on
+//   steady      m − w times: one forward, then one backward (the oldest micro-batch in flight), each send
+//               paired with the receive coming the other way
+//   cool-down   the w backwards left
+void Pipeline::run_1f1b(Step& st) {
+  const int w = warmup_forwards(stages(), stage(), m_), steady = m_ - w;
+  Tensor dy;  // a backward's input received early (only when there is no steady state: m < p, the simulator's)
+  for (int j = 0; j < w; j++) {
+    Tensor y = forward(st, j, recv_forward(st, j));
+    if (j == w - 1 && steady == 0) dy = send_forward_recv_backward(st, j, y, 0);
+    else send_forward(st, j, y);
+  }
+  Tensor x = steady > 0 ? recv_forward(st, w) : Tensor();
+  for (int i = 0; i < steady; i++) {
+    const int j = w + i;  // this forward's micro-batch; the backward's is i
+    Tensor y = forward(st, j, x);
+    Tensor dx = backward(st, i, send_forward_recv_backward(st, j, y, i));
+    if (i + 1 < steady) x = send_backward_recv_forward(st, i, dx, j + 1);
+    else send_backward(st, i, dx);
+  }
+  for (int i = steady; i < m_; i++) {
+    const Tensor in = i == steady && dy.defined() ? dy : recv_backward(st, i);
+    send_backward(st, i, backward(st, i, in));
+  }
+}
+
+// Any valid order (GPipe's, a lab's): after each action its output goes on — a forward's to the stage
+// after, a backward's back to the stage before — and when the next action's input comes from that same
+// neighbour it is received in the same exchange.
+void Pipeline::run_order(Step& st, const std::vector<PipeAction>& actions) {
   Tensor pending;  // the next action's input, received together with this action's send
   bool have_pending = false;
   for (size_t k = 0; k < actions.size(); k++) {
     const PipeAction& a = actions[k];
+    const bool fwd = a.op == PipeAction::forward;
     const PipeAction* after = k + 1 < actions.size() ? &actions[k + 1] : nullptr;
     Tensor in;
-    if (have_pending) {
-      in = pending;
-      pending = Tensor();
-      have_pending = false;
-    } else if (source(a) >= 0) {
-      exchange(rt, Tensor(), -1, 0, &in, input_shape(a), source(a), tag_of(a), "receiving " + input_name(a));
+    if (have_pending) in = pending, pending = Tensor(), have_pending = false;
+    else in = fwd ? recv_forward(st, a.micro) : recv_backward(st, a.micro);
+    const Tensor out = fwd ? forward(st, a.micro, in) : backward(st, a.micro, in);
+    const int dst = fwd ? next() : prev();
+    const bool paired = dst >= 0 && after && (after->op == PipeAction::forward ? prev() : next()) == dst;
+    if (!paired) {
+      if (fwd) send_forward(st, a.micro, out);
+      else send_backward(st, a.micro, out);
+      continue;
     }
-    Tensor out = a.op == PipeAction::forward ? forward(a.micro, in) : backward(a.micro, in);
-    // a forward's output goes on to the stage after, a backward's (the input's gradient) back to the one before
-    const int dst = a.op == PipeAction::forward ? next_stage : prev;
-    if (dst < 0) continue;
-    const std::string sent = fmt::format("sending micro-batch {}'s {} to stage {}", a.micro, a.op == PipeAction::forward ? "activations" : "gradient", dst);
-    const int out_tag = a.op == PipeAction::forward ? activation_tag(a.micro) : gradient_tag(a.micro);
-    if (after && source(*after) == dst) {  // the neighbour's send the other way: both in flight at once
-      exchange(rt, out, dst, out_tag, &pending, input_shape(*after), dst, tag_of(*after), sent + " and receiving " + input_name(*after));
-      have_pending = true;
-    } else {
-      exchange(rt, out, dst, out_tag, nullptr, {}, -1, 0, sent);
-    }
+    pending = fwd ? send_forward_recv_backward(st, a.micro, out, after->micro) : send_backward_recv_forward(st, a.micro, out, after->micro);
+    have_pending = true;
   }
+}
+
+Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor,
+                                          StepHooks& strategy, const std::vector<PipeAction>* order, const std::vector<bool>* dp_sync) {
+  const std::vector<PipeAction> own = order ? std::vector<PipeAction>() : pipeline_schedule(schedule_, stages(), stage(), m_);
+  const std::vector<PipeAction>& actions = order ? *order : own;
+  if (const std::string bad = check_schedule(actions, m_); !bad.empty())
+    throw ConfigError(fmt::format("pipeline stage {} of {}: its schedule ({}) {}", stage(), stages(), describe_schedule(actions), bad),
+                      "every micro-batch runs forward once, then backward once, on every stage");
+  Step st{rt, next, loss, loss_factor, strategy, dp_sync};
+  for (const PipeAction& a : actions)
+    if (a.op == PipeAction::backward) st.last_backward = a.micro;
+  if (!order && schedule_ == "1f1b") run_1f1b(st);
+  else run_order(st, actions);
   DL_ASSERT(held_.empty(), "pipeline: a micro-batch's activations were never consumed");
-  return res;
+  return st.res;
 }
 
 Tensor Pipeline::forward_only(Runtime& rt, const Batch& b) {
   Tensor x;
-  if (!first()) exchange(rt, Tensor(), -1, 0, &x, model_.stage_input_shape(b), stage() - 1, 1, "receiving an evaluation batch's activations");
+  if (!first()) exchange(rt, Tensor(), -1, 0, &x, model_.stage_input_shape(b), stage() - 1, pipe_tag::evaluation,
+                                "receiving an evaluation batch's activations");
   Tensor y = model_.forward_stage(rt, b, x, nullptr);
   if (!last()) {
-    exchange(rt, y, stage() + 1, 1, nullptr, {}, -1, 0, "sending an evaluation batch's activations");
+    exchange(rt, y, stage() + 1, pipe_tag::evaluation, nullptr, {}, -1, 0, "sending an evaluation batch's activations");
     return Tensor();
   }
   return y;
@@ -208,11 +285,11 @@ void Pipeline::sync_tied(Runtime& rt, Parameter* tied) {
   const int peer = first() ? stages() - 1 : 0;
   Tensor& g = tied->grad_for_accumulate();
   const int64_t n = g.numel();
-  if (!g.data()) return pp_.send_recv(nullptr, n, peer, 4, nullptr, n, peer, 4);  // meta: traced, no data
+  if (!g.data()) return pp_.send_recv(nullptr, n, peer, pipe_tag::tied_gradient, nullptr, n, peer, pipe_tag::tied_gradient);  // meta: traced, no data
   OnHost mine(g, OnHost::inout);
   std::vector<float> theirs(static_cast<size_t>(n));
   try {
-    pp_.send_recv(mine.p, n, peer, 4, theirs.data(), n, peer, 4);
+    pp_.send_recv(mine.p, n, peer, pipe_tag::tied_gradient, theirs.data(), n, peer, pipe_tag::tied_gradient);
   } catch (const PeerLostError& e) {
     throw PeerLostError(fmt::format("pipeline stage {}: summing the tied embedding's gradient with stage {}: {}", stage(), peer, e.what()), e.hint());
   } catch (const CommError& e) {

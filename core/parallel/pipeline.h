@@ -17,7 +17,10 @@
 // micro-batches than stages most of the pipeline idles. 1F1B's gain is memory, not time.
 // Neighbours exchange activations and gradients at once where both must (1F1B's steady state), as
 // Megatron's send_forward_recv_backward does: two blocking sends towards each other would deadlock.
-// Messages carry their micro-batch in the tag: a stage never takes another micro-batch's tensor.
+// Messages carry their micro-batch in the tag (pipe_tag below): a stage never takes another micro-batch's
+// tensor. The engine's 1F1B is written out as its three phases (run_1f1b); a given order — GPipe's, a lab's —
+// runs through one generic executor (run_order) that pairs each send with the next receive from the same
+// neighbour. Both issue the same exchanges for 1F1B.
 // Data parallelism over the stages' replicas synchronises gradients once, during the last micro-batch's
 // backward (the strategy's no_sync before). The tied embedding's two copies (first and last stage) sum
 // their gradients after the last backward.
@@ -53,6 +56,18 @@ struct PipelineOrder {
   std::vector<bool> dp_sync;  // by micro-batch
 };
 
+// The pipeline's message tags. A training step's messages carry their micro-batch, so that a stage takes
+// only the tensor it expects: orders that do not fit together hang until the timeout names the stage,
+// rather than train on each other's tensors.
+namespace pipe_tag {
+constexpr int evaluation = 1;     // forward_only's activations (one micro-batch, in order)
+constexpr int tied_gradient = 4;  // the tied embedding's gradient between the first and the last stage
+constexpr int first_micro = 16;   // micro-batch j: its activations 16 + 2j, their gradient 17 + 2j
+constexpr int activations(int micro) { return first_micro + 2 * micro; }
+constexpr int gradient(int micro) { return first_micro + 2 * micro + 1; }
+constexpr bool is_gradient(int tag) { return tag >= first_micro && tag % 2 == 1; }
+}  // namespace pipe_tag
+
 // What the loss does on the last stage: logits -> (loss, dlogits scaled by `factor`)
 using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const Batch& batch, float factor, Tensor& dlogits)>;
 
@@ -75,7 +90,7 @@ class Pipeline {
   // neighbour it receives it in the same exchange (Megatron's send_forward_recv_backward and
   // send_backward_recv_forward) — so 1F1B's steady state, where neighbours send to each other, cannot
   // deadlock, while orders that do not fit the neighbours' hang until the timeout names the stage.
-  StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, Strategy& strategy,
+  StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, StepHooks& strategy,
                         const std::vector<PipeAction>* order = nullptr, const std::vector<bool>* dp_sync = nullptr);
   // Evaluation: one micro-batch's forward through every stage; the logits on the last stage (undefined on
   // the others).
@@ -90,10 +105,27 @@ class Pipeline {
   int micro_batches() const { return m_; }
 
  private:
-  Tensor recv_activation(Runtime& rt, const Batch& b, int micro, const char* what, int from, int tag);
-  // the neighbour exchanges; either tensor may be undefined (that half is absent)
+  struct Step;  // one train_step's micro-batches, losses and results
+  // One micro-batch's forward (its input from the stage before) and backward (the gradient of its output),
+  // its saved activations held in between.
+  Tensor forward(Step& st, int micro, const Tensor& x);
+  Tensor backward(Step& st, int micro, const Tensor& dy);
+  // The neighbour exchanges, named as Megatron names them. An end stage has no neighbour on one side: that
+  // half does nothing (and a receive returns an undefined tensor).
+  Tensor recv_forward(Step& st, int micro);
+  Tensor recv_backward(Step& st, int micro);
+  void send_forward(Step& st, int micro, const Tensor& y);
+  void send_backward(Step& st, int micro, const Tensor& dx);
+  Tensor send_forward_recv_backward(Step& st, int micro, const Tensor& y, int micro_back);
+  Tensor send_backward_recv_forward(Step& st, int micro, const Tensor& dx, int micro_fwd);
+  // The two executors.
+  void run_1f1b(Step& st);
+  void run_order(Step& st, const std::vector<PipeAction>& actions);
+  // the exchange itself; either half may be absent (dst or src < 0)
   void exchange(Runtime& rt, const Tensor& out, int dst, int out_tag, Tensor* in, const Shape& in_shape, int src, int in_tag,
                 const std::string& what);
+  int prev() const { return first() ? -1 : stage() - 1; }
+  int next() const { return last() ? -1 : stage() + 1; }
   ProcessGroup& pp_;
   Model& model_;
   std::string schedule_;

@@ -10,6 +10,8 @@
 // The model calls before_forward(unit) before each unit's forward and after_layer_backward(unit, params)
 // after each unit's backward — ordinary calls in its loops (core/models/), no hidden hooks.
 //
+// The interface is two: StepHooks (what runs during a step) and StrategyState (what it holds, for the
+// optimizer, a checkpoint, an evaluation, the report); a Strategy is both.
 // none.h is the single-device strategy (every hook does nothing); ddp.h averages gradients across ranks;
 // zero1.h, zero2.h and zero3.h shard the optimizer state, then the gradients, then the parameters (ZeRO-3's
 // before_forward gathers a unit's shards, step updates only this rank's). FSDP, TP and PP implement the
@@ -29,14 +31,11 @@
 
 namespace distlab {
 
-class Strategy : public ForwardHook, public BackwardHook {
+// What a strategy does during a step: the hooks the model's loops and the trainer's step call, in the
+// order drawn above. 12 virtuals.
+class StepHooks : public ForwardHook, public BackwardHook {
  public:
-  ~Strategy() override = default;
-  virtual std::string describe() const = 0;  // for the run's header: "none", "ddp (bucketed)"
-  // What the strategy did, for the run's summary ("strategy_report"): its name, the collectives it issues
-  // per optimizer step, the buffers it holds. The trainer adds the communication counters and the memory
-  // per category of the whole run; this is what only the strategy knows.
-  virtual nlohmann::json report() const { return {{"name", describe()}}; }
+  ~StepHooks() override = default;
   // Before unit `unit`'s forward (ZeRO-3 gathers its parameters here) and after it; before its backward.
   // Nothing for none and DDP.
   void before_forward(int unit) override {}
@@ -46,8 +45,10 @@ class Strategy : public ForwardHook, public BackwardHook {
   virtual void begin_backward(bool sync) {}
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {}
   virtual void finish_backward(Runtime& rt) {}
-  // What the optimizer steps: the model's parameters (none, DDP) or this rank's slices of them (ZeRO).
-  virtual std::vector<Parameter*> optimizer_parameters(Model& model) { return model.parameters(); }
+  // true: the gradients are reduced in finish_backward alone, nothing during the backward (ZeRO-1). A
+  // pipeline can then reduce once after every backward of the step, when the tied embedding's two copies
+  // have been summed; DDP's buckets leave during the backward instead, and the sum comes after.
+  virtual bool reduces_after_backward() const { return false; }
   // The global L2 norm of the gradients the step will read, and whether any holds an inf or a NaN on any
   // rank — over the whole gradients here, over every rank's slice where they are sharded.
   virtual double grad_norm(Runtime& rt, Model& model) { return distlab::grad_norm(rt, model.parameters()); }
@@ -58,20 +59,31 @@ class Strategy : public ForwardHook, public BackwardHook {
   virtual double split_grad_norm(Runtime& rt, Model& model, ProcessGroup* tp, ProcessGroup* pp) {
     return model_parallel_grad_norm(rt, model.parameters(), tp, pp);
   }
-  // true: the gradients are reduced in finish_backward alone, nothing during the backward (ZeRO-1). A
-  // pipeline can then reduce once after every backward of the step, when the tied embedding's two copies
-  // have been summed; DDP's buckets leave during the backward instead, and the sum comes after.
-  virtual bool reduces_after_backward() const { return false; }
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }
   // After every optimizer step, taken or skipped: the gradients released (set_to_none), the parts of them
   // a ZeRO rank keeps too.
   virtual void zero_grad(Model& model) { model.zero_grad(); }
+};
+
+// What a strategy holds, and how to reach it whole: for the optimizer it builds, a save and a load
+// (core/train/trainer_ckpt.cpp), an evaluation, and the run's report. 12 virtuals.
+class StrategyState {
+ public:
+  virtual ~StrategyState() = default;
+  virtual std::string describe() const = 0;  // for the run's header: "none", "ddp (bucketed)"
+  // What the strategy did, for the run's summary ("strategy_report"): its name, the collectives it issues
+  // per optimizer step, the buffers it holds. The trainer adds the communication counters and the memory
+  // per category of the whole run; this is what only the strategy knows.
+  virtual nlohmann::json report() const { return {{"name", describe()}}; }
+  // What the optimizer steps: the model's parameters (none, DDP) or this rank's slices of them (ZeRO).
+  virtual std::vector<Parameter*> optimizer_parameters(Model& model) { return model.parameters(); }
+  // Where the optimizer keeps its state: on the device, or in host memory under CPU offload.
+  virtual Category optimizer_state_category() const { return Category::optim_state; }
 
   // ZeRO-3: between uses a rank holds only its part of the parameters; the model is whole only inside
-  // the forward and backward that the hooks above drive. An evaluation then runs on every rank, through
-  // the hooks.
+  // the forward and backward that the hooks drive. An evaluation then runs on every rank, through them.
   virtual bool shards_parameters() const { return false; }
   // Every parameter whole on every rank (a collective: all ranks call it) — for --init, a save, the check
   // that replicas agree — from the optimizer's f32 master weights where `masters` has them (a save writes
@@ -84,12 +96,10 @@ class Strategy : public ForwardHook, public BackwardHook {
   virtual void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) {
     fn(model.parameters());
   }
-  // Where the optimizer keeps its state: on the device, or in host memory under CPU offload.
-  virtual Category optimizer_state_category() const { return Category::optim_state; }
 
-  // For checkpoints (core/train/trainer_ckpt.cpp): what each of the optimizer's parameters holds, as
-  // elements [param_offset, param_offset + numel) of a model parameter (flattened) at local_offset of its
-  // own. The default: the optimizer steps the model's parameters, whole.
+  // For checkpoints: what each of the optimizer's parameters holds, as elements [param_offset,
+  // param_offset + numel) of a model parameter (flattened) at local_offset of its own. The default: the
+  // optimizer steps the model's parameters, whole.
   struct Slice {
     Parameter* param;
     int64_t param_offset, local_offset, numel;
@@ -108,5 +118,8 @@ class Strategy : public ForwardHook, public BackwardHook {
   // Why this strategy cannot be checkpointed ("" when it can).
   virtual std::string checkpoint_refusal() const { return ""; }
 };
+
+// A strategy is both: the loop holds it as StepHooks, the checkpoint code and the report as StrategyState.
+class Strategy : public StepHooks, public StrategyState {};
 
 }  // namespace distlab
