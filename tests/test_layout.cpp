@@ -149,3 +149,18 @@ TEST_CASE("each ZeRO stage's file issues its own collectives, the flat layout is
   CHECK(virtuals(step_hooks) - 1 <= 12);  // the destructor (~StepHooks() override) not counted
   CHECK(virtuals(state) - 1 <= 12);       // nor virtual ~StrategyState()
 }
+
+TEST_CASE("the trainer's loop fits in 300 lines, and no trainer file compares a strategy's name", "[layout]") {
+  const fs::path dir = kRoot / "core" / "train";
+  std::ifstream in(dir / "trainer.cpp");
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n++;
+  CHECK(n <= 300);
+  // make_strategy (strategies.cpp) is the one place that reads parallel.strategy
+  const std::regex names(R"re(strategy\s*==|==\s*"(ddp|zero1|zero2|zero3|fsdp)")re");  // ("none" is also a loss-scale mode)
+  for (const char* f : {"trainer.cpp", "trainer_build.cpp", "trainer_ckpt.cpp", "trainer_report.cpp", "trainer_weights.cpp", "trainer_checks.cpp",
+                        "trainer_mesh.cpp"}) {
+    INFO(f);
+    CHECK(!std::regex_search(slurp(dir / f), names));
+  }
+}

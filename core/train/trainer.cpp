@@ -24,110 +24,6 @@
 
 namespace distlab {
 
-static int default_threads() {
-  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);  // set by distlab run
-  return int(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, TrainerExtension* ext)
-    : cfg_(cfg), rt_(rt), log_(log), pg_(pg), ext_(ext), scaler_(loss_scale_options(cfg.precision)) {
-  // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
-  const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp);
-  dp_ = pg;
-  accum_ = cfg.train.accum_steps;
-  if (ext_) ext_->check_run(cfg, shape, rt);  // what the extension cannot serve, before anything is built
-  if (shape.tp > 1 || shape.pp > 1) {
-    check_strategy_composes(cfg, shape);  // ZeRO-2/3 and FSDP reduce during the backward: not with stages
-    if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
-    mesh_ = std::make_unique<Mesh>(*pg, shape);
-    dp_ = &mesh_->group(MeshAxis::dp);
-  }
-  // the fake world first: on a real device its N ranks were never started (not "N ranks were started")
-  if (pg && pg->is_fake() && !rt.is_meta())
-    throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
-                      "plan with --device meta, or start real ranks with distlab run");
-  check_strategy_fits(cfg, dp_world());
-  if (world() > 1 && rt.is_meta() && !(pg && pg->is_fake()))
-    throw ConfigError("the meta device runs on one rank",
-                      "plan one rank of an N-rank job with `distlab train ... --device meta --set dist.fake_world_size=N`, without distlab run");
-  const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : default_threads();
-  set_compute_threads(threads);
-  if (!rt.is_meta()) data_ = open_datasets(cfg.data);
-  spec_ = spec_for(cfg, data_, rt.is_meta());
-
-  // batch sizes: micro × ranks × accum = global (one rank here)
-  micro_batch_ = cfg.train.micro_batch;
-  if (cfg.train.global_batch > 0) {
-    const int64_t world = dp_world(), per = world * accum_;
-    const char* accum_key = shape.pp > 1 ? "parallel.micro_batches" : "train.accum_steps";
-    if (cfg.train.global_batch % per != 0)
-      throw ConfigError(fmt::format("train.global_batch {} is not divisible by data-parallel ranks ({}) x {} ({})",
-                                    cfg.train.global_batch, world, accum_key, accum_),
-                        fmt::format("choose a global batch that is a multiple of ranks x {}", accum_key));
-    micro_batch_ = cfg.train.global_batch / per;
-    if (cfg.origin.count("train.micro_batch") && cfg.train.micro_batch != micro_batch_)
-      throw ConfigError(fmt::format("{}: train.micro_batch {} contradicts train.global_batch {} ({}) = {} ranks x {} accum x {}",
-                                    cfg.origin.at("train.micro_batch"), cfg.train.micro_batch, cfg.train.global_batch,
-                                    cfg.origin.count("train.global_batch") ? cfg.origin.at("train.global_batch") : "default", world,
-                                    accum_, micro_batch_),
-                        fmt::format("state only one of them, or make them agree (--set train.micro_batch={})", micro_batch_));
-  }
-
-  if (!rt.is_meta()) {
-    auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), ext_);
-    loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last, cfg.data.check_finite);
-    if (loader_->batches_per_epoch() < 1)
-      throw ConfigError(fmt::format("the train set has {} samples, fewer than one micro-batch of {}", data_.train->size(), micro_batch_),
-                        "lower train.micro_batch");
-  }
-  if (cfg.train.steps > 0) total_steps_ = cfg.train.steps;
-  else {
-    const int64_t per_epoch = loader_ ? loader_->batches_per_epoch() / accum_ : 1;
-    if (per_epoch < 1)
-      throw ConfigError(fmt::format("an epoch has {} micro-batches, fewer than the {} of one step", loader_->batches_per_epoch(), accum_),
-                        "lower train.accum_steps (parallel.micro_batches) or set train.steps");
-    total_steps_ = cfg.train.epochs * per_epoch;
-  }
-
-  rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
-  rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
-  model_ = build_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
-                       cfg.parallel.pp_layers);
-  model_->init(cfg.train.seed);
-  if (shape.pp > 1) {
-    pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
-    if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
-  }
-  if (ext_) ext_->on_model(*model_, rt, mesh_.get(), accum_);  // layer substitution, a stage's own order
-  if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
-    device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
-                                                                           Millis(int64_t(cfg.dist.timeout_s * 1000))));
-  }
-  if (cfg.dist.backend == "nccl" && mesh_ && shape.tp > 1) {  // the split layers' all-reduces of activations too
-    ProcessGroup& tp = mesh_->group(MeshAxis::tp);
-    tp_device_group_ = std::make_unique<DeviceBackend>(tp, make_device_group(rt, cfg.train.device, tp, Millis(int64_t(cfg.dist.timeout_s * 1000))));
-  }
-  strategy_ = make_strategy(cfg, dp_, *model_, rt, ext_);
-  if (cfg.optim.name == "sgd") {
-    opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
-                                 SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
-  } else {
-    opt_ = std::make_unique<AdamW>(strategy_->optimizer_parameters(*model_), AdamWOptions{float(cfg.optim.beta1), float(cfg.optim.beta2),
-                                                                      float(cfg.optim.eps), float(cfg.optim.weight_decay)});
-  }
-  opt_->set_state_category(strategy_->optimizer_state_category());  // host under CPU offload
-  // The device's capacity applies from here: ZeRO-3/FSDP build the whole model and then keep their part
-  // (PyTorch FSDP materializes a meta-initialized model shard by shard; the end state is the same), so a
-  // model too big for one device can still be sharded onto it. What does not fit fails at the first step,
-  // with the OOM ladder.
-  if (!cfg.train.device_mem.empty()) {  // a GPU's own size stays the limit: device_mem can only lower it
-    const int64_t cap = parse_device_memory(cfg.train.device_mem, "train.device_mem");
-    rt.memory.set_capacity(rt.device == DeviceKind::cuda && rt.memory.capacity() >= 0 ? std::min(cap, rt.memory.capacity()) : cap);
-  }
-  schedule_ = Schedule{cfg.optim.schedule, cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.step_size,
-                       cfg.optim.gamma, cfg.optim.min_lr, total_steps_};
-}
-
 Batch Trainer::meta_batch(int64_t B) {
   Batch b;
   b.B = B;
@@ -308,19 +204,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
   const bool checkpoints = !cfg_.checkpoint.dir.empty();
   resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
-  if (!out.init_path.empty() && !resumed_from_.empty()) {
-    log_ << "--init " << out.init_path << " ignored: the run resumes from its checkpoint\n";
-  } else if (!out.init_path.empty() && mesh_) {
-    strategy_->gather_full_params(rt_, nullptr);  // ZeRO-3/FSDP on the dp axis: the slices whole for the load
-    load_whole_model(out.init_path);
-    strategy_->release_full_params(rt_, true);
-  } else if (!out.init_path.empty()) {
-    strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
-    load_model(*model_, out.init_path);
-    strategy_->release_full_params(rt_, true);
-    if (sharded) rt_.memory.empty_cache();
-    log_ << "loaded weights from " << out.init_path << "\n";
-  }
+  if (!out.init_path.empty()) load_init(out.init_path);  // --init (trainer_weights.cpp)
   // after a resume each rank has its own BatchNorm statistics (DDP does not average them) and the data
   // position; the weights must still agree
   if (replicas) check_replicas("at the start", resumed_from_.empty());
@@ -398,19 +282,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   if (checkpoints) save_checkpoint(total_steps_, metrics, "the end of the run");
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false, &metrics);  // throws: ranks that differ fail the run
-  if (!out.save_path.empty() && mesh_) {
-    strategy_->gather_full_params(rt_, opt_.get());  // ZeRO-1: the f32 masters lent to the slices
-    save_whole_model(out.save_path, parse_dtype(out.save_dtype));
-    strategy_->release_full_params(rt_, false);
-  } else if (!out.save_path.empty()) {
-    // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
-    strategy_->gather_full_params(rt_, opt_.get());
-    if (is_rank0()) {
-      save_model(*model_, out.save_path, parse_dtype(out.save_dtype), opt_.get());  // 16-bit params: their f32 masters
-      log_ << "saved weights to " << out.save_path << " (" << out.save_dtype << ")\n";
-    }
-    strategy_->release_full_params(rt_, false);
-  }
+  if (!out.save_path.empty()) save_weights(out.save_path, out.save_dtype);  // --save (trainer_weights.cpp)
   nlohmann::json summary = summary_record({loss, steady_samples, steady_s, wall, steady_steps, whole_params, nparams, last_eval});
   metrics.write(summary);
   log_report(summary, nparams, wall);

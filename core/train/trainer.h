@@ -2,7 +2,9 @@
 //   loader → micro-batch → model.forward → loss → model.backward (hook after each unit)
 //   → [accumulate? next micro-batch] → clip → optimizer.step → zero_grad → metrics
 // Evaluation runs the test set in eval mode. On the meta device there is no data: batches have shapes only
-// and the run reports parameters, FLOPs and memory. (The walk through the engine: docs/ENGINE.md.)
+// and the run reports parameters, FLOPs and memory. The run is assembled in trainer_build.cpp and run in
+// trainer.cpp; checkpoints, --init/--save, the checks and the report have files of their own (trainer_*.cpp).
+// (The walk through the engine: docs/ENGINE.md.)
 // Read next: core/models/model.h (the hooks a step's forward and backward call).
 #pragma once
 #include <iosfwd>
@@ -36,10 +38,6 @@ struct TrainOutputs {
 ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta);
 // What [precision] asks of the loss scaler.
 LossScaleOptions loss_scale_options(const PrecisionOptions& p);
-// The OOM ladder (course chapter 3) from where a run stands: the next rungs — accumulation, ZeRO-2,
-// ZeRO-3/FSDP, CPU offload — each with the bytes per rank it would save. `psi` parameters held in `dtype`,
-// `activation_bytes` the micro-batch's activations, `world` ranks.
-std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype, double activation_bytes, int64_t micro_batch);
 
 class Trainer {
  public:
@@ -103,7 +101,10 @@ class Trainer {
   // every group's collectives so far (the world's and the mesh's axes)
   CommCounters comm_totals() const;
   std::map<std::string, CommCounters> comm_by_op() const;
-  // --init and --save under tensor parallelism: the whole model, built on the side
+  // --init and --save (trainer_weights.cpp); under tensor and pipeline parallelism the whole model is built
+  // on the side (load_whole_model, save_whole_model)
+  void load_init(const std::string& path);
+  void save_weights(const std::string& path, const std::string& dtype);
   void load_whole_model(const std::string& path);
   void save_whole_model(const std::string& path, DType dtype);
 

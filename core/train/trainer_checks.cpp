@@ -21,40 +21,6 @@ LossScaleOptions loss_scale_options(const PrecisionOptions& p) {
   return o;
 }
 
-std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype, double activation_bytes, int64_t micro_batch) {
-  const double b = double(dtype_size(dtype));  // parameter and gradient bytes
-  // optimizer state per parameter: AdamW's two moments or SGD's momentum, + the f32 master in 16 bits
-  const double k = (cfg.optim.name == "adamw" ? 8.0 : cfg.optim.momentum > 0 ? 4.0 : 0.0) + (dtype == DType::f32 ? 0.0 : 4.0);
-  const double n = world, shard = 1.0 - 1.0 / n;
-  const std::string& s = cfg.parallel.strategy;
-  const bool offloaded = cfg.parallel.offload == "cpu";
-  std::vector<std::string> rungs;
-  auto bytes = [](double x) { return format_bytes(x); };
-  if (micro_batch > 1)
-    rungs.push_back(fmt::format("accumulation: train.micro_batch {} with train.accum_steps x 2 keeps the batch and halves the "
-                                "activations{}", micro_batch / 2,
-                                activation_bytes > 0 ? " (about " + bytes(activation_bytes / 2) + " saved)" : ""));
-  if (world < 2) {
-    rungs.push_back("sharding needs ranks: `distlab run -n N train ...` with parallel.strategy zero2, zero3 or fsdp");
-  } else if (s == "ddp" || s == "none") {
-    rungs.push_back(fmt::format("ZeRO-2 (parallel.strategy = \"zero2\"): gradients and optimizer state split {} ways save {}", world,
-                                bytes((b + k) * psi * shard)));
-  } else if (s == "zero1") {
-    rungs.push_back(fmt::format("ZeRO-2: the gradients split {} ways too save {}", world, bytes(b * psi * shard)));
-  } else if (s == "zero2" || (s == "fsdp" && cfg.parallel.sharding == "shard_grad_op")) {
-    rungs.push_back(fmt::format("ZeRO-3 or FSDP full_shard: the parameters split {} ways too save up to {}", world, bytes(b * psi * shard)));
-  }
-  if (world >= 2 && !offloaded && (s == "zero3" || s == "fsdp"))
-    rungs.push_back(fmt::format("CPU offload (parallel.offload = \"cpu\"): the shards and the optimizer state move to host memory, {} "
-                                "off the device, for host<->device copies every step", bytes((2 * b + k) * psi / n)));
-  if (world >= 2 && (s == "zero3" || s == "fsdp"))
-    rungs.push_back(fmt::format("more ranks: {} ranks would halve every shard", 2 * world));
-  std::string out = fmt::format("strategy {} on {} rank(s) with {:.3g} parameters ({} bytes each + {} of optimizer state); the OOM ladder "
-                                "from here:", s, world, psi, b, k);
-  for (size_t i = 0; i < rungs.size(); i++) out += fmt::format("\n    {}. {}", i + 1, rungs[i]);
-  return out + "\n  or give the device more memory with --device-mem";
-}
-
 ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta) {
   ModelSpec s = c.model;
   s.dropout_seed = c.train.seed;
