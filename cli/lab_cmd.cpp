@@ -19,6 +19,7 @@
 #include "grader/html.h"
 #include "grader/report.h"
 #include "grader/scratch.h"
+#include "grader/bridge/lab_extension.h"
 
 namespace fs = std::filesystem;
 
@@ -245,7 +246,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       const std::string text = read_file(file);
       check_nesting(text, name);
       if (as == "toml") (void)toml::parse(text, name);
-      else (void)parse_config(text, name);
+      else (void)parse_config(text, name, {}, {}, lab_config_sections());
     } catch (const toml::parse_error& e) {
       std::cerr << name << ":" << e.source().begin.line << ": " << e.description() << "\n";
       exit_code = 1;

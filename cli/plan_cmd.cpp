@@ -17,6 +17,7 @@
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
+#include "grader/bridge/lab_extension.h"
 
 namespace distlab {
 
@@ -92,7 +93,7 @@ nlohmann::json run_row(const std::string& toml, const std::string& name, const P
   if (a.seq > 0) sets.push_back(fmt::format("data.seq_len={}", a.seq));
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   sets.insert(sets.end(), row.sets.begin(), row.sets.end());
-  RunConfig cfg = parse_config(toml, name, sets);
+  RunConfig cfg = parse_config(toml, name, sets, {}, lab_config_sections());
   Runtime rt(DeviceKind::meta);
   ProcessGroup pg(ProcessGroup::Fake{}, 0, a.gpus, &rt.trace);
   std::ostringstream quiet;

@@ -51,7 +51,7 @@ void check_same_config(ProcessGroup& pg, const RunConfig& cfg) {
 
 int run_train(const TrainArgs& a) {
   if (a.help_config) {
-    std::cout << "config keys (section.key  type  default  meaning):\n" << config_reference();
+    std::cout << "config keys (section.key  type  default  meaning):\n" << config_reference(lab_config_sections());
     return 0;
   }
   std::vector<std::string> sets = a.sets;
@@ -64,7 +64,7 @@ int run_train(const TrainArgs& a) {
   if (!a.fsdp_config.empty()) eco.push_back(read_fsdp_config(a.fsdp_config));
   std::vector<SourcedSetting> from_files;
   for (const EcosystemConfig& e : eco) from_files.insert(from_files.end(), e.settings.begin(), e.settings.end());
-  RunConfig cfg = load_config(a.config, sets, from_files);
+  RunConfig cfg = load_config(a.config, sets, from_files, lab_config_sections());  // a lab's lab.toml too
   parse_dtype(a.save_dtype);
   // where the run will write, checked now rather than after the training
   check_output_path(cfg.log.metrics, "log.metrics (--metrics)");
@@ -106,7 +106,7 @@ int run_train(const TrainArgs& a) {
   try {
     // a lab's config: the student's code behind the trainer's extension points (grader/bridge/lab_extension.h)
     std::unique_ptr<LabExtension> lab = start_lab_extension(cfg, DISTLAB_BUILD_DIR);
-    if (lab && rank0) std::cout << "lab " << cfg.lab.name << ": running the student's code\n";
+    if (lab && rank0) std::cout << "lab " << lab_name(cfg) << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
     const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     if (summary.value("interrupted", false)) {  // the metrics stay .partial: the run is not over

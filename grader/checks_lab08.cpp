@@ -18,6 +18,7 @@
 #include "grader/harness.h"
 #include "grader/jobs.h"
 #include "grader/scratch.h"
+#include "grader/bridge/lab_extension.h"
 
 namespace fs = std::filesystem;
 
@@ -47,12 +48,12 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
 CheckResult config_case(CheckContext& ctx) {
   const CheckSpec& spec = ctx.spec;
   const std::string story_path = (fs::path(ctx.lab.dir) / spec.case_config).string();
-  const RunConfig story = load_config(story_path);
+  const RunConfig story = load_config(story_path, {}, {}, lab_config_sections());
   RunConfig theirs;
   try {
     const std::string text = student_file(ctx);
     parse_in_own_process(ctx, text, "student/" + spec.case_file, "config");
-    theirs = parse_config(text, "student/" + spec.case_file);
+    theirs = parse_config(text, "student/" + spec.case_file, {}, {}, lab_config_sections());
   } catch (const Error& e) {
     return {false, fmt::format("{} is a run config", spec.case_file), e.full(), "", "fix the file so that `distlab train` reads it"};
   }

@@ -15,6 +15,7 @@
 #include "core/util/error.h"
 #include "grader/jobs.h"
 #include "grader/scratch.h"
+#include "grader/bridge/lab_extension.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -50,7 +51,7 @@ ReportRuns run_report_runs(const Paths& p, const Lab& lab, const std::string& pl
     return out;
   }
   const std::string config = (fs::path(lab.dir) / "lab.toml").string();
-  const RunConfig cfg = load_config(config);
+  const RunConfig cfg = load_config(config, {}, {}, lab_config_sections());
   out.profile = cfg.log.profile.empty() ? "t4-pcie" : cfg.log.profile;
   const int64_t steps = cfg.train.steps > 0 ? std::min<int64_t>(cfg.train.steps, kReportSteps) : kReportSteps;
   const fs::path dir = make_scratch_dir(p, "report");

@@ -12,6 +12,7 @@
 #include "core/parallel/none.h"
 #include "core/train/extension.h"
 #include "core/train/trainer.h"
+#include "grader/bridge/lab_extension.h"
 #include "train_harness.h"
 
 using namespace distlab;
@@ -152,4 +153,45 @@ TEST_CASE("an extension's checkpoints: saved into the trainer's step folders, re
   REQUIRE(b.r.steps.size() == 2);  // steps 3 and 4: the run continued from the extension's point
   CHECK(b.r.steps[0]["step"].get<int64_t>() == 3);
   fs::remove_all(dir);
+}
+
+TEST_CASE("a lab's [lab] section reaches the bridge through the config's extras, and nowhere else", "[extension][config]") {
+  const std::string toml = "[lab]\ntitle = \"DDP\"\nplugin = \"a.so\"\nranks = 2\n[[check]]\nname = \"x\"\n[train]\nsteps = 3\n";
+  // the engine alone knows no [lab]: a section nobody declared is an error, as a typo is
+  CHECK_THROWS_WITH(parse_config(toml, "labs/02-ddp-cifar/lab.toml"), Catch::Contains("[[check]]"));
+  CHECK_THROWS_WITH(parse_config("[lab]\ntitle = \"DDP\"\n", "labs/02-ddp-cifar/lab.toml"), Catch::Contains("lab.title"));
+  RunConfig c = parse_config(toml, "labs/02-ddp-cifar/lab.toml", {"lab.sandbox=off"}, {}, lab_config_sections());
+  CHECK(c.train.steps == 3);
+  CHECK(c.extra.at("lab.plugin") == "a.so");
+  CHECK(c.extra.at("lab.ranks") == "2");
+  CHECK(c.extra.at("lab.sandbox") == "off");
+  CHECK(c.origin.at("lab.sandbox") == "--set lab.sandbox");
+  CHECK(lab_name(c) == "02-ddp-cifar");
+  // ranks compare the fingerprint, lab 08 and the checkpoint's manifest the values: both carry them
+  CHECK_THAT(config_fingerprint(c), Catch::Contains("lab.plugin=\"a.so\""));
+  CHECK(config_values(c).at("lab.plugin") == "\"a.so\"");  // as the engine's string keys show
+  CHECK_THAT(config_reference(lab_config_sections()), Catch::Contains("lab.sandbox"));
+  // a key the section does not hold, in the file or by --set, names the section's keys
+  try {
+    parse_config("[lab]\npluggin = \"a.so\"\n", "lab.toml", {}, {}, lab_config_sections());
+    FAIL("lab.pluggin accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("lab.toml:2: unknown key 'lab.pluggin'"));
+    CHECK_THAT(e.hint(), Catch::Contains("plugin, ranks, sandbox"));
+  }
+  CHECK_THROWS_WITH(parse_config("[train]\nsteps = 1\n", "run.toml", {"lab.plugn=x"}, {}, lab_config_sections()),
+                    Catch::Contains("unknown key 'lab.plugn'"));
+  // a run config without [lab] is no lab's, even with --set lab.plugin (the grader's jobs set it so)
+  RunConfig plain = parse_config("[train]\nsteps = 1\n", "configs/x.toml", {"lab.plugin=none"}, {}, lab_config_sections());
+  CHECK(lab_name(plain).empty());
+  CHECK(start_lab_extension(plain, DISTLAB_SOURCE_DIR).get() == nullptr);  // plugin = none: the engine's own
+  // the sandbox's value is the bridge's to check
+  RunConfig bad = parse_config(toml, "labs/02-ddp-cifar/lab.toml", {"lab.sandbox=maybe"}, {}, lab_config_sections());
+  try {
+    start_lab_extension(bad, DISTLAB_SOURCE_DIR);
+    FAIL("lab.sandbox = maybe accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--set lab.sandbox: lab.sandbox is 'maybe'"));
+    CHECK_THAT(e.hint(), Catch::Contains("auto, require or off"));
+  }
 }

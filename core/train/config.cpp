@@ -1,5 +1,6 @@
 #include "core/train/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -162,8 +163,6 @@ const std::vector<Key>& keys() {
       KEY("precision.growth_interval", Kind::integer, int64_t, precision.growth_interval, "dynamic: clean steps between growths"),
       KEY("precision.hysteresis", Kind::integer, int64_t, precision.hysteresis, "dynamic: overflows skipped before the scale backs off (DeepSpeed)"),
       KEY("precision.min_scale", Kind::real, double, precision.min_scale, "dynamic: an overflow at this scale stops the run"),
-      KEY("lab.plugin", Kind::string, std::string, lab.plugin, "labs: the student's compiled code (default: the build of student/)"),
-      KEY("lab.sandbox", Kind::string, std::string, lab.sandbox, "labs: the plugin's process runs in bubblewrap: auto | require | off"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
       KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h200, cpu"),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
@@ -245,20 +244,46 @@ void apply(RunConfig& c, const std::string& name, const toml::node& n, const std
   c.origin[name] = origin;
 }
 
-void walk(RunConfig& c, const toml::table& t, const std::string& file) {
+// A key of a caller's section, kept as text: a string as it is, any other value as TOML writes it.
+void keep_extra(RunConfig& c, const std::string& name, const toml::node& n, const std::string& origin) {
+  if (const auto* str = n.as_string()) c.extra[name] = str->get();
+  else {
+    std::ostringstream os;
+    n.visit([&](const auto& v) { os << v; });
+    c.extra[name] = os.str();
+  }
+  c.origin[name] = origin;
+}
+
+const std::map<std::string, std::string>* extra_keys(const ConfigExtras& x, const std::string& section) {
+  auto it = x.tables.find(section);
+  return it == x.tables.end() ? nullptr : &it->second;
+}
+
+std::string key_list(const std::map<std::string, std::string>& keys) {
+  std::string out;
+  for (const auto& [k, doc] : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+void walk(RunConfig& c, const toml::table& t, const std::string& file, const ConfigExtras& extras) {
   for (const auto& [section, node] : t) {
     std::string s(section.str());
-    if (s == "check" && node.is_array()) continue;  // a lab's checks: the grader's business
-    if (s == "lab" && node.is_table()) {              // a lab's description: only lab.plugin matters here
-      c.lab.name = std::filesystem::path(file).parent_path().filename().string();
+    if (node.is_array() && std::find(extras.ignored_arrays.begin(), extras.ignored_arrays.end(), s) != extras.ignored_arrays.end())
+      continue;  // another program's list ([[check]]): not the run's
+    if (const auto* keys = extra_keys(extras, s); keys && node.is_table()) {  // another program's table ([lab])
+      c.extra_sections.push_back(s);
       for (const auto& [key, value] : *node.as_table()) {
         const std::string k(key.str());
-        if (k == "plugin" || k == "sandbox") apply(c, "lab." + k, value, where(file, value));
-        else if (k != "title" && k != "files" && k != "ranks" && k != "kind")
-          throw ConfigError(fmt::format("{}: unknown key 'lab.{}'", where(file, value), k), "[lab] holds title, files, kind, ranks, plugin and sandbox");
+        if (!keys->count(k))
+          throw ConfigError(fmt::format("{}: unknown key '{}.{}'", where(file, value), s, k), fmt::format("[{}] holds {}", s, key_list(*keys)));
+        keep_extra(c, s + "." + k, value, where(file, value));
       }
       continue;
     }
+    if (node.is_array_of_tables())
+      throw ConfigError(fmt::format("{}: unknown section [[{}]]", where(file, node), s),
+                        "a run's sections: [model], [data], [train], [optim], [parallel], [dist], [precision], [log]");
     if (!node.is_table()) {
       throw ConfigError(fmt::format("{}: '{}' is outside any section", where(file, node), s),
                         "keys live in sections: [model], [data], [train], [optim], [parallel], [dist], [precision], [log]");
@@ -275,11 +300,19 @@ void walk(RunConfig& c, const toml::table& t, const std::string& file) {
 // "--set train.steps=50": the value is parsed as TOML, falling back to a bare string.
 void apply_setting(RunConfig& c, const std::string& name, const std::string& value, const std::string& origin);
 
-void apply_override(RunConfig& c, const std::string& text) {
+void apply_override(RunConfig& c, const std::string& text, const ConfigExtras& extras) {
   auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(fmt::format("--set '{}': expected section.key=value", text), "for example --set train.steps=50");
   std::string name = text.substr(0, eq), value = text.substr(eq + 1);
+  const size_t dot = name.find('.');
+  if (const auto* keys = dot == std::string::npos ? nullptr : extra_keys(extras, name.substr(0, dot))) {  // --set lab.plugin=...
+    if (!keys->count(name.substr(dot + 1)))
+      throw ConfigError(fmt::format("--set: unknown key '{}'", name), fmt::format("[{}] holds {}", name.substr(0, dot), key_list(*keys)));
+    c.extra[name] = value;
+    c.origin[name] = "--set " + name;
+    return;
+  }
   if (!find_key(name)) throw ConfigError(fmt::format("--set: unknown key '{}'", name), suggest(name));
   apply_setting(c, name, value, "--set " + name);
 }
@@ -448,8 +481,6 @@ void validate(const RunConfig& c) {
           "is '" + c.parallel.ddp_mode + "'", "use bucketed or naive");
   require(c.dist.timeout_s >= 1, c, "dist.timeout_s", fmt::format("is {} s, under a second", c.dist.timeout_s),
           "it bounds every collective and the rendezvous itself: below a second a healthy run fails (its default is 300)");
-  require(c.lab.sandbox == "auto" || c.lab.sandbox == "require" || c.lab.sandbox == "off", c, "lab.sandbox",
-          "is '" + c.lab.sandbox + "'", "use auto, require or off");
   require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");
   if (!c.log.profile.empty()) {
     auto hw = find_profile(c.log.profile);
@@ -478,12 +509,12 @@ void validate(const RunConfig& c) {
 }
 
 RunConfig finish(toml::table t, const std::string& name, const std::vector<std::string>& overrides,
-                 const std::vector<SourcedSetting>& from_files = {}) {
+                 const std::vector<SourcedSetting>& from_files, const ConfigExtras& extras) {
   RunConfig c;
   c.source = name;
-  walk(c, t, name);
+  walk(c, t, name, extras);
   for (const auto& s : from_files) apply_setting(c, s.key, s.value, s.origin);
-  for (const auto& o : overrides) apply_override(c, o);
+  for (const auto& o : overrides) apply_override(c, o, extras);
   validate(c);
   return c;
 }
@@ -491,7 +522,7 @@ RunConfig finish(toml::table t, const std::string& name, const std::vector<std::
 }  // namespace
 
 RunConfig parse_config(const std::string& text, const std::string& name, const std::vector<std::string>& overrides,
-                       const std::vector<SourcedSetting>& from_files) {
+                       const std::vector<SourcedSetting>& from_files, const ConfigExtras& extras) {
   check_nesting(text, name);  // before the parser: it recurses once per level
   toml::table t;
   try {
@@ -500,10 +531,11 @@ RunConfig parse_config(const std::string& text, const std::string& name, const s
     throw ConfigError(fmt::format("{}:{}:{}: {}", name, e.source().begin.line, e.source().begin.column, e.description()),
                       "the file is not valid TOML");
   }
-  return finish(std::move(t), name, overrides, from_files);
+  return finish(std::move(t), name, overrides, from_files, extras);
 }
 
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, const std::vector<SourcedSetting>& from_files) {
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, const std::vector<SourcedSetting>& from_files,
+                      const ConfigExtras& extras) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw ConfigError(fmt::format("config file '{}' does not exist", path), "check the path: configs/ has examples");
@@ -526,26 +558,37 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   if (t.empty())  // an empty file (or comments only) would train the default model without a word
     throw ConfigError(fmt::format("config file '{}' sets nothing (no section, no key)", path),
                       "a run's config names at least its model and data: start from one in configs/");
-  return finish(std::move(t), path, overrides, from_files);
+  return finish(std::move(t), path, overrides, from_files, extras);
+}
+
+// A caller's value as a TOML string, the way the engine's string keys show
+static std::string quoted(const std::string& v) {
+  std::string out = "\"";
+  for (char ch : v) out += ch == '"' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+  return out + "\"";
 }
 
 std::string config_fingerprint(const RunConfig& c) {
   std::string s;
   for (const auto& k : keys())
     if (std::string(k.name) != "log.metrics" && std::string(k.name) != "log.trace") s += std::string(k.name) + "=" + k.show(c) + "\n";
+  for (const auto& [k, v] : c.extra) s += k + "=" + quoted(v) + "\n";
   return s;
 }
 
 std::map<std::string, std::string> config_values(const RunConfig& c) {
   std::map<std::string, std::string> m;
   for (const auto& k : keys()) m[k.name] = k.show(c);
+  for (const auto& [k, v] : c.extra) m[k] = quoted(v);  // as a string key shows: "x.so"
   return m;
 }
 
-std::string config_reference() {
+std::string config_reference(const ConfigExtras& extras) {
   std::string s;
   RunConfig def;
   for (const auto& k : keys()) s += fmt::format("  {:<24} {:<16} {:<14} {}\n", k.name, kind_name(k.kind), k.show(def), k.doc);
+  for (const auto& [section, keys] : extras.tables)
+    for (const auto& [k, doc] : keys) s += fmt::format("  {:<24} {:<16} {:<14} {}\n", section + "." + k, "string", "\"\"", doc);
   return s;
 }
 

@@ -110,17 +110,20 @@ struct CheckpointOptions {
   double disk_gbps = 2.0;       // the storage's write bandwidth per node, GB/s, for the modeled save time
 };
 
-// A lab's config (labs/NN-name/lab.toml) also carries the grader's [lab] and [[check]] tables; a run
-// reads only lab.plugin from them: the student's code, built by `distlab lab build`.
-struct LabOptions {
-  std::string name;    // "02-ddp-cifar" when the file has a [lab] section ("" otherwise)
-  std::string plugin;  // the .so with the student's implementation ("" = the default build of student/)
-  std::string sandbox = "auto";  // where the plugin runs: auto (bubblewrap if it works) | require | off
+// Sections another program adds to a config file, which a run keeps for it and never reads: a lab's [lab]
+// table and [[check]] list (grader/bridge/lab_extension.h declares them). The caller that loads the file
+// passes them; a section nobody declared is still an error, so a typo ([trian]) never passes silently.
+struct ConfigExtras {
+  std::map<std::string, std::map<std::string, std::string>> tables;  // section -> its keys -> what each means
+  std::vector<std::string> ignored_arrays;                           // arrays of tables a run skips: "check"
 };
 
 struct RunConfig {
   std::string source;  // the file it came from
-  LabOptions lab;
+  // the keys of the caller's sections (ConfigExtras), as the file or a --set wrote them: "lab.plugin" ->
+  // "build/labs/02-ddp-cifar/student.so" (strings as they are, other values as TOML text)
+  std::map<std::string, std::string> extra;
+  std::vector<std::string> extra_sections;  // which of them the file has ("lab" in a lab's lab.toml)
   ModelSpec model;
   DataSpec data;
   TrainOptions train;
@@ -142,16 +145,18 @@ struct SourcedSetting {
 
 // Reads `path` and applies the overrides ("train.steps=50"). Validates everything it can without data.
 // `from_files` apply after the TOML and before the overrides (a --set still wins).
+// `extras`: the sections another program adds (a lab's [lab]), kept in RunConfig::extra.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
-                      const std::vector<SourcedSetting>& from_files = {});
+                      const std::vector<SourcedSetting>& from_files = {}, const ConfigExtras& extras = {});
 // The same from TOML text (for tests); `name` stands for the file in messages.
-RunConfig parse_config(const std::string& toml_text, const std::string& name,
-                       const std::vector<std::string>& overrides = {}, const std::vector<SourcedSetting>& from_files = {});
+RunConfig parse_config(const std::string& toml_text, const std::string& name, const std::vector<std::string>& overrides = {},
+                       const std::vector<SourcedSetting>& from_files = {}, const ConfigExtras& extras = {});
 // Every key's value, "key=value" one per line: ranks compare it to make sure they run the same config.
 std::string config_fingerprint(const RunConfig& c);
 // Every key's value by name (what a checkpoint's manifest records of the run that wrote it).
 std::map<std::string, std::string> config_values(const RunConfig& c);
-// Every declared key as "section.key  type  default  meaning", for `distlab train --help-config`.
-std::string config_reference();
+// Every declared key as "section.key  type  default  meaning", for `distlab train --help-config`; then
+// the keys of `extras`' sections.
+std::string config_reference(const ConfigExtras& extras = {});
 
 }  // namespace distlab

@@ -88,9 +88,10 @@ bool must_match(const std::string& k) {
   return ((k.rfind("model.", 0) == 0 || k.rfind("data.", 0) == 0) && k != "data.path" && k != "data.fallback") || k == "optim.name";
 }
 
-// Keys that may change between a run and its resume without a note: where things go, how long, how many.
-bool may_change(const std::string& k) {
-  return k.rfind("checkpoint.", 0) == 0 || k.rfind("log.", 0) == 0 || k.rfind("dist.", 0) == 0 || k.rfind("lab.", 0) == 0 ||
+// Keys that may change between a run and its resume without a note: where things go, how long, how many
+// (and a caller's own sections, RunConfig::extra: not the engine's to judge).
+bool may_change(const std::string& k, const RunConfig& c) {
+  return c.extra.count(k) || k.rfind("checkpoint.", 0) == 0 || k.rfind("log.", 0) == 0 || k.rfind("dist.", 0) == 0 ||
          k == "train.threads" || k == "train.steps" || k == "train.epochs" || k == "train.log_every" || k == "train.eval_every" ||
          k == "train.eval_batches";
 }
@@ -462,7 +463,7 @@ void Trainer::resume(MetricsWriter& metrics) {
         const std::string was = saved.contains(k) ? saved[k].get<std::string>() : "(absent)";
         if (was == v) continue;
         if (must_match(k)) bad += fmt::format("\n    {}: {} in the checkpoint, {} now", k, was, v);
-        else if (!may_change(k)) changed += fmt::format("{}{} {} -> {}", changed.empty() ? "" : ", ", k, was, v);
+        else if (!may_change(k, cfg_)) changed += fmt::format("{}{} {} -> {}", changed.empty() ? "" : ", ", k, was, v);
       }
       if (!bad.empty()) throw CheckpointError(fmt::format("{}: saved by a run of another model, data or optimizer:{}", c.dir(), bad));
       if (!changed.empty()) log_ << fmt::format("note: resuming with changed settings: {}\n", changed);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <ostream>
 
@@ -86,18 +88,45 @@ void LabExtension::report(nlohmann::json& rank) const {
   rank["lab_largest_all_reduce_bytes"] = plugin_->largest_all_reduce_bytes();  // lab 02's bucket check
 }
 
+ConfigExtras lab_config_sections() {
+  ConfigExtras x;
+  x.tables["lab"] = {{"title", "the lab's title"},
+                     {"files", "the files a student writes"},
+                     {"kind", "how the grader runs it"},
+                     {"ranks", "the ranks its checks use"},
+                     {"plugin", "labs: the student's compiled code (default: the build of student/; none: the engine's)"},
+                     {"sandbox", "labs: the plugin's process runs in bubblewrap: auto | require | off"}};
+  x.ignored_arrays = {"check"};  // the grader's checks
+  return x;
+}
+
+std::string lab_name(const RunConfig& cfg) {
+  const auto& s = cfg.extra_sections;
+  if (std::find(s.begin(), s.end(), "lab") == s.end()) return "";
+  return std::filesystem::path(cfg.source).parent_path().filename().string();
+}
+
+static std::string extra_value(const RunConfig& cfg, const std::string& key, const std::string& fallback) {
+  auto it = cfg.extra.find(key);
+  return it == cfg.extra.end() ? fallback : it->second;
+}
+
 std::unique_ptr<LabExtension> start_lab_extension(const RunConfig& cfg, const std::string& build_dir) {
-  if ((cfg.lab.name.empty() && cfg.lab.plugin.empty()) || cfg.lab.plugin == "none") return nullptr;  // none: the engine's
+  const std::string name = lab_name(cfg), plugin = extra_value(cfg, "lab.plugin", ""), sandbox = extra_value(cfg, "lab.sandbox", "auto");
+  if (sandbox != "auto" && sandbox != "require" && sandbox != "off")
+    throw ConfigError(fmt::format("{}: lab.sandbox is '{}'", cfg.origin.count("lab.sandbox") ? cfg.origin.at("lab.sandbox") : cfg.source, sandbox),
+                      "use auto, require or off");
+  if ((name.empty() && plugin.empty()) || plugin == "none") return nullptr;  // none: the engine's
   namespace fs = std::filesystem;
-  const std::string path = !cfg.lab.plugin.empty() ? cfg.lab.plugin : (fs::path(build_dir) / "labs" / cfg.lab.name / "student.so").string();
+  const std::string path = !plugin.empty() ? plugin : (fs::path(build_dir) / "labs" / name / "student.so").string();
   if (!fs::is_regular_file(path))
-    throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", cfg.lab.name, path),
-                      fmt::format("run `distlab lab build {}` first", cfg.lab.name.substr(0, 2)));
+    throw ConfigError(fmt::format("lab {}: the student's code is not built ({} is missing)", name, path),
+                      fmt::format("run `distlab lab build {}` first", name.substr(0, 2)));
   LabPluginOptions o;
   o.host_exe = (fs::canonical("/proc/self/exe").parent_path() / "distlab-labhost").string();
   o.plugin = fs::absolute(path).string();
-  o.lab_name = cfg.lab.name.empty() ? fs::path(path).parent_path().filename().string() : cfg.lab.name;
-  o.sandbox = cfg.lab.sandbox;
+  o.lab_name = name.empty() ? fs::path(path).parent_path().filename().string() : name;
+  o.sandbox = sandbox;
   o.timeout_s = cfg.dist.timeout_s;
   return std::make_unique<LabExtension>(std::make_unique<LabPlugin>(o));
 }

@@ -52,6 +52,13 @@ class LabExtension : public TrainerExtension {
   std::optional<PipelineOrder> order_;  // lab 06: this stage's order and data-parallel syncs, the student's
 };
 
+// The sections a lab's config (labs/NN-name/lab.toml) adds to a run config: [lab] (its description, and
+// plugin and sandbox, which a run reads) and the grader's [[check]] list. Every program that loads a lab's
+// config passes these to load_config / parse_config; the engine keeps them in RunConfig::extra unread.
+ConfigExtras lab_config_sections();
+// The lab a config belongs to: its folder's name when the file has a [lab] section ("" otherwise).
+std::string lab_name(const RunConfig& cfg);
+
 // A lab's config runs the student's code: the plugin `distlab lab build` made under `build_dir` (or
 // lab.plugin), in a process of its own beside this rank. nullptr: not a lab's config, or lab.plugin = "none".
 std::unique_ptr<LabExtension> start_lab_extension(const RunConfig& cfg, const std::string& build_dir);
