@@ -3,22 +3,15 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstring>
-#include <set>
 #include <ostream>
-#include <thread>
 
 #include "core/ckpt/checkpoint.h"
-#include "core/dist/device_group.h"
 #include "core/ops/attach.h"
-#include "core/ckpt/safetensors.h"
 #include "core/perf/cost_model.h"
 #include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
 #include "core/nn/loss.h"
-#include "core/models/gpt_parallel.h"
 #include "core/parallel/tensor_parallel.h"
-#include "core/perf/hardware.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
 
