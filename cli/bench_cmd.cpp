@@ -30,13 +30,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "core/ckpt/atomic_file.h"
-#include "core/dist/env.h"
-#include "core/dist/errors.h"
-#include "core/dist/launcher.h"
-#include "core/dist/process_group.h"
-#include "core/dist/tcp_store.h"
-#include "core/dist/watchdog.h"
+#include "core/util/atomic_file.h"
+#include "core/comm/env.h"
+#include "core/comm/errors.h"
+#include "core/launch/launcher.h"
+#include "core/comm/process_group.h"
+#include "core/comm/tcp_store.h"
+#include "core/comm/watchdog.h"
 #include "core/parallel/pipeline_sim.h"
 #include "core/perf/hardware.h"
 #include "core/perf/cost_model.h"

@@ -3,7 +3,7 @@
 #include <iostream>
 #include <memory>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/ckpt/checkpoint.h"
 #include "core/tensor/dtype.h"
 

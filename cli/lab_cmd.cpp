@@ -11,8 +11,8 @@
 
 #include <toml++/toml.h>
 
-#include "core/ckpt/atomic_file.h"
-#include "core/train/config.h"
+#include "core/util/atomic_file.h"
+#include "core/config/config.h"
 #include "core/util/error.h"
 #include "core/util/nesting.h"
 #include "grader/harness.h"

@@ -18,7 +18,7 @@
 #include "cli/quiz_cmd.h"
 #include "cli/run_cmd.h"
 #include "cli/train_cmd.h"
-#include "core/dist/error_file.h"
+#include "core/comm/error_file.h"
 #include "core/util/error.h"
 
 int main(int argc, char** argv) {

@@ -15,7 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/perf/hardware.h"
 #include "core/report/figures.h"
 #include "core/tensor/memory.h"

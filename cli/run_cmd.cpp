@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "core/dist/launcher.h"
+#include "core/launch/launcher.h"
 
 namespace distlab {
 

@@ -10,15 +10,15 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/dist/env.h"
-#include "core/dist/error_file.h"
-#include "core/dist/errors.h"
-#include "core/ckpt/atomic_file.h"
-#include "core/dist/tcp_store.h"
-#include "core/dist/watchdog.h"
+#include "core/comm/env.h"
+#include "core/comm/error_file.h"
+#include "core/comm/errors.h"
+#include "core/util/atomic_file.h"
+#include "core/comm/tcp_store.h"
+#include "core/comm/watchdog.h"
 #include "core/ops/attach.h"
 #include "core/perf/hardware.h"
-#include "core/train/ecosystem.h"
+#include "core/config/ecosystem.h"
 #include "core/train/stop_signal.h"
 #include "core/train/trainer.h"
 #include "grader/bridge/lab_extension.h"

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/util/error.h"
 #include "grader/check.h"
 #include "grader/harness.h"

@@ -1,6 +1,6 @@
 // Lab 09's checks: the student's answers (TOML, no code) against distlab's own arithmetic.
 //   fields_<config>      every field of a real-world style DeepSpeed/FSDP config -> the distlab key it sets
-//                        ("-" for a field distlab has no key for), against core/train/ecosystem.cpp's mapping
+//                        ("-" for a field distlab has no key for), against core/config/ecosystem.cpp's mapping
 //   memory_predictions   the predicted peak memory per GPU of each config, running one step of the 1B GPT on
 //                        the fake world of 8, within 10 % of the run's (--device meta)
 //   decision_tree        the strategy for each (model, GPUs, memory) case, against `distlab plan`'s pick;
@@ -17,7 +17,7 @@
 #include <toml++/toml.h>
 
 #include "grader/bridge/sandbox.h"
-#include "core/train/ecosystem.h"
+#include "core/config/ecosystem.h"
 #include "core/util/error.h"
 #include "core/util/error.h"
 #include "core/util/nesting.h"

@@ -11,7 +11,7 @@
 
 #include "core/report/figures.h"
 #include "core/report/svg.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/util/error.h"
 #include "grader/jobs.h"
 #include "grader/scratch.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 
 namespace distlab::testing {
 

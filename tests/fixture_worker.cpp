@@ -28,12 +28,12 @@
 #include <thread>
 #include <atomic>
 
-#include "core/dist/env.h"
-#include "core/dist/errors.h"
-#include "core/dist/error_file.h"
-#include "core/dist/process_group.h"
-#include "core/dist/tcp_store.h"
-#include "core/dist/watchdog.h"
+#include "core/comm/env.h"
+#include "core/comm/errors.h"
+#include "core/comm/error_file.h"
+#include "core/comm/process_group.h"
+#include "core/comm/tcp_store.h"
+#include "core/comm/watchdog.h"
 
 using namespace distlab;
 

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/train/config.h"
-#include "core/train/ecosystem.h"
+#include "core/config/config.h"
+#include "core/config/ecosystem.h"
 #include "core/util/error.h"
 #include "core/util/nesting.h"
 

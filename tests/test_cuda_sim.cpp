@@ -14,7 +14,7 @@
 #include "core/optim/optimizer.h"
 #include "core/parallel/comm_buffers.h"
 #include "core/parallel/zero2.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/sim_device.h"

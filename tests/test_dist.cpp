@@ -18,9 +18,9 @@
 #include <memory>
 #include <thread>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 #include "core/tensor/dtype.h"
-#include "core/dist/tcp_store.h"
+#include "core/comm/tcp_store.h"
 #include "dist_harness.h"
 
 using namespace distlab;
@@ -369,7 +369,7 @@ TEST_CASE("Gloo rendezvous through the TCP store", "[dist][store]") {
 
 namespace {
 
-// A client that speaks the store's wire format by hand (core/dist/tcp_store.cpp), to send what TcpStore
+// A client that speaks the store's wire format by hand (core/comm/tcp_store.cpp), to send what TcpStore
 // never would.
 struct RawClient {
   int fd = -1;

@@ -1,8 +1,8 @@
-// The ecosystem's config files read as distlab settings (core/train/ecosystem.h): every DeepSpeed and FSDP
+// The ecosystem's config files read as distlab settings (core/config/ecosystem.h): every DeepSpeed and FSDP
 // field becomes a key or a note; unknown and unsupported fields are errors that name them.
 #include <catch2/catch.hpp>
 
-#include "core/train/ecosystem.h"
+#include "core/config/ecosystem.h"
 #include "core/util/error.h"
 
 using namespace distlab;

@@ -2,6 +2,7 @@
 // code; every "Read next" line in core/ points at a file that exists, and following them never comes back
 // to where it started (docs/ENGINE.md walks the same order).
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "shell.h"
 
 namespace fs = std::filesystem;
 
@@ -92,7 +95,7 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
                                           "core/parallel/comm_buffers.h", "core/parallel/sharded_strategy.h", "core/parallel/zero1.h",
                                           "core/parallel/zero2.h", "core/parallel/offload.h", "core/parallel/flat_masters.h",
                                           "core/parallel/flat_slices.h", "core/parallel/exec_order.h", "core/parallel/zero3.h", "core/parallel/fsdp.h", "core/parallel/mesh.h",
-                                          "core/parallel/tensor_parallel.h", "core/models/gpt_parallel.h", "core/parallel/pipeline.h",
+                                          "core/parallel/tensor_parallel.h", "core/parallel/gpt_parallel.h", "core/parallel/pipeline.h",
                                           "core/train/trainer_ckpt.cpp", "core/ckpt/checkpoint.h", "core/train/extension.h"};
   for (size_t i = 0; i + 1 < spine.size(); i++) CHECK(next[spine[i]] == spine[i + 1]);
   const std::string walk = slurp(kRoot / "docs" / "ENGINE.md");
@@ -163,4 +166,36 @@ TEST_CASE("the trainer's loop fits in 300 lines, and no trainer file compares a 
     INFO(f);
     CHECK(!std::regex_search(slurp(dir / f), names));
   }
+}
+
+TEST_CASE("an include that runs upward in core/ does not compile: each folder sees only the folders below it", "[layout]") {
+  // CMakeLists.txt builds each folder of core/ against build/layers/<folder>: links to the folders it builds
+  // on. A header of its own layer or below compiles there; one above it is "No such file or directory".
+  const fs::path layers = DISTLAB_LAYERS_DIR;
+  auto compiles = [&](const std::string& layer, const std::string& header) {
+    const fs::path probe = fs::temp_directory_path() / ("distlab_layer_probe_" + std::to_string(::getpid()) + ".cpp");
+    std::ofstream(probe) << "#include \"" << header << "\"\nint main() { return 0; }\n";
+    const auto [rc, out] = shell_in_source(std::string(DISTLAB_CXX) + " -std=c++20 -fsyntax-only -I" + (layers / layer).string() + " " +
+                                           probe.string());
+    fs::remove(probe);
+    INFO(layer << " includes " << header << ":\n" << out);
+    if (rc != 0) CHECK_THAT(out, Catch::Contains("No such file or directory"));
+    return rc == 0;
+  };
+  CHECK(compiles("util", "core/util/error.h"));
+  CHECK(!compiles("util", "core/tensor/tensor.h"));
+  CHECK(compiles("nn", "core/comm/process_group.h"));
+  CHECK(!compiles("nn", "core/models/model.h"));
+  CHECK(compiles("models", "core/nn/linear.h"));
+  CHECK(!compiles("models", "core/parallel/strategy.h"));  // a split model is parallel's (gpt_parallel.h)
+  CHECK(compiles("parallel", "core/models/model.h"));
+  CHECK(!compiles("parallel", "core/train/trainer.h"));
+  CHECK(!compiles("parallel", "core/ckpt/checkpoint.h"));
+  CHECK(!compiles("launch", "core/config/config.h"));
+  // every folder of core/ has its layer (a new folder must be declared in CMakeLists.txt to build at all)
+  for (const auto& e : fs::directory_iterator(kRoot / "core"))
+    if (e.is_directory() && e.path().filename() != "cuda") {
+      INFO(e.path().filename().string());
+      CHECK(fs::exists(layers / e.path().filename() / "core" / e.path().filename()));
+    }
 }

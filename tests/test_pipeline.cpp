@@ -1,4 +1,4 @@
-// Pipeline parallelism (core/parallel/pipeline.h, stages of core/models/gpt_parallel.h):
+// Pipeline parallelism (core/parallel/pipeline.h, stages of core/parallel/gpt_parallel.h):
 //   - the schedules: 1F1B's warm-up is min(p - s - 1, m) forwards, every micro-batch runs forward once and
 //     backward once, after its forward; GPipe runs every forward first;
 //   - GPT trained with pp = 2 and 4 stages (1F1B and GPipe) and 3D dp 2 x tp 2 x pp 2 on 8 ranks, as real

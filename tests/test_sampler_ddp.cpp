@@ -7,7 +7,7 @@
 #include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/parallel/ddp.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/train/strategies.h"
 #include "dist_harness.h"
 

@@ -9,7 +9,7 @@
 #include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/parallel/strategy.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/train/strategies.h"
 
 using namespace distlab;

@@ -1,4 +1,4 @@
-// Tensor parallelism end to end (core/models/gpt_parallel.h over the mesh of core/parallel/mesh.h):
+// Tensor parallelism end to end (core/parallel/gpt_parallel.h over the mesh of core/parallel/mesh.h):
 //   - GPT-tiny trained 50 steps with parallel.tp = 2 and 4, and dp 2 × tp 2 (DDP over the dp axis), as real
 //     processes: every loss within 1e-6 (relative) of the one-rank run's, and the gathered --save within
 //     fp32 rounding of its weights;

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/util/read_file.h"
 
 namespace distlab {

@@ -19,7 +19,7 @@
 // Buffers are written by every rank (DDP does not average them): a rank reads its own, or rank 0's when
 // the world changed.
 //
-// Every file is written to "<name>.partial", fsync'd and renamed (core/ckpt/atomic_file.h); COMPLETE comes
+// Every file is written to "<name>.partial", fsync'd and renamed (core/util/atomic_file.h); COMPLETE comes
 // last, so a save killed at any point leaves either a complete checkpoint or a folder that loading skips.
 // Read next: core/train/extension.h (what a caller may put in place of the engine's parts).
 #pragma once

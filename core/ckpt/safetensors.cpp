@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/ckpt/checkpoint.h"
 #include "core/util/error.h"
 #include "core/util/read_file.h"

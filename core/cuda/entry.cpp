@@ -9,7 +9,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/nccl_bench.h"
 #include "core/cuda/nccl_group.h"
-#include "core/dist/device_group.h"
+#include "core/comm/device_group.h"
 #include "core/ops/cuda/ops.h"
 
 namespace {
@@ -21,7 +21,7 @@ struct CudaRank {
   distlab::CudaDeviceMemory mem;
 };
 
-// dist.backend = "nccl": the DeviceGroup of core/dist/device_group.h over an NcclGroup. A Work's wait()
+// dist.backend = "nccl": the DeviceGroup of core/comm/device_group.h over an NcclGroup. A Work's wait()
 // is the host's, with the group's timeout (a peer that never joins is a CommError, not a hung GPU), then
 // the compute stream's.
 class NcclDeviceGroup : public distlab::DeviceGroup {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/cuda/check.h"
 #include "core/cuda/nccl_group.h"
 #include "core/ops/cuda/ops.h"

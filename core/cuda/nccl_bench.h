@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/dist/store.h"
+#include "core/comm/store.h"
 
 namespace distlab {
 

@@ -1,4 +1,4 @@
-// NcclGroup: the collectives of ProcessGroup (core/dist/process_group.h) over NCCL, on device buffers,
+// NcclGroup: the collectives of ProcessGroup (core/comm/process_group.h) over NCCL, on device buffers,
 // one GPU per rank. Read process_group.h first: the same operations, the same sequence numbers, the
 // same timeout message; only the transport differs.
 //
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "core/cuda/context.h"
-#include "core/dist/process_group.h"  // ReduceOp, CommCounters, Store, Millis
-#include "core/dist/errors.h"
+#include "core/comm/process_group.h"  // ReduceOp, CommCounters, Store, Millis
+#include "core/comm/errors.h"
 
 namespace distlab {
 

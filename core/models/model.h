@@ -55,7 +55,7 @@ class Model {
   // Every random stream's position (each Dropout's draws so far), in a fixed order: what a checkpoint
   // saves of the model besides its tensors.
   virtual std::vector<uint64_t*> rng_streams() { return {}; }
-  // Tensor parallel (gpt_parallel.h): the group the model's layers are split over (nullptr: the model is whole).
+  // Tensor parallel (core/parallel/gpt_parallel.h): the group the model's layers are split over (nullptr: the model is whole).
   // Its logits are then this rank's columns [vocab_first(), vocab_first() + V/t) of the vocabulary, and
   // the loss must be the vocab-parallel one over this group.
   virtual ProcessGroup* tp_group() { return nullptr; }

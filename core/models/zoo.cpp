@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "core/models/gpt.h"
-#include "core/models/gpt_parallel.h"
 #include "core/models/sequential.h"
 #include "core/nn/conv2d.h"
 #include "core/nn/linear.h"
@@ -47,27 +46,22 @@ static std::unique_ptr<Sequential> build_cifar_cnn(Runtime& rt, const ModelSpec&
   return m;
 }
 
-std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,
-                                   const std::vector<int64_t>& layers) {
-  if (stages > 1 && (s.name == "mlp" || s.name == "cifar_cnn")) {  // consecutive layers per stage
-    std::function<std::unique_ptr<Sequential>(Runtime&)> whole = [s](Runtime& r) {
-      return s.name == "mlp" ? build_mlp(r, s) : build_cifar_cnn(r, s);
-    };
-    auto m = whole(rt);
-    m->keep_stage(stage, stages, layers, whole, {s.in_channels, s.height, s.width});
-    return m;
-  }
-  if ((tp && tp->size() > 1) || stages > 1) {
-    DL_ASSERT(tp, "build_model: a split model needs its (tensor-parallel) group, even of one rank");
-    if (s.name == "gpt") return std::make_unique<ParallelGPT>(rt, *tp, s, stage, stages, layers);
-    throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
-                                  tp->size(), s.name),
-                      "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");
-  }
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s) {
   if (s.name == "mlp") return build_mlp(rt, s);
   if (s.name == "cifar_cnn") return build_cifar_cnn(rt, s);
   if (s.name == "gpt") return std::make_unique<GPT>(rt, s);
   throw ConfigError("unknown model.name '" + s.name + "'", "use mlp, cifar_cnn or gpt");
+}
+
+std::unique_ptr<Model> build_sequential_stage(Runtime& rt, const ModelSpec& s, int stage, int stages,
+                                              const std::vector<int64_t>& layers) {
+  DL_ASSERT(s.name == "mlp" || s.name == "cifar_cnn", "build_sequential_stage: " + s.name + " is not a Sequential model");
+  std::function<std::unique_ptr<Sequential>(Runtime&)> whole = [s](Runtime& r) {
+    return s.name == "mlp" ? build_mlp(r, s) : build_cifar_cnn(r, s);
+  };
+  auto m = whole(rt);
+  m->keep_stage(stage, stages, layers, whole, {s.in_channels, s.height, s.width});
+  return m;
 }
 
 int64_t gpt_params_closed_form(const ModelSpec& s) {

@@ -25,11 +25,13 @@ struct ModelSpec {
   uint64_t dropout_seed = 0;
 };
 
-// `tp`: a tensor-parallel group of more than one rank splits GPT's layers over it; `stages` > 1 builds
-// stage `stage` of a pipeline (`layers`: blocks per stage; empty: even) — both gpt_parallel.h; other
-// models are refused.
-std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& spec, ProcessGroup* tp = nullptr, int stage = 0, int stages = 1,
-                                   const std::vector<int64_t>& layers = {});
+// The whole model, on one rank (a split one: build_split_model in core/parallel/gpt_parallel.h).
+std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& spec);
+
+// Stage `stage` of `stages` of a Sequential model (mlp, cifar_cnn): consecutive layers (`layers`: how
+// many per stage; empty: even), built whole and then cut, so it starts from the whole model's weights.
+std::unique_ptr<Model> build_sequential_stage(Runtime& rt, const ModelSpec& spec, int stage, int stages,
+                                              const std::vector<int64_t>& layers = {});
 
 // The closed form of the course: 12·L·C² (blocks) + V·C + T·C, and the exact count of our GPT:
 // 12·L·C² + 13·L·C + V·C + T·C + 2·C (biases and norms are the "small terms").

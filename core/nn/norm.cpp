@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/ops/cpu/norm.h"
 #include "core/tensor/as_f32.h"
 #include "core/tensor/on_host.h"

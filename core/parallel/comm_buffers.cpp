@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/dist/device_group.h"
+#include "core/comm/device_group.h"
 
 namespace distlab {
 

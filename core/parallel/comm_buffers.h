@@ -2,7 +2,7 @@
 //   - a cpu rank converts and copies on the host and hands its buffers to Gloo as they are;
 //   - a cuda rank converts and copies on its device, and its collectives go
 //       - through the group's device backend when it has one (dist.backend = "nccl": the buffers are
-//         reduced and gathered where they are, core/dist/device_group.h),
+//         reduced and gathered where they are, core/comm/device_group.h),
 //       - else through host copies: down, reduced or gathered by Gloo, back up (PyTorch's gloo backend
 //         does the same with CUDA tensors).
 // DDP's buckets, ZeRO's and FSDP's flat buffers all come through here: the one place that knows.
@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/tensor/runtime.h"
 
 namespace distlab {

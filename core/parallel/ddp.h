@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/models/model.h"
 #include "core/parallel/strategy.h"
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 
 namespace distlab {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
 

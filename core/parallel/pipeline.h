@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/models/model.h"
 #include "core/parallel/strategy.h"
 

@@ -16,9 +16,9 @@
 // column-parallel (each rank computes n_head/t heads), c_proj row-parallel.
 //
 // The reference they are held to is the whole nn.Linear on one rank (tests/test_tensor_parallel.cpp).
-// Read next: core/models/gpt_parallel.h (GPT split with these layers).
+// Read next: core/parallel/gpt_parallel.h (GPT split with these layers).
 #pragma once
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/nn/attention.h"
 #include "core/nn/embedding.h"
 #include "core/nn/linear.h"

@@ -1,6 +1,6 @@
 #include "core/perf/chrome_trace.h"
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 
 #include <fstream>
 #include <map>

@@ -27,13 +27,13 @@
 
 #include "core/data/loader.h"
 #include "core/data/sampler.h"
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 #include "core/models/model.h"
 #include "core/optim/optimizer.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/strategy.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/train/metrics.h"
 
 namespace distlab {

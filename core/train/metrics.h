@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 #include "core/tensor/memory.h"
 
 namespace distlab {

@@ -6,7 +6,7 @@
 #include "core/data/sampler.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/strategy.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/train/extension.h"
 
 namespace distlab {

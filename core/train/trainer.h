@@ -13,15 +13,15 @@
 #include <string>
 
 #include "core/data/loader.h"
-#include "core/dist/device_group.h"
-#include "core/dist/process_group.h"
+#include "core/comm/device_group.h"
+#include "core/comm/process_group.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/strategy.h"
 #include "core/models/model.h"
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
-#include "core/train/config.h"
+#include "core/config/config.h"
 #include "core/train/extension.h"
 #include "core/train/metrics.h"
 

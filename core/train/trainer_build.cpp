@@ -3,15 +3,15 @@
 //   (this rank's stage and slices) → the pipeline → an extension's layers → the device backends → the
 //   strategy (make_strategy, core/train/strategies.h) → the optimizer on what the strategy says it steps →
 //   the device's capacity → the lr schedule.
-// The keys were checked at load (core/train/config.cpp); what can only be checked against the data, the
+// The keys were checked at load (core/config/config.cpp); what can only be checked against the data, the
 // world or the device is checked here, before anything runs. The loop that runs it is trainer.cpp.
 #include <fmt/format.h>
 
 #include <thread>
 
 #include "core/data/registry.h"
-#include "core/dist/device_group.h"
-#include "core/models/gpt_parallel.h"
+#include "core/comm/device_group.h"
+#include "core/parallel/gpt_parallel.h"
 #include "core/models/zoo.h"
 #include "core/perf/hardware.h"
 #include "core/train/strategies.h"
@@ -88,8 +88,8 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
   rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
-  model_ = build_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
-                       cfg.parallel.pp_layers);
+  model_ = build_split_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
+                             cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));

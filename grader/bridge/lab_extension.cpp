@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <ostream>
 
-#include "core/models/gpt_parallel.h"
+#include "core/parallel/gpt_parallel.h"
 #include "core/util/error.h"
 
 namespace distlab {

@@ -16,7 +16,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/nccl_group.h"
-#include "core/dist/store.h"
+#include "core/comm/store.h"
 #include "core/ops/cpu/attention.h"
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/loss.h"

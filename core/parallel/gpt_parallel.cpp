@@ -1,9 +1,10 @@
-#include "core/models/gpt_parallel.h"
+#include "core/parallel/gpt_parallel.h"
 
 #include <fmt/format.h>
 
 #include <numeric>
 
+#include "core/models/zoo.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
@@ -238,6 +239,19 @@ Tensor ParallelGPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook
   emb_->backward(rt, drop_.backward(rt, d));
   if (hook) hook->after_layer_backward(0, {&emb_->wte, &emb_->wpe});
   return Tensor();
+}
+
+std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,
+                                         const std::vector<int64_t>& layers) {
+  if (stages > 1 && (s.name == "mlp" || s.name == "cifar_cnn")) return build_sequential_stage(rt, s, stage, stages, layers);
+  if ((tp && tp->size() > 1) || stages > 1) {
+    DL_ASSERT(tp, "build_split_model: a split model needs its (tensor-parallel) group, even of one rank");
+    if (s.name == "gpt") return std::make_unique<ParallelGPT>(rt, *tp, s, stage, stages, layers);
+    throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
+                                  tp->size(), s.name),
+                      "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");
+  }
+  return build_model(rt, s);
 }
 
 }  // namespace distlab

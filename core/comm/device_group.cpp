@@ -1,4 +1,4 @@
-#include "core/dist/device_group.h"
+#include "core/comm/device_group.h"
 
 #include <fmt/format.h>
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/dist/store.h"
+#include "core/comm/store.h"
 
 namespace distlab {
 

@@ -49,6 +49,12 @@ struct ParallelBlock {
 // the blocks (`layers`: blocks per stage, explicit; empty: L/p each).
 std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages, const std::vector<int64_t>& layers = {});
 
+// The model this rank holds in a run split `tp` ways (tensor parallel) and into `stages` (pipeline):
+// stage `stage`'s layers of an mlp or cifar_cnn (zoo.h's build_sequential_stage), ParallelGPT for gpt,
+// the whole model (zoo.h's build_model) when nothing is split. Other models refuse tensor parallelism.
+std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& spec, ProcessGroup* tp, int stage, int stages,
+                                         const std::vector<int64_t>& layers = {});
+
 class ParallelGPT : public Model {
  public:
   // `tp` may have one rank (no tensor parallelism); stage `stage` of `stages` (1: the whole model)

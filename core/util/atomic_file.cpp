@@ -1,4 +1,4 @@
-#include "core/ckpt/atomic_file.h"
+#include "core/util/atomic_file.h"
 
 #include <fmt/format.h>
 #include <fcntl.h>

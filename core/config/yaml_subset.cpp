@@ -1,5 +1,5 @@
-// The YAML subset of config files (core/train/yaml_subset.h).
-#include "core/train/yaml_subset.h"
+// The YAML subset of config files (core/config/yaml_subset.h).
+#include "core/config/yaml_subset.h"
 
 #include <fmt/format.h>
 

@@ -13,7 +13,7 @@
 // keys), a wrong or missing token, a message that stops half-way for kMessageWithin, or, when a token is
 // required, no hello within kHelloWithin. A refused add keeps the connection: it is the caller's mistake,
 // not garbage.
-#include "core/dist/tcp_store.h"
+#include "core/comm/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -27,7 +27,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 
 namespace distlab {
 

@@ -1,4 +1,4 @@
-#include "core/dist/env.h"
+#include "core/comm/env.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 
 namespace distlab {
 

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 
 namespace distlab {
 

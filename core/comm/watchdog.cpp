@@ -1,4 +1,4 @@
-#include "core/dist/watchdog.h"
+#include "core/comm/watchdog.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "core/dist/error_file.h"
+#include "core/comm/error_file.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 
 namespace distlab {
 

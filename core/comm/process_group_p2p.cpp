@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/dist/errors.h"
-#include "core/dist/process_group.h"
+#include "core/comm/errors.h"
+#include "core/comm/process_group.h"
 #include "core/util/error.h"
 
 namespace distlab {

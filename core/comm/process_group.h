@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/dist/store.h"
+#include "core/comm/store.h"
 #include "core/perf/trace.h"
 #include "core/tensor/dtype.h"
 
@@ -36,7 +36,7 @@ class Device;
 
 namespace distlab {
 
-class DeviceGroup;  // core/dist/device_group.h
+class DeviceGroup;  // core/comm/device_group.h
 
 enum class ReduceOp { sum, avg, max };
 const char* reduce_op_name(ReduceOp op);

@@ -6,14 +6,14 @@
 // and ZeRO's reductions overlap the backward); a field that is unknown, or whose value distlab cannot
 // honour (offload to NVMe, hybrid sharding), is an error that names it -- never silently dropped.
 // "auto" (what Hugging Face's integration fills in) leaves the key to the TOML config.
-// Read next: core/train/config.h (the keys these map to), chapters/06-zero.md and 07-fsdp-offload.md.
+// Read next: core/config/config.h (the keys these map to), chapters/06-zero.md and 07-fsdp-offload.md.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "core/train/config.h"
-#include "core/train/yaml_subset.h"
+#include "core/config/config.h"
+#include "core/config/yaml_subset.h"
 
 namespace distlab {
 

@@ -1,4 +1,4 @@
-#include "core/dist/process_group.h"
+#include "core/comm/process_group.h"
 
 #include <fmt/format.h>
 #include <gloo/allgather.h>
@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
 

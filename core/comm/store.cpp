@@ -1,10 +1,10 @@
-#include "core/dist/store.h"
+#include "core/comm/store.h"
 
 #include <fmt/format.h>
 
 #include <cstdint>
 
-#include "core/dist/errors.h"
+#include "core/comm/errors.h"
 
 namespace distlab {
 

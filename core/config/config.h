@@ -72,7 +72,7 @@ struct ParallelOptions {
 struct DistOptions {
   double timeout_s = 300.0;  // a collective some rank never joins fails after this
   // "gloo" (host memory; a cuda rank's flat buffers cross to the host and back) or "nccl" (a cuda rank's
-  // DDP buckets and ZeRO/FSDP reduce-scatters and all-gathers run on the GPU: core/dist/device_group.h)
+  // DDP buckets and ZeRO/FSDP reduce-scatters and all-gathers run on the GPU: core/comm/device_group.h)
   std::string backend = "gloo";
   // --device meta only: run rank 0 of a job of this many ranks over a process group that moves no data
   // but traces and counts every collective (planning; 0 = off)
@@ -136,7 +136,7 @@ struct RunConfig {
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };
 
-// A setting that comes from another file (a DeepSpeed JSON, an FSDP YAML: core/train/ecosystem.h): the key,
+// A setting that comes from another file (a DeepSpeed JSON, an FSDP YAML: core/config/ecosystem.h): the key,
 // its value as TOML would write it, and where it came from ("ds.json: zero_optimization.stage"), which
 // errors name instead of "--set".
 struct SourcedSetting {

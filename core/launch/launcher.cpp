@@ -1,4 +1,4 @@
-#include "core/dist/launcher.h"
+#include "core/launch/launcher.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -26,10 +26,10 @@
 #include <memory>
 #include <thread>
 
-#include "core/dist/error_file.h"
-#include "core/dist/errors.h"
-#include "core/dist/tcp_store.h"
-#include "core/dist/watchdog.h"
+#include "core/comm/error_file.h"
+#include "core/comm/errors.h"
+#include "core/comm/tcp_store.h"
+#include "core/comm/watchdog.h"
 
 namespace distlab {
 

@@ -1,4 +1,4 @@
-#include "core/train/ecosystem.h"
+#include "core/config/ecosystem.h"
 
 #include <fmt/format.h>
 

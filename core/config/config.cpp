@@ -1,4 +1,4 @@
-#include "core/train/config.h"
+#include "core/config/config.h"
 
 #include <algorithm>
 #include <cmath>
