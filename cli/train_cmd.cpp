@@ -90,7 +90,7 @@ int run_train(const TrainArgs& a) {
   std::unique_ptr<ProcessGroup> pg;
   // a single launched rank on meta plans alone (the fake world, or no group): a real group moves no meta data
   const bool meta_alone = env.world_size == 1 && rt.is_meta();
-  if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != "none" && !meta_alone)) {
+  if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != StrategyKind::none && !meta_alone)) {
     const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
     store = std::make_unique<TcpStore>(env.master_addr, env.store_port, timeout, env.store_token);
     ProcessGroupOptions po = options_from_env(timeout);

@@ -271,7 +271,7 @@ CheckResult schedule_1f1b(CheckContext& ctx) {
   for (int stages = 1; stages <= 8; stages++)
     for (int m = stages; m <= 2 * stages + 1; m++)
       for (int s = 0; s < stages; s++) {
-        const auto want = pipeline_schedule("1f1b", stages, s, m);
+        const auto want = pipeline_schedule(PipeSchedule::one_f_one_b, stages, s, m);
         const auto got = ask_schedule(ctx, p, stages, s, m);
         if (got == want) continue;
         CheckResult bad{false, fmt::format("schedule_1f1b({}, {}, {}): {}", stages, s, m, describe_schedule(want)), describe_schedule(got), ""};

@@ -40,7 +40,7 @@ TEST_CASE("overrides (--set) reach any key, with types checked", "[config]") {
                              {"train.steps=50", "optim.name=adamw", "model.hidden=[32, 16]", "optim.lr=0.5",
                               "train.shuffle=false", "model.hidden=64", "train.device_mem=16GiB"});
   CHECK(c.train.steps == 50);
-  CHECK(c.optim.name == "adamw");
+  CHECK(c.optim.name == OptimizerKind::adamw);
   CHECK(c.model.hidden == std::vector<int64_t>{64});
   CHECK(c.optim.lr == 0.5);
   CHECK_FALSE(c.train.shuffle);
@@ -122,4 +122,41 @@ TEST_CASE("a config or answers file nested past 64 levels is refused with file:l
   // brackets, dots and '#' inside strings, comments and values don't count
   std::string dotted = "[model]\nname = \"mlp\"\n# a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z.a.b.c.d.e.f\n";
   CHECK_NOTHROW(distlab::check_nesting(dotted + "[optim]\nlr = 0.5\nbetas = [0.9, 0.95]\nnote = \"[[[[" + std::string(100, '[') + "\"\n", "ok.toml"));
+}
+
+TEST_CASE("a key that takes one of a few names is read into its enum at load: a wrong name fails there, naming the names", "[config]") {
+  // every such key, one wrong name each: the error names where it was written, the key and the value, the hint every name
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"parallel.strategy", "zero4", "use none, ddp, zero1, zero2, zero3 or fsdp"},
+      {"parallel.ddp_mode", "bucket", "use bucketed or naive"},
+      {"parallel.zero_reduce", "allreduce", "use reduce_scatter or all_reduce"},
+      {"parallel.sharding", "FULL_SHARD", "use full_shard, shard_grad_op or no_shard"},
+      {"parallel.offload", "nvme", "use none or cpu"},
+      {"parallel.schedule", "interleaved", "use 1f1b or gpipe"},
+      {"optim.name", "adam", "use sgd or adamw"},
+      {"optim.schedule", "cosine_with_restarts", "use constant, step, cosine or linear"},
+      {"dist.backend", "mpi", "use gloo (host memory, any device) or nccl"}};
+  for (const auto& [key, bad, hint] : cases) {
+    INFO(key << " = " << bad);
+    const auto dot = key.find('.');
+    const std::string toml = "[" + key.substr(0, dot) + "]\n\n" + key.substr(dot + 1) + " = \"" + bad + "\"\n";
+    try {
+      parse_config(toml, "run.toml");
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()) == "run.toml:3: " + key + " is '" + bad + "'");
+      CHECK_THAT(e.hint(), Catch::StartsWith(hint));
+    }
+    CHECK_THROWS_WITH(parse_config("", "x.toml", {key + "=" + bad}), "--set " + key + ": " + key + " is '" + bad + "'");
+  }
+  // the names read back as they were written: in the values a manifest records and in the fingerprint
+  const RunConfig c = parse_config("[parallel]\nstrategy = \"fsdp\"\nsharding = \"shard_grad_op\"\nschedule = \"gpipe\"\n", "run.toml");
+  CHECK(c.parallel.strategy == StrategyKind::fsdp);
+  CHECK(c.parallel.sharding == Sharding::shard_grad_op);
+  CHECK(c.parallel.schedule == PipeSchedule::gpipe);
+  CHECK(config_values(c).at("parallel.strategy") == "\"fsdp\"");
+  CHECK(config_values(c).at("parallel.schedule") == "\"gpipe\"");
+  CHECK(config_values(RunConfig{}).at("parallel.schedule") == "\"1f1b\"");
+  CHECK(fmt::format("{} {}", c.parallel.strategy, c.parallel.schedule) == "fsdp gpipe");
+  CHECK(config_fingerprint(c) != config_fingerprint(RunConfig{}));
 }

@@ -34,8 +34,8 @@ TEST_CASE("DeepSpeed JSON: the course text's ZeRO-2 example maps field by field"
   CHECK(field(e, "zero_optimization.overlap_comm")->key.empty());  // a note: distlab overlaps anyway
   CHECK_THAT(field(e, "zero_optimization.overlap_comm")->setting, Catch::Contains("overlap the backward"));
   const RunConfig c = with(e);
-  CHECK(c.parallel.strategy == "zero2");
-  CHECK(c.parallel.zero_reduce == "reduce_scatter");
+  CHECK(c.parallel.strategy == StrategyKind::zero2);
+  CHECK(c.parallel.zero_reduce == ZeroReduce::reduce_scatter);
   CHECK(c.train.global_batch == 32);
   CHECK(c.precision.mode == "fp16");
   CHECK(c.precision.effective_loss_scale() == "dynamic");
@@ -44,7 +44,7 @@ TEST_CASE("DeepSpeed JSON: the course text's ZeRO-2 example maps field by field"
   CHECK(c.origin.at("parallel.strategy") == "ds.json: zero_optimization.stage");
   CHECK_THAT(describe_mapping(e), Catch::Contains("zero_optimization.stage = 2") && Catch::Contains("parallel.strategy = zero2"));
   // a --set still wins over the file
-  CHECK(with(e, "", {"parallel.strategy=zero1"}).parallel.strategy == "zero1");
+  CHECK(with(e, "", {"parallel.strategy=zero1"}).parallel.strategy == StrategyKind::zero1);
 }
 
 TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets and auto", "[config][ecosystem]") {
@@ -66,14 +66,14 @@ TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets a
   CHECK(c.precision.init_scale == 4096);
   CHECK(c.precision.growth_interval == 500);
   CHECK(c.precision.hysteresis == 4);
-  CHECK(c.optim.name == "adamw");  // DeepSpeed's Adam decouples weight decay by default (adam_w_mode)
+  CHECK(c.optim.name == OptimizerKind::adamw);  // DeepSpeed's Adam decouples weight decay by default (adam_w_mode)
   CHECK(c.optim.lr == 3e-4);
   CHECK(c.optim.beta2 == 0.95);
-  CHECK(c.optim.schedule == "linear");
+  CHECK(c.optim.schedule == LrSchedule::linear);
   CHECK(c.optim.warmup_steps == 100);
   CHECK(c.train.steps == 1000);
-  CHECK(c.parallel.strategy == "zero2");
-  CHECK(c.parallel.offload == "cpu");  // ZeRO-Offload
+  CHECK(c.parallel.strategy == StrategyKind::zero2);
+  CHECK(c.parallel.offload == OffloadTo::cpu);  // ZeRO-Offload
   CHECK(c.parallel.bucket_mb == Approx(5e8 * 2 / (1 << 20)));  // elements of fp16 gradients
   CHECK(c.precision.reduce_dtype == "bf16");
   // the section's own window and hysteresis win over DeepSpeed's defaults, before or after "enabled"
@@ -135,9 +135,9 @@ num_processes: 4
 tpu_env: []
 )", "acc.yaml");
   const RunConfig c = with(acc);
-  CHECK(c.parallel.strategy == "fsdp");
-  CHECK(c.parallel.sharding == "shard_grad_op");
-  CHECK(c.parallel.offload == "cpu");
+  CHECK(c.parallel.strategy == StrategyKind::fsdp);
+  CHECK(c.parallel.sharding == Sharding::shard_grad_op);
+  CHECK(c.parallel.offload == OffloadTo::cpu);
   CHECK(c.parallel.prefetch == false);
   CHECK(c.parallel.wrap_min_params == 100000);
   CHECK(c.precision.mode == "bf16");
@@ -159,13 +159,13 @@ fsdp_config:
   min_num_params: 0
 )", "lf.yaml");
   const RunConfig d = with(lf);
-  CHECK(d.parallel.strategy == "fsdp");
-  CHECK(d.parallel.sharding == "full_shard");
-  CHECK(d.parallel.offload == "none");
+  CHECK(d.parallel.strategy == StrategyKind::fsdp);
+  CHECK(d.parallel.sharding == Sharding::full_shard);
+  CHECK(d.parallel.offload == OffloadTo::none);
   CHECK(d.train.micro_batch == 2);
   CHECK(d.train.accum_steps == 4);
   CHECK(d.optim.lr == 1e-5);
-  CHECK(d.optim.schedule == "cosine");
+  CHECK(d.optim.schedule == LrSchedule::cosine);
   CHECK(d.precision.mode == "bf16");
   CHECK_THAT(field(lf, "finetuning_type")->setting, Catch::Contains("decision tree"));
   CHECK(lf.world_size == 0);

@@ -337,7 +337,7 @@ TEST_CASE("clip_grad_norm returns the global norm and clips only above max_norm"
 
 TEST_CASE("constant schedule, with and without warmup", "[optim]") {
   Schedule s;
-  s.kind = "constant";
+  s.kind = LrSchedule::constant;
   s.base_lr = 0.3;
   for (int64_t step : {0, 1, 7, 100000}) CHECK(s.lr_at(step) == Approx(0.3));
   s.warmup_steps = 4;  // lr = base·(step+1)/warmup while step < warmup
@@ -349,7 +349,7 @@ TEST_CASE("constant schedule, with and without warmup", "[optim]") {
 
 TEST_CASE("step schedule multiplies by gamma every step_size steps", "[optim]") {
   Schedule s;
-  s.kind = "step";
+  s.kind = LrSchedule::step;
   s.base_lr = 0.1;
   s.step_size = 3;
   s.gamma = 0.5;
@@ -365,7 +365,7 @@ TEST_CASE("step schedule multiplies by gamma every step_size steps", "[optim]") 
 
 TEST_CASE("cosine schedule: linear warmup, then half a cosine from base to min_lr", "[optim]") {
   Schedule s;
-  s.kind = "cosine";
+  s.kind = LrSchedule::cosine;
   s.base_lr = 1.0;
   s.min_lr = 0.1;
   s.warmup_steps = 10;

@@ -33,20 +33,20 @@ std::string scratch(const std::string& name) { return scratch_path("pp", name); 
 }  // namespace
 
 TEST_CASE("pipeline schedules: 1F1B warms up with min(p - s - 1, m) forwards, GPipe runs every forward first", "[pp][schedule]") {
-  CHECK(describe_schedule(pipeline_schedule("1f1b", 4, 0, 8)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  CHECK(describe_schedule(pipeline_schedule("1f1b", 4, 3, 8)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
-  CHECK(describe_schedule(pipeline_schedule("gpipe", 2, 1, 3)) == "F0 F1 F2 B0 B1 B2");
+  CHECK(describe_schedule(pipeline_schedule(PipeSchedule::one_f_one_b, 4, 0, 8)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  CHECK(describe_schedule(pipeline_schedule(PipeSchedule::one_f_one_b, 4, 3, 8)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  CHECK(describe_schedule(pipeline_schedule(PipeSchedule::gpipe, 2, 1, 3)) == "F0 F1 F2 B0 B1 B2");
   using A = PipeAction;
   CHECK(check_schedule({{A::forward, 0}, {A::backward, 1}, {A::forward, 1}, {A::backward, 0}}, 2) == "B1 (action 1) runs before F1");
   CHECK(check_schedule({{A::forward, 0}, {A::forward, 0}}, 1) == "F0 runs twice (actions 0 and 1)");
   CHECK(check_schedule({{A::forward, 0}, {A::backward, 0}}, 2) == "F1 never runs");
   CHECK(check_schedule({{A::forward, 2}}, 2) == "action 0 is F2, but the micro-batches are 0..1");
-  for (const std::string sched : {"1f1b", "gpipe"})
+  for (const PipeSchedule sched : {PipeSchedule::one_f_one_b, PipeSchedule::gpipe})
     for (int p : {1, 2, 3, 4, 8})
       for (int m : {1, 2, 4, 5, 8, 16})
         for (int s = 0; s < p; s++) {
           const auto v = pipeline_schedule(sched, p, s, m);
-          INFO(sched << " p " << p << " m " << m << " stage " << s << ": " << describe_schedule(v));
+          INFO(name_of(sched) << " p " << p << " m " << m << " stage " << s << ": " << describe_schedule(v));
           REQUIRE(v.size() == size_t(2 * m));
           CHECK(check_schedule(v, m).empty());
           std::vector<int> f_at(size_t(m), -1), b_at(size_t(m), -1);
@@ -60,7 +60,7 @@ TEST_CASE("pipeline schedules: 1F1B warms up with min(p - s - 1, m) forwards, GP
             peak = std::max(peak, in_flight);
           }
           for (int j = 0; j < m; j++) CHECK(f_at[size_t(j)] < b_at[size_t(j)]);
-          if (sched == "1f1b") {
+          if (sched == PipeSchedule::one_f_one_b) {
             CHECK(first_backward == warmup_forwards(p, s, m) + (warmup_forwards(p, s, m) < m ? 1 : 0));
             CHECK(peak == std::min(p - s, m));  // 1F1B's memory bound
           } else {

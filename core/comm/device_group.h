@@ -17,8 +17,16 @@
 #include <string>
 
 #include "core/comm/process_group.h"
+#include "core/util/choice.h"
 
 namespace distlab {
+
+// dist.backend: what the strategy's flat buffers are reduced and gathered over
+enum class CommBackend { gloo, nccl };
+template <>
+struct ChoiceTable<CommBackend> {
+  static constexpr std::array names = {choice(CommBackend::gloo, "gloo"), choice(CommBackend::nccl, "nccl")};
+};
 
 struct Runtime;
 class DeviceMemory;

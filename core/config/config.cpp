@@ -40,6 +40,9 @@ struct Key {
   const char* doc;
   std::function<void(RunConfig&, const toml::node&)> set;
   std::function<std::string(const RunConfig&)> show;  // the default, for the reference
+  // a key that takes one of a few names (CHOICE below): whether `name` is one, and what to say if not
+  std::function<bool(const std::string&)> accepts = nullptr;
+  std::string choices_hint = "";
 };
 
 template <class T>
@@ -81,6 +84,19 @@ std::string show(const std::vector<int64_t>& v) {
         [](const RunConfig& c) { return show(c.FIELD); }                                             \
   }
 
+std::string show(Choice auto v) { return "\"" + std::string(name_of(v)) + "\""; }
+
+// A key read into an enum (core/util/choice.h): a name it does not take fails here, at load, naming the key,
+// where it was written and the names it takes (HINT: "" says just those).
+#define CHOICE(NAME, FIELD, DOC, HINT)                                                                     \
+  Key {                                                                                                   \
+    NAME, Kind::string, DOC,                                                                              \
+        [](RunConfig& c, const toml::node& n) { c.FIELD = *parse_choice<decltype(c.FIELD)>(get_as<std::string>(n)); }, \
+        [](const RunConfig& c) { return show(c.FIELD); },                                                \
+        [](const std::string& s) { return parse_choice<decltype(RunConfig{}.FIELD)>(s).has_value(); },     \
+        std::string(HINT).empty() ? "use " + choice_list<decltype(RunConfig{}.FIELD)>() : std::string(HINT) \
+  }
+
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       KEY("model.name", Kind::string, std::string, model.name, "mlp | cifar_cnn | gpt"),
@@ -120,7 +136,7 @@ const std::vector<Key>& keys() {
       KEY("train.set_epoch", Kind::boolean, bool, train.set_epoch, "a new order every epoch (false: the forgotten sampler.set_epoch)"),
       KEY("train.device", Kind::string, std::string, train.device, "cpu | meta | cuda | cuda-sim"),
       KEY("train.device_mem", Kind::string, std::string, train.device_mem, "simulated device memory: 16GiB or a profile (t4, a100-40g, a100-80g, h100, h200)"),
-      KEY("optim.name", Kind::string, std::string, optim.name, "sgd | adamw"),
+      CHOICE("optim.name", optim.name, "sgd | adamw", ""),
       KEY("optim.lr", Kind::real, double, optim.lr, "base learning rate"),
       KEY("optim.momentum", Kind::real, double, optim.momentum, "sgd: momentum"),
       KEY("optim.dampening", Kind::real, double, optim.dampening, "sgd: dampening"),
@@ -130,29 +146,29 @@ const std::vector<Key>& keys() {
       KEY("optim.beta2", Kind::real, double, optim.beta2, "adamw: beta2"),
       KEY("optim.eps", Kind::real, double, optim.eps, "adamw: eps"),
       KEY("optim.clip_grad_norm", Kind::real, double, optim.clip_grad_norm, "clip the global gradient norm (0 = off)"),
-      KEY("optim.schedule", Kind::string, std::string, optim.schedule, "constant | step | cosine | linear (each after optim.warmup_steps of linear warmup)"),
+      CHOICE("optim.schedule", optim.schedule, "constant | step | cosine | linear (each after optim.warmup_steps of linear warmup)", ""),
       KEY("optim.warmup_steps", Kind::integer, int64_t, optim.warmup_steps, "linear warmup steps"),
       KEY("optim.step_size", Kind::integer, int64_t, optim.step_size, "step: steps between decays"),
       KEY("optim.gamma", Kind::real, double, optim.gamma, "step: decay factor"),
       KEY("optim.min_lr", Kind::real, double, optim.min_lr, "cosine, linear: final learning rate"),
-      KEY("parallel.strategy", Kind::string, std::string, parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters) | fsdp"),
-      KEY("parallel.ddp_mode", Kind::string, std::string, parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive"),
+      CHOICE("parallel.strategy", parallel.strategy, "none (one rank) | ddp | zero1 (optimizer state sharded) | zero2 (+ gradients) | zero3 (+ parameters) | fsdp", ""),
+      CHOICE("parallel.ddp_mode", parallel.ddp_mode, "ddp: bucketed (overlapped with backward) | naive", ""),
       KEY("parallel.bucket_mb", Kind::real, double, parallel.bucket_mb, "DDP's (and ZeRO-1's) bucket size in MiB"),
       KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
-      KEY("parallel.zero_reduce", Kind::string, std::string, parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice"),
+      CHOICE("parallel.zero_reduce", parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice", ""),
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
-      KEY("parallel.sharding", Kind::string, std::string, parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard"),
+      CHOICE("parallel.sharding", parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard", ""),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
-      KEY("parallel.offload", Kind::string, std::string, parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)"),
+      CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: GPT's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
       KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
       KEY("parallel.micro_batches", Kind::integer, int64_t, parallel.micro_batches, "pp > 1: micro-batches per optimizer step, m >= pp (0 = 4 x pp); the batch is micro_batch x m x dp"),
-      KEY("parallel.schedule", Kind::string, std::string, parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)"),
+      CHOICE("parallel.schedule", parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)", ""),
       KEY("parallel.pp_layers", Kind::int_list, std::vector<int64_t>, parallel.pp_layers, "pp > 1: blocks per stage, e.g. [3, 5] (empty: n_layer / pp each)"),
       KEY("dist.fake_world_size", Kind::integer, int64_t, dist.fake_world_size, "--device meta: plan one rank of a job of this many ranks (0 = off)"),
       KEY("dist.fake_ranks_per_node", Kind::integer, int64_t, dist.fake_ranks_per_node, "the fake world's ranks per node (0 = all on one node)"),
-      KEY("dist.backend", Kind::string, std::string, dist.backend, "gloo | nccl (the strategy's collectives on the GPU: --device cuda)"),
+      CHOICE("dist.backend", dist.backend, "gloo | nccl (the strategy's collectives on the GPU: --device cuda)", "use gloo (host memory, any device) or nccl (GPU memory: --device cuda)"),
       KEY("dist.timeout_s", Kind::real, double, dist.timeout_s, "seconds before a collective some rank never joins fails"),
       KEY("precision.mode", Kind::string, std::string, precision.mode, "fp32 | bf16 | fp16: params, grads and activations (f32 master weights in the optimizer)"),
       KEY("precision.reduce_dtype", Kind::string, std::string, precision.reduce_dtype, "fp32 | bf16 | fp16: gradients on the wire when averaged across ranks (FSDP's reduce_dtype)"),
@@ -240,6 +256,8 @@ void apply(RunConfig& c, const std::string& name, const toml::node& n, const std
   if (n.is_floating_point() && !std::isfinite(n.as_floating_point()->get()))
     throw ConfigError(fmt::format("{}: {} = {} is not a finite number", origin, name, n.as_floating_point()->get()),
                       fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
+  if (k->accepts && !k->accepts(get_as<std::string>(n)))
+    throw ConfigError(fmt::format("{}: {} is '{}'", origin, name, get_as<std::string>(n)), k->choices_hint);
   k->set(c, n);
   c.origin[name] = origin;
 }
@@ -412,12 +430,10 @@ void validate(const RunConfig& c) {
             "use cpu (real numbers), meta (shapes, memory and FLOPs only), cuda (a GPU) or cuda-sim (the GPU's code path on "
             "the CPU, for checking it without one)");
   }
-  require(c.dist.backend == "gloo" || c.dist.backend == "nccl", c, "dist.backend", "is '" + c.dist.backend + "'",
-          "use gloo (host memory, any device) or nccl (GPU memory: --device cuda)");
-  require(c.dist.backend == "gloo" || c.train.device == "cuda" || c.train.device == "cuda-sim", c, "dist.backend",
+  require(c.dist.backend == CommBackend::gloo || c.train.device == "cuda" || c.train.device == "cuda-sim", c, "dist.backend",
           "is nccl on device " + c.train.device + ": NCCL moves GPU memory", "use dist.backend = \"gloo\", or --device cuda");
-  require(c.dist.backend == "gloo" || c.parallel.strategy != "ddp" || c.parallel.ddp_mode == "bucketed", c, "dist.backend",
-          "is nccl with parallel.ddp_mode " + c.parallel.ddp_mode + ": the NCCL path all-reduces DDP's buckets (naive DDP "
+  require(c.dist.backend == CommBackend::gloo || c.parallel.strategy != StrategyKind::ddp || c.parallel.ddp_mode == DdpMode::bucketed, c,
+          "dist.backend", "is nccl with parallel.ddp_mode naive: the NCCL path all-reduces DDP's buckets (naive DDP "
           "reduces each gradient through the host)", "use parallel.ddp_mode = \"bucketed\"");
   if (!c.train.device_mem.empty()) {
     try {
@@ -427,7 +443,6 @@ void validate(const RunConfig& c) {
       throw ConfigError((it == c.origin.end() ? std::string("default") : it->second) + ": " + e.what(), e.hint());
     }
   }
-  require(c.optim.name == "sgd" || c.optim.name == "adamw", c, "optim.name", "is '" + c.optim.name + "'", "use sgd or adamw");
   require(c.optim.lr >= 0, c, "optim.lr", "must not be negative", "");
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, c, "optim.momentum", "must be in [0, 1)", "");
   require(!c.optim.nesterov || (c.optim.momentum > 0 && c.optim.dampening == 0), c, "optim.nesterov",
@@ -436,17 +451,8 @@ void validate(const RunConfig& c) {
           "and optim.beta2 must be in [0, 1)", "");
   require(c.optim.eps > 0, c, "optim.eps", "must be positive", "");
   require(c.optim.clip_grad_norm >= 0, c, "optim.clip_grad_norm", "must not be negative", "0 turns clipping off");
-  require(c.optim.schedule == "constant" || c.optim.schedule == "step" || c.optim.schedule == "cosine" || c.optim.schedule == "linear", c,
-          "optim.schedule", "is '" + c.optim.schedule + "'", "use constant, step, cosine or linear");
   require(c.optim.warmup_steps >= 0, c, "optim.warmup_steps", "must not be negative", "");
   require(c.optim.step_size >= 1, c, "optim.step_size", "must be at least 1", "");
-  require(c.parallel.strategy == "none" || c.parallel.strategy == "ddp" || c.parallel.strategy == "zero1" ||
-              c.parallel.strategy == "zero2" || c.parallel.strategy == "zero3" || c.parallel.strategy == "fsdp",
-          c, "parallel.strategy", "is '" + c.parallel.strategy + "'", "use none, ddp, zero1, zero2, zero3 or fsdp");
-  require(c.parallel.sharding == "full_shard" || c.parallel.sharding == "shard_grad_op" || c.parallel.sharding == "no_shard", c,
-          "parallel.sharding", "is '" + c.parallel.sharding + "'", "use full_shard, shard_grad_op or no_shard");
-  require(c.parallel.offload == "none" || c.parallel.offload == "cpu", c, "parallel.offload", "is '" + c.parallel.offload + "'",
-          "use none or cpu");
   require(c.precision.reduce_dtype == "fp32" || c.precision.reduce_dtype == "bf16" || c.precision.reduce_dtype == "fp16", c,
           "precision.reduce_dtype", "is '" + c.precision.reduce_dtype + "'", "use fp32 (the default), bf16 or fp16");
   require(c.parallel.dp >= 0, c, "parallel.dp", "must not be negative", "0 leaves it to the world size");
@@ -456,8 +462,6 @@ void validate(const RunConfig& c) {
   at_most(c, "parallel.pp", c.parallel.pp, 1 << 16, "");
   require(c.parallel.micro_batches >= 0, c, "parallel.micro_batches", "must not be negative", "0 takes 4 x parallel.pp");
   at_most(c, "parallel.micro_batches", c.parallel.micro_batches, 1 << 16, "");
-  require(c.parallel.schedule == "1f1b" || c.parallel.schedule == "gpipe", c, "parallel.schedule", "is '" + c.parallel.schedule + "'",
-          "use 1f1b or gpipe");
   require(c.parallel.pp == 1 || c.train.accum_steps == 1, c, "train.accum_steps",
           fmt::format("is {} with parallel.pp {}", c.train.accum_steps, c.parallel.pp),
           "under pipeline parallelism the micro-batches are the accumulation: set parallel.micro_batches instead");
@@ -475,10 +479,6 @@ void validate(const RunConfig& c) {
   require(c.dist.fake_world_size >= 0, c, "dist.fake_world_size", "must not be negative", "0 turns the fake world off");
   at_most(c, "dist.fake_world_size", double(c.dist.fake_world_size), 1 << 20, "");
   require(c.dist.fake_ranks_per_node >= 0, c, "dist.fake_ranks_per_node", "must not be negative", "0 puts every rank on one node");
-  require(c.parallel.zero_reduce == "reduce_scatter" || c.parallel.zero_reduce == "all_reduce", c, "parallel.zero_reduce",
-          "is '" + c.parallel.zero_reduce + "'", "use reduce_scatter or all_reduce");
-  require(c.parallel.ddp_mode == "bucketed" || c.parallel.ddp_mode == "naive", c, "parallel.ddp_mode",
-          "is '" + c.parallel.ddp_mode + "'", "use bucketed or naive");
   require(c.dist.timeout_s >= 1, c, "dist.timeout_s", fmt::format("is {} s, under a second", c.dist.timeout_s),
           "it bounds every collective and the rendezvous itself: below a second a healthy run fails (its default is 300)");
   require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");

@@ -1,7 +1,8 @@
 // A run's configuration: one TOML file (sections model, data, train, optim, parallel, precision, log) plus
 // `--set section.key=value` overrides. Every key is declared once in config.cpp with its type, default and
 // meaning; an unknown key, a wrong type or an impossible value is a ConfigError naming the key and where it
-// was written (file:line, or --set).
+// was written (file:line, or --set). A key that takes one of a few names (parallel.strategy) is read once,
+// here, into its enum (core/util/choice.h): past the config, the code compares enums, never strings.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -9,9 +10,16 @@
 #include <variant>
 #include <vector>
 
+#include "core/comm/device_group.h"
 #include "core/data/registry.h"
 #include "core/models/zoo.h"
+#include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
+#include "core/parallel/ddp.h"
+#include "core/parallel/fsdp.h"
+#include "core/parallel/offload.h"
+#include "core/parallel/pipeline.h"
+#include "core/parallel/zero1.h"
 
 namespace distlab {
 
@@ -38,34 +46,34 @@ struct TrainOptions {
 };
 
 struct OptimOptions {
-  std::string name = "sgd";    // sgd | adamw
+  OptimizerKind name = OptimizerKind::sgd;
   double lr = 0.1;
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_grad_norm = 0.0;  // 0 = no clipping
-  std::string schedule = "constant";  // constant | step | cosine
+  LrSchedule schedule = LrSchedule::constant;
   int64_t warmup_steps = 0, step_size = 1;
   double gamma = 0.1, min_lr = 0.0;
 };
 
 struct ParallelOptions {
-  std::string strategy = "none";     // none | ddp | zero1
-  std::string ddp_mode = "bucketed"; // bucketed | naive
+  StrategyKind strategy = StrategyKind::none;
+  DdpMode ddp_mode = DdpMode::bucketed;
   double bucket_mb = 25.0;
   bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
-  std::string zero_reduce = "reduce_scatter";  // zero1: reduce_scatter | all_reduce (then slice)
+  ZeroReduce zero_reduce = ZeroReduce::reduce_scatter;  // zero1: all_reduce = all-reduce, then slice
   bool prefetch = true;
-  std::string sharding = "full_shard";  // fsdp: full_shard | shard_grad_op | no_shard (= DDP)
-  std::string offload = "none";         // zero2, zero3, fsdp: none | cpu
+  Sharding sharding = Sharding::full_shard;  // fsdp (no_shard = DDP)
+  OffloadTo offload = OffloadTo::none;       // zero2, zero3, fsdp
   int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)
   // The device mesh (core/parallel/mesh.h): world = dp × tp × pp; 0 = what the others leave (all 0: dp = world)
   int64_t dp = 0, tp = 1, pp = 1;
   // pipeline (pp > 1, core/parallel/pipeline.h): micro-batches per optimizer step (0: 4 x pp), their order,
   // and the blocks each stage holds (empty: n_layer / pp each)
   int64_t micro_batches = 0;
-  std::string schedule = "1f1b";  // 1f1b | gpipe
+  PipeSchedule schedule = PipeSchedule::one_f_one_b;
   std::vector<int64_t> pp_layers;
 };
 
@@ -73,7 +81,7 @@ struct DistOptions {
   double timeout_s = 300.0;  // a collective some rank never joins fails after this
   // "gloo" (host memory; a cuda rank's flat buffers cross to the host and back) or "nccl" (a cuda rank's
   // DDP buckets and ZeRO/FSDP reduce-scatters and all-gathers run on the GPU: core/comm/device_group.h)
-  std::string backend = "gloo";
+  CommBackend backend = CommBackend::gloo;
   // --device meta only: run rank 0 of a job of this many ranks over a process group that moves no data
   // but traces and counts every collective (planning; 0 = off)
   int64_t fake_world_size = 0;

@@ -13,8 +13,16 @@
 #include <vector>
 
 #include "core/tensor/runtime.h"
+#include "core/util/choice.h"
 
 namespace distlab {
+
+// optim.name
+enum class OptimizerKind { sgd, adamw };
+template <>
+struct ChoiceTable<OptimizerKind> {
+  static constexpr std::array names = {choice(OptimizerKind::sgd, "sgd"), choice(OptimizerKind::adamw, "adamw")};
+};
 
 class Optimizer {
  public:

@@ -6,10 +6,20 @@
 #include <cstdint>
 #include <string>
 
+#include "core/util/choice.h"
+
 namespace distlab {
 
+// optim.schedule
+enum class LrSchedule { constant, step, cosine, linear };
+template <>
+struct ChoiceTable<LrSchedule> {
+  static constexpr std::array names = {choice(LrSchedule::constant, "constant"), choice(LrSchedule::step, "step"),
+                                       choice(LrSchedule::cosine, "cosine"), choice(LrSchedule::linear, "linear")};
+};
+
 struct Schedule {
-  std::string kind = "constant";  // constant | step | cosine | linear
+  LrSchedule kind = LrSchedule::constant;
   double base_lr = 0.1;
   int64_t warmup_steps = 0;       // linear warmup (all kinds)
   int64_t step_size = 1;          // step

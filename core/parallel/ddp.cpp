@@ -138,10 +138,9 @@ void BucketedDDP::finish_backward(Runtime& rt) {
   next_to_launch_ = 0;
 }
 
-std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
-  if (mode == "naive") return std::make_unique<NaiveDDP>(pg, model);
-  if (mode == "bucketed") return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb);
-  throw ConfigError("unknown parallel.ddp_mode '" + mode + "'", "use bucketed (the default) or naive");
+std::unique_ptr<DataParallel> make_ddp(DdpMode mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb) {
+  if (mode == DdpMode::naive) return std::make_unique<NaiveDDP>(pg, model);
+  return std::make_unique<BucketedDDP>(pg, model, rt, bucket_mb);
 }
 
 }  // namespace distlab

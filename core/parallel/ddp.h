@@ -23,6 +23,13 @@
 
 namespace distlab {
 
+// parallel.ddp_mode: one all-reduce per gradient after the backward (naive), or buckets that overlap it
+enum class DdpMode { bucketed, naive };
+template <>
+struct ChoiceTable<DdpMode> {
+  static constexpr std::array names = {choice(DdpMode::bucketed, "bucketed"), choice(DdpMode::naive, "naive")};
+};
+
 // DDP's part of the Strategy interface (strategy.h): begin_backward(false) is no_sync; finish_backward
 // leaves every gradient averaged; the optimizer steps every parameter, the same on every rank.
 class DataParallel : public Strategy {
@@ -87,7 +94,7 @@ class BucketedDDP : public DataParallel {
   int64_t next_to_launch_ = 0;
 };
 
-std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt,
+std::unique_ptr<DataParallel> make_ddp(DdpMode mode, ProcessGroup& pg, Model& model, Runtime& rt,
                                        double bucket_mb);
 
 }  // namespace distlab

@@ -6,18 +6,18 @@
 
 namespace distlab {
 
-static ShardedOptions fsdp_options(const std::string& sharding, bool prefetch, bool offload, int64_t min_params) {
-  if (sharding != "full_shard" && sharding != "shard_grad_op")
-    throw ConfigError("parallel.sharding '" + sharding + "' for FSDP's sharded form", "use full_shard or shard_grad_op (no_shard is DDP)");
+static ShardedOptions fsdp_options(Sharding sharding, bool prefetch, bool offload, int64_t min_params) {
+  if (sharding == Sharding::no_shard)
+    throw ConfigError("parallel.sharding 'no_shard' for FSDP's sharded form", "use full_shard or shard_grad_op (no_shard is DDP)");
   ShardedOptions o;
-  o.reshard_after_forward = sharding == "full_shard";
+  o.reshard_after_forward = sharding == Sharding::full_shard;
   o.prefetch = prefetch;
   o.offload = offload;
   o.min_params = min_params;
   return o;
 }
 
-FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload, int64_t min_params)
+FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params)
     : ZeRO3(pg, model, rt, fsdp_options(sharding, prefetch, offload, min_params), "fsdp"), sharding_(sharding) {}
 
 std::string FSDP::describe() const {
@@ -27,7 +27,7 @@ std::string FSDP::describe() const {
 
 nlohmann::json FSDP::report() const {
   nlohmann::json r = ZeRO3::report();
-  r["sharding_strategy"] = sharding_;
+  r["sharding_strategy"] = std::string(name_of(sharding_));
   return r;
 }
 

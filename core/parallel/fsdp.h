@@ -29,15 +29,23 @@
 
 namespace distlab {
 
+// parallel.sharding: PyTorch's ShardingStrategy (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP)
+enum class Sharding { full_shard, shard_grad_op, no_shard };
+template <>
+struct ChoiceTable<Sharding> {
+  static constexpr std::array names = {choice(Sharding::full_shard, "full_shard"), choice(Sharding::shard_grad_op, "shard_grad_op"),
+                                       choice(Sharding::no_shard, "no_shard")};
+};
+
 class FSDP : public ZeRO3 {
  public:
   // sharding: full_shard | shard_grad_op (no_shard is DDP: see make_strategy)
-  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload, int64_t min_params = 0);
+  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params = 0);
   std::string describe() const override;
   nlohmann::json report() const override;
 
  private:
-  std::string sharding_;
+  Sharding sharding_;
 };
 
 }  // namespace distlab

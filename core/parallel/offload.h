@@ -12,8 +12,16 @@
 #include "core/optim/optimizer.h"
 #include "core/parallel/flat_param.h"
 #include "core/tensor/runtime.h"
+#include "core/util/choice.h"
 
 namespace distlab {
+
+// parallel.offload: where the shards and the optimizer state live between steps
+enum class OffloadTo { none, cpu };
+template <>
+struct ChoiceTable<OffloadTo> {
+  static constexpr std::array names = {choice(OffloadTo::none, "none"), choice(OffloadTo::cpu, "cpu")};
+};
 
 struct Offload {
   bool on = false;

@@ -13,13 +13,11 @@ namespace distlab {
 
 int warmup_forwards(int stages, int stage, int m) { return std::min(stages - stage - 1, m); }
 
-static int warmup_of(const std::string& schedule, int stages, int stage, int m) {
-  return schedule == "gpipe" ? m : warmup_forwards(stages, stage, m);
+static int warmup_of(PipeSchedule schedule, int stages, int stage, int m) {
+  return schedule == PipeSchedule::gpipe ? m : warmup_forwards(stages, stage, m);
 }
 
-std::vector<PipeAction> pipeline_schedule(const std::string& schedule, int stages, int stage, int m) {
-  if (schedule != "gpipe" && schedule != "1f1b")
-    throw ConfigError(fmt::format("parallel.schedule is '{}'", schedule), "use gpipe or 1f1b");
+std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage, int m) {
   const int w = warmup_of(schedule, stages, stage, m);
   std::vector<PipeAction> v;
   for (int i = 0; i < w; i++) v.push_back({PipeAction::forward, i});
@@ -37,9 +35,8 @@ std::string describe_schedule(const std::vector<PipeAction>& s) {
   return out;
 }
 
-Pipeline::Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, bool allow_idle)
-    : pp_(pp), model_(stage), schedule_(std::move(schedule)), m_(micro_batches) {
-  pipeline_schedule(schedule_, pp.size(), pp.rank(), m_);  // checks the name
+Pipeline::Pipeline(ProcessGroup& pp, Model& stage, PipeSchedule schedule, int micro_batches, bool allow_idle)
+    : pp_(pp), model_(stage), schedule_(schedule), m_(micro_batches) {
   if (m_ < 1) throw ConfigError(fmt::format("parallel.micro_batches is {}", m_), "a step has at least one micro-batch");
   if (m_ < pp.size() && !allow_idle)
     throw ConfigError(fmt::format("parallel.micro_batches {} < parallel.pp {}: fewer micro-batches than stages", m_, pp.size()),
@@ -262,7 +259,7 @@ Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch
   Step st{rt, next, loss, loss_factor, strategy, dp_sync};
   for (const PipeAction& a : actions)
     if (a.op == PipeAction::backward) st.last_backward = a.micro;
-  if (!order && schedule_ == "1f1b") run_1f1b(st);
+  if (!order && schedule_ == PipeSchedule::one_f_one_b) run_1f1b(st);
   else run_order(st, actions);
   DL_ASSERT(held_.empty(), "pipeline: a micro-batch's activations were never consumed");
   return st.res;

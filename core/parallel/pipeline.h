@@ -37,6 +37,13 @@
 
 namespace distlab {
 
+// parallel.schedule: the order of a stage's forwards and backwards
+enum class PipeSchedule { one_f_one_b, gpipe };
+template <>
+struct ChoiceTable<PipeSchedule> {
+  static constexpr std::array names = {choice(PipeSchedule::one_f_one_b, "1f1b"), choice(PipeSchedule::gpipe, "gpipe")};
+};
+
 struct PipeAction {
   enum Op { forward, backward } op;
   int micro;  // 0..m-1
@@ -45,7 +52,7 @@ struct PipeAction {
 // The forwards stage `stage` of `stages` runs before its first backward under 1F1B.
 int warmup_forwards(int stages, int stage, int micro_batches);
 // The order in which a stage runs the forwards and backwards of m micro-batches.
-std::vector<PipeAction> pipeline_schedule(const std::string& schedule, int stages, int stage, int micro_batches);
+std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int stage, int micro_batches);
 std::string describe_schedule(const std::vector<PipeAction>& s);  // "F0 F1 B0 F2 B1 B2"
 // "" when `order` runs every micro-batch 0..m-1 forward once and then backward once; else what is wrong.
 std::string check_schedule(const std::vector<PipeAction>& order, int micro_batches);
@@ -75,7 +82,7 @@ class Pipeline {
  public:
   // `pp`: the stages' group (this rank is stage pp.rank()); the model says what crosses its boundaries
   // (Model::stage_input_shape). m < p is refused unless `allow_idle` (the simulator of pipeline_sim.h shows it).
-  Pipeline(ProcessGroup& pp, Model& stage, std::string schedule, int micro_batches, bool allow_idle = false);
+  Pipeline(ProcessGroup& pp, Model& stage, PipeSchedule schedule, int micro_batches, bool allow_idle = false);
   struct StepResult {
     double loss_sum = 0;          // the last stage's micro-batch losses, summed (0 on the others)
     int64_t samples = 0;          // this stage's micro-batches' samples
@@ -101,7 +108,7 @@ class Pipeline {
   int stages() const { return pp_.size(); }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
-  const std::string& schedule() const { return schedule_; }
+  PipeSchedule schedule() const { return schedule_; }
   int micro_batches() const { return m_; }
 
  private:
@@ -128,7 +135,7 @@ class Pipeline {
   int next() const { return last() ? -1 : stage() + 1; }
   ProcessGroup& pp_;
   Model& model_;
-  std::string schedule_;
+  PipeSchedule schedule_;
   int m_;
   std::map<int, SavedState> held_;  // micro-batch -> what its forward saved, until its backward
 };

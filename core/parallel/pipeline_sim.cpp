@@ -4,6 +4,7 @@
 #include "core/parallel/none.h"
 #include "core/parallel/pipeline.h"
 #include "core/perf/cost_model.h"
+#include "core/util/error.h"
 
 namespace distlab {
 
@@ -45,6 +46,8 @@ PipelineSimResult simulate_pipeline(int p, int m, const std::string& schedule, c
   out.stages = p;
   out.micro_batches = m;
   out.schedule = schedule;
+  const std::optional<PipeSchedule> order = parse_choice<PipeSchedule>(schedule);
+  if (!order) throw ConfigError("pipeline schedule '" + schedule + "'", "use " + choice_list<PipeSchedule>());
   const int64_t width = std::max<int64_t>(1, act_bytes / 4);  // a batch of 1 x 1 x width floats
   std::vector<std::vector<TraceEvent>> traces;
   for (int s = 0; s < p; s++) {  // the stages one after another: a fake group never blocks, each records its part
@@ -52,7 +55,7 @@ PipelineSimResult simulate_pipeline(int p, int m, const std::string& schedule, c
     ProcessGroup pg(ProcessGroup::Fake{}, s, p, &rt.trace, "pipeline");
     SyntheticStage stage(flops, width);
     NoParallel none;
-    Pipeline pipe(pg, stage, schedule, m, /*allow_idle=*/true);
+    Pipeline pipe(pg, stage, *order, m, /*allow_idle=*/true);
     rt.trace.keep_events(true);
     Batch b;
     b.B = b.T = 1;

@@ -28,8 +28,18 @@
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/parallel/tensor_parallel.h"
+#include "core/util/choice.h"
 
 namespace distlab {
+
+// parallel.strategy: which of the files in this folder holds the data-parallel step
+enum class StrategyKind { none, ddp, zero1, zero2, zero3, fsdp };
+template <>
+struct ChoiceTable<StrategyKind> {
+  static constexpr std::array names = {choice(StrategyKind::none, "none"),   choice(StrategyKind::ddp, "ddp"),
+                                       choice(StrategyKind::zero1, "zero1"), choice(StrategyKind::zero2, "zero2"),
+                                       choice(StrategyKind::zero3, "zero3"), choice(StrategyKind::fsdp, "fsdp")};
+};
 
 // What a strategy does during a step: the hooks the model's loops and the trainer's step call, in the
 // order drawn above. 12 virtuals.

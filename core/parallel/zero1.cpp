@@ -9,23 +9,17 @@
 
 namespace distlab {
 
-static const std::string& checked_mode(const std::string& mode) {
-  if (mode != "reduce_scatter" && mode != "all_reduce")
-    throw ConfigError("unknown parallel.zero_reduce '" + mode + "'", "use reduce_scatter (the default) or all_reduce");
-  return mode;
-}
-
 // one flat vector per weight-decay group over the whole model: AdamW decays a whole slice or none of it
-ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode, double bucket_mb)
+ZeRO1::ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, ZeroReduce mode, double bucket_mb)
     : ShardedStrategy(rt, pg, model, "zero1", FlatParams::Wrap::whole_model, Category::optim_state, DType::f32), pg_(pg),
-      mode_(checked_mode(mode)), bucket_(std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / 4) / pg.size())) {
+      mode_(mode), bucket_(std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / 4) / pg.size())) {
   broadcast_model(pg, model);  // every replica starts equal, as DDP's
 }
 
 nlohmann::json ZeRO1::report() const {
   nlohmann::json slices = nlohmann::json::array();
   for (const auto& g : flats_.all()) slices.push_back({{"params", g.params.size()}, {"padded", g.padded}, {"slice", g.shard}});
-  return {{"name", describe()}, {"groups", slices}, {"collectives_per_step", mode_ == "all_reduce" ? "all_reduce + all_gather per bucket"
+  return {{"name", describe()}, {"groups", slices}, {"collectives_per_step", mode_ == ZeroReduce::all_reduce ? "all_reduce + all_gather per bucket"
                                                                                                       : "reduce_scatter + all_gather per bucket"}};
 }
 
@@ -41,7 +35,7 @@ void ZeRO1::finish_backward(Runtime& rt) {
       const int64_t len = std::min(bucket_, g.shard - c);
       Tensor bucket = rt.empty({n * len}, Category::comm_buffers, "zero1 gradient bucket");
       for (int64_t r = 0; r < n; r++) pack(rt, g, r * g.shard + c, r * g.shard + c + len, bucket.f32_at(r * len), true, rt.device);
-      if (mode_ == "all_reduce") {  // the naive form: every rank gets the whole average and keeps its stretch
+      if (mode_ == ZeroReduce::all_reduce) {  // the naive form: every rank gets the whole average and keeps its stretch
         staged_all_reduce(rt, pg_, bucket.f32(), n * len, ReduceOp::avg, rt.reduce_dtype);
         copy_values(rt, bucket.f32_at(pg_.rank() * len), DType::f32, part.f32_at(c), DType::f32, len);
       } else {

@@ -27,12 +27,19 @@
 
 namespace distlab {
 
+// parallel.zero_reduce: how ZeRO-1 brings each rank its part of the gradients
+enum class ZeroReduce { reduce_scatter, all_reduce };
+template <>
+struct ChoiceTable<ZeroReduce> {
+  static constexpr std::array names = {choice(ZeroReduce::reduce_scatter, "reduce_scatter"), choice(ZeroReduce::all_reduce, "all_reduce")};
+};
+
 class ZeRO1 : public ShardedStrategy {
  public:
   // mode: "reduce_scatter" (the default) or "all_reduce" (all-reduce the whole gradient, then slice).
   // bucket_mb: the f32 bytes reduced (and gathered) per collective — DeepSpeed's reduce_bucket_size.
-  ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& mode, double bucket_mb = 25);
-  std::string describe() const override { return "zero1 (" + mode_ + ")"; }
+  ZeRO1(ProcessGroup& pg, Model& model, Runtime& rt, ZeroReduce mode, double bucket_mb = 25);
+  std::string describe() const override { return fmt::format("zero1 ({})", mode_); }
   nlohmann::json report() const override;
 
   void begin_backward(bool sync) override { sync_ = sync; }
@@ -46,7 +53,7 @@ class ZeRO1 : public ShardedStrategy {
 
  private:
   ProcessGroup& pg_;
-  std::string mode_;
+  ZeroReduce mode_;
   int64_t bucket_;  // elements of each rank's slice per collective (bucket_mb / 4 bytes / N)
   // flats_ (ShardedStrategy's): one flat vector per weight-decay group over the whole model; local.data is
   // this rank's f32 slice (optim_state), local.grad its slice of the averaged gradient

@@ -15,37 +15,42 @@
 namespace distlab {
 
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, Model& model, Runtime& rt, TrainerExtension* ext) {
-  const std::string& st = cfg.parallel.strategy;
-  if (st == "none" || !pg) return std::make_unique<NoParallel>();
-  if (cfg.parallel.sync_batchnorm) model.set_sync_batchnorm(pg);
+  const ParallelOptions& p = cfg.parallel;
+  if (p.strategy == StrategyKind::none || !pg) return std::make_unique<NoParallel>();
+  if (p.sync_batchnorm) model.set_sync_batchnorm(pg);
   // an extension's strategy replaces the engine's (it too broadcasts rank 0's weights first)
   if (ext)
     if (auto s = ext->make_strategy(cfg, *pg, model, rt)) return s;
   // each broadcasts rank 0's weights and buffers: every replica starts equal
-  if (st == "ddp") return make_ddp(cfg.parallel.ddp_mode, *pg, model, rt, cfg.parallel.bucket_mb);
-  if (st == "zero1") return std::make_unique<ZeRO1>(*pg, model, rt, cfg.parallel.zero_reduce, cfg.parallel.bucket_mb);
-  const bool offload = cfg.parallel.offload == "cpu";
-  if (st == "zero2") return std::make_unique<ZeRO2>(*pg, model, rt, offload);
-  if (st == "zero3") return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, cfg.parallel.prefetch, offload, cfg.parallel.wrap_min_params});
-  if (cfg.parallel.sharding == "no_shard")  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
-    return make_ddp("bucketed", *pg, model, rt, cfg.parallel.bucket_mb);
-  return std::make_unique<FSDP>(*pg, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, offload, cfg.parallel.wrap_min_params);
+  const bool offload = p.offload == OffloadTo::cpu;
+  switch (p.strategy) {
+    case StrategyKind::none: break;
+    case StrategyKind::ddp: return make_ddp(p.ddp_mode, *pg, model, rt, p.bucket_mb);
+    case StrategyKind::zero1: return std::make_unique<ZeRO1>(*pg, model, rt, p.zero_reduce, p.bucket_mb);
+    case StrategyKind::zero2: return std::make_unique<ZeRO2>(*pg, model, rt, offload);
+    case StrategyKind::zero3: return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, p.prefetch, offload, p.wrap_min_params});
+    case StrategyKind::fsdp:
+      if (p.sharding == Sharding::no_shard)  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
+        return make_ddp(DdpMode::bucketed, *pg, model, rt, p.bucket_mb);
+      return std::make_unique<FSDP>(*pg, model, rt, p.sharding, p.prefetch, offload, p.wrap_min_params);
+  }
+  return std::make_unique<NoParallel>();
 }
 
 void check_strategy_fits(const RunConfig& cfg, int world) {
-  if (cfg.parallel.offload == "cpu" && cfg.parallel.strategy != "zero2" && cfg.parallel.strategy != "zero3" &&
-      !(cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard"))
+  if (cfg.parallel.offload == OffloadTo::cpu && cfg.parallel.strategy != StrategyKind::zero2 && cfg.parallel.strategy != StrategyKind::zero3 &&
+      !(cfg.parallel.strategy == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard))
     throw ConfigError(fmt::format("parallel.offload = \"cpu\" with parallel.strategy {}{}", cfg.parallel.strategy,
-                                  cfg.parallel.strategy == "fsdp" ? " and parallel.sharding no_shard" : ""),
+                                  cfg.parallel.strategy == StrategyKind::fsdp ? " and parallel.sharding no_shard" : ""),
                       "CPU offload moves shards to the host: use strategy zero2 (ZeRO-Offload), zero3, or fsdp with sharding full_shard or shard_grad_op");
-  if (world > 1 && cfg.parallel.strategy == "none")
+  if (world > 1 && cfg.parallel.strategy == StrategyKind::none)
     throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
                       "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
 }
 
 void check_strategy_composes(const RunConfig& cfg, const MeshShape& shape) {
-  const std::string& st = cfg.parallel.strategy;
-  const bool whole_grads = st == "none" || st == "ddp" || st == "zero1";  // reduced after the backward, or whole
+  const StrategyKind st = cfg.parallel.strategy;
+  const bool whole_grads = st == StrategyKind::none || st == StrategyKind::ddp || st == StrategyKind::zero1;  // reduced after the backward, or whole
   if (!whole_grads && shape.pp > 1)
     throw ConfigError(fmt::format("parallel.strategy {} with parallel.tp {} x parallel.pp {}: ZeRO-2's gradient buckets and ZeRO-3/FSDP's "
                                   "units are reduced during a pipeline's backward, before the tied embedding's two copies (first and last "
@@ -72,7 +77,7 @@ class FirstEpochSampler : public Sampler {
 std::shared_ptr<Sampler> base_sampler(const RunConfig& cfg, int64_t n, int world, int rank, TrainerExtension* ext) {
   if (ext)
     if (auto s = ext->make_sampler(cfg, n, world, rank)) return s;
-  if (cfg.parallel.strategy != "none" && cfg.train.sampler == "distributed")  // data parallel: each rank its 1/N of the data
+  if (cfg.parallel.strategy != StrategyKind::none && cfg.train.sampler == "distributed")  // data parallel: each rank its 1/N of the data
     return std::make_shared<DistributedSampler>(n, world, rank, cfg.train.shuffle, cfg.train.seed, false);
   // one rank, or train.sampler = plain: the whole set in one order, the same on every rank
   if (cfg.train.shuffle) return std::make_shared<RandomSampler>(n, cfg.train.seed);
@@ -90,10 +95,10 @@ std::shared_ptr<Sampler> make_train_sampler(const RunConfig& cfg, int64_t n, int
 std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype, double activation_bytes, int64_t micro_batch) {
   const double b = double(dtype_size(dtype));  // parameter and gradient bytes
   // optimizer state per parameter: AdamW's two moments or SGD's momentum, + the f32 master in 16 bits
-  const double k = (cfg.optim.name == "adamw" ? 8.0 : cfg.optim.momentum > 0 ? 4.0 : 0.0) + (dtype == DType::f32 ? 0.0 : 4.0);
+  const double k = (cfg.optim.name == OptimizerKind::adamw ? 8.0 : cfg.optim.momentum > 0 ? 4.0 : 0.0) + (dtype == DType::f32 ? 0.0 : 4.0);
   const double n = world, shard = 1.0 - 1.0 / n;
-  const std::string& s = cfg.parallel.strategy;
-  const bool offloaded = cfg.parallel.offload == "cpu";
+  const StrategyKind s = cfg.parallel.strategy;
+  const bool offloaded = cfg.parallel.offload == OffloadTo::cpu;
   std::vector<std::string> rungs;
   auto bytes = [](double x) { return format_bytes(x); };
   if (micro_batch > 1)
@@ -102,18 +107,18 @@ std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype,
                                 activation_bytes > 0 ? " (about " + bytes(activation_bytes / 2) + " saved)" : ""));
   if (world < 2) {
     rungs.push_back("sharding needs ranks: `distlab run -n N train ...` with parallel.strategy zero2, zero3 or fsdp");
-  } else if (s == "ddp" || s == "none") {
+  } else if (s == StrategyKind::ddp || s == StrategyKind::none) {
     rungs.push_back(fmt::format("ZeRO-2 (parallel.strategy = \"zero2\"): gradients and optimizer state split {} ways save {}", world,
                                 bytes((b + k) * psi * shard)));
-  } else if (s == "zero1") {
+  } else if (s == StrategyKind::zero1) {
     rungs.push_back(fmt::format("ZeRO-2: the gradients split {} ways too save {}", world, bytes(b * psi * shard)));
-  } else if (s == "zero2" || (s == "fsdp" && cfg.parallel.sharding == "shard_grad_op")) {
+  } else if (s == StrategyKind::zero2 || (s == StrategyKind::fsdp && cfg.parallel.sharding == Sharding::shard_grad_op)) {
     rungs.push_back(fmt::format("ZeRO-3 or FSDP full_shard: the parameters split {} ways too save up to {}", world, bytes(b * psi * shard)));
   }
-  if (world >= 2 && !offloaded && (s == "zero3" || s == "fsdp"))
+  if (world >= 2 && !offloaded && (s == StrategyKind::zero3 || s == StrategyKind::fsdp))
     rungs.push_back(fmt::format("CPU offload (parallel.offload = \"cpu\"): the shards and the optimizer state move to host memory, {} "
                                 "off the device, for host<->device copies every step", bytes((2 * b + k) * psi / n)));
-  if (world >= 2 && (s == "zero3" || s == "fsdp"))
+  if (world >= 2 && (s == StrategyKind::zero3 || s == StrategyKind::fsdp))
     rungs.push_back(fmt::format("more ranks: {} ranks would halve every shard", 2 * world));
   std::string out = fmt::format("strategy {} on {} rank(s) with {:.3g} parameters ({} bytes each + {} of optimizer state); the OOM ladder "
                                 "from here:", s, world, psi, b, k);

@@ -96,16 +96,16 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
   }
   if (ext_) ext_->on_model(*model_, rt, mesh_.get(), accum_);  // layer substitution, a stage's own order
-  if (cfg.dist.backend == "nccl" && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
+  if (cfg.dist.backend == CommBackend::nccl && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
     device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
                                                                            Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
-  if (cfg.dist.backend == "nccl" && mesh_ && shape.tp > 1) {  // the split layers' all-reduces of activations too
+  if (cfg.dist.backend == CommBackend::nccl && mesh_ && shape.tp > 1) {  // the split layers' all-reduces of activations too
     ProcessGroup& tp = mesh_->group(MeshAxis::tp);
     tp_device_group_ = std::make_unique<DeviceBackend>(tp, make_device_group(rt, cfg.train.device, tp, Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
   strategy_ = make_strategy(cfg, dp_, *model_, rt, ext_);
-  if (cfg.optim.name == "sgd") {
+  if (cfg.optim.name == OptimizerKind::sgd) {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});
   } else {

@@ -152,7 +152,7 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
           {"accum_steps", cfg_.train.accum_steps},
           {"data", {{"epoch", loader_ ? loader_->epoch() : 0}, {"position", loader_ ? loader_->position() : 0}}},
           {"rng", {{"seed", cfg_.train.seed}, {"dropout_calls", dropout}}},
-          {"optimizer", {{"name", cfg_.optim.name}, {"steps", opt_->steps()}, {"param_steps", param_steps}}},
+          {"optimizer", {{"name", name_of(cfg_.optim.name)}, {"steps", opt_->steps()}, {"param_steps", param_steps}}},
           {"scaler", {{"scale", scaler_.scale()}, {"growth_tracker", scaler_.growth_tracker()}, {"hysteresis_left", scaler_.hysteresis_left()}}},
           {"scheduler", {{"steps", sched_steps_}}},
           {"trainer", {{"skipped_steps", skipped_steps_}, {"epoch", epoch_}}}};
@@ -303,11 +303,11 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   }
   if (rank == 0 && error.empty()) {
     nlohmann::json m = {{"step", steps},
-                        {"strategy", cfg_.parallel.strategy},
+                        {"strategy", name_of(cfg_.parallel.strategy)},
                         {"strategy_detail", strategy_->describe()},
                         {"world_size", world()},
                         {"precision", cfg_.precision.mode},
-                        {"optimizer", cfg_.optim.name},
+                        {"optimizer", name_of(cfg_.optim.name)},
                         {"reason", why},
                         {"config_hash", crc32_hex(crc32(config_fingerprint(cfg_).data(), config_fingerprint(cfg_).size()))},
                         {"config", config_values(cfg_)}};

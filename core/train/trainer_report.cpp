@@ -101,12 +101,12 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
                       rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
   if (device_group_) log_ << "the strategy's collectives on the device: " << device_group_->get()->describe() << "\n";
   if (tp_device_group_) log_ << "the tensor-parallel layers' all-reduces on the device: " << tp_device_group_->get()->describe() << "\n";
-  if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << cfg_.parallel.strategy << " over the dp axis)\n";
+  if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << name_of(cfg_.parallel.strategy) << " over the dp axis)\n";
   if (pipeline_) {
     const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();
     log_ << fmt::format("pipeline: stage {} of {}, schedule {}, {} micro-batches per step ({} forward(s) before the first backward here); "
                         "bubble (p - 1)/(m + p - 1) = {:.1f} % when the stages are balanced\n",
-                        s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == "gpipe" ? m : warmup_forwards(p, s, m) + 1,
+                        s, p, cfg_.parallel.schedule, m, cfg_.parallel.schedule == PipeSchedule::gpipe ? m : warmup_forwards(p, s, m) + 1,
                         100.0 * (p - 1) / (m + p - 1));
   }
   if (ext_) ext_->describe(log_);
@@ -160,7 +160,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             {"dataset_size", data_.train ? data_.train->size() : 0},
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / accum_ : 0},
                             {"params_equal_across_ranks", true},  // run() checked: a run whose replicas differ fails
-                            {"strategy", cfg_.parallel.strategy},
+                            {"strategy", name_of(cfg_.parallel.strategy)},
                             {"resumed_from_step", start_step_},
                             {"checkpoint", ckpt_report_},
                             {"strategy_report", strategy_->report()}};

@@ -21,10 +21,10 @@ void LabExtension::check_run(const RunConfig& cfg, const MeshShape& mesh, const 
     if (!plugin_->is("06"))
       throw ConfigError(fmt::format("{} in lab {}: the lab's hooks see whole layers on one stage", split, lab),
                         "run the lab without parallel.tp and parallel.pp");
-    if (mesh.pp > 1 && cfg.parallel.schedule != "1f1b")
+    if (mesh.pp > 1 && cfg.parallel.schedule != PipeSchedule::one_f_one_b)
       throw ConfigError(fmt::format("parallel.schedule {} in lab {}: the lab's schedule is 1F1B", cfg.parallel.schedule, lab),
                         "set parallel.schedule = \"1f1b\" (the engine's GPipe runs without the lab: lab.plugin = \"none\")");
-    if (cfg.parallel.strategy != "none" && cfg.parallel.strategy != "ddp")
+    if (cfg.parallel.strategy != StrategyKind::none && cfg.parallel.strategy != StrategyKind::ddp)
       throw ConfigError(fmt::format("parallel.strategy {} in lab {}: the lab's dp_sync drives DDP", cfg.parallel.strategy, lab),
                         "set parallel.strategy = \"ddp\"");
   }
@@ -33,18 +33,18 @@ void LabExtension::check_run(const RunConfig& cfg, const MeshShape& mesh, const 
                       "set parallel.tp (and parallel.pp) > 1, e.g. --set parallel.tp=2 on two ranks");
   if (plugin_->is("06") && rt.is_meta())
     throw ConfigError(fmt::format("lab {} on the meta device: the lab's layers compute real numbers", lab), "train on the cpu device");
-  if (plugin_->is("02") && cfg.parallel.strategy == "ddp" && cfg.precision.mode != "fp32")
+  if (plugin_->is("02") && cfg.parallel.strategy == StrategyKind::ddp && cfg.precision.mode != "fp32")
     throw ConfigError(fmt::format("precision.mode {} with lab {}'s DDP: the lab's API exchanges f32 gradients", cfg.precision.mode, lab),
                       "run the lab in fp32 (its default); mixed precision is lab 03's subject");
-  if (plugin_->is("04") && cfg.parallel.offload == "cpu" && cfg.parallel.strategy == "zero2")
+  if (plugin_->is("04") && cfg.parallel.offload == OffloadTo::cpu && cfg.parallel.strategy == StrategyKind::zero2)
     throw ConfigError("parallel.offload = \"cpu\" with lab 04's ZeRO-2: the lab's strategy keeps its parts on the device",
                       "run the lab without offload; offload is lab 05's subject");
-  if (plugin_->is("05") && cfg.parallel.strategy == "fsdp" && cfg.parallel.sharding != "no_shard" && cfg.parallel.wrap_min_params > 0)
+  if (plugin_->is("05") && cfg.parallel.strategy == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard && cfg.parallel.wrap_min_params > 0)
     throw ConfigError("parallel.wrap_min_params with lab 05's FSDP", "the lab's hooks see one unit per model unit: leave it at 0");
 }
 
 std::shared_ptr<Sampler> LabExtension::make_sampler(const RunConfig& cfg, int64_t n, int world, int rank) {
-  if (plugin_->is("02") && cfg.parallel.strategy == "ddp") return plugin_->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
+  if (plugin_->is("02") && cfg.parallel.strategy == StrategyKind::ddp) return plugin_->make_sampler(n, world, rank, cfg.train.seed, cfg.train.shuffle);
   return nullptr;
 }
 
@@ -66,12 +66,12 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
 }
 
 std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) {
-  const std::string& st = cfg.parallel.strategy;
-  if (plugin_->is("02") && st == "ddp") return plugin_->make_ddp(cfg.parallel.ddp_mode, dp, model, rt, cfg.parallel.bucket_mb);
-  if (plugin_->is("04") && st == "zero1") return plugin_->make_zero(1, dp, model, rt);
-  if (plugin_->is("04") && st == "zero2") return plugin_->make_zero(2, dp, model, rt);
-  if (plugin_->is("05") && st == "fsdp" && cfg.parallel.sharding != "no_shard")
-    return plugin_->make_fsdp(dp, model, rt, cfg.parallel.sharding, cfg.parallel.prefetch, cfg.parallel.offload == "cpu");
+  const StrategyKind st = cfg.parallel.strategy;
+  if (plugin_->is("02") && st == StrategyKind::ddp) return plugin_->make_ddp(std::string(name_of(cfg.parallel.ddp_mode)), dp, model, rt, cfg.parallel.bucket_mb);
+  if (plugin_->is("04") && st == StrategyKind::zero1) return plugin_->make_zero(1, dp, model, rt);
+  if (plugin_->is("04") && st == StrategyKind::zero2) return plugin_->make_zero(2, dp, model, rt);
+  if (plugin_->is("05") && st == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard)
+    return plugin_->make_fsdp(dp, model, rt, std::string(name_of(cfg.parallel.sharding)), cfg.parallel.prefetch, cfg.parallel.offload == OffloadTo::cpu);
   return nullptr;  // the engine's
 }
 
