@@ -10,6 +10,7 @@
 
 #include "core/nn/loss.h"
 #include "core/nn/simple.h"
+#include "core/parallel/gpt_parallel.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/util/error.h"
@@ -349,4 +350,50 @@ TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole one
     CHECK(max_rel(dlogits, dlogits_ref) < 1e-6);
     for (const auto& c : comm) CHECK(c.calls == 3);  // max, sum of exp, the target's logit: N numbers each, never N x V
   }
+}
+
+TEST_CASE("a split GPT is GPT itself with the tensor-parallel layers substituted for nn's: the same blocks, names and order", "[tp]") {
+  Runtime rt(DeviceKind::meta, 0);
+  ProcessGroup tp(ProcessGroup::Fake{}, 1, 2, &rt.trace, "tp");  // rank 1 of 2: no collective runs while building
+  ModelSpec s;
+  s.name = "gpt";
+  s.n_layer = 4, s.n_head = 2, s.n_embd = 16, s.vocab_size = 64, s.block_size = 8;
+  auto whole = build_model(rt, s);
+  auto split = build_split_model(rt, s, &tp, 0, 1);
+  auto* w = dynamic_cast<GPT*>(whole.get());
+  auto* g = dynamic_cast<GPT*>(split.get());
+  REQUIRE(w);
+  REQUIRE(g);  // not a second model class
+  for (auto& b : w->blocks()) {
+    CHECK(dynamic_cast<CausalSelfAttention*>(b->attn.get()));
+    CHECK(dynamic_cast<Linear*>(b->c_fc.get()));
+    CHECK(dynamic_cast<Linear*>(b->c_proj.get()));
+  }
+  for (auto& b : g->blocks()) {
+    CHECK(dynamic_cast<ParallelSelfAttention*>(b->attn.get()));
+    CHECK(dynamic_cast<ColumnParallelLinear*>(b->c_fc.get()));
+    CHECK(dynamic_cast<RowParallelLinear*>(b->c_proj.get()));
+  }
+  CHECK(g->tp_group() == &tp);
+  CHECK(g->vocab_first() == 32);
+  // PyTorch's names in the whole model's order; split tensors hold this rank's half
+  const auto wp = whole->parameters(), gp = split->parameters();
+  REQUIRE(wp.size() == gp.size());
+  for (size_t i = 0; i < wp.size(); i++) {
+    INFO(wp[i]->name);
+    CHECK(gp[i]->name == wp[i]->name);
+    CHECK(whole_shape(*gp[i], 2) == wp[i]->data.shape());
+  }
+  CHECK(gp[0]->data.shape() == Shape{32, 16});  // wte: this rank's rows of the vocabulary
+  // pipeline stages come from the same constructor: stage 1 of 2 holds blocks 2 and 3, ln_f and the lm_head's copy
+  auto stage = build_split_model(rt, s, &tp, 1, 2);
+  auto* st = dynamic_cast<GPT*>(stage.get());
+  REQUIRE(st);
+  CHECK(st->blocks().size() == 2);
+  CHECK(st->units().size() == 3);
+  CHECK(st->tied_embedding() != nullptr);
+  CHECK(st->tied_embedding()->name == "lm_head.weight");
+  // the layers' replaceable arithmetic reaches every split block, and a whole GPT refuses it
+  CHECK_NOTHROW(set_tp_kernels(*g, nullptr));
+  CHECK_THROWS(set_tp_kernels(*w, nullptr));
 }

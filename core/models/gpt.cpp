@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <numeric>
 
+#include "core/nn/linear.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/tensor/as_f32.h"
@@ -11,34 +15,83 @@
 
 namespace distlab {
 
-Block::Block(Runtime& rt, const std::string& p, const ModelSpec& s, uint64_t seed)
+// ---- the default layers: nn's, whole ----
+
+std::unique_ptr<Layer> GptLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) {
+  return std::make_unique<CausalSelfAttention>(rt, prefix, C, n_head);
+}
+std::unique_ptr<Layer> GptLayers::mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) {
+  return std::make_unique<Linear>(rt, prefix, C, hidden);
+}
+std::unique_ptr<Layer> GptLayers::mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) {
+  return std::make_unique<Linear>(rt, prefix, hidden, C);
+}
+std::unique_ptr<TokenEmbedding> GptLayers::embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) {
+  return std::make_unique<Embedding>(rt, prefix, vocab, block, C);
+}
+void GptLayers::take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) {
+  std::map<std::string, const Parameter*> by_name;
+  for (const Parameter* w : whole) by_name[w->name] = w;
+  for (Parameter* l : local) {
+    const std::string& name = l->tied.empty() ? l->name : l->tied;  // a pipeline's copy takes its original's values
+    auto it = by_name.find(name);
+    DL_ASSERT(it != by_name.end() && it->second->data.shape() == l->data.shape(), "GptLayers::take_part: " + name + " is not in the whole model");
+    l->data.copy_from(it->second->data);
+  }
+}
+
+std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages, const std::vector<int64_t>& layers) {
+  if (!layers.empty()) {
+    const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t(0));
+    if (int64_t(layers.size()) != stages || sum != n_layer ||
+        std::any_of(layers.begin(), layers.end(), [](int64_t n) { return n < 1; }))
+      throw ConfigError(fmt::format("parallel.pp_layers has {} entries summing to {}: {} stages of model.n_layer {} blocks", layers.size(), sum,
+                                    stages, n_layer),
+                        "give every stage at least one block, and all the blocks to some stage");
+    const int64_t first = std::accumulate(layers.begin(), layers.begin() + stage, int64_t(0));
+    return {first, first + layers[size_t(stage)]};
+  }
+  if (n_layer % stages != 0)
+    throw ConfigError(fmt::format("parallel.pp {} does not divide model.n_layer {}: the stages would be uneven", stages, n_layer),
+                      "choose a pp that divides the blocks, or say how many each stage holds: parallel.pp_layers = [..]");
+  const int64_t per = n_layer / stages;
+  return {stage * per, (stage + 1) * per};
+}
+
+// ---- a block ----
+
+Block::Block(Runtime& rt, GptLayers& layers, const std::string& p, const ModelSpec& s, uint64_t seed)
     : ln_1(rt, p + ".ln_1", s.n_embd),
-      attn(rt, p + ".attn", s.n_embd, s.n_head),
+      attn(layers.attention(rt, p + ".attn", s.n_embd, s.n_head)),
       ln_2(rt, p + ".ln_2", s.n_embd),
-      c_fc(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd),
-      c_proj(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd),
-      drop_attn(s.dropout, seed * 2 + 1),
+      c_fc(layers.mlp_up(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd)),
+      c_proj(layers.mlp_down(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd)),
+      drop_attn(s.dropout, seed * 2 + 1),  // the residual stream is whole on every rank: every rank draws the same mask
       drop_mlp(s.dropout, seed * 2 + 2) {}
 
 std::vector<Parameter*> Block::parameters() {
   std::vector<Parameter*> p = ln_1.parameters();
-  for (auto* q : attn.parameters()) p.push_back(q);
+  for (auto* q : attn->parameters()) p.push_back(q);
   for (auto* q : ln_2.parameters()) p.push_back(q);
-  for (auto* q : c_fc.parameters()) p.push_back(q);
-  for (auto* q : c_proj.parameters()) p.push_back(q);
+  for (auto* q : c_fc->parameters()) p.push_back(q);
+  for (auto* q : c_proj->parameters()) p.push_back(q);
   return p;
 }
 
 // GPT-2's scheme: weights N(0, 0.02), the residual projections N(0, 0.02/sqrt(2L)), biases 0.
 void Block::init(Rng& rng, int64_t n_layer) {
+  auto* a = dynamic_cast<CausalSelfAttention*>(attn.get());
+  auto* fc = dynamic_cast<Linear*>(c_fc.get());
+  auto* proj = dynamic_cast<Linear*>(c_proj.get());
+  DL_ASSERT(a && fc && proj, "Block::init: a split block takes its part of a whole one's weights (GPT::init)");
   ln_1.init(rng);
   ln_2.init(rng);
   const float proj_std = 0.02f / std::sqrt(2.0f * float(n_layer));
-  init_normal(attn.c_attn.weight.data, rng, 0.02f);
-  init_normal(attn.c_proj.weight.data, rng, proj_std);
-  init_normal(c_fc.weight.data, rng, 0.02f);
-  init_normal(c_proj.weight.data, rng, proj_std);
-  for (Linear* l : {&attn.c_attn, &attn.c_proj, &c_fc, &c_proj}) l->bias.data.zero_();
+  init_normal(a->c_attn.weight.data, rng, 0.02f);
+  init_normal(a->c_proj.weight.data, rng, proj_std);
+  init_normal(fc->weight.data, rng, 0.02f);
+  init_normal(proj->weight.data, rng, proj_std);
+  for (Linear* l : {&a->c_attn, &a->c_proj, fc, proj}) l->bias.data.zero_();
 }
 
 void Block::set_training(bool on) {
@@ -46,18 +99,23 @@ void Block::set_training(bool on) {
   drop_mlp.set_training(on);
 }
 
+void Block::swap_saved(SavedState& s) {
+  for (Layer* l : std::initializer_list<Layer*>{&ln_1, attn.get(), &ln_2, c_fc.get(), &gelu, c_proj.get(), &drop_attn, &drop_mlp})
+    l->swap_saved(s);
+}
+
 Tensor Block::forward(Runtime& rt, const Tensor& x) {
-  Tensor a = drop_attn.forward(rt, attn.forward(rt, ln_1.forward(rt, x)));
+  Tensor a = drop_attn.forward(rt, attn->forward(rt, ln_1.forward(rt, x)));
   Tensor h = residual_add(rt, x, a);
-  Tensor m = drop_mlp.forward(rt, c_proj.forward(rt, gelu.forward(rt, c_fc.forward(rt, ln_2.forward(rt, h)))));
+  Tensor m = drop_mlp.forward(rt, c_proj->forward(rt, gelu.forward(rt, c_fc->forward(rt, ln_2.forward(rt, h)))));
   return residual_add(rt, h, m);
 }
 
 Tensor Block::backward(Runtime& rt, const Tensor& dout) {
   // the residual passes dout through unchanged; the branch's gradient is added to it
-  Tensor dh = ln_2.backward(rt, c_fc.backward(rt, gelu.backward(rt, c_proj.backward(rt, drop_mlp.backward(rt, dout)))));
+  Tensor dh = ln_2.backward(rt, c_fc->backward(rt, gelu.backward(rt, c_proj->backward(rt, drop_mlp.backward(rt, dout)))));
   residual_accumulate(rt, dh, dout);
-  Tensor dx = ln_1.backward(rt, attn.backward(rt, drop_attn.backward(rt, dh)));
+  Tensor dx = ln_1.backward(rt, attn->backward(rt, drop_attn.backward(rt, dh)));
   residual_accumulate(rt, dx, dh);
   return dx;
 }
@@ -78,33 +136,85 @@ void Block::residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g) {
   df.store();
 }
 
-GPT::GPT(Runtime& rt, const ModelSpec& s)
+// ---- the model ----
+
+GPT::GPT(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::vector<int64_t>& blocks_per_stage,
+         std::unique_ptr<GptLayers> layers)
     : spec_(s),
-      emb_(rt, "transformer.", s.vocab_size, s.block_size, s.n_embd),
-      drop_(s.dropout, s.dropout_seed * 1000 + 7),
-      ln_f_(rt, "transformer.ln_f", s.n_embd) {
-  for (int64_t i = 0; i < s.n_layer; i++)
-    h_.push_back(std::make_unique<Block>(rt, fmt::format("transformer.h.{}", i), s, s.dropout_seed * 1000 + 10 + uint64_t(i)));
+      device_(rt.device),
+      stage_(stage),
+      stages_(stages),
+      split_(layers != nullptr),
+      layers_(layers ? std::move(layers) : std::make_unique<GptLayers>()),
+      drop_(s.dropout, s.dropout_seed * 1000 + 7) {
+  std::tie(first_block_, last_block_) = stage_blocks(s.n_layer, stage, stages, blocks_per_stage);
+  if (first_stage()) emb_ = layers_->embedding(rt, "transformer.", s.vocab_size, s.block_size, s.n_embd);
+  for (int64_t i = first_block_; i < last_block_; i++)
+    h_.push_back(std::make_unique<Block>(rt, *layers_, fmt::format("transformer.h.{}", i), s, s.dropout_seed * 1000 + 10 + uint64_t(i)));
+  if (last_stage()) ln_f_ = std::make_unique<LayerNorm>(rt, "transformer.ln_f", s.n_embd);
+  if (last_stage() && !first_stage()) {
+    const int t = vocab_parts();
+    if (s.vocab_size % t != 0)
+      throw ConfigError(fmt::format("lm_head: the vocabulary of {} does not split over {} tensor-parallel ranks", s.vocab_size, t),
+                        "pad model.vocab_size to a multiple of parallel.tp");
+    lm_head_ = make_parameter(rt, "lm_head.weight", {s.vocab_size / t, s.n_embd});
+    lm_head_.split_dim = 0;
+    lm_head_.tied = "transformer.wte.weight";
+  }
+}
+
+int64_t GPT::vocab_first() const {
+  ProcessGroup* g = layers_->vocab_group();
+  return g ? int64_t(g->rank()) * (spec_.vocab_size / g->size()) : 0;
 }
 
 std::string GPT::describe() const {
-  return fmt::format("  GPT(n_layer {}, n_head {}, n_embd {}, vocab {}, block {}; lm_head tied to wte)\n", spec_.n_layer,
-                     spec_.n_head, spec_.n_embd, spec_.vocab_size, spec_.block_size);
+  std::string d = fmt::format("  GPT(n_layer {}, n_head {}, n_embd {}, vocab {}, block {}; lm_head tied to wte)\n", spec_.n_layer, spec_.n_head,
+                              spec_.n_embd, spec_.vocab_size, spec_.block_size);
+  if (stages_ > 1)
+    d += fmt::format("    pipeline stage {} of {}: {}blocks {}..{}{}\n", stage_, stages_, first_stage() ? "embeddings, " : "", first_block_,
+                     last_block_ - 1, last_stage() ? ", ln_f, lm_head (a copy of wte, its gradient summed with stage 0's)" : "");
+  const int t = vocab_parts();
+  if (t > 1)
+    d += fmt::format("    tensor parallel over {} ranks (tp rank {}): wte rows {}..{} of {} (vocab-parallel embedding and loss); {} heads of {}\n"
+                     "    per block; c_attn, mlp.c_fc by rows, attn.c_proj, mlp.c_proj by columns; LayerNorms, wpe and the row-parallel biases whole\n",
+                     t, layers_->vocab_group()->rank(), vocab_first(), vocab_first() + spec_.vocab_size / t, spec_.vocab_size, spec_.n_head / t,
+                     spec_.n_head);
+  return d;
 }
 
 std::vector<Parameter*> GPT::parameters() {
-  std::vector<Parameter*> p = {&emb_.wte, &emb_.wpe};
-  for (auto& b : h_)
-    for (auto* q : b->parameters()) p.push_back(q);
-  for (auto* q : ln_f_.parameters()) p.push_back(q);
+  std::vector<Parameter*> p;
+  for (auto& u : units())
+    for (Parameter* q : u) p.push_back(q);
   return p;
 }
 
 std::vector<std::vector<Parameter*>> GPT::units() {
-  std::vector<std::vector<Parameter*>> u = {{&emb_.wte, &emb_.wpe}};
+  std::vector<std::vector<Parameter*>> u;
+  if (emb_) u.push_back({&emb_->wte, &emb_->wpe});
   for (auto& b : h_) u.push_back(b->parameters());
-  u.push_back(ln_f_.parameters());
+  if (ln_f_) {
+    u.push_back(ln_f_->parameters());
+    if (!first_stage()) u.back().push_back(&lm_head_);
+  }
   return u;
+}
+
+Parameter* GPT::tied_embedding() {
+  if (stages_ == 1) return nullptr;
+  if (first_stage()) return &emb_->wte;
+  return last_stage() ? &lm_head_ : nullptr;
+}
+
+std::vector<uint64_t*> GPT::rng_streams() {
+  std::vector<uint64_t*> v;
+  if (first_stage()) v.push_back(drop_.rng_calls());
+  for (auto& b : h_) {
+    v.push_back(b->drop_attn.rng_calls());
+    v.push_back(b->drop_mlp.rng_calls());
+  }
+  return v;
 }
 
 void GPT::set_training(bool on) {
@@ -112,59 +222,106 @@ void GPT::set_training(bool on) {
   for (auto& b : h_) b->set_training(on);
 }
 
+void GPT::swap_saved(SavedState& s) {
+  s.begin();
+  if (emb_) emb_->swap_saved(s);
+  drop_.swap_saved(s);
+  for (auto& b : h_) b->swap_saved(s);
+  if (ln_f_) ln_f_->swap_saved(s);
+  s.swap(saved_xf_);
+}
+
 void GPT::init(uint64_t seed) {
+  if (split_ || stages_ > 1) {
+    // the whole model on the host (f32, its own accountant: it lives only for this call); a meta rank's on
+    // meta. This rank takes its part: the same initial weights as one device's, whatever the split.
+    Runtime side(device_ == DeviceKind::meta ? DeviceKind::meta : DeviceKind::cpu);
+    GPT whole(side, spec_);
+    whole.init(seed);
+    layers_->take_part(parameters(), whole.parameters());
+    return;
+  }
   Rng rng(seed);
-  emb_.init(rng);
+  auto* emb = dynamic_cast<Embedding*>(emb_.get());
+  DL_ASSERT(emb, "GPT::init: a whole model's embedding is nn's Embedding");
+  emb->init(rng);
   for (auto& b : h_) b->init(rng, spec_.n_layer);
-  ln_f_.init(rng);
+  ln_f_->init(rng);
 }
 
 Tensor GPT::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
-  const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, V = spec_.vocab_size;
-  // unit 0 is wte and wpe; wte is the lm_head too, so unit 0's forward ends after the logits (below)
-  if (hook) hook->before_forward(0);
-  Tensor x = drop_.forward(rt, emb_.forward(rt, batch.tokens, B, T));  // (B, T, C)
-  for (size_t i = 0; i < h_.size(); i++) {
-    if (hook) hook->before_forward(int(i) + 1);
-    x = h_[i]->forward(rt, x);
-    if (hook) hook->after_forward(int(i) + 1);
-  }
-  const int ln_unit = int(h_.size()) + 1;
-  if (hook) hook->before_forward(ln_unit);
-  saved_xf_ = ln_f_.forward(rt, x);
-  if (hook) hook->after_forward(ln_unit);
-  Tensor logits = rt.empty({B * T, V}, Category::activations, "logits", rt.dtype);
-  // lm_head: logits (B*T, V) = xf (B*T, C) @ wte^T, no bias (a 16-bit GEMM under mixed precision)
-  AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, emb_.wte.data);
-  matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, V);
-  z.store();
-  if (hook) hook->after_forward(0);
-  return logits;
+  DL_ASSERT(stages_ == 1, "GPT::forward: a pipeline stage runs forward_stage");
+  return forward_stage(rt, batch, Tensor(), hook);
 }
 
 void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
-  const int64_t BT = dlogits.size(0), C = spec_.n_embd, V = spec_.vocab_size;
-  const int n_units = int(h_.size()) + 2;
-  if (hook) hook->before_layer_backward(0);  // the lm_head's weight is wte: unit 0's backward starts here
-  Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
-  {
-    AsF32 d(rt, dxf, AsF32::out), dw(rt, emb_.wte.grad_for_accumulate(), AsF32::inout);
-    AsF32 dz(rt, dlogits, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, emb_.wte.data);
-    matmul_backward(rt, d.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, V);
-    d.store();
-    dw.store();
+  DL_ASSERT(stages_ == 1, "GPT::backward: a pipeline stage runs backward_stage");
+  backward_stage(rt, dlogits, hook);
+}
+
+Tensor GPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) {
+  const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, Vt = spec_.vocab_size / vocab_parts();
+  int unit = 0;
+  Tensor x;
+  if (first_stage()) {  // unit 0 is wte and wpe; on one stage wte is the lm_head too: its forward ends after the logits
+    if (hook) hook->before_forward(unit);
+    x = drop_.forward(rt, emb_->forward(rt, batch.tokens, B, T));  // (B, T, C), whole
+    if (hook && !last_stage()) hook->after_forward(unit);
+    unit++;
+  } else {
+    x = input;  // (B, T, C) from the stage before
   }
-  saved_xf_ = Tensor();
-  if (hook) hook->before_layer_backward(n_units - 1);
-  Tensor d = ln_f_.backward(rt, dxf);
-  if (hook) hook->after_layer_backward(n_units - 1, ln_f_.parameters());
+  for (auto& b : h_) {
+    if (hook) hook->before_forward(unit);
+    x = b->forward(rt, x);
+    if (hook) hook->after_forward(unit);
+    unit++;
+  }
+  if (!last_stage()) return x;
+  if (hook) hook->before_forward(unit);
+  saved_xf_ = ln_f_->forward(rt, x);
+  if (hook) hook->after_forward(unit);  // (ln_f's parameters are done with: ZeRO-3 frees them before the logits)
+  // lm_head: logits (B*T, V/t) = xf (B*T, C) @ headᵀ, no bias (a 16-bit GEMM under mixed precision); split
+  // over the vocabulary, this rank's columns (Megatron's f: identity)
+  Tensor logits = rt.empty({B * T, Vt}, Category::activations, vocab_parts() > 1 ? "logits (this rank's vocabulary)" : "logits", rt.dtype);
+  AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, head().data);
+  matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, Vt);
+  z.store();
+  if (hook && first_stage()) hook->after_forward(0);
+  return logits;
+}
+
+Tensor GPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) {
+  int unit = int(units().size()) - 1;
+  Tensor d = dout;
+  if (last_stage()) {
+    const int64_t BT = dout.size(0), C = spec_.n_embd, Vt = dout.size(1);
+    if (hook) hook->before_layer_backward(first_stage() ? 0 : unit);  // one stage: the lm_head's weight is wte (unit 0)
+    Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
+    {
+      AsF32 dx(rt, dxf, AsF32::out), dw(rt, head().grad_for_accumulate(), AsF32::inout);
+      AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, head().data);
+      matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt);
+      dx.store();
+      dw.store();
+    }
+    layers_->sum_over_vocab(rt, dxf);  // f's backward: each rank's vocabulary contributes a term of dxf
+    saved_xf_ = Tensor();
+    if (hook && first_stage()) hook->before_layer_backward(unit);
+    d = ln_f_->backward(rt, dxf);
+    if (hook) hook->after_layer_backward(unit, units().back());
+    unit--;
+  }
   for (size_t i = h_.size(); i-- > 0;) {
-    if (hook) hook->before_layer_backward(int(i) + 1);
+    if (hook) hook->before_layer_backward(unit);
     d = h_[i]->backward(rt, d);
-    if (hook) hook->after_layer_backward(int(i) + 1, h_[i]->parameters());
+    if (hook) hook->after_layer_backward(unit, h_[i]->parameters());
+    unit--;
   }
-  emb_.backward(rt, drop_.backward(rt, d));
-  if (hook) hook->after_layer_backward(0, {&emb_.wte, &emb_.wpe});
+  if (!first_stage()) return d;  // (B, T, C): the gradient of what the stage before sent
+  emb_->backward(rt, drop_.backward(rt, d));
+  if (hook) hook->after_layer_backward(0, {&emb_->wte, &emb_->wpe});
+  return Tensor();
 }
 
 }  // namespace distlab

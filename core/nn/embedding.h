@@ -4,15 +4,30 @@
 
 namespace distlab {
 
-class Embedding {
+// What GPT's embeddings are to the model: wte and wpe, tokens in, (B, T, C) out. Embedding below is the
+// whole one; a tensor-parallel run puts VocabParallelEmbedding (core/parallel/tensor_parallel.h) in its place.
+class TokenEmbedding {
+ public:
+  virtual ~TokenEmbedding() = default;
+  // tokens (B*T) -> (B, T, C)
+  virtual Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) = 0;
+  virtual void backward(Runtime& rt, const Tensor& dout) = 0;  // accumulates into wte.grad and wpe.grad
+  virtual void swap_saved(SavedState& s) = 0;
+  Parameter wte, wpe;
+};
+
+class Embedding : public TokenEmbedding {
  public:
   // vocab x C token table "<prefix>wte.weight" and block x C position table "<prefix>wpe.weight"
   Embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
-  // tokens (B*T) -> (B, T, C)
-  Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T);
-  void backward(Runtime& rt, const Tensor& dout);  // accumulates into wte.grad and wpe.grad
+  Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) override;
+  void backward(Runtime& rt, const Tensor& dout) override;
+  void swap_saved(SavedState& s) override {
+    s.swap(saved_tokens_);
+    s.swap(B_);
+    s.swap(T_);
+  }
   void init(Rng& rng);                              // N(0, 0.02) for both, as GPT-2
-  Parameter wte, wpe;
   int64_t vocab, block, C;
 
  private:

@@ -2,243 +2,35 @@
 
 #include <fmt/format.h>
 
-#include <numeric>
-
 #include "core/models/zoo.h"
-#include "core/ops/cpu/matmul.h"
-#include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
 namespace distlab {
 
-ParallelBlock::ParallelBlock(Runtime& rt, ProcessGroup& tp, const std::string& p, const ModelSpec& s, uint64_t seed)
-    : ln_1(rt, p + ".ln_1", s.n_embd),
-      attn(rt, tp, p + ".attn", s.n_embd, s.n_head),
-      ln_2(rt, p + ".ln_2", s.n_embd),
-      c_fc(rt, tp, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd),
-      c_proj(rt, tp, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd),
-      drop_attn(s.dropout, seed * 2 + 1),  // gpt.h's seeds: the residual stream is whole, every rank draws the same mask
-      drop_mlp(s.dropout, seed * 2 + 2) {}
-
-std::vector<Parameter*> ParallelBlock::parameters() {
-  std::vector<Parameter*> p = ln_1.parameters();
-  for (auto* q : attn.parameters()) p.push_back(q);
-  for (auto* q : ln_2.parameters()) p.push_back(q);
-  for (auto* q : c_fc.parameters()) p.push_back(q);
-  for (auto* q : c_proj.parameters()) p.push_back(q);
-  return p;
+std::unique_ptr<Layer> TensorParallelLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) {
+  return std::make_unique<ParallelSelfAttention>(rt, tp_, prefix, C, n_head);
+}
+std::unique_ptr<Layer> TensorParallelLayers::mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) {
+  return std::make_unique<ColumnParallelLinear>(rt, tp_, prefix, C, hidden);
+}
+std::unique_ptr<Layer> TensorParallelLayers::mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) {
+  return std::make_unique<RowParallelLinear>(rt, tp_, prefix, hidden, C);
+}
+std::unique_ptr<TokenEmbedding> TensorParallelLayers::embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) {
+  return std::make_unique<VocabParallelEmbedding>(rt, tp_, prefix, vocab, block, C);
 }
 
-void ParallelBlock::set_training(bool on) {
-  drop_attn.set_training(on);
-  drop_mlp.set_training(on);
-}
-
-void ParallelBlock::swap_saved(SavedState& s) {
-  for (Layer* l : std::initializer_list<Layer*>{&ln_1, &attn, &ln_2, &c_fc, &gelu, &c_proj, &drop_attn, &drop_mlp}) l->swap_saved(s);
-}
-
-Tensor ParallelBlock::forward(Runtime& rt, const Tensor& x) {
-  Tensor a = drop_attn.forward(rt, attn.forward(rt, ln_1.forward(rt, x)));
-  Tensor h = Block::residual_add(rt, x, a);
-  Tensor m = drop_mlp.forward(rt, c_proj.forward(rt, gelu.forward(rt, c_fc.forward(rt, ln_2.forward(rt, h)))));
-  return Block::residual_add(rt, h, m);
-}
-
-Tensor ParallelBlock::backward(Runtime& rt, const Tensor& dout) {
-  Tensor dh = ln_2.backward(rt, c_fc.backward(rt, gelu.backward(rt, c_proj.backward(rt, drop_mlp.backward(rt, dout)))));
-  Block::residual_accumulate(rt, dh, dout);
-  Tensor dx = ln_1.backward(rt, attn.backward(rt, drop_attn.backward(rt, dh)));
-  Block::residual_accumulate(rt, dx, dh);
-  return dx;
-}
-
-std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages, const std::vector<int64_t>& layers) {
-  if (!layers.empty()) {
-    const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t(0));
-    if (int64_t(layers.size()) != stages || sum != n_layer ||
-        std::any_of(layers.begin(), layers.end(), [](int64_t n) { return n < 1; }))
-      throw ConfigError(fmt::format("parallel.pp_layers has {} entries summing to {}: {} stages of model.n_layer {} blocks", layers.size(), sum,
-                                    stages, n_layer),
-                        "give every stage at least one block, and all the blocks to some stage");
-    const int64_t first = std::accumulate(layers.begin(), layers.begin() + stage, int64_t(0));
-    return {first, first + layers[size_t(stage)]};
+void set_tp_kernels(GPT& gpt, TpKernels* k) {
+  for (auto& b : gpt.blocks()) {
+    auto* attn = dynamic_cast<ParallelSelfAttention*>(b->attn.get());
+    auto* fc = dynamic_cast<ColumnParallelLinear*>(b->c_fc.get());
+    auto* proj = dynamic_cast<RowParallelLinear*>(b->c_proj.get());
+    DL_ASSERT(attn && fc && proj, "set_tp_kernels: a GPT whose blocks are not split (build it with TensorParallelLayers)");
+    attn->c_attn.set_kernels(k);
+    attn->c_proj.set_kernels(k);
+    fc->set_kernels(k);
+    proj->set_kernels(k);
   }
-  if (n_layer % stages != 0)
-    throw ConfigError(fmt::format("parallel.pp {} does not divide model.n_layer {}: the stages would be uneven", stages, n_layer),
-                      "choose a pp that divides the blocks, or say how many each stage holds: parallel.pp_layers = [..]");
-  const int64_t per = n_layer / stages;
-  return {stage * per, (stage + 1) * per};
-}
-
-ParallelGPT::ParallelGPT(Runtime& rt, ProcessGroup& tp, const ModelSpec& s, int stage, int stages, const std::vector<int64_t>& layers)
-    : tp_(tp), spec_(s), device_(rt.device), stage_(stage), stages_(stages), drop_(s.dropout, s.dropout_seed * 1000 + 7) {
-  std::tie(first_block_, last_block_) = stage_blocks(s.n_layer, stage, stages, layers);
-  if (first_stage()) emb_ = std::make_unique<VocabParallelEmbedding>(rt, tp, "transformer.", s.vocab_size, s.block_size, s.n_embd);
-  for (int64_t i = first_block_; i < last_block_; i++)
-    h_.push_back(std::make_unique<ParallelBlock>(rt, tp, fmt::format("transformer.h.{}", i), s, s.dropout_seed * 1000 + 10 + uint64_t(i)));
-  if (last_stage()) ln_f_ = std::make_unique<LayerNorm>(rt, "transformer.ln_f", s.n_embd);
-  if (last_stage() && !first_stage()) {
-    if (s.vocab_size % tp.size() != 0)
-      throw ConfigError(fmt::format("lm_head: the vocabulary of {} does not split over {} tensor-parallel ranks", s.vocab_size, tp.size()),
-                        "pad model.vocab_size to a multiple of parallel.tp");
-    lm_head_ = make_parameter(rt, "lm_head.weight", {s.vocab_size / tp.size(), s.n_embd});
-    lm_head_.split_dim = 0;
-    lm_head_.tied = "transformer.wte.weight";
-  }
-}
-
-std::string ParallelGPT::describe() const {
-  const int t = tp_.size();
-  std::string d = fmt::format("  GPT(n_layer {}, n_head {}, n_embd {}, vocab {}, block {}; lm_head tied to wte)\n", spec_.n_layer, spec_.n_head,
-                              spec_.n_embd, spec_.vocab_size, spec_.block_size);
-  if (stages_ > 1)
-    d += fmt::format("    pipeline stage {} of {}: {}blocks {}..{}{}\n", stage_, stages_, first_stage() ? "embeddings, " : "", first_block_,
-                     last_block_ - 1, last_stage() ? ", ln_f, lm_head (a copy of wte, its gradient summed with stage 0's)" : "");
-  if (t > 1)
-    d += fmt::format("    tensor parallel over {} ranks (tp rank {}): wte rows {}..{} of {} (vocab-parallel embedding and loss); {} heads of {}\n"
-                     "    per block; c_attn, mlp.c_fc by rows, attn.c_proj, mlp.c_proj by columns; LayerNorms, wpe and the row-parallel biases whole\n",
-                     t, tp_.rank(), vocab_first(), vocab_first() + spec_.vocab_size / t, spec_.vocab_size, spec_.n_head / t, spec_.n_head);
-  return d;
-}
-
-std::vector<Parameter*> ParallelGPT::parameters() {
-  std::vector<Parameter*> p;
-  for (auto& u : units())
-    for (Parameter* q : u) p.push_back(q);
-  return p;
-}
-
-std::vector<std::vector<Parameter*>> ParallelGPT::units() {
-  std::vector<std::vector<Parameter*>> u;
-  if (emb_) u.push_back({&emb_->wte, &emb_->wpe});
-  for (auto& b : h_) u.push_back(b->parameters());
-  if (ln_f_) {
-    u.push_back(ln_f_->parameters());
-    if (!first_stage()) u.back().push_back(&lm_head_);
-  }
-  return u;
-}
-
-Parameter* ParallelGPT::tied_embedding() {
-  if (stages_ == 1) return nullptr;
-  if (first_stage()) return &emb_->wte;
-  return last_stage() ? &lm_head_ : nullptr;
-}
-
-void ParallelGPT::set_tp_kernels(TpKernels* k) {
-  for (auto& b : h_) {
-    b->attn.c_attn.set_kernels(k);
-    b->attn.c_proj.set_kernels(k);
-    b->c_fc.set_kernels(k);
-    b->c_proj.set_kernels(k);
-  }
-}
-
-std::vector<uint64_t*> ParallelGPT::rng_streams() {
-  std::vector<uint64_t*> v;
-  if (first_stage()) v.push_back(drop_.rng_calls());
-  for (auto& b : h_) {
-    v.push_back(b->drop_attn.rng_calls());
-    v.push_back(b->drop_mlp.rng_calls());
-  }
-  return v;
-}
-
-void ParallelGPT::set_training(bool on) {
-  drop_.set_training(on);
-  for (auto& b : h_) b->set_training(on);
-}
-
-void ParallelGPT::swap_saved(SavedState& s) {
-  s.begin();
-  if (emb_) emb_->swap_saved(s);
-  drop_.swap_saved(s);
-  for (auto& b : h_) b->swap_saved(s);
-  if (ln_f_) ln_f_->swap_saved(s);
-  s.swap(saved_xf_);
-}
-
-void ParallelGPT::init(uint64_t seed) {
-  // the whole model on the host (f32, its own accountant: it lives only for this call); a meta rank's on meta
-  Runtime side(device_ == DeviceKind::meta ? DeviceKind::meta : DeviceKind::cpu);
-  GPT whole(side, spec_);
-  whole.init(seed);
-  load_split_params(parameters(), whole.parameters(), tp_.rank(), tp_.size());
-}
-
-Tensor ParallelGPT::forward(Runtime& rt, const Batch& batch, ForwardHook* hook) {
-  DL_ASSERT(stages_ == 1, "ParallelGPT::forward: a pipeline stage runs forward_stage");
-  return forward_stage(rt, batch, Tensor(), hook);
-}
-
-void ParallelGPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
-  DL_ASSERT(stages_ == 1, "ParallelGPT::backward: a pipeline stage runs backward_stage");
-  backward_stage(rt, dlogits, hook);
-}
-
-Tensor ParallelGPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) {
-  const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, Vt = spec_.vocab_size / tp_.size();
-  int unit = 0;
-  Tensor x;
-  if (first_stage()) {  // unit 0 is wte and wpe; on one stage wte is the lm_head too: its forward ends after the logits
-    if (hook) hook->before_forward(unit);
-    x = drop_.forward(rt, emb_->forward(rt, batch.tokens, B, T));  // (B, T, C), whole
-    if (hook && !last_stage()) hook->after_forward(unit);
-    unit++;
-  } else {
-    x = input;  // (B, T, C) from the stage before
-  }
-  for (auto& b : h_) {
-    if (hook) hook->before_forward(unit);
-    x = b->forward(rt, x);
-    if (hook) hook->after_forward(unit);
-    unit++;
-  }
-  if (!last_stage()) return x;
-  if (hook) hook->before_forward(unit);
-  saved_xf_ = ln_f_->forward(rt, x);
-  // lm_head, column-parallel over the vocabulary: logits (B*T, V/t) = xf (B*T, C) @ headᵀ (f: identity)
-  Tensor logits = rt.empty({B * T, Vt}, Category::activations, tp_.size() > 1 ? "logits (this rank's vocabulary)" : "logits", rt.dtype);
-  AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, head().data);
-  matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, Vt);
-  z.store();
-  if (hook) hook->after_forward(unit);
-  if (hook && first_stage()) hook->after_forward(0);
-  return logits;
-}
-
-Tensor ParallelGPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) {
-  int unit = int(units().size()) - 1;
-  Tensor d = dout;
-  if (last_stage()) {
-    const int64_t BT = dout.size(0), C = spec_.n_embd, Vt = dout.size(1);
-    if (hook) hook->before_layer_backward(first_stage() ? 0 : unit);  // one stage: the lm_head's weight is wte (unit 0)
-    Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
-    {
-      AsF32 dx(rt, dxf, AsF32::out), dw(rt, head().grad_for_accumulate(), AsF32::inout);
-      AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, head().data);
-      matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt);
-      dx.store();
-      dw.store();
-    }
-    all_reduce_tensor(rt, tp_, dxf);  // f's backward: each rank's vocabulary contributes a term of dxf
-    saved_xf_ = Tensor();
-    if (hook && first_stage()) hook->before_layer_backward(unit);
-    d = ln_f_->backward(rt, dxf);
-    if (hook) hook->after_layer_backward(unit, units().back());
-    unit--;
-  }
-  for (size_t i = h_.size(); i-- > 0;) {
-    if (hook) hook->before_layer_backward(unit);
-    d = h_[i]->backward(rt, d);
-    if (hook) hook->after_layer_backward(unit, h_[i]->parameters());
-    unit--;
-  }
-  if (!first_stage()) return d;  // (B, T, C): the gradient of what the stage before sent
-  emb_->backward(rt, drop_.backward(rt, d));
-  if (hook) hook->after_layer_backward(0, {&emb_->wte, &emb_->wpe});
-  return Tensor();
 }
 
 std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,
@@ -246,7 +38,7 @@ std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, Proces
   if (stages > 1 && (s.name == "mlp" || s.name == "cifar_cnn")) return build_sequential_stage(rt, s, stage, stages, layers);
   if ((tp && tp->size() > 1) || stages > 1) {
     DL_ASSERT(tp, "build_split_model: a split model needs its (tensor-parallel) group, even of one rank");
-    if (s.name == "gpt") return std::make_unique<ParallelGPT>(rt, *tp, s, stage, stages, layers);
+    if (s.name == "gpt") return std::make_unique<GPT>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLayers>(*tp));
     throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
                                   tp->size(), s.name),
                       "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");

@@ -1,5 +1,7 @@
 // GPT-2 split for 3D parallelism: Megatron-LM's tensor parallelism inside each layer, over a TP group of t
-// ranks, and pipeline stages of consecutive blocks, over p ranks. The same model as gpt.h, name for name.
+// ranks, and pipeline stages of consecutive blocks, over p ranks. It is gpt.h's GPT, name for name, built as
+// a stage (GPT's own constructor) from the layers below in place of nn's (picotron's apply_tensor_parallel):
+// the blocks, their order and the hooks are GPT's; only what each layer computes and sends differs.
 //
 // Tensor parallel (core/parallel/tensor_parallel.h):
 //   wte (V, C)           rows split: rank r holds the vocabulary [r·V/t, (r+1)·V/t)     VocabParallelEmbedding
@@ -19,7 +21,7 @@
 // the last keeps a copy ("lm_head.weight", Parameter::tied), initialised equal, whose gradient is summed
 // with wte's after each step's backward (Megatron's embedding group) — so both take the same step.
 //
-// It starts from the whole model's initial weights (built and initialised whole, then sliced), so with the
+// It starts from the whole model's initial weights (built and initialised whole, then sliced: take_part), so with the
 // same seed it trains like gpt.h on one rank: the losses agree to fp32 rounding (tests/test_tp_train.cpp,
 // tests/test_pipeline.cpp). Read next: core/parallel/pipeline.h (the schedules that drive the stages).
 #pragma once
@@ -28,78 +30,34 @@
 
 namespace distlab {
 
-// x -> x + attn(ln_1(x)) -> h + mlp(ln_2(h)), the heads and the MLP's hidden units split over the group
-struct ParallelBlock {
-  ParallelBlock(Runtime& rt, ProcessGroup& tp, const std::string& prefix, const ModelSpec& s, uint64_t dropout_seed);
-  Tensor forward(Runtime& rt, const Tensor& x);  // (B, T, C) -> (B, T, C), whole on every rank
-  Tensor backward(Runtime& rt, const Tensor& dout);
-  std::vector<Parameter*> parameters();
-  void set_training(bool on);
-  void swap_saved(SavedState& s);
-  LayerNorm ln_1;
-  ParallelSelfAttention attn;
-  LayerNorm ln_2;
-  ColumnParallelLinear c_fc;  // C -> 4C/t
-  GELU gelu;
-  RowParallelLinear c_proj;   // 4C/t -> C, all-reduced
-  Dropout drop_attn, drop_mlp;
+// GPT's replaceable layers split over `tp` (a group of one rank when the run has pipeline stages alone:
+// the same layers, so a stage computes exactly as it does beside tensor parallelism).
+class TensorParallelLayers : public GptLayers {
+ public:
+  explicit TensorParallelLayers(ProcessGroup& tp) : tp_(tp) {}
+  std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) override;  // heads split
+  std::unique_ptr<Layer> mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) override;    // column-parallel
+  std::unique_ptr<Layer> mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) override;  // row-parallel
+  std::unique_ptr<TokenEmbedding> embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) override;
+  ProcessGroup* vocab_group() override { return &tp_; }
+  void sum_over_vocab(Runtime& rt, Tensor& dx) override { all_reduce_tensor(rt, tp_, dx); }
+  void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) override {
+    load_split_params(local, whole, tp_.rank(), tp_.size());
+  }
+
+ private:
+  ProcessGroup& tp_;
 };
 
-// Which blocks stage `stage` of `stages` holds: [first, last). ConfigError when the stages do not divide
-// the blocks (`layers`: blocks per stage, explicit; empty: L/p each).
-std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages, const std::vector<int64_t>& layers = {});
-
 // The model this rank holds in a run split `tp` ways (tensor parallel) and into `stages` (pipeline):
-// stage `stage`'s layers of an mlp or cifar_cnn (zoo.h's build_sequential_stage), ParallelGPT for gpt,
-// the whole model (zoo.h's build_model) when nothing is split. Other models refuse tensor parallelism.
+// stage `stage`'s layers of an mlp or cifar_cnn (zoo.h's build_sequential_stage), a GPT built from
+// TensorParallelLayers for gpt, the whole model (zoo.h's build_model) when nothing is split. Other models
+// refuse tensor parallelism.
 std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& spec, ProcessGroup* tp, int stage, int stages,
                                          const std::vector<int64_t>& layers = {});
 
-class ParallelGPT : public Model {
- public:
-  // `tp` may have one rank (no tensor parallelism); stage `stage` of `stages` (1: the whole model)
-  ParallelGPT(Runtime& rt, ProcessGroup& tp, const ModelSpec& spec, int stage = 0, int stages = 1,
-              const std::vector<int64_t>& layers = {});
-  std::string describe() const override;
-  std::vector<Parameter*> parameters() override;          // gpt.h's names and order; this rank's slices of this stage's
-  std::vector<std::vector<Parameter*>> units() override;  // this stage's: embeddings, its blocks, ln_f (+ the lm_head copy)
-  // The whole model (one stage): tokens (B*T) -> logits (B*T, V/t), this rank's columns of the vocabulary
-  Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;
-  void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
-  // One stage: (B, T, C) from the stage before (the tokens of `batch` on the first) -> (B, T, C), or the
-  // logits (B*T, V/t) on the last
-  Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) override;
-  Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) override;
-  void swap_saved(SavedState& s) override;
-  Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
-  Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
-  void set_training(bool on) override;
-  // The whole GPT's initial weights for `seed` (built whole on the side, then this rank's part taken).
-  void init(uint64_t seed) override;
-  std::vector<uint64_t*> rng_streams() override;
-  ProcessGroup* tp_group() override { return &tp_; }
-  int64_t vocab_first() const override { return int64_t(tp_.rank()) * (spec_.vocab_size / tp_.size()); }
-  bool first_stage() const { return stage_ == 0; }
-  bool last_stage() const { return stage_ == stages_ - 1; }
-  // the tied pair across stages: wte on the first stage, its copy on the last (nullptr elsewhere, and
-  // when one stage holds both)
-  Parameter* tied_embedding();
-  // Every block's column- and row-parallel layers through `k` (replaced arithmetic: tensor_parallel.h); nullptr: their own.
-  void set_tp_kernels(TpKernels* k);
-
- private:
-  Parameter& head() { return first_stage() ? emb_->wte : lm_head_; }
-  ProcessGroup& tp_;
-  ModelSpec spec_;
-  DeviceKind device_;
-  int stage_, stages_;
-  int64_t first_block_, last_block_;
-  std::unique_ptr<VocabParallelEmbedding> emb_;  // the first stage's
-  Dropout drop_;
-  std::vector<std::unique_ptr<ParallelBlock>> h_;
-  std::unique_ptr<LayerNorm> ln_f_;  // the last stage's
-  Parameter lm_head_;                // the last stage's copy of wte (when it is not also the first)
-  Tensor saved_xf_;                  // ln_f output (B, T, C), the lm_head's input
-};
+// Every block's column- and row-parallel layers of a split GPT through `k` (replaced arithmetic:
+// tensor_parallel.h's TpKernels); nullptr: their own.
+void set_tp_kernels(GPT& gpt, TpKernels* k);
 
 }  // namespace distlab

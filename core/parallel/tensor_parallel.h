@@ -52,7 +52,7 @@ int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, 
 // the stages' sums added over the PP group (a tied copy counted once). Either group may be nullptr.
 double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp);
 
-// The two layers' arithmetic and their collectives, replaceable (ParallelGPT::set_tp_kernels): host code
+// The two layers' arithmetic and their collectives, replaceable (gpt_parallel.h's set_tp_kernels): host code
 // that may run elsewhere, even in a process of its own (the grader's bridge does). Every array is f32, row-major, in
 // PyTorch's layout: x (rows, in), w (out, in) — this rank's slice, as the layer holds it — b (out) or
 // nullptr, y (rows, out). Gradients are written, not added: the layer adds them to its parameters'.
@@ -154,18 +154,18 @@ class ParallelSelfAttention : public Layer {
 // lm_head then gives this rank's V/t columns of the logits); wpe is whole on every rank.
 //   forward   each rank writes its rows' vectors + wpe (zeros for tokens it does not hold), all-reduce
 //   backward  each rank adds dout into the rows of its own tokens (no communication); dwpe everywhere alike
-class VocabParallelEmbedding {
+class VocabParallelEmbedding : public TokenEmbedding {
  public:
   VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
-  Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T);  // (B*T) -> (B, T, C), whole
-  void backward(Runtime& rt, const Tensor& dout);
+  Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) override;  // (B*T) -> (B, T, C), whole
+  void backward(Runtime& rt, const Tensor& dout) override;
   void load_slice(const Embedding& whole);
-  void swap_saved(SavedState& s) {
+  void swap_saved(SavedState& s) override {
     s.swap(saved_local_);
     s.swap(B_);
     s.swap(T_);
   }
-  Parameter wte, wpe;  // (V/t, C) this rank's rows, (block, C)
+  // wte (V/t, C): this rank's rows; wpe (block, C)
   int64_t vocab, block, C, first;  // first: the vocabulary id of this rank's row 0
 
  private:

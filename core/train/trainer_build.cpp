@@ -93,7 +93,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_->init(cfg.train.seed);
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
-    if (auto* gpt = dynamic_cast<ParallelGPT*>(model_.get())) tied_ = gpt->tied_embedding();
+    if (auto* gpt = dynamic_cast<GPT*>(model_.get())) tied_ = gpt->tied_embedding();
   }
   if (ext_) ext_->on_model(*model_, rt, mesh_.get(), accum_);  // layer substitution, a stage's own order
   if (cfg.dist.backend == CommBackend::nccl && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL

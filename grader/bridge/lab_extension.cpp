@@ -58,10 +58,10 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
   if (shape.pp > 1)  // the student's 1F1B order for this stage, checked, and its data-parallel syncs
     order_ = plugin_->pipeline_order(shape.pp, mesh->coord().pp, int(micro_batches));
   if (shape.tp > 1) {  // the student's column- and row-parallel layers in every block
-    auto* gpt = dynamic_cast<ParallelGPT*>(&model);
+    auto* gpt = dynamic_cast<GPT*>(&model);
     if (!gpt) throw ConfigError(fmt::format("parallel.tp {} in lab {} with a model that is not GPT", shape.tp, name()), "the lab's tensor parallelism splits GPT");
     tp_ = plugin_->make_tp_kernels(rt);
-    gpt->set_tp_kernels(tp_.get());
+    set_tp_kernels(*gpt, tp_.get());
   }
 }
 
