@@ -16,6 +16,7 @@
 #include "core/util/error.h"
 #include "core/util/nesting.h"
 #include "grader/harness.h"
+#include "grader/hints.h"
 #include "grader/html.h"
 #include "grader/report.h"
 #include "grader/scratch.h"
@@ -44,6 +45,33 @@ void write_atomically(const std::string& path, const std::string& text) {
 
 fs::path lab_build_dir(const grader::Paths& p, const grader::Lab& lab) { return fs::path(p.build_dir) / "labs" / lab.name; }
 fs::path last_grade_path(const grader::Paths& p, const grader::Lab& lab) { return lab_build_dir(p, lab) / "last_grade.json"; }
+fs::path hint_record_path(const grader::Paths& p, const grader::Lab& lab) { return lab_build_dir(p, lab) / "hints.json"; }
+
+// The student's best grade so far from last_grade.json (nullopt: never graded, or a broken record).
+std::optional<int> best_points(const grader::Paths& p, const grader::Lab& lab) {
+  const fs::path f = last_grade_path(p, lab);
+  if (!fs::exists(f)) return std::nullopt;
+  auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+  try {
+    if (j.at("best").at("max_points").get<int>() != lab.max_points()) return std::nullopt;
+    return j.at("best").at("points").get<int>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Shows the hints a grading may show, then records the failures and the hints; a record that can't be
+// read or written is said on stderr and costs nothing else.
+void hints_for(grader::Grade& g, const std::string& record_path, grader::HintPolicy policy) {
+  grader::HintRecord r = grader::HintRecord::load(record_path);
+  if (!r.unreadable.empty()) std::cerr << "distlab: " << r.unreadable << "\n";
+  grader::apply_hints(g, r, policy);
+  try {
+    r.save();
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("distlab: could not record the hints shown in {}: {}\n", record_path, e.what());
+  }
+}
 
 // last_grade.json: {"last": <grade>, "best": {"points": P, "max_points": M}}. A broken file is reported,
 // never a crash.
@@ -94,6 +122,8 @@ grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const
 
 struct GradeArgs {
   std::string lab, json, junit, submissions, csv, feedback, html;
+  std::string hints = "after-failure";  // grader/hints.h
+  std::string src;  // --src: the student's files from this folder instead of student/
   bool solution = false, no_sandbox = false, require_sandbox = false;
   std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
 };
@@ -138,9 +168,11 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   std::set<std::string> taken;
   grader::SharedResults shared;  // the references, computed once for the batch
   if (a.seed) shared.seed = *a.seed;
+  const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(a.hints);
   for (const auto& d : dirs) {
     grader::Grade g;
     g.student = d.filename().string();
+    const std::string fb_name = feedback_name(g.student, taken);
     g.lab = l;
     g.seed = shared.seed;
     std::error_code ec;
@@ -165,8 +197,9 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
     std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
       return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;
     });
+    hints_for(g, (feedback / (fb_name + ".hints.json")).string(), policy);  // this student's earlier gradings into this folder
     try {
-      write_atomically((feedback / (feedback_name(g.student, taken) + ".txt")).string(), grader::table(g));
+      write_atomically((feedback / (fb_name + ".txt")).string(), grader::table(g));
     } catch (const std::exception& e) {
       std::cerr << fmt::format("distlab: could not write {}'s feedback: {}\n", sanitize_output(g.student, 200), e.what());
     }
@@ -210,18 +243,56 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     }
     std::cout << fmt::format("\nEdit {}/student/{}; build with `distlab lab build {}`; grade with `distlab grade {}`.\n",
                              l.dir.substr(p.source_dir.size() + 1), fmt::join(l.files, ", student/"), l.id, l.id);
+    // the engine's own version of the lab's mechanism: after the student has written it
+    const std::optional<int> best = best_points(p, l);
+    if (best && *best == l.max_points())
+      std::cout << "\n## Where the engine does it (you have full marks: read it beside yours)\n\n" << l.engine;
+    else
+      std::cout << fmt::format("\nA failed check shows its hint at the next grading that fails it (or now: `distlab lab hint {} CHECK`).\n"
+                               "Where the engine does what this lab asks is shown here once your grade is full ({}).\n",
+                               l.id, best ? fmt::format("best {}/{} so far", *best, l.max_points()) : "not graded yet");
+  });
+  auto hint_args = std::make_shared<std::array<std::string, 2>>();  // lab, check
+  auto* hint = lab->add_subcommand("hint", "a check's hint now, before it has failed twice (recorded: the report lists the hints you saw)");
+  hint->add_option("lab", (*hint_args)[0], "lab number or name")->required();
+  hint->add_option("check", (*hint_args)[1], "the check's name (distlab lab show NN lists them)")->required();
+  hint->callback([hint_args, self_exe, &exit_code] {
+    auto p = paths(self_exe);
+    const auto l = grader::find_lab(p.source_dir, (*hint_args)[0]);
+    const std::string& name = (*hint_args)[1];
+    auto c = std::find_if(l.checks.begin(), l.checks.end(), [&](const grader::CheckSpec& x) { return x.name == name; });
+    if (c == l.checks.end()) {
+      std::vector<std::string> names;
+      for (const auto& x : l.checks) names.push_back(x.name);
+      throw ConfigError(fmt::format("lab {} has no check '{}'", l.id, name), fmt::format("its checks: {}", fmt::join(names, ", ")));
+    }
+    grader::HintRecord r = grader::HintRecord::load(hint_record_path(p, l).string());
+    if (!r.unreadable.empty()) std::cerr << "distlab: " << r.unreadable << "\n";
+    r.shown.emplace(name, "asked (distlab lab hint)");
+    fs::create_directories(lab_build_dir(p, l));
+    r.save();
+    std::cout << fmt::format("lab {}, {}: {}\n(recorded in {}: your grade reports list the hints you saw)\n", l.id, name, c->hint,
+                             hint_record_path(p, l).string());
   });
   auto build_id = std::make_shared<std::string>();
   auto build_solution = std::make_shared<bool>(false);
+  auto build_src = std::make_shared<std::string>();
   auto* build = lab->add_subcommand("build", "compile your student/ code into the lab's plugin");
   build->add_option("lab", *build_id, "lab number or name")->required();
   build->add_flag("--solution", *build_solution, "build solutions/NN-* instead (build/labs/NN-*/solution.so)");
-  build->callback([build_id, build_solution, self_exe, &exit_code] {
+  build->add_option("--src", *build_src, "build the lab's files from DIR instead of its student/ folder (a working copy, a second attempt)");
+  build->callback([build_id, build_solution, build_src, self_exe, &exit_code] {
     auto p = paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *build_id);
+    if (*build_solution && !build_src->empty()) throw ConfigError("lab build: --solution and --src both name the code to build", "give one of them");
+    if (!build_src->empty() && !fs::is_directory(*build_src))
+      throw ConfigError(fmt::format("lab build --src {}: not a folder", *build_src),
+                        fmt::format("give the folder that holds {}", fmt::join(l.files, ", ")));
     const SandboxSupport sb = probe_sandbox();
     const std::string tag = *build_solution ? "solution" : "student";
-    const std::string src = *build_solution ? grader::solution_folder(p.source_dir, p.build_dir, l) : (fs::path(l.dir) / "student").string();
+    const std::string src = *build_solution        ? grader::solution_folder(p.source_dir, p.build_dir, l)
+                            : !build_src->empty() ? fs::absolute(*build_src).string()
+                                                  : (fs::path(l.dir) / "student").string();
     auto b = grader::build_plugin(p, l, src, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
     if (!b.ok) {
       std::cerr << "build failed:\n" << b.log;
@@ -260,6 +331,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   auto* grade = app.add_subcommand("grade", "build and grade a lab; a table that explains every point");
   grade->add_option("lab", a->lab, "lab number or name")->required();
   grade->add_flag("--solution", a->solution, "grade solutions/NN-* instead of your student/ folder");
+  grade->add_option("--src", a->src, "grade the lab's files in DIR instead of student/ (a working copy; recorded as your grade)");
   grade->add_option("--json", a->json, "write the result as JSON");
   grade->add_option("--junit", a->junit, "write the result as JUnit XML");
   grade->add_option("--html", a->html, "write a report page: the table, and a short run's loss against the engine's, memory and timeline");
@@ -268,6 +340,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV)");
   grade->add_flag("--no-sandbox", a->no_sandbox, "run the plugin without bubblewrap (your own code only: it can then read your files)");
   grade->add_flag("--require-sandbox", a->require_sandbox, "refuse to grade unless bubblewrap and cgroups all work (for instructors)");
+  grade->add_option("--hints", a->hints,
+                    "after-failure: a check's hint once it has failed in an earlier grading (default); always: with every failure; never")
+      ->check(CLI::IsMember({"after-failure", "always", "never"}));
   grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
@@ -278,6 +353,11 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       l = grader::find_lab(p.source_dir, a->lab);
     } catch (const Error& e) {  // a usage error: exit 2, as for a build error
       std::cerr << "distlab: error: " << e.full() << "\n";
+      exit_code = 2;
+      return;
+    }
+    if (!a->src.empty() && (a->solution || !a->submissions.empty() || !fs::is_directory(a->src))) {
+      std::cerr << fmt::format("distlab: error: --src {}: {}\n", a->src, !fs::is_directory(a->src) ? "not a folder" : "with --solution or --submissions, give one of them");
       exit_code = 2;
       return;
     }
@@ -298,11 +378,15 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       return;
     }
     const std::string tag = a->solution ? "solution" : "student";
-    const std::string src = a->solution ? grader::solution_folder(p.source_dir, p.build_dir, l) : (fs::path(l.dir) / "student").string();
+    const std::string src = a->solution        ? grader::solution_folder(p.source_dir, p.build_dir, l)
+                            : !a->src.empty() ? fs::absolute(a->src).string()
+                                              : (fs::path(l.dir) / "student").string();
     grader::SharedResults shared;
     if (a->seed) shared.seed = *a->seed;
     grader::Grade g = grade_folder(p, l, src, tag, (lab_build_dir(p, l) / (tag + ".so")).string(), sb, shared, false);
     g.seed = shared.seed;
+    if (a->solution) hints_for(g, "", grader::HintPolicy::always);  // the reference: every hint, nothing recorded
+    else hints_for(g, hint_record_path(p, l).string(), *parse_choice<grader::HintPolicy>(a->hints));
     std::cout << grader::table(g);
     if (!a->json.empty()) write_atomically(a->json, grader::to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!a->junit.empty()) write_atomically(a->junit, grader::to_junit(g));

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/optim/optimizer.h"
 #include "grader/check.h"
 #include "grader/jobs.h"
 
@@ -60,10 +61,116 @@ CheckResult partition(CheckContext& ctx) {
         return bad;
       }
     }
-  return {true, "", "", ""};
+  return {true, "", "", "numel 1..65537 on 1..8 ranks (84 sizes, 360 ranks' parts): padded to the smallest multiple, equal parts in rank order"};
 }
 
-// ---- 2-4. the stages in training jobs, against the engine's DDP ----
+// ---- 2. AdamW, asked directly, against the engine's (PyTorch's) ----
+
+struct AdamWCase {
+  int64_t n;
+  bool decay;
+  float grad_scale;
+  float hyper[6];  // lr, beta1, beta2, eps, weight_decay, max_norm (unused here)
+  int64_t t;
+};
+
+// The engine's AdamW on one parameter holding w, with moments m and v after t - 1 steps: w, m, v after step t.
+void engine_adamw(const AdamWCase& c, std::vector<float>& w, std::vector<float>& m, std::vector<float>& v, const std::vector<float>& g) {
+  Runtime rt;
+  Parameter p;
+  p.decay = c.decay;
+  p.data = rt.empty({c.n}, Category::params);
+  p.grad = rt.empty({c.n}, Category::grads);
+  std::memcpy(p.data.data(), w.data(), size_t(c.n) * 4);
+  std::memcpy(p.grad.data(), g.data(), size_t(c.n) * 4);
+  AdamW opt({&p}, AdamWOptions{c.hyper[1], c.hyper[2], c.hyper[3], c.hyper[4]});
+  std::memcpy(opt.state(rt, 0, "exp_avg", true)->data(), m.data(), size_t(c.n) * 4);
+  std::memcpy(opt.state(rt, 0, "exp_avg_sq", true)->data(), v.data(), size_t(c.n) * 4);
+  opt.set_param_steps(0, c.t - 1);
+  opt.step(rt, c.hyper[0], c.grad_scale);
+  std::memcpy(w.data(), p.data.data(), size_t(c.n) * 4);
+  std::memcpy(m.data(), opt.state(rt, 0, "exp_avg", false)->data(), size_t(c.n) * 4);
+  std::memcpy(v.data(), opt.state(rt, 0, "exp_avg_sq", false)->data(), size_t(c.n) * 4);
+}
+
+CheckResult adamw(CheckContext& ctx) {
+  PluginProcess p(ctx.launch("the plugin"));
+  p.wait_ready(ctx.deadline);
+  std::vector<AdamWCase> cases;
+  auto rng = ctx.rng({4, 2});
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t t : {int64_t(1), int64_t(2), int64_t(10), int64_t(1000)})
+    for (bool decay : {true, false})
+      for (float grad_scale : {1.0f, 0.25f + u(rng)}) {
+        AdamWCase c{int64_t(1 + rng() % 3000), decay, grad_scale, {}, t};
+        c.hyper[0] = 1e-4f + 1e-2f * u(rng);                 // lr
+        c.hyper[1] = rng() % 2 ? 0.9f : 0.8f + 0.19f * u(rng);  // beta1
+        c.hyper[2] = rng() % 2 ? 0.999f : 0.95f;             // beta2
+        c.hyper[3] = rng() % 2 ? 1e-8f : 1e-6f;              // eps
+        c.hyper[4] = 0.05f + 0.3f * u(rng);                  // weight_decay
+        cases.push_back(c);
+      }
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::string detail;
+  for (const AdamWCase& c : cases) {
+    std::vector<float> w(size_t(c.n)), m(size_t(c.n)), v(size_t(c.n)), g(size_t(c.n));
+    for (int64_t i = 0; i < c.n; i++) {
+      w[size_t(i)] = nd(rng), g[size_t(i)] = 0.1f * nd(rng);
+      m[size_t(i)] = c.t > 1 ? 0.05f * nd(rng) : 0.0f;  // a first step starts from zero moments
+      v[size_t(i)] = c.t > 1 ? 1e-3f * std::abs(nd(rng)) : 0.0f;
+    }
+    std::vector<char> in(36);
+    const int64_t t = c.t;
+    std::memcpy(in.data(), c.hyper, 24);
+    std::memcpy(in.data() + 24, &t, 8);
+    std::memcpy(in.data() + 32, &c.grad_scale, 4);
+    for (const auto* x : {&w, &m, &v, &g}) in.insert(in.end(), reinterpret_cast<const char*>(x->data()), reinterpret_cast<const char*>(x->data() + c.n));
+    const std::string during = fmt::format("adamw_step(t {}, lr {:.3g}, betas ({:.3g}, {:.4g}), eps {:g}, weight_decay {:.3g}, decay {}, grad_scale {:.3g}, n {})",
+                                           c.t, c.hyper[0], c.hyper[1], c.hyper[2], c.hyper[3], c.hyper[4], c.decay, c.grad_scale, c.n);
+    wire::Frame f;
+    f.op = labproto::kCall;
+    f.arg[0] = labproto::kAdamWStep, f.arg[1] = c.n, f.arg[2] = c.decay;
+    p.send(f, in.data(), in.size(), ctx.deadline, during.c_str());
+    std::vector<char> out;
+    p.receive(f, out, ctx.deadline, during.c_str(), size_t(c.n) * 12 + 1024);
+    if (f.op == labproto::kRaised)
+      throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
+    if (f.op != labproto::kReturn || out.size() != size_t(c.n) * 12) throw CheckAbort("error", during + " sent a broken answer");
+    std::vector<float> w0 = w, want_w = w, want_m = m, want_v = v;
+    engine_adamw(c, want_w, want_m, want_v, g);
+    const char* names[] = {"w", "m", "v"};
+    const std::vector<float>* want[] = {&want_w, &want_m, &want_v};
+    for (int k = 0; k < 3; k++) {
+      for (int64_t i = 0; i < c.n; i++) {
+        float got;
+        std::memcpy(&got, out.data() + size_t(k * c.n + i) * 4, 4);
+        const float ref = (*want[k])[size_t(i)];
+        if (std::abs(got - ref) <= 1e-6f * std::abs(ref) + 1e-12f) continue;
+        CheckResult bad{false, fmt::format("{}: {}[{}] = {:.9g} (PyTorch's AdamW, within 1e-6 relative)", during, names[k], i, ref),
+                        fmt::format("{:.9g}", got), fmt::format("g[{}] = {:.6g}, w before = {:.6g}", i, g[size_t(i)], w0[size_t(i)])};
+        // what the difference looks like: the course's AdamW mistakes
+        const float moved = got - w0[size_t(i)], want_moved = ref - w0[size_t(i)];
+        if (k == 0 && c.t == 1 && !(std::abs(moved) > 0.67f * std::abs(want_moved) && std::abs(moved) < 1.5f * std::abs(want_moved)))
+          bad.hint = fmt::format("at t = 1 the weights moved {:.2f}x as far as AdamW's: m and v start at 0, so both need their bias "
+                                 "correction, 1 - beta1^t and 1 - beta2^t",
+                                 std::abs(moved / want_moved));
+        else if (k == 1 && c.decay)
+          bad.hint = "m differs only where weight decay is on: AdamW's decay is decoupled (the weights shrink by 1 - lr * weight_decay), it "
+                     "never goes through the gradient (that is Adam with L2)";
+        else if (k == 1 && c.grad_scale != 1.0f)
+          bad.hint = "the moments see the gradient times grad_scale (the clipping coefficient)";
+        else if (k == 0 && !c.decay)
+          bad.hint = "where decay is false the weights do not shrink: biases and norms are not decayed";
+        else if (k == 0 && c.t > 100)
+          bad.hint = "late steps differ: the bias corrections are 1 - beta^t for THIS step's t";
+        return bad;
+      }
+    }
+  }
+  return {true, "", "", fmt::format("{} steps (t 1, 2, 10, 1000; with and without decay; clipped and not) equal PyTorch's AdamW", cases.size())};
+}
+
+// ---- 3-5. the stages in training jobs, against the engine's DDP ----
 
 // Unclipped: the global norm over the parts is the engine's arithmetic, not the student's, and a rank that
 // keeps the whole gradient would otherwise fail these checks through the norm instead of the memory check.
@@ -73,10 +180,11 @@ std::vector<std::string> strategy(const std::string& s, std::vector<std::string>
 
 // The student's stage `zero` on `ranks` ranks against the engine's DDP: the losses within 1e-6 relative at
 // every step, and the replicas equal at the end (the trainer checks that and fails the run otherwise).
-CheckResult follows_ddp(CheckContext& ctx, const std::string& zero, int ranks) {
-  const Job& ref = job(ctx, fmt::format("ddp-fp32-{}", ranks), ranks, false, strategy("ddp"));
-  const Job& mine = job(ctx, fmt::format("{}-fp32-{}", zero, ranks), ranks, true, strategy(zero), true);
-  const std::string setup = fmt::format("{} on {} ranks", zero, ranks);
+CheckResult follows_ddp(CheckContext& ctx, const std::string& zero, int ranks, const std::vector<std::string>& sets = kFp32,
+                        const std::string& tag = "") {
+  const Job& ref = job(ctx, fmt::format("ddp-fp32{}-{}", tag, ranks), ranks, false, strategy("ddp", sets));
+  const Job& mine = job(ctx, fmt::format("{}-fp32{}-{}", zero, tag, ranks), ranks, true, strategy(zero, sets), true);
+  const std::string setup = fmt::format("{} on {} ranks{}", zero, ranks, tag.empty() ? "" : ", clipped to a global norm of 0.05");
   if (!mine.ok)  // trained to the end, but the ranks' weights differ
     return {false, setup + ": every rank ends with the same weights", "the replicas diverged", "",
             "after the step every rank has only its own part updated: all_gather every rank's part and set_weights the whole flat"};
@@ -93,19 +201,33 @@ CheckResult follows_ddp(CheckContext& ctx, const std::string& zero, int ranks) {
                                                   : fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst),
           "",
           at == 0 ? "the first step already differs: the reduction must AVERAGE (ReduceOp::avg) and each rank keep the part it owns"
-                  : "the parts must tile each padded flat exactly once: rank r keeps [r·S/N, (r+1)·S/N), the same range it steps and "
-                    "gathers"};
+          : !tag.empty() ? "with clipping on: the global norm is over every rank's parts (each holds 1/N of every averaged gradient): "
+                           "all-reduce the sum of squares before the square root"
+                         : "the parts must tile each padded flat exactly once: rank r keeps [r·S/N, (r+1)·S/N), the same range it steps and "
+                           "gathers"};
 }
 
 CheckResult zero1_equals_ddp(CheckContext& ctx) {
+  std::string detail;
   for (int ranks : {2, 3}) {
     CheckResult r = follows_ddp(ctx, "zero1", ranks);
     if (!r.passed) return r;
+    detail += (detail.empty() ? "" : "; ") + r.detail;
   }
-  return {true, "", "", ""};
+  return {true, "", "", detail};
 }
 
-CheckResult zero2_equals_ddp(CheckContext& ctx) { return follows_ddp(ctx, "zero2", 3); }
+// Clipped (the global norm over the parts is the student's all-reduce now): DDP with the same clip.
+const std::vector<std::string> kFp32Clipped = {"precision.mode=fp32", "train.steps=12", "train.log_every=1000", "optim.clip_grad_norm=0.05"};
+
+CheckResult zero2_equals_ddp(CheckContext& ctx) {
+  const Job& ref = job(ctx, "ddp-fp32-clip-3", 3, false, strategy("ddp", kFp32Clipped));
+  // the clip must have bitten, else this is the unclipped check again
+  double clipped = 0;
+  for (const auto& s : ref.steps) clipped += s.value("grad_norm", 0.0) > 0.05;
+  if (clipped == 0) throw CheckAbort("error", "the reference run never clipped (max_norm 0.05): the check needs a smaller max_norm");
+  return follows_ddp(ctx, "zero2", 3, kFp32Clipped, "-clip");
+}
 
 // Every rank's own record (the summary's "ranks", gathered by the trainers), or rank 0's summary where there
 // is one rank: a check of memory or bytes holds for every rank, not for rank 0 alone.
@@ -131,7 +253,7 @@ double bytes_per_step(const Job& j, bool most) {
 // Bytes and memory count only for a ZeRO that trains: a run whose parts are empty or never gathered moves
 // the right bytes and holds the right memory while the model learns nothing.
 CheckResult trains_first(CheckContext& ctx, const std::string& zero, int ranks, const std::string& what) {
-  CheckResult r = follows_ddp(ctx, zero, ranks);
+  CheckResult r = zero == "zero2" ? zero2_equals_ddp(ctx) : follows_ddp(ctx, zero, ranks);  // zero2: the clipped 3-rank run
   if (r.passed) return r;
   r.expected = what + " counts only for a " + zero + " that trains as DDP does: " + r.expected;
   return r;
@@ -196,7 +318,8 @@ CheckResult memory(CheckContext& ctx, const std::string& zero) {
                                "(much) more than its own part. Keep only your part of each flat",
                                state, state / state_per_rank, state_per_rank, n);
       else if (state < 0.5 * state_per_rank)
-        bad.hint = "the trainer's optimizer holds almost no state: the parts are kept with keep_grad and stepped with step.optimizer_step()";
+        bad.hint = "almost no optimizer state was counted: AdamW's master weights and moments live in step.state buffers, 12 bytes per "
+                   "element this rank owns";
       else if (zero == "zero2" && grads > 1.5 * (2.0 * psi / n + ws))
         bad.hint = "whole gradients stay alive: in ZeRO-2 each flat is reduced (and its whole gradient freed) in zero2_reduce, during backward";
       return bad;
@@ -210,6 +333,7 @@ CheckResult memory(CheckContext& ctx, const std::string& zero) {
 std::map<std::string, CheckDef> lab04_checks() {
   return {
       {"partition", {partition}},
+      {"adamw", {adamw}},
       // training jobs: each student job's limit comes from the engine's own run of the same job
       {"zero1_equals_ddp", {zero1_equals_ddp, true}},
       {"zero2_equals_ddp", {zero2_equals_ddp, true}},

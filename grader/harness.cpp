@@ -245,7 +245,7 @@ CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, cons
     CheckResult r = def.fn(ctx);
     o.status = r.passed ? "pass" : "fail";
     o.expected = r.expected;
-    o.seen = r.seen + (r.detail.empty() ? "" : "\n" + r.detail);
+    o.seen = r.seen + (r.detail.empty() || r.seen.empty() ? "" : "\n") + r.detail;
     if (!r.hint.empty()) o.hint = r.hint;
   } catch (const CheckAbort& e) {
     o.status = e.status;

@@ -25,6 +25,7 @@ struct CheckOutcome {
   std::string status;  // pass | fail | error | crash | timeout | deadlock
   int points = 0;
   std::string expected, seen, hint;
+  bool hint_held = false;  // it failed for the first time: the hint waits for the next failure (grader/hints.h)
   double seconds = 0;
   double limit_s = 0;  // the wall clock it was given
 };

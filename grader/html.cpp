@@ -123,15 +123,20 @@ figcaption {{ font-size: 13px; color: #555; }}
       h += fmt::format("<tr class=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{:.1f} s</td><td>{}",
                        pass ? "pass" : "fail", e(c.spec.name), c.points, c.spec.points, pass ? "pass" : "FAIL (" + e(c.status) + ")",
                        c.seconds, e(c.spec.what));
-      if (!pass) {
-        if (!c.expected.empty()) h += "<pre>expected: " + e(c.expected) + "</pre>";
-        if (!c.seen.empty()) h += "<pre>seen:     " + e(c.seen) + "</pre>";
-        if (!c.hint.empty()) h += "<pre>hint:     " + e(c.hint) + "</pre>";
-      }
+      if (!pass && !c.expected.empty()) h += "<pre>expected: " + e(c.expected) + "</pre>";
+      if (!c.seen.empty()) h += "<pre>seen:     " + e(c.seen) + "</pre>";
+      if (!pass && !c.hint.empty()) h += "<pre>hint:     " + e(c.hint) + "</pre>";
+      else if (!pass && c.hint_held) h += "<pre>hint:     " + e(held_hint_text(g.lab, c.spec.name)) + "</pre>";
       h += "</td></tr>\n";
     }
     h += fmt::format("<tr><td><strong>total</strong></td><td class=\"n\"><strong>{}</strong></td><td class=\"n\">{}</td><td></td><td></td><td></td></tr></table>\n",
                      g.points(), g.lab.max_points());
+    if (!g.hints_shown.empty()) {
+      h += "<h2>Hints seen</h2>\n<ul id=\"hints-shown\">\n";
+      for (const auto& [check, how] : g.hints_shown) h += "<li>" + e(check) + ": " + e(how) + "</li>\n";
+      h += "</ul>\n";
+    }
+    if (full_marks(g)) h += "<h2>Full marks: where the engine does it</h2>\n<pre id=\"engine\">" + e(g.lab.engine) + "</pre>\n";
   }
   h += "<h2>The run</h2>\n";
   if (!runs.ran) {

@@ -18,6 +18,33 @@ int Lab::max_points() const {
   return p;
 }
 
+// grader/hints/NN-name.toml: `engine` (text) and [hint] (check = text). Every check has a hint and every
+// hint a check: a renamed check can't silently lose its hint.
+static void read_hints(Lab& lab, const fs::path& path) {
+  const std::string file = path.string();
+  if (!fs::exists(path)) throw ConfigError(file + " is missing", fmt::format("lab {}'s hints and the engine's answer live there", lab.id));
+  toml::table t;
+  try {
+    t = toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}: {}", file, e.source().begin.line, e.description()));
+  }
+  for (const auto& [key, node] : t)
+    if (key.str() != "engine" && key.str() != "hint")
+      throw ConfigError(fmt::format("{}: unknown key '{}'", file, key.str()), "a hints file has engine = \"...\" and a [hint] table");
+  lab.engine = t["engine"].value_or(std::string());
+  const toml::table* hints = t["hint"].as_table();
+  if (lab.engine.empty() || !hints) throw ConfigError(file + ": needs engine = \"...\" and a [hint] table");
+  for (const auto& [key, node] : *hints) {
+    auto it = std::find_if(lab.checks.begin(), lab.checks.end(), [&](const CheckSpec& c) { return c.name == key.str(); });
+    if (it == lab.checks.end() || !node.is_string())
+      throw ConfigError(fmt::format("{}: hint.{} {}", file, key.str(), it == lab.checks.end() ? "names no check of the lab" : "is not a string"));
+    it->hint = *node.value<std::string>();
+  }
+  for (const CheckSpec& c : lab.checks)
+    if (c.hint.empty()) throw ConfigError(fmt::format("{}: check '{}' has no hint", file, c.name), "add hint." + c.name + " = \"...\"");
+}
+
 static Lab read_lab(const fs::path& dir) {
   const std::string file = (dir / "lab.toml").string();
   toml::table t;
@@ -52,7 +79,6 @@ static Lab read_lab(const fs::path& dir) {
       s.timeout_s = (*c)["timeout_s"].value_or(60.0);
       s.memory_mb = (*c)["memory_mb"].value_or(int64_t(4096));
       s.what = (*c)["what"].value_or(std::string());
-      s.hint = (*c)["hint"].value_or(std::string());
       s.case_lab = (*c)["lab"].value_or(std::string());
       s.case_file = (*c)["file"].value_or(std::string());
       if (auto* cc = (*c)["checks"].as_array())
@@ -71,6 +97,7 @@ static Lab read_lab(const fs::path& dir) {
       lab.checks.push_back(s);
     }
   }
+  read_hints(lab, dir.parent_path().parent_path() / "grader" / "hints" / (lab.name + ".toml"));
   return lab;
 }
 

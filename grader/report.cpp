@@ -22,6 +22,12 @@ static std::string indent(const std::string& s, const std::string& pad) {
   return out;
 }
 
+std::string held_hint_text(const Lab& lab, const std::string& check) {
+  return fmt::format("held back: it is shown when this check fails again (or now, recorded: distlab lab hint {} {})", lab.id, check);
+}
+
+bool full_marks(const Grade& g) { return g.built && !g.checks.empty() && g.points() == g.lab.max_points(); }
+
 std::string table(const Grade& g) {
   std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, sanitize_output(g.student, 300));
   if (!g.built) return t + "BUILD FAILED: no check ran\n" + indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
@@ -29,13 +35,19 @@ std::string table(const Grade& g) {
   for (const auto& c : g.checks) {
     t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>5.1f}s\n", c.spec.name, c.points, c.spec.points,
                      c.status == "pass" ? "pass" : "FAIL(" + c.status + ")", c.seconds);
+    if (c.status != "pass" && !c.expected.empty()) t += indent("expected: " + sanitize_output(c.expected, 20000), "      ") + "\n";
+    if (!c.seen.empty()) t += indent("seen:     " + sanitize_output(c.seen, 20000), "      ") + "\n";  // pass or fail: the numbers
     if (c.status != "pass") {
-      if (!c.expected.empty()) t += indent("expected: " + sanitize_output(c.expected, 20000), "      ") + "\n";
-      if (!c.seen.empty()) t += indent("seen:     " + sanitize_output(c.seen, 20000), "      ") + "\n";
       if (!c.hint.empty()) t += indent("hint:     " + sanitize_output(c.hint, 4000), "      ") + "\n";
+      else if (c.hint_held) t += indent("hint:     " + held_hint_text(g.lab, c.spec.name), "      ") + "\n";
     }
   }
   t += fmt::format("  {:<34} {:>6} {:>4}\n", "total", g.points(), g.lab.max_points());
+  if (!g.hints_shown.empty()) {
+    t += "  hints seen:\n";
+    for (const auto& [check, how] : g.hints_shown) t += fmt::format("    {}: {}\n", check, sanitize_output(how, 200));
+  }
+  if (full_marks(g)) t += "\nFull marks. Where the engine does what you just wrote (read it beside yours):\n" + indent(g.lab.engine, "  ") + "\n";
   return t;
 }
 
@@ -44,10 +56,15 @@ nlohmann::json to_json(const Grade& g) {
   for (const auto& c : g.checks)
     checks.push_back({{"name", c.spec.name}, {"points", c.points}, {"max", c.spec.points}, {"status", c.status},
                       {"expected", sanitize_output(c.expected, 20000)}, {"seen", sanitize_output(c.seen, 20000)},
-                      {"hint", sanitize_output(c.hint, 4000)}, {"seconds", c.seconds},
+                      {"hint", sanitize_output(c.hint, 4000)}, {"hint_held", c.hint_held}, {"seconds", c.seconds},
                       {"limit_s", c.limit_s}});
-  return {{"lab", g.lab.name}, {"student", sanitize_output(g.student, 300)}, {"built", g.built}, {"build_log", sanitize_output(g.build_log, 20000)},
-          {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"checks", checks}};
+  nlohmann::json shown = nlohmann::json::object();
+  for (const auto& [check, how] : g.hints_shown) shown[check] = sanitize_output(how, 200);
+  nlohmann::json j = {{"lab", g.lab.name}, {"student", sanitize_output(g.student, 300)}, {"built", g.built}, {"build_log", sanitize_output(g.build_log, 20000)},
+                      {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"checks", checks},
+                      {"hints_shown", shown}};
+  if (full_marks(g)) j["engine"] = g.lab.engine;
+  return j;
 }
 
 std::string to_junit(const Grade& g) {

@@ -1,6 +1,7 @@
 // Grade reports: the terminal table, JSON, JUnit XML, and the instructor's CSV gradebook.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,15 @@ struct Grade {
   std::string build_log;
   std::vector<CheckOutcome> checks;
   uint64_t seed = 0;  // the grading's scenarios (grader/check.h): `distlab grade --seed` reproduces them
+  std::map<std::string, std::string> hints_shown;  // every hint this student has seen, and how (grader/hints.h)
   int points() const;
 };
 
+// The table: every check's points and measured numbers; a failure's expected and seen, and its hint or
+// why it is held back (grader/hints.h); the hints this student has seen; with full marks, the engine's answer.
 std::string table(const Grade& g);
+std::string held_hint_text(const Lab& lab, const std::string& check);
+bool full_marks(const Grade& g);
 nlohmann::json to_json(const Grade& g);
 std::string to_junit(const Grade& g);
 // One row per student: id, points per check, total, error. Every text in every report (a folder's name, a

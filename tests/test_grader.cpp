@@ -119,8 +119,9 @@ std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& s
     else std::ofstream(subs / name / file_name) << text;
   }
   const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
+  // every failure's hint at once (a first grading holds them back: the hints test below): these tests read them
   auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string() +
-                         (extra.empty() ? "" : " " + extra));
+                         (extra.find("--hints") == std::string::npos ? " --hints always" : "") + (extra.empty() ? "" : " " + extra));
   INFO(out);
   REQUIRE(code == 0);
   INFO(read(csv));
@@ -562,55 +563,56 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, misaligned shards, no all-gather, all-reduce", "[grader][lab04]") {
+TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole optimizer, misaligned shards, no all-gather, all-reduce, no bias correction, L2, state kept elsewhere, a local norm", "[grader][lab04]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/04-zero/zero.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs04-" + std::to_string(getpid()));
   const std::string reduce = "  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);\n"
                              "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n";
+  const std::string gather = "    comm.all_gather(master, whole.data(), n);  // the other half of DDP's all-reduce: every rank's new part\n"
+                             "    step.set_weights(f, 0, whole.data(), s.padded);\n";
+  const std::string my_part = "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t n = s.end - s.begin;\n";
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", read(src / "labs/04-zero/student/zero.cpp")},
-      // DDP in disguise: every rank averages the whole gradient and steps the whole optimizer. It trains
-      // exactly as DDP, moves DDP's bytes, and holds DDP's 16 bytes per parameter
+      // DDP in disguise: every rank averages the whole gradient and steps the whole flat with whole state. It
+      // trains exactly as DDP unclipped, moves DDP's bytes, and holds DDP's 16 bytes per parameter
       {"whole_optimizer",
-       replace(replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, 0, g.data(), s.padded);\n"),
-               "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
-               "    step.set_weights(f, 0, whole.data(), s.padded);\n",
-               "    step.set_weights(f, 0, mine.data(), s.padded);\n")},
+       replace(replace(replace(replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", ""), reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, 0, g.data(), s.padded);\n"),
+                       my_part, "    Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    s.begin = 0, s.end = s.padded;\n"
+                                "    const int64_t n = s.end - s.begin;\n"),
+               gather, "    step.set_weights(f, 0, master, s.padded);\n")},
       // rank r > 0 keeps its part one element early: every part but rank 0's lands on its neighbour's weights
       {"misaligned_by_one", replace(solution, "  s.begin = int64_t(rank) * part;\n", "  s.begin = int64_t(rank) * part - (rank > 0 ? 1 : 0);\n")},
       // each rank writes back only the part it stepped: the replicas split at the first step
-      {"no_all_gather", replace(solution,
-                                "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
-                                "    step.set_weights(f, 0, whole.data(), s.padded);\n",
-                                "    step.set_weights(f, s.begin, mine.data(), s.end - s.begin);\n")},
+      {"no_all_gather", replace(solution, gather, "    step.set_weights(f, s.begin, master, n);\n")},
       // ZeRO's naive form: all-reduce the whole gradient, keep the slice. Right numbers, right memory, 1.5x the bytes
       {"all_reduce_then_slice",
        replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, g.data() + s.begin, s.end - s.begin);\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
-      // nothing kept, junk of DDP's size all-reduced, nothing gathered: DDP's bytes, tiny memory, no training
-      {"empty_parts", replace(replace(solution, reduce,
-                                      "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, part.data(), 0);\n"),
-                              "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce\n"
-                              "    step.set_weights(f, 0, whole.data(), s.padded);\n",
-                              "    (void)whole;\n")},
-      // the last rank keeps its neighbour's part too: it trains as DDP, and that rank holds twice the state
-      {"last_rank_hoards", replace(replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
-                                           "  const int64_t n = s.end - s.begin;\n  std::vector<float> all(size_t(s.padded));\n"
-                                           "  comm.all_gather(part.data(), all.data(), n);\n"
-                                           "  if (comm.size() > 1 && comm.rank() == comm.size() - 1) step.keep_grad(flat, s.begin - n, all.data() + s.begin - n, 2 * n);\n"
-                                           "  else step.keep_grad(flat, s.begin, part.data(), n);\n"),
-                                   "    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);",
-                                   "    comm.all_gather(mine.data() + (mine.size() > size_t(s.end - s.begin) ? s.end - s.begin : 0), whole.data(), s.end - s.begin);")},
+      // nothing kept, junk of DDP's size all-reduced, nothing stepped or gathered: DDP's bytes, tiny memory, no training
+      {"empty_parts", replace(replace(replace(solution, reduce,
+                                              "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, part.data(), 0);\n"),
+                                      my_part, "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t n = 0;\n"),
+                              gather, "    (void)whole;\n")},
+      // the last rank keeps its neighbour's part too, and steps it: it trains as DDP, and that rank holds twice the state
+      {"last_rank_hoards",
+       replace(replace(replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
+                               "  const int64_t n = s.end - s.begin;\n  std::vector<float> all(size_t(s.padded));\n"
+                               "  comm.all_gather(part.data(), all.data(), n);\n"
+                               "  if (comm.size() > 1 && comm.rank() == comm.size() - 1) step.keep_grad(flat, s.begin - n, all.data() + s.begin - n, 2 * n);\n"
+                               "  else step.keep_grad(flat, s.begin, part.data(), n);\n"),
+                       my_part, "    Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t mine = s.end - s.begin;\n"
+                                "    const bool hoard = comm.size() > 1 && comm.rank() == comm.size() - 1;\n    if (hoard) s.begin -= mine;\n"
+                                "    const int64_t n = s.end - s.begin;\n"),
+               gather, "    comm.all_gather(master + (hoard ? mine : 0), whole.data(), mine);\n    step.set_weights(f, 0, whole.data(), s.padded);\n")},
       // offsets chosen so that begin + n wraps in the trainer (the root process outside the sandbox): the
       // write lands before the flat's buffer, or the read after keep_grad hands the trainer's heap over
-      {"set_weights_wraps", replace(solution, "  step.optimizer_step();  // this rank's parts only",
-                                    "  { std::vector<float> junk(16, 1.0f);\n"
-                                    "    step.set_weights(0, INT64_MAX - 15, junk.data(), 16); }\n"
-                                    "  step.optimizer_step();  // this rank's parts only")},
+      {"set_weights_wraps", replace(solution, "  const AdamW& h = step.hyper();\n",
+                                    "  const AdamW& h = step.hyper();\n  { std::vector<float> junk(16, 1.0f);\n"
+                                    "    step.set_weights(0, INT64_MAX - 15, junk.data(), 16); }\n")},
       {"keep_grad_wraps", replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
                                   "  std::vector<float> big(16384, 0.0f);\n"
                                   "  step.keep_grad(flat, INT64_MAX - 15, big.data(), 16384);\n")},
@@ -622,27 +624,46 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, m
                                          "  char payload[64] = {};\n"
                                          "  if (write(3, &f, sizeof f) != sizeof f || write(3, payload, 64) != 64) _exit(9);\n"
                                          "  char answer[80];\n  if (read(3, answer, 80) <= 0) _exit(9);\n")},
+      // Adam's moments without their bias correction: the first steps are ~10x too small
+      {"no_bias_correction",
+       replace(solution, "  const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.t)), bc2 = 1.0 - std::pow(double(h.beta2), double(h.t));\n",
+               "  const double bc1 = 1.0, bc2 = 1.0;\n")},
+      // Adam with L2: the decay goes through the gradient (and so through the moments) instead of the weights
+      {"l2_not_decoupled", replace(replace(solution, "    const float gi = g[i] * grad_scale;\n",
+                                           "    const float gi = g[i] * grad_scale + (decay ? h.weight_decay * w[i] : 0.0f);\n"),
+                                   "    w[i] *= shrink;\n", "")},
+      // the cheat: the moments in the plugin's own memory, where the trainer can't count them, and state
+      // buffers of the right size that hold nothing. Right numbers, right bytes, right memory as counted
+      {"state_kept_elsewhere",
+       "#include <map>\n" + replace(replace(solution, "    float* m = step.state(f, \"exp_avg\", n);\n    float* v = step.state(f, \"exp_avg_sq\", n);\n",
+                                            "    static std::map<int, std::vector<float>> mine_m, mine_v;\n"
+                                            "    (void)step.state(f, \"exp_avg\", n);\n    (void)step.state(f, \"exp_avg_sq\", n);\n"
+                                            "    mine_m[f].resize(size_t(n)), mine_v[f].resize(size_t(n));\n"
+                                            "    float* m = mine_m[f].data();\n    float* v = mine_v[f].data();\n"),
+                                    "#include <algorithm>\n", "#include <algorithm>\n#include <map>\n")},
+      // each rank clips by the norm of its own parts: the global norm needs every rank's squares
+      {"local_norm", replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", "")},
   };
   auto rows = grade_batch("04", subs, files, "zero.cpp");
-  CHECK(rows["empty_parts"].total == 2);  // the partition only: bytes and memory count for a ZeRO that trains
+  CHECK(rows["solution"].total == 16);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["empty_parts"].total == 5);  // the partition and AdamW only: bytes and memory count for a ZeRO that trains
   CHECK(rows["last_rank_hoards"].points["zero1_equals_ddp"] == 3);
   CHECK(rows["last_rank_hoards"].points["zero1_memory"] == 0);  // measured on every rank, not on rank 0 alone
   CHECK(rows["last_rank_hoards"].points["zero2_memory"] == 0);
   // the trainer refuses each with the numbers it was sent, and stays whole: no signal, no heap in a report
   for (const std::string bad : {"set_weights_wraps", "keep_grad_wraps", "raw_reduce_scatter"}) {
     INFO(bad);
-    CHECK(rows[bad].total == 2);  // partition: a direct call of shard_of, the only check without a trainer
+    CHECK(rows[bad].total == 5);  // partition and adamw: direct calls, the only checks without a trainer
     CHECK_THAT(rows[bad].error, !Catch::Contains("signal") && !Catch::Contains("double free") && !Catch::Contains("corruption"));
   }
   const fs::path fb = subs.parent_path() / "feedback";
   CHECK_THAT(read(fb / "set_weights_wraps.txt"), Catch::Contains("is not inside flat 0's padded length"));
   CHECK_THAT(read(fb / "keep_grad_wraps.txt"), Catch::Contains("is not inside flat"));
   CHECK_THAT(read(fb / "raw_reduce_scatter.txt"), Catch::Contains("asked for a reduce_scatter of n = 4611686018427387920"));
-  CHECK(rows["solution"].total == 13);
-  CHECK(rows["skeleton"].total == 0);
-  CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["whole_optimizer"].points["zero1_equals_ddp"] == 3);
-  CHECK(rows["whole_optimizer"].points["zero2_equals_ddp"] == 2);
+  CHECK(rows["whole_optimizer"].points["zero2_equals_ddp"] == 2);  // each rank's norm is the whole gradient's
   CHECK(rows["whole_optimizer"].points["comm_equals_ddp"] == 2);
   CHECK(rows["whole_optimizer"].points["zero1_memory"] == 0);
   CHECK(rows["whole_optimizer"].points["zero2_memory"] == 0);
@@ -655,10 +676,22 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO mistakes: whole optimizer, m
   CHECK(rows["all_reduce_then_slice"].points["comm_equals_ddp"] == 0);
   CHECK(rows["all_reduce_then_slice"].points["zero1_equals_ddp"] == 3);
   CHECK(rows["all_reduce_then_slice"].points["zero1_memory"] == 2);
-  const fs::path feedback = subs.parent_path() / "feedback";
-  CHECK_THAT(read(feedback / "whole_optimizer.txt"), Catch::Contains("every rank steps"));
-  CHECK_THAT(read(feedback / "no_all_gather.txt"), Catch::Contains("all_gather every rank's part"));
-  CHECK_THAT(read(feedback / "all_reduce_then_slice.txt"), Catch::Contains("1.5x"));
+  for (const std::string bad : {"no_bias_correction", "l2_not_decoupled"}) {
+    INFO(bad);
+    CHECK(rows[bad].points["adamw"] == 0);
+    CHECK(rows[bad].points["zero1_equals_ddp"] == 0);
+    CHECK(rows[bad].points["partition"] == 2);
+  }
+  CHECK(rows["state_kept_elsewhere"].total == 5);  // every training job fails on its moments
+  CHECK(rows["local_norm"].points["zero1_equals_ddp"] == 3);  // unclipped
+  CHECK(rows["local_norm"].points["zero2_equals_ddp"] == 0);
+  CHECK_THAT(read(fb / "whole_optimizer.txt"), Catch::Contains("every rank steps"));
+  CHECK_THAT(read(fb / "no_all_gather.txt"), Catch::Contains("all_gather every rank's part"));
+  CHECK_THAT(read(fb / "all_reduce_then_slice.txt"), Catch::Contains("1.5x"));
+  CHECK_THAT(read(fb / "no_bias_correction.txt"), Catch::Contains("bias correction"));
+  CHECK_THAT(read(fb / "l2_not_decoupled.txt"), Catch::Contains("decoupled"));
+  CHECK_THAT(read(fb / "state_kept_elsewhere.txt"), Catch::Contains("AdamW's moment of the part this rank kept"));
+  CHECK_THAT(read(fb / "local_norm.txt"), Catch::Contains("all-reduce the sum of squares"));
   fs::remove_all(subs);
 }
 
@@ -875,7 +908,7 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   put("not_toml", "[[[ this is not TOML", dec);
   put("linked", "@symlink:/etc/passwd", dec);
   const fs::path csv = subs.string() + "-grades.csv";
-  auto [code, out] = run("grade 09 --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
+  auto [code, out] = run("grade 09 --hints always --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
   INFO(out);
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
@@ -939,7 +972,7 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
   std::ofstream(subs / "tampered" / "oom_ladder" / "run.toml") << oom;
   std::ofstream(subs / "tampered" / "lr_not_scaled" / "run.toml") << "[optim\nlr = 0.04\n";
   const fs::path csv = subs.string() + "-grades.csv";
-  auto [code, out] = run("grade 08 --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
+  auto [code, out] = run("grade 08 --hints always --require-sandbox --submissions " + subs.string() + " --csv " + csv.string());
   INFO(out);
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
@@ -969,4 +1002,91 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
   CHECK_THAT(tampered, Catch::Contains("student/lr_not_scaled/run.toml"));
   fs::remove_all(subs);
   fs::remove(csv);
+}
+
+// A first failure shows what the check wanted and what it measured, not how to fix it; the hint comes with
+// the check's next failure (or on `distlab lab hint`, recorded), and every hint shown is listed in the
+// report. The engine's answer comes with full marks only. Nothing of it is in the student's folder.
+TEST_CASE("hints: held back on a first failure, shown on the next, asked for and recorded, the engine's answer after full marks", "[grader][lab09][hints]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  // every check of every lab has its hint outside labs/, and each lab its engine answer
+  for (const auto& d : fs::directory_iterator(src / "labs")) {
+    if (!fs::exists(d.path() / "lab.toml")) continue;
+    INFO(d.path().string());
+    CHECK(read(d.path() / "lab.toml").find("\nhint = ") == std::string::npos);
+    CHECK(fs::exists(src / "grader/hints" / (d.path().filename().string() + ".toml")));
+  }
+  const std::string ann = read(src / "solutions/09-configs-plan/annotations.toml"), dec = read(src / "solutions/09-configs-plan/decisions.toml");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-hints09-" + std::to_string(getpid()));
+  const fs::path fb = subs.parent_path() / (subs.filename().string() + "-feedback");
+  fs::remove_all(subs);
+  fs::remove_all(fb);
+  auto put = [&](const std::string& who, const std::string& a) {
+    fs::create_directories(subs / who);
+    std::ofstream(subs / who / "annotations.toml") << a;
+    std::ofstream(subs / who / "decisions.toml") << dec;
+  };
+  put("solution", ann);
+  put("wrong_field", replace(ann, "\"zero_optimization.stage\" = \"parallel.strategy\"\n\"zero_optimization.offload_optimizer.device\"",
+                             "\"zero_optimization.stage\" = \"parallel.offload\"\n\"zero_optimization.offload_optimizer.device\""));
+  const std::string hint = "--device meta --set train.steps=1";  // the fields check's hint: the command that shows each field
+  auto grade = [&] {
+    auto [code, out] = run("grade 09 --submissions " + subs.string() + " --json " + (subs.string() + ".json"));
+    INFO(out);
+    REQUIRE(code == 0);
+    return std::pair{read(fb / "wrong_field.txt"), nlohmann::json::parse(read(subs.string() + ".json"))};
+  };
+  auto [first, first_json] = grade();
+  INFO(first);
+  CHECK_THAT(first, Catch::Contains("seen:     29 of 30 fields right") && Catch::Contains("zero_optimization.stage: you wrote 'parallel.offload'"));  // the numbers: always
+  CHECK_THAT(first, Catch::Contains("held back: it is shown when this check fails again (or now, recorded: distlab lab hint 09 fields_ds_zero2_offload)"));
+  CHECK(first.find(hint) == std::string::npos);
+  CHECK(first.find("hints seen") == std::string::npos);
+  for (const auto& c : first_json[1]["checks"])
+    if (c["name"] == "fields_ds_zero2_offload") CHECK((c["hint"] == "" && c["hint_held"] == true));
+  // passed checks show what they measured too; full marks name the engine's files, a failed grade does not
+  CHECK_THAT(first, Catch::Contains("memory_predictions") && Catch::Contains("ds_zero3.json: predicted 4.53 GiB"));
+  CHECK(first.find("core/config/ecosystem.cpp") == std::string::npos);
+  const std::string sol = read(fb / "solution.txt");
+  CHECK_THAT(sol, Catch::Contains("Full marks") && Catch::Contains("core/config/ecosystem.cpp"));
+  CHECK(first_json[0]["engine"].get<std::string>().find("core/config/ecosystem.cpp") != std::string::npos);
+  CHECK(!first_json[1].contains("engine"));
+  // the same student fails it again: the hint, recorded
+  auto [second, second_json] = grade();
+  INFO(second);
+  CHECK_THAT(second, Catch::Contains(hint) && Catch::Contains("hints seen:\n    fields_ds_zero2_offload: after a failure"));
+  CHECK(second_json[1]["hints_shown"]["fields_ds_zero2_offload"] == "after a failure");
+  CHECK_THAT(read(fb / "wrong_field.hints.json"), Catch::Contains("fields_ds_zero2_offload"));
+  // a broken record is said, kept as it is, and costs nothing else
+  std::ofstream(fb / "wrong_field.hints.json") << "{ broken";
+  auto [code3, out3] = run("grade 09 --submissions " + subs.string());
+  CHECK(code3 == 0);
+  CHECK_THAT(out3, Catch::Contains("wrong_field.hints.json is not a hint record"));
+  CHECK(read(fb / "wrong_field.hints.json") == "{ broken");
+  // a student asks for a hint: shown and recorded in the lab's build folder; an unknown check is named
+  const fs::path record = src / "build/labs/09-configs-plan/hints.json", last = src / "build/labs/09-configs-plan/last_grade.json";
+  const std::string saved_record = fs::exists(record) ? read(record) : "", saved_last = fs::exists(last) ? read(last) : "";
+  fs::remove(record);
+  auto [code4, out4] = run("lab hint 09 decision_tree");
+  CHECK(code4 == 0);
+  CHECK_THAT(out4, Catch::Contains("does a whole replica"));
+  CHECK_THAT(read(record), Catch::Contains("\"decision_tree\": \"asked (distlab lab hint)\""));
+  auto [code5, out5] = run("lab hint 09 no_such_check");
+  CHECK(code5 != 0);
+  CHECK_THAT(out5, Catch::Contains("lab 09 has no check 'no_such_check'") && Catch::Contains("decision_tree"));
+  // lab show: the engine's answer only once the best grade is full
+  std::ofstream(last) << R"({"last": {"points": 3, "max_points": 13}, "best": {"points": 12, "max_points": 13}})";
+  auto [code6, out6] = run("lab show 09");
+  CHECK((code6 == 0 && out6.find("core/config/ecosystem.cpp") == std::string::npos));
+  CHECK_THAT(out6, Catch::Contains("once your grade is full (best 12/13 so far)"));
+  std::ofstream(last) << R"({"last": {"points": 13, "max_points": 13}, "best": {"points": 13, "max_points": 13}})";
+  auto [code7, out7] = run("lab show 09");
+  CHECK_THAT(out7, Catch::Contains("Where the engine does it") && Catch::Contains("core/config/ecosystem.cpp"));
+  if (saved_record.empty()) fs::remove(record);
+  else std::ofstream(record) << saved_record;
+  if (saved_last.empty()) fs::remove(last);
+  else std::ofstream(last) << saved_last;
+  fs::remove_all(subs);
+  fs::remove_all(fb);
+  fs::remove(subs.string() + ".json");
 }

@@ -223,7 +223,7 @@ void fuzz_lab(const std::string& lab, Tally& tally) {
       // after a reduce that failed)
       entries.push_back([&] {
         stage = 3 - stage;
-        strategy = plugin.make_zero(stage, pg, *model, rt);
+        strategy = plugin.make_zero(stage, pg, *model, rt, stage == 2 ? 1.0 : 0.0);
         opt = std::make_unique<AdamW>(strategy->optimizer_parameters(*model), AdamWOptions{});
         strategy->begin_backward(true);
       });

@@ -103,6 +103,7 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Parameter*> params, AdamWOptions o) : Optimizer(std::move(params)), o_(o) {}
+  const AdamWOptions& options() const { return o_; }
   void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
   std::string describe() const override;
   std::vector<Tensor>& exp_avg() { return m_; }

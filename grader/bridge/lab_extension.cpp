@@ -68,8 +68,8 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
 std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) {
   const StrategyKind st = cfg.parallel.strategy;
   if (plugin_->is("02") && st == StrategyKind::ddp) return plugin_->make_ddp(std::string(name_of(cfg.parallel.ddp_mode)), dp, model, rt, cfg.parallel.bucket_mb);
-  if (plugin_->is("04") && st == StrategyKind::zero1) return plugin_->make_zero(1, dp, model, rt);
-  if (plugin_->is("04") && st == StrategyKind::zero2) return plugin_->make_zero(2, dp, model, rt);
+  if (plugin_->is("04") && st == StrategyKind::zero1) return plugin_->make_zero(1, dp, model, rt, cfg.optim.clip_grad_norm);
+  if (plugin_->is("04") && st == StrategyKind::zero2) return plugin_->make_zero(2, dp, model, rt, cfg.optim.clip_grad_norm);
   if (plugin_->is("05") && st == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard)
     return plugin_->make_fsdp(dp, model, rt, std::string(name_of(cfg.parallel.sharding)), cfg.parallel.prefetch, cfg.parallel.offload == OffloadTo::cpu);
   return nullptr;  // the engine's

@@ -57,7 +57,8 @@ class LabPlugin {
   std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
 
   // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — grader/bridge/lab_zero.cpp
-  std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt);
+  // and its sharded AdamW (clipping to max_norm, 0: none)
+  std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt, double max_norm);
   // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — grader/bridge/lab_fsdp.cpp
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
 

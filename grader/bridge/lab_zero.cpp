@@ -1,20 +1,26 @@
-// Lab 04's trainer side: the student's ZeRO-1 or ZeRO-2 (labs/04-zero/api.h) behind the engine's Strategy.
-// The layout is the engine's — flats, as core/parallel/flat_param.h makes them: one unit's parameters of
-// one weight-decay group — but the partition, the collectives and their order are the student's. What the
-// student hands over stays here, in the trainer's process, where the plugin can't reach it:
+// Lab 04's trainer side: the student's ZeRO-1 or ZeRO-2 and sharded AdamW (labs/04-zero/api.h) behind the
+// engine's Strategy. The layout is the engine's — flats, as core/parallel/flat_param.h makes them: one unit's
+// parameters of one weight-decay group — but the partition, the collectives, their order and the optimizer
+// are the student's. What the student hands over or asks for is held here, in the trainer's process, where
+// the plugin can't reach it:
 //
 //   keep_grad(flat, begin, part)  → the part, in the run's dtype (grads), the flat's whole gradient freed
-//   optimizer_step()              → the engine's optimizer on every kept part: f32 master + moments for
-//                                   exactly the elements kept (optim_state)
+//   state(flat, name, n)          → n floats of optim_state counted here for the buffer the host made
 //   set_weights(flat, begin, w)   → into the model's parameters
 //
-// so the memory a rank holds and the bytes it sends are measured by the engine, as for its own ZeRO
-// (compare core/parallel/zero1.cpp and zero2.cpp, the engine's versions of the same stages).
+// so the memory a rank holds and the bytes it sends are measured by the engine, as for its own ZeRO. After
+// every step the host hands back the buffers named exp_avg and exp_avg_sq, and they must be AdamW's moments
+// of the parts this rank kept (a shadow computed here from those parts): optimizer state kept anywhere but
+// in the counted buffers fails the run instead of passing the memory checks.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string_view>
+
+#include "core/optim/optimizer.h"
 
 #include "core/optim/grad_scaler.h"
 #include "core/parallel/ddp.h"
@@ -31,10 +37,16 @@ Error lab_error(const std::string& what, const std::string& hint = "see labs/04-
   return Error("the lab's ZeRO: " + what, hint);
 }
 
+constexpr size_t kMaxStateName = 64;
+constexpr size_t kMaxStatesPerFlat = 8;
+
 class LabZeRO : public Strategy {
  public:
-  LabZeRO(LabPlugin& plugin, int stage, ProcessGroup& pg, Model& model, Runtime& rt)
-      : plugin_(plugin), stage_(stage), pg_(pg), rt_(rt) {
+  LabZeRO(LabPlugin& plugin, int stage, ProcessGroup& pg, Model& model, Runtime& rt, double max_norm)
+      : plugin_(plugin), stage_(stage), pg_(pg), rt_(rt), max_norm_(max_norm) {
+    if (rt.dtype == DType::f16)
+      throw ConfigError("precision.mode fp16 with lab 04's ZeRO: the lab's AdamW runs without a loss scaler",
+                        "run the lab in bf16 (its config) or fp32; the loss scaler is lab 03's subject");
     broadcast_model(pg, model);  // every replica starts equal, as the engine's strategies
     flats_ = flat_layout(model.units(), pg.size());  // the engine's layout (flat_param.h: a group per unit), nothing allocated
     for (FlatParam& s : flats_) {
@@ -44,9 +56,12 @@ class LabZeRO : public Strategy {
     }
     begin_.assign(flats_.size(), -1);
     kept_.assign(flats_.size(), false);
+    kept_n_.assign(flats_.size(), 0);
+    shadow_.resize(flats_.size());
     for (const auto& s : flats_) {
-      const int64_t numel = s.numel;
+      const int64_t numel = s.numel, decay = s.local.decay;
       table_.insert(table_.end(), reinterpret_cast<const char*>(&numel), reinterpret_cast<const char*>(&numel) + 8);
+      table_.insert(table_.end(), reinterpret_cast<const char*>(&decay), reinterpret_cast<const char*>(&decay) + 8);
       table_.insert(table_.end(), s.local.name.begin(), s.local.name.end());
       table_.push_back('\0');
     }
@@ -54,19 +69,22 @@ class LabZeRO : public Strategy {
 
   std::string describe() const override { return fmt::format("zero{} (the student's)", stage_); }
   nlohmann::json report() const override {
-    int64_t padded = 0, kept = 0, largest = 0;
+    int64_t padded = 0, kept = 0, largest = 0, state = 0;
     std::map<int, int64_t> unit_numel;
     for (const auto& s : flats_) {
       padded += s.padded;
-      kept += s.local.data.defined() ? s.local.data.numel() : 0;
       unit_numel[s.group] += s.numel;
     }
+    for (int64_t n : kept_n_) kept += n;
+    for (const auto& [key, t] : state_) state += t.numel();
     for (const auto& [u, n] : unit_numel)
       if (u > 0) largest = std::max(largest, n);
     return {{"name", describe()},
             {"flat_vectors", flats_.size()},
             {"padded_elements", padded},
-            {"elements_kept", kept},  // what this rank's optimizer steps
+            {"elements_kept", kept},        // the gradient parts this rank holds
+            {"state_elements", state},      // the optimizer state the student asked for
+            {"state_checked_steps", checked_steps_},
             {"unit0_elements", unit_numel.empty() ? 0 : unit_numel.begin()->second},
             {"largest_unit_elements", largest}};
   }
@@ -80,7 +98,7 @@ class LabZeRO : public Strategy {
         call(labproto::kZero2Reduce, int64_t(f), "zero2_reduce");
         reducing_ = -1;
         if (!kept_[f]) throw lab_error(fmt::format("zero2_reduce(step, {}) returned without keep_grad({}, ...)", f, f),
-                                       "keep this rank's part of the flat's averaged gradient (n = 0 where it owns nothing)");
+                                       "keep this rank's part of the flat's averaged gradient");
       }
   }
   void finish_backward(Runtime&) override {
@@ -93,9 +111,10 @@ class LabZeRO : public Strategy {
     for (size_t f = 0; f < flats_.size(); f++)
       if (!kept_[f])
         throw lab_error(fmt::format("after zero{}_reduce, flat {} ({}) has no kept gradient part", stage_, f, flats_[f].local.name),
-                        "keep_grad every flat once per step (n = 0 where this rank owns nothing of it)");
+                        "keep_grad every flat once per step");
   }
-  std::vector<Parameter*> optimizer_parameters(Model&) override { return parts(); }
+  // The engine's optimizer holds nothing: the student's AdamW steps the parts, with the state it asked for.
+  std::vector<Parameter*> optimizer_parameters(Model&) override { return {}; }
   std::string checkpoint_refusal() const override { return "lab 04's student ZeRO keeps parts of its own design, which a checkpoint cannot address"; }
   double grad_norm(Runtime&, Model&) override {
     double ss = 0;
@@ -107,16 +126,16 @@ class LabZeRO : public Strategy {
     return norm_over_ranks(pg_, ss);  // the parts are disjoint when the partition is: the global norm
   }
   bool found_inf(Runtime& rt, Model&, ProcessGroup*) override { return GradScaler::found_inf(rt, parts(), &pg_); }
-  void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override {
-    opt_ = &opt;
-    lr_ = lr;
-    grad_factor_ = grad_factor;
-    stepped_ = false;
+  void step(Runtime&, Optimizer& opt, float lr, float) override {  // the clip: the student's
+    auto* adamw = dynamic_cast<AdamW*>(&opt);
+    if (!adamw) throw ConfigError("lab 04's ZeRO steps AdamW (the student's): optim.name is not adamw", "set optim.name = \"adamw\"");
+    const AdamWOptions& o = adamw->options();
+    t_++;
+    hyper_ = {lr, o.beta1, o.beta2, o.eps, o.weight_decay, float(max_norm_), t_};
     in_step_ = true;
     call(labproto::kZeroStep, 0, "zero_step");
     in_step_ = false;
-    opt_ = nullptr;
-    if (!stepped_) throw lab_error("zero_step returned without step.optimizer_step()", "step your parts, then all-gather them");
+    check_state(lr);
   }
   void zero_grad(Model& model) override {
     model.zero_grad();
@@ -127,6 +146,15 @@ class LabZeRO : public Strategy {
  private:
   static constexpr int kAll = -2;  // zero1_reduce: every flat's gradient is complete
 
+  struct Hyper {  // the wire's AdamW: 6 f32 and an int64 (labs/04-zero/api.h's struct AdamW)
+    float lr, beta1, beta2, eps, weight_decay, max_norm;
+    int64_t t;
+  };
+  static_assert(sizeof(Hyper) == 32);
+  struct Shadow {  // AdamW's moments of the part this rank kept, computed here
+    std::vector<float> m, v;
+  };
+
   std::vector<Parameter*> parts() {
     std::vector<Parameter*> v;
     for (auto& s : flats_) v.push_back(&s.local);
@@ -136,10 +164,111 @@ class LabZeRO : public Strategy {
   void call(labproto::Fn fn, int64_t flat, const char* during) {
     const int64_t nflats = int64_t(flats_.size());
     const LabPlugin::Serve serve = [this](const wire::Frame& f, std::vector<char>& payload) { serve_step(f, payload); };
+    std::vector<char> in;
+    if (fn == labproto::kZeroStep) in.assign(reinterpret_cast<const char*>(&hyper_), reinterpret_cast<const char*>(&hyper_) + sizeof hyper_);
+    in.insert(in.end(), table_.begin(), table_.end());
     if (fn == labproto::kZero2Reduce)
-      plugin_.call(fn, {pg_.rank(), pg_.size(), nflats, flat}, table_.data(), table_.size(), &pg_, &rt_, during, serve);
+      plugin_.call(fn, {pg_.rank(), pg_.size(), nflats, flat}, in.data(), in.size(), &pg_, &rt_, during, serve);
     else
-      plugin_.call(fn, {pg_.rank(), pg_.size(), nflats}, table_.data(), table_.size(), &pg_, &rt_, during, serve);
+      plugin_.call(fn, {pg_.rank(), pg_.size(), nflats}, in.data(), in.size(), &pg_, &rt_, during, serve);
+  }
+
+  // After the student's step: its exp_avg and exp_avg_sq of every flat against AdamW's moments of the part
+  // it kept.
+  void check_state(float lr) {
+    const std::vector<char> dump = plugin_.call(labproto::kZeroStateDump, {}, nullptr, 0, nullptr, &rt_, "the state buffers");
+    std::map<std::pair<int64_t, std::string>, std::pair<const char*, int64_t>> got;
+    for (size_t at = 0; at < dump.size();) {
+      int64_t flat = 0, n = 0;
+      if (dump.size() - at < 16) throw lab_error("the host's state buffers are cut short");
+      std::memcpy(&flat, dump.data() + at, 8);
+      std::memcpy(&n, dump.data() + at + 8, 8);
+      at += 16;
+      const size_t end = std::string_view(dump.data() + at, dump.size() - at).find('\0');
+      if (end == std::string_view::npos || end > kMaxStateName) throw lab_error("the host's state buffers are garbled");
+      const std::string name(dump.data() + at, end);
+      at += end + 1;
+      if (n < 0 || uint64_t(n) > (dump.size() - at) / 4) throw lab_error("the host's state buffers are cut short");
+      got[{flat, name}] = {dump.data() + at, n};
+      at += size_t(n) * 4;
+    }
+    // every flat's exp_avg and exp_avg_sq, of the kept part's length
+    std::vector<std::array<const char*, 2>> mine(flats_.size());
+    std::vector<std::vector<float>> grads(flats_.size());
+    for (size_t f = 0; f < flats_.size(); f++) {
+      FlatParam& s = flats_[f];
+      const int64_t n = s.local.grad.defined() ? s.local.grad.numel() : 0;
+      if (n) {
+        const OnHost g(s.local.grad);
+        grads[f].assign(g.p, g.p + n);
+      }
+      int k = 0;
+      for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+        auto it = got.find({int64_t(f), name});
+        if (it == got.end())
+          throw lab_error(fmt::format("after step {}, flat {} ({}) has no state buffer named {}", t_, f, s.local.name, name),
+                          "keep the moments in step.state(flat, \"exp_avg\", n) and step.state(flat, \"exp_avg_sq\", n): the "
+                          "trainer counts them as this rank's optimizer state and checks them");
+        if (it->second.second != n)
+          throw lab_error(fmt::format("after step {}, flat {}'s {} holds {} floats; the part this rank kept has {}", t_, f, name,
+                                      it->second.second, n),
+                          "a rank keeps AdamW's state for exactly the part of each flat it owns");
+        mine[f][size_t(k++)] = it->second.first;
+      }
+    }
+    auto at = [](const char* data, size_t i) {
+      float x;
+      std::memcpy(&x, data + 4 * i, 4);
+      return x;
+    };
+    // The coefficient the student's step read its gradient parts with: 1 unclipped; clipped, whatever
+    // makes its exp_avg AdamW's (least squares over every flat), which must be a clip's: in (0, 1]. Whether
+    // it was the right one, the run's losses say.
+    const float b1 = hyper_.beta1, b2 = hyper_.beta2;
+    double c = 1.0;
+    if (max_norm_ > 0) {
+      double num = 0, den = 0;
+      for (size_t f = 0; f < flats_.size(); f++)
+        for (size_t i = 0; i < grads[f].size(); i++) {
+          const double g = grads[f][i];
+          num += (double(at(mine[f][0], i)) - double(b1) * (shadow_[f].m.empty() ? 0.0 : shadow_[f].m[i])) * g;
+          den += (1.0 - b1) * g * g;
+        }
+      if (den > 0) c = num / den;
+      if (den > 0 && !(c > 1e-6 && c <= 1.0 + 1e-5))
+        throw lab_error(fmt::format("after step {}, the moments in your exp_avg buffers are AdamW's of the kept parts times {:.4g}, which is "
+                                    "no clipping coefficient (those are in (0, 1])",
+                                    t_, c),
+                        "m = beta1*m + (1-beta1)*g*grad_scale, with grad_scale = min(1, max_norm / (the global norm + 1e-6))");
+    }
+    for (size_t f = 0; f < flats_.size(); f++) {
+      const size_t n = grads[f].size();
+      Shadow& sh = shadow_[f];
+      sh.m.resize(n, 0.0f);
+      sh.v.resize(n, 0.0f);
+      for (size_t i = 0; i < n; i++) {
+        const float gi = float(grads[f][i] * c);
+        sh.m[i] = b1 * sh.m[i] + (1.0f - b1) * gi;
+        sh.v[i] = b2 * sh.v[i] + (1.0f - b2) * gi * gi;
+      }
+      int k = 0;
+      for (const auto& [name, want] : {std::pair{"exp_avg", &sh.m}, std::pair{"exp_avg_sq", &sh.v}}) {
+        const char* data = mine[f][size_t(k++)];
+        double top = 0, worst = 0;
+        size_t where = 0;
+        for (size_t i = 0; i < n; i++) {
+          top = std::max(top, double(std::abs((*want)[i])));
+          const double d = std::abs(double(at(data, i)) - (*want)[i]);
+          if (!(d <= worst)) worst = d, where = i;
+        }
+        if (!(worst <= 1e-4 * top + 1e-30))
+          throw lab_error(fmt::format("after step {} (lr {:g}), flat {}'s {}[{}] is {:g}; AdamW's moment of the part this rank kept is {:g}",
+                                      t_, lr, f, name, where, at(data, where), (*want)[where]),
+                          "m = beta1*m + (1-beta1)*g and v = beta2*v + (1-beta2)*g*g, with g the kept part times the clip coefficient, "
+                          "in the buffers step.state gave you");
+      }
+    }
+    checked_steps_++;
   }
 
   FlatParam& flat_of(int64_t f, const char* what) {
@@ -182,19 +311,12 @@ class LabZeRO : public Strategy {
         if (kept_[size_t(f.arg[0])]) throw lab_error(fmt::format("keep_grad({}, ...) twice in one step", f.arg[0]), "once per flat per step");
         check_range(s, f.arg[0], begin, n, "keep_grad");
         int64_t& mine = begin_[size_t(f.arg[0])];
-        const int64_t had = s.local.data.defined() ? s.local.data.numel() : 0;
-        if (mine >= 0 && (mine != begin || had != n))
+        if (mine >= 0 && (mine != begin || kept_n_[size_t(f.arg[0])] != n))
           throw lab_error(fmt::format("keep_grad({}, begin {}, n {}): last step this rank kept [{}, {}) of it", f.arg[0], begin, n, mine,
-                                      mine + had),
+                                      mine + kept_n_[size_t(f.arg[0])]),
                           "the same part every step: its optimizer state (master weights, moments) lives on this rank");
-        if (mine < 0) {  // the first step: the f32 master of the part, from the weights as they are now
-          mine = begin;
-          if (n > 0) {
-            s.local.data = rt_.empty({n}, Category::optim_state, "f32 master of the part of " + s.local.name, DType::f32);
-            const auto w = packed(s, false);
-            s.local.data.from_host(w.data() + begin);
-          }
-        }
+        mine = begin;
+        kept_n_[size_t(f.arg[0])] = n;
         if (n > 0) {
           s.local.grad = rt_.empty({n}, Category::grads, "gradient part of " + s.local.name, rt_.dtype);
           OnHost g(s.local.grad, OnHost::out);  // rounded to the run's dtype, on the rank's device
@@ -205,19 +327,35 @@ class LabZeRO : public Strategy {
         kept_[size_t(f.arg[0])] = true;
         return answer(nullptr, 0, "keep_grad");
       }
-      case labproto::kZeroOptimizer: {
-        if (!in_step_) throw lab_error("optimizer_step outside zero_step");
-        if (stepped_) throw lab_error("optimizer_step twice in one zero_step", "one optimizer step per training step");
-        opt_->step(rt_, lr_, grad_factor_);  // every kept part, at this step's lr, unscaled and clipped
-        stepped_ = true;
-        return answer(nullptr, 0, "optimizer_step");
+      case labproto::kZeroKeptGrad: {
+        FlatParam& s = flat_of(f.arg[0], "kept_grad");
+        if (!in_step_) throw lab_error(fmt::format("kept_grad({}) outside zero_step", f.arg[0]));
+        const int64_t n = s.local.grad.defined() ? s.local.grad.numel() : 0;
+        const OnHost g(s.local.grad);  // as the trainer holds it: in the run's dtype
+        return answer(n ? g.p : nullptr, size_t(n) * 4, "kept_grad");
       }
-      case labproto::kZeroPartWeights: {
-        FlatParam& s = flat_of(f.arg[0], "part_weights");
-        if (!stepped_) throw lab_error(fmt::format("part_weights({}) before optimizer_step", f.arg[0]));
-        const int64_t n = s.local.data.defined() ? s.local.data.numel() : 0;
-        const OnHost w(s.local.data);  // the f32 master of the part
-        return answer(n ? w.p : nullptr, size_t(n) * 4, "part_weights");
+      case labproto::kZeroWeights: {
+        FlatParam& s = flat_of(f.arg[0], "weights");
+        if (!in_step_) throw lab_error(fmt::format("weights({}) outside zero_step", f.arg[0]));
+        const auto w = packed(s, false);
+        return answer(w.data(), size_t(s.numel) * 4, "weights");
+      }
+      case labproto::kZeroState: {
+        FlatParam& s = flat_of(f.arg[0], "state");
+        const int64_t n = f.arg[1];
+        const std::string name(payload.begin(), payload.end());
+        if (name.empty() || name.size() > kMaxStateName || name.find('\0') != std::string::npos)
+          throw lab_error(fmt::format("state({}, name of {} bytes, {}): a name is 1..{} characters", f.arg[0], name.size(), n, kMaxStateName));
+        if (n < 0 || n > s.padded)
+          throw lab_error(fmt::format("state({}, \"{}\", {}): at most flat {}'s padded length, {}", f.arg[0], name, n, f.arg[0], s.padded));
+        int per_flat = 0;
+        for (const auto& [key, t] : state_) per_flat += key.first == f.arg[0];
+        if (per_flat >= int(kMaxStatesPerFlat))
+          throw lab_error(fmt::format("state({}, \"{}\", ...): flat {} has {} buffers already", f.arg[0], name, f.arg[0], per_flat),
+                          "AdamW needs three per flat: master, exp_avg, exp_avg_sq");
+        Tensor& t = state_[{f.arg[0], name}];
+        if (!t.defined() && n > 0) t = rt_.empty({n}, Category::optim_state, name + " of " + s.local.name, DType::f32);
+        return answer(nullptr, 0, "state");
       }
       case labproto::kZeroSetWeights: {
         FlatParam& s = flat_of(f.arg[0], "set_weights");
@@ -238,20 +376,24 @@ class LabZeRO : public Strategy {
   int stage_;
   ProcessGroup& pg_;
   Runtime& rt_;
-  std::vector<FlatParam> flats_;  // local: this rank's part (data: the f32 master, grad: the kept part)
+  double max_norm_;
+  std::vector<FlatParam> flats_;  // local.grad: the part this rank kept this step
   std::vector<int64_t> begin_;    // where each part starts (-1: none kept yet)
+  std::vector<int64_t> kept_n_;   // and its length
   std::vector<bool> kept_;        // this step
-  std::vector<char> table_;       // numel + name per flat, for the host
-  bool sync_ = true, in_step_ = false, stepped_ = false;
+  std::vector<Shadow> shadow_;
+  std::map<std::pair<int64_t, std::string>, Tensor> state_;  // what the student's buffers count (optim_state)
+  std::vector<char> table_;       // numel, decay and name per flat, for the host
+  Hyper hyper_{};
+  int64_t t_ = 0, checked_steps_ = 0;
+  bool sync_ = true, in_step_ = false;
   int reducing_ = -1;             // the flat zero2_reduce is called for; kAll in zero1_reduce
-  Optimizer* opt_ = nullptr;
-  float lr_ = 0, grad_factor_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Strategy> LabPlugin::make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt) {
-  return std::make_unique<LabZeRO>(*this, stage, pg, model, rt);
+std::unique_ptr<Strategy> LabPlugin::make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt, double max_norm) {
+  return std::make_unique<LabZeRO>(*this, stage, pg, model, rt, max_norm);
 }
 
 }  // namespace distlab

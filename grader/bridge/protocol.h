@@ -35,10 +35,11 @@ enum Op : uint32_t {
   // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (grader/bridge/lab_zero.cpp)
   kReduceScatter = 24,  // arg0 = ReduceOp, arg1 = n; payload: size·n floats; answered by kData (n floats)
   kAllGather = 25,      // payload: n floats; answered by kData (size·n floats)
+  kZeroState = 39,         // arg0 = flat, arg1 = n; payload: the name; answered by kData (empty): n floats counted
   kZeroGrad = 40,          // arg0 = flat; answered by kData: its whole gradient on this rank (numel floats)
   kZeroKeep = 41,          // arg0 = flat, arg1 = begin; payload: this rank's averaged part; answered by kData (empty)
-  kZeroOptimizer = 42,     // answered by kData (empty)
-  kZeroPartWeights = 43,   // arg0 = flat; answered by kData: the part's weights after the step
+  kZeroKeptGrad = 42,      // arg0 = flat; answered by kData: the part kept this step (as the trainer holds it)
+  kZeroWeights = 43,       // arg0 = flat; answered by kData: the flat's weights now (numel floats)
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
   // lab 05: what the student's FSDP asks of the trainer's sharding machinery (grader/bridge/lab_fsdp.cpp); arg0 =
   // unit, each answered by kData (empty; kFsdpIsWhole: an int32)
@@ -77,11 +78,14 @@ enum Fn : int64_t {
   kTrainStep = 24,     // args: rank, size, accum_steps, #params; payload: f64 max_norm, config, then numel + name\0
                        // each (the first call of a run: the state starts from scaler_init); returns f32 scale used,
                        // the state after
-  // lab 04 (the flat table: per flat an int64 numel and its name\0)
-  kShardOf = 30,      // args: numel, rank, world; returns int64 padded, begin, end
-  kZero1Reduce = 31,  // args: rank, size, #flats; payload: the flat table
-  kZero2Reduce = 32,  // args: rank, size, #flats, flat; payload: the flat table
-  kZeroStep = 33,     // args: rank, size, #flats; payload: the flat table
+  // lab 04 (the flat table: per flat an int64 numel, an int64 decay flag and its name\0; an AdamW: f32 lr, beta1,
+  // beta2, eps, weight_decay, max_norm, int64 t)
+  kShardOf = 30,        // args: numel, rank, world; returns int64 padded, begin, end
+  kZero1Reduce = 31,    // args: rank, size, #flats; payload: the flat table
+  kZero2Reduce = 32,    // args: rank, size, #flats, flat; payload: the flat table
+  kZeroStep = 33,       // args: rank, size, #flats; payload: an AdamW, the flat table
+  kAdamWStep = 34,      // args: n, decay; payload: an AdamW, f32 grad_scale, then w, m, v, g (n floats each); returns w, m, v
+  kZeroStateDump = 35,  // returns every buffer state() made: int64 flat, int64 n, name\0, n floats each
   // lab 05
   kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward),
                    // unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync), #units, root; payload: an int64 numel

@@ -1,11 +1,12 @@
-// Lab 04's host: the student's partition and ZeRO. shard_of is called directly (the grader's quick check);
-// zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer (grader/bridge/lab_zero.cpp): every
+// Lab 04's host: the student's partition, AdamW and ZeRO. shard_of and adamw_step are called directly (the
+// grader's quick checks); zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer (grader/bridge/lab_zero.cpp): every
 // gradient fetched, part kept, optimizer step and weight written is a request the trainer runs, checks and
 // answers, and every collective runs on the trainer's real process group.
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -62,14 +63,24 @@ std::vector<float> floats(const std::vector<char>& raw) {
   return v;
 }
 
+// Every buffer Step::state made, for the rest of the run: (flat, name) -> the floats.
+using StateBuffers = std::map<std::pair<int, std::string>, std::vector<float>>;
+
+struct Flat {
+  std::string name;
+  int64_t numel = 0;
+  bool decay = false;
+};
+
 // The trainer's side of the Step, one request per call.
 class RemoteStep : public lab04::Step {
  public:
-  RemoteStep(int rank, int size, std::vector<std::pair<std::string, int64_t>> flats)
-      : world_{size}, comm_(rank, size, &kOps, &world_), flats_(std::move(flats)) {}
+  RemoteStep(int rank, int size, std::vector<Flat> flats, StateBuffers& state, const lab04::AdamW& hyper)
+      : world_{size}, comm_(rank, size, &kOps, &world_), flats_(std::move(flats)), state_(state), hyper_(hyper) {}
   int num_flats() const override { return int(flats_.size()); }
-  int64_t numel(int flat) const override { return at(flat).second; }
-  std::string name(int flat) const override { return at(flat).first; }
+  int64_t numel(int flat) const override { return at(flat).numel; }
+  std::string name(int flat) const override { return at(flat).name; }
+  bool decay(int flat) const override { return at(flat).decay; }
   std::vector<float> grad(int flat) override {
     put(labproto::kZeroGrad, nullptr, 0, {index(flat)});
     return floats(expect_data(numel(flat) * 4));
@@ -79,23 +90,39 @@ class RemoteStep : public lab04::Step {
     put(labproto::kZeroKeep, part, uint64_t(n) * 4, {index(flat), begin});
     expect_data(0);
   }
-  void optimizer_step() override {
-    put(labproto::kZeroOptimizer, nullptr, 0);
-    expect_data(0);
-  }
-  std::vector<float> part_weights(int flat) override {
-    put(labproto::kZeroPartWeights, nullptr, 0, {index(flat)});
+  std::vector<float> kept_grad(int flat) override {
+    put(labproto::kZeroKeptGrad, nullptr, 0, {index(flat)});
     return floats(expect_data(-1));
+  }
+  std::vector<float> weights(int flat) override {
+    put(labproto::kZeroWeights, nullptr, 0, {index(flat)});
+    return floats(expect_data(numel(flat) * 4));
+  }
+  float* state(int flat, const std::string& name, int64_t n) override {
+    auto it = state_.find({int(index(flat)), name});
+    if (it != state_.end()) {
+      if (int64_t(it->second.size()) != n)
+        throw std::invalid_argument("state(" + std::to_string(flat) + ", \"" + name + "\", " + std::to_string(n) + "): it was made with " +
+                                    std::to_string(it->second.size()) + " floats");
+      return it->second.data();
+    }
+    check_count("state", n, 1, this, this);
+    put(labproto::kZeroState, name.data(), name.size(), {index(flat), n});  // counted by the trainer before it exists here
+    expect_data(0);
+    auto& buf = state_[{flat, name}];
+    buf.assign(size_t(n), 0.0f);
+    return buf.data();
   }
   void set_weights(int flat, int64_t begin, const float* w, int64_t n) override {
     check_count("set_weights", n, 1, w, w);
     put(labproto::kZeroSetWeights, w, uint64_t(n) * 4, {index(flat), begin});
     expect_data(0);
   }
+  const lab04::AdamW& hyper() const override { return hyper_; }
   lab04::Comm& comm() override { return comm_; }
 
  private:
-  const std::pair<std::string, int64_t>& at(int flat) const { return flats_.at(size_t(index(flat))); }
+  const Flat& at(int flat) const { return flats_.at(size_t(index(flat))); }
   int64_t index(int flat) const {
     if (flat < 0 || flat >= int(flats_.size()))
       throw std::out_of_range("flat " + std::to_string(flat) + " of " + std::to_string(flats_.size()) + " (0.." +
@@ -104,41 +131,81 @@ class RemoteStep : public lab04::Step {
   }
   World world_;
   lab04::Comm comm_;
-  std::vector<std::pair<std::string, int64_t>> flats_;
+  std::vector<Flat> flats_;
+  StateBuffers& state_;
+  lab04::AdamW hyper_;
 };
 
 struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
-  std::vector<std::pair<std::string, int64_t>> flats(int64_t count) {
+  std::vector<Flat> flats(int64_t count) {
     if (count < 0 || count > 1 << 20) _exit(3);
-    std::vector<std::pair<std::string, int64_t>> v;
+    std::vector<Flat> v;
     for (int64_t k = 0; k < count; k++) {
-      const int64_t numel = take<int64_t>();
-      std::string name;
-      for (char ch; (ch = take<char>()) != '\0';) name += ch;
-      v.push_back({name, numel});
+      Flat f;
+      f.numel = take<int64_t>();
+      f.decay = take<int64_t>() != 0;
+      for (char ch; (ch = take<char>()) != '\0';) f.name += ch;
+      v.push_back(f);
     }
     return v;
   }
+  lab04::AdamW hyper() {
+    lab04::AdamW h;
+    h.lr = take<float>(), h.beta1 = take<float>(), h.beta2 = take<float>(), h.eps = take<float>();
+    h.weight_decay = take<float>(), h.max_norm = take<float>(), h.t = take<int64_t>();
+    return h;
+  }
 };
+
+void append(std::vector<char>& out, const void* p, size_t n) {
+  out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+}
 
 }  // namespace
 
 int serve_lab04(void* plugin) {
   auto* t = load_table<const Lab04Plugin>(plugin, "distlab_lab04", kLab04Abi, "zero.cpp", "labs/04-zero/api.h");
   if (!t) return 2;
-  return serve_calls([t](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
+  StateBuffers state;  // lives as long as the run: the student's optimizer state
+  return serve_calls([t, &state](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
     switch (f.arg[0]) {
       case labproto::kShardOf: {
         need(t->shard_of, "shard_of");
         const lab04::Shard s = t->shard_of(f.arg[1], int(f.arg[2]), int(f.arg[3]));
-        for (int64_t v : {s.padded, s.begin, s.end}) out.insert(out.end(), reinterpret_cast<const char*>(&v), reinterpret_cast<const char*>(&v) + 8);
+        for (int64_t v : {s.padded, s.begin, s.end}) append(out, &v, 8);
+        return true;
+      }
+      case labproto::kAdamWStep: {
+        need(t->adamw_step, "adamw_step");
+        const int64_t n = f.arg[1];
+        if (n < 0 || n > (int64_t(1) << 24) || in.size() != 36 + 16 * size_t(n)) _exit(3);
+        LabReader r{{in}};
+        const lab04::AdamW h = r.hyper();
+        const float scale = r.take<float>();
+        const size_t count = static_cast<size_t>(n);
+        std::vector<float> w(count), m(count), v(count), g(count);
+        for (auto* x : {&w, &m, &v, &g})
+          if (n) std::memcpy(x->data(), in.data() + r.at, size_t(n) * 4), r.at += size_t(n) * 4;
+        t->adamw_step(h, f.arg[2] != 0, scale, w.data(), m.data(), v.data(), g.data(), n);
+        for (auto* x : {&w, &m, &v}) append(out, x->data(), size_t(n) * 4);
+        return true;
+      }
+      case labproto::kZeroStateDump: {
+        for (const auto& [key, buf] : state) {
+          const int64_t flat = key.first, n = int64_t(buf.size());
+          append(out, &flat, 8);
+          append(out, &n, 8);
+          append(out, key.second.c_str(), key.second.size() + 1);
+          append(out, buf.data(), buf.size() * 4);
+        }
         return true;
       }
       case labproto::kZero1Reduce:
       case labproto::kZero2Reduce:
       case labproto::kZeroStep: {
         LabReader r{{in}};
-        RemoteStep step(int(f.arg[1]), int(f.arg[2]), r.flats(f.arg[3]));
+        const lab04::AdamW h = f.arg[0] == labproto::kZeroStep ? r.hyper() : lab04::AdamW{};
+        RemoteStep step(int(f.arg[1]), int(f.arg[2]), r.flats(f.arg[3]), state, h);
         if (f.arg[0] == labproto::kZero1Reduce) {
           need(t->zero1_reduce, "zero1_reduce");
           t->zero1_reduce(step);

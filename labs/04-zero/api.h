@@ -1,11 +1,11 @@
 // Lab 04: everything your zero.cpp can use, and what you implement. (Don't edit this file: the grader
 // builds your zero.cpp against it, and nothing else of distlab is visible to it.)
 //
-// Your code runs in a process of its own beside the trainer. The trainer owns the model, the data, the
-// forward and backward, and the optimizer's arithmetic (PyTorch's AdamW or SGD, f32 master weights). You
-// decide WHAT each rank keeps and WHAT it sends: the partition, the collectives, and which part of the
-// optimizer each rank steps. The trainer keeps whatever you hand it and measures it — so the memory a rank
-// holds and the bytes it sends are your design's, counted where your code can't reach.
+// Your code runs in a process of its own beside the trainer. The trainer owns the model, the data and the
+// forward and backward. You own everything ZeRO is: the partition, the collectives, and the sharded AdamW —
+// its master weights and moments, for the part of each flat this rank owns, in buffers you ask the trainer
+// for (Step::state), so that the memory a rank holds and the bytes it sends are counted where your code
+// can't reach them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -49,6 +49,21 @@ struct Shard {
 };
 Shard shard_of(int64_t numel, int rank, int world);
 
+// PyTorch's torch.optim.AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization") as the run's
+// config sets it, for this optimizer step.
+struct AdamW {
+  float lr = 0;                // this step's learning rate (the schedule's, already applied)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0;      // applies only to flats whose decay(flat) is true
+  float max_norm = 0;          // clip the gradient's global 2-norm to this first (clip_grad_norm_); 0: no clipping
+  int64_t t = 1;               // the step's number, 1 for the first step: what the bias corrections use
+};
+
+// Task 2 — one AdamW step on n elements, in place: w (the f32 master weights), m and v (the moments) are
+// updated from g times grad_scale (the clipping coefficient). Where decay is false, no weight decay. The
+// grader asks it directly, with its own numbers, and compares it with PyTorch's AdamW.
+void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n);
+
 // The model as your ZeRO sees it: a list of flats. A flat is one unit's parameters (a transformer block,
 // the embeddings) of one weight-decay group, one after the other in a single vector — PyTorch FSDP's
 // FlatParameter. Positions: 0..numel(flat)-1; padding, if you add it, comes after.
@@ -58,42 +73,51 @@ class Step {
   virtual int num_flats() const = 0;
   virtual int64_t numel(int flat) const = 0;
   virtual std::string name(int flat) const = 0;  // "unit 1 (decayed): h.0.ln_1.weight ... h.0.mlp.c_proj.weight"
-  // The flat's whole gradient on THIS rank, before any averaging (numel floats). Only while its gradient
-  // is complete: in zero1_reduce, every flat; in zero2_reduce(step, flat), that flat.
+  virtual bool decay(int flat) const = 0;        // does weight decay apply to this flat (PyTorch's param groups)
+  // The flat's whole gradient on THIS rank, before any averaging (numel floats). Only while it is complete
+  // and not yet released: in zero1_reduce, every flat; in zero2_reduce(step, flat), that flat.
   virtual std::vector<float> grad(int flat) = 0;
-  // Hand the trainer this rank's averaged gradient part: elements [begin, begin + n) of the padded flat.
-  // The trainer releases the flat's whole gradient here (nothing else needs it), keeps the part (in the
-  // run's dtype), and its optimizer keeps state — f32 master weights and moments — for exactly these n
-  // elements. Once per flat per step; the same part every step (its optimizer state stays on this rank).
-  // A rank that owns nothing of a flat keeps n = 0.
+  // Hand the trainer this rank's averaged gradient part: elements [begin, begin + n) of the padded flat,
+  // n = part's length in floats. The trainer releases the flat's whole gradient here (nothing else needs
+  // it) and keeps the part, counted as this rank's gradients, in the run's dtype (as a GPU would hold it).
+  // Once per flat per step, in zero1_reduce or zero2_reduce.
   virtual void keep_grad(int flat, int64_t begin, const float* part, int64_t n) = 0;
-  // The trainer's optimizer steps every part kept (after clipping, at this step's lr). Once per zero_step.
-  virtual void optimizer_step() = 0;
-  // After optimizer_step: the new weights of the part this rank kept of `flat` (n floats, f32).
-  virtual std::vector<float> part_weights(int flat) = 0;
+  // In zero_step: the part kept for `flat` this step (n floats, as the trainer holds it).
+  virtual std::vector<float> kept_grad(int flat) = 0;
+  // The flat's weights as the model holds them now (numel floats; in a bf16 run, bf16 values). A master
+  // copy starts from these.
+  virtual std::vector<float> weights(int flat) = 0;
+  // A buffer of n floats for `flat`'s optimizer state, zeroed when first asked for, the same buffer on
+  // every later call with the same (flat, name) for the rest of the run. Counted as this rank's optimizer
+  // state (4 bytes per float). Name the moments "exp_avg" and "exp_avg_sq" (PyTorch's state_dict names):
+  // the trainer reads them back after every step and checks that they are AdamW's moments of the part
+  // this rank kept.
+  virtual float* state(int flat, const std::string& name, int64_t n) = 0;
   // Writes weights into this rank's model: elements [begin, begin + n) of the padded flat (positions at or
-  // past numel(flat), the padding, are dropped). In zero_step only.
+  // past numel(flat), the padding, are dropped; rounded into the model's dtype). In zero_step only.
   virtual void set_weights(int flat, int64_t begin, const float* weights, int64_t n) = 0;
+  virtual const AdamW& hyper() const = 0;  // this step's settings (zero_step)
   virtual Comm& comm() = 0;
 };
 
-// Task 2 — ZeRO-1 (the optimizer state sharded). After the whole backward: for every flat, average the
+// Task 3 — ZeRO-1 (the optimizer state sharded). After the whole backward: for every flat, average the
 // gradient over ranks so that this rank gets exactly its part, and keep it.
 void zero1_reduce(Step& step);
-// Task 3 — the sharded optimizer step (both stages): step the parts, then make every rank's model whole
-// and equal again.
+// Task 4 — the sharded optimizer step (both stages): clip by the global norm, step this rank's parts with
+// its own state, then make every rank's model whole and equal again.
 void zero_step(Step& step);
-// Task 4 — ZeRO-2 (the gradients sharded too): the same reduction, flat by flat, DURING backward: called
+// Task 5 — ZeRO-2 (the gradients sharded too): the same reduction, flat by flat, DURING backward: called
 // as soon as `flat`'s gradient is complete (the last layers first).
 void zero2_reduce(Step& step, int flat);
 
 }  // namespace lab04
 
 // The table the grader looks up in your plugin (defined at the bottom of zero.cpp).
-constexpr int kLab04Abi = 1;
+constexpr int kLab04Abi = 2;
 struct Lab04Plugin {
   int abi;  // kLab04Abi
   lab04::Shard (*shard_of)(int64_t, int, int);
+  void (*adamw_step)(const lab04::AdamW&, bool, float, float*, float*, float*, const float*, int64_t);
   void (*zero1_reduce)(lab04::Step&);
   void (*zero_step)(lab04::Step&);
   void (*zero2_reduce)(lab04::Step&, int);

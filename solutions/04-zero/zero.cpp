@@ -1,5 +1,7 @@
 // Lab 04 — ZeRO-1 and ZeRO-2: every rank keeps 1/N of the optimizer state, then 1/N of the gradients too,
 // and the job communicates exactly what DDP does.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "labs/04-zero/api.h"
@@ -17,10 +19,27 @@ Shard shard_of(int64_t numel, int rank, int world) {
   /// END SOLUTION
 }
 
+void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n) {
+  /// BEGIN SOLUTION
+  // PyTorch's order: decay the weights (decoupled: not through the gradient), then the moments, then the
+  // bias-corrected step
+  const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.t)), bc2 = 1.0 - std::pow(double(h.beta2), double(h.t));
+  const float step_size = float(h.lr / bc1), bc2_sqrt = float(std::sqrt(bc2));
+  const float shrink = decay ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  for (int64_t i = 0; i < n; i++) {
+    const float gi = g[i] * grad_scale;
+    w[i] *= shrink;
+    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
+    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
+    w[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + h.eps);
+  }
+  /// END SOLUTION
+}
+
+/// BEGIN SOLUTION ONLY
 // One flat: this rank's part of the average over ranks of the gradient — a reduce-scatter, half an
 // all-reduce's bytes — handed to the trainer, which then frees the whole gradient.
-void reduce_flat(Step& step, int flat) {
-  /// BEGIN SOLUTION
+static void reduce_flat(Step& step, int flat) {
   Comm& comm = step.comm();
   const Shard s = shard_of(step.numel(flat), comm.rank(), comm.size());
   std::vector<float> g = step.grad(flat);
@@ -28,8 +47,8 @@ void reduce_flat(Step& step, int flat) {
   std::vector<float> part(size_t(s.end - s.begin));
   comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);
   step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);
-  /// END SOLUTION
 }
+/// END SOLUTION ONLY
 
 void zero1_reduce(Step& step) {
   /// BEGIN SOLUTION
@@ -39,13 +58,35 @@ void zero1_reduce(Step& step) {
 
 void zero_step(Step& step) {
   /// BEGIN SOLUTION
-  step.optimizer_step();  // this rank's parts only: 12 bytes of AdamW state per element it owns
   Comm& comm = step.comm();
+  const AdamW& h = step.hyper();
+  // the global norm: each rank holds 1/N of every averaged gradient, so the squares add up over ranks
+  std::vector<std::vector<float>> grads;
+  float sq = 0;
+  for (int f = 0; f < step.num_flats(); f++) {
+    grads.push_back(step.kept_grad(f));
+    double s = 0;
+    for (float x : grads.back()) s += double(x) * x;
+    sq += float(s);
+  }
+  float scale = 1.0f;
+  if (h.max_norm > 0) {
+    comm.all_reduce(&sq, 1, ReduceOp::sum);
+    scale = std::min(1.0f, h.max_norm / (std::sqrt(sq) + 1e-6f));  // torch.nn.utils.clip_grad_norm_
+  }
   for (int f = 0; f < step.num_flats(); f++) {
     const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());
-    const std::vector<float> mine = step.part_weights(f);
+    const int64_t n = s.end - s.begin;
+    float* master = step.state(f, "master", n);  // 12 bytes per element this rank owns, nothing for the rest
+    float* m = step.state(f, "exp_avg", n);
+    float* v = step.state(f, "exp_avg_sq", n);
+    if (h.t == 1) {  // the master starts from the weights as they are (the padding stays 0)
+      const std::vector<float> w = step.weights(f);
+      for (int64_t i = 0; i < n; i++) master[i] = s.begin + i < int64_t(w.size()) ? w[size_t(s.begin + i)] : 0.0f;
+    }
+    adamw_step(h, step.decay(f), scale, master, m, v, grads[size_t(f)].data(), n);
     std::vector<float> whole(size_t(s.padded));
-    comm.all_gather(mine.data(), whole.data(), s.end - s.begin);  // the other half of DDP's all-reduce
+    comm.all_gather(master, whole.data(), n);  // the other half of DDP's all-reduce: every rank's new part
     step.set_weights(f, 0, whole.data(), s.padded);
   }
   /// END SOLUTION
@@ -59,4 +100,5 @@ void zero2_reduce(Step& step, int flat) {
 
 }  // namespace lab04
 
-extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi, lab04::shard_of, lab04::zero1_reduce, lab04::zero_step, lab04::zero2_reduce};
+extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi, lab04::shard_of, lab04::adamw_step, lab04::zero1_reduce, lab04::zero_step,
+                                        lab04::zero2_reduce};

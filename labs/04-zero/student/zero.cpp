@@ -1,5 +1,7 @@
 // Lab 04 — ZeRO-1 and ZeRO-2: every rank keeps 1/N of the optimizer state, then 1/N of the gradients too,
 // and the job communicates exactly what DDP does.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include <stdexcept>
@@ -14,11 +16,9 @@ Shard shard_of(int64_t numel, int rank, int world) {
                          "fill in the TODO in labs/04-zero/student/zero.cpp");
 }
 
-// One flat: this rank's part of the average over ranks of the gradient — a reduce-scatter, half an
-// all-reduce's bytes — handed to the trainer, which then frees the whole gradient.
-void reduce_flat(Step& step, int flat) {
-  // TODO(04-zero): implement reduce_flat. Read labs/04-zero/README.md.
-  throw std::logic_error("04-zero: reduce_flat is not implemented yet: "
+void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n) {
+  // TODO(04-zero): implement adamw_step. Read labs/04-zero/README.md.
+  throw std::logic_error("04-zero: adamw_step is not implemented yet: "
                          "fill in the TODO in labs/04-zero/student/zero.cpp");
 }
 
@@ -42,4 +42,5 @@ void zero2_reduce(Step& step, int flat) {
 
 }  // namespace lab04
 
-extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi, lab04::shard_of, lab04::zero1_reduce, lab04::zero_step, lab04::zero2_reduce};
+extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi, lab04::shard_of, lab04::adamw_step, lab04::zero1_reduce, lab04::zero_step,
+                                        lab04::zero2_reduce};
