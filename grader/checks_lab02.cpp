@@ -101,7 +101,8 @@ CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
       }
     }
   }
-  return {true, "", "", ""};
+  return {true, "", "", fmt::format("n in 0..1000 on 1..4 ranks{}{}: every rank's indices as PyTorch's DistributedSampler's (shuffle, seed 17)",
+                                    which == "covering" ? "" : ", drop_last both ways", which == "set_epoch" ? ", epochs 0 and 1" : "")};
 }
 
 // ---- training jobs ----
@@ -149,7 +150,14 @@ CheckResult curve(CheckContext& ctx) {
       bad.hint = "the curve runs away: all_reduce gives the SUM over ranks; the gradient of the global batch's mean loss is the average";
     return bad;
   }
-  return {true, "", "", ""};
+  std::string detail;
+  for (const std::string mode : {"naive", "bucketed"}) {
+    const Job& mine = curve_job(ctx, mode);
+    double worst = 0;
+    for (size_t i = 0; i < mine.losses.size(); i++) worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
+    detail += fmt::format("{}{} DDP: {} steps, {:.1e} from the 1-rank curve at worst", detail.empty() ? "" : "; ", mode, mine.losses.size(), worst);
+  }
+  return {true, "", "", detail};
 }
 
 CheckResult params_equal(CheckContext& ctx) {
@@ -162,7 +170,7 @@ CheckResult params_equal(CheckContext& ctx) {
               at == std::string::npos ? std::string("the replicas differ") : mine.failure.substr(from, mine.failure.find('\n', at) - from), ""};
     }
   }
-  return {true, "", "", ""};
+  return {true, "", "", "naive and bucketed DDP: every parameter bitwise equal on both ranks at the end (the trainers compared them)"};
 }
 
 // An epoch's modeled time: steps per epoch x modeled time per step. One rank takes dataset/global_batch
@@ -174,7 +182,8 @@ CheckResult speedup(CheckContext& ctx) {
   const double one = double(s.value("dataset_size", int64_t(0))) / 128.0 * s.value("modeled_single_rank_s", 0.0);
   const double two = double(s.value("steps_per_epoch", int64_t(0))) * s.value("modeled_step_s", 0.0);
   const double x = two > 0 ? one / two : 0;
-  if (x >= 1.8) return {true, "", "", ""};
+  if (x >= 1.8)
+    return {true, "", "", fmt::format("an epoch modeled on two T4s: {:.3f} s against one T4's {:.3f} s, {:.2f}x", two, one, x)};
   const int64_t per_rank = s.value("samples_per_epoch_per_rank", int64_t(0));
   if (per_rank >= s.value("dataset_size", int64_t(1)))
     return {false, "an epoch >= 1.8x faster on 2 T4s than on one",
@@ -243,7 +252,7 @@ CheckResult bucket_count(CheckContext& ctx) {
               fmt::format("rank {} all_reduced {} bytes at once", r.value("rank", -1), largest), "",
               "a bucket holds parameters in reverse order until the next would take it past bucket_mb: one all_reduce each"};
   }
-  return {true, "", "", ""};
+  return {true, "", "", fmt::format("{} all_reduces per step, the largest {} bytes (bucket_mb 0.05)", calls, want.largest)};
 }
 
 CheckResult overlap(CheckContext& ctx) {
@@ -251,9 +260,36 @@ CheckResult overlap(CheckContext& ctx) {
   const Job& naive = job(ctx, "short-2-engine-naive", 2, false, with(kShort, "parallel.ddp_mode=naive"));
   const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const double n = naive.summary.value("modeled_exposed_comm_s", 0.0), b = mine.summary.value("modeled_exposed_comm_s", 1e9);
-  if (b <= 0.5 * n) return {true, "", "", ""};
+  if (b <= 0.5 * n)
+    return {true, "", "", fmt::format("modeled on t4-pcie: {:.1f} us of communication exposed, naive DDP's {:.1f} us ({:.0f} %)", b * 1e6, n * 1e6,
+                                      100 * b / n)};
   return {false, fmt::format("at most half of naive DDP's exposed communication ({:.1f} us)", n * 1e6),
           fmt::format("{:.1f} us: the buckets' all_reduces don't run during backward", b * 1e6), ""};
+}
+
+// Gradient accumulation (k = 4 micro-steps per step, the same global batch): the engine's bucketed DDP with
+// the same micro-batches gives the losses and the bytes of one synchronisation per optimizer step.
+CheckResult no_sync(CheckContext& ctx) {
+  if (auto bad = bucketed_must_train(ctx)) return *bad;
+  const std::vector<std::string> accum = with(kShort, "train.accum_steps=4");
+  const Job& ref = job(ctx, "accum4-2-engine", 2, false, accum);
+  const Job& mine = job(ctx, "accum4-2", 2, true, accum, true);
+  double worst = 0;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++)
+    worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
+  if (mine.losses.size() != ref.losses.size() || !(worst < 1e-5) || mine.diverged)
+    return {false, "accumulating 4 micro-steps on 2 ranks: the engine's DDP losses within 1e-5 relative, replicas equal",
+            mine.diverged ? "the replicas diverged" : fmt::format("{:.1e} relative at worst", worst), "",
+            "on a no_sync micro-step the gradients stay on this rank and add up; the last micro-step averages the sums"};
+  const double want = ref.first_step.value("comm_bytes_sent", 0.0), got = mine.first_step.value("comm_bytes_sent", 0.0);
+  const int64_t calls = mine.first_step.value("comm_calls", int64_t(-1)), want_calls = ref.first_step.value("comm_calls", int64_t(-1));
+  const std::string numbers = fmt::format("{:.0f} bytes in {} all_reduces per optimizer step (the engine's no_sync DDP: {:.0f} in {})", got, calls,
+                                          want, want_calls);
+  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", numbers};
+  return {false, "accumulating 4 micro-steps: one synchronisation per optimizer step, the engine's bytes within 1 %", numbers, "",
+          fmt::format("{:.1f}x the bytes: the gradients are averaged on every micro-step; PyTorch's no_sync() sends nothing until the "
+                      "last one (the sums stay right either way, which is why only the bytes show it)",
+                      got / want)};
 }
 
 }  // namespace
@@ -269,6 +305,7 @@ std::map<std::string, CheckDef> lab02_checks() {
       {"modeled_speedup_t4", {speedup, true}},
       {"bucketed_allreduces", {bucket_count, true}},
       {"bucketed_overlap", {overlap, true}},
+      {"no_sync_accumulation", {no_sync, true}},
   };
 }
 

@@ -249,7 +249,8 @@ CheckResult sequence(CheckContext& ctx) {
       return bad;
     }
   }
-  return {true, "", "", ""};
+  return {true, "", "", "5 configurations x 120 steps with overflows drawn for this grading: every scale and growth_tracker as "
+                        "torch.cuda.amp.GradScaler's"};
 }
 
 // ---- 3. an overflow on one rank is every rank's ----
@@ -299,7 +300,9 @@ CheckResult overflow_everywhere(CheckContext& ctx) {
       }
     }
   }
-  return {true, "", "", ""};
+  return {true, "", "", fmt::format("2 and 3 ranks, {} draws each (an inf or a NaN on a drawn rank, or none): every rank agreed, every "
+                                    "gradient divided exactly",
+                                    kDraws)};
 }
 
 // ---- 4. clip_grad_norm ----
@@ -347,7 +350,7 @@ CheckResult clipping(CheckContext& ctx) {
                   max_norm <= 0 ? "max_norm 0 means no clipping" : "above max_norm, every gradient x max_norm / (norm + 1e-6); below it, untouched"};
       }
   }
-  return {true, "", "", ""};
+  return {true, "", "", "max_norm 0.5, 1e6, 0 and 2 over 4 tensors: the norm and every gradient as torch.nn.utils.clip_grad_norm_'s (1e-6)"};
 }
 
 // ---- 5-7. train_step in training jobs ----
@@ -397,7 +400,14 @@ CheckResult accumulation(CheckContext& ctx) {
     else bad.hint = "clip once, after the last micro-batch and AFTER unscaling: the threshold is about the true gradient";
     return bad;
   }
-  return {true, "", "", ""};
+  std::string detail;
+  for (const std::string clip : {"0", "0.5"}) {
+    const Curve c = compare_curves(job(ctx, "accum-ref-" + clip, 1, false, with(with(kAccum, "optim.clip_grad_norm=" + clip), "train.accum_steps=1")),
+                                   job(ctx, "accum-" + clip, 1, true, with(with(kAccum, "optim.clip_grad_norm=" + clip), "train.accum_steps=4")));
+    detail += fmt::format("{}{}: {:.1e} from one batch of 128 at worst", detail.empty() ? "" : "; ", clip == "0" ? "unclipped" : "clipped at 0.5",
+                          c.worst);
+  }
+  return {true, "", "", detail};
 }
 
 CheckResult schedule(CheckContext& ctx) {
@@ -411,7 +421,8 @@ CheckResult schedule(CheckContext& ctx) {
             i < mine.lrs.size() && mine.lrs[i] < ref.lrs[i] ? "the schedule advances per micro-batch: scheduler_step once per optimizer step"
                                                             : "call scheduler_step once per optimizer step (PyTorch's scheduler.step())"};
   }
-  return {true, "", "", ""};
+  return {true, "", "", fmt::format("{} optimizer steps of 4 micro-batches: every lr the schedule's (last {:g})", ref.lrs.size(),
+                                    ref.lrs.empty() ? 0.0 : ref.lrs.back())};
 }
 
 // fp16 with the student's scaler against the engine's fp32, the lab's config at a global batch of 64 for

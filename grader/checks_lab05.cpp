@@ -38,17 +38,19 @@ CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& shardin
   if (!mine.ok) return {false, setup + ": every rank ends with the same weights", "the replicas diverged", ""};
   size_t at = 0;
   const double worst = worst_rel(ref, mine, at);
-  if (worst <= 1e-6) return {true, "", "", ""};
+  if (worst <= 1e-6) return {true, "", "", fmt::format("{}: {} steps, {:.1e} from DDP at worst", setup, mine.losses.size(), worst)};
   return {false, fmt::format("{}: DDP's losses within 1e-6 relative (step {}: {:.6f})", setup, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
           at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst) : "fewer steps", ""};
 }
 
 CheckResult fsdp_equals_ddp(CheckContext& ctx) {
+  std::string detail;
   for (int ranks : {2, 3}) {
     CheckResult r = follows_ddp(ctx, ranks, "full_shard");
     if (!r.passed) return r;
+    detail += (detail.empty() ? "" : "; ") + r.detail;
   }
-  return {true, "", "", ""};
+  return {true, "", "", detail};
 }
 
 double bytes_per_step(const Job& j) { return j.steps.empty() ? 0.0 : j.steps.back().value("comm_bytes_sent", 0.0); }
@@ -130,8 +132,12 @@ CheckResult prefetch_overlaps(CheckContext& ctx) {
                                          1e3 * want, 1e3 * none, 1e3 * got,
                                          mine.summary["strategy_report"].value("gathers_requested_ahead", int64_t(0)));
   if (got <= 1.05 * want + 1e-6 && got < 0.8 * none) return {true, "", "", detail};
-  return {false, fmt::format("modeled exposed communication at most {:.2f} ms per step (the engine's prefetching FSDP + 5 %)", 1.05e3 * want),
-          fmt::format("{:.2f} ms", 1e3 * got), detail};
+  CheckResult bad{false, fmt::format("modeled exposed communication at most {:.2f} ms per step (the engine's prefetching FSDP + 5 %)", 1.05e3 * want),
+                  fmt::format("{:.2f} ms", 1e3 * got), detail};
+  if (mine.summary["strategy_report"].value("root_freed_after_forward", int64_t(0)) > 0)
+    bad.hint = "the root unit was freed after its forward, so backward starts by gathering it again with nothing to hide behind: PyTorch's "
+               "root rule keeps the root whole from forward to backward (never reshard it after forward)";
+  return bad;
 }
 
 CheckResult offload_tradeoff(CheckContext& ctx) {

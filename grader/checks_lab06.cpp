@@ -239,7 +239,8 @@ CheckResult layer_check(CheckContext& ctx, bool column) {
               reduces_text(b.reduces), "",
               column ? "one all-reduce of dx, nothing else: dw and db are this rank's own" : "dy is whole on every rank: nothing to communicate"};
   }
-  return {true, "", "", ""};
+  return {true, "", "", column ? "y, dx, dw and db on every rank within the tolerance; backward: one all-reduce of dx, forward: none"
+                               : "y, dx, dw and db on every rank within the tolerance; forward: one all-reduce of y, backward: none"};
 }
 
 // ---- the schedule, asked directly ----
@@ -289,7 +290,7 @@ CheckResult schedule_1f1b(CheckContext& ctx) {
         else bad.hint = "after the warm-up, alternate one forward and one backward (the oldest micro-batch first), then the backwards left";
         return bad;
       }
-  return {true, "", "", ""};
+  return {true, "", "", "every stage of p = 1..8 pipelines, m = p..2p + 1: Megatron's 1F1B order"};
 }
 
 // ---- training jobs ----

@@ -103,7 +103,7 @@ CheckResult compare(const Job& ref, const Job& mine, const std::string& setup) {
   size_t at = 0;
   while (at < std::min(ref.losses.size(), mine.losses.size()) && ref.losses[at] == mine.losses[at]) at++;
   if (at == ref.losses.size() && mine.losses.size() == ref.losses.size() && mine.saved == ref.saved && !mine.saved.empty())
-    return {true, "", "", ""};
+    return {true, "", "", fmt::format("{}: {} losses and the final weights bit for bit the uninterrupted run's", setup, ref.losses.size())};
   const nlohmann::json res = resume_of(mine);
   const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
   CheckResult bad{false, setup + ": every loss and the final weights of the uninterrupted run, bit for bit", "", join(problems), hint_for(problems)};

@@ -425,10 +425,17 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
       // one all_reduce per bucket, in the right number and at the right times, of one float each: the count
       // and the overlap of real buckets, and gradients never averaged
       {"decoy_buckets", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "1, ReduceOp::avg);")},
+      // no no_sync: every micro-step of accumulation all-reduces. The sums come out right (the averages of the
+      // partial sums add up to the average of the whole), so only the bytes show it: 4x per optimizer step
+      {"syncs_every_micro_step", replace(replace(solution, "    if (!sync_) return;\n", ""),
+                                         "    if (!sync_) return;  // the local sums stay as backward left them\n", "")},
   };
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
-  CHECK(rows["John Smith; touch pwned"].total == 13);
+  CHECK(rows["John Smith; touch pwned"].total == 15);
+  CHECK(rows["syncs_every_micro_step"].points["no_sync_accumulation"] == 0);
+  CHECK(rows["syncs_every_micro_step"].points["curve_matches_one_rank"] == 3);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "syncs_every_micro_step.txt"), Catch::Contains("4.0x the bytes"));
   CHECK(!fs::exists(fs::path(DISTLAB_SOURCE_DIR) / "pwned"));
   CHECK(!fs::exists("pwned"));
   CHECK(rows["skeleton"].total == 0);
@@ -563,12 +570,12 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole optimizer, misaligned shards, no all-gather, all-reduce, no bias correction, L2, state kept elsewhere, a local norm", "[grader][lab04]") {
+TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole optimizer, misaligned shards, no all-gather, all-reduce, a blocking ZeRO-2, no bias correction, L2, state kept elsewhere, a local norm", "[grader][lab04]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/04-zero/zero.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs04-" + std::to_string(getpid()));
-  const std::string reduce = "  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);\n"
-                             "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n";
+  const std::string reduce = "  p.handle = comm.reduce_scatter_async(g.data(), p.part.data(), s.end - s.begin, ReduceOp::avg);\n";
+  const std::string keep = "  step.keep_grad(p.flat, p.begin, p.part.data(), int64_t(p.part.size()));\n";
   const std::string gather = "    comm.all_gather(master, whole.data(), n);  // the other half of DDP's all-reduce: every rank's new part\n"
                              "    step.set_weights(f, 0, whole.data(), s.padded);\n";
   const std::string my_part = "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t n = s.end - s.begin;\n";
@@ -576,9 +583,11 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       {"solution", solution},
       {"skeleton", read(src / "labs/04-zero/student/zero.cpp")},
       // DDP in disguise: every rank averages the whole gradient and steps the whole flat with whole state. It
-      // trains exactly as DDP unclipped, moves DDP's bytes, and holds DDP's 16 bytes per parameter
+      // trains exactly as DDP (each rank's norm is the whole gradient's), moves DDP's bytes, and holds DDP's
+      // 16 bytes per parameter
       {"whole_optimizer",
-       replace(replace(replace(replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", ""), reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, 0, g.data(), s.padded);\n"),
+       replace(replace(replace(replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", ""), reduce,
+                               "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  p.begin = 0;\n  p.part = g;\n"),
                        my_part, "    Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    s.begin = 0, s.end = s.padded;\n"
                                 "    const int64_t n = s.end - s.begin;\n"),
                gather, "    step.set_weights(f, 0, master, s.padded);\n")},
@@ -588,22 +597,25 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       {"no_all_gather", replace(solution, gather, "    step.set_weights(f, s.begin, master, n);\n")},
       // ZeRO's naive form: all-reduce the whole gradient, keep the slice. Right numbers, right memory, 1.5x the bytes
       {"all_reduce_then_slice",
-       replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, g.data() + s.begin, s.end - s.begin);\n")},
+       replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n"
+                                 "  std::copy(g.begin() + s.begin, g.begin() + s.end, p.part.begin());\n")},
+      // ZeRO-2 that waits for each reduction where it starts: right numbers and bytes, nothing overlapped
+      {"zero2_blocking", replace(solution, "  in_flight.push_back(start_reduce(step, flat));  // (moving a Reduction keeps its part's buffer, where the wait writes)\n",
+                                 "  Reduction p = start_reduce(step, flat);\n  finish_reduce(step, p);\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
       // nothing kept, junk of DDP's size all-reduced, nothing stepped or gathered: DDP's bytes, tiny memory, no training
-      {"empty_parts", replace(replace(replace(solution, reduce,
-                                              "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  step.keep_grad(flat, s.begin, part.data(), 0);\n"),
+      {"empty_parts", replace(replace(replace(solution, reduce, "  comm.all_reduce(g.data(), s.padded, ReduceOp::avg);\n  p.part.clear();\n"),
                                       my_part, "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t n = 0;\n"),
                               gather, "    (void)whole;\n")},
       // the last rank keeps its neighbour's part too, and steps it: it trains as DDP, and that rank holds twice the state
       {"last_rank_hoards",
-       replace(replace(replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
-                               "  const int64_t n = s.end - s.begin;\n  std::vector<float> all(size_t(s.padded));\n"
-                               "  comm.all_gather(part.data(), all.data(), n);\n"
-                               "  if (comm.size() > 1 && comm.rank() == comm.size() - 1) step.keep_grad(flat, s.begin - n, all.data() + s.begin - n, 2 * n);\n"
-                               "  else step.keep_grad(flat, s.begin, part.data(), n);\n"),
+       replace(replace(replace(solution, keep,
+                               "  Comm& comm = step.comm();\n  const int64_t n = int64_t(p.part.size());\n"
+                               "  std::vector<float> all(size_t(n * comm.size()));\n  comm.all_gather(p.part.data(), all.data(), n);\n"
+                               "  if (comm.size() > 1 && comm.rank() == comm.size() - 1) step.keep_grad(p.flat, p.begin - n, all.data() + p.begin - n, 2 * n);\n"
+                               "  else step.keep_grad(p.flat, p.begin, p.part.data(), n);\n"),
                        my_part, "    Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n    const int64_t mine = s.end - s.begin;\n"
                                 "    const bool hoard = comm.size() > 1 && comm.rank() == comm.size() - 1;\n    if (hoard) s.begin -= mine;\n"
                                 "    const int64_t n = s.end - s.begin;\n"),
@@ -613,18 +625,16 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       {"set_weights_wraps", replace(solution, "  const AdamW& h = step.hyper();\n",
                                     "  const AdamW& h = step.hyper();\n  { std::vector<float> junk(16, 1.0f);\n"
                                     "    step.set_weights(0, INT64_MAX - 15, junk.data(), 16); }\n")},
-      {"keep_grad_wraps", replace(solution, "  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);\n",
-                                  "  std::vector<float> big(16384, 0.0f);\n"
-                                  "  step.keep_grad(flat, INT64_MAX - 15, big.data(), 16384);\n")},
+      {"keep_grad_wraps", replace(solution, keep, "  std::vector<float> big(16384, 0.0f);\n  step.keep_grad(p.flat, INT64_MAX - 15, big.data(), 16384);\n")},
       // a reduce_scatter written straight onto the socket, past the host's checks: n·world wraps to 64 bytes
       {"raw_reduce_scatter", "#include <unistd.h>\n#include <cstring>\n" +
-                                 replace(solution, "  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);\n",
+                                 replace(solution, reduce,
                                          "  struct { uint32_t op, reserved; uint64_t bytes; int64_t arg[8]; } f{};\n"
                                          "  f.op = 24; f.bytes = 64; f.arg[0] = 1; f.arg[1] = (int64_t(1) << 62) + 16;\n"
                                          "  char payload[64] = {};\n"
                                          "  if (write(3, &f, sizeof f) != sizeof f || write(3, payload, 64) != 64) _exit(9);\n"
                                          "  char answer[80];\n  if (read(3, answer, 80) <= 0) _exit(9);\n")},
-      // Adam's moments without their bias correction: the first steps are ~10x too small
+      // Adam's moments without their bias correction: the first steps are ~3x too large
       {"no_bias_correction",
        replace(solution, "  const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.t)), bc2 = 1.0 - std::pow(double(h.beta2), double(h.t));\n",
                "  const double bc1 = 1.0, bc2 = 1.0;\n")},
@@ -635,17 +645,20 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       // the cheat: the moments in the plugin's own memory, where the trainer can't count them, and state
       // buffers of the right size that hold nothing. Right numbers, right bytes, right memory as counted
       {"state_kept_elsewhere",
-       "#include <map>\n" + replace(replace(solution, "    float* m = step.state(f, \"exp_avg\", n);\n    float* v = step.state(f, \"exp_avg_sq\", n);\n",
-                                            "    static std::map<int, std::vector<float>> mine_m, mine_v;\n"
-                                            "    (void)step.state(f, \"exp_avg\", n);\n    (void)step.state(f, \"exp_avg_sq\", n);\n"
-                                            "    mine_m[f].resize(size_t(n)), mine_v[f].resize(size_t(n));\n"
-                                            "    float* m = mine_m[f].data();\n    float* v = mine_v[f].data();\n"),
-                                    "#include <algorithm>\n", "#include <algorithm>\n#include <map>\n")},
+       replace(replace(solution, "    float* m = step.state(f, \"exp_avg\", n);\n    float* v = step.state(f, \"exp_avg_sq\", n);\n",
+                       "    static std::map<int, std::vector<float>> mine_m, mine_v;\n"
+                       "    (void)step.state(f, \"exp_avg\", n);\n    (void)step.state(f, \"exp_avg_sq\", n);\n"
+                       "    mine_m[f].resize(size_t(n)), mine_v[f].resize(size_t(n));\n"
+                       "    float* m = mine_m[f].data();\n    float* v = mine_v[f].data();\n"),
+               "#include <algorithm>\n", "#include <algorithm>\n#include <map>\n")},
       // each rank clips by the norm of its own parts: the global norm needs every rank's squares
       {"local_norm", replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", "")},
   };
   auto rows = grade_batch("04", subs, files, "zero.cpp");
-  CHECK(rows["solution"].total == 16);
+  CHECK(rows["solution"].total == 18);
+  CHECK(rows["zero2_blocking"].points["zero2_overlaps"] == 0);
+  CHECK(rows["zero2_blocking"].points["zero2_equals_ddp"] == 2);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "zero2_blocking.txt"), Catch::Contains("exposed"));
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["empty_parts"].total == 5);  // the partition and AdamW only: bytes and memory count for a ZeRO that trains
@@ -710,6 +723,9 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed
       // every gather waited for on the spot: nothing overlaps
       {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) f.gather(next);", "    {}"),
                               "    if (const int next = next_in(f.backward_order(), unit); next >= 0) f.gather(next);", "    {}")},
+      // the root rule broken: the root is freed after forward, so backward starts with an exposed gather of it
+      {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != f.root()) f.free(unit);\n",
+                             "  if (o.reshard_after_forward) f.free(unit);\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/05-fsdp-1b/student/fsdp.cpp") +
                           "\nstatic int forged = [] { std::puts(\"11/11 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -729,6 +745,9 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed
   CHECK_THAT(read(feedback / "never_frees.txt"), Catch::Contains("free each unit after its forward"));
   CHECK_THAT(read(feedback / "freed_before_backward.txt"), Catch::Contains("not gathered again"));
   CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
+  CHECK(rows["frees_root"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["frees_root"].points["prefetch_overlaps"] == 0);
+  CHECK_THAT(read(feedback / "frees_root.txt"), Catch::Contains("root rule"));
   fs::remove_all(subs);
 }
 
@@ -858,7 +877,7 @@ TEST_CASE("grade --html: the report renders in headless Chromium with the table,
   INFO(out);
   REQUIRE(code == 0);
   const std::string html = read(page);
-  CHECK_THAT(html, Catch::Contains("13 of 13 points") && Catch::Contains("curve_matches_one_rank"));
+  CHECK_THAT(html, Catch::Contains("15 of 15 points") && Catch::Contains("curve_matches_one_rank"));
   // the report's runs are a grading's jobs: where the grader is root, the trainer runs as nobody (or as root,
   // saying which path nobody can't reach: a build under /root)
   if (geteuid() == 0)

@@ -33,6 +33,7 @@ class LabFSDP : public ZeRO3 {
   nlohmann::json report() const override {
     auto r = ZeRO3::report();
     r["gathers_requested_ahead"] = ahead_;  // gather() of a unit before its wait(): prefetches
+    r["root_freed_after_forward"] = root_freed_;  // the root rule broken: gathered again as backward starts
     return r;
   }
 
@@ -51,6 +52,7 @@ class LabFSDP : public ZeRO3 {
   }
   void begin_backward(bool sync) override {
     sync_ = sync;
+    in_backward_ = true;
     fwd_order_.freeze();
     done_.assign(done_.size(), false);
     reduced_.assign(reduced_.size(), false);
@@ -76,6 +78,7 @@ class LabFSDP : public ZeRO3 {
                       "reduce_scatter(unit) in after_backward (unless o.sync is false: accumulation)");
   }
   void finish_backward(Runtime&) override {
+    in_backward_ = false;
     finish_reduces();
     bwd_order_.freeze();
   }
@@ -122,6 +125,7 @@ class LabFSDP : public ZeRO3 {
         if (running_[k] > 0)
           throw lab_error(fmt::format("free({}) while unit {}'s {} is running", u, u, done_[k] || !fwd_order_.recording() ? "backward" : "forward"),
                           "a unit is freed in its after_ hooks, or later: never between before_ and after_");
+        if (int(u) == root_ && !in_backward_ && whole_[k]) root_freed_++;
         release(int(u));
         break;
       case labproto::kFsdpReduceScatter:
@@ -147,7 +151,8 @@ class LabFSDP : public ZeRO3 {
   std::vector<bool> done_, reduced_;     // this step: its backward finished; its gradients reduced
   std::vector<int64_t> numel_;
   int root_ = -1;
-  int64_t ahead_ = 0;
+  int64_t ahead_ = 0, root_freed_ = 0;
+  bool in_backward_ = false;
 };
 
 }  // namespace

@@ -71,8 +71,15 @@ class LabDDP : public DataParallel {
 
   std::string describe() const override { return naive_ ? "ddp (naive, the student's)" : "ddp (bucketed, the student's)"; }
 
+  // The student's bucketed DDP sees every micro-step and decides itself what a no_sync micro-step sends
+  // (nothing); the naive one is called once per optimizer step, as the engine's NaiveDDP is.
+  void begin_backward(bool sync) override {
+    sync_ = sync;
+    if (!naive_) plugin_.call(labproto::kDdpBeginBackward, {sync ? 1 : 0}, nullptr, 0, &pg_, &rt_, "begin_backward");
+  }
+
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override {
-    if (!sync_ || naive_) return;
+    if (naive_) return;
     std::vector<int32_t> ready;
     for (auto* p : params) ready.push_back(index_.at(p));
     std::vector<char> in(ready.size() * 4);
@@ -82,7 +89,7 @@ class LabDDP : public DataParallel {
   }
 
   void finish_backward(Runtime& rt) override {
-    if (!sync_) return;
+    if (!sync_ && naive_) return;
     std::vector<char> in;
     if (naive_)
       for (auto* p : params_) append(in, *p);
@@ -188,7 +195,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
                                  bool one_rank_ok) {
   auto refuse = [&](const std::string& why) { throw Error(fmt::format("the lab's {} {}", during, why)); };
   if (f.op != labproto::kAllReduce && f.op != labproto::kAllReduceAsync && f.op != labproto::kWait && f.op != labproto::kReduceScatter &&
-      f.op != labproto::kAllGather)
+      f.op != labproto::kAllGather && f.op != labproto::kReduceScatterAsync)
     refuse(fmt::format("sent opcode {}", f.op));
   if (!pg && one_rank_ok && f.op == labproto::kAllReduce) {  // the sum, average or max over one rank: its own data
     if (f.arg[0] < 0 || f.arg[0] > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", f.arg[0], payload.size()));
@@ -203,13 +210,14 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   };
   if (f.op == labproto::kWait) {
     auto it = pending_.find(f.arg[0]);
-    if (it == pending_.end()) refuse(fmt::format("waited for handle {}, which no all_reduce_async returned", f.arg[0]));
+    if (it == pending_.end()) refuse(fmt::format("waited for handle {}, which no async collective returned (or it was waited for already)", f.arg[0]));
     it->second.work->wait();
     reply(labproto::kData, it->second.bytes ? it->second.buffer.data() : nullptr, it->second.bytes, 0);
     pending_.erase(it);
     return;
   }
-  if (f.op == labproto::kReduceScatter || f.op == labproto::kAllGather) return serve_scatter_gather(f, payload, *pg, *rt, during);
+  if (f.op == labproto::kReduceScatter || f.op == labproto::kAllGather || f.op == labproto::kReduceScatterAsync)
+    return serve_scatter_gather(f, payload, *pg, *rt, during);
   const int64_t op = f.arg[0];
   if (op < 0 || op > 2 || payload.size() % 4) refuse(fmt::format("asked for an all_reduce with op {} of {} bytes", op, payload.size()));
   const int64_t n = int64_t(payload.size() / 4);
@@ -235,7 +243,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
 // Lab 04's two collectives: every rank's sizes are checked by the process group itself (a mismatch fails
 // the collective, naming it, instead of hanging).
 void LabPlugin::serve_scatter_gather(const wire::Frame& f, std::vector<char>& payload, ProcessGroup& pg, Runtime& rt, const char* during) {
-  const bool rs = f.op == labproto::kReduceScatter;
+  const bool async = f.op == labproto::kReduceScatterAsync, rs = f.op == labproto::kReduceScatter || async;
   const int64_t n = rs ? f.arg[1] : f.arg[0];
   const int64_t world = pg.size(), floats = int64_t(payload.size() / 4);
   // n comes from the plugin: compared by division, never multiplied (n·world may wrap)
@@ -246,6 +254,17 @@ void LabPlugin::serve_scatter_gather(const wire::Frame& f, std::vector<char>& pa
                             labproto::kMaxPayload >> 20));
   Tensor in = host_buffer(rt, rs ? n * world : n, "lab collective input"), out = host_buffer(rt, rs ? n : n * world, "lab collective output");
   if (!payload.empty()) std::memcpy(in.f32(), payload.data(), payload.size());
+  if (async) {  // lab 04's ZeRO-2: the reduction runs while backward goes on; kWait answers its result
+    if (pending_.size() >= kMaxPending) throw Error(fmt::format("the lab's {} has more than {} async collectives in flight: wait for them", during, kMaxPending));
+    Pending p;
+    p.work = pg.reduce_scatter_async(out.f32(), in.f32(), n, f.arg[0] == 1 ? ReduceOp::avg : ReduceOp::sum);
+    p.bytes = size_t(n) * 4;
+    p.buffer = std::move(out);
+    p.input = std::move(in);
+    const int64_t h = next_handle_++;
+    pending_[h] = std::move(p);
+    return reply(labproto::kHandle, nullptr, 0, h, during);
+  }
   if (rs) pg.reduce_scatter(out.f32(), in.f32(), n, f.arg[0] == 1 ? ReduceOp::avg : ReduceOp::sum);
   else pg.all_gather(out.f32(), in.f32(), n);
   reply(labproto::kData, out.data(), size_t(rs ? n : n * world) * 4, 0, during);

@@ -94,7 +94,8 @@ class LabPlugin {
 
  private:
   struct Pending {
-    Tensor buffer;  // comm_buffers
+    Tensor buffer;  // comm_buffers: what the wait answers with
+    Tensor input;   // a reduce_scatter's input, alive until the collective is done
     size_t bytes = 0;  // of the plugin's vector
     std::shared_ptr<Work> work;
   };

@@ -59,9 +59,8 @@ class LabZeRO : public Strategy {
     kept_n_.assign(flats_.size(), 0);
     shadow_.resize(flats_.size());
     for (const auto& s : flats_) {
-      const int64_t numel = s.numel, decay = s.local.decay;
-      table_.insert(table_.end(), reinterpret_cast<const char*>(&numel), reinterpret_cast<const char*>(&numel) + 8);
-      table_.insert(table_.end(), reinterpret_cast<const char*>(&decay), reinterpret_cast<const char*>(&decay) + 8);
+      const int64_t numel = s.numel, decay = s.local.decay, unit = s.group;
+      for (const int64_t* v : {&numel, &decay, &unit}) table_.insert(table_.end(), reinterpret_cast<const char*>(v), reinterpret_cast<const char*>(v) + 8);
       table_.insert(table_.end(), s.local.name.begin(), s.local.name.end());
       table_.push_back('\0');
     }
@@ -95,19 +94,15 @@ class LabZeRO : public Strategy {
     for (size_t f = 0; f < flats_.size(); f++)
       if (flats_[f].group == unit) {
         reducing_ = int(f);
-        call(labproto::kZero2Reduce, int64_t(f), "zero2_reduce");
+        call(labproto::kZero2Reduce, int64_t(f), "zero2_reduce");  // its reduction may still be running: kept by zero2_finish
         reducing_ = -1;
-        if (!kept_[f]) throw lab_error(fmt::format("zero2_reduce(step, {}) returned without keep_grad({}, ...)", f, f),
-                                       "keep this rank's part of the flat's averaged gradient");
       }
   }
   void finish_backward(Runtime&) override {
     if (!sync_) return;
-    if (stage_ == 1) {
-      reducing_ = kAll;
-      call(labproto::kZero1Reduce, 0, "zero1_reduce");
-      reducing_ = -1;
-    }
+    reducing_ = stage_ == 1 ? kAll : kFinish;
+    call(stage_ == 1 ? labproto::kZero1Reduce : labproto::kZero2Finish, 0, stage_ == 1 ? "zero1_reduce" : "zero2_finish");
+    reducing_ = -1;
     for (size_t f = 0; f < flats_.size(); f++)
       if (!kept_[f])
         throw lab_error(fmt::format("after zero{}_reduce, flat {} ({}) has no kept gradient part", stage_, f, flats_[f].local.name),
@@ -144,7 +139,8 @@ class LabZeRO : public Strategy {
   }
 
  private:
-  static constexpr int kAll = -2;  // zero1_reduce: every flat's gradient is complete
+  static constexpr int kAll = -2;     // zero1_reduce: every flat's gradient is complete
+  static constexpr int kFinish = -3;  // zero2_finish: parts are kept, no gradient is read
 
   struct Hyper {  // the wire's AdamW: 6 f32 and an int64 (labs/04-zero/api.h's struct AdamW)
     float lr, beta1, beta2, eps, weight_decay, max_norm;
@@ -295,9 +291,10 @@ class LabZeRO : public Strategy {
       case labproto::kZeroGrad: {
         FlatParam& s = flat_of(f.arg[0], "grad");
         if (reducing_ != kAll && reducing_ != f.arg[0])
-          throw lab_error(reducing_ == -1 ? fmt::format("grad({}) in zero_step: gradients are read in zero{}_reduce", f.arg[0], stage_)
-                                          : fmt::format("grad({}) in zero2_reduce(step, {}): flat {}'s gradient is not complete yet", f.arg[0],
-                                                        reducing_, f.arg[0]),
+          throw lab_error(reducing_ == -1       ? fmt::format("grad({}) in zero_step: gradients are read in zero{}_reduce", f.arg[0], stage_)
+                          : reducing_ == kFinish ? fmt::format("grad({}) in zero2_finish: each flat's gradient is read in its zero2_reduce", f.arg[0])
+                                                 : fmt::format("grad({}) in zero2_reduce(step, {}): flat {}'s gradient is not complete yet", f.arg[0],
+                                                               reducing_, f.arg[0]),
                           "zero2_reduce(step, flat) is called for each flat as soon as ITS gradient is complete");
         if (kept_[size_t(f.arg[0])])
           throw lab_error(fmt::format("grad({}) after keep_grad({}, ...): the whole gradient was released then", f.arg[0], f.arg[0]));

@@ -35,6 +35,7 @@ enum Op : uint32_t {
   // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (grader/bridge/lab_zero.cpp)
   kReduceScatter = 24,  // arg0 = ReduceOp, arg1 = n; payload: size·n floats; answered by kData (n floats)
   kAllGather = 25,      // payload: n floats; answered by kData (size·n floats)
+  kReduceScatterAsync = 26,  // as kReduceScatter, answered by kHandle (arg0); its kWait answers the n floats
   kZeroState = 39,         // arg0 = flat, arg1 = n; payload: the name; answered by kData (empty): n floats counted
   kZeroGrad = 40,          // arg0 = flat; answered by kData: its whole gradient on this rank (numel floats)
   kZeroKeep = 41,          // arg0 = flat, arg1 = begin; payload: this rank's averaged part; answered by kData (empty)
@@ -68,6 +69,7 @@ enum Fn : int64_t {
   kDdpInit = 11,         // args: rank, size, mode (0 naive, 1 bucketed), bucket_mb·1e6, #params; payload: numel + name\0 each
   kDdpAfterBackward = 12,  // args: unit, #ready; payload: int32 indices, then their gradients
   kDdpFinish = 13,         // payload: (naive) every gradient; returns every gradient
+  kDdpBeginBackward = 14,  // arg1 = sync (bucketed only)
   // lab 03 (a ScalerConfig is 4 x 4 bytes: init_scale, growth_factor, backoff_factor f32, growth_interval i32;
   // a ScalerState 8: scale f32, growth_tracker i32)
   kScalerInit = 20,    // payload: config; returns a state
@@ -78,7 +80,7 @@ enum Fn : int64_t {
   kTrainStep = 24,     // args: rank, size, accum_steps, #params; payload: f64 max_norm, config, then numel + name\0
                        // each (the first call of a run: the state starts from scaler_init); returns f32 scale used,
                        // the state after
-  // lab 04 (the flat table: per flat an int64 numel, an int64 decay flag and its name\0; an AdamW: f32 lr, beta1,
+  // lab 04 (the flat table: per flat an int64 numel, an int64 decay flag, an int64 unit and its name\0; an AdamW: f32 lr, beta1,
   // beta2, eps, weight_decay, max_norm, int64 t)
   kShardOf = 30,        // args: numel, rank, world; returns int64 padded, begin, end
   kZero1Reduce = 31,    // args: rank, size, #flats; payload: the flat table
@@ -86,6 +88,7 @@ enum Fn : int64_t {
   kZeroStep = 33,       // args: rank, size, #flats; payload: an AdamW, the flat table
   kAdamWStep = 34,      // args: n, decay; payload: an AdamW, f32 grad_scale, then w, m, v, g (n floats each); returns w, m, v
   kZeroStateDump = 35,  // returns every buffer state() made: int64 flat, int64 n, name\0, n floats each
+  kZero2Finish = 36,    // args: rank, size, #flats; payload: the flat table
   // lab 05
   kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward),
                    // unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync), #units, root; payload: an int64 numel

@@ -141,6 +141,11 @@ int serve_lab02(void* plugin) {
           }
           break;
         }
+        case labproto::kDdpBeginBackward: {
+          if (!comm || !s.ddp) return 3;
+          s.ddp->begin_backward(f.arg[1] != 0);
+          break;
+        }
         case labproto::kDdpAfterBackward: {
           if (!comm) return 3;
           const int64_t k = f.arg[2];

@@ -28,6 +28,7 @@ void check_count(const char* what, int64_t n, uint64_t per, const void* a, const
 
 struct World {
   int size = 1;
+  std::map<int, std::pair<float*, int64_t>> pending;  // async reduce_scatters: handle -> where their result goes
 };
 
 void all_reduce(void* ctx, float* data, int64_t n, lab04::ReduceOp op) {
@@ -55,7 +56,33 @@ void all_gather(void* ctx, const float* in, float* out, int64_t n) {
   if (n) std::memcpy(out, back.data(), back.size());
 }
 
-const lab04::Comm::Ops kOps = {all_reduce, reduce_scatter, all_gather};
+// The async reduce_scatter: the trainer answers a handle; wait() fetches the result into the `out` the
+// student gave when it started.
+int reduce_scatter_async(void* ctx, const float* in, float* out, int64_t n, lab04::ReduceOp op) {
+  World& w = *static_cast<World*>(ctx);
+  check_count("reduce_scatter_async", n, uint64_t(w.size), in, out);
+  if (int(op) < 0 || int(op) > 1) throw std::invalid_argument("reduce_scatter_async: unknown ReduceOp " + std::to_string(int(op)));
+  put(labproto::kReduceScatterAsync, in, uint64_t(n) * uint64_t(w.size) * 4, {int64_t(op), n});
+  wire::Frame f;
+  std::vector<char> payload;
+  get(f, payload);
+  if (f.op != labproto::kHandle) _exit(3);
+  w.pending[int(f.arg[0])] = {out, n};
+  return int(f.arg[0]);
+}
+
+void wait(void* ctx, int handle) {
+  World& w = *static_cast<World*>(ctx);
+  auto it = w.pending.find(handle);
+  if (it == w.pending.end()) throw std::invalid_argument("wait(" + std::to_string(handle) + "): no reduce_scatter_async returned it, or it was waited for");
+  const auto [out, n] = it->second;
+  w.pending.erase(it);
+  put(labproto::kWait, nullptr, 0, {handle});
+  auto back = expect_data(n * 4);
+  if (n) std::memcpy(out, back.data(), back.size());
+}
+
+const lab04::Comm::Ops kOps = {all_reduce, reduce_scatter, all_gather, reduce_scatter_async, wait};
 
 std::vector<float> floats(const std::vector<char>& raw) {
   std::vector<float> v(raw.size() / 4);
@@ -70,17 +97,19 @@ struct Flat {
   std::string name;
   int64_t numel = 0;
   bool decay = false;
+  int unit = 0;
 };
 
 // The trainer's side of the Step, one request per call.
 class RemoteStep : public lab04::Step {
  public:
-  RemoteStep(int rank, int size, std::vector<Flat> flats, StateBuffers& state, const lab04::AdamW& hyper)
-      : world_{size}, comm_(rank, size, &kOps, &world_), flats_(std::move(flats)), state_(state), hyper_(hyper) {}
+  RemoteStep(int rank, World& world, std::vector<Flat> flats, StateBuffers& state, const lab04::AdamW& hyper)
+      : comm_(rank, world.size, &kOps, &world), flats_(std::move(flats)), state_(state), hyper_(hyper) {}
   int num_flats() const override { return int(flats_.size()); }
   int64_t numel(int flat) const override { return at(flat).numel; }
   std::string name(int flat) const override { return at(flat).name; }
   bool decay(int flat) const override { return at(flat).decay; }
+  int unit(int flat) const override { return at(flat).unit; }
   std::vector<float> grad(int flat) override {
     put(labproto::kZeroGrad, nullptr, 0, {index(flat)});
     return floats(expect_data(numel(flat) * 4));
@@ -129,7 +158,6 @@ class RemoteStep : public lab04::Step {
                               std::to_string(int(flats_.size()) - 1) + ")");
     return flat;
   }
-  World world_;
   lab04::Comm comm_;
   std::vector<Flat> flats_;
   StateBuffers& state_;
@@ -144,6 +172,7 @@ struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
       Flat f;
       f.numel = take<int64_t>();
       f.decay = take<int64_t>() != 0;
+      f.unit = int(take<int64_t>());
       for (char ch; (ch = take<char>()) != '\0';) f.name += ch;
       v.push_back(f);
     }
@@ -167,7 +196,8 @@ int serve_lab04(void* plugin) {
   auto* t = load_table<const Lab04Plugin>(plugin, "distlab_lab04", kLab04Abi, "zero.cpp", "labs/04-zero/api.h");
   if (!t) return 2;
   StateBuffers state;  // lives as long as the run: the student's optimizer state
-  return serve_calls([t, &state](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
+  World world;         // and its reductions in flight
+  return serve_calls([t, &state, &world](const wire::Frame& f, const std::vector<char>& in, std::vector<char>& out) {
     switch (f.arg[0]) {
       case labproto::kShardOf: {
         need(t->shard_of, "shard_of");
@@ -202,16 +232,21 @@ int serve_lab04(void* plugin) {
       }
       case labproto::kZero1Reduce:
       case labproto::kZero2Reduce:
+      case labproto::kZero2Finish:
       case labproto::kZeroStep: {
         LabReader r{{in}};
         const lab04::AdamW h = f.arg[0] == labproto::kZeroStep ? r.hyper() : lab04::AdamW{};
-        RemoteStep step(int(f.arg[1]), int(f.arg[2]), r.flats(f.arg[3]), state, h);
+        world.size = int(f.arg[2]);
+        RemoteStep step(int(f.arg[1]), world, r.flats(f.arg[3]), state, h);
         if (f.arg[0] == labproto::kZero1Reduce) {
           need(t->zero1_reduce, "zero1_reduce");
           t->zero1_reduce(step);
         } else if (f.arg[0] == labproto::kZero2Reduce) {
           need(t->zero2_reduce, "zero2_reduce");
           t->zero2_reduce(step, int(f.arg[4]));
+        } else if (f.arg[0] == labproto::kZero2Finish) {
+          need(t->zero2_finish, "zero2_finish");
+          t->zero2_finish(step);
         } else {
           need(t->zero_step, "zero_step");
           t->zero_step(step);

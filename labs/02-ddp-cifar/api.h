@@ -59,14 +59,20 @@ std::vector<int64_t> sampler_indices(int64_t n, int replicas, int rank, uint64_t
 // Task 2 — naive DDP: after the whole backward, every rank's gradients become the average over ranks.
 void average_gradients(Comm& comm, std::vector<Grad>& grads);
 
-// Task 3 — bucketed DDP, overlapped with backward (see the README).
+// Task 3 — bucketed DDP, overlapped with backward (see the README). Task 4 — gradient accumulation.
 class Bucketed {
  public:
   virtual ~Bucketed() = default;
+  // called before every micro-step's backward. sync is false on a micro-step of gradient accumulation that
+  // is not the last one (PyTorch's `with model.no_sync():`): the gradients must then stay on this rank
+  // (backward adds each micro-step's into grads[i].data) and be averaged once, on the last micro-step.
+  // after_backward and finish_backward are called on every micro-step, whatever sync is.
+  virtual void begin_backward(bool sync) = 0;
   // called as soon as the gradients grads[i] for i in `ready` are final (backward runs the model in
   // reverse, so the last layer's come first); `unit` is the layer's index in the model
   virtual void after_backward(int unit, const std::vector<int>& ready) = 0;
-  // called once backward is over: when it returns, every grads[i].data holds the average over ranks
+  // called once backward is over: when it returns, every grads[i].data holds the average over ranks (on a
+  // micro-step with sync false: this rank's own accumulated gradients, as backward left them)
   virtual void finish_backward() = 0;
 };
 Bucketed* make_bucketed(Comm& comm, std::vector<Grad>& grads, double bucket_mb);
@@ -77,7 +83,7 @@ inline std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
 }  // namespace lab02
 
 // The table the grader looks up in your plugin (defined at the bottom of ddp.cpp).
-constexpr int kLab02Abi = 2;
+constexpr int kLab02Abi = 3;
 struct Lab02Services {  // filled in by the host before any call
   std::vector<int64_t> (*seeded_permutation)(int64_t n, uint64_t seed);
 };

@@ -24,6 +24,8 @@ class Comm {
     void (*all_reduce)(void* ctx, float* data, int64_t n, ReduceOp op);
     void (*reduce_scatter)(void* ctx, const float* in, float* out, int64_t n, ReduceOp op);
     void (*all_gather)(void* ctx, const float* in, float* out, int64_t n);
+    int (*reduce_scatter_async)(void* ctx, const float* in, float* out, int64_t n, ReduceOp op);
+    void (*wait)(void* ctx, int handle);
   };
   Comm(int rank, int size, const Ops* ops, void* ctx) : rank_(rank), size_(size), ops_(ops), ctx_(ctx) {}
   int rank() const { return rank_; }
@@ -35,6 +37,10 @@ class Comm {
   void reduce_scatter(const float* in, float* out, int64_t n, ReduceOp op) { ops_->reduce_scatter(ctx_, in, out, n, op); }
   // in (n) -> out (size()·n): out[r·n, (r+1)·n) = rank r's in. The other half of an all_reduce.
   void all_gather(const float* in, float* out, int64_t n) { ops_->all_gather(ctx_, in, out, n); }
+  // reduce_scatter, started and returned from at once: `in` is sent now (it may be freed on return); `out`
+  // is written by wait(handle), which blocks until the collective is done. Every handle is waited for once.
+  int reduce_scatter_async(const float* in, float* out, int64_t n, ReduceOp op) { return ops_->reduce_scatter_async(ctx_, in, out, n, op); }
+  void wait(int handle) { ops_->wait(ctx_, handle); }
 
  private:
   int rank_, size_;
@@ -74,13 +80,14 @@ class Step {
   virtual int64_t numel(int flat) const = 0;
   virtual std::string name(int flat) const = 0;  // "unit 1 (decayed): h.0.ln_1.weight ... h.0.mlp.c_proj.weight"
   virtual bool decay(int flat) const = 0;        // does weight decay apply to this flat (PyTorch's param groups)
+  virtual int unit(int flat) const = 0;          // the unit (embeddings 0, block k: k + 1, ...) it belongs to
   // The flat's whole gradient on THIS rank, before any averaging (numel floats). Only while it is complete
   // and not yet released: in zero1_reduce, every flat; in zero2_reduce(step, flat), that flat.
   virtual std::vector<float> grad(int flat) = 0;
   // Hand the trainer this rank's averaged gradient part: elements [begin, begin + n) of the padded flat,
   // n = part's length in floats. The trainer releases the flat's whole gradient here (nothing else needs
   // it) and keeps the part, counted as this rank's gradients, in the run's dtype (as a GPU would hold it).
-  // Once per flat per step, in zero1_reduce or zero2_reduce.
+  // Once per flat per step, in zero1_reduce, zero2_reduce or zero2_finish.
   virtual void keep_grad(int flat, int64_t begin, const float* part, int64_t n) = 0;
   // In zero_step: the part kept for `flat` this step (n floats, as the trainer holds it).
   virtual std::vector<float> kept_grad(int flat) = 0;
@@ -107,8 +114,12 @@ void zero1_reduce(Step& step);
 // its own state, then make every rank's model whole and equal again.
 void zero_step(Step& step);
 // Task 5 — ZeRO-2 (the gradients sharded too): the same reduction, flat by flat, DURING backward: called
-// as soon as `flat`'s gradient is complete (the last layers first).
+// as soon as `flat`'s gradient is complete (the last layers first; a unit's flats one after the other, as
+// soon as the unit's backward is done). A reduction may still be running when it returns (backward goes on
+// meanwhile); its part is kept by the end of zero2_finish.
 void zero2_reduce(Step& step, int flat);
+// Called once backward is over, before the step: when it returns, every flat's part is kept.
+void zero2_finish(Step& step);
 
 }  // namespace lab04
 
@@ -121,5 +132,6 @@ struct Lab04Plugin {
   void (*zero1_reduce)(lab04::Step&);
   void (*zero_step)(lab04::Step&);
   void (*zero2_reduce)(lab04::Step&, int);
+  void (*zero2_finish)(lab04::Step&);
 };
 extern "C" Lab04Plugin distlab_lab04;

@@ -37,22 +37,50 @@ void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m
 }
 
 /// BEGIN SOLUTION ONLY
-// One flat: this rank's part of the average over ranks of the gradient — a reduce-scatter, half an
-// all-reduce's bytes — handed to the trainer, which then frees the whole gradient.
-static void reduce_flat(Step& step, int flat) {
+// One flat's reduction: this rank's part of the average over ranks of the gradient — a reduce-scatter, half
+// an all-reduce's bytes — started now, and kept (the trainer then frees the whole gradient) once it is done.
+struct Reduction {
+  int flat = -1, handle = -1;
+  int64_t begin = 0;
+  std::vector<float> part;
+};
+
+static Reduction start_reduce(Step& step, int flat) {
   Comm& comm = step.comm();
   const Shard s = shard_of(step.numel(flat), comm.rank(), comm.size());
   std::vector<float> g = step.grad(flat);
   g.resize(size_t(s.padded), 0.0f);  // reduce_scatter splits size()·n: the padded length
-  std::vector<float> part(size_t(s.end - s.begin));
-  comm.reduce_scatter(g.data(), part.data(), s.end - s.begin, ReduceOp::avg);
-  step.keep_grad(flat, s.begin, part.data(), s.end - s.begin);
+  Reduction p;
+  p.flat = flat;
+  p.begin = s.begin;
+  p.part.assign(size_t(s.end - s.begin), 0.0f);
+  p.handle = comm.reduce_scatter_async(g.data(), p.part.data(), s.end - s.begin, ReduceOp::avg);
+  return p;
+}
+
+static void finish_reduce(Step& step, Reduction& p) {
+  if (p.flat < 0) return;
+  if (p.handle >= 0) step.comm().wait(p.handle);
+  step.keep_grad(p.flat, p.begin, p.part.data(), int64_t(p.part.size()));
+  p.flat = -1;
+}
+
+// ZeRO-2's reductions in flight: one unit's, waited for when the next unit's flats arrive, so that they run
+// while that unit's backward computes, as DDP's buckets do.
+static std::vector<Reduction> in_flight;
+
+static void finish_all(Step& step) {
+  for (Reduction& p : in_flight) finish_reduce(step, p);
+  in_flight.clear();
 }
 /// END SOLUTION ONLY
 
 void zero1_reduce(Step& step) {
   /// BEGIN SOLUTION
-  for (int f = 0; f < step.num_flats(); f++) reduce_flat(step, f);
+  for (int f = 0; f < step.num_flats(); f++) {
+    Reduction p = start_reduce(step, f);
+    finish_reduce(step, p);
+  }
   /// END SOLUTION
 }
 
@@ -94,11 +122,19 @@ void zero_step(Step& step) {
 
 void zero2_reduce(Step& step, int flat) {
   /// BEGIN SOLUTION
-  reduce_flat(step, flat);  // now, while backward goes on: a whole gradient lives one unit long
+  if (!in_flight.empty() && step.unit(in_flight.front().flat) != step.unit(flat))
+    finish_all(step);  // the previous unit's, which ran during this unit's backward
+  in_flight.push_back(start_reduce(step, flat));  // (moving a Reduction keeps its part's buffer, where the wait writes)
+  /// END SOLUTION
+}
+
+void zero2_finish(Step& step) {
+  /// BEGIN SOLUTION
+  finish_all(step);  // the last unit's: before the step reads the parts
   /// END SOLUTION
 }
 
 }  // namespace lab04
 
-extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi, lab04::shard_of, lab04::adamw_step, lab04::zero1_reduce, lab04::zero_step,
-                                        lab04::zero2_reduce};
+extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi,          lab04::shard_of,     lab04::adamw_step, lab04::zero1_reduce,
+                                        lab04::zero_step,   lab04::zero2_reduce, lab04::zero2_finish};

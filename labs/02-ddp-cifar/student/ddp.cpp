@@ -22,14 +22,17 @@ void average_gradients(Comm& comm, std::vector<Grad>& grads) {
                          "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
 }
 
-// Buckets: parameters in REVERSE order (the order backward finishes them), about bucket_mb each. When the
-// trainer reports gradients ready and that completes the next bucket, copy the bucket's gradients into
-// its flat buffer and start an async all_reduce: the network works while backward goes on.
 class BucketedDDP : public Bucketed {
  public:
-  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads), bucket_of_(grads.size()) {
+  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads) {
     // TODO(02-ddp-cifar): implement the buckets (BucketedDDP's constructor). Read labs/02-ddp-cifar/README.md.
     throw std::logic_error("02-ddp-cifar: the buckets (BucketedDDP's constructor) is not implemented yet: "
+                           "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
+  }
+
+  void begin_backward(bool sync) override {
+    // TODO(02-ddp-cifar): implement begin_backward. Read labs/02-ddp-cifar/README.md.
+    throw std::logic_error("02-ddp-cifar: begin_backward is not implemented yet: "
                            "fill in the TODO in labs/02-ddp-cifar/student/ddp.cpp");
   }
 
@@ -46,17 +49,8 @@ class BucketedDDP : public Bucketed {
   }
 
  private:
-  struct Bucket {
-    std::vector<int> members;  // indices into grads, reverse model order
-    std::vector<float> flat;   // the members' gradients back to back
-    int handle = -1;
-    size_t ready = 0;
-  };
   Comm& comm_;
   std::vector<Grad>& grads_;
-  std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;  // grads index -> bucket
-  size_t next_ = 0;
 };
 
 Bucketed* make_bucketed(Comm& comm, std::vector<Grad>& grads, double bucket_mb) { return new BucketedDDP(comm, grads, bucket_mb); }

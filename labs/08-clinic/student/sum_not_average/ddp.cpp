@@ -35,13 +35,16 @@ void average_gradients(Comm& comm, std::vector<Grad>& grads) {
   /// END SOLUTION
 }
 
+/// BEGIN SOLUTION ONLY
 // Buckets: parameters in REVERSE order (the order backward finishes them), about bucket_mb each. When the
 // trainer reports gradients ready and that completes the next bucket, copy the bucket's gradients into
 // its flat buffer and start an async all_reduce: the network works while backward goes on.
+/// END SOLUTION ONLY
 class BucketedDDP : public Bucketed {
  public:
-  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads), bucket_of_(grads.size()) {
+  BucketedDDP(Comm& comm, std::vector<Grad>& grads, double bucket_mb) : comm_(comm), grads_(grads) {
     /// BEGIN SOLUTION the buckets (BucketedDDP's constructor)
+    bucket_of_.resize(grads.size());
     const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
     int64_t bytes = 0;
     for (size_t k = grads.size(); k-- > 0;) {
@@ -58,8 +61,15 @@ class BucketedDDP : public Bucketed {
     /// END SOLUTION
   }
 
+  void begin_backward(bool sync) override {
+    /// BEGIN SOLUTION begin_backward
+    sync_ = sync;  // no_sync: nothing leaves this rank until the last micro-step
+    /// END SOLUTION
+  }
+
   void after_backward(int unit, const std::vector<int>& ready) override {
     /// BEGIN SOLUTION after_backward
+    if (!sync_) return;
     for (int i : ready) buckets_[bucket_of_[size_t(i)]].ready++;
     // start buckets strictly in order, so every rank issues the same all_reduces in the same order
     while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) {
@@ -76,6 +86,7 @@ class BucketedDDP : public Bucketed {
 
   void finish_backward() override {
     /// BEGIN SOLUTION finish_backward
+    if (!sync_) return;  // the local sums stay as backward left them
     for (auto& b : buckets_) {
       comm_.wait(b.handle);  // before the optimizer touches the gradients
       size_t off = 0;
@@ -90,17 +101,20 @@ class BucketedDDP : public Bucketed {
   }
 
  private:
+  Comm& comm_;
+  std::vector<Grad>& grads_;
+  /// BEGIN SOLUTION ONLY
   struct Bucket {
     std::vector<int> members;  // indices into grads, reverse model order
     std::vector<float> flat;   // the members' gradients back to back
     int handle = -1;
     size_t ready = 0;
   };
-  Comm& comm_;
-  std::vector<Grad>& grads_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // grads index -> bucket
   size_t next_ = 0;
+  bool sync_ = true;
+  /// END SOLUTION ONLY
 };
 
 Bucketed* make_bucketed(Comm& comm, std::vector<Grad>& grads, double bucket_mb) { return new BucketedDDP(comm, grads, bucket_mb); }
