@@ -3,12 +3,6 @@
 // The ring (Baidu's ring all-reduce; NCCL's and Gloo's default): the N ranks form a circle, and each sends
 // only to its right neighbour (r + 1) and receives only from its left one (r − 1). A buffer of `count`
 // floats is split into N chunks; chunk c is [c·count/N, (c+1)·count/N), so sizes differ by at most one.
-//
-//   reduce-scatter phase: N−1 steps. In step s (0, 1, ..., N−2) rank r sends its partial sum of chunk
-//                         (r − s − 1) and adds the chunk (r − s − 2) that arrives from the left.
-//                         After the last step rank r holds the full sum of chunk r.
-//   all-gather phase:     N−1 more steps. In step s rank r sends chunk (r − s), which it has complete,
-//                         and receives chunk (r − s − 1) from the left.
 // (All chunk numbers mod N.) Each phase sends N−1 chunks of S/N bytes per rank, so an all-reduce sends
 // 2(N−1)/N·S per rank whatever N is: bandwidth-optimal, which is why its time barely grows with N.
 #include <algorithm>
