@@ -1,12 +1,16 @@
-// Lab 05's checks, all in training jobs (grader/jobs.h): the student's hooks decide when each unit is
-// gathered, freed and reduced; the trainers run the engine's sharding machinery and measure the losses,
-// the bytes, the memory per category at its peak and the modeled timeline where the plugin can't reach.
+// Lab 05's checks. The flat layout is asked of the student's plugin directly (in its sandboxed host). The
+// rest run in training jobs (grader/jobs.h): the student's FlatParameter and hooks allocate, gather, view,
+// free and reduce-scatter through handles to buffers that live in the trainer (grader/bridge/lab_fsdp.cpp),
+// and the trainers measure the losses, the bytes, the memory per category at its peak — the student's
+// buffers included — and the modeled timeline where the plugin can't reach.
 // The small GPT of lab.toml checks the numbers against DDP; the 1B GPT on the fake world (one meta rank of
 // a 2-rank job: no data, the real memory and communication) checks the memory and the overlap against the
 // engine's own FSDP (core/parallel/zero3.cpp, the same decisions made by the engine).
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
+#include <numeric>
 
 #include "grader/check.h"
 #include "grader/jobs.h"
@@ -14,6 +18,79 @@
 namespace distlab::grader {
 
 namespace {
+
+// ---- 1. the flat layout, asked directly ----
+
+struct Layout {
+  int64_t numel = 0, padded = 0, shard = 0;
+  std::vector<int64_t> offset;
+};
+
+Layout ask_layout(CheckContext& ctx, PluginProcess& p, const std::vector<int64_t>& sizes, int world) {
+  wire::Frame f;
+  f.op = labproto::kCall;
+  f.arg[0] = labproto::kFlatLayout;
+  f.arg[1] = world;
+  f.arg[2] = int64_t(sizes.size());
+  const std::string during = fmt::format("flat_layout({} parameters, world {})", sizes.size(), world);
+  p.send(f, sizes.data(), sizes.size() * 8, ctx.deadline, during.c_str());
+  std::vector<char> out;
+  p.receive(f, out, ctx.deadline, during.c_str(), 1 << 20);
+  if (f.op == labproto::kRaised)
+    throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
+  int64_t count = -1;
+  if (out.size() >= 32) std::memcpy(&count, out.data() + 24, 8);
+  if (f.op != labproto::kReturn || count < 0 || count > 1 << 16 || out.size() != 32 + size_t(count) * 8)
+    throw CheckAbort("error", during + " sent a broken answer");
+  Layout l;
+  std::memcpy(&l.numel, out.data(), 8);
+  std::memcpy(&l.padded, out.data() + 8, 8);
+  std::memcpy(&l.shard, out.data() + 16, 8);
+  l.offset.resize(size_t(count));
+  if (count) std::memcpy(l.offset.data(), out.data() + 32, size_t(count) * 8);
+  return l;
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 8; i++) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() > 8 ? ", ..." : "");
+}
+
+// Sizes a unit's parameters could have (a LayerNorm's 2 × C, a Linear's C × 4C and its 4C bias), drawn per
+// grading with awkward ones among them, on 1 to 8 ranks.
+CheckResult flat_layout(CheckContext& ctx) {
+  PluginProcess p(ctx.launch("the plugin"));
+  p.wait_ready(ctx.deadline);
+  auto rng = ctx.rng({5, 1});
+  int cases = 0;
+  for (int world : {1, 2, 3, 4, 5, 7, 8})
+    for (int draw = 0; draw < 6; draw++) {
+      std::vector<int64_t> sizes;
+      const int count = draw == 0 ? 1 : int(1 + rng() % 9);
+      for (int k = 0; k < count; k++) sizes.push_back(draw == 5 ? int64_t(1 + rng() % 7) : int64_t(1 + rng() % 5000));
+      Layout want;
+      for (int64_t n : sizes) want.offset.push_back(want.numel), want.numel += n;
+      want.padded = (want.numel + world - 1) / world * world;
+      want.shard = want.padded / world;
+      const Layout got = ask_layout(ctx, p, sizes, world);
+      cases++;
+      if (got.numel == want.numel && got.padded == want.padded && got.shard == want.shard && got.offset == want.offset) continue;
+      CheckResult bad{false, fmt::format("flat_layout(sizes [{}], world {}): numel {}, padded {}, shard {}, offsets [{}]", list(sizes), world,
+                                         want.numel, want.padded, want.shard, list(want.offset)),
+                      fmt::format("numel {}, padded {}, shard {}, offsets [{}]", got.numel, got.padded, got.shard, list(got.offset)), ""};
+      if (got.offset != want.offset) bad.hint = "the parameters lie one after the other in the model's order: each starts where the one before ends";
+      else if (got.numel != want.numel) bad.hint = "numel is the parameters' elements, before any padding";
+      else if (got.padded % world || got.padded < want.numel)
+        bad.hint = fmt::format("{} elements don't split {} ways: pad with zeros to a length every rank can own an equal part of", want.numel, world);
+      else if (got.padded != want.padded) bad.hint = "the smallest multiple of world that holds numel: more padding sends zeros for nothing";
+      else bad.hint = "every rank owns the same share of the padded vector";
+      return bad;
+    }
+  return {true, "", "", fmt::format("{} layouts on 1..8 ranks (1 to 9 parameters, sizes drawn for this grading): offsets, padding, shards", cases)};
+}
+
+// ---- 2. the training jobs ----
 
 const std::vector<std::string> kFp32 = {"precision.mode=fp32", "train.steps=15", "train.log_every=1000", "train.eval_every=0"};
 
@@ -31,10 +108,12 @@ double worst_rel(const Job& ref, const Job& mine, size_t& at) {
   return worst;
 }
 
-CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& sharding) {
+CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& sharding, const std::string& tag = "",
+                        const std::vector<std::string>& more = {}) {
   const Job& ref = job(ctx, fmt::format("ddp-fp32-{}", ranks), ranks, false, with(kFp32, "parallel.strategy=ddp"));
-  const Job& mine = job(ctx, fmt::format("{}-fp32-{}", sharding, ranks), ranks, true, with(kFp32, "parallel.sharding=" + sharding), true);
-  const std::string setup = fmt::format("{} on {} ranks", sharding, ranks);
+  const Job& mine = job(ctx, fmt::format("{}{}-fp32-{}", sharding, tag.empty() ? "" : "-" + tag, ranks), ranks, true,
+                        plus(with(kFp32, "parallel.sharding=" + sharding), more), true);
+  const std::string setup = fmt::format("{}{} on {} ranks", sharding, tag.empty() ? "" : " with " + tag, ranks);
   if (!mine.ok) return {false, setup + ": every rank ends with the same weights", "the replicas diverged", ""};
   size_t at = 0;
   const double worst = worst_rel(ref, mine, at);
@@ -141,6 +220,8 @@ CheckResult prefetch_overlaps(CheckContext& ctx) {
 }
 
 CheckResult offload_tradeoff(CheckContext& ctx) {
+  CheckResult same = follows_ddp(ctx, 2, "full_shard", "offload", {"parallel.offload=cpu"});
+  if (!same.passed) return same;
   const Job& plain = job(ctx, "fsdp-1b", 1, true, k1b);
   const Job& off = job(ctx, "fsdp-1b-offload", 1, true, with(k1b, "parallel.offload=cpu"));
   const double gib = double(1 << 30);
@@ -150,7 +231,7 @@ CheckResult offload_tradeoff(CheckContext& ctx) {
                   "on the host, modeled {:.1f} ms per step",
                   peak(plain) / gib, 1e3 * plain.summary.value("modeled_step_s", 0.0), peak(off) / gib, host / gib,
                   1e3 * off.summary.value("modeled_step_s", 0.0));
-  if (peak(off) < peak(plain) && host > 0) return {true, "", "", detail};
+  if (peak(off) < peak(plain) && host > 0) return {true, "", "", same.detail + "; " + detail};
   return {false, "with offload: a lower device peak, the shards in host memory", detail, ""};
 }
 
@@ -158,6 +239,7 @@ CheckResult offload_tradeoff(CheckContext& ctx) {
 
 std::map<std::string, CheckDef> lab05_checks() {
   return {
+      {"flat_layout", {flat_layout, false}},
       {"fsdp_equals_ddp", {fsdp_equals_ddp, true}},
       {"shard_grad_op", {shard_grad_op, true}},
       {"fits_1b", {fits_1b, true}},

@@ -102,7 +102,7 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
     case 2: return {20, 21, 22, 4};
     case 3: return {30, 31, 32, 33, 34, 20, 4};
     case 4: return {24, 25, 26, 22, 39, 40, 41, 42, 43, 44, 20, 4};
-    case 5: return {45, 46, 47, 48, 49, 4};
+    case 5: return {70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 4};
     case 6: return {20, 21, 22, 4};
     default: return {50, 51, 52, 53, 54, 55, 56, 4};
   }
@@ -133,8 +133,8 @@ std::vector<char> load_answer(std::mt19937_64& g) {
 
 [[noreturn]] void fuzz(uint64_t lab) {
   std::mt19937_64 g(lab);
-  static const uint32_t kOps[] = {4, 5, 10, 11, 12, 20, 21, 22, 23, 24, 25, 26, 30, 31, 32, 33, 34, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
-                                  50, 51, 52, 53, 54, 55, 56};
+  static const uint32_t kOps[] = {4,  5,  10, 11, 12, 20, 21, 22, 23, 24, 25, 26, 30, 31, 32, 33, 34, 39, 40, 41, 42,
+                                  43, 44, 50, 51, 52, 53, 54, 55, 56, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80};
   const std::vector<uint32_t> own = own_ops(lab);
   int32_t handle = 1;
   for (;;) {
@@ -195,10 +195,13 @@ extern "C" Lab04Plugin distlab_lab04 = {kLab04Abi,
                                         [](lab04::Step&) { fuzz(4); },
                                         [](lab04::Step&, int) { fuzz(4); },
                                         [](lab04::Step&) { fuzz(4); }};
-extern "C" Lab05Plugin distlab_lab05 = {kLab05Abi, [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); },
+extern "C" Lab05Plugin distlab_lab05 = {kLab05Abi,
+                                        [](const std::vector<int64_t>&, int) -> lab05::FlatLayout { fuzz(5); },
                                         [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); },
                                         [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); },
-                                        [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); }};
+                                        [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); },
+                                        [](lab05::Fsdp&, const lab05::Options&, int) { fuzz(5); },
+                                        [](lab05::Fsdp&, const lab05::Options&) { fuzz(5); }};
 extern "C" Lab06Plugin distlab_lab06 = {
     kLab06Abi,
     [](lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) { fuzz(6); },

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/tensor/dtype.h"
+#include "core/tensor/runtime.h"
 
 using namespace distlab;
 
@@ -54,4 +55,28 @@ TEST_CASE("every f16 and bf16 value survives a round trip through f32", "[dtype]
     float g = bf16_to_f32(v);
     if (!std::isnan(g)) REQUIRE(f32_to_bf16(g) == v);
   }
+}
+
+TEST_CASE("a slice views its tensor's storage: counted once, alive while any view is, bounds checked", "[dtype][tensor]") {
+  Runtime rt;
+  Tensor flat = rt.empty({10}, Category::params, "flat", DType::bf16);  // a gathered flat vector, 16 bits
+  flat.fill_(0.0f);
+  Tensor w = flat.slice(4, {2, 3});  // a layer's weight: elements [4, 10)
+  CHECK(w.numel() == 6);
+  CHECK(w.shape() == Shape{2, 3});
+  CHECK(static_cast<char*>(w.data()) == static_cast<char*>(flat.data()) + 8);
+  w.fill_(1.5f);
+  const auto* h = static_cast<const uint16_t*>(flat.data());
+  CHECK(bf16_to_f32(h[3]) == 0.0f);
+  CHECK(bf16_to_f32(h[4]) == 1.5f);
+  CHECK(bf16_to_f32(h[9]) == 1.5f);
+  CHECK(flat.slice(4, {6}).slice(1, {2}).data() == static_cast<char*>(flat.data()) + 10);  // a slice of a slice
+  CHECK_THROWS(flat.slice(8, {3}));
+  CHECK_THROWS(flat.slice(-1, {2}));
+  CHECK(rt.memory.current(Category::params) == 20);
+  flat = Tensor();  // the view keeps the storage
+  CHECK(rt.memory.current(Category::params) == 20);
+  w.release();  // the last one: freed
+  CHECK(rt.memory.current(Category::params) == 0);
+  CHECK(w.numel() == 6);  // the shape stays
 }

@@ -708,46 +708,69 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: never freed, freed before backward, no prefetch", "[grader][lab05]") {
+TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, no padding, offload's way back", "[grader][lab05]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/05-fsdp-1b/fsdp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", read(src / "labs/05-fsdp-1b/student/fsdp.cpp")},
-      // gathered and never freed: right numbers, and every parameter whole all the time (ZeRO-2's memory)
-      {"never_frees", replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) f.free(unit);\n", ""),
-                              "  f.free(unit);\n", "")},
-      // freed after forward, and backward starts without gathering again
-      {"freed_before_backward", replace(solution, "  f.wait(unit);  // freed after forward: gathered a second time\n", "")},
+      // every unit freed only when the whole backward is over: right numbers, and every parameter whole at
+      // once (ZeRO-2's memory)
+      {"frees_at_end", replace(replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n", ""),
+                                       "  reshard(f, unit);\n  /// END SOLUTION", "  /// END SOLUTION"),
+                               "  if (o.sync) finish_reductions(f, o);\n",
+                               "  if (o.sync) finish_reductions(f, o);\n  for (int u = 0; u < f.num_units(); u++) reshard(f, u);\n")},
+      // never freed at all: the views outlive the optimizer's step, and the next forward would read stale weights
+      {"never_frees", replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n", ""),
+                              "  reshard(f, unit);\n  /// END SOLUTION", "  /// END SOLUTION")},
+      // the buffer freed, the unit still believed whole: its backward starts on views of a freed buffer
+      {"view_after_free", replace(solution, "  u.flats.clear();\n  u.state = State::sharded;\n", "")},
       // every gather waited for on the spot: nothing overlaps
-      {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) f.gather(next);", "    {}"),
-                              "    if (const int next = next_in(f.backward_order(), unit); next >= 0) f.gather(next);", "    {}")},
+      {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) start_gather(f, o, next);", "    {}"),
+                              "    if (const int next = next_in(f.backward_order(), unit); next >= 0) start_gather(f, o, next);", "    {}")},
       // the root rule broken: the root is freed after forward, so backward starts with an exposed gather of it
-      {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != f.root()) f.free(unit);\n",
-                             "  if (o.reshard_after_forward) f.free(unit);\n")},
+      {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n",
+                             "  if (o.reshard_after_forward) reshard(f, unit);\n")},
+      // no padding: a flat of an awkward size is split by integer division, and its last elements are nobody's
+      {"no_padding", replace(solution, "  l.padded = (l.numel + world - 1) / world * world;", "  l.padded = l.numel;")},
+      // the padding of the flat gradient left as it came (NaN): it lands in the last rank's part, and in the norm
+      {"padding_not_zeroed", replace(solution, "      f.fill(r.grad, l.numel, l.padded - l.numel, 0.0f);", "")},
+      // offload: the reduced part is handed over on the device, never copied back to the host
+      {"offload_never_copies_back", replace(solution, "    if (o.offload) {  // the optimizer steps on the host: the part crosses the bus", "    if (false) {")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/05-fsdp-1b/student/fsdp.cpp") +
-                          "\nstatic int forged = [] { std::puts(\"11/11 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+                          "\nstatic int forged = [] { std::puts(\"14/14 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("05", subs, files, "fsdp.cpp");
-  CHECK(rows["solution"].total == 11);
+  CHECK(rows["solution"].total == 14);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
-  CHECK(rows["never_frees"].points["fsdp_equals_ddp"] == 3);
-  CHECK(rows["never_frees"].points["fits_1b"] == 0);
-  CHECK(rows["freed_before_backward"].points["fsdp_equals_ddp"] == 0);
-  CHECK(rows["freed_before_backward"].points["shard_grad_op"] == 2);  // SHARD_GRAD_OP never frees after forward
+  CHECK(rows["frees_at_end"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["frees_at_end"].points["fits_1b"] == 0);
+  CHECK(rows["never_frees"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["view_after_free"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["view_after_free"].points["flat_layout"] == 2);
   CHECK(rows["no_prefetch"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["no_prefetch"].points["fits_1b"] == 3);
   CHECK(rows["no_prefetch"].points["prefetch_overlaps"] == 0);
-  const fs::path feedback = subs.parent_path() / "feedback";
-  CHECK_THAT(read(feedback / "never_frees.txt"), Catch::Contains("free each unit after its forward"));
-  CHECK_THAT(read(feedback / "freed_before_backward.txt"), Catch::Contains("not gathered again"));
-  CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
   CHECK(rows["frees_root"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["frees_root"].points["prefetch_overlaps"] == 0);
+  CHECK(rows["no_padding"].points["flat_layout"] == 0);
+  CHECK(rows["no_padding"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["padding_not_zeroed"].points["flat_layout"] == 2);
+  CHECK(rows["padding_not_zeroed"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["offload_never_copies_back"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["offload_never_copies_back"].points["offload_tradeoff"] == 0);
+  const fs::path feedback = subs.parent_path() / "feedback";
+  CHECK_THAT(read(feedback / "frees_at_end.txt"), Catch::Contains("free each unit after its forward"));
+  CHECK_THAT(read(feedback / "never_frees.txt"), Catch::Contains("stale"));
+  CHECK_THAT(read(feedback / "view_after_free.txt"), Catch::Contains("has no weights") && Catch::Contains("released in after_forward"));
+  CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
   CHECK_THAT(read(feedback / "frees_root.txt"), Catch::Contains("root rule"));
+  CHECK_THAT(read(feedback / "no_padding.txt"), Catch::Contains("don't split"));
+  CHECK_THAT(read(feedback / "offload_never_copies_back.txt"), Catch::Contains("on the host (offload)"));
+  CHECK_THAT(read(feedback / "padding_not_zeroed.txt"), Catch::Contains("(the padding)"));
   fs::remove_all(subs);
 }
 

@@ -333,6 +333,11 @@ TEST_CASE("clip_grad_norm returns the global norm and clips only above max_norm"
   SECTION("no gradients at all: norm 0") {
     CHECK(clip_grad_norm(rt, {&none}, 1.0) == 0.0);
   }
+  SECTION("a NaN norm: every gradient NaN, as PyTorch's clip_grad_norm_ (never a silent step without clipping)") {
+    CHECK(std::isnan(clip_coefficient(std::nan(""), 1.0)));
+    CHECK(clip_coefficient(std::nan(""), 0.0) == 1.0f);  // no clipping asked: nothing to poison
+    CHECK(clip_coefficient(INFINITY, 1.0) == 0.0f);      // inf: max_norm / inf, as PyTorch
+  }
 }
 
 TEST_CASE("constant schedule, with and without warmup", "[optim]") {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/ops/cpu/optim.h"
 #include "core/ops/op_scope.h"
@@ -152,6 +153,7 @@ double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
 }
 
 float clip_coefficient(double norm, double max_norm) {
+  if (max_norm > 0 && std::isnan(norm)) return std::numeric_limits<float>::quiet_NaN();  // PyTorch's too: a NaN poisons every gradient
   return max_norm > 0 && norm > max_norm ? float(max_norm / (norm + 1e-6)) : 1.0f;
 }
 

@@ -124,7 +124,8 @@ class AdamW : public Optimizer {
 // before clipping.
 double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double max_norm);
 // The same norm without touching the gradients (any dtype), and the coefficient clip_grad_norm would apply
-// (1 when max_norm <= 0 or the norm is below it). The trainer hands the coefficient to step().
+// (1 when max_norm <= 0 or the norm is below it; NaN for a NaN norm, as PyTorch's clip_grad_norm_ multiplies
+// every gradient by NaN then: never a silent step without clipping). The trainer hands the coefficient to step().
 double grad_norm(Runtime& rt, const std::vector<Parameter*>& params);
 float clip_coefficient(double norm, double max_norm);
 

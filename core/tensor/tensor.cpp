@@ -101,6 +101,16 @@ Tensor Tensor::view(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::slice(int64_t start, const Shape& shape) const {
+  const int64_t n = shape_numel(shape);
+  if (start < 0 || n < 0 || start + n > numel())
+    throw ShapeError(fmt::format("cannot slice elements [{}, {}) of a tensor of {} elements", start, start + n, numel()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.offset_ = offset_ + start * dtype_size(dtype_);
+  return t;
+}
+
 Tensor Tensor::clone(Category cat, DType dtype) const {
   DL_ASSERT(defined(), "clone of an undefined tensor");
   Tensor t = empty(shape_, *storage_->accountant, device_, cat, dtype, "clone");

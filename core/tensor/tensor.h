@@ -50,7 +50,7 @@ class Tensor {
   bool is_pinned() const { return storage_ && storage_->pinned_by; }
   Category category() const { return storage_ ? storage_->category : Category::other; }
 
-  void* data() const { return storage_ ? storage_->data : nullptr; }
+  void* data() const { return storage_ && storage_->data ? static_cast<char*>(storage_->data) + offset_ : nullptr; }
   float* f32() const;  // checks the dtype is f32; nullptr on meta
   // element i onwards, as f32 (a bucket's stretch of a flat buffer); nullptr on meta, so that algorithm code
   // hands a null buffer on without a check and the copies and collectives do nothing with it
@@ -61,6 +61,10 @@ class Tensor {
 
   // Same storage, new shape with the same number of elements.
   Tensor view(const Shape& shape) const;
+  // Same storage: elements [start, start + numel(shape)) of this tensor, as a tensor of that shape (PyTorch's
+  // views of a FlatParameter: a layer's weight is a stretch of its unit's gathered flat buffer). The storage
+  // lives while any view of it does.
+  Tensor slice(int64_t start, const Shape& shape) const;
   // Deep copy into a new storage of the given category (and dtype, converting).
   Tensor clone(Category cat, DType dtype) const;
   void zero_();
@@ -73,7 +77,10 @@ class Tensor {
   // Drops this handle's storage but keeps the shape, dtype and device: what a ZeRO-3/FSDP parameter is
   // between uses (PyTorch FSDP resizes the flat parameter's storage to 0). defined() is false until the
   // strategy assigns a gathered tensor again; numel() still says how big the parameter is.
-  void release() { storage_.reset(); }
+  void release() {
+    storage_.reset();
+    offset_ = 0;
+  }
 
   MemoryAccountant* accountant() const { return storage_ ? storage_->accountant : nullptr; }
 
@@ -82,6 +89,7 @@ class Tensor {
   Shape shape_;
   DType dtype_ = DType::f32;
   DeviceKind device_ = DeviceKind::cpu;
+  int64_t offset_ = 0;  // bytes into the storage where element 0 is (a slice)
 };
 
 // A named trainable tensor and its gradient. The gradient is allocated (zeroed) on the first backward

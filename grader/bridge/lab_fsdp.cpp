@@ -1,15 +1,25 @@
-// Lab 05's trainer side: the student's FSDP (labs/05-fsdp-1b/api.h) decides WHEN; the engine's ZeRO-3
-// machinery (core/parallel/zero3.h) does the work. Each of the model's hooks calls the student's hook of
-// the same name, and the student's requests — gather (async), wait, free, reduce_scatter — run here on the
-// engine's shards, traced and counted as the engine's own FSDP. The rules that keep the numbers right are
-// checked as they happen: a unit's parameters are whole when its forward or backward starts, never freed
-// while it runs, and its gradients are reduced once, after its backward.
-// Compare ZeRO3's own hooks (zero3.cpp): the same decisions, made by the engine.
+// Lab 05's trainer side: the student's FlatParameter and FSDP hooks (labs/05-fsdp-1b/api.h). The student
+// allocates, copies, all-gathers, views, frees and reduce-scatters; every buffer it names is a tensor here,
+// behind a handle, allocated on this rank's accountant in the category the lab says (so the memory checks
+// measure the student's buffers), and every collective runs on this rank's process group (counted and
+// traced like the engine's own). What stays the engine's: this rank's part of every flat vector (the
+// layout of core/parallel/flat_param.h, which the student's layout must agree with), the optimizer and its
+// step, and gathering the whole model for a save or the check that replicas agree (ZeRO3's machinery).
+// The rules that keep the numbers right are checked as they happen: a unit's parameters have weights,
+// gathered and waited for, when its forward or backward starts; no buffer a running unit views is freed;
+// every gradient reaches the optimizer once per step.
+// Compare the engine's own FSDP (core/parallel/zero3.cpp): the same decisions, made by the engine.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/parallel/comm_buffers.h"
 #include "core/parallel/zero3.h"
-#include "grader/bridge/lab_plugin.h"
 #include "core/util/error.h"
+#include "grader/bridge/lab_plugin.h"
 
 namespace distlab {
 
@@ -19,31 +29,45 @@ Error lab_error(const std::string& what, const std::string& hint = "see labs/05-
   return Error("the lab's FSDP: " + what, hint);
 }
 
+enum class Kind { weights = 0, grads = 1, host = 2 };
+const char* kind_name(Kind k) { return k == Kind::weights ? "weights" : k == Kind::grads ? "grads" : "host"; }
+
 class LabFSDP : public ZeRO3 {
  public:
   LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding)
       : ZeRO3(pg, model, rt, o, "fsdp (the student's, " + sharding + ")"), plugin_(plugin) {
-    const size_t n = size_t(flats_.num_groups());  // lab 05 refuses wrapping: a group is a unit
-    running_.assign(n, 0);
-    done_.assign(n, false);
-    reduced_.assign(n, false);
-    numel_.assign(n, 0);
-    for (const auto& f : flats_.all()) numel_[size_t(f.group)] += f.numel;
+    const size_t units = size_t(flats_.num_groups());  // lab 05 refuses wrapping: a group is a unit
+    running_.assign(units, 0);
+    done_.assign(units, false);
+    kept_.assign(flats_.all().size(), false);
+    part_handle_.assign(flats_.all().size(), 0);
+    for (const auto& f : flats_.all()) largest_alloc_ += f.padded;
+    for (const auto& f : flats_.all()) {  // what every hook call carries: the flats, their parameters
+      const int32_t unit = f.group, n = int32_t(f.params.size());
+      put(&unit, 4);
+      put(&n, 4);
+      for (const Parameter* p : f.params) {
+        const int64_t numel = p->data.numel();
+        put(&numel, 8);
+        table_.insert(table_.end(), p->name.c_str(), p->name.c_str() + p->name.size() + 1);
+      }
+    }
   }
   nlohmann::json report() const override {
     auto r = ZeRO3::report();
-    r["gathers_requested_ahead"] = ahead_;  // gather() of a unit before its wait(): prefetches
+    r["gathers_requested_ahead"] = ahead_;        // all-gathers waited for in a later hook than the one that started them
     r["root_freed_after_forward"] = root_freed_;  // the root rule broken: gathered again as backward starts
+    r["buffers_allocated"] = allocs_;
     return r;
   }
+
+  // ---- the model's hooks: each calls the student's, then checks what it left ----
 
   void before_forward(int unit) override {
     if (root_ < 0) root_ = unit;  // the first unit a forward reaches encloses the others (PyTorch's root)
     fwd_order_.record(unit);
     hook(0, unit);
-    if (!whole_[size_t(unit)])
-      throw lab_error(fmt::format("before_forward({}) returned, and unit {}'s parameters are not whole for its forward", unit, unit),
-                      "wait(unit) in before_forward");
+    require_weights(unit, "forward");
     running_[size_t(unit)]++;
   }
   void after_forward(int unit) override {
@@ -55,103 +79,430 @@ class LabFSDP : public ZeRO3 {
     in_backward_ = true;
     fwd_order_.freeze();
     done_.assign(done_.size(), false);
-    reduced_.assign(reduced_.size(), false);
+    kept_.assign(kept_.size(), false);
   }
   void before_layer_backward(int unit) override {
     bwd_order_.record(unit);
     hook(2, unit);
-    if (!whole_[size_t(unit)])
-      throw lab_error(fmt::format("unit {}'s backward needs its parameters, and they are not whole: freed after its forward and not "
-                                  "gathered again",
-                                  unit),
-                      "wait(unit) in before_backward: under FULL_SHARD every unit is gathered twice per step");
+    require_weights(unit, "backward");
     running_[size_t(unit)]++;
   }
   void after_layer_backward(int unit, const std::vector<Parameter*>&) override {
     running_[size_t(unit)]--;
     done_[size_t(unit)] = true;
     hook(3, unit);
-    if (sync_ && !reduced_[size_t(unit)])
-      throw lab_error(fmt::format("after_backward({}) returned without reduce_scatter({}): its gradients would never reach the "
-                                  "optimizer",
-                                  unit, unit),
-                      "reduce_scatter(unit) in after_backward (unless o.sync is false: accumulation)");
   }
   void finish_backward(Runtime&) override {
+    hook(4, -1);
     in_backward_ = false;
-    finish_reduces();
     bwd_order_.freeze();
+    if (!works_.empty()) {
+      const auto& [id, w] = *works_.begin();
+      throw lab_error(fmt::format("finish_backward returned and work {} ({} of buffer {} into buffer {}, started in {}) was never waited for",
+                                  id, w.gather ? "an all_gather" : "a reduce_scatter", w.in, w.out, w.started),
+                      "every Work is waited for once: a prefetch nobody used is waited for too, and its buffer freed");
+    }
+    if (!sync_) return;
+    for (size_t i = 0; i < flats_.all().size(); i++) {
+      const FlatParam& f = flats_.all()[i];
+      for (const Parameter* p : f.params)
+        if (p->grad.defined())
+          throw lab_error(fmt::format("backward is over and {}'s gradient (flat {}, unit {}) was never taken: the optimizer would step "
+                                      "without it",
+                                      p->name, i, f.group),
+                          "after a unit's backward, take every parameter's gradient into the flat gradient you reduce-scatter");
+      if (!kept_[i])
+        throw lab_error(fmt::format("finish_backward returned and flat {} (unit {}) has no gradient part kept: the optimizer would step "
+                                    "its part without a gradient",
+                                    i, f.group),
+                        "keep_grad(flat, reduced part) once per flat per step, before finish_backward returns");
+    }
+  }
+  void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override {
+    if (!viewing_.empty())
+      throw lab_error(fmt::format("the optimizer steps while {} still views buffer {} (allocated in {}): after the step those weights are stale",
+                                  viewing_.begin()->first->name, viewing_.begin()->second, bufs_.at(viewing_.begin()->second).made),
+                      "free every unit's gathered weights after its backward: the next forward gathers the new ones");
+    ZeRO3::step(rt, opt, lr, grad_factor);
+  }
+  // A save or the replicas check gathers the whole model with the engine's machinery: views it drops.
+  void gather_full_params(Runtime& rt, const Optimizer* masters) override {
+    forget_views("the trainer gathered the whole model (a save)");
+    ZeRO3::gather_full_params(rt, masters);
+  }
+  void visit_full_params(Runtime& rt, Model& model, const std::function<void(const std::vector<Parameter*>&)>& fn) override {
+    forget_views("the trainer gathered the whole model (the check that replicas agree)");
+    ZeRO3::visit_full_params(rt, model, fn);
   }
 
  private:
+  struct Buf {
+    Tensor t;
+    Kind kind = Kind::weights;
+    int64_t n = 0;
+    int part_of = -1;  // the trainer's part of this flat (never released)
+    int busy = 0;      // collectives in flight that read or write it
+    int writing = 0;   // the work writing it, not yet waited for
+    std::string made;  // "unit 3's before_forward"
+    bool host() const { return kind == Kind::host; }
+  };
+  struct Pending {
+    std::shared_ptr<Work> work;
+    bool gather = true;
+    int in = 0, out = 0;
+    int64_t n = 0;
+    Tensor temp_in, temp_out;  // f32 staging where a buffer is 16 bits
+    std::string started;
+    int64_t hook_call = 0;
+  };
+
+  void put(const void* p, size_t n) { table_.insert(table_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); }
+
   void hook(int which, int unit) {
-    std::vector<char> in;
-    auto put = [&](const void* p, size_t n) { in.insert(in.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); };
-    for (int64_t n : numel_) put(&n, 8);
+    static const char* names[5] = {"before_forward", "after_forward", "before_backward", "after_backward", "finish_backward"};
+    during_ = which == 4 ? std::string("finish_backward") : fmt::format("{}({})", names[which], unit);
+    hook_calls_++;
+    std::vector<char> in = table_;
     for (const auto* order : {&fwd_order_.units(), &bwd_order_.units()}) {
       const int32_t n = int32_t(order->size());
-      put(&n, 4);
+      in.insert(in.end(), reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 4);
       for (int u : *order) {
         const int32_t v = u;
-        put(&v, 4);
+        in.insert(in.end(), reinterpret_cast<const char*>(&v), reinterpret_cast<const char*>(&v) + 4);
       }
     }
-    const int64_t flags = (o_.reshard_after_forward ? 1 : 0) | (o_.prefetch ? 2 : 0) | (sync_ ? 4 : 0);
-    static const char* names[4] = {"before_forward", "after_forward", "before_backward", "after_backward"};
-    const LabPlugin::Serve serve = [this](const wire::Frame& f, std::vector<char>& payload) { serve_request(f); };
-    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, unit, flags, int64_t(numel_.size()), root_}, in.data(), in.size(),
-                 &pg_, &rt_, names[which], serve);
+    const int64_t flags = (o_.reshard_after_forward ? 1 : 0) | (o_.prefetch ? 2 : 0) | (sync_ ? 4 : 0) | (o_.offload ? 8 : 0);
+    const LabPlugin::Serve serve = [this](const wire::Frame& f, std::vector<char>& payload) { serve_request(f, payload); };
+    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, unit, flags, int64_t(flats_.all().size()), root_}, in.data(),
+                 in.size(), &pg_, &rt_, names[which], serve);
   }
 
-  void serve_request(const wire::Frame& f) {
-    const int64_t u = f.arg[0];
-    static const char* what[] = {"gather", "wait", "free", "reduce_scatter", "is_whole"};
-    const char* name = f.op >= labproto::kFsdpGather && f.op <= labproto::kFsdpIsWhole ? what[f.op - labproto::kFsdpGather] : "request";
-    if (f.op < labproto::kFsdpGather || f.op > labproto::kFsdpIsWhole) throw lab_error(fmt::format("sent request {}, which lab 05 has no use for", f.op));
-    if (u < 0 || u >= int64_t(numel_.size())) throw lab_error(fmt::format("{}({}): there are units 0..{}", name, u, numel_.size() - 1));
-    const size_t k = size_t(u);
-    switch (f.op) {
-      case labproto::kFsdpGather:
-        if (!whole_[k] && !in_flight_.count(int(u))) {
-          issue(int(u));  // async: the wait comes later
-          ahead_++;
-          prefetches_++;
+  // When unit's forward or backward starts: every parameter has weights, all-gathered and waited for.
+  void require_weights(int unit, const char* what) {
+    for (const FlatParam& f : flats_.all()) {
+      if (f.group != unit) continue;
+      for (const Parameter* p : f.params) {
+        if (!p->data.defined()) {
+          const auto lost = lost_.find(p);
+          throw lab_error(fmt::format("unit {}'s {} starts and {} has no weights: {}", unit, what, p->name,
+                                      lost != lost_.end() ? lost->second : "no view of a gathered buffer was ever set"),
+                          what == std::string("backward") ? "under FULL_SHARD a unit's weights are freed after its forward: its backward needs them again"
+                                                          : "before_forward makes the unit whole: gathered, waited for, its parameters viewing the buffer");
         }
-        break;
-      case labproto::kFsdpWait:
-        gather(int(u));
-        break;
-      case labproto::kFsdpFree:
-        if (running_[k] > 0)
-          throw lab_error(fmt::format("free({}) while unit {}'s {} is running", u, u, done_[k] || !fwd_order_.recording() ? "backward" : "forward"),
-                          "a unit is freed in its after_ hooks, or later: never between before_ and after_");
-        if (int(u) == root_ && !in_backward_ && whole_[k]) root_freed_++;
-        release(int(u));
-        break;
-      case labproto::kFsdpReduceScatter:
-        if (!sync_)
-          throw lab_error(fmt::format("reduce_scatter({}) on an accumulation micro-step", u),
-                          "o.sync is false: the whole gradients add up locally until the last micro-step (no_sync)");
-        if (!done_[k]) throw lab_error(fmt::format("reduce_scatter({}) before unit {}'s backward is done", u, u), "in after_backward(unit)");
-        if (reduced_[k]) throw lab_error(fmt::format("reduce_scatter({}) twice in one step", u));
-        finish_reduces();  // the unit before it (in backward), whose reduce overlapped this unit's backward
-        reduce(int(u));
-        reduced_[k] = true;
-        break;
-      default: {
-        const int32_t v = whole_[k] ? 1 : 0;
-        return plugin_.reply(labproto::kData, &v, 4, 0, "is_whole");
+        const auto v = viewing_.find(const_cast<Parameter*>(p));
+        if (v == viewing_.end()) continue;  // weights the engine gathered (a save)
+        const int b = v->second;
+        if (const int w = bufs_.at(b).writing)
+          throw lab_error(fmt::format("unit {}'s {} starts and {} views buffer {}, which work {} (an all_gather) is still writing", unit, what,
+                                      p->name, b, w),
+                          "wait(work) before the unit computes: an all_gather's output is there only once it is waited for");
       }
     }
-    plugin_.reply(labproto::kData, nullptr, 0, 0, name);
+  }
+
+  Buf& buffer(int64_t b, const char* op) {
+    auto it = bufs_.find(int(b));
+    if (b <= 0 || b > INT32_MAX || it == bufs_.end())
+      throw lab_error(fmt::format("{} in {}: buffer {} does not exist ({})", op, during_, b,
+                                  b > 0 && b < next_buf_ ? "it was released" : "no alloc() or part() returned it"));
+    if (it->second.part_of >= 0) it->second.t = flats_.all()[size_t(it->second.part_of)].local.data;  // the optimizer's part as it is now
+    return it->second;
+  }
+  FlatParam& flat(int64_t i, const char* op) {
+    if (i < 0 || i >= int64_t(flats_.all().size()))
+      throw lab_error(fmt::format("{} in {}: flat {} does not exist (flats 0..{})", op, during_, i, flats_.all().size() - 1));
+    return flats_.all()[size_t(i)];
+  }
+  Parameter* param(int64_t i, int64_t k, const char* op) {
+    FlatParam& f = flat(i, op);
+    if (k < 0 || k >= int64_t(f.params.size()))
+      throw lab_error(fmt::format("{} in {}: flat {} has parameters 0..{}, not {}", op, during_, i, f.params.size() - 1, k));
+    return f.params[size_t(k)];
+  }
+  void in_range(const Buf& b, int64_t id, int64_t at, int64_t n, const char* op) {
+    if (at < 0 || n < 0 || at > b.n || n > b.n - at)
+      throw lab_error(fmt::format("{} in {}: elements [{}, {}) of buffer {}, which holds {}", op, during_, at, at + n, id, b.n));
+  }
+  DType dtype_of(const Buf& b) const { return b.t.dtype(); }
+  DeviceKind device_of(const Buf& b) const { return b.t.device(); }
+
+  int new_handle(Buf b) {
+    b.made = during_;
+    const int id = next_buf_++;
+    bufs_.emplace(id, std::move(b));
+    return id;
+  }
+  void reply_int(int32_t v, const char* name) { plugin_.reply(labproto::kData, &v, 4, 0, name); }
+
+  void serve_request(const wire::Frame& f, const std::vector<char>& payload) {
+    const int64_t* a = f.arg;
+    switch (f.op) {
+      case labproto::kFsdpAlloc: {
+        const int64_t n = a[0];
+        if (a[1] < 0 || a[1] > 2) throw lab_error(fmt::format("alloc({}, kind {}) in {}: the kinds are weights, grads and host", n, a[1], during_));
+        if (n < 0 || n > largest_alloc_)
+          throw lab_error(fmt::format("alloc({}) in {}: more elements than every flat vector of the model together ({})", n, during_, largest_alloc_),
+                          "a buffer holds one flat vector (padded), or a part of one");
+        Buf b;
+        b.kind = Kind(a[1]);
+        b.n = n;
+        const std::string what = fmt::format("the lab's {} buffer ({})", kind_name(b.kind), during_);
+        if (b.kind == Kind::weights) b.t = rt_.empty({n}, Category::params, what, rt_.dtype);
+        else if (b.kind == Kind::grads) b.t = rt_.empty({n}, Category::comm_buffers, what);
+        else b.t = rt_.host_empty({n}, Category::host, what, rt_.dtype);
+        if (!b.t.is_meta()) b.t.fill_(NAN);  // uninitialized: a value nobody wrote shows
+        allocs_++;
+        return reply_int(new_handle(std::move(b)), "alloc");
+      }
+      case labproto::kFsdpPart: {
+        FlatParam& fl = flat(a[0], "part");
+        int& h = part_handle_[size_t(a[0])];
+        if (!h) {
+          Buf b;
+          b.kind = fl.local.data.category() == Category::host ? Kind::host : Kind::weights;
+          b.part_of = int(a[0]);
+          b.n = fl.shard;
+          h = new_handle(std::move(b));
+        }
+        bufs_.at(h).t = fl.local.data;  // the optimizer's part as it is now
+        return reply_int(h, "part");
+      }
+      case labproto::kFsdpRelease: {
+        Buf& b = buffer(a[0], "release");
+        if (b.part_of >= 0)
+          throw lab_error(fmt::format("release({}) in {}: buffer {} is this rank's part of flat {}, the trainer's", a[0], during_, a[0], b.part_of),
+                          "part(flat) is the optimizer's: keep it");
+        if (b.busy) throw lab_error(fmt::format("release({}) in {}: a collective in flight still uses buffer {}", a[0], during_, a[0]),
+                                    "wait(work) first: the collective reads or writes the buffer until then");
+        for (auto it = viewing_.begin(); it != viewing_.end();) {
+          if (it->second != int(a[0])) {
+            ++it;
+            continue;
+          }
+          Parameter* p = it->first;
+          const int unit = unit_of(p);
+          if (running_[size_t(unit)] > 0)
+            throw lab_error(fmt::format("release({}) in {} while unit {}'s {} is running: {} views that buffer", a[0], during_, unit,
+                                        done_[size_t(unit)] || in_backward_ ? "backward" : "forward", p->name),
+                            "a unit's weights are freed in its after_ hooks, or later: never between before_ and after_");
+          if (unit == root_ && !in_backward_) root_freed_++;
+          p->data.release();  // the view goes: the shape stays
+          lost_[p] = fmt::format("its weights viewed buffer {}, released in {}", a[0], during_);
+          it = viewing_.erase(it);
+        }
+        bufs_.erase(int(a[0]));
+        break;
+      }
+      case labproto::kFsdpCopy: {
+        Buf& dst = buffer(a[0], "copy");
+        Buf& src = buffer(a[2], "copy");
+        in_range(dst, a[0], a[1], a[4], "copy (dst)");
+        in_range(src, a[2], a[3], a[4], "copy (src)");
+        if (dst.writing || src.writing)
+          throw lab_error(fmt::format("copy in {}: buffer {} is being written by a collective not yet waited for", during_, dst.writing ? a[0] : a[2]));
+        if (dst.part_of >= 0) throw lab_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], dst.part_of));
+        const int64_t n = a[4];
+        char* d = static_cast<char*>(dst.t.data());
+        const char* s = static_cast<const char*>(src.t.data());
+        copy_across(rt_, s ? s + a[3] * dtype_size(dtype_of(src)) : nullptr, dtype_of(src), device_of(src),
+                    d ? d + a[1] * dtype_size(dtype_of(dst)) : nullptr, dtype_of(dst), device_of(dst), n);
+        if (dst.host() != src.host())  // across the bus: what CPU offload pays for
+          rt_.trace.record_copy(dst.host() ? "lab offload: to the host" : "lab offload: to the device",
+                                double(n) * double(std::min(dtype_size(dtype_of(src)), dtype_size(dtype_of(dst)))));
+        break;
+      }
+      case labproto::kFsdpFill: {
+        Buf& b = buffer(a[0], "fill");
+        in_range(b, a[0], a[1], a[2], "fill");
+        if (b.part_of >= 0) throw lab_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], b.part_of));
+        if (b.writing) throw lab_error(fmt::format("fill in {}: buffer {} is being written by a collective not yet waited for", during_, a[0]));
+        float v = 0;
+        if (payload.size() != 4) throw lab_error(fmt::format("fill in {} sent {} bytes for its value", during_, payload.size()));
+        std::memcpy(&v, payload.data(), 4);
+        if (!b.t.is_meta() && a[2] > 0) b.t.slice(a[1], {a[2]}).fill_(v);
+        break;
+      }
+      case labproto::kFsdpAllGather:
+      case labproto::kFsdpReduceScatter:
+        return collective(f.op == labproto::kFsdpAllGather, a[0], a[1], a[2]);
+      case labproto::kFsdpWait: {
+        auto it = works_.find(a[0]);
+        if (it == works_.end())
+          throw lab_error(fmt::format("wait({}) in {}: no collective in flight has that handle{}", a[0], during_,
+                                      a[0] > 0 && a[0] < next_work_ ? " (it was waited for already)" : ""));
+        Pending w = std::move(it->second);
+        works_.erase(it);
+        w.work->wait();
+        Buf& out = bufs_.at(w.out);
+        if (w.temp_out.defined()) copy_values(rt_, w.temp_out.data(), DType::f32, out.t.data(), out.t.dtype(), w.n * (w.gather ? pg_.size() : 1));
+        out.writing = 0;
+        out.busy--;
+        bufs_.at(w.in).busy--;
+        if (w.gather && w.hook_call != hook_calls_) ahead_++;
+        break;
+      }
+      case labproto::kFsdpView: {
+        Parameter* p = param(a[0], a[1], "view");
+        Buf& b = buffer(a[2], "view");
+        if (b.kind != Kind::weights || b.part_of >= 0)
+          throw lab_error(fmt::format("view({}, {}, buffer {}) in {}: buffer {} is {}; a parameter views a weights buffer (the gathered flat "
+                                      "vector)",
+                                      a[0], a[1], a[2], during_, a[2], b.part_of >= 0 ? "this rank's part" : fmt::format("a {} buffer", kind_name(b.kind))));
+        in_range(b, a[2], a[3], p->data.numel(), "view");
+        const int unit = unit_of(p);
+        if (running_[size_t(unit)] > 0)
+          throw lab_error(fmt::format("view of {} in {} while unit {} is running", p->name, during_, unit));
+        p->data = b.t.slice(a[3], p->data.shape());
+        viewing_[p] = int(a[2]);
+        lost_.erase(p);
+        break;
+      }
+      case labproto::kFsdpTakeGrad: {
+        Parameter* p = param(a[0], a[1], "take_grad");
+        Buf& b = buffer(a[2], "take_grad");
+        const int unit = unit_of(p);
+        if (!sync_)
+          throw lab_error(fmt::format("take_grad of {} in {} on an accumulation micro-step", p->name, during_),
+                          "o.sync is false: the layers' gradients add up until the last micro-step (no_sync); take them then");
+        if (!done_[size_t(unit)] || running_[size_t(unit)] > 0)
+          throw lab_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, unit),
+                          "a unit's gradients are complete in its after_backward");
+        if (b.kind != Kind::grads) throw lab_error(fmt::format("take_grad of {} in {} into buffer {}, a {} buffer: gradients go into a grads buffer", p->name, during_, a[2], kind_name(b.kind)));
+        if (b.writing) throw lab_error(fmt::format("take_grad in {}: buffer {} is being written by a collective not yet waited for", during_, a[2]));
+        in_range(b, a[2], a[3], p->data.numel(), "take_grad");
+        float* dst = b.t.f32_at(a[3]);
+        if (p->grad.defined()) copy_values(rt_, p->grad.data(), p->grad.dtype(), dst, DType::f32, p->data.numel());
+        else if (dst) zero_values(rt_, dst, p->data.numel() * 4);  // a parameter the loss doesn't reach
+        p->grad = Tensor();  // the layer's gradient goes: the flat buffer has it
+        break;
+      }
+      case labproto::kFsdpKeepGrad: {
+        FlatParam& fl = flat(a[0], "keep_grad");
+        Buf& b = buffer(a[1], "keep_grad");
+        if (!sync_) throw lab_error(fmt::format("keep_grad({}) in {} on an accumulation micro-step", a[0], during_),
+                                    "o.sync is false: nothing is reduced until the last micro-step (no_sync)");
+        if (kept_[size_t(a[0])]) throw lab_error(fmt::format("keep_grad({}) in {}: flat {}'s part was kept already this step", a[0], during_, a[0]));
+        if (b.writing)
+          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: a reduce_scatter is still writing that buffer", a[0], a[1], during_),
+                          "wait(work) first: its output is there only once it is waited for");
+        const bool host = fl.local.data.category() == Category::host;
+        if (b.part_of >= 0 || (host && b.kind != Kind::host) || (!host && b.kind != Kind::grads))
+          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: buffer {} is {}; the optimizer steps this part {}", a[0], a[1], during_, a[1],
+                                      b.part_of >= 0 ? "a part of the weights" : fmt::format("a {} buffer", kind_name(b.kind)),
+                                      host ? "on the host (offload): its gradient must be host memory" : "on the device, from a grads buffer"));
+        if (b.n < fl.shard)
+          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: this rank's part of flat {} is {} elements, and buffer {} holds {}", a[0], a[1],
+                                      during_, a[0], fl.shard, a[1], b.n),
+                          "the part of a flat is what the reduce-scatter leaves each rank: the layout decides its size");
+        check_padding(fl, b, a[0], a[1]);
+        const DeviceKind where = host ? rt_.host_device() : rt_.device;
+        fl.local.grad = Tensor::empty({fl.shard}, rt_.memory, where, offload_.grads(), rt_.dtype, fl.local.name + " gradient");
+        copy_across(rt_, b.t.data(), b.t.dtype(), b.t.device(), fl.local.grad.data(), rt_.dtype, where, fl.shard);
+        kept_[size_t(a[0])] = true;
+        break;
+      }
+      default:
+        throw lab_error(fmt::format("sent request {} in {}, which lab 05 has no use for", f.op, during_));
+    }
+    plugin_.reply(labproto::kData, nullptr, 0, 0, "fsdp request");
+  }
+
+  // all_gather (in[0, n) from every rank -> out[r·n, (r+1)·n)) or reduce_scatter (the average of in[rank·n,
+  // (rank+1)·n) -> out[0, n)), asynchronous; 16-bit buffers travel through f32 staging, as the engine's do.
+  void collective(bool gather, int64_t in_id, int64_t out_id, int64_t n) {
+    const char* op = gather ? "all_gather" : "reduce_scatter";
+    Buf& in = buffer(in_id, op);
+    Buf& out = buffer(out_id, op);
+    const int64_t world = pg_.size();
+    if (n < 0 || n > (int64_t(1) << 40)) throw lab_error(fmt::format("{} of {} elements in {}", op, n, during_));
+    in_range(in, in_id, 0, gather ? n : n * world, fmt::format("{} (in)", op).c_str());
+    in_range(out, out_id, 0, gather ? n * world : n, fmt::format("{} (out)", op).c_str());
+    if (in.host() || out.host())
+      throw lab_error(fmt::format("{}(buffer {}, buffer {}) in {}: buffer {} is host memory", op, in_id, out_id, during_, in.host() ? in_id : out_id),
+                      "a collective runs between devices: copy a host part into a device buffer first");
+    if (!gather && (in.kind != Kind::grads || out.kind != Kind::grads))
+      throw lab_error(fmt::format("reduce_scatter(buffer {}, buffer {}) in {}: gradients are reduced in grads buffers (f32)", in_id, out_id, during_));
+    if (out.part_of >= 0) throw lab_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, out.part_of));
+    if (in_id == out_id) throw lab_error(fmt::format("{} in {} with buffer {} as its input and its output", op, during_, in_id));
+    if (in.writing || out.writing || out.busy)
+      throw lab_error(fmt::format("{} in {}: buffer {} is in use by a collective not yet waited for", op, during_, in.writing ? in_id : out_id));
+    Pending w;
+    w.gather = gather;
+    w.in = int(in_id);
+    w.out = int(out_id);
+    w.n = n;
+    w.started = during_;
+    w.hook_call = hook_calls_;
+    const float* src = nullptr;
+    if (in.t.dtype() == DType::f32) src = in.t.f32();
+    else {
+      w.temp_in = rt_.empty({gather ? n : n * world}, Category::comm_buffers, fmt::format("the lab's {} input (f32)", op));
+      copy_values(rt_, in.t.data(), in.t.dtype(), w.temp_in.data(), DType::f32, w.temp_in.numel());
+      src = w.temp_in.f32();
+    }
+    float* dst = nullptr;
+    if (out.t.dtype() == DType::f32) dst = out.t.f32();
+    else {
+      w.temp_out = rt_.empty({gather ? n * world : n}, Category::comm_buffers, fmt::format("the lab's {} output (f32)", op));
+      dst = w.temp_out.f32();
+    }
+    if (gather) {
+      const DType wire = in.t.dtype() != DType::f32 || out.t.dtype() != DType::f32 ? rt_.dtype : DType::f32;
+      w.work = staged_all_gather_async(rt_, pg_, dst, src, n, wire);
+      gathers_++;
+    } else {
+      w.work = staged_reduce_scatter_async(rt_, pg_, dst, src, n, ReduceOp::avg, rt_.reduce_dtype);
+    }
+    in.busy++;
+    out.busy++;
+    const int id = next_work_++;
+    out.writing = id;
+    works_.emplace(id, std::move(w));
+    reply_int(id, op);
+  }
+
+  // The part's elements past the parameters' end (the padding that falls in this rank's part) must be
+  // zero: they count in the gradient's norm. Read where the values are on the host (a cpu rank).
+  void check_padding(const FlatParam& fl, const Buf& b, int64_t flat, int64_t id) {
+    const int64_t first = std::max<int64_t>(fl.numel - int64_t(pg_.rank()) * fl.shard, 0);  // in the part
+    if (first >= fl.shard || rt_.device != DeviceKind::cpu || !b.t.data()) return;
+    std::vector<float> pad(size_t(fl.shard - first));
+    copy_values(rt_, static_cast<const char*>(b.t.data()) + first * dtype_size(b.t.dtype()), b.t.dtype(), pad.data(), DType::f32,
+                int64_t(pad.size()));
+    for (size_t i = 0; i < pad.size(); i++)
+      if (pad[i] != 0.0f)
+        throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: element {} of this rank's part lies past the parameters' end (the padding) "
+                                    "and is {}, not 0: it would count in the gradient's norm (and the clipping)",
+                                    flat, id, during_, first + int64_t(i), pad[i]),
+                        "a buffer comes uninitialized: what nobody writes stays NaN");
+  }
+
+  int unit_of(const Parameter* p) const { return unit_by_param_.count(p) ? unit_by_param_.at(p) : index_units(p); }
+  int index_units(const Parameter* p) const {
+    for (const FlatParam& f : flats_.all())
+      for (const Parameter* q : f.params) unit_by_param_[q] = f.group;
+    return unit_by_param_.at(p);
+  }
+  void forget_views(const std::string& why) {
+    for (const auto& [p, b] : viewing_) lost_[p] = why;
+    viewing_.clear();
   }
 
   LabPlugin& plugin_;
-  std::vector<int> running_;             // per unit: its forward or backward is running (between the hooks)
-  std::vector<bool> done_, reduced_;     // this step: its backward finished; its gradients reduced
-  std::vector<int64_t> numel_;
+  std::vector<char> table_;           // the flat table every hook call carries
+  std::vector<int> running_;          // per unit: its forward or backward is running (between the hooks)
+  std::vector<bool> done_, kept_;     // this micro-step: a unit's backward finished; per flat: its part kept
+  std::vector<int> part_handle_;      // per flat: the handle part() returned (0: none yet)
+  std::map<int, Buf> bufs_;
+  std::map<int64_t, Pending> works_;
+  std::map<Parameter*, int> viewing_;              // which buffer a parameter's weights view
+  std::map<const Parameter*, std::string> lost_;   // why a parameter has no weights
+  mutable std::map<const Parameter*, int> unit_by_param_;
+  std::string during_;
+  int next_buf_ = 1;
+  int64_t next_work_ = 1, hook_calls_ = 0;
   int root_ = -1;
-  int64_t ahead_ = 0, root_freed_ = 0;
+  int64_t ahead_ = 0, root_freed_ = 0, allocs_ = 0, largest_alloc_ = 0;
   bool in_backward_ = false;
 };
 

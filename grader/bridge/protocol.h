@@ -42,13 +42,6 @@ enum Op : uint32_t {
   kZeroKeptGrad = 42,      // arg0 = flat; answered by kData: the part kept this step (as the trainer holds it)
   kZeroWeights = 43,       // arg0 = flat; answered by kData: the flat's weights now (numel floats)
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
-  // lab 05: what the student's FSDP asks of the trainer's sharding machinery (grader/bridge/lab_fsdp.cpp); arg0 =
-  // unit, each answered by kData (empty; kFsdpIsWhole: an int32)
-  kFsdpGather = 45,
-  kFsdpWait = 46,
-  kFsdpFree = 47,
-  kFsdpReduceScatter = 48,
-  kFsdpIsWhole = 49,
   // lab 07: the checkpoint folder's files, through the trainer (grader/bridge/lab_checkpoint.cpp)
   kFileOpen = 50,    // payload: the name; answered by kData (an int32 handle)
   kFileWrite = 51,   // arg0 = handle; payload: the bytes; answered by kData (empty)
@@ -57,6 +50,19 @@ enum Op : uint32_t {
   kFileRename = 54,  // payload: from\0to; answered by kData (empty)
   kFileExists = 55,  // payload: the name; answered by kData (an int32)
   kFileRead = 56,    // payload: the name; answered by kData (the bytes)
+  // lab 05: what the student's FSDP asks of the trainer (grader/bridge/lab_fsdp.cpp), each answered by kData
+  // (an int32 handle where it makes one, else empty)
+  kFsdpAlloc = 70,          // arg0 = n, arg1 = kind (0 weights, 1 grads, 2 host); a buffer handle
+  kFsdpRelease = 71,        // arg0 = buffer
+  kFsdpPart = 72,           // arg0 = flat; a buffer handle (the trainer's part)
+  kFsdpCopy = 73,           // arg0 = dst, arg1 = dst_at, arg2 = src, arg3 = src_at, arg4 = n
+  kFsdpFill = 74,           // arg0 = buffer, arg1 = at, arg2 = n; payload: the f32 value
+  kFsdpAllGather = 75,      // arg0 = in, arg1 = out, arg2 = n; a work handle
+  kFsdpReduceScatter = 76,  // arg0 = in, arg1 = out, arg2 = n; a work handle
+  kFsdpWait = 77,           // arg0 = work
+  kFsdpView = 78,           // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
+  kFsdpTakeGrad = 79,       // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
+  kFsdpKeepGrad = 80,       // arg0 = flat, arg1 = buffer
 };
 
 enum Fn : int64_t {
@@ -90,9 +96,11 @@ enum Fn : int64_t {
   kZeroStateDump = 35,  // returns every buffer state() made: int64 flat, int64 n, name\0, n floats each
   kZero2Finish = 36,    // args: rank, size, #flats; payload: the flat table
   // lab 05
-  kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward),
-                   // unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync), #units, root; payload: an int64 numel
-                   // per unit, then int32 count + the forward order, int32 count + the backward order
+  kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward,
+                   // 4 finish_backward), unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync, 8 offload), #flats,
+                   // root; payload: per flat an int32 unit, int32 #params, then per parameter an int64 numel and its
+                   // name\0; then int32 count + the forward order, int32 count + the backward order
+  kFlatLayout = 41,  // args: world, #sizes; payload: int64 sizes; returns int64 numel, padded, shard, then the offsets
   // lab 07 (a snapshot: int64 rank, world, micro_batch, step, #params, #state names; the names\0; per param
   // an int64 numel and its name\0; int64 optimizer steps; per param per state name an int64 count and the
   // floats; int64 #streams and the uint64 draws; int64 epoch, position)

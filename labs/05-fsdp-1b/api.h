@@ -1,30 +1,58 @@
 // Lab 05: everything your fsdp.cpp can use, and what you implement. (Don't edit this file: the grader
 // builds your fsdp.cpp against it, and nothing else of distlab is visible to it.)
 //
-// Your code runs in a process of its own beside the trainer, and decides WHEN: when each unit's parameters
-// are gathered whole, when they go back to this rank's 1/N part, when its gradients are reduce-scattered.
-// The trainer owns the data and the machinery — the shards, the all-gathers (asynchronous: they overlap
-// compute), the reduce-scatters, the optimizer — and runs what you ask of it. It calls your four hooks
-// around every unit's forward and backward, as PyTorch FSDP's pre/post forward and backward hooks.
+// Your code runs in a process of its own beside the trainer and is PyTorch FSDP's FlatParameter and its
+// hooks: it lays each unit's parameters out in one flat vector, makes a unit whole by all-gathering every
+// rank's part into a buffer it allocates, points the layers' weights into that buffer (views), frees it
+// when the unit is not needed, turns the layers' gradients into a flat vector, reduce-scatters it and hands
+// this rank's part to the optimizer. The trainer owns the model, the data, the optimizer and this rank's
+// part of every flat vector; every buffer lives in the trainer, behind a handle, so that the memory a rank
+// holds and the bytes it sends are counted where your code can't reach them.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace lab05 {
 
 struct Options {
   bool reshard_after_forward = true;  // FULL_SHARD (true) or SHARD_GRAD_OP (false): free a unit after its forward?
-  bool prefetch = true;               // gather the next unit while this one computes (backward_prefetch)
-  bool sync = true;                   // false on accumulation micro-steps (no_sync): whole gradients add up, unreduced
+  bool prefetch = true;               // gather the next unit while this one computes (forward and backward prefetch)
+  bool sync = true;                   // false on accumulation micro-steps (no_sync): gradients add up, unreduced
+  bool offload = false;               // CPU offload: this rank's parts live in host memory, the optimizer steps there
 };
 
-// One rank's sharded model. A unit is a transformer block (or the embeddings, or the final LayerNorm); each
-// rank holds 1/N of every unit's parameters, gradients and optimizer state between uses.
+// Task 1 — a flat vector's layout. The parameters of sizes numel[0], numel[1], ... one after the other,
+// padded with zeros so that `world` ranks own equal parts; rank r owns elements [r·shard, (r+1)·shard).
+struct FlatLayout {
+  std::vector<int64_t> offset;  // where each parameter starts in the flat vector
+  int64_t numel = 0;            // the parameters' elements
+  int64_t padded = 0;           // the flat vector's length, padding included
+  int64_t shard = 0;            // each rank's part
+};
+FlatLayout flat_layout(const std::vector<int64_t>& numel, int world);
+
+using Buffer = int;  // a buffer in the trainer, by handle
+using Work = int;    // a collective in flight, by handle
+
+enum class Kind {
+  weights,  // device memory in the parameters' dtype (bf16 in a bf16 run), counted as parameters
+  grads,    // device memory, f32: a flat gradient and its reduced part, counted as communication buffers
+  host,     // host memory in the parameters' dtype, counted as host memory (CPU offload's side of the bus)
+};
+
+// One rank's sharded model. A unit is a transformer block (or the embeddings with the tied lm_head, or the
+// final LayerNorm). A unit's parameters form one or two flat vectors ("flats"): one per weight-decay group
+// (AdamW decays a flat whole or not at all). Parameter k of flat f is (f, k), in the model's order.
 class Fsdp {
  public:
   virtual ~Fsdp() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
   virtual int num_units() const = 0;
-  virtual int64_t numel(int unit) const = 0;  // the unit's parameters, whole
+  virtual std::vector<int> flats(int unit) const = 0;            // the unit's flats
+  virtual std::vector<int64_t> numels(int flat) const = 0;       // its parameters' sizes, in order
+  virtual std::string name(int flat, int k) const = 0;           // "transformer.h.0.attn.c_attn.weight"
   // The root unit: the embeddings, whose forward encloses every other (its after_forward comes last: the
   // lm_head uses the tied embedding) and whose backward comes first. PyTorch FSDP's root instance.
   virtual int root() const = 0;
@@ -33,40 +61,68 @@ class Fsdp {
   virtual const std::vector<int>& forward_order() const = 0;
   virtual const std::vector<int>& backward_order() const = 0;
 
-  virtual bool is_whole(int unit) = 0;
-  // Starts all-gathering the unit's parameters and returns at once: the transfer overlaps whatever the
-  // trainer computes next. Nothing happens when the unit is whole or already on its way.
-  virtual void gather(int unit) = 0;
-  // Returns when the unit's parameters are whole: waits for its gather (or gathers it now).
-  virtual void wait(int unit) = 0;
-  // Releases the whole parameters: the unit goes back to this rank's 1/N part. Refused while the unit's
-  // forward or backward is running (between its before_ and after_ hooks).
-  virtual void free(int unit) = 0;
-  // After the unit's backward: its gradients averaged over ranks, this rank keeping its 1/N part, the whole
-  // gradients released (asynchronous: overlaps the next unit's backward). Once per unit per step.
-  virtual void reduce_scatter(int unit) = 0;
+  // -- memory (every buffer's elements are numbered from 0) --
+  // A new buffer of n elements, uninitialized: the trainer fills it with NaN, so a value you forgot to write
+  // shows. Counted on this rank until release().
+  virtual Buffer alloc(int64_t n, Kind kind) = 0;
+  // Frees the buffer. A parameter whose weights view it has no weights from then on.
+  virtual void release(Buffer b) = 0;
+  // This rank's part of the flat's weights: the trainer's (the optimizer updates it after each step; never
+  // release it), `shard` elements in the parameters' dtype — device memory, host memory under offload.
+  virtual Buffer part(int flat) = 0;
+  // dst[dst_at, dst_at + n) = src[src_at, src_at + n), converting dtypes. Between device and host memory
+  // this crosses the bus (PCIe): counted, and charged by the cost model at the host link's bandwidth.
+  virtual void copy(Buffer dst, int64_t dst_at, Buffer src, int64_t src_at, int64_t n) = 0;
+  virtual void fill(Buffer b, int64_t at, int64_t n, float value) = 0;
+
+  // -- collectives over the ranks, on device buffers, started and returned from at once --
+  // out[r·n, (r+1)·n) = rank r's in[0, n), for every rank r. `out` is written by wait().
+  virtual Work all_gather(Buffer in, Buffer out, int64_t n) = 0;
+  // out[0, n) = the average over ranks of their in[rank()·n, (rank()+1)·n). Kind::grads buffers.
+  virtual Work reduce_scatter(Buffer in, Buffer out, int64_t n) = 0;
+  // Returns when the collective is done. Every Work is waited for once; neither of its buffers may be
+  // released before.
+  virtual void wait(Work w) = 0;
+
+  // -- the layers --
+  // Parameter (flat, k)'s weights are b[at, at + numel) from now on: a view, no copy (a Kind::weights buffer).
+  // The trainer checks, when a unit's forward or backward starts, that every parameter of it has weights.
+  virtual void view(int flat, int k, Buffer b, int64_t at) = 0;
+  // Parameter (flat, k)'s gradient — this rank's, summed over the micro-steps so far — into
+  // b[at, at + numel), converted to f32; the layer's gradient is released (b has it now).
+  virtual void take_grad(int flat, int k, Buffer b, int64_t at) = 0;
+  // b[0, shard): this rank's part of the flat's gradient, averaged over ranks — what the optimizer steps
+  // part(flat) with. Copied, once per flat per optimizer step; a host buffer under offload (the optimizer
+  // steps on the host). Every flat's part must be kept by the time finish_backward returns.
+  virtual void keep_grad(int flat, Buffer b) = 0;
 };
 
-// Task 1 — forward: the unit's parameters must be whole when before_forward returns; after_forward decides
-// whether they stay (FULL_SHARD frees them — except the root's, which backward needs first).
+// Task 2 — forward, around every unit's forward: the unit's parameters must have their weights when
+// before_forward returns; after_forward decides whether they stay (FULL_SHARD frees them — except the
+// root's, which backward needs first).
 void before_forward(Fsdp& f, const Options& o, int unit);
 void after_forward(Fsdp& f, const Options& o, int unit);
-// Task 2 — backward: whole again before the unit's backward; after it, the gradients reduced and the
-// parameters freed.
+// Task 3 — backward, around every unit's backward: weights again before it; after it, the gradients
+// reduce-scattered (when o.sync) and the weights freed. finish_backward: once the whole backward is over,
+// every reduction done and kept.
 void before_backward(Fsdp& f, const Options& o, int unit);
 void after_backward(Fsdp& f, const Options& o, int unit);
-// Task 3 — prefetch (o.prefetch): in before_forward and before_backward, start the gather of the unit the
-// trainer will need next, from the recorded order.
+void finish_backward(Fsdp& f, const Options& o);
+// Task 4 — prefetch (o.prefetch): start the gather of the unit the trainer needs next, from the recorded
+// order, so that it arrives while this one computes. Task 5 — offload (o.offload): the parts and the
+// optimizer live on the host; only device buffers take part in a collective.
 
 }  // namespace lab05
 
 // The table the grader looks up in your plugin (defined at the bottom of fsdp.cpp).
-constexpr int kLab05Abi = 1;
+constexpr int kLab05Abi = 2;
 struct Lab05Plugin {
   int abi;  // kLab05Abi
+  lab05::FlatLayout (*flat_layout)(const std::vector<int64_t>&, int);
   void (*before_forward)(lab05::Fsdp&, const lab05::Options&, int);
   void (*after_forward)(lab05::Fsdp&, const lab05::Options&, int);
   void (*before_backward)(lab05::Fsdp&, const lab05::Options&, int);
   void (*after_backward)(lab05::Fsdp&, const lab05::Options&, int);
+  void (*finish_backward)(lab05::Fsdp&, const lab05::Options&);
 };
 extern "C" Lab05Plugin distlab_lab05;

@@ -1,6 +1,9 @@
-// Lab 05 — FSDP (full shard): each rank keeps 1/N of every unit and makes a unit whole only around its
-// forward and its backward, gathering the next one while this one computes.
+// Lab 05 — FSDP (full shard): each rank keeps 1/N of every unit's flat vector and makes a unit whole only
+// around its forward and its backward — all-gathered into a buffer of its own, the layers' weights viewing
+// that buffer — gathering the next unit while this one computes, and reduce-scattering each unit's flat
+// gradient as its backward ends.
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include <stdexcept>
@@ -9,10 +12,9 @@
 
 namespace lab05 {
 
-// The unit after `unit` in `order`, or -1 (the last one, or no order recorded yet).
-int next_in(const std::vector<int>& order, int unit) {
-  // TODO(05-fsdp-1b): implement next_in. Read labs/05-fsdp-1b/README.md.
-  throw std::logic_error("05-fsdp-1b: next_in is not implemented yet: "
+FlatLayout flat_layout(const std::vector<int64_t>& numel, int world) {
+  // TODO(05-fsdp-1b): implement flat_layout. Read labs/05-fsdp-1b/README.md.
+  throw std::logic_error("05-fsdp-1b: flat_layout is not implemented yet: "
                          "fill in the TODO in labs/05-fsdp-1b/student/fsdp.cpp");
 }
 
@@ -40,7 +42,13 @@ void after_backward(Fsdp& f, const Options& o, int unit) {
                          "fill in the TODO in labs/05-fsdp-1b/student/fsdp.cpp");
 }
 
+void finish_backward(Fsdp& f, const Options& o) {
+  // TODO(05-fsdp-1b): implement finish_backward. Read labs/05-fsdp-1b/README.md.
+  throw std::logic_error("05-fsdp-1b: finish_backward is not implemented yet: "
+                         "fill in the TODO in labs/05-fsdp-1b/student/fsdp.cpp");
+}
+
 }  // namespace lab05
 
-extern "C" Lab05Plugin distlab_lab05 = {kLab05Abi, lab05::before_forward, lab05::after_forward, lab05::before_backward,
-                                        lab05::after_backward};
+extern "C" Lab05Plugin distlab_lab05 = {kLab05Abi,           lab05::flat_layout,    lab05::before_forward, lab05::after_forward,
+                                        lab05::before_backward, lab05::after_backward, lab05::finish_backward};
