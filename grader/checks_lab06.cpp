@@ -1,6 +1,8 @@
-// Lab 06's checks. The layers and the schedule are asked of the student's plugin directly: t copies of it,
-// each in its own sandboxed host, one per tensor-parallel rank, whose all-reduces are served here (summed,
-// and counted) — the references are the whole Linear computed here in double, and the engine's 1F1B order.
+// Lab 06's checks. The layers and the pipeline executor are asked of the student's plugin directly: t copies
+// of it, each in its own sandboxed host, one per tensor-parallel rank, whose all-reduces are served here
+// (summed, and counted) — the references are the whole Linear computed here in double; the executor runs
+// for every stage of many pipelines, and its calls are checked against the engine's 1F1B order and matched
+// across stages as blocking sends and receives would be (a deadlock named).
 // Then training jobs (grader/jobs.h): the trainers are the engine's, the student's layers and schedule run
 // beside each rank (grader/bridge/lab_tp.cpp), and the trainers measure the losses, the bytes, the bubble and
 // the micro-batches each stage held, where the plugin can't reach. References: one rank (the numbers), the
@@ -9,7 +11,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <random>
+#include <set>
 
 #include "core/parallel/pipeline.h"
 #include "grader/check.h"
@@ -243,54 +247,232 @@ CheckResult layer_check(CheckContext& ctx, bool column) {
                                : "y, dx, dw and db on every rank within the tolerance; forward: one all-reduce of y, backward: none"};
 }
 
-// ---- the schedule, asked directly ----
+// ---- the executor, run directly for every stage of many pipelines, its sends and receives matched here ----
 
-std::vector<PipeAction> ask_schedule(CheckContext& ctx, PluginProcess& p, int stages, int stage, int m) {
+// One call of the student's executor on its stage, as it made it.
+struct Call {
+  labproto::Op op;
+  int a = 0, b = 0;
+};
+
+const char* call_name(labproto::Op op) {
+  switch (op) {
+    case labproto::kPipeForward: return "forward";
+    case labproto::kPipeBackward: return "backward";
+    case labproto::kPipeRecvForward: return "recv_forward";
+    case labproto::kPipeSendForward: return "send_forward";
+    case labproto::kPipeRecvBackward: return "recv_backward";
+    case labproto::kPipeSendBackward: return "send_backward";
+    case labproto::kPipeSendForwardRecvBackward: return "send_forward_recv_backward";
+    default: return "send_backward_recv_forward";
+  }
+}
+
+// Runs train_step_1f1b for stage `stage` of a (stages, m) pipeline and records its calls, each answered at
+// once: the executor computes nothing from what it receives, so each stage's calls are what they would be
+// in a real run, and matching them across stages (below) says whether the real run would hang.
+std::vector<Call> run_executor(CheckContext& ctx, PluginProcess& p, int stages, int stage, int m) {
   wire::Frame f;
   f.op = labproto::kCall;
-  const int64_t args[] = {labproto::kPipeSchedule, stages, stage, m};
+  const int64_t args[] = {labproto::kPipeRun, stages, stage, m};
   for (int k = 0; k < 4; k++) f.arg[k] = args[k];
-  const std::string during = fmt::format("schedule_1f1b({}, {}, {})", stages, stage, m);
+  const std::string during = fmt::format("train_step_1f1b on stage {} of {} ({} micro-batches)", stage, stages, m);
   p.send(f, nullptr, 0, ctx.deadline, during.c_str());
-  std::vector<char> out;
-  p.receive(f, out, ctx.deadline, during.c_str(), 1 << 20);
-  if (f.op == labproto::kRaised)
-    throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(out.begin(), out.end()), 1500)));
-  if (f.op != labproto::kReturn || out.size() % 8) throw CheckAbort("error", during + " sent a broken answer");
-  std::vector<PipeAction> v;
-  for (size_t at = 0; at < out.size(); at += 8) {
-    int32_t a[2];
-    std::memcpy(a, out.data() + at, 8);
-    v.push_back({a[0] ? PipeAction::forward : PipeAction::backward, a[1]});
+  std::vector<Call> calls;
+  for (;;) {
+    std::vector<char> in;
+    p.receive(f, in, ctx.deadline, during.c_str(), 1 << 16);
+    if (f.op == labproto::kReturn) return calls;
+    if (f.op == labproto::kRaised)
+      throw CheckAbort("error", fmt::format("{} threw: {}", during, sanitize_output(std::string(in.begin(), in.end()), 1500)));
+    if (f.op < labproto::kPipeForward || f.op > labproto::kPipeSendBackwardRecvForward)
+      throw CheckAbort("error", fmt::format("{} sent request {}, which lab 06's executor has no use for", during, f.op));
+    if (calls.size() > size_t(8 * m + 64))
+      throw CheckAbort("error", fmt::format("{} made more than {} calls: a step has 2m computations and their sends and receives", during, 8 * m + 64));
+    calls.push_back({labproto::Op(f.op), int(std::clamp<int64_t>(f.arg[0], -1, 1 << 20)), int(std::clamp<int64_t>(f.arg[1], -1, 1 << 20))});
+    wire::Frame ok;
+    ok.op = labproto::kData;
+    p.send(ok, nullptr, 0, ctx.deadline, during.c_str());
+  }
+}
+
+// What one stage's calls do, checked as the trainer's Pipeline::Driver checks them: "" or the first problem.
+// `order` gets the forwards and backwards as they ran.
+std::string stage_problem(const std::vector<Call>& calls, int p, int s, int m, std::vector<PipeAction>& order) {
+  std::set<int> x, dy, y, dx;  // received inputs, computed outputs not yet sent
+  std::vector<int> fwd(size_t(m), 0), bwd(size_t(m), 0);
+  const bool first = s == 0, last = s == p - 1;
+  auto bad = [&](int j, const std::string& what) { return fmt::format("stage {} of {} ({} micro-batches), micro-batch {}: {}", s, p, m, j, what); };
+  for (const Call& c : calls) {
+    for (int j : {c.a, c.b}) {
+      if (j >= 0 && j < m) continue;
+      if (j == c.b && c.op != labproto::kPipeSendForwardRecvBackward && c.op != labproto::kPipeSendBackwardRecvForward) continue;
+      return fmt::format("stage {} of {}: {}({}), but the micro-batches are 0..{}", s, p, call_name(c.op), j, m - 1);
+    }
+    const int j = c.a;
+    switch (c.op) {
+      case labproto::kPipeForward:
+        if (fwd[size_t(j)]++) return bad(j, "its forward runs a second time");
+        if (!first && !x.erase(j)) return bad(j, fmt::format("its forward runs before its activations arrived from stage {}", s - 1));
+        if (!last) y.insert(j);
+        order.push_back({PipeAction::forward, j});
+        break;
+      case labproto::kPipeBackward:
+        if (!fwd[size_t(j)]) return bad(j, "its backward runs before its forward");
+        if (bwd[size_t(j)]++) return bad(j, "its backward runs a second time");
+        if (!last && !dy.erase(j)) return bad(j, fmt::format("its backward runs before its gradient arrived from stage {}", s + 1));
+        if (!first) dx.insert(j);
+        order.push_back({PipeAction::backward, j});
+        break;
+      case labproto::kPipeRecvForward:
+        if (!first && !x.insert(j).second) return bad(j, "its activations are received a second time");
+        break;
+      case labproto::kPipeRecvBackward:
+        if (!last && !dy.insert(j).second) return bad(j, "its gradient is received a second time");
+        break;
+      case labproto::kPipeSendForward:
+      case labproto::kPipeSendForwardRecvBackward:
+        if (last) break;
+        if (!y.erase(j)) return bad(j, fmt::format("{} sends activations this stage has not computed (or sent already)", call_name(c.op)));
+        if (c.op == labproto::kPipeSendForwardRecvBackward && !dy.insert(c.b).second) return bad(c.b, "its gradient is received a second time");
+        break;
+      default:  // kPipeSendBackward, kPipeSendBackwardRecvForward
+        if (first) break;
+        if (!dx.erase(j)) return bad(j, fmt::format("{} sends a gradient this stage has not computed (or sent already)", call_name(c.op)));
+        if (c.op == labproto::kPipeSendBackwardRecvForward && !x.insert(c.b).second) return bad(c.b, "its activations are received a second time");
+    }
+  }
+  if (const std::string invalid = check_schedule(order, m); !invalid.empty()) return fmt::format("stage {} of {}: {}", s, p, invalid);
+  if (!y.empty()) return bad(*y.begin(), fmt::format("the step ended and its activations were never sent to stage {}", s + 1));
+  if (!dx.empty()) return bad(*dx.begin(), fmt::format("the step ended and its gradient was never sent to stage {}", s - 1));
+  if (!x.empty() || !dy.empty()) return bad(!x.empty() ? *x.begin() : *dy.begin(), "the step ended and what was received for it was never used");
+  return "";
+}
+
+// A transfer half: this stage sends to (or receives from) `peer` micro-batch `micro`'s activations or gradient.
+struct Half {
+  bool send = false;
+  int peer = 0, micro = 0;
+  bool gradient = false;
+  bool matched = false;
+  std::string text() const {
+    return fmt::format("{} micro-batch {}'s {} {} stage {}", send ? "to send" : "to receive", micro, gradient ? "gradient" : "activations",
+                       send ? "to" : "from", peer);
+  }
+};
+struct Exchange {
+  std::vector<Half> halves;
+  std::string call;  // "send_forward(3)"
+};
+
+std::vector<Exchange> exchanges(const std::vector<Call>& calls, int p, int s) {
+  std::vector<Exchange> v;
+  for (const Call& c : calls) {
+    Exchange e;
+    const bool has_prev = s > 0, has_next = s < p - 1;
+    switch (c.op) {
+      case labproto::kPipeRecvForward: if (has_prev) e.halves.push_back({false, s - 1, c.a, false}); break;
+      case labproto::kPipeSendForward: if (has_next) e.halves.push_back({true, s + 1, c.a, false}); break;
+      case labproto::kPipeRecvBackward: if (has_next) e.halves.push_back({false, s + 1, c.a, true}); break;
+      case labproto::kPipeSendBackward: if (has_prev) e.halves.push_back({true, s - 1, c.a, true}); break;
+      case labproto::kPipeSendForwardRecvBackward:
+        if (has_next) e.halves = {{true, s + 1, c.a, false}, {false, s + 1, c.b, true}};
+        break;
+      case labproto::kPipeSendBackwardRecvForward:
+        if (has_prev) e.halves = {{true, s - 1, c.a, true}, {false, s - 1, c.b, false}};
+        break;
+      default: break;
+    }
+    if (e.halves.empty()) continue;
+    e.call = c.op == labproto::kPipeSendForwardRecvBackward || c.op == labproto::kPipeSendBackwardRecvForward
+                 ? fmt::format("{}({}, {})", call_name(c.op), c.a, c.b)
+                 : fmt::format("{}({})", call_name(c.op), c.a);
+    v.push_back(std::move(e));
   }
   return v;
 }
 
-CheckResult schedule_1f1b(CheckContext& ctx) {
+// Every stage's exchanges run as blocking point-to-point calls do: an exchange completes when each of its
+// halves meets the neighbour's opposite half — both posted at once — for the same micro-batch and tensor.
+// "" when every stage gets to its end; else who waits for what.
+std::string deadlock(std::vector<std::vector<Exchange>> ex, int m) {
+  const int p = int(ex.size());
+  std::vector<size_t> at(size_t(p), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < p; s++) {
+      if (at[size_t(s)] >= ex[size_t(s)].size()) continue;
+      for (Half& h : ex[size_t(s)][at[size_t(s)]].halves) {
+        if (h.matched || at[size_t(h.peer)] >= ex[size_t(h.peer)].size()) continue;
+        for (Half& o : ex[size_t(h.peer)][at[size_t(h.peer)]].halves)
+          if (!o.matched && o.send != h.send && o.peer == s && o.micro == h.micro && o.gradient == h.gradient) {
+            h.matched = o.matched = true;
+            break;
+          }
+      }
+    }
+    for (int s = 0; s < p; s++) {
+      if (at[size_t(s)] >= ex[size_t(s)].size()) continue;
+      const auto& hs = ex[size_t(s)][at[size_t(s)]].halves;
+      if (std::all_of(hs.begin(), hs.end(), [](const Half& h) { return h.matched; })) at[size_t(s)]++, moved = true;
+    }
+  }
+  std::string out;
+  int blocked = 0;
+  for (int s = 0; s < p; s++) {
+    if (at[size_t(s)] >= ex[size_t(s)].size()) continue;
+    const Exchange& e = ex[size_t(s)][at[size_t(s)]];
+    std::string waits;
+    for (const Half& h : e.halves)
+      if (!h.matched) waits += (waits.empty() ? "" : " and ") + h.text();
+    if (blocked++ < 3) out += fmt::format("{}stage {} waits in {} {}", out.empty() ? "" : "; ", s, e.call, waits);
+  }
+  if (!blocked) return "";
+  return fmt::format("p {}, m {}: deadlock — {}{}", p, m, out, blocked > 3 ? fmt::format(" (and {} more stages)", blocked - 3) : "");
+}
+
+CheckResult executor_1f1b(CheckContext& ctx) {
   PluginProcess p(ctx.launch("the plugin"));
   p.wait_ready(ctx.deadline);
+  int pipelines = 0;
   for (int stages = 1; stages <= 8; stages++)
-    for (int m = stages; m <= 2 * stages + 1; m++)
+    for (int m : {stages, stages + 1, 2 * stages + 1}) {
+      std::vector<std::vector<Exchange>> ex;
       for (int s = 0; s < stages; s++) {
+        const std::vector<Call> calls = run_executor(ctx, p, stages, s, m);
+        std::vector<PipeAction> order;
+        if (const std::string bad = stage_problem(calls, stages, s, m, order); !bad.empty())
+          return {false, fmt::format("stage {} of {} ({} micro-batches): every micro-batch's input received before it runs, its output sent once", s,
+                                     stages, m),
+                  bad, "", "a forward needs its activations from the stage before; a backward its gradient from the stage after; each output is sent once"};
         const auto want = pipeline_schedule(PipeSchedule::one_f_one_b, stages, s, m);
-        const auto got = ask_schedule(ctx, p, stages, s, m);
-        if (got == want) continue;
-        CheckResult bad{false, fmt::format("schedule_1f1b({}, {}, {}): {}", stages, s, m, describe_schedule(want)), describe_schedule(got), ""};
-        auto leading = [](const std::vector<PipeAction>& v) {  // forwards before the first backward
-          int n = 0;
-          while (n < int(v.size()) && v[size_t(n)].op == PipeAction::forward) n++;
-          return n;
-        };
-        if (const std::string invalid = check_schedule(got, m); !invalid.empty())
-          bad.hint = invalid + ": every micro-batch runs forward once, then backward once";
-        else if (leading(got) != leading(want))
-          bad.hint = fmt::format("stage {} of {} runs {} forward(s) before its first backward (yours: {}): min(p - s - 1, m) = {} warm-up "
-                                 "forward(s), for the micro-batches still below it in the pipeline, then the steady state's first",
-                                 s, stages, leading(want), leading(got), warmup_forwards(stages, s, m));
-        else bad.hint = "after the warm-up, alternate one forward and one backward (the oldest micro-batch first), then the backwards left";
-        return bad;
+        if (order != want) {
+          CheckResult bad{false, fmt::format("stage {} of {} ({} micro-batches) runs 1F1B: {}", s, stages, m, describe_schedule(want)),
+                          describe_schedule(order), ""};
+          auto leading = [](const std::vector<PipeAction>& v) {  // forwards before the first backward
+            int n = 0;
+            while (n < int(v.size()) && v[size_t(n)].op == PipeAction::forward) n++;
+            return n;
+          };
+          if (leading(order) != leading(want))
+            bad.hint = fmt::format("stage {} of {} runs {} forward(s) before its first backward (yours: {}): min(p - s - 1, m) = {} warm-up "
+                                   "forward(s), for the micro-batches still below it in the pipeline, then the steady state's first",
+                                   s, stages, leading(want), leading(order), warmup_forwards(stages, s, m));
+          else bad.hint = "after the warm-up, alternate one forward and one backward (the oldest micro-batch first), then the backwards left";
+          return bad;
+        }
+        ex.push_back(exchanges(calls, stages, s));
       }
-  return {true, "", "", "every stage of p = 1..8 pipelines, m = p..2p + 1: Megatron's 1F1B order"};
+      if (const std::string hang = deadlock(ex, m); !hang.empty())
+        return {false, fmt::format("p {}, m {}: every stage's sends meet their neighbours' receives (blocking point-to-point calls)", stages, m),
+                hang, "",
+                "in the steady state a stage sends activations on while the stage after sends a gradient back: two sends towards each "
+                "other wait for each other's receive. Megatron pairs them: send_forward_recv_backward and send_backward_recv_forward"};
+      pipelines++;
+    }
+  return {true, "", "", fmt::format("{} pipelines (p = 1..8, m = p, p + 1, 2p + 1), every stage: Megatron's 1F1B order, every send met by "
+                                    "its neighbour's receive",
+                                    pipelines)};
 }
 
 // ---- training jobs ----
@@ -421,7 +603,7 @@ std::map<std::string, CheckDef> lab06_checks() {
       {"row_parallel", {[](CheckContext& c) { return layer_check(c, false); }}},
       {"tp_equals_tp1", {tp_equals_tp1, true}},
       {"tp_comm_volume", {tp_comm_volume, true}},
-      {"schedule_1f1b", {schedule_1f1b}},
+      {"executor_1f1b", {executor_1f1b}},
       {"pp_equals_pp1", {pp_equals_pp1, true}},
       {"bubble_and_memory", {bubble_and_memory, true}},
       {"dp_sync_once", {dp_sync_once, true}},

@@ -9,7 +9,7 @@ the fix applied to it as solutions/08-clinic/<case>/run.toml.
 import pathlib, sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
-WARMUP = "const int warmup = std::min(stages - stage - 1, micro_batches);"
+WARMUP = "const int warmup = std::min(p - s.stage() - 1, m), steady = m - warmup;"
 LOOP = "  for (int micro = 0; micro < k; micro++) step.forward_backward(micro, s.scale / float(k));\n"
 # case -> (the lab's solution file, [(what the solution says, what the bug says)])
 CASES = {
@@ -25,7 +25,7 @@ CASES = {
         (LOOP, "  for (int micro = 0; micro < k; micro++) {\n    step.forward_backward(micro, s.scale / float(k));\n"
                "    step.scheduler_step();\n  }\n")]),
     "skip_not_synchronised": ("03-amp-accum/amp.cpp", [("  comm.all_reduce(&found, 1, ReduceOp::max);\n", "")]),
-    "pipeline_warmup": ("06-tp-pp/tp_pp.cpp", [(WARMUP, "const int warmup = std::min(stage, micro_batches);")]),
+    "pipeline_warmup": ("06-tp-pp/tp_pp.cpp", [(WARMUP, "const int warmup = std::min(s.stage(), m), steady = m - warmup;")]),
     "rank0_extra_collective": ("02-ddp-cifar/ddp.cpp", [(
         "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n  }\n",
         "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n  }\n"

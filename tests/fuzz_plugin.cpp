@@ -103,7 +103,7 @@ std::vector<uint32_t> own_ops(uint64_t lab) {
     case 3: return {30, 31, 32, 33, 34, 20, 4};
     case 4: return {24, 25, 26, 22, 39, 40, 41, 42, 43, 44, 20, 4};
     case 5: return {70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 4};
-    case 6: return {20, 21, 22, 4};
+    case 6: return {20, 21, 22, 81, 82, 83, 84, 85, 86, 87, 88, 4};
     default: return {50, 51, 52, 53, 54, 55, 56, 4};
   }
 }
@@ -134,7 +134,8 @@ std::vector<char> load_answer(std::mt19937_64& g) {
 [[noreturn]] void fuzz(uint64_t lab) {
   std::mt19937_64 g(lab);
   static const uint32_t kOps[] = {4,  5,  10, 11, 12, 20, 21, 22, 23, 24, 25, 26, 30, 31, 32, 33, 34, 39, 40, 41, 42,
-                                  43, 44, 50, 51, 52, 53, 54, 55, 56, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80};
+                                  43, 44, 50, 51, 52, 53, 54, 55, 56, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80,
+                                  81, 82, 83, 84, 85, 86, 87, 88};
   const std::vector<uint32_t> own = own_ops(lab);
   int32_t handle = 1;
   for (;;) {
@@ -208,7 +209,6 @@ extern "C" Lab06Plugin distlab_lab06 = {
     [](lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t) { fuzz(6); },
     [](lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) { fuzz(6); },
     [](lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t) { fuzz(6); },
-    [](int, int, int) -> std::vector<lab06::Action> { fuzz(6); },
-    [](const std::vector<lab06::Action>&, int) -> bool { fuzz(6); }};
+    [](lab06::Stage&) { fuzz(6); }};
 extern "C" Lab07Plugin distlab_lab07 = {kLab07Abi, [](lab07::State&, lab07::Files&) { fuzz(7); },
                                         [](lab07::State&, lab07::Files&) -> std::string { fuzz(7); }};

@@ -499,7 +499,7 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
   CHECK_THAT(o12, Catch::Contains("the lab's schedule is 1F1B"));
   auto [c13, o13] = run("run -n 2 --master-port 0 --grace 2 " + lab06 + "--set parallel.tp=1 --set parallel.pp=2 --set train.log_every=1");
   CHECK(c13 == 0);
-  CHECK_THAT(o13, Catch::Contains("the lab's schedule_1f1b: F0 F1 B0 F2 B1 F3 B2 B3"));
+  CHECK_THAT(o13, Catch::Contains("this stage runs the lab's train_step_1f1b"));
 }
 
 TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accumulation mistakes", "[grader][lab03]") {
@@ -774,47 +774,58 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce of dx, a warm-up that deadlocks or holds too much, DP sync per micro-batch", "[grader][lab06]") {
+TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce of dx, a warm-up that deadlocks or holds too much, unpaired sends, DP sync per micro-batch", "[grader][lab06]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/06-tp-pp/tp_pp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs06-" + std::to_string(getpid()));
-  const std::string warmup = "const int warmup = std::min(stages - stage - 1, micro_batches);";
+  const std::string warmup = "const int warmup = std::min(p - s.stage() - 1, m), steady = m - warmup;";
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", read(src / "labs/06-tp-pp/student/tp_pp.cpp")},
       // the column-parallel backward keeps its own term of dx: the input's gradient misses the other ranks' outputs
       {"no_dx_all_reduce", replace(solution, "  g.all_reduce(dx, rows * in);", "")},
       // the warm-up counted from the wrong end: stage 0 waits for a gradient while stage 1 waits for activations
-      {"warmup_reversed", replace(solution, warmup, "const int warmup = std::min(stage, micro_batches);")},
+      {"warmup_reversed", replace(solution, warmup, "const int warmup = std::min(s.stage(), m), steady = m - warmup;")},
       // one warm-up forward too many: it runs, but every stage holds one more micro-batch's activations
-      {"warmup_plus_one", replace(solution, warmup, "const int warmup = std::min(stages - stage, micro_batches);")},
+      {"warmup_plus_one", replace(solution, warmup, "const int warmup = std::min(p - s.stage(), m), steady = m - warmup;")},
+      // the steady state's sends not paired with the receives coming the other way: neighbours send towards each other
+      {"unpaired_sends", replace(replace(solution, "    s.send_forward_recv_backward(j, i);", "    s.send_forward(j);\n    s.recv_backward(i);"),
+                                 "    if (i + 1 < steady) s.send_backward_recv_forward(i, j + 1);",
+                                 "    if (i + 1 < steady) s.send_backward(i), s.recv_forward(j + 1);")},
       // the replicas average after every micro-batch: the right numbers for m times the bytes
-      {"sync_every_micro", replace_body(solution, "bool dp_sync(const std::vector<Action>& order, int k)", "  return true;")},
+      {"sync_every_micro", replace(replace(solution, "    s.backward(i, i == m - 1);  // the replicas", "    s.backward(i, true);  // the replicas"),
+                                   "    s.backward(i, i == m - 1);\n    s.send_backward(i);", "    s.backward(i, true);\n    s.send_backward(i);")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/06-tp-pp/student/tp_pp.cpp") +
-                          "\nstatic int forged = [] { std::puts(\"15/15 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+                          "\nstatic int forged = [] { std::puts(\"16/16 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("06", subs, files, "tp_pp.cpp");
-  CHECK(rows["solution"].total == 15);
+  CHECK(rows["solution"].total == 16);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["no_dx_all_reduce"].points["column_parallel"] == 0);
   CHECK(rows["no_dx_all_reduce"].points["row_parallel"] == 2);
   CHECK(rows["no_dx_all_reduce"].points["tp_equals_tp1"] == 0);
   CHECK(rows["no_dx_all_reduce"].points["pp_equals_pp1"] == 2);
-  CHECK(rows["warmup_reversed"].points["schedule_1f1b"] == 0);
+  CHECK(rows["warmup_reversed"].points["executor_1f1b"] == 0);
   CHECK(rows["warmup_reversed"].points["pp_equals_pp1"] == 0);
   CHECK(rows["warmup_reversed"].points["tp_equals_tp1"] == 2);
-  CHECK(rows["warmup_plus_one"].points["pp_equals_pp1"] == 2);
+  CHECK(rows["warmup_plus_one"].points["executor_1f1b"] == 0);
   CHECK(rows["warmup_plus_one"].points["bubble_and_memory"] == 0);
+  CHECK(rows["unpaired_sends"].points["executor_1f1b"] == 0);
+  CHECK(rows["unpaired_sends"].points["tp_equals_tp1"] == 2);
+  CHECK(rows["sync_every_micro"].points["executor_1f1b"] == 3);
   CHECK(rows["sync_every_micro"].points["pp_equals_pp1"] == 2);
   CHECK(rows["sync_every_micro"].points["dp_sync_once"] == 0);
   const fs::path feedback = subs.parent_path() / "feedback";
   CHECK_THAT(read(feedback / "no_dx_all_reduce.txt"), Catch::Contains("all-reduce it (f's backward)"));
-  // the deadlock: the timeout names the stage and what it waited for
+  // the deadlock in a real run: the timeout names the stage and what it waited for
   CHECK_THAT(read(feedback / "warmup_reversed.txt"), Catch::Contains("pipeline stage") && Catch::Contains("timed out") &&
                                                          Catch::Contains("micro-batch"));
   CHECK_THAT(read(feedback / "warmup_plus_one.txt"), Catch::Contains("holds at most p - s"));
+  // the deadlock found by matching every stage's calls: who waits, in which call, for which micro-batch
+  CHECK_THAT(read(feedback / "unpaired_sends.txt"), Catch::Contains("deadlock") && Catch::Contains("stage 0 waits in send_forward") &&
+                                                        Catch::Contains("micro-batch"));
   CHECK_THAT(read(feedback / "sync_every_micro.txt"), Catch::Contains("m times the bytes"));
   fs::remove_all(subs);
 }

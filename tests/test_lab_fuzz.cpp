@@ -24,6 +24,9 @@
 #include "grader/bridge/sandbox.h"
 #include "grader/bridge/lab_files.h"
 #include "grader/bridge/lab_plugin.h"
+#include "core/parallel/pipeline_sim.h"
+#include "core/parallel/none.h"
+#include "core/parallel/pipeline.h"
 #include "dist_harness.h"
 
 using namespace distlab;
@@ -252,7 +255,23 @@ void fuzz_lab(const std::string& lab, Tally& tally) {
       entries.push_back([&, x, w, dy, dx, dw, db]() mutable {
         tp->row_backward(pg, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), 2, 3, 4);
       });
-      entries.push_back([&] { plugin.pipeline_order(2, pg.rank(), 4); });
+      entries.push_back([&] {  // the executor drives a middle stage of 3 (both neighbours) over a fake group, on meta
+        Runtime meta(DeviceKind::meta, pg.rank());
+        ProcessGroup fake(ProcessGroup::Fake{}, 1, 3, &meta.trace, "pipeline");
+        auto stage_model = synthetic_stage(1e6, 4);
+        NoParallel none;
+        Pipeline pipe(fake, *stage_model, PipeSchedule::one_f_one_b, 4);
+        Batch b;
+        b.B = b.T = 1;
+        const Pipeline::Executor ex = plugin.pipeline_executor();
+        pipe.train_step(
+            meta, [&] { return b; },
+            [&](Runtime& r, const Tensor& logits, const Batch&, float, Tensor& d) {
+              d = r.empty(logits.shape(), Category::activations, "dlogits");
+              return 0.0;
+            },
+            1.0f, none, nullptr, nullptr, &ex);
+      });
     }
     drive(tally, entries);
   }, po);

@@ -249,8 +249,142 @@ void Pipeline::run_order(Step& st, const std::vector<PipeAction>& actions) {
   }
 }
 
+// ---- an executor of its own (lab 06's), one checked call at a time ----
+
+Error Pipeline::Driver::wrong(int j, const std::string& what, const std::string& hint) const {
+  return Error(fmt::format("pipeline stage {} of {} ({} micro-batches), micro-batch {}: {}", stage(), stages(), micro_batches(), j, what), hint);
+}
+
+void Pipeline::Driver::valid(int j, const char* what) const {
+  if (j < 0 || j >= micro_batches())
+    throw Error(fmt::format("pipeline stage {} of {}: {}({}), but the micro-batches are 0..{}", stage(), stages(), what, j, micro_batches() - 1));
+}
+
+void Pipeline::Driver::forward(int j) {
+  valid(j, "forward");
+  for (const PipeAction& a : ran_)
+    if (a.op == PipeAction::forward && a.micro == j) throw wrong(j, "its forward runs a second time", "every micro-batch runs forward once per step");
+  Tensor x;
+  if (!p_.first()) {
+    auto it = x_.find(j);
+    if (it == x_.end())
+      throw wrong(j, fmt::format("its forward runs before its activations arrived from stage {}", p_.prev()),
+                  "receive them first (recv_forward, or paired with a send the other way)");
+    x = it->second;
+    x_.erase(it);
+  }
+  Tensor y = p_.forward(st_, j, x);
+  if (!p_.last()) y_[j] = y;
+  ran_.push_back({PipeAction::forward, j});
+}
+
+void Pipeline::Driver::backward(int j, bool dp_sync) {
+  valid(j, "backward");
+  bool fwd = false;
+  for (const PipeAction& a : ran_) {
+    if (a.micro != j) continue;
+    if (a.op == PipeAction::backward) throw wrong(j, "its backward runs a second time", "every micro-batch runs backward once per step");
+    fwd = true;
+  }
+  if (!fwd) throw wrong(j, "its backward runs before its forward", "a micro-batch's backward needs what its forward saved");
+  Tensor dy;
+  if (!p_.last()) {
+    auto it = dy_.find(j);
+    if (it == dy_.end())
+      throw wrong(j, fmt::format("its backward runs before its gradient arrived from stage {}", p_.next()),
+                  "receive it first (recv_backward, or paired with a send the other way)");
+    dy = it->second;
+    dy_.erase(it);
+  }
+  std::vector<bool> say(size_t(micro_batches()), false);  // the executor's say, unless the caller decides (a strategy that
+  say[size_t(j)] = dp_sync;                                // reduces after the backward passes its own)
+  const std::vector<bool>* caller = st_.dp_sync;
+  if (!caller) st_.dp_sync = &say;
+  Tensor dx = p_.backward(st_, j, dy);
+  st_.dp_sync = caller;
+  if (!p_.first()) dx_[j] = dx;
+  ran_.push_back({PipeAction::backward, j});
+}
+
+void Pipeline::Driver::recv_forward(int j) {
+  valid(j, "recv_forward");
+  if (p_.first()) return;
+  if (x_.count(j)) throw wrong(j, "its activations are received a second time", "once per micro-batch per step");
+  x_[j] = p_.recv_forward(st_, j);
+}
+
+void Pipeline::Driver::recv_backward(int j) {
+  valid(j, "recv_backward");
+  if (p_.last()) return;
+  if (dy_.count(j)) throw wrong(j, "its gradient is received a second time", "once per micro-batch per step");
+  dy_[j] = p_.recv_backward(st_, j);
+}
+
+void Pipeline::Driver::send_forward(int j) {
+  valid(j, "send_forward");
+  if (p_.last()) return;
+  auto it = y_.find(j);
+  if (it == y_.end()) throw wrong(j, "send_forward of activations this stage has not computed (or sent already)", "send a forward's output after it ran, once");
+  p_.send_forward(st_, j, it->second);
+  y_.erase(it);
+}
+
+void Pipeline::Driver::send_backward(int j) {
+  valid(j, "send_backward");
+  if (p_.first()) return;
+  auto it = dx_.find(j);
+  if (it == dx_.end()) throw wrong(j, "send_backward of a gradient this stage has not computed (or sent already)", "send a backward's output after it ran, once");
+  p_.send_backward(st_, j, it->second);
+  dx_.erase(it);
+}
+
+void Pipeline::Driver::send_forward_recv_backward(int j, int jb) {
+  valid(j, "send_forward_recv_backward");
+  valid(jb, "send_forward_recv_backward");
+  if (p_.last()) return;
+  auto it = y_.find(j);
+  if (it == y_.end()) throw wrong(j, "send_forward_recv_backward sends activations this stage has not computed (or sent already)", "send a forward's output after it ran, once");
+  if (dy_.count(jb)) throw wrong(jb, "its gradient is received a second time", "once per micro-batch per step");
+  dy_[jb] = p_.send_forward_recv_backward(st_, j, it->second, jb);
+  y_.erase(it);
+}
+
+void Pipeline::Driver::send_backward_recv_forward(int j, int jf) {
+  valid(j, "send_backward_recv_forward");
+  valid(jf, "send_backward_recv_forward");
+  if (p_.first()) return;
+  auto it = dx_.find(j);
+  if (it == dx_.end()) throw wrong(j, "send_backward_recv_forward sends a gradient this stage has not computed (or sent already)", "send a backward's output after it ran, once");
+  if (x_.count(jf)) throw wrong(jf, "its activations are received a second time", "once per micro-batch per step");
+  x_[jf] = p_.send_backward_recv_forward(st_, j, it->second, jf);
+  dx_.erase(it);
+}
+
+void Pipeline::Driver::finish() {
+  if (const std::string bad = check_schedule(ran_, micro_batches()); !bad.empty())
+    throw Error(fmt::format("pipeline stage {} of {}: the step ended and {} (ran: {})", stage(), stages(), bad, describe_schedule(ran_)),
+                "every micro-batch runs forward once, then backward once, on every stage");
+  for (const auto* unsent : {&y_, &dx_})
+    if (!unsent->empty())
+      throw wrong(unsent->begin()->first, fmt::format("the step ended and its {} was never sent to stage {}", unsent == &y_ ? "activations" : "gradient",
+                                                      unsent == &y_ ? p_.next() : p_.prev()),
+                  "every forward's output goes on to the next stage, every backward's back to the one before");
+  for (const auto* unused : {&x_, &dy_})
+    if (!unused->empty())
+      throw wrong(unused->begin()->first, "the step ended and what was received for it was never used", "receive only what a forward or backward needs");
+}
+
 Pipeline::StepResult Pipeline::train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor,
-                                          StepHooks& strategy, const std::vector<PipeAction>* order, const std::vector<bool>* dp_sync) {
+                                          StepHooks& strategy, const std::vector<PipeAction>* order, const std::vector<bool>* dp_sync,
+                                          const Executor* executor) {
+  if (executor) {
+    Step st{rt, next, loss, loss_factor, strategy, dp_sync};
+    Driver d(*this, st);
+    (*executor)(d);
+    d.finish();
+    DL_ASSERT(held_.empty(), "pipeline: a micro-batch's activations were never consumed");
+    return st.res;
+  }
   const std::vector<PipeAction> own = order ? std::vector<PipeAction>() : pipeline_schedule(schedule_, stages(), stage(), m_);
   const std::vector<PipeAction>& actions = order ? *order : own;
   if (const std::string bad = check_schedule(actions, m_); !bad.empty())

@@ -34,6 +34,7 @@
 #include "core/comm/process_group.h"
 #include "core/models/model.h"
 #include "core/parallel/strategy.h"
+#include "core/util/error.h"
 
 namespace distlab {
 
@@ -56,13 +57,6 @@ std::vector<PipeAction> pipeline_schedule(PipeSchedule schedule, int stages, int
 std::string describe_schedule(const std::vector<PipeAction>& s);  // "F0 F1 B0 F2 B1 B2"
 // "" when `order` runs every micro-batch 0..m-1 forward once and then backward once; else what is wrong.
 std::string check_schedule(const std::vector<PipeAction>& order, int micro_batches);
-// A stage's own order of its m micro-batches, and for each micro-batch whether its backward synchronises
-// the data-parallel replicas (the engine's: pipeline_schedule, and only the last one).
-struct PipelineOrder {
-  std::vector<PipeAction> actions;
-  std::vector<bool> dp_sync;  // by micro-batch
-};
-
 // The pipeline's message tags. A training step's messages carry their micro-batch, so that a stage takes
 // only the tensor it expects: orders that do not fit together hang until the timeout names the stage,
 // rather than train on each other's tensors.
@@ -79,7 +73,12 @@ constexpr bool is_gradient(int tag) { return tag >= first_micro && tag % 2 == 1;
 using StageLoss = std::function<double(Runtime& rt, const Tensor& logits, const Batch& batch, float factor, Tensor& dlogits)>;
 
 class Pipeline {
+  struct Step;  // one train_step's micro-batches, losses and results
+
  public:
+  class Driver;
+  // An executor written outside the engine (lab 06's): it runs one step on this stage through a Driver.
+  using Executor = std::function<void(Driver&)>;
   // `pp`: the stages' group (this rank is stage pp.rank()); the model says what crosses its boundaries
   // (Model::stage_input_shape). m < p is refused unless `allow_idle` (the simulator of pipeline_sim.h shows it).
   Pipeline(ProcessGroup& pp, Model& stage, PipeSchedule schedule, int micro_batches, bool allow_idle = false);
@@ -97,13 +96,49 @@ class Pipeline {
   // neighbour it receives it in the same exchange (Megatron's send_forward_recv_backward and
   // send_backward_recv_forward) — so 1F1B's steady state, where neighbours send to each other, cannot
   // deadlock, while orders that do not fit the neighbours' hang until the timeout names the stage.
+  // `executor`: an executor of its own runs the step instead (the order is then its, and each of its
+  // backwards says whether it synchronises; `dp_sync`, when given, overrides that).
   StepResult train_step(Runtime& rt, const std::function<Batch()>& next, const StageLoss& loss, float loss_factor, StepHooks& strategy,
-                        const std::vector<PipeAction>* order = nullptr, const std::vector<bool>* dp_sync = nullptr);
+                        const std::vector<PipeAction>* order = nullptr, const std::vector<bool>* dp_sync = nullptr,
+                        const Executor* executor = nullptr);
   // Evaluation: one micro-batch's forward through every stage; the logits on the last stage (undefined on
   // the others).
   Tensor forward_only(Runtime& rt, const Batch& b);
   // Sums the gradients of the tied embedding's copies (first and last stage; nothing elsewhere).
   void sync_tied(Runtime& rt, Parameter* tied);
+  // One step's operations by micro-batch, for an executor outside the engine: what run_1f1b and run_order
+  // do, one call at a time, each checked. A received tensor waits for its micro-batch's forward (backward);
+  // a computed one waits to be sent. A call out of order — a forward whose input has not arrived, a send of
+  // what was not computed, a micro-batch run twice — throws an Error naming the stage and the micro-batch;
+  // sends and receives that do not pair with the neighbours' hang until the process group's timeout names
+  // them. At an end stage the half towards the missing neighbour does nothing, as Megatron's.
+  class Driver {
+   public:
+    int stage() const { return p_.stage(); }
+    int stages() const { return p_.stages(); }
+    int micro_batches() const { return p_.m_; }
+    void forward(int micro);
+    void backward(int micro, bool dp_sync);
+    void recv_forward(int micro);
+    void recv_backward(int micro);
+    void send_forward(int micro);
+    void send_backward(int micro);
+    void send_forward_recv_backward(int micro, int micro_back);
+    void send_backward_recv_forward(int micro, int micro_fwd);
+    const std::vector<PipeAction>& order() const { return ran_; }  // the forwards and backwards, as they ran
+    void finish();  // after the executor: every micro-batch run both ways, every output sent, every input used
+
+   private:
+    friend class Pipeline;
+    Driver(Pipeline& p, Step& st) : p_(p), st_(st) {}
+    void valid(int micro, const char* what) const;
+    Error wrong(int micro, const std::string& what, const std::string& hint) const;
+    Pipeline& p_;
+    Step& st_;
+    std::map<int, Tensor> x_, dy_, y_, dx_;  // by micro-batch: received inputs, computed outputs not yet sent
+    std::vector<PipeAction> ran_;
+  };
+
   int stage() const { return pp_.rank(); }
   int stages() const { return pp_.size(); }
   bool first() const { return stage() == 0; }
@@ -112,7 +147,6 @@ class Pipeline {
   int micro_batches() const { return m_; }
 
  private:
-  struct Step;  // one train_step's micro-batches, losses and results
   // One micro-batch's forward (its input from the stage before) and backward (the gradient of its output),
   // its saved activations held in between.
   Tensor forward(Step& st, int micro, const Tensor& x);

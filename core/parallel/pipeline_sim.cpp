@@ -41,6 +41,8 @@ class SyntheticStage : public Model {
 
 }  // namespace
 
+std::unique_ptr<Model> synthetic_stage(double flops, int64_t width) { return std::make_unique<SyntheticStage>(flops, width); }
+
 PipelineSimResult simulate_pipeline(int p, int m, const std::string& schedule, const HardwareProfile& hw, double flops, int64_t act_bytes) {
   PipelineSimResult out;
   out.stages = p;

@@ -5,9 +5,11 @@
 // training refuses. The course's numbers: bubble (p - 1)/(m + p - 1); 1F1B holds min(p - s, m) micro-batches
 // on stage s, GPipe m.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/models/model.h"
 #include "core/perf/hardware.h"
 
 namespace distlab {
@@ -20,6 +22,10 @@ struct PipelineSimResult {
   double span_s = 0, ideal_s = 0;  // the modeled span; m slots of one stage's work (no bubble)
   std::vector<int> peak_in_flight;  // per stage
 };
+
+// One stage of equal, synthetic work: no parameters, a forward of `flops` and a backward of 2 × flops
+// (FLOPs and trace events only, for the meta device), activations (B, T, width) in and out.
+std::unique_ptr<Model> synthetic_stage(double flops, int64_t width);
 
 PipelineSimResult simulate_pipeline(int stages, int micro_batches, const std::string& schedule, const HardwareProfile& hw,
                                     double flops = 1e12, int64_t act_bytes = 8 << 20);

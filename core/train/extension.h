@@ -6,7 +6,7 @@
 //   make_sampler      the training set's order (a Sampler)         when the loader is made
 //   on_model          layers (layer substitution)                  after the model is built and initialised
 //   make_strategy     the data-parallel strategy (DDP, ZeRO, FSDP)  once, after on_model
-//   pipeline_order    a stage's 1F1B order and its dp syncs        every pipeline step
+//   pipeline_executor a stage's pipeline executor (1F1B's loop)    every pipeline step
 //   drive_step        one optimizer step (a custom training step)  every step, when drives_steps()
 //   save / resume     the checkpoint's state (a custom state_dict) every save; once at the start
 //   describe, report  lines in the header, numbers in the summary  once each
@@ -101,8 +101,9 @@ class TrainerExtension {
   virtual void on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro_batches) {}
   // The data-parallel strategy over `dp`; nullptr: the engine's for cfg.
   virtual std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) { return nullptr; }
-  // This stage's order of a step's micro-batches; nullptr: the engine's schedule.
-  virtual const PipelineOrder* pipeline_order() const { return nullptr; }
+  // This stage's executor of a step's micro-batches (its order, sends and receives, data-parallel syncs);
+  // nullptr: the engine's schedule.
+  virtual const Pipeline::Executor* pipeline_executor() const { return nullptr; }
   // One optimizer step in place of the engine's (Trainer::engine_step), when drives_steps().
   virtual bool drives_steps() const { return false; }
   virtual StepOutcome drive_step(RunParts& run, TrainerCalls& calls, int64_t step) { return {}; }

@@ -81,11 +81,11 @@ StepOutcome Trainer::engine_step(int64_t step) {
     // a strategy that reduces after the backward (ZeRO-1) does so once here, after the tied copies' sum
     const bool later = strategy_->reduces_after_backward();
     const std::vector<bool> no_sync(size_t(k), false);
-    const PipelineOrder* order = ext_ ? ext_->pipeline_order() : nullptr;  // nullptr: the schedule's
+    const Pipeline::Executor* executor = ext_ ? ext_->pipeline_executor() : nullptr;  // nullptr: the schedule's
     const Pipeline::StepResult r = pipeline_->train_step(
         rt_, [&] { return next_batch(); },
         [&](Runtime&, const Tensor& logits, const Batch& b, float factor, Tensor& d) { return loss_and_grad(logits, b, factor, d); },
-        o.loss_scale / float(k), *strategy_, order ? &order->actions : nullptr, later ? &no_sync : order ? &order->dp_sync : nullptr);
+        o.loss_scale / float(k), *strategy_, nullptr, later ? &no_sync : nullptr, executor);
     pipeline_->sync_tied(rt_, tied_);  // the lm_head's copy and wte: one gradient, the same step on both stages
     if (later) {
       strategy_->begin_backward(true);

@@ -55,8 +55,7 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
   plugin_->limit_messages(64 * params + (uint64_t(16) << 20));
   if (!plugin_->is("06") || !mesh) return;
   const MeshShape& shape = mesh->shape();
-  if (shape.pp > 1)  // the student's 1F1B order for this stage, checked, and its data-parallel syncs
-    order_ = plugin_->pipeline_order(shape.pp, mesh->coord().pp, int(micro_batches));
+  if (shape.pp > 1) executor_ = plugin_->pipeline_executor();  // the student's 1F1B executor for this stage
   if (shape.tp > 1) {  // the student's column- and row-parallel layers in every block
     auto* gpt = dynamic_cast<GPT*>(&model);
     if (!gpt) throw ConfigError(fmt::format("parallel.tp {} in lab {} with a model that is not GPT", shape.tp, name()), "the lab's tensor parallelism splits GPT");
@@ -76,16 +75,12 @@ std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, Proc
 }
 
 void LabExtension::describe(std::ostream& log) const {
-  if (!order_) return;
-  std::string syncs;
-  for (size_t j = 0; j < order_->dp_sync.size(); j++)
-    if (order_->dp_sync[j]) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", j);
-  log << fmt::format("  this stage runs the lab's schedule_1f1b: {}; data-parallel gradients averaged in: {}\n",
-                     describe_schedule(order_->actions), syncs.empty() ? "none" : syncs);
+  if (executor_) log << "  this stage runs the lab's train_step_1f1b (the order it ran: lab_pipeline_order in the run's summary)\n";
 }
 
 void LabExtension::report(nlohmann::json& rank) const {
   rank["lab_largest_all_reduce_bytes"] = plugin_->largest_all_reduce_bytes();  // lab 02's bucket check
+  if (executor_) rank["lab_pipeline_order"] = plugin_->pipeline_ran();          // lab 06: this stage's last step
 }
 
 ConfigExtras lab_config_sections() {

@@ -7,7 +7,7 @@
 //   03   drive_step                    the optimizer step: accumulation, the loss scaler, clipping (lab_step.cpp)
 //   04   make_strategy                 ZeRO-1 and ZeRO-2 (lab_zero.cpp)
 //   05   make_strategy                 FSDP's hooks (lab_fsdp.cpp)
-//   06   on_model, pipeline_order      the column- and row-parallel layers, a stage's 1F1B order (lab_tp.cpp)
+//   06   on_model, pipeline_executor   the column- and row-parallel layers, a stage's 1F1B executor (lab_tp.cpp)
 //   07   save, resume                  the optimizer / RNG / sampler checkpoint (lab_checkpoint.cpp)
 //
 // check_run refuses what a lab cannot run (lab 06 without a split, lab 02 in fp16, ...) before anything is
@@ -33,7 +33,7 @@ class LabExtension : public TrainerExtension {
   std::shared_ptr<Sampler> make_sampler(const RunConfig& cfg, int64_t n, int world, int rank) override;
   void on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro_batches) override;
   std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) override;
-  const PipelineOrder* pipeline_order() const override { return order_ ? &*order_ : nullptr; }
+  const Pipeline::Executor* pipeline_executor() const override { return executor_ ? &*executor_ : nullptr; }
   bool drives_steps() const override { return plugin_->is("03"); }
   StepOutcome drive_step(RunParts& run, TrainerCalls& calls, int64_t step) override;  // lab_step.cpp
   bool owns_checkpoints() const override { return plugin_->is("07"); }
@@ -49,7 +49,7 @@ class LabExtension : public TrainerExtension {
 
   std::unique_ptr<LabPlugin> plugin_;
   std::unique_ptr<TpKernels> tp_;       // lab 06: the student's column- and row-parallel arithmetic
-  std::optional<PipelineOrder> order_;  // lab 06: this stage's order and data-parallel syncs, the student's
+  std::optional<Pipeline::Executor> executor_;  // lab 06: this stage's executor, the student's
 };
 
 // The sections a lab's config (labs/NN-name/lab.toml) adds to a run config: [lab] (its description, and

@@ -180,8 +180,8 @@ std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t
       throw Error(fmt::format("{} (in the lab's {})", sanitize_output(std::string(payload.begin(), payload.end()), 2000), during),
                   "the exception came from your code in " + opt_.plugin);
     const bool lab_request = (r.op >= labproto::kStepForwardBackward && r.op <= labproto::kFileRead) ||
-                             (r.op >= labproto::kFsdpAlloc && r.op <= labproto::kFsdpKeepGrad);
-    if (serve && lab_request) serve(r, payload);  // a Step's, lab 05's FSDP's or lab 07's files' request
+                             (r.op >= labproto::kFsdpAlloc && r.op <= labproto::kPipeSendBackwardRecvForward);
+    if (serve && lab_request) serve(r, payload);  // a Step's, lab 05's FSDP's, lab 06's pipeline's or lab 07's files' request
     else serve_collective(r, payload, pg, rt, during, bool(serve));
   }
 }

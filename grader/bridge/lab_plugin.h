@@ -65,9 +65,10 @@ class LabPlugin {
   // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
   // layer's tensor-parallel group — grader/bridge/lab_tp.cpp
   std::unique_ptr<TpKernels> make_tp_kernels(Runtime& rt);
-  // Lab 06: stage `stage`'s order of its m micro-batches (the student's schedule_1f1b, checked), and for each
-  // micro-batch whether its backward synchronises the data-parallel replicas (the student's dp_sync)
-  PipelineOrder pipeline_order(int stages, int stage, int micro_batches);
+  // Lab 06: the student's pipeline executor (train_step_1f1b), driving a stage's step through the
+  // engine's Pipeline::Driver
+  Pipeline::Executor pipeline_executor();
+  const std::string& pipeline_ran() const { return pipeline_ran_; }  // the last step's order and syncs ("" before)
 
   // Lab 03: the student's train_step drives this optimizer step through `ops`. A 1-rank run (pg null)
   // answers the student's all_reduces with their own data.
@@ -109,6 +110,7 @@ class LabPlugin {
   int64_t next_handle_ = 1;
   uint64_t max_message_ = labproto::kMaxPayload;
   uint64_t largest_all_reduce_ = 0;
+  std::string pipeline_ran_;
 };
 
 }  // namespace distlab

@@ -6,6 +6,8 @@
 // it. Compare ColumnParallelLinear and RowParallelLinear (core/parallel/tensor_parallel.cpp), the engine's.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 
@@ -87,27 +89,33 @@ class LabTpKernels : public TpKernels {
 
 std::unique_ptr<TpKernels> LabPlugin::make_tp_kernels(Runtime& rt) { return std::make_unique<LabTpKernels>(*this, rt); }
 
-PipelineOrder LabPlugin::pipeline_order(int stages, int stage, int m) {
-  const std::vector<char> raw = call(labproto::kPipeSchedule, {stages, stage, m}, nullptr, 0, nullptr, nullptr, "schedule_1f1b");
-  if (raw.size() % 8) throw Error("the lab's schedule_1f1b returned a broken list");
-  PipelineOrder o;
-  for (size_t at = 0; at < raw.size(); at += 8) {
-    int32_t a[2];
-    std::memcpy(a, raw.data() + at, 8);
-    o.actions.push_back({a[0] ? PipeAction::forward : PipeAction::backward, a[1]});
-  }
-  if (const std::string bad = check_schedule(o.actions, m); !bad.empty())
-    throw Error(fmt::format("the lab's schedule_1f1b({}, {}, {}) returned {}: {}", stages, stage, m, describe_schedule(o.actions), bad),
-                "every micro-batch 0..m-1 runs forward once and then backward once on every stage");
-  const std::vector<char> flags = call(labproto::kPipeDpSync, {int64_t(raw.size() / 8)}, raw.data(), raw.size(), nullptr, nullptr, "dp_sync");
-  if (flags.size() != o.actions.size() * 4) throw Error("the lab's dp_sync answers came back broken");
-  o.dp_sync.assign(size_t(m), false);
-  for (size_t k = 0; k < o.actions.size(); k++) {
-    int32_t s;
-    std::memcpy(&s, flags.data() + k * 4, 4);
-    if (o.actions[k].op == PipeAction::backward) o.dp_sync[size_t(o.actions[k].micro)] = s != 0;
-  }
-  return o;
+// The student's executor drives this stage's step: each request is one of the Driver's calls, which
+// checks it (a forward without its input, a send of what was not computed, ...) and runs it on the
+// engine's pipeline — the sends and receives on the stages' real process group.
+Pipeline::Executor LabPlugin::pipeline_executor() {
+  return [this](Pipeline::Driver& d) {
+    std::string syncs;
+    const Serve serve = [this, &d, &syncs](const wire::Frame& f, std::vector<char>&) {
+      const int a = int(std::clamp<int64_t>(f.arg[0], -1, 1 << 20)), b = int(std::clamp<int64_t>(f.arg[1], -1, 1 << 20));
+      switch (f.op) {
+        case labproto::kPipeForward: d.forward(a); break;
+        case labproto::kPipeBackward:
+          d.backward(a, f.arg[1] != 0);
+          if (f.arg[1] != 0) syncs += fmt::format("{}B{}", syncs.empty() ? "" : ", ", a);
+          break;
+        case labproto::kPipeRecvForward: d.recv_forward(a); break;
+        case labproto::kPipeSendForward: d.send_forward(a); break;
+        case labproto::kPipeRecvBackward: d.recv_backward(a); break;
+        case labproto::kPipeSendBackward: d.send_backward(a); break;
+        case labproto::kPipeSendForwardRecvBackward: d.send_forward_recv_backward(a, b); break;
+        case labproto::kPipeSendBackwardRecvForward: d.send_backward_recv_forward(a, b); break;
+        default: throw Error(fmt::format("the lab's train_step_1f1b sent request {}, which lab 06 has no use for", f.op));
+      }
+      reply(labproto::kData, nullptr, 0, 0, "train_step_1f1b");
+    };
+    call(labproto::kPipeRun, {d.stages(), d.stage(), d.micro_batches()}, nullptr, 0, nullptr, nullptr, "train_step_1f1b", serve);
+    pipeline_ran_ = fmt::format("{}; data-parallel gradients averaged in: {}", describe_schedule(d.order()), syncs.empty() ? "none" : syncs);
+  };
 }
 
 }  // namespace distlab

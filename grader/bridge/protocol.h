@@ -63,6 +63,16 @@ enum Op : uint32_t {
   kFsdpView = 78,           // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
   kFsdpTakeGrad = 79,       // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
   kFsdpKeepGrad = 80,       // arg0 = flat, arg1 = buffer
+  // lab 06: what the student's pipeline executor asks of its stage (grader/bridge/lab_tp.cpp); arg0 = micro,
+  // arg1 = the second micro-batch (the paired calls) or dp_sync (kPipeBackward); each answered by kData (empty)
+  kPipeForward = 81,
+  kPipeBackward = 82,
+  kPipeRecvForward = 83,
+  kPipeSendForward = 84,
+  kPipeRecvBackward = 85,
+  kPipeSendBackward = 86,
+  kPipeSendForwardRecvBackward = 87,
+  kPipeSendBackwardRecvForward = 88,
 };
 
 enum Fn : int64_t {
@@ -115,8 +125,7 @@ enum Fn : int64_t {
   kTpColumnBackward = 61,
   kTpRowForward = 62,
   kTpRowBackward = 63,
-  kPipeSchedule = 64,  // args: stages, stage, m; returns int32 (forward, micro) pairs
-  kPipeDpSync = 65,    // arg1 = #actions; payload: the int32 pairs; returns an int32 per action (1: that backward syncs)
+  kPipeRun = 64,  // args: stages, stage, m; the student's executor's requests are kPipe* ops below; returns nothing
 };
 
 }  // namespace distlab::labproto

@@ -72,16 +72,30 @@ bool layer_call(const Lab06Plugin& t, const wire::Frame& f, const std::vector<ch
   return true;
 }
 
-std::vector<lab06::Action> read_order(const std::vector<char>& in, int64_t n) {
-  if (n < 0 || in.size() != size_t(n) * 8) _exit(3);
-  std::vector<lab06::Action> v;
-  for (int64_t k = 0; k < n; k++) {
-    int32_t a[2];
-    std::memcpy(a, in.data() + k * 8, 8);
-    v.push_back({a[0] != 0, a[1]});
+// The stage the student's executor drives: every call a request the trainer (or the grader's simulation)
+// runs and answers.
+class RemoteStage : public lab06::Stage {
+ public:
+  RemoteStage(int stages, int stage, int m) : stages_(stages), stage_(stage), m_(m) {}
+  int stage() const override { return stage_; }
+  int stages() const override { return stages_; }
+  int micro_batches() const override { return m_; }
+  void forward(int micro) override { ask(labproto::kPipeForward, micro, 0); }
+  void backward(int micro, bool dp_sync) override { ask(labproto::kPipeBackward, micro, dp_sync ? 1 : 0); }
+  void recv_forward(int micro) override { ask(labproto::kPipeRecvForward, micro, 0); }
+  void send_forward(int micro) override { ask(labproto::kPipeSendForward, micro, 0); }
+  void recv_backward(int micro) override { ask(labproto::kPipeRecvBackward, micro, 0); }
+  void send_backward(int micro) override { ask(labproto::kPipeSendBackward, micro, 0); }
+  void send_forward_recv_backward(int micro, int micro_back) override { ask(labproto::kPipeSendForwardRecvBackward, micro, micro_back); }
+  void send_backward_recv_forward(int micro, int micro_fwd) override { ask(labproto::kPipeSendBackwardRecvForward, micro, micro_fwd); }
+
+ private:
+  void ask(labproto::Op op, int a, int b) {
+    put(op, nullptr, 0, {a, b});
+    expect_data(0);
   }
-  return v;
-}
+  int stages_, stage_, m_;
+};
 
 }  // namespace
 
@@ -95,25 +109,12 @@ int serve_lab06(void* plugin) {
       case labproto::kTpRowForward:
       case labproto::kTpRowBackward:
         return layer_call(*t, f, in, out);
-      case labproto::kPipeSchedule: {  // args stages, stage, m; returns int32 (forward, micro) pairs
+      case labproto::kPipeRun: {  // args stages, stage, m: the student's executor drives the stage
         const int64_t stages = f.arg[1], stage = f.arg[2], m = f.arg[3];
         if (stages < 1 || stages > 1 << 16 || stage < 0 || stage >= stages || m < 1 || m > 1 << 16) return false;
-        need(t->schedule_1f1b, "schedule_1f1b");
-        const std::vector<lab06::Action> v = t->schedule_1f1b(int(stages), int(stage), int(m));
-        if (v.size() > size_t(1) << 20) throw std::length_error("schedule_1f1b returned " + std::to_string(v.size()) + " actions");
-        for (const auto& a : v) {
-          const int32_t pair[2] = {a.forward ? 1 : 0, a.micro};
-          out.insert(out.end(), reinterpret_cast<const char*>(pair), reinterpret_cast<const char*>(pair) + 8);
-        }
-        return true;
-      }
-      case labproto::kPipeDpSync: {  // args #actions; payload the order; returns an int32 per action (backwards: dp_sync)
-        const std::vector<lab06::Action> order = read_order(in, f.arg[1]);
-        need(t->dp_sync, "dp_sync");
-        for (size_t k = 0; k < order.size(); k++) {
-          const int32_t s = !order[k].forward && t->dp_sync(order, int(k)) ? 1 : 0;
-          out.insert(out.end(), reinterpret_cast<const char*>(&s), reinterpret_cast<const char*>(&s) + 4);
-        }
+        need(t->train_step_1f1b, "train_step_1f1b");
+        RemoteStage s(int(stages), int(stage), int(m));
+        t->train_step_1f1b(s);
         return true;
       }
       default:

@@ -8,9 +8,9 @@
 //    rank's slice of the weights, and runs the collectives you ask for on its tensor-parallel group:
 //      g.all_reduce(data, n)    blocking: data becomes the sum over the group's ranks
 //    Every rank of the group must ask for the same all-reduces, in the same order, with the same sizes.
-//  - Tasks 3-4: each pipeline stage asks your schedule once for its order of forwards and backwards, and
-//    which of its backwards synchronise the data-parallel replicas' gradients. The trainer runs them, and
-//    sends and receives the activations and gradients between neighbouring stages.
+//  - Tasks 3-4: each pipeline stage runs your executor for every optimizer step: the order of its forwards
+//    and backwards, the sends and receives between neighbouring stages, and which backward synchronises
+//    the data-parallel replicas. The trainer holds the tensors, computes, and moves them as you ask.
 // Every array is f32, row-major, with PyTorch's layout: x (rows, in), w (out, in), b (out), y (rows, out).
 #pragma once
 #include <cstdint>
@@ -55,35 +55,55 @@ void row_forward(Group& g, const float* x, const float* w, const float* b, float
 void row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                   int64_t out);
 
-// One step of a stage: the forward or the backward of micro-batch `micro` (0..m-1).
-struct Action {
-  bool forward;
-  int micro;
+// A pipeline stage during one optimizer step: its m micro-batches' forwards and backwards, and the tensors
+// that cross to its neighbours — micro-batch j's activations go from stage s to s + 1 after its forward
+// there, its gradient from s + 1 back to s after its backward. The trainer holds the tensors; every call
+// blocks until it is done, as Gloo's and NCCL's point-to-point calls (Megatron's p2p_communication names).
+// A send completes only when the neighbour receives it (and a receive when the neighbour sends): two
+// stages that both wait for each other to receive hang until the timeout names the stage and micro-batch.
+// At the first stage the halves towards a previous stage do nothing, and at the last those towards a next.
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual int stage() const = 0;          // s, 0..p-1
+  virtual int stages() const = 0;         // p
+  virtual int micro_batches() const = 0;  // m (>= p)
+  // Micro-batch j's forward on this stage: its activations from stage s - 1 must have arrived (not on the
+  // first stage). Its output waits until it is sent; what the forward saved waits for its backward.
+  virtual void forward(int micro) = 0;
+  // Micro-batch j's backward: after its forward, its gradient from stage s + 1 arrived (not on the last
+  // stage). dp_sync: the data-parallel replicas of this stage average their gradients during this backward
+  // (what they hold so far: PyTorch's no_sync until then).
+  virtual void backward(int micro, bool dp_sync) = 0;
+  virtual void recv_forward(int micro) = 0;   // micro-batch j's activations, from stage s - 1
+  virtual void send_forward(int micro) = 0;   // j's forward output, to stage s + 1
+  virtual void recv_backward(int micro) = 0;  // j's gradient, from stage s + 1
+  virtual void send_backward(int micro) = 0;  // j's backward output, to stage s - 1
+  // Both at once, towards the same neighbour: sends `micro`'s output and receives `micro_back`'s gradient
+  // (`micro_fwd`'s activations) in one exchange.
+  virtual void send_forward_recv_backward(int micro, int micro_back) = 0;
+  virtual void send_backward_recv_forward(int micro, int micro_fwd) = 0;
 };
 
-// Task 3 — 1F1B: stage `stage` (0..stages-1) of a pipeline, m micro-batches per step. Return the order in
-// which this stage runs every micro-batch's forward and backward (see the README). The trainer sends each
-// action's output to the neighbour and receives each action's input from it: neighbouring stages' orders
-// must fit together, or both wait for each other until the timeout names the stage.
-std::vector<Action> schedule_1f1b(int stages, int stage, int micro_batches);
-
+// Task 3 — 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron-LM's default): run this stage's step,
+// every micro-batch forward once and backward once, so that a stage holds at most p - s micro-batches'
+// activations and the pipeline idles no more than its fill and drain, with every send paired with the
+// neighbour's receive. The grader first runs your executor for every stage of pipelines of 1 to 8 stages
+// and matches their sends and receives (a deadlock is named), then trains with it.
 // Task 4 — data parallel × pipeline: several replicas of the pipeline train on different data, and each
-// stage's gradients must be averaged over its replicas once per step. `order` is your schedule for this
-// stage and order[k] one of its backwards: return whether the replicas average their gradients during
-// that backward (what they hold so far: PyTorch's no_sync until then).
-bool dp_sync(const std::vector<Action>& order, int k);
+// stage's gradients must be averaged over its replicas once per step: say which backward (dp_sync).
+void train_step_1f1b(Stage& s);
 
 }  // namespace lab06
 
 // The table the grader looks up in your plugin (defined at the bottom of tp_pp.cpp).
-constexpr int kLab06Abi = 1;
+constexpr int kLab06Abi = 2;
 struct Lab06Plugin {
   int abi;  // kLab06Abi
   void (*column_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*column_backward)(lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
   void (*row_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*row_backward)(lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
-  std::vector<lab06::Action> (*schedule_1f1b)(int, int, int);
-  bool (*dp_sync)(const std::vector<lab06::Action>&, int);
+  void (*train_step_1f1b)(lab06::Stage&);
 };
 extern "C" Lab06Plugin distlab_lab06;

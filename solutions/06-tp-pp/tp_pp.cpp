@@ -72,31 +72,36 @@ void row_backward(Group& g, const float* x, const float* w, const float* dy, flo
   /// END SOLUTION
 }
 
-std::vector<Action> schedule_1f1b(int stages, int stage, int micro_batches) {
+void train_step_1f1b(Stage& s) {
   /// BEGIN SOLUTION
+  const int p = s.stages(), m = s.micro_batches();
   // warm-up: the forwards that fill the pipeline below this stage; the last stage starts backward at once
-  const int warmup = std::min(stages - stage - 1, micro_batches);
-  std::vector<Action> v;
-  for (int j = 0; j < warmup; j++) v.push_back({true, j});
-  for (int j = 0; j < micro_batches - warmup; j++) {  // steady state: one forward, one backward
-    v.push_back({true, warmup + j});
-    v.push_back({false, j});
+  const int warmup = std::min(p - s.stage() - 1, m), steady = m - warmup;
+  for (int j = 0; j < warmup; j++) {
+    s.recv_forward(j);
+    s.forward(j);
+    s.send_forward(j);
   }
-  for (int j = micro_batches - warmup; j < micro_batches; j++) v.push_back({false, j});  // cool-down
-  return v;
-  /// END SOLUTION
-}
-
-bool dp_sync(const std::vector<Action>& order, int k) {
-  /// BEGIN SOLUTION
-  // once per step: in the stage's last backward, when every micro-batch's gradient has been added up
-  for (int i = k + 1; i < int(order.size()); i++)
-    if (!order[size_t(i)].forward) return false;
-  return true;
+  if (steady > 0) s.recv_forward(warmup);
+  for (int i = 0; i < steady; i++) {  // steady state: one forward, then the oldest micro-batch's backward
+    const int j = warmup + i;
+    s.forward(j);
+    // the stage after is sending i's gradient back while this one sends j's activations on: one exchange,
+    // or both would wait for the other to receive
+    s.send_forward_recv_backward(j, i);
+    s.backward(i, i == m - 1);  // the replicas average once, in the step's last backward
+    if (i + 1 < steady) s.send_backward_recv_forward(i, j + 1);
+    else s.send_backward(i);
+  }
+  for (int i = steady; i < m; i++) {  // cool-down: the backwards left
+    s.recv_backward(i);
+    s.backward(i, i == m - 1);
+    s.send_backward(i);
+  }
   /// END SOLUTION
 }
 
 }  // namespace lab06
 
 extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
-                                        lab06::row_backward, lab06::schedule_1f1b,  lab06::dp_sync};
+                                        lab06::row_backward, lab06::train_step_1f1b};

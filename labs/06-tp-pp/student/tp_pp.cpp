@@ -49,19 +49,13 @@ void row_backward(Group& g, const float* x, const float* w, const float* dy, flo
                          "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
 }
 
-std::vector<Action> schedule_1f1b(int stages, int stage, int micro_batches) {
-  // TODO(06-tp-pp): implement schedule_1f1b. Read labs/06-tp-pp/README.md.
-  throw std::logic_error("06-tp-pp: schedule_1f1b is not implemented yet: "
-                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
-}
-
-bool dp_sync(const std::vector<Action>& order, int k) {
-  // TODO(06-tp-pp): implement dp_sync. Read labs/06-tp-pp/README.md.
-  throw std::logic_error("06-tp-pp: dp_sync is not implemented yet: "
+void train_step_1f1b(Stage& s) {
+  // TODO(06-tp-pp): implement train_step_1f1b. Read labs/06-tp-pp/README.md.
+  throw std::logic_error("06-tp-pp: train_step_1f1b is not implemented yet: "
                          "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
 }
 
 }  // namespace lab06
 
 extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
-                                        lab06::row_backward, lab06::schedule_1f1b,  lab06::dp_sync};
+                                        lab06::row_backward, lab06::train_step_1f1b};
