@@ -113,7 +113,7 @@ int serve_lab06(void* plugin) {
         const int64_t stages = f.arg[1], stage = f.arg[2], m = f.arg[3];
         if (stages < 1 || stages > 1 << 16 || stage < 0 || stage >= stages || m < 1 || m > 1 << 16) return false;
         need(t->train_step_1f1b, "train_step_1f1b");
-        RemoteStage s(int(stages), int(stage), int(m));
+        RemoteStage s{int(stages), int(stage), int(m)};
         t->train_step_1f1b(s);
         return true;
       }
