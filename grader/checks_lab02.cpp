@@ -110,6 +110,11 @@ CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
 const std::vector<std::string> kCurve = {"optim.lr=0.002", "train.steps=30", "log.profile="};
 const std::vector<std::string> kShort = {"train.steps=3"};
 
+std::vector<std::string> plus(std::vector<std::string> a, std::initializer_list<std::string> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // The student's DDP in `mode` on 2 ranks, and whether its curve follows the 1-rank run's within 1e-5.
 const Job& curve_job(CheckContext& ctx, const std::string& mode) {
   return job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode), true);
@@ -252,7 +257,35 @@ CheckResult bucket_count(CheckContext& ctx) {
               fmt::format("rank {} all_reduced {} bytes at once", r.value("rank", -1), largest), "",
               "a bucket holds parameters in reverse order until the next would take it past bucket_mb: one all_reduce each"};
   }
-  return {true, "", "", fmt::format("{} all_reduces per step, the largest {} bytes (bucket_mb 0.05)", calls, want.largest)};
+  // Wider buckets span layers (at 0.2 MiB the first holds fc's and conv2's bias): a bucket must leave only
+  // once every gradient in it is ready — before, the trainer's host holds NaN where a gradient will be.
+  const Buckets wide = expected_buckets(0.2);
+  const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
+  const std::string wide_what = fmt::format("bucket_mb 0.2 ({} buckets, the first across fc and conv2): the 1-rank curve within 1e-5, {} "
+                                            "all_reduces per step", wide.count, wide.count);
+  const std::string early = "a bucket may hold gradients of several layers: it leaves when the last of them is ready, not the first";
+  const Job* got = nullptr;
+  try {
+    got = &job(ctx, "curve-2-wide", 2, true, plus(kCurve, {"parallel.ddp_mode=bucketed", "parallel.bucket_mb=0.2"}), true);
+  } catch (const CheckAbort& e) {
+    const std::string why = e.what();
+    const size_t at = why.find("loss became nan");
+    if (at == std::string::npos) throw;
+    return {false, wide_what, "the loss is NaN: " + sanitize_output(why.substr(at, why.find('\n', at) - at), 200),
+            "a gradient the trainer has not reported ready holds NaN", early};
+  }
+  const Job& spanning = *got;
+  double worst = spanning.losses.size() == ref.losses.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < std::min(ref.losses.size(), spanning.losses.size()); i++)
+    worst = std::max(worst, std::isnan(spanning.losses[i]) ? INFINITY : std::abs(ref.losses[i] - spanning.losses[i]) / std::abs(ref.losses[i]));
+  const int64_t wide_calls = spanning.first_step.value("comm_calls", int64_t(-1));
+  if (!(worst < 1e-5) || wide_calls != wide.count)
+    return {false, wide_what,
+            fmt::format("{:.1e} from the curve at worst{}, {} all_reduces", worst,
+                        !spanning.losses.empty() && std::isnan(spanning.losses.back()) ? " (the loss is NaN)" : "", wide_calls),
+            "", early};
+  return {true, "", "", fmt::format("{} all_reduces per step, the largest {} bytes (bucket_mb 0.05); bucket_mb 0.2: {} buckets across layers, "
+                                    "{:.1e} from the 1-rank curve", calls, want.largest, wide.count, worst)};
 }
 
 CheckResult overlap(CheckContext& ctx) {

@@ -422,6 +422,8 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
       {"bucketed_sum", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "int64_t(b.flat.size()), ReduceOp::sum);")},
       {"bucketed_no_copy_back", replace(solution, "        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);\n", "")},
       {"forward_buckets", replace(solution, "for (size_t k = grads.size(); k-- > 0;) {", "for (size_t k = 0; k < grads.size(); k++) {")},
+      // a bucket all-reduced as soon as its first gradient is ready: at bucket_mb 0.2 a bucket spans layers
+      {"bucket_before_ready", replace(solution, "buckets_[next_].ready == buckets_[next_].members.size()", "buckets_[next_].ready > 0")},
       // one all_reduce per bucket, in the right number and at the right times, of one float each: the count
       // and the overlap of real buckets, and gradients never averaged
       {"decoy_buckets", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "1, ReduceOp::avg);")},
@@ -448,6 +450,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   CHECK(rows["bucketed_no_copy_back"].points["params_equal_across_ranks"] == 0);
   CHECK(rows["forward_buckets"].points["bucketed_overlap"] == 0);
   CHECK(rows["forward_buckets"].points["curve_matches_one_rank"] == 3);
+  CHECK(rows["bucket_before_ready"].points["curve_matches_one_rank"] == 3);  // at bucket_mb 0.05 no bucket spans layers
+  CHECK(rows["bucket_before_ready"].points["bucketed_allreduces"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "bucket_before_ready.txt"), Catch::Contains("loss became nan") || Catch::Contains("the loss is NaN"));
   CHECK(rows["decoy_buckets"].points["bucketed_allreduces"] == 0);
   CHECK(rows["decoy_buckets"].points["bucketed_overlap"] == 0);
   CHECK(rows["decoy_buckets"].points["curve_matches_one_rank"] == 0);

@@ -4,7 +4,9 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -143,6 +145,9 @@ int serve_lab02(void* plugin) {
         }
         case labproto::kDdpBeginBackward: {
           if (!comm || !s.ddp) return 3;
+          // a gradient is there once after_backward says it is ready: until then NaN, as the garbage of a
+          // real framework's uncomputed buffer would be (a bucket sent early carries it to every rank)
+          for (auto& g : s.grads) std::fill(g.data, g.data + g.numel, std::numeric_limits<float>::quiet_NaN());
           s.ddp->begin_backward(f.arg[1] != 0);
           break;
         }
