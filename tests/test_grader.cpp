@@ -741,6 +741,8 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"no_padding", replace(solution, "  l.padded = (l.numel + world - 1) / world * world;", "  l.padded = l.numel;")},
       // the padding of the flat gradient left as it came (NaN): it lands in the last rank's part, and in the norm
       {"padding_not_zeroed", replace(solution, "      f.fill(r.grad, l.numel, l.padded - l.numel, 0.0f);", "")},
+      // the flat gradients never released: every step leaks a model's worth of buffers in the trainer
+      {"leaks_flat_gradients", replace(solution, "    f.wait(r.work);\n    f.release(r.grad);\n", "    f.wait(r.work);\n")},
       // offload: the reduced part is handed over on the device, never copied back to the host
       {"offload_never_copies_back", replace(solution, "    if (o.offload) {  // the optimizer steps on the host: the part crosses the bus", "    if (false) {")},
       // a forged verdict from a global constructor
@@ -765,6 +767,7 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK(rows["no_padding"].points["fsdp_equals_ddp"] == 0);
   CHECK(rows["padding_not_zeroed"].points["flat_layout"] == 2);
   CHECK(rows["padding_not_zeroed"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["leaks_flat_gradients"].points["fsdp_equals_ddp"] == 0);
   CHECK(rows["offload_never_copies_back"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["offload_never_copies_back"].points["offload_tradeoff"] == 0);
   const fs::path feedback = subs.parent_path() / "feedback";
@@ -776,6 +779,7 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK_THAT(read(feedback / "no_padding.txt"), Catch::Contains("don't split"));
   CHECK_THAT(read(feedback / "offload_never_copies_back.txt"), Catch::Contains("on the host (offload)"));
   CHECK_THAT(read(feedback / "padding_not_zeroed.txt"), Catch::Contains("(the padding)"));
+  CHECK_THAT(read(feedback / "leaks_flat_gradients.txt"), Catch::Contains("more than 3x every flat vector"));
   fs::remove_all(subs);
 }
 

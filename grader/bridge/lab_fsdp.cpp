@@ -243,6 +243,11 @@ class LabFSDP : public ZeRO3 {
         if (n < 0 || n > largest_alloc_)
           throw lab_error(fmt::format("alloc({}) in {}: more elements than every flat vector of the model together ({})", n, during_, largest_alloc_),
                           "a buffer holds one flat vector (padded), or a part of one");
+        if (live_ + n > 3 * largest_alloc_)  // a rank's whole model, gathered, plus its flat gradients, fit twice over
+          throw lab_error(fmt::format("alloc({}) in {}: the lab's buffers would hold {} elements, more than 3x every flat vector of the model "
+                                      "together ({})", n, during_, live_ + n, largest_alloc_),
+                          "release what is no longer needed: a gathered unit after its use, a flat gradient once reduced");
+        live_ += n;
         Buf b;
         b.kind = Kind(a[1]);
         b.n = n;
@@ -290,6 +295,7 @@ class LabFSDP : public ZeRO3 {
           lost_[p] = fmt::format("its weights viewed buffer {}, released in {}", a[0], during_);
           it = viewing_.erase(it);
         }
+        live_ -= b.n;
         bufs_.erase(int(a[0]));
         break;
       }
@@ -298,8 +304,9 @@ class LabFSDP : public ZeRO3 {
         Buf& src = buffer(a[2], "copy");
         in_range(dst, a[0], a[1], a[4], "copy (dst)");
         in_range(src, a[2], a[3], a[4], "copy (src)");
-        if (dst.writing || src.writing)
-          throw lab_error(fmt::format("copy in {}: buffer {} is being written by a collective not yet waited for", during_, dst.writing ? a[0] : a[2]));
+        if (dst.busy || src.writing)  // a collective in flight reads or writes dst, or writes src
+          throw lab_error(fmt::format("copy in {}: buffer {} is in use by a collective not yet waited for", during_, dst.busy ? a[0] : a[2]),
+                          "wait(work) first");
         if (dst.part_of >= 0) throw lab_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], dst.part_of));
         const int64_t n = a[4];
         char* d = static_cast<char*>(dst.t.data());
@@ -315,7 +322,7 @@ class LabFSDP : public ZeRO3 {
         Buf& b = buffer(a[0], "fill");
         in_range(b, a[0], a[1], a[2], "fill");
         if (b.part_of >= 0) throw lab_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], b.part_of));
-        if (b.writing) throw lab_error(fmt::format("fill in {}: buffer {} is being written by a collective not yet waited for", during_, a[0]));
+        if (b.busy) throw lab_error(fmt::format("fill in {}: buffer {} is in use by a collective not yet waited for", during_, a[0]), "wait(work) first");
         float v = 0;
         if (payload.size() != 4) throw lab_error(fmt::format("fill in {} sent {} bytes for its value", during_, payload.size()));
         std::memcpy(&v, payload.data(), 4);
@@ -368,7 +375,7 @@ class LabFSDP : public ZeRO3 {
           throw lab_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, unit),
                           "a unit's gradients are complete in its after_backward");
         if (b.kind != Kind::grads) throw lab_error(fmt::format("take_grad of {} in {} into buffer {}, a {} buffer: gradients go into a grads buffer", p->name, during_, a[2], kind_name(b.kind)));
-        if (b.writing) throw lab_error(fmt::format("take_grad in {}: buffer {} is being written by a collective not yet waited for", during_, a[2]));
+        if (b.busy) throw lab_error(fmt::format("take_grad in {}: buffer {} is in use by a collective not yet waited for", during_, a[2]), "wait(work) first");
         in_range(b, a[2], a[3], p->data.numel(), "take_grad");
         float* dst = b.t.f32_at(a[3]);
         if (p->grad.defined()) copy_values(rt_, p->grad.data(), p->grad.dtype(), dst, DType::f32, p->data.numel());
@@ -503,6 +510,7 @@ class LabFSDP : public ZeRO3 {
   int64_t next_work_ = 1, hook_calls_ = 0;
   int root_ = -1;
   int64_t ahead_ = 0, root_freed_ = 0, allocs_ = 0, largest_alloc_ = 0;
+  int64_t live_ = 0;  // elements in the student's buffers now (its parts' handles not counted)
   bool in_backward_ = false;
 };
 
