@@ -2,7 +2,8 @@
 // the engine itself — one meta rank of the N-rank job on the fake world (dist.fake_world_size: a process
 // group that moves no data but counts and traces every collective), two steps, the second replayed on the
 // hardware profile — not a separate formula. Then the course's decision tree picks the cheapest rung that
-// fits: DDP, else ZeRO-2, else ZeRO-3/FSDP, else + CPU offload, else more GPUs or 3D parallelism.
+// fits: DDP, else ZeRO-2, else ZeRO-3/FSDP, else + activation checkpointing (selective, then full), else
+// + CPU offload (then with full checkpointing too), else more GPUs or 3D parallelism.
 // Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
 #include "cli/plan_cmd.h"
 
@@ -116,9 +117,18 @@ int run_plan(const PlanArgs& a) {
       {"ZeRO-2", "zero2", {"parallel.strategy=zero2"}},
       {"ZeRO-3", "zero3", {"parallel.strategy=zero3"}},
       {"FSDP", "fsdp", {"parallel.strategy=fsdp"}},
+      {"FSDP + sel. AC", "fsdp+selective", {"parallel.strategy=fsdp", "train.activation_checkpointing=selective"}},
+      {"FSDP + full AC", "fsdp+full", {"parallel.strategy=fsdp", "train.activation_checkpointing=full"}},
       {"FSDP + offload", "fsdp+offload", {"parallel.strategy=fsdp", "parallel.offload=cpu"}},
+      {"FSDP+offload+AC", "fsdp+offload+full", {"parallel.strategy=fsdp", "parallel.offload=cpu", "train.activation_checkpointing=full"}},
   };
-  if (a.gpus == 1) rows = {{"one GPU", "none", {"parallel.strategy=none"}}};
+  if (a.gpus == 1)
+    rows = {{"one GPU", "none", {"parallel.strategy=none"}},
+            {"one GPU + sel. AC", "none+selective", {"parallel.strategy=none", "train.activation_checkpointing=selective"}},
+            {"one GPU + AC", "none+full", {"parallel.strategy=none", "train.activation_checkpointing=full"}}};
+  // activation checkpointing is a GPT's (its blocks): other models have no such rows
+  if (parse_config(toml, label, a.sets, {}, lab_config_sections()).model.name != "gpt")
+    std::erase_if(rows, [](const Row& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
   for (Row& r : rows) {
     r.summary = run_row(toml, label, a, profile, r);
     r.fits = r.summary["peak_memory_total"].get<int64_t>() <= capacity;
@@ -131,7 +141,7 @@ int run_plan(const PlanArgs& a) {
   // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
   // as a rung because ZeRO-2 saves more for the same traffic)
   std::string pick, reason;
-  for (const char* rung : {"ddp", "none", "zero2", "fsdp", "fsdp+offload"})
+  for (const char* rung : {"ddp", "none", "none+selective", "none+full", "zero2", "fsdp", "fsdp+selective", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
     for (const Row& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
   auto row = [&](const std::string& s) -> const Row* {
@@ -140,18 +150,36 @@ int run_plan(const PlanArgs& a) {
     return nullptr;
   };
   auto need = [&](const Row* r) { return format_bytes(r->summary["peak_memory_total"].get<double>()); };
+  // the recompute's share: FLOPs a step over FSDP's without checkpointing
+  auto extra_flops = [&](const Row* r) {
+    return 100.0 * (r->summary["flops_per_step"].get<double>() / row("fsdp")->summary["flops_per_step"].get<double>() - 1);
+  };
   if (pick == "DDP" || pick == "one GPU") {
     reason = "a whole replica fits: no sharding needed, the least communication";
+  } else if (pick == "one GPU + sel. AC" || pick == "one GPU + AC") {
+    reason = fmt::format("one GPU needs {}, {} of it activations; activation checkpointing trades them for recompute",
+                         need(row("none")), format_bytes(row("none")->summary["peak_memory"]["activations"].get<double>()));
   } else if (pick == "ZeRO-2") {
     reason = fmt::format("DDP needs {} per GPU; ZeRO-2 splits gradients and optimizer state at DDP's communication cost", need(row("ddp")));
   } else if (pick == "FSDP") {
     reason = fmt::format("ZeRO-2 still needs {} per GPU; FSDP/ZeRO-3 splits the parameters too and gathers them twice a step "
                          "(1.5x DDP's bytes in fp32)",
                          need(row("zero2")));
+  } else if (pick == "FSDP + sel. AC") {
+    reason = fmt::format("FSDP still needs {} per GPU, {} of it activations; selective activation checkpointing recomputes each block's "
+                         "attention probabilities in backward instead of keeping them",
+                         need(row("fsdp")), format_bytes(row("fsdp")->summary["peak_memory"]["activations"].get<double>()));
+  } else if (pick == "FSDP + full AC") {
+    reason = fmt::format("FSDP with selective checkpointing still needs {} per GPU; full checkpointing keeps only each block's input "
+                         "and reruns its forward in backward ({:.0f} % more FLOPs a step)",
+                         need(row("fsdp+selective")), extra_flops(row("fsdp+full")));
   } else if (pick == "FSDP + offload") {
-    reason = fmt::format("FSDP still needs {} per GPU; offload moves the shards and optimizer state to host memory, paying PCIe "
-                         "copies and a CPU optimizer step",
-                         need(row("fsdp")));
+    reason = fmt::format("FSDP still needs {} per GPU{}; offload moves the shards and optimizer state to host memory, "
+                         "paying PCIe copies and a CPU optimizer step",
+                         need(row("fsdp")), row("fsdp+full") ? " (" + need(row("fsdp+full")) + " with full activation checkpointing)" : "");
+  } else if (pick == "FSDP+offload+AC") {
+    reason = fmt::format("FSDP with offload still needs {} per GPU; with full activation checkpointing too, {}", need(row("fsdp+offload")),
+                         need(row("fsdp+offload+full")));
   } else {
     pick = "none fits";
     reason = "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";

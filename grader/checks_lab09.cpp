@@ -158,14 +158,18 @@ std::string pick_word(const std::string& recommendation) {
   if (recommendation == "ZeRO-1") return "zero1";
   if (recommendation == "ZeRO-2") return "zero2";
   if (recommendation == "FSDP" || recommendation == "ZeRO-3") return "fsdp";
+  if (recommendation == "FSDP + sel. AC") return "fsdp+selective";
+  if (recommendation == "FSDP + full AC") return "fsdp+full";
   if (recommendation == "FSDP + offload") return "fsdp+offload";
+  if (recommendation == "FSDP+offload+AC") return "fsdp+offload+full";
   return "none";
 }
 
 CheckResult decision_tree(CheckContext& ctx) {
   const toml::table c = cases(ctx), a = answers(ctx, "decisions.toml");
   CheckResult r;
-  r.expected = "for each case, the strategy of the decision tree (ddp, zero2, fsdp, fsdp+offload, or none: more GPUs / 3D)";
+  r.expected = "for each case, the strategy of the decision tree (ddp, zero2, fsdp, fsdp+selective, fsdp+full, fsdp+offload, "
+               "fsdp+offload+full, or none: more GPUs / 3D)";
   int right = 0, n = 0;
   for (auto&& node : *c["case"].as_array()) {
     const toml::table& t = *node.as_table();
@@ -199,7 +203,9 @@ CheckResult decision_tree(CheckContext& ctx) {
   }
   r.passed = right == n;
   r.seen = fmt::format("{} of {} cases", right, n);
-  if (!r.passed) r.hint = "walk the tree from the top: does a whole replica fit? then ZeRO-2, then FSDP, then offload; `distlab plan` shows every row";
+  if (!r.passed)
+    r.hint = "walk the tree from the top: does a whole replica fit? then ZeRO-2, then FSDP, then FSDP with activation checkpointing "
+             "(selective, then full), then offload (then offload with full checkpointing); `distlab plan` shows every row";
   return r;
 }
 

@@ -88,6 +88,26 @@ TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets a
   CHECK_THAT(field(a, "bf16.enabled")->setting, Catch::Contains("auto"));
 }
 
+TEST_CASE("activation checkpointing from DeepSpeed, accelerate and the HF Trainer: every block checkpointed", "[config][ecosystem][checkpointing]") {
+  // DeepSpeed: the section turns it on (Megatron-DeepSpeed checkpoints every layer); its fields say where
+  // the kept inputs live
+  const EcosystemConfig ds = map_deepspeed(R"({"activation_checkpointing": {"partition_activations": false, "cpu_checkpointing": false,
+    "contiguous_memory_optimization": true, "number_checkpoints": 12, "synchronize_checkpoint_boundary": false, "profile": true}})", "ds.json");
+  CHECK(with(ds).model.checkpointing == Checkpointing::full);
+  CHECK(with(map_deepspeed("{}", "none.json")).model.checkpointing == Checkpointing::none);
+  // accelerate's FSDP plugin and the Trainer's gradient_checkpointing
+  const RunConfig acc = with(map_fsdp("distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: true\n", "acc.yaml"));
+  CHECK(acc.model.checkpointing == Checkpointing::full);
+  const RunConfig off = with(map_fsdp("distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: false\n", "off.yaml"));
+  CHECK(off.model.checkpointing == Checkpointing::none);
+  const EcosystemConfig hf = map_fsdp("gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n", "hf.yaml");
+  CHECK(with(hf).model.checkpointing == Checkpointing::full);
+  CHECK_THAT(field(hf, "gradient_checkpointing_kwargs")->setting, Catch::Contains("explicit"));
+  // the file's setting wins over the TOML's, as a --set does
+  CHECK(with(map_fsdp("gradient_checkpointing: false\n", "hf.yaml"), "[train]\nactivation_checkpointing = \"selective\"\n").model.checkpointing ==
+        Checkpointing::none);
+}
+
 TEST_CASE("DeepSpeed JSON: unknown and unsupported fields are errors that name them", "[config][ecosystem]") {
   auto error_of = [](const std::string& text) {
     try {
@@ -109,6 +129,11 @@ TEST_CASE("DeepSpeed JSON: unknown and unsupported fields are errors that name t
   CHECK_THAT(error_of(R"({"optimizer": {"type": "Lamb"}})"), Catch::Contains("optimizer.type = Lamb is not supported"));
   CHECK_THAT(error_of(R"({"activation_checkpointing": {"partition_activations": true}})"),
              Catch::Contains("activation_checkpointing.partition_activations = true is not supported"));
+  CHECK_THAT(error_of(R"({"activation_checkpointing": {"cpu_checkpointing": true}})"),
+             Catch::Contains("activation_checkpointing.cpu_checkpointing = true is not supported") && Catch::Contains("host memory"));
+  CHECK_THAT(error_of(R"({"activation_checkpointing": {"number_checkpoint": 4}})"),
+             Catch::Contains("unknown field 'activation_checkpointing.number_checkpoint'"));
+  CHECK_THAT(error_of(R"({"activation_checkpointing": true})"), Catch::Contains("activation_checkpointing = true is not supported"));
   CHECK_THAT(error_of(R"({"gradient_clipping": "one"})"), Catch::Contains("gradient_clipping = one is not a number"));
   CHECK_THAT(error_of("[1, 2]"), Catch::Contains("not a JSON object"));
   CHECK_THAT(error_of("{\"fp16\": "), Catch::Contains("not a JSON object"));
@@ -184,7 +209,7 @@ fsdp_config:
              Catch::Contains("unknown field 'fsdp_config.fsdp_shardng_strategy'"));
   CHECK_THAT(error_of("mixed_precision: fp8\n"), Catch::Contains("mixed_precision = fp8 is not supported"));
   CHECK_THAT(error_of("fsdp: hybrid_shard\n"), Catch::Contains("hybrid_shard is not supported"));
-  CHECK_THAT(error_of("gradient_checkpointing: true\n"), Catch::Contains("gradient_checkpointing = true is not supported"));
+  CHECK_THAT(error_of("gradient_checkpointing: yes please\n"), Catch::Contains("gradient_checkpointing"));
   CHECK_THAT(error_of("distributed_type: DEEPSPEED\n"), Catch::Contains("--deepspeed"));
   CHECK_THAT(error_of("fsdp_config:\n  fsdp_offload_params: true\n"), Catch::Contains("fsdp_config without distributed_type"));
   // the YAML reader's limits, named with the line

@@ -959,7 +959,7 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
     std::ofstream(subs / who / "decisions.toml") << d;
   };
   std::string all_ddp = dec;
-  for (const char* s : {"\"zero2\"", "\"fsdp\"", "\"fsdp+offload\"", "\"none\""})
+  for (const char* s : {"\"zero2\"", "\"fsdp\"", "\"fsdp+selective\"", "\"fsdp+full\"", "\"fsdp+offload\"", "\"fsdp+offload+full\"", "\"none\""})
     for (size_t at = all_ddp.find(s); at != std::string::npos; at = all_ddp.find(s)) all_ddp.replace(at, std::string(s).size(), "\"ddp\"");
   put("solution", ann, dec);
   put("skeleton", read(src / "labs/09-configs-plan/student/annotations.toml"), read(src / "labs/09-configs-plan/student/decisions.toml"));
@@ -986,7 +986,7 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   CHECK(rows["linked"].total == 0);
   const std::string fb = read(subs.parent_path() / "feedback" / "wrong_field.txt");
   CHECK_THAT(fb, Catch::Contains("zero_optimization.stage: you wrote 'parallel.offload'; it sets parallel.strategy"));
-  CHECK_THAT(read(subs.parent_path() / "feedback" / "all_ddp.txt"), Catch::Contains("7b-8x24") && Catch::Contains("the tree gives fsdp+offload"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "all_ddp.txt"), Catch::Contains("7b-8x24") && Catch::Contains("the tree gives fsdp+selective"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "memory_off.txt"), Catch::Contains("ds_zero3.json: predicted 5.44 GiB, measured 4.52 GiB"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "not_toml.txt"), Catch::Contains("student/annotations.toml:1"));
   fs::remove_all(subs);

@@ -379,7 +379,7 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, a
   INFO(jout);
   REQUIRE(jcode == 0);
   const auto plan = nlohmann::json::parse(jout);
-  REQUIRE(plan["rows"].size() == 6);
+  REQUIRE(plan["rows"].size() == 9);
   std::map<std::string, nlohmann::json> rows;
   for (const auto& r : plan["rows"]) rows[r["strategy"].get<std::string>()] = r;
   // the rungs climb: each stage holds less per GPU than the one before
@@ -388,10 +388,14 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, a
   CHECK(total("ZeRO-2") < total("ZeRO-1"));
   CHECK(total("FSDP") < total("ZeRO-2"));
   CHECK(total("FSDP + offload") < total("FSDP"));
+  CHECK(total("FSDP + sel. AC") < total("FSDP"));  // activation checkpointing: the attention probabilities, then all but the input
+  CHECK(total("FSDP + full AC") < total("FSDP + sel. AC"));
+  CHECK(total("FSDP+offload+AC") < total("FSDP + offload"));
+  CHECK(rows.at("FSDP + full AC")["modeled_step_s"].get<double>() > rows.at("FSDP")["modeled_step_s"].get<double>());  // the recompute
   CHECK(rows.at("DDP")["fits"] == false);
   // the pick is the first rung that fits, in the ladder's order
   std::string first_fit;
-  for (const char* s : {"DDP", "ZeRO-2", "FSDP", "FSDP + offload"})
+  for (const char* s : {"DDP", "ZeRO-2", "FSDP", "FSDP + sel. AC", "FSDP + full AC", "FSDP + offload", "FSDP+offload+AC"})
     if (first_fit.empty() && rows.at(s)["fits"].get<bool>()) first_fit = s;
   CHECK(plan["recommendation"] == (first_fit.empty() ? "none fits" : first_fit));
   // a row is a run of the engine: the same as `distlab train --device meta` on the fake world

@@ -284,6 +284,21 @@ Table deepspeed_table(DeepSpeedState& st) {
                    {"project", note_only("see --metrics")},
                    {"team", note_only("see --metrics")},
                    {"group", note_only("see --metrics")}};
+  // deepspeed.checkpointing.configure's fields: where the kept inputs live (the section itself turns it on)
+  auto must_be_off = [](const char* why) {
+    return [why](Mapper& m, const std::string& f, const json& v) {
+      if (m.boolean(f, v)) m.unsupported(f, v, why, "set it to false");
+      m.note(f, v, "off");
+    };
+  };
+  Table ac = {
+      {"partition_activations", must_be_off("it splits each kept input over the model-parallel ranks; distlab's blocks keep theirs whole")},
+      {"cpu_checkpointing", must_be_off("it moves the kept inputs to host memory; distlab keeps them on the device")},
+      {"contiguous_memory_optimization", note_only("the kept inputs are ordinary activations in the memory table")},
+      {"number_checkpoints", note_only("every block keeps its input: one checkpoint per transformer block")},
+      {"synchronize_checkpoint_boundary", note_only("the recompute runs in the backward's order, no extra synchronisation")},
+      {"profile", note_only("the recompute's FLOPs are in the run's FLOPs per step and its modeled time")},
+  };
   Table top = {
       {"train_batch_size", to_key("train.global_batch", as_int)},
       {"train_micro_batch_size_per_gpu", to_key("train.micro_batch", as_int)},
@@ -315,12 +330,12 @@ Table deepspeed_table(DeepSpeedState& st) {
       {"wandb", [monitor](Mapper& m, const std::string& f, const json& v) { walk(m, v, monitor, f); }},
       {"csv_monitor", [monitor](Mapper& m, const std::string& f, const json& v) { walk(m, v, monitor, f); }},
       {"flops_profiler", note_only("the run's summary has FLOPs per step; log.profile models the time")},
-      {"activation_checkpointing", [](Mapper& m, const std::string& f, const json& v) {
-         for (auto it = v.begin(); v.is_object() && it != v.end(); ++it)
-           if (it.value().is_boolean() && it.value().get<bool>())
-             m.unsupported(f + "." + it.key(), it.value(), "distlab keeps every activation for the backward (no recomputation)",
-                           "remove activation_checkpointing; activation memory is in the run's memory table");
-         m.note(f, v, "no recomputation: every activation is kept");
+      // DeepSpeed's activation checkpointing (deepspeed.checkpointing, which Megatron-DeepSpeed wraps around every
+      // transformer layer): the section turns it on; its fields say where the kept inputs live
+      {"activation_checkpointing", [ac](Mapper& m, const std::string& f, const json& v) {
+         if (!v.is_object()) m.unsupported(f, v, "it is a section of fields", "write activation_checkpointing: {} (every block checkpointed)");
+         m.set(f, "{...}", "train.activation_checkpointing", "full");
+         walk(m, v, ac, f);
        }},
       {"data_types", [](Mapper& m, const std::string& f, const json& v) {
          if (!v.is_object() || (v.contains("grad_accum_dtype") && v["grad_accum_dtype"] != "fp32" && !v["grad_accum_dtype"].is_null()))
@@ -374,9 +389,8 @@ Table fsdp_config_table(bool prefixed) {
     else m.unsupported(f, v, "the choices are BACKWARD_PRE, BACKWARD_POST and NO_PREFETCH", "use one of those");
   };
   Handler offload = [](Mapper& m, const std::string& f, const json& v) { m.set(f, v, "parallel.offload", m.boolean(f, v) ? "cpu" : "none"); };
-  Handler activation = [](Mapper& m, const std::string& f, const json& v) {
-    if (m.boolean(f, v)) m.unsupported(f, v, "distlab keeps every activation for the backward (no recomputation)", "set it to false");
-    m.note(f, v, "no recomputation");
+  Handler activation = [](Mapper& m, const std::string& f, const json& v) {  // accelerate wraps every block in checkpoint()
+    m.set(f, v, "train.activation_checkpointing", m.boolean(f, v) ? "full" : "none");
   };
   return Table{
       {k("sharding_strategy"), sharding},
@@ -516,10 +530,16 @@ Table fsdp_top_table() {
                            "lora_alpha", "lora_dropout", "quantization_bit", "dataset", "template", "cutoff_len", "max_samples",
                            "overwrite_cache", "preprocessing_num_workers", "dataloader_num_workers", "overwrite_output_dir", "plot_loss",
                            "report_to", "val_size", "per_device_eval_batch_size", "eval_strategy", "evaluation_strategy",
-                           "save_strategy", "logging_dir", "run_name", "flash_attn", "gradient_checkpointing"})
+                           "save_strategy", "logging_dir", "run_name", "flash_attn", "gradient_checkpointing", "gradient_checkpointing_kwargs"})
     t[name] = [name = std::string(name)](Mapper& m, const std::string& f, const json& v) {
-      if (name == "gradient_checkpointing" && v.is_boolean() && v.get<bool>())
-        m.unsupported(f, v, "distlab keeps every activation for the backward (no recomputation)", "set it to false");
+      if (name == "gradient_checkpointing") {  // Trainer's: model.gradient_checkpointing_enable(), every decoder layer
+        m.set(f, v, "train.activation_checkpointing", m.boolean(f, v) ? "full" : "none");
+        return;
+      }
+      if (name == "gradient_checkpointing_kwargs") {
+        m.note(f, v, "use_reentrant and the rest are PyTorch's autograd: distlab's recompute is explicit (core/models/gpt.h's Block)");
+        return;
+      }
       m.note(f, v, name == "finetuning_type" || name.rfind("lora", 0) == 0 || name == "quantization_bit"
                        ? "adapters and quantization are the decision tree's first branch (chapter 11): distlab trains every parameter"
                        : "the model and data are the TOML's [model] and [data]");

@@ -17,8 +17,8 @@ namespace distlab {
 
 // ---- the default layers: nn's, whole ----
 
-std::unique_ptr<Layer> GptLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) {
-  return std::make_unique<CausalSelfAttention>(rt, prefix, C, n_head);
+std::unique_ptr<Layer> GptLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core) {
+  return std::make_unique<CausalSelfAttention>(rt, prefix, C, n_head, core);
 }
 std::unique_ptr<Layer> GptLayers::mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) {
   return std::make_unique<Linear>(rt, prefix, C, hidden);
@@ -62,12 +62,13 @@ std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages,
 
 Block::Block(Runtime& rt, GptLayers& layers, const std::string& p, const ModelSpec& s, uint64_t seed)
     : ln_1(rt, p + ".ln_1", s.n_embd),
-      attn(layers.attention(rt, p + ".attn", s.n_embd, s.n_head)),
+      attn(layers.attention(rt, p + ".attn", s.n_embd, s.n_head, AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash))),
       ln_2(rt, p + ".ln_2", s.n_embd),
       c_fc(layers.mlp_up(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd)),
       c_proj(layers.mlp_down(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd)),
       drop_attn(s.dropout, seed * 2 + 1),  // the residual stream is whole on every rank: every rank draws the same mask
-      drop_mlp(s.dropout, seed * 2 + 2) {}
+      drop_mlp(s.dropout, seed * 2 + 2),
+      full_(s.checkpointing == Checkpointing::full) {}
 
 std::vector<Parameter*> Block::parameters() {
   std::vector<Parameter*> p = ln_1.parameters();
@@ -102,9 +103,29 @@ void Block::set_training(bool on) {
 void Block::swap_saved(SavedState& s) {
   for (Layer* l : std::initializer_list<Layer*>{&ln_1, attn.get(), &ln_2, c_fc.get(), &gelu, c_proj.get(), &drop_attn, &drop_mlp})
     l->swap_saved(s);
+  s.swap(x_);
+  s.swap(drop_at_[0]);
+  s.swap(drop_at_[1]);
 }
 
+void Block::drop_saved() {
+  SavedState gone;
+  gone.begin();
+  for (Layer* l : std::initializer_list<Layer*>{&ln_1, attn.get(), &ln_2, c_fc.get(), &gelu, c_proj.get(), &drop_attn, &drop_mlp})
+    l->swap_saved(gone);
+}  // `gone` and the tensors it took are freed here
+
 Tensor Block::forward(Runtime& rt, const Tensor& x) {
+  if (!full_) return run_forward(rt, x);
+  drop_at_[0] = int64_t(*drop_attn.rng_calls());
+  drop_at_[1] = int64_t(*drop_mlp.rng_calls());
+  Tensor y = run_forward(rt, x);
+  drop_saved();
+  x_ = x;
+  return y;
+}
+
+Tensor Block::run_forward(Runtime& rt, const Tensor& x) {
   Tensor a = drop_attn.forward(rt, attn->forward(rt, ln_1.forward(rt, x)));
   Tensor h = residual_add(rt, x, a);
   Tensor m = drop_mlp.forward(rt, c_proj->forward(rt, gelu.forward(rt, c_fc->forward(rt, ln_2.forward(rt, h)))));
@@ -112,6 +133,18 @@ Tensor Block::forward(Runtime& rt, const Tensor& x) {
 }
 
 Tensor Block::backward(Runtime& rt, const Tensor& dout) {
+  if (full_) {
+    DL_ASSERT(x_.defined(), "Block::backward under full checkpointing without a forward");
+    // the recompute: the same input and the same dropout draws as the first forward; the streams then go
+    // back to where they are now (other micro-batches may have drawn since: a pipeline keeps several in flight)
+    const uint64_t now[2] = {*drop_attn.rng_calls(), *drop_mlp.rng_calls()};
+    *drop_attn.rng_calls() = uint64_t(drop_at_[0]);
+    *drop_mlp.rng_calls() = uint64_t(drop_at_[1]);
+    run_forward(rt, x_);  // its output is dropped: what matters is what the layers saved
+    *drop_attn.rng_calls() = now[0];
+    *drop_mlp.rng_calls() = now[1];
+    x_ = Tensor();
+  }
   // the residual passes dout through unchanged; the branch's gradient is added to it
   Tensor dh = ln_2.backward(rt, c_fc->backward(rt, gelu.backward(rt, c_proj->backward(rt, drop_mlp.backward(rt, dout)))));
   residual_accumulate(rt, dh, dout);
@@ -171,6 +204,12 @@ int64_t GPT::vocab_first() const {
 std::string GPT::describe() const {
   std::string d = fmt::format("  GPT(n_layer {}, n_head {}, n_embd {}, vocab {}, block {}; lm_head tied to wte)\n", spec_.n_layer, spec_.n_head,
                               spec_.n_embd, spec_.vocab_size, spec_.block_size);
+  if (spec_.attention == AttentionKernel::flash)
+    d += "    attention: flash (FlashAttention-2's tiles; log-sum-exps kept, not the probabilities)\n";
+  if (spec_.checkpointing == Checkpointing::full)
+    d += "    activation checkpointing: full (a block keeps its input; backward reruns its forward)\n";
+  else if (spec_.checkpointing == Checkpointing::selective)
+    d += "    activation checkpointing: selective (the attention probabilities are recomputed in backward)\n";
   if (stages_ > 1)
     d += fmt::format("    pipeline stage {} of {}: {}blocks {}..{}{}\n", stage_, stages_, first_stage() ? "embeddings, " : "", first_block_,
                      last_block_ - 1, last_stage() ? ", ln_f, lm_head (a copy of wte, its gradient summed with stage 0's)" : "");

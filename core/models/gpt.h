@@ -24,8 +24,9 @@ namespace distlab {
 class GptLayers {
  public:
   virtual ~GptLayers() = default;
-  // causal self-attention over C with n_head heads: "<prefix>.c_attn", "<prefix>.c_proj"
-  virtual std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head);
+  // causal self-attention over C with n_head heads: "<prefix>.c_attn", "<prefix>.c_proj"; `core` says what
+  // its attention core keeps for backward (core/nn/attention.h)
+  virtual std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core);
   virtual std::unique_ptr<Layer> mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden);    // c_fc: C -> hidden
   virtual std::unique_ptr<Layer> mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C);  // c_proj: hidden -> C
   virtual std::unique_ptr<TokenEmbedding> embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
@@ -43,10 +44,19 @@ class GptLayers {
 std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages, const std::vector<int64_t>& layers = {});
 
 // x -> x + attn(ln_1(x)) -> h + mlp(ln_2(h)), with mlp = c_proj(gelu(c_fc(.)))
+//
+// Activation checkpointing (spec.checkpointing, Chen et al. 2016 "Training Deep Nets with Sublinear Memory
+// Cost"; PyTorch's torch.utils.checkpoint around each block):
+//   full       forward runs the block, keeps only its input x (B, T, C) and its dropout streams' positions,
+//              and frees everything its layers saved; backward first reruns the forward from x with the
+//              same dropout draws (PyTorch's preserve_rng_state), then runs the ordinary backward. The
+//              recomputed activations equal the first ones bit for bit, so the gradients do too — the
+//              price is one more forward per block (~1/3 more compute for a transformer).
+//   selective  the block runs as usual; its attention core drops the probabilities (AttentionCore).
 struct Block {
   Block(Runtime& rt, GptLayers& layers, const std::string& prefix, const ModelSpec& s, uint64_t dropout_seed);
   Tensor forward(Runtime& rt, const Tensor& x);    // (B, T, C) -> (B, T, C)
-  Tensor backward(Runtime& rt, const Tensor& dout);
+  Tensor backward(Runtime& rt, const Tensor& dout);  // (recomputes the forward first under full checkpointing)
   std::vector<Parameter*> parameters();
   void init(Rng& rng, int64_t n_layer);  // a whole block's (nn's layers)
   void set_training(bool on);
@@ -59,6 +69,13 @@ struct Block {
   Dropout drop_attn, drop_mlp;
   static Tensor residual_add(Runtime& rt, const Tensor& x, const Tensor& branch);  // x + branch
   static void residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g);         // d += g
+
+ private:
+  Tensor run_forward(Runtime& rt, const Tensor& x);  // the layers, each saving what its backward needs
+  void drop_saved();                                 // frees what the layers saved
+  bool full_;                  // full checkpointing
+  Tensor x_;                   // full: the block's input, all it keeps for backward
+  int64_t drop_at_[2] = {};    // full: drop_attn's and drop_mlp's draws before the forward
 };
 
 class GPT : public Model {

@@ -10,8 +10,28 @@
 #include <vector>
 
 #include "core/models/model.h"
+#include "core/util/choice.h"
 
 namespace distlab {
+
+// train.activation_checkpointing: what a GPT block keeps for its backward (Chen et al. 2016; Korthikanti
+// et al. 2022). none: every activation. selective: all but the attention probabilities (B, NH, T, T),
+// recomputed from qkv in backward. full: only the block's input; backward reruns the block's forward first.
+enum class Checkpointing { none, selective, full };
+template <>
+struct ChoiceTable<Checkpointing> {
+  static constexpr std::array names = {choice(Checkpointing::none, "none"), choice(Checkpointing::selective, "selective"),
+                                       choice(Checkpointing::full, "full")};
+};
+
+// model.attention: which kernels compute a GPT's attention core (core/nn/attention.h). naive: the scores
+// and probabilities (B, NH, T, T) in memory, kept for backward; flash: FlashAttention-2's tiles, keeping
+// (B, NH, T) log-sum-exps instead.
+enum class AttentionKernel { naive, flash };
+template <>
+struct ChoiceTable<AttentionKernel> {
+  static constexpr std::array names = {choice(AttentionKernel::naive, "naive"), choice(AttentionKernel::flash, "flash")};
+};
 
 struct ModelSpec {
   std::string name = "mlp";          // mlp | cifar_cnn | gpt
@@ -23,6 +43,8 @@ struct ModelSpec {
   int64_t vocab_size = 256, block_size = 64, n_layer = 2, n_head = 2, n_embd = 64;
   float dropout = 0.0f;
   uint64_t dropout_seed = 0;
+  Checkpointing checkpointing = Checkpointing::none;  // gpt: train.activation_checkpointing
+  AttentionKernel attention = AttentionKernel::naive;  // gpt: model.attention
 };
 
 // The whole model, on one rank (a split one: build_split_model in core/parallel/gpt_parallel.h).

@@ -1,12 +1,47 @@
 // GPT-2's CausalSelfAttention: c_attn (C -> 3C), causal softmax attention over NH heads, c_proj (C -> C).
+// The middle, AttentionCore, is shared with the tensor-parallel attention (core/parallel/tensor_parallel.h),
+// which runs it on its rank's heads.
 #pragma once
 #include "core/nn/linear.h"
 
 namespace distlab {
 
+// The attention core, between the qkv projection and c_proj: per head, y = softmax(q kᵀ / √hs, future
+// masked) v. Backward needs the probabilities P (B, NH, T, T): 2·NH·T² bytes per sequence in bf16, the
+// largest activation of a block at long T. What the core keeps is a choice:
+//   naive, keep P       (train.activation_checkpointing none or full)
+//   naive, recompute P  (selective; Korthikanti et al. 2022, §4): forward drops P, backward recomputes it
+//                       from qkv first — one more attention forward, to free the biggest tensor
+//   flash               (model.attention = "flash"; Dao 2023): the kernels never hold P at all. Forward
+//                       keeps the output y and lse (B, NH, T) = log Σ exp(scores) per row, f32; backward
+//                       recomputes P tile by tile from q, k and lse. Selective checkpointing has nothing
+//                       left to drop.
+// Read next: core/ops/cpu/attention.h (the naive kernels and the flash ones, side by side).
+class AttentionCore {
+ public:
+  explicit AttentionCore(bool recompute = false, bool flash = false) : recompute_(recompute && !flash), flash_(flash) {}
+  // qkv (B, T, 3C') -> y (B, T, C'), NH heads of C'/NH; `what` names the tensors for the memory table
+  Tensor forward(Runtime& rt, const Tensor& qkv, int64_t NH, const std::string& what);
+  // dy (B, T, C') -> dqkv (B, T, 3C'), from the qkv forward was given; releases what forward kept
+  Tensor backward(Runtime& rt, const Tensor& dy, const Tensor& qkv, int64_t NH, const std::string& what);
+  bool recomputes() const { return recompute_; }
+  bool flash() const { return flash_; }
+  void swap_saved(SavedState& s) {
+    s.swap(att_);
+    s.swap(y_);
+    s.swap(lse_);
+  }
+
+ private:
+  Tensor probabilities(Runtime& rt, const Tensor& qkv, int64_t NH, const std::string& what, Tensor* y);
+  bool recompute_, flash_;
+  Tensor att_;      // naive: P (B, NH, T, T), or empty under recompute
+  Tensor y_, lse_;  // flash: the output (B, T, C') and the log-sum-exps (B, NH, T), f32
+};
+
 class CausalSelfAttention : public Layer {
  public:
-  CausalSelfAttention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head);
+  CausalSelfAttention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core = AttentionCore());
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
@@ -16,13 +51,14 @@ class CausalSelfAttention : public Layer {
     c_attn.swap_saved(s);
     c_proj.swap_saved(s);
     s.swap(qkv_);
-    s.swap(att_);
+    core_.swap_saved(s);
   }
   Linear c_attn, c_proj;
   int64_t C, n_head;
 
  private:
-  Tensor qkv_, att_;  // (B, T, 3C), (B, NH, T, T)
+  AttentionCore core_;
+  Tensor qkv_;  // (B, T, 3C)
 };
 
 }  // namespace distlab

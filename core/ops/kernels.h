@@ -91,6 +91,10 @@ struct Kernels {
                             int64_t NH);
   void (*attention_backward)(Runtime&, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                              int64_t T, int64_t C, int64_t NH);
+  void (*flash_attention_forward)(Runtime&, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                                  int64_t NH);  // nullptr: the device has none (model.attention = "flash" is refused there)
+  void (*flash_attention_backward)(Runtime&, float* dqkv, const float* dout, const float* qkv, const float* out,
+                                   const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
   void (*embedding_forward)(Runtime&, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                             int64_t T, int64_t C);
   void (*embedding_backward)(Runtime&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,

@@ -220,6 +220,20 @@ void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float
   distlab::attention_backward(rt, dev(dqkv, "attention_backward"), dev(dout, "attention_backward"), dev(qkv, "attention_backward"), dev(att, "attention_backward"), B, T, C, NH);
 }
 
+void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  HostKernels cpu(rt);
+  distlab::flash_attention_forward(rt, dev(out, "flash_attention_forward"), dev(lse, "flash_attention_forward"),
+                                   dev(qkv, "flash_attention_forward"), B, T, C, NH);
+}
+
+void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+                              int64_t T, int64_t C, int64_t NH) {
+  HostKernels cpu(rt);
+  distlab::flash_attention_backward(rt, dev(dqkv, "flash_attention_backward"), dev(dout, "flash_attention_backward"),
+                                    dev(qkv, "flash_attention_backward"), dev(out, "flash_attention_backward"),
+                                    dev(lse, "flash_attention_backward"), B, T, C, NH);
+}
+
 void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
   HostKernels cpu(rt);
   distlab::vocab_ce_max(rt, dev(mx, "vocab_ce_max"), dev(logits, "vocab_ce_max"), N, V);
@@ -305,6 +319,8 @@ const Kernels& sim_kernels() {
     t.softmax_crossentropy_backward = sim::softmax_crossentropy_backward;
     t.attention_forward = sim::attention_forward;
     t.attention_backward = sim::attention_backward;
+    t.flash_attention_forward = sim::flash_attention_forward;
+    t.flash_attention_backward = sim::flash_attention_backward;
     t.vocab_ce_max = sim::vocab_ce_max;
     t.vocab_ce_exp = sim::vocab_ce_exp;
     t.vocab_ce_finish = sim::vocab_ce_finish;

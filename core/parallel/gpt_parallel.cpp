@@ -7,8 +7,8 @@
 
 namespace distlab {
 
-std::unique_ptr<Layer> TensorParallelLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) {
-  return std::make_unique<ParallelSelfAttention>(rt, tp_, prefix, C, n_head);
+std::unique_ptr<Layer> TensorParallelLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core) {
+  return std::make_unique<ParallelSelfAttention>(rt, tp_, prefix, C, n_head, core);
 }
 std::unique_ptr<Layer> TensorParallelLayers::mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) {
   return std::make_unique<ColumnParallelLinear>(rt, tp_, prefix, C, hidden);

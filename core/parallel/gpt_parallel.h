@@ -35,7 +35,7 @@ namespace distlab {
 class TensorParallelLayers : public GptLayers {
  public:
   explicit TensorParallelLayers(ProcessGroup& tp) : tp_(tp) {}
-  std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head) override;  // heads split
+  std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core) override;  // heads split
   std::unique_ptr<Layer> mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) override;    // column-parallel
   std::unique_ptr<Layer> mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) override;  // row-parallel
   std::unique_ptr<TokenEmbedding> embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) override;

@@ -272,15 +272,21 @@ void RowParallelLinear::load_slice(const Linear& whole) {
 
 // ---- attention, heads split ----
 
-ParallelSelfAttention::ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head)
-    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C, true, 3), c_proj(rt, tp, prefix + ".c_proj", C, C), C_(C), local_heads_(n_head / tp.size()) {
+ParallelSelfAttention::ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head,
+                                             AttentionCore core)
+    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C, true, 3),
+      c_proj(rt, tp, prefix + ".c_proj", C, C),
+      C_(C),
+      local_heads_(n_head / tp.size()),
+      core_(core) {
   if (n_head % tp.size() != 0)
     throw ConfigError(fmt::format("{}: {} heads do not split over {} tensor-parallel ranks", prefix, n_head, tp.size()),
                       "parallel.tp must divide model.n_head: each rank computes whole heads");
 }
 
 std::string ParallelSelfAttention::describe() const {
-  return fmt::format("ParallelSelfAttention({}, {} of the heads on this rank)", C_, local_heads_);
+  return fmt::format("ParallelSelfAttention({}, {} of the heads on this rank{})", C_, local_heads_,
+                     core_.flash() ? ", flash" : core_.recomputes() ? ", probabilities recomputed" : "");
 }
 
 std::vector<Parameter*> ParallelSelfAttention::parameters() {
@@ -295,30 +301,15 @@ void ParallelSelfAttention::load_slice(const CausalSelfAttention& whole) {
 }
 
 Tensor ParallelSelfAttention::forward(Runtime& rt, const Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1);
-  const int64_t local_C = c_attn.local().out_features / 3;  // C/t: this rank's heads, side by side
-  qkv_ = c_attn.forward(rt, x);                               // (B, T, 3C/t)
-  att_ = rt.empty({B, local_heads_, T, T}, Category::activations, "attention probabilities (this rank's heads)", rt.dtype);
-  Tensor y = rt.empty({B, T, local_C}, Category::activations, "attention output (this rank's heads)", rt.dtype);
-  {
-    AsF32 yf(rt, y, AsF32::out), att(rt, att_, AsF32::out), qkv(rt, qkv_);
-    attention_forward(rt, yf.p, att.p, qkv.p, B, T, local_C, local_heads_);
-    yf.store();
-    att.store();
-  }
+  qkv_ = c_attn.forward(rt, x);                                                  // (B, T, 3C/t)
+  Tensor y = core_.forward(rt, qkv_, local_heads_, " (this rank's heads)");     // (B, T, C/t)
   return c_proj.forward(rt, y);  // g: the heads' contributions summed over the group
 }
 
 Tensor ParallelSelfAttention::backward(Runtime& rt, const Tensor& dout) {
-  const int64_t B = qkv_.size(0), T = qkv_.size(1), local_C = c_attn.local().out_features / 3;
   Tensor dy = c_proj.backward(rt, dout);
-  Tensor dqkv = rt.empty({B, T, 3 * local_C}, Category::activations, "grad of qkv (this rank's heads)", rt.dtype);
-  {
-    AsF32 dq(rt, dqkv, AsF32::out), dyf(rt, dy), qkv(rt, qkv_), att(rt, att_);
-    attention_backward(rt, dq.p, dyf.p, qkv.p, att.p, B, T, local_C, local_heads_);
-    dq.store();
-  }
-  qkv_ = att_ = Tensor();
+  Tensor dqkv = core_.backward(rt, dy, qkv_, local_heads_, " (this rank's heads)");
+  qkv_ = Tensor();
   return c_attn.backward(rt, dqkv);  // f's backward: dx summed over the group
 }
 

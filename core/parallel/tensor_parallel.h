@@ -130,7 +130,8 @@ class RowParallelLinear : public Layer {
 // of qkv (B, T, 3C/t) and of the attention probabilities (B, NH/t, T, T).
 class ParallelSelfAttention : public Layer {
  public:
-  ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head);
+  ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head,
+                        AttentionCore core = AttentionCore());
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C), whole on every rank
   Tensor backward(Runtime& rt, const Tensor& dout) override;
@@ -140,14 +141,15 @@ class ParallelSelfAttention : public Layer {
     c_attn.swap_saved(s);
     c_proj.swap_saved(s);
     s.swap(qkv_);
-    s.swap(att_);
+    core_.swap_saved(s);
   }
   ColumnParallelLinear c_attn;
   RowParallelLinear c_proj;
 
  private:
   int64_t C_, local_heads_;
-  Tensor qkv_, att_;
+  AttentionCore core_;  // core/nn/attention.h, on this rank's heads
+  Tensor qkv_;
 };
 
 // GPT-2's embeddings with the vocabulary split: rank r holds rows [r·V/t, (r+1)·V/t) of wte (whose tied

@@ -105,6 +105,23 @@ std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype,
     rungs.push_back(fmt::format("accumulation: train.micro_batch {} with train.accum_steps x 2 keeps the batch and halves the "
                                 "activations{}", micro_batch / 2,
                                 activation_bytes > 0 ? " (about " + bytes(activation_bytes / 2) + " saved)" : ""));
+  // activation checkpointing (a GPT's blocks): what each block keeps, per core/models/gpt.h — none:
+  // 16 tensors of (B, T, C) + the probabilities (B, NH, T, T) + LayerNorm's f32 statistics; selective: all
+  // but the probabilities; full: the block's input alone. B is the micro-batch; TP splits the heads.
+  if (cfg.model.name == "gpt" && cfg.model.checkpointing != Checkpointing::full) {
+    const double d = b, B = double(micro_batch), T = double(cfg.data.seq_len), C = double(cfg.model.n_embd);
+    const double L = double(cfg.model.n_layer) / double(std::max<int64_t>(1, cfg.parallel.pp));
+    const double heads = double(cfg.model.n_head) / double(std::max<int64_t>(1, cfg.parallel.tp));
+    const double probabilities = heads * T * T * B * d, selective = 16 * B * T * C * d + 16 * B * T;
+    if (cfg.model.checkpointing == Checkpointing::none)
+      rungs.push_back(fmt::format("selective activation checkpointing (train.activation_checkpointing = \"selective\"): each block's "
+                                  "attention probabilities are recomputed in backward, not kept: {} saved for one more attention "
+                                  "forward per block", bytes(L * probabilities)));
+    const double kept = selective + (cfg.model.checkpointing == Checkpointing::none ? probabilities : 0);
+    rungs.push_back(fmt::format("full activation checkpointing (train.activation_checkpointing = \"full\"): each block keeps only its "
+                                "input and reruns its forward in backward: about {} saved for a third more compute",
+                                bytes(L * (kept - B * T * C * d))));
+  }
   if (world < 2) {
     rungs.push_back("sharding needs ranks: `distlab run -n N train ...` with parallel.strategy zero2, zero3 or fsdp");
   } else if (s == StrategyKind::ddp || s == StrategyKind::none) {

@@ -39,6 +39,13 @@ ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta) {
     return s;
   }
   if (s.name == "gpt") throw ConfigError("model.name 'gpt' needs data.name = \"tokens\"", "image data feeds mlp or cifar_cnn");
+  if (s.attention != AttentionKernel::naive)
+    throw ConfigError(fmt::format("model.attention = \"{}\" with model.name \"{}\": it is a GPT's attention kernel", s.attention, s.name),
+                      "leave model.attention \"naive\" (the default) for image models");
+  if (s.checkpointing != Checkpointing::none)
+    throw ConfigError(fmt::format("train.activation_checkpointing = \"{}\" with model.name \"{}\": it recomputes a GPT's blocks", s.checkpointing,
+                                  s.name),
+                      "use it with model.name = \"gpt\", or leave it \"none\" (the CNN's and MLP's activations shrink with train.micro_batch)");
   if (meta) {
     const bool mnist = c.data.name == "fashion-mnist";
     s.in_channels = mnist ? 1 : 3;

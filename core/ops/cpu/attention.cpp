@@ -1,5 +1,6 @@
 #include "core/ops/cpu/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -7,6 +8,7 @@
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
+#include "core/util/error.h"
 
 namespace distlab {
 
@@ -85,6 +87,141 @@ void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float
       blas_sgemm(true, false, T, hs, T, scale, datt, T, q, C3, 0.0f, dk, C3);
     }
   }
+}
+
+// ---- FlashAttention-2: tiles and an online softmax ----
+
+double flash_attention_flops(int64_t B, int64_t T, int64_t C, int64_t NH, bool backward) {
+  const double hs = double(C / NH);
+  double f = 0;
+  for (int64_t i0 = 0; i0 < T; i0 += kFlashTile)
+    for (int64_t j0 = 0; j0 <= i0 && j0 < T; j0 += kFlashTile) {  // tiles at or below the diagonal
+      const double r = double(std::min(kFlashTile, T - i0)), c = double(std::min(kFlashTile, T - j0));
+      f += backward ? 10.0 * r * c * hs + 4.0 * r * c : 4.0 * r * c * hs + 6.0 * r * c;
+    }
+  return f * double(B * NH);
+}
+
+// Per (batch, head) and tile of queries [i0, i1): walk the key tiles [j0, j1) up to the diagonal, keeping per
+// row the running max m and sum l of exp(score - m), and the output so far scaled by the same exp(-m):
+//   S = scale q_i k_jᵀ            (r, c), the future masked to -inf
+//   m' = max(m, rowmax S);  P = exp(S - m');  l = exp(m - m') l + rowsum P;  O = exp(m - m') O + P v_j
+// and at the end O / l and lse = m + log l.
+void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                             int64_t NH) {
+  if (rt.kernels) {
+    if (!rt.kernels->flash_attention_forward)
+      throw ConfigError("model.attention = \"flash\" has no kernel on this device yet", "use model.attention = \"naive\" here");
+    return rt.kernels->flash_attention_forward(rt, out, lse, qkv, B, T, C, NH);
+  }
+  const int64_t hs = C / NH, C3 = 3 * C, Bt = kFlashTile;
+  OpScope op(rt, "flash_attention_forward", flash_attention_flops(B, T, C, NH, false), 4.0 * (B * T * C3 + B * T * C + B * NH * T));
+  Tensor work = rt.empty({Bt * Bt + Bt * hs + 2 * Bt}, Category::other, "flash attention tiles");
+  if (rt.is_meta()) return;
+  const float scale = 1.0f / std::sqrt(float(hs)), ninf = -std::numeric_limits<float>::infinity();
+  float* S = work.f32();      // (Bt, Bt): scores, then P
+  float* O = S + Bt * Bt;     // (Bt, hs): the output so far
+  float* m = O + Bt * hs;     // (Bt): running max
+  float* l = m + Bt;          // (Bt): running sum
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      for (int64_t i0 = 0; i0 < T; i0 += Bt) {
+        const int64_t r = std::min(Bt, T - i0);
+        std::fill(O, O + r * hs, 0.0f);
+        std::fill(m, m + r, ninf);
+        std::fill(l, l + r, 0.0f);
+        for (int64_t j0 = 0; j0 < i0 + r; j0 += Bt) {
+          const int64_t c = std::min(Bt, T - j0);
+          blas_sgemm(false, true, r, c, hs, scale, q + i0 * C3, C3, k + j0 * C3, C3, 0.0f, S, Bt);
+          for (int64_t t = 0; t < r; t++) {
+            float* row = S + t * Bt;
+            const int64_t valid = std::min(c, i0 + t - j0 + 1);  // keys j0 .. i0+t are not in the future
+            float mx = m[t];
+            for (int64_t s = 0; s < valid; s++) mx = row[s] > mx ? row[s] : mx;
+            const float alpha = m[t] == ninf ? 0.0f : std::exp(m[t] - mx);
+            float sum = 0;
+            for (int64_t s = 0; s < valid; s++) {
+              row[s] = std::exp(row[s] - mx);
+              sum += row[s];
+            }
+            for (int64_t s = std::max<int64_t>(valid, 0); s < c; s++) row[s] = 0.0f;
+            l[t] = alpha * l[t] + sum;
+            m[t] = mx;
+            if (alpha != 1.0f)
+              for (int64_t d = 0; d < hs; d++) O[t * hs + d] *= alpha;
+          }
+          blas_sgemm(false, false, r, hs, c, 1.0f, S, Bt, v + j0 * C3, C3, 1.0f, O, hs);  // O += P v_j
+        }
+        for (int64_t t = 0; t < r; t++) {
+          float* o = out + b * T * C + (i0 + t) * C + h * hs;
+          const float inv = 1.0f / l[t];
+          for (int64_t d = 0; d < hs; d++) o[d] = O[t * hs + d] * inv;
+          lse[(b * NH + h) * T + i0 + t] = m[t] + std::log(l[t]);
+        }
+      }
+    }
+}
+
+// Per (batch, head), D = rowsum(dO ∘ O) first (softmax's backward term Σ_s P dP, without P), then per key tile
+// j and query tile i at or below the diagonal, the probabilities recomputed from lse:
+//   P = exp(scale q_i k_jᵀ - lse_i) (future 0);  dv_j += Pᵀ dO_i;  dP = dO_i v_jᵀ;  dS = P ∘ (dP - D_i)
+//   dq_i += scale dS k_j;  dk_j += scale dSᵀ q_i
+void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (rt.kernels) {
+    if (!rt.kernels->flash_attention_backward)
+      throw ConfigError("model.attention = \"flash\" has no kernel on this device yet", "use model.attention = \"naive\" here");
+    return rt.kernels->flash_attention_backward(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  }
+  const int64_t hs = C / NH, C3 = 3 * C, Bt = kFlashTile;
+  OpScope op(rt, "flash_attention_backward", flash_attention_flops(B, T, C, NH, true),
+             4.0 * (2 * B * T * C3 + 2 * B * T * C + B * NH * T));
+  Tensor work = rt.empty({2 * Bt * Bt + T}, Category::other, "flash attention backward tiles");
+  if (rt.is_meta()) return;
+  std::memset(dqkv, 0, sizeof(float) * size_t(B * T * C3));
+  const float scale = 1.0f / std::sqrt(float(hs));
+  float* P = work.f32();     // (Bt, Bt)
+  float* dS = P + Bt * Bt;   // (Bt, Bt): dP, then dS
+  float* D = dS + Bt * Bt;   // (T)
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      const float* dO = dout + b * T * C + h * hs;
+      const float* O = out + b * T * C + h * hs;
+      const float* L = lse + (b * NH + h) * T;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      for (int64_t t = 0; t < T; t++) {
+        double dot = 0;
+        for (int64_t d = 0; d < hs; d++) dot += double(dO[t * C + d]) * O[t * C + d];
+        D[t] = float(dot);
+      }
+      for (int64_t j0 = 0; j0 < T; j0 += Bt) {
+        const int64_t c = std::min(Bt, T - j0);
+        for (int64_t i0 = j0 - j0 % Bt; i0 < T; i0 += Bt) {  // query tiles at or below the diagonal
+          const int64_t r = std::min(Bt, T - i0);
+          blas_sgemm(false, true, r, c, hs, scale, q + i0 * C3, C3, k + j0 * C3, C3, 0.0f, P, Bt);
+          for (int64_t t = 0; t < r; t++) {
+            const int64_t valid = std::min(c, i0 + t - j0 + 1);
+            float* row = P + t * Bt;
+            for (int64_t s = 0; s < valid; s++) row[s] = std::exp(row[s] - L[i0 + t]);
+            for (int64_t s = std::max<int64_t>(valid, 0); s < c; s++) row[s] = 0.0f;
+          }
+          blas_sgemm(true, false, c, hs, r, 1.0f, P, Bt, dO + i0 * C, C, 1.0f, dv + j0 * C3, C3);   // dv_j += Pᵀ dO_i
+          blas_sgemm(false, true, r, c, hs, 1.0f, dO + i0 * C, C, v + j0 * C3, C3, 0.0f, dS, Bt);   // dP = dO_i v_jᵀ
+          for (int64_t t = 0; t < r; t++)
+            for (int64_t s = 0; s < c; s++) dS[t * Bt + s] = P[t * Bt + s] * (dS[t * Bt + s] - D[i0 + t]);
+          blas_sgemm(false, false, r, hs, c, scale, dS, Bt, k + j0 * C3, C3, 1.0f, dq + i0 * C3, C3);  // dq_i += scale dS k_j
+          blas_sgemm(true, false, c, hs, r, scale, dS, Bt, q + i0 * C3, C3, 1.0f, dk + j0 * C3, C3);   // dk_j += scale dSᵀ q_i
+        }
+      }
+    }
 }
 
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
