@@ -47,7 +47,29 @@ constexpr Preset kPresets[] = {
     {"gpt-70b", 86, 8192, 64, 32000, 4096},
 };
 
+// Meta's Llama 3 shapes (the models' config.json on Hugging Face; Grattafiori et al. 2024, table 3):
+// 8,030,261,248 and 70,553,706,496 parameters, exactly as published. Llama 3.1's RoPE scaling (for 128K
+// contexts) is left out: at 8,192 tokens it changes no shape and no FLOP.
+struct LlamaPreset {
+  const char* name;
+  int64_t layers, width, heads, kv_heads, intermediate, vocab, block;
+  double rope_theta;
+};
+constexpr LlamaPreset kLlamaPresets[] = {
+    {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0},
+    {"llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0},
+};
+
 std::string model_toml(const PlanArgs& a, std::string& label) {
+  for (const LlamaPreset& p : kLlamaPresets)
+    if (a.model == p.name) {
+      label = a.model;
+      return fmt::format("[model]\nname = \"llama\"\nvocab_size = {}\nblock_size = {}\nn_layer = {}\nn_head = {}\nn_kv_head = {}\n"
+                         "n_embd = {}\nintermediate_size = {}\nrope_theta = {:.1f}\n"
+                         "[data]\nname = \"tokens\"\nseq_len = {}\nvocab = {}\n[optim]\nname = \"adamw\"\n",
+                         p.vocab, p.block, p.layers, p.heads, p.kv_heads, p.width, p.intermediate, p.rope_theta, a.seq > 0 ? a.seq : p.block,
+                         p.vocab);
+    }
   std::string name = a.model.rfind("gpt-", 0) == 0 ? a.model : "gpt-" + a.model;
   for (const Preset& p : kPresets)
     if (name == p.name) {
@@ -61,6 +83,7 @@ std::string model_toml(const PlanArgs& a, std::string& label) {
   if (!in) {
     std::string names;
     for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+    for (const LlamaPreset& p : kLlamaPresets) names += std::string(", ") + p.name;
     throw ConfigError("--model " + a.model + ": neither a preset nor a readable config file", "use " + names + " or a TOML path");
   }
   std::stringstream ss;
@@ -127,7 +150,7 @@ int run_plan(const PlanArgs& a) {
             {"one GPU + sel. AC", "none+selective", {"parallel.strategy=none", "train.activation_checkpointing=selective"}},
             {"one GPU + AC", "none+full", {"parallel.strategy=none", "train.activation_checkpointing=full"}}};
   // activation checkpointing is a GPT's (its blocks): other models have no such rows
-  if (parse_config(toml, label, a.sets, {}, lab_config_sections()).model.name != "gpt")
+  if (!is_language_model(parse_config(toml, label, a.sets, {}, lab_config_sections()).model))
     std::erase_if(rows, [](const Row& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
   for (Row& r : rows) {
     r.summary = run_row(toml, label, a, profile, r);
@@ -195,7 +218,8 @@ int run_plan(const PlanArgs& a) {
       out["rows"].push_back({{"strategy", r.label}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
                              {"fits", r.fits}, {"modeled_step_s", r.summary.value("modeled_step_s", 0.0)},
                              {"modeled_comm_s", r.summary.value("modeled_comm_s", 0.0)},
-                             {"modeled_exposed_comm_s", r.summary.value("modeled_exposed_comm_s", 0.0)}});
+                             {"modeled_exposed_comm_s", r.summary.value("modeled_exposed_comm_s", 0.0)},
+                             {"modeled_mfu", r.summary.value("modeled_mfu", 0.0)}, {"modeled_hfu", r.summary.value("modeled_hfu", 0.0)}});
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -203,15 +227,15 @@ int run_plan(const PlanArgs& a) {
                            label, psi / 1e9, a.gpus, a.nodes, format_bytes(double(capacity)), a.precision, a.micro_batch, profile);
   if (replica > 0)
     std::cout << fmt::format("one full replica's model state: {:.1f} GB ({:.0f} bytes per parameter)\n", replica / 1e9, replica / psi);
-  std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10}\n", "strategy", "params", "grads",
-                           "optim", "activations", "comm buf", "host", "GPU total", "fits", "step (ms)");
+  std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10} {:>6}\n", "strategy", "params", "grads",
+                           "optim", "activations", "comm buf", "host", "GPU total", "fits", "step (ms)", "MFU");
   for (const Row& r : rows) {
     const auto& pm = r.summary["peak_memory"];
     auto gb = [&](const char* c) { return fmt::format("{:.2f} GB", pm[c].get<double>() / 1e9); };
-    std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10.1f}\n", r.label, gb("params"), gb("grads"),
-                             gb("optim_state"), gb("activations"), gb("comm_buffers"), gb("host"),
+    std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10.1f} {:>5.1f}%\n", r.label, gb("params"),
+                             gb("grads"), gb("optim_state"), gb("activations"), gb("comm_buffers"), gb("host"),
                              fmt::format("{:.2f} GB", r.summary["peak_memory_total"].get<double>() / 1e9), r.fits ? "yes" : "no",
-                             1e3 * r.summary.value("modeled_step_s", 0.0));
+                             1e3 * r.summary.value("modeled_step_s", 0.0), 100 * r.summary.value("modeled_mfu", 0.0));
   }
   std::cout << "recommendation: " << pick << " — " << reason << "\n";
   return 0;
@@ -222,7 +246,7 @@ int run_plan(const PlanArgs& a) {
 void add_plan_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* sub = app.add_subcommand("plan", "which parallel strategy fits a model on N GPUs, and a step's modeled time");
-  sub->add_option("--model", a->model, "gpt-1b | gpt-7b | gpt-13b | gpt-70b (or 1b, 7b, ...) or a config file");
+  sub->add_option("--model", a->model, "gpt-1b | gpt-7b | gpt-13b | gpt-70b (or 1b, 7b, ...) | llama3-8b | llama3-70b, or a config file");
   sub->add_option("--gpus", a->gpus, "data-parallel ranks (GPUs)");
   sub->add_option("--nodes", a->nodes, "nodes the GPUs are spread over (collectives across nodes use the inter-node bandwidth)");
   sub->add_option("--gpu-mem", a->gpu_mem, "memory per GPU: a size (16GiB) or a profile (t4, a100-40g, a100-80g, h100, h200)");

@@ -21,6 +21,7 @@
 #include "core/data/batch.h"
 #include "core/models/zoo.h"
 #include "core/nn/attention.h"
+#include "core/nn/llama.h"
 #include "core/nn/conv2d.h"
 #include "core/nn/embedding.h"
 #include "core/nn/linear.h"
@@ -28,6 +29,7 @@
 #include "core/nn/norm.h"
 #include "core/nn/simple.h"
 #include "core/ops/cpu/attention.h"
+#include "core/ops/cpu/llama.h"
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/ops/cpu/matmul.h"
@@ -807,4 +809,88 @@ TEST_CASE("flash attention (FlashAttention-2's tiles) equals the naive kernels w
   // the FLOPs it records skip the tiles above the diagonal: at T = 1024 a little over half the naive score work
   const double naive = 4.0 * 1024 * 1024 * 64, flash = flash_attention_flops(1, 1024, 64, 1, false) - 6.0 * 136 * 64 * 64;
   CHECK(flash / naive == Approx(0.5 + 0.5 / 16));
+}
+
+// ---- LLaMA's layers (core/nn/llama.h) ----
+
+TEST_CASE("RMSNorm, LlamaAttention (RoPE, grouped-query heads) and LlamaMLP (SwiGLU) backward match finite differences", "[gradcheck][llama]") {
+  Runtime rt;
+  Rng rng(22);
+  {
+    RMSNorm norm(rt, "norm", 6, 1e-5f);
+    fill_normal(norm.weight.data, rng, 1.0f, 0.5f);
+    gradcheck_layer(rt, norm, random_tensor(rt, {2, 3, 6}, rng), rng);
+  }
+  struct Case { int64_t B, T, C, H, KV; };
+  for (Case k : {Case{2, 5, 8, 2, 2}, Case{1, 6, 16, 4, 2}, Case{1, 4, 12, 3, 1}, Case{1, 1, 4, 1, 1}}) {
+    INFO("B " << k.B << " T " << k.T << " C " << k.C << " heads " << k.H << " kv heads " << k.KV);
+    LlamaAttention attn(rt, "attn", k.C, k.H, k.KV, 10000.0f);
+    for (Parameter* w : attn.parameters()) fill_normal(w->data, rng, 0.0f, 0.6f);
+    gradcheck_layer(rt, attn, random_tensor(rt, {k.B, k.T, k.C}, rng), rng);
+  }
+  {
+    LlamaMLP mlp(rt, "mlp", 6, 10);
+    for (Parameter* w : mlp.parameters()) fill_normal(w->data, rng, 0.0f, 0.5f);
+    gradcheck_layer(rt, mlp, random_tensor(rt, {2, 3, 6}, rng), rng);
+  }
+}
+
+TEST_CASE("RoPE turns each pair by its position: norms kept, q·k depends on t - s only, and the inverse undoes it", "[gradcheck][llama]") {
+  Runtime rt;
+  Rng rng(23);
+  const int64_t T = 9, H = 2, hd = 8, ld = H * hd;
+  Tensor q = random_tensor(rt, {1, T, ld}, rng), k = random_tensor(rt, {1, T, ld}, rng);
+  // the same vector at every position, so that a dot product can only depend on the positions
+  for (int64_t t = 1; t < T; t++)
+    for (int64_t i = 0; i < ld; i++) q.f32()[t * ld + i] = q.f32()[i], k.f32()[t * ld + i] = k.f32()[i];
+  const std::vector<float> q0(q.f32(), q.f32() + T * ld);
+  rope_apply(rt, q.f32(), 1, T, H, hd, ld, 10000.0f, false);
+  rope_apply(rt, k.f32(), 1, T, H, hd, ld, 10000.0f, false);
+  auto dot = [&](int64_t t, int64_t s) {
+    double d = 0;
+    for (int64_t i = 0; i < hd; i++) d += double(q.f32()[t * ld + i]) * k.f32()[s * ld + i];
+    return d;
+  };
+  auto norm = [&](const float* v) {
+    double n = 0;
+    for (int64_t i = 0; i < hd; i++) n += double(v[i]) * v[i];
+    return std::sqrt(n);
+  };
+  for (int64_t t = 0; t < T; t++) CHECK(norm(q.f32() + t * ld) == Approx(norm(q0.data())).epsilon(1e-6));
+  CHECK(dot(5, 2) == Approx(dot(7, 4)).epsilon(1e-5));
+  CHECK(dot(3, 3) == Approx(dot(8, 8)).epsilon(1e-5));
+  CHECK(std::abs(dot(5, 2) - dot(5, 3)) > 1e-3);  // and it does depend on the distance
+  rope_apply(rt, q.f32(), 1, T, H, hd, ld, 10000.0f, true);
+  for (int64_t i = 0; i < T * ld; i++) CHECK(q.f32()[i] == Approx(q0[size_t(i)]).margin(1e-6));
+}
+
+TEST_CASE("llama parameter gradients match finite differences of the loss (untied lm_head, grouped-query heads)", "[gradcheck][llama]") {
+  Runtime rt;
+  Rng rng(24);
+  ModelSpec spec;
+  spec.name = "llama";
+  spec.vocab_size = 11;
+  spec.block_size = 8;
+  spec.n_layer = 2;
+  spec.n_head = 4;
+  spec.n_kv_head = 2;
+  spec.n_embd = 8;
+  spec.intermediate_size = 12;
+  auto model = build_model(rt, spec);
+  model->init(4);
+  for (Parameter* p : model->parameters())
+    for (int64_t i = 0; i < p->data.numel(); i++) p->data.f32()[i] += rng.normal() * 0.3f;
+  Batch b;
+  b.B = 2;
+  b.T = 5;
+  for (int i = 0; i < 10; i++) {
+    b.tokens.push_back(int32_t(rng.below(11)));
+    b.targets.push_back(int32_t(rng.below(11)));
+  }
+  b.tokens[3] = b.tokens[1];
+  b.targets[7] = -1;
+  Tolerance tol;
+  tol.floor = 0;
+  tol.atol = 5e-5;
+  gradcheck_model(rt, *model, b, rng, 4, tol);
 }

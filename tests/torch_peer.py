@@ -9,6 +9,11 @@ small parser of the format, so no extra package is needed.
   torch_peer.py gpt IN.safetensors OUT.safetensors LOGITS.txt N_LAYER N_HEAD N_EMBD VOCAB BLOCK
       nanoGPT's GPT (lm_head tied to wte) loads our file with strict=True, prints its logits on tokens
       0..BLOCK-1 (mod VOCAB), and saves its state_dict (both keys of the tied pair, as PyTorch holds them)
+  torch_peer.py llama IN.safetensors GRADS.safetensors LOGITS.txt N_LAYER N_HEAD N_KV_HEAD N_EMBD INTER VOCAB T THETA EPS
+      Hugging Face's LlamaForCausalLM, written out here as modeling_llama.py computes it (RMSNorm in f32,
+      rotate_half RoPE, repeat_kv, SwiGLU, untied lm_head), loads our file strictly; prints its logits on
+      tokens 0..T-1 (mod VOCAB) and saves every parameter's gradient of the mean cross-entropy against the
+      next token (targets t+1 mod VOCAB)
 """
 import json, struct, sys
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -77,6 +82,62 @@ class GPT(nn.Module):
         for b in self.transformer.h: x = b(x)
         return self.lm_head(self.transformer.ln_f(x))
 
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__(); self.weight = nn.Parameter(torch.ones(C)); self.eps = eps
+    def forward(self, x):
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(v + self.eps)).to(x.dtype)
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+class LlamaAttention(nn.Module):
+    def __init__(self, C, H, KV, theta):
+        super().__init__(); self.H, self.KV, self.hd = H, KV, C // H
+        self.q_proj = nn.Linear(C, H * self.hd, bias=False); self.k_proj = nn.Linear(C, KV * self.hd, bias=False)
+        self.v_proj = nn.Linear(C, KV * self.hd, bias=False); self.o_proj = nn.Linear(H * self.hd, C, bias=False)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.hd, 2).float() / self.hd))
+    def forward(self, x):
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.H, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.KV, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.KV, self.hd).transpose(1, 2)
+        freqs = torch.arange(T).float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1); cos, sin = emb.cos(), emb.sin()
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(self.H // self.KV, dim=1); v = v.repeat_interleave(self.H // self.KV, dim=1)  # repeat_kv
+        att = (q @ k.transpose(-2, -1)) / (self.hd ** 0.5)
+        att = att.masked_fill(torch.ones(T, T).tril() == 0, float('-inf')).softmax(dim=-1)
+        return self.o_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+class LlamaMLP(nn.Module):
+    def __init__(self, C, I):
+        super().__init__()
+        self.gate_proj = nn.Linear(C, I, bias=False); self.up_proj = nn.Linear(C, I, bias=False); self.down_proj = nn.Linear(I, C, bias=False)
+    def forward(self, x): return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, C, H, KV, I, theta, eps):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(C, eps); self.self_attn = LlamaAttention(C, H, KV, theta)
+        self.post_attention_layernorm = LlamaRMSNorm(C, eps); self.mlp = LlamaMLP(C, I)
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x)); return x + self.mlp(self.post_attention_layernorm(x))
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, L, H, KV, C, I, V, theta, eps):
+        super().__init__()
+        self.model = nn.ModuleDict(dict(embed_tokens=nn.Embedding(V, C),
+                                        layers=nn.ModuleList([LlamaDecoderLayer(C, H, KV, I, theta, eps) for _ in range(L)]),
+                                        norm=LlamaRMSNorm(C, eps)))
+        self.lm_head = nn.Linear(C, V, bias=False)
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for l in self.model.layers: x = l(x)
+        return self.lm_head(self.model.norm(x))
+
 def fixed_input(n):  # the same formula as the C++ side
     return torch.arange(n * 3 * 32 * 32, dtype=torch.float32).reshape(n, 3, 32, 32) / 3000.0 - 1.0
 
@@ -110,3 +171,12 @@ elif mode == 'gpt':
     with torch.no_grad(): logits = m(torch.arange(T).remainder(V).view(1, T))
     print(' '.join('%.6f' % v for v in logits.flatten().tolist()), file=open(txt, 'w'))
     save(m.state_dict(), dst)
+elif mode == 'llama':
+    L, H, KV, C, I, V, T = (int(a) for a in sys.argv[5:12]); theta, eps = float(sys.argv[12]), float(sys.argv[13])
+    m = LlamaForCausalLM(L, H, KV, C, I, V, theta, eps)
+    m.load_state_dict({k: v.float() for k, v in load(src).items()}, strict=True)
+    idx = torch.arange(T).remainder(V).view(1, T); tgt = (torch.arange(T) + 1).remainder(V)
+    logits = m(idx)
+    F.cross_entropy(logits.view(T, V), tgt).backward()
+    print(' '.join('%.6f' % v for v in logits.detach().flatten().tolist()), file=open(txt, 'w'))
+    save({k: p.grad for k, p in m.named_parameters()}, dst)

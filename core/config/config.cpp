@@ -108,6 +108,10 @@ const std::vector<Key>& keys() {
       KEY("model.n_head", Kind::integer, int64_t, model.n_head, "gpt: attention heads"),
       KEY("model.n_embd", Kind::integer, int64_t, model.n_embd, "gpt: model width C"),
       KEY("model.dropout", Kind::real, double, model.dropout, "gpt: dropout probability"),
+      KEY("model.n_kv_head", Kind::integer, int64_t, model.n_kv_head, "llama: key/value heads, grouped-query attention (0 = n_head)"),
+      KEY("model.intermediate_size", Kind::integer, int64_t, model.intermediate_size, "llama: the SwiGLU MLP's hidden size (0 = 2·4C/3 rounded up to 256)"),
+      KEY("model.rope_theta", Kind::real, double, model.rope_theta, "llama: RoPE's base θ (Llama 2: 10000, Llama 3: 500000)"),
+      KEY("model.rms_norm_eps", Kind::real, double, model.rms_norm_eps, "llama: RMSNorm's epsilon"),
       CHOICE("model.attention", model.attention,
              "gpt: naive (the (B, heads, T, T) probabilities in memory) | flash (FlashAttention-2's tiles: log-sum-exps kept instead)", ""),
       KEY("data.name", Kind::string, std::string, data.name, "fashion-mnist | cifar10 | synthetic-images | tokens"),
@@ -165,7 +169,7 @@ const std::vector<Key>& keys() {
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
-      KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: GPT's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
+      KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: a GPT's or Llama's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
       KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
       KEY("parallel.micro_batches", Kind::integer, int64_t, parallel.micro_batches, "pp > 1: micro-batches per optimizer step, m >= pp (0 = 4 x pp); the batch is micro_batch x m x dp"),
       CHOICE("parallel.schedule", parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)", ""),
@@ -399,8 +403,12 @@ void validate_bounds(const RunConfig& c) {
 }
 
 void validate(const RunConfig& c) {
-  require(c.model.name == "mlp" || c.model.name == "cifar_cnn" || c.model.name == "gpt", c, "model.name",
-          "is '" + c.model.name + "'", "use mlp, cifar_cnn or gpt");
+  require(c.model.name == "mlp" || c.model.name == "cifar_cnn" || c.model.name == "gpt" || c.model.name == "llama", c, "model.name",
+          "is '" + c.model.name + "'", "use mlp, cifar_cnn, gpt or llama");
+  require(c.model.n_kv_head >= 0, c, "model.n_kv_head", "must not be negative", "0 takes model.n_head (no grouping)");
+  require(c.model.intermediate_size >= 0, c, "model.intermediate_size", "must not be negative", "0 takes 2·4C/3 rounded up to 256");
+  require(c.model.rope_theta > 1, c, "model.rope_theta", "must be above 1", "Llama 2 uses 10000, Llama 3 500000");
+  require(c.model.rms_norm_eps > 0, c, "model.rms_norm_eps", "must be positive", "Llama uses 1e-5 (or 1e-6)");
   for (auto h : c.model.hidden) require(h > 0, c, "model.hidden", "has a size <= 0", "every hidden size must be positive");
   require(c.model.n_layer >= 1, c, "model.n_layer", "must be at least 1", "");
   require(c.model.n_embd >= 1, c, "model.n_embd", "must be at least 1", "");
@@ -469,9 +477,9 @@ void validate(const RunConfig& c) {
   require(c.parallel.pp == 1 || c.train.accum_steps == 1, c, "train.accum_steps",
           fmt::format("is {} with parallel.pp {}", c.train.accum_steps, c.parallel.pp),
           "under pipeline parallelism the micro-batches are the accumulation: set parallel.micro_batches instead");
-  require(c.parallel.tp == 1 || c.model.name == "gpt", c, "parallel.tp",
+  require(c.parallel.tp == 1 || c.model.name == "gpt" || c.model.name == "llama", c, "parallel.tp",
           fmt::format("is {} with model.name {}", c.parallel.tp, c.model.name),
-          "tensor parallel splits GPT's heads, MLP and vocabulary: use model.name = \"gpt\", or parallel.tp = 1");
+          "tensor parallel splits a language model's heads, MLP and vocabulary: use gpt or llama, or parallel.tp = 1");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
   require(c.checkpoint.every >= 0, c, "checkpoint.every", "must not be negative", "0 saves at the end (and on SIGTERM) only");
   require(c.checkpoint.keep >= 0, c, "checkpoint.keep", "must not be negative", "0 keeps every checkpoint");

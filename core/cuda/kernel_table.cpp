@@ -38,6 +38,15 @@ const Kernels& kernel_table() {
     t.vocab_ce_finish = &cuda::vocab_ce_finish;
     t.attention_forward = &cuda::attention_forward;
     t.attention_backward = &cuda::attention_backward;
+    t.flash_attention_forward = &cuda::flash_attention_forward;
+    t.flash_attention_backward = &cuda::flash_attention_backward;
+    t.rmsnorm_forward = &cuda::rmsnorm_forward;
+    t.rmsnorm_backward = &cuda::rmsnorm_backward;
+    t.rope_apply = &cuda::rope_apply;
+    t.swiglu_forward = &cuda::swiglu_forward;
+    t.swiglu_backward = &cuda::swiglu_backward;
+    t.repeat_kv_forward = &cuda::repeat_kv_forward;
+    t.repeat_kv_backward = &cuda::repeat_kv_backward;
     t.embedding_forward = &cuda::embedding_forward;
     t.embedding_backward = &cuda::embedding_backward;
     t.sgd_update = &cuda::sgd_update;

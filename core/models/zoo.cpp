@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/models/gpt.h"
+#include "core/models/llama.h"
 #include "core/models/sequential.h"
 #include "core/nn/conv2d.h"
 #include "core/nn/linear.h"
@@ -50,7 +51,8 @@ std::unique_ptr<Model> build_model(Runtime& rt, const ModelSpec& s) {
   if (s.name == "mlp") return build_mlp(rt, s);
   if (s.name == "cifar_cnn") return build_cifar_cnn(rt, s);
   if (s.name == "gpt") return std::make_unique<GPT>(rt, s);
-  throw ConfigError("unknown model.name '" + s.name + "'", "use mlp, cifar_cnn or gpt");
+  if (s.name == "llama") return std::make_unique<Llama>(rt, s);
+  throw ConfigError("unknown model.name '" + s.name + "'", "use mlp, cifar_cnn, gpt or llama");
 }
 
 std::unique_ptr<Model> build_sequential_stage(Runtime& rt, const ModelSpec& s, int stage, int stages,
@@ -70,6 +72,13 @@ int64_t gpt_params_closed_form(const ModelSpec& s) {
 
 int64_t gpt_params_exact(const ModelSpec& s) {
   return gpt_params_closed_form(s) + 13 * s.n_layer * s.n_embd + 2 * s.n_embd;
+}
+
+double gpt_model_flops_per_token(const ModelSpec& s, int64_t T) {
+  // every matmul's weight: GPT's all but wpe (wte is the lm_head too); Llama's all but embed_tokens
+  const double matmul_params = s.name == "llama" ? double(llama_params_exact(s) - s.vocab_size * s.n_embd)
+                                                 : double(gpt_params_exact(s) - s.block_size * s.n_embd);
+  return 6.0 * matmul_params + 12.0 * double(s.n_layer) * double(s.n_embd) * double(T);
 }
 
 }  // namespace distlab

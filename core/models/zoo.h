@@ -34,7 +34,7 @@ struct ChoiceTable<AttentionKernel> {
 };
 
 struct ModelSpec {
-  std::string name = "mlp";          // mlp | cifar_cnn | gpt
+  std::string name = "mlp";          // mlp | cifar_cnn | gpt | llama
   // image models
   int64_t in_channels = 1, height = 28, width = 28, num_classes = 10;
   std::vector<int64_t> hidden = {256, 128};  // mlp
@@ -42,6 +42,10 @@ struct ModelSpec {
   // gpt
   int64_t vocab_size = 256, block_size = 64, n_layer = 2, n_head = 2, n_embd = 64;
   float dropout = 0.0f;
+  // llama (core/models/llama.h), Hugging Face's LlamaConfig: num_key_value_heads, intermediate_size,
+  // rope_theta, rms_norm_eps (0: n_head, and 2·4C/3 rounded up to 256)
+  int64_t n_kv_head = 0, intermediate_size = 0;
+  float rope_theta = 10000.0f, rms_norm_eps = 1e-5f;
   uint64_t dropout_seed = 0;
   Checkpointing checkpointing = Checkpointing::none;  // gpt: train.activation_checkpointing
   AttentionKernel attention = AttentionKernel::naive;  // gpt: model.attention
@@ -59,5 +63,13 @@ std::unique_ptr<Model> build_sequential_stage(Runtime& rt, const ModelSpec& spec
 // 12·L·C² + 13·L·C + V·C + T·C + 2·C (biases and norms are the "small terms").
 int64_t gpt_params_closed_form(const ModelSpec& s);
 int64_t gpt_params_exact(const ModelSpec& s);
+// The FLOPs a GPT's training needs per token of sequence length T, the count MFU divides by (PaLM,
+// Chowdhery et al. 2022, appendix B; torchtitan's): 6 per parameter that multiplies (forward 2, backward
+// 4; wpe is only looked up, wte multiplies once as the lm_head) + 12·L·C·T for the attention scores and
+// their use (q kᵀ and P v, forward and backward, the causal half not discounted). Recompute is not in it:
+// that is the difference between MFU and HFU (the FLOPs the kernels actually ran).
+double gpt_model_flops_per_token(const ModelSpec& s, int64_t T);
+// A language model: gpt or llama (token data, a sequence length, a vocabulary)
+inline bool is_language_model(const ModelSpec& s) { return s.name == "gpt" || s.name == "llama"; }
 
 }  // namespace distlab

@@ -11,6 +11,8 @@ static constexpr AutocastRule kTable[] = {
     {"conv2d_backward", RunsIn::low, "GEMMs"},
     {"attention_forward", RunsIn::low, "Q·Kᵀ and P·V are GEMMs; the softmax between them runs in f32 inside the kernel"},
     {"attention_backward", RunsIn::low, "GEMMs; the softmax's backward in f32 inside the kernel"},
+    {"flash_attention_forward", RunsIn::low, "the tiles' Q·Kᵀ and P·V are GEMMs; the online softmax in f32 inside the kernel"},
+    {"flash_attention_backward", RunsIn::low, "the tiles' GEMMs, the probabilities recomputed in f32 from lse"},
     {"softmax_crossentropy_forward", RunsIn::fp32, "exp/log of large logits and a sum over the vocabulary"},
     {"softmax_crossentropy_backward", RunsIn::fp32, "probabilities minus one-hot, from the f32 probabilities"},
     {"layernorm_forward", RunsIn::fp32, "mean and variance are sums over C values"},

@@ -99,6 +99,17 @@ struct Kernels {
                             int64_t T, int64_t C);
   void (*embedding_backward)(Runtime&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                              int64_t T, int64_t C);
+  // ---- llama.h (nullptr: the device has none yet; the op says so) ----
+  void (*rmsnorm_forward)(Runtime&, float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps);
+  void (*rmsnorm_backward)(Runtime&, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                           const float* rstd, int64_t N, int64_t C);
+  void (*rope_apply)(Runtime&, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse);
+  void (*swiglu_forward)(Runtime&, float* out, const float* gate, const float* up, int64_t n);
+  void (*swiglu_backward)(Runtime&, float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+  void (*repeat_kv_forward)(Runtime&, float* qkv, const float* q, const float* k, const float* v, int64_t B, int64_t T, int64_t H,
+                            int64_t KV, int64_t hd);
+  void (*repeat_kv_backward)(Runtime&, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t hd);
   // ---- optim.h ----
   void (*sgd_update)(Runtime&, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
   void (*adamw_update)(Runtime&, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);

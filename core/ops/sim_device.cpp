@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/ops/cpu/attention.h"
+#include "core/ops/cpu/llama.h"
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
@@ -234,6 +235,49 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
                                     dev(lse, "flash_attention_backward"), B, T, C, NH);
 }
 
+void rmsnorm_forward(Runtime& rt, float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps) {
+  HostKernels cpu(rt);
+  distlab::rmsnorm_forward(rt, dev(out, "rmsnorm_forward"), dev(rstd, "rmsnorm_forward"), dev(inp, "rmsnorm_forward"), dev(weight, "rmsnorm_forward"),
+                           N, C, eps);
+}
+
+void rmsnorm_backward(Runtime& rt, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
+                      int64_t N, int64_t C) {
+  HostKernels cpu(rt);
+  distlab::rmsnorm_backward(rt, dev(dinp, "rmsnorm_backward"), dev(dweight, "rmsnorm_backward"), dev(dout, "rmsnorm_backward"),
+                            dev(inp, "rmsnorm_backward"), dev(weight, "rmsnorm_backward"), dev(rstd, "rmsnorm_backward"), N, C);
+}
+
+void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse) {
+  HostKernels cpu(rt);
+  distlab::rope_apply(rt, dev(x, "rope_apply"), B, T, H, hd, ld, theta, inverse);
+}
+
+void swiglu_forward(Runtime& rt, float* out, const float* gate, const float* up, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::swiglu_forward(rt, dev(out, "swiglu_forward"), dev(gate, "swiglu_forward"), dev(up, "swiglu_forward"), n);
+}
+
+void swiglu_backward(Runtime& rt, float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::swiglu_backward(rt, dev(dgate, "swiglu_backward"), dev(dup, "swiglu_backward"), dev(dout, "swiglu_backward"), dev(gate, "swiglu_backward"),
+                           dev(up, "swiglu_backward"), n);
+}
+
+void repeat_kv_forward(Runtime& rt, float* qkv, const float* q, const float* k, const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t hd) {
+  HostKernels cpu(rt);
+  distlab::repeat_kv_forward(rt, dev(qkv, "repeat_kv_forward"), dev(q, "repeat_kv_forward"), dev(k, "repeat_kv_forward"), dev(v, "repeat_kv_forward"),
+                             B, T, H, KV, hd);
+}
+
+void repeat_kv_backward(Runtime& rt, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t hd) {
+  HostKernels cpu(rt);
+  distlab::repeat_kv_backward(rt, dev(dq, "repeat_kv_backward"), dev(dk, "repeat_kv_backward"), dev(dv, "repeat_kv_backward"),
+                              dev(dqkv, "repeat_kv_backward"), B, T, H, KV, hd);
+}
+
 void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {
   HostKernels cpu(rt);
   distlab::vocab_ce_max(rt, dev(mx, "vocab_ce_max"), dev(logits, "vocab_ce_max"), N, V);
@@ -321,6 +365,13 @@ const Kernels& sim_kernels() {
     t.attention_backward = sim::attention_backward;
     t.flash_attention_forward = sim::flash_attention_forward;
     t.flash_attention_backward = sim::flash_attention_backward;
+    t.rmsnorm_forward = sim::rmsnorm_forward;
+    t.rmsnorm_backward = sim::rmsnorm_backward;
+    t.rope_apply = sim::rope_apply;
+    t.swiglu_forward = sim::swiglu_forward;
+    t.swiglu_backward = sim::swiglu_backward;
+    t.repeat_kv_forward = sim::repeat_kv_forward;
+    t.repeat_kv_backward = sim::repeat_kv_backward;
     t.vocab_ce_max = sim::vocab_ce_max;
     t.vocab_ce_exp = sim::vocab_ce_exp;
     t.vocab_ce_finish = sim::vocab_ce_finish;

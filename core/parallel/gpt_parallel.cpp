@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel/llama_parallel.h"
 #include "core/models/zoo.h"
 #include "core/util/error.h"
 
@@ -39,6 +40,7 @@ std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, Proces
   if ((tp && tp->size() > 1) || stages > 1) {
     DL_ASSERT(tp, "build_split_model: a split model needs its (tensor-parallel) group, even of one rank");
     if (s.name == "gpt") return std::make_unique<GPT>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLayers>(*tp));
+    if (s.name == "llama") return std::make_unique<Llama>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLlamaLayers>(*tp));
     throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
                                   tp->size(), s.name),
                       "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");

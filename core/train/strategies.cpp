@@ -108,7 +108,7 @@ std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype,
   // activation checkpointing (a GPT's blocks): what each block keeps, per core/models/gpt.h — none:
   // 16 tensors of (B, T, C) + the probabilities (B, NH, T, T) + LayerNorm's f32 statistics; selective: all
   // but the probabilities; full: the block's input alone. B is the micro-batch; TP splits the heads.
-  if (cfg.model.name == "gpt" && cfg.model.checkpointing != Checkpointing::full) {
+  if (is_language_model(cfg.model) && cfg.model.checkpointing != Checkpointing::full) {
     const double d = b, B = double(micro_batch), T = double(cfg.data.seq_len), C = double(cfg.model.n_embd);
     const double L = double(cfg.model.n_layer) / double(std::max<int64_t>(1, cfg.parallel.pp));
     const double heads = double(cfg.model.n_head) / double(std::max<int64_t>(1, cfg.parallel.tp));

@@ -20,7 +20,7 @@ namespace distlab {
 Batch Trainer::meta_batch(int64_t B) {
   Batch b;
   b.B = B;
-  if (spec_.name == "gpt") {
+  if (is_language_model(spec_)) {
     b.T = cfg_.data.seq_len;
     b.tokens.assign(size_t(B * b.T), 0);
     b.targets.assign(size_t(B * b.T), 0);

@@ -35,10 +35,11 @@ ModelSpec spec_for(const RunConfig& c, const DataSets& d, bool meta) {
     if (c.data.seq_len > s.block_size)
       throw ConfigError(fmt::format("data.seq_len {} is longer than model.block_size {}", c.data.seq_len, s.block_size),
                         "lower data.seq_len or raise model.block_size");
-    if (s.name != "gpt") throw ConfigError("data.name 'tokens' needs model.name = \"gpt\"", "token data feeds a language model");
+    if (!is_language_model(s)) throw ConfigError("data.name 'tokens' needs model.name = \"gpt\" or \"llama\"", "token data feeds a language model");
     return s;
   }
-  if (s.name == "gpt") throw ConfigError("model.name 'gpt' needs data.name = \"tokens\"", "image data feeds mlp or cifar_cnn");
+  if (is_language_model(s))
+    throw ConfigError("model.name '" + s.name + "' needs data.name = \"tokens\"", "image data feeds mlp or cifar_cnn");
   if (s.attention != AttentionKernel::naive)
     throw ConfigError(fmt::format("model.attention = \"{}\" with model.name \"{}\": it is a GPT's attention kernel", s.attention, s.name),
                       "leave model.attention \"naive\" (the default) for image models");

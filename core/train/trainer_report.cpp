@@ -40,6 +40,23 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
     out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw);
     out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
+    // MFU and HFU (Korthikanti et al. 2022, §5): the FLOPs a step needs, and the FLOPs its kernels ran
+    // (recompute included), each over what the ranks' peaks could do in the modeled step. The peak is the
+    // precision's: bf16/fp16 tensor cores under mixed precision, fp32 otherwise. An image model has no
+    // formula here: its model FLOPs are the kernels' (nothing is recomputed), so MFU = HFU.
+    const double peak = rt_.dtype == DType::f32 ? hw.fp32_flops_per_s : hw.low_precision_flops_per_s;
+    double ran = 0;
+    for (const auto& rank : ranks)
+      for (const TraceEvent& e : rank)
+        if (e.kind == EventKind::compute) ran += e.flops;
+    ran /= double(ranks.size());  // per rank (the fake world's one rank stands for each)
+    const double needed = is_language_model(spec_)
+                              ? gpt_model_flops_per_token(spec_, cfg_.data.seq_len) * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) /
+                                    double(world())
+                              : ran;
+    out["model_flops_per_step"] = needed * double(world());
+    out["modeled_mfu"] = needed / (std::max(r.step_s, 1e-30) * peak);
+    out["modeled_hfu"] = ran / (std::max(r.step_s, 1e-30) * peak);
     if (pipeline_) {  // each stage's idle share of the pipeline's span, against the formula for balanced stages
       const PipelineTimeline t = pipeline_timeline(r);
       const int p = pipeline_->stages(), m = int(accum_);
@@ -226,10 +243,11 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
                                                      1e3 * last_step_comm_s_));
   if (modeled_.contains("modeled_step_s"))
     log_ << fmt::format("modeled on {} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
-                        "speed-up over one rank {:.2f}x; measured here: {:.2f} ms per step\n",
+                        "speed-up over one rank {:.2f}x, MFU {:.1f} % (HFU {:.1f} %); measured here: {:.2f} ms per step\n",
                         modeled_["profile"].get<std::string>(), modeled_["traced_step"].get<int64_t>(),
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
+                        100 * modeled_["modeled_mfu"].get<double>(), 100 * modeled_["modeled_hfu"].get<double>(),
                         1e3 * summary.value("measured_step_s", 0.0));
 }
 

@@ -18,6 +18,7 @@
 #include "core/cuda/nccl_group.h"
 #include "core/comm/store.h"
 #include "core/ops/cpu/attention.h"
+#include "core/ops/cpu/llama.h"
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
@@ -425,6 +426,82 @@ TEST_CASE("the vocabulary-parallel loss's three kernels on one rank's columns (n
   CHECK(std::abs(gl - cl) / std::abs(cl) < kF32);
   CHECK(g_correct == c_correct);
   CHECK(c_correct >= 1);
+}
+
+TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal the cpu's", "[cuda][llama]") {
+  Pair g;
+  const int64_t N = 37, C = 40;
+  auto x = randn(N * C, 44), w = randn(C, 45), dy = randn(N * C, 46), dw0 = randn(C, 47);
+  std::vector<float> co(static_cast<size_t>(N * C)), cr(static_cast<size_t>(N)), cdx(static_cast<size_t>(N * C)), cdw = dw0;
+  rmsnorm_forward(g.cpu, co.data(), cr.data(), x.data(), w.data(), N, C, 1e-5f);
+  rmsnorm_backward(g.cpu, cdx.data(), cdw.data(), dy.data(), x.data(), w.data(), cr.data(), N, C);
+  Dev<float> dx_(x), dw_(w), ddy(dy), out(N * C), r(N), gdx(N * C), gdw(dw0);
+  cuda::rmsnorm_forward(g.gpu, out.p, r.p, dx_.p, dw_.p, N, C, 1e-5f);
+  cuda::rmsnorm_backward(g.gpu, gdx.p, gdw.p, ddy.p, dx_.p, dw_.p, r.p, N, C);
+  CHECK(rel(out.get(), co) < kF32);
+  CHECK(rel(r.get(), cr) < kF32);
+  CHECK(rel(gdx.get(), cdx) < kF32);
+  CHECK(rel(gdw.get(), cdw) < kF32);
+  // RoPE on q's 4 heads of 10 inside rows of 3·40 (a fused buffer's stride), there and back
+  const int64_t B = 2, T = 9, H = 4, hd = 10, ld = 3 * 40;
+  auto q = randn(B * T * ld, 48);
+  std::vector<float> cq = q;
+  rope_apply(g.cpu, cq.data(), B, T, H, hd, ld, 500000.0f, false);
+  Dev<float> gq(q);
+  cuda::rope_apply(g.gpu, gq.p, B, T, H, hd, ld, 500000.0f, false);
+  CHECK(rel(gq.get(), cq) < kF32);
+  cuda::rope_apply(g.gpu, gq.p, B, T, H, hd, ld, 500000.0f, true);
+  CHECK(rel(gq.get(), q) < kF32);
+  // SwiGLU
+  auto gate = randn(N * C, 49), up = randn(N * C, 50);
+  std::vector<float> ch(size_t(N * C)), cdg(ch.size()), cdu(ch.size());
+  swiglu_forward(g.cpu, ch.data(), gate.data(), up.data(), N * C);
+  swiglu_backward(g.cpu, cdg.data(), cdu.data(), dy.data(), gate.data(), up.data(), N * C);
+  Dev<float> dg_(gate), du_(up), h(N * C), gdg(N * C), gdu(N * C);
+  cuda::swiglu_forward(g.gpu, h.p, dg_.p, du_.p, N * C);
+  cuda::swiglu_backward(g.gpu, gdg.p, gdu.p, ddy.p, dg_.p, du_.p, N * C);
+  CHECK(rel(h.get(), ch) < kF32);
+  CHECK(rel(gdg.get(), cdg) < kF32);
+  CHECK(rel(gdu.get(), cdu) < kF32);
+  // repeat_kv: 6 query heads over 2 kv heads of 4, and back (the sums bit for bit: same order)
+  const int64_t Hq = 6, KV = 2, d = 4;
+  auto qq = randn(B * T * Hq * d, 51), kk = randn(B * T * KV * d, 52), vv = randn(B * T * KV * d, 53), gq3 = randn(B * T * 3 * Hq * d, 54);
+  std::vector<float> cqkv(gq3.size()), cdq(qq.size()), cdk(kk.size()), cdv(vv.size());
+  repeat_kv_forward(g.cpu, cqkv.data(), qq.data(), kk.data(), vv.data(), B, T, Hq, KV, d);
+  repeat_kv_backward(g.cpu, cdq.data(), cdk.data(), cdv.data(), gq3.data(), B, T, Hq, KV, d);
+  Dev<float> a(qq), bk(kk), bv(vv), qkv(int64_t(gq3.size())), g3(gq3), oq(int64_t(qq.size())), ok(int64_t(kk.size())), ov(int64_t(vv.size()));
+  cuda::repeat_kv_forward(g.gpu, qkv.p, a.p, bk.p, bv.p, B, T, Hq, KV, d);
+  cuda::repeat_kv_backward(g.gpu, oq.p, ok.p, ov.p, g3.p, B, T, Hq, KV, d);
+  CHECK(bitwise(qkv.get(), cqkv));
+  CHECK(bitwise(oq.get(), cdq));
+  CHECK(bitwise(ok.get(), cdk));
+  CHECK(bitwise(ov.get(), cdv));
+}
+
+TEST_CASE("flash attention on the GPU equals the cpu's flash kernels (and the naive ones), head sizes 12 to 200, repeatable bit for bit", "[cuda][flash]") {
+  Pair g;
+  struct Case { int64_t B, T, C, NH; };
+  // hs 200 needs more than 48 KiB of shared memory a block: the opt-in path
+  for (Case k : {Case{2, 1, 48, 4}, Case{2, 37, 48, 4}, Case{1, 64, 128, 2}, Case{2, 100, 200, 1}}) {
+    INFO("B " << k.B << " T " << k.T << " C " << k.C << " heads " << k.NH);
+    auto qkv = randn(k.B * k.T * 3 * k.C, 42), dy = randn(k.B * k.T * k.C, 43);
+    std::vector<float> co(size_t(k.B * k.T * k.C)), cl(size_t(k.B * k.NH * k.T)), cd(qkv.size());
+    flash_attention_forward(g.cpu, co.data(), cl.data(), qkv.data(), k.B, k.T, k.C, k.NH);
+    flash_attention_backward(g.cpu, cd.data(), dy.data(), qkv.data(), co.data(), cl.data(), k.B, k.T, k.C, k.NH);
+    std::vector<float> no(co.size()), na(size_t(k.B * k.NH * k.T * k.T)), nd(qkv.size());
+    attention_forward(g.cpu, no.data(), na.data(), qkv.data(), k.B, k.T, k.C, k.NH);
+    attention_backward(g.cpu, nd.data(), dy.data(), qkv.data(), na.data(), k.B, k.T, k.C, k.NH);
+    Dev<float> dq(qkv), ddy(dy), out(k.B * k.T * k.C), lse(k.B * k.NH * k.T), dqkv(int64_t(qkv.size())), dqkv2(int64_t(qkv.size()));
+    cuda::flash_attention_forward(g.gpu, out.p, lse.p, dq.p, k.B, k.T, k.C, k.NH);
+    cuda::flash_attention_backward(g.gpu, dqkv.p, ddy.p, dq.p, out.p, lse.p, k.B, k.T, k.C, k.NH);
+    cuda::flash_attention_backward(g.gpu, dqkv2.p, ddy.p, dq.p, out.p, lse.p, k.B, k.T, k.C, k.NH);
+    CHECK(rel(out.get(), co) < kF32);
+    CHECK(rel(lse.get(), cl) < kF32);
+    CHECK(rel(dqkv.get(), cd) < kF32);
+    CHECK(rel(out.get(), no) < kF32);
+    CHECK(rel(dqkv.get(), nd) < kF32);
+    CHECK(bitwise(dqkv.get(), dqkv2.get()));  // no atomics: the same bits every time
+  }
 }
 
 TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embedding bit for bit", "[cuda]") {

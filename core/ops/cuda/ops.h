@@ -7,7 +7,8 @@
 // the reductions, GEMMs through cuBLAS. No atomics: every result is summed in a fixed order, so a run is
 // bitwise repeatable on the same GPU (the embedding's backward pays for this: see attention.cu).
 // Files: pointwise.cu (activations, dropout, add, max-pool), matmul.cu (cuBLAS GEMM in f32, TF32, bf16,
-// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding), convert.cu (dtypes, fill),
+// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding, flash attention), llama.cu
+// (RMSNorm, RoPE, SwiGLU, repeat_kv), convert.cu (dtypes, fill),
 // optim.cu (SGD, AdamW, the norm and overflow reductions); core/cuda/kernel_table.cpp lists them for rt.kernels.
 // tests/cuda/test_cuda_parity.cpp runs each against the cpu kernel on random inputs.
 #pragma once
@@ -100,10 +101,27 @@ void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, in
                        int64_t NH);
 void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH);
+// FlashAttention-2 (core/ops/cpu/attention.h): head size up to 256
+void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                             int64_t NH);
+void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C);
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C);
+
+// ---- llama.cu (core/ops/cpu/llama.h) ----
+void rmsnorm_forward(Runtime& rt, float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps);
+void rmsnorm_backward(Runtime& rt, float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int64_t N, int64_t C);
+void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse);
+void swiglu_forward(Runtime& rt, float* out, const float* gate, const float* up, int64_t n);
+void swiglu_backward(Runtime& rt, float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+void repeat_kv_forward(Runtime& rt, float* qkv, const float* q, const float* k, const float* v, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int64_t hd);
+void repeat_kv_backward(Runtime& rt, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t hd);
 
 // ---- optim.cu ----
 void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);

@@ -1,0 +1,194 @@
+#include "core/nn/llama.h"
+
+#include <fmt/format.h>
+
+#include "core/ops/cpu/llama.h"
+#include "core/ops/cpu/pointwise.h"
+#include "core/tensor/as_f32.h"
+#include "core/util/error.h"
+
+namespace distlab {
+
+// ---- RMSNorm ----
+
+RMSNorm::RMSNorm(Runtime& rt, const std::string& prefix, int64_t C, float eps) : C_(C), eps_(eps) {
+  weight = make_parameter(rt, prefix + ".weight", {C}, false);
+}
+
+std::string RMSNorm::describe() const { return fmt::format("RMSNorm({}, eps {})", C_, eps_); }
+
+Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
+  expect_shape(describe() + " " + weight.name, x, {C_});
+  const int64_t N = x.numel() / C_;
+  Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
+  rstd_ = rt.empty({N}, Category::activations, "RMSNorm rstd");  // f32, as Hugging Face computes it
+  AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data);
+  rmsnorm_forward(rt, y.p, rstd_.f32(), xf.p, w.p, N, C_, eps_);
+  y.store();
+  saved_x_ = x;
+  return out;
+}
+
+Tensor RMSNorm::backward(Runtime& rt, const Tensor& dout) {
+  const int64_t N = saved_x_.numel() / C_;
+  Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
+  AsF32 d(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout), dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
+  rmsnorm_backward(rt, d.p, dw.p, dy.p, xf.p, w.p, rstd_.f32(), N, C_);
+  d.store();
+  dw.store();
+  saved_x_ = rstd_ = Tensor();
+  return dx;
+}
+
+// ---- attention ----
+
+namespace {
+
+// t must divide what is split; a split Linear's weight holds rows (split_dim 0) of the whole
+int64_t split_of(int64_t n, int tp, const std::string& what, const std::string& prefix) {
+  if (n % tp != 0)
+    throw ConfigError(fmt::format("{}: {} {} does not split over {} tensor-parallel ranks", prefix, what, n, tp),
+                      "parallel.tp must divide model.n_head, model.n_kv_head and the MLP's intermediate size");
+  return n / tp;
+}
+
+void rows_split(Linear& l, int tp) {
+  if (tp > 1) l.weight.split_dim = 0;
+}
+
+}  // namespace
+
+LlamaAttention::LlamaAttention(Runtime& rt, const std::string& p, int64_t c, int64_t nh, int64_t nkv, float theta, AttentionCore core, int tp,
+                               std::unique_ptr<Layer> o, InputGradSum sum)
+    : q_proj(rt, p + ".q_proj", c, c / tp, false),
+      k_proj(rt, p + ".k_proj", c, nkv * (c / std::max<int64_t>(nh, 1)) / tp, false),
+      v_proj(rt, p + ".v_proj", c, nkv * (c / std::max<int64_t>(nh, 1)) / tp, false),
+      o_proj(o ? std::move(o) : std::make_unique<Linear>(rt, p + ".o_proj", c, c, false)),
+      C(c),
+      n_head(split_of(nh, tp, "n_head", p)),
+      n_kv_head(split_of(nkv, tp, "n_kv_head", p)),
+      head_dim(c / std::max<int64_t>(nh, 1)),
+      rope_theta(theta),
+      core_(core),
+      sum_(std::move(sum)) {
+  if (nh <= 0 || c % nh != 0 || (c / nh) % 2 != 0)
+    throw ShapeError(fmt::format("attention {}: n_embd {} over n_head {} is not a whole, even head size", p, c, nh),
+                     "choose model.n_head so that n_embd / n_head is even (RoPE turns pairs of it)");
+  if (nkv <= 0 || nh % nkv != 0)
+    throw ShapeError(fmt::format("attention {}: n_head {} is not a multiple of n_kv_head {}", p, nh, nkv),
+                     "each kv head serves a whole group of query heads: model.n_kv_head must divide model.n_head");
+  for (Linear* l : {&q_proj, &k_proj, &v_proj}) rows_split(*l, tp);
+}
+
+std::vector<Parameter*> LlamaAttention::parameters() {
+  std::vector<Parameter*> p = {&q_proj.weight, &k_proj.weight, &v_proj.weight};
+  for (Parameter* q : o_proj->parameters()) p.push_back(q);
+  return p;
+}
+
+std::string LlamaAttention::describe() const {
+  return fmt::format("LlamaAttention({}, heads {}, kv heads {} (this rank's), RoPE θ {}{})", C, n_head, n_kv_head, rope_theta,
+                     core_.flash() ? ", flash" : "");
+}
+
+Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x) {
+  expect_shape(describe(), x, {-1, C});
+  const int64_t B = x.size(0), T = x.size(1), Cq = n_head * head_dim, Ckv = n_kv_head * head_dim;
+  Tensor q = q_proj.forward(rt, x), k = k_proj.forward(rt, x), v = v_proj.forward(rt, x);  // (B, T, Cq), (B, T, Ckv) x2
+  qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
+  {
+    AsF32 qf(rt, q, AsF32::inout), kf(rt, k, AsF32::inout), vf(rt, v), out(rt, qkv_, AsF32::out);
+    rope_apply(rt, qf.p, B, T, n_head, head_dim, Cq, rope_theta, false);
+    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false);
+    repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
+    out.store();
+  }
+  Tensor y = core_.forward(rt, qkv_, n_head, "");  // (B, T, Cq)
+  return o_proj->forward(rt, y);                  // (B, T, C): the heads' terms summed over the ranks when split
+}
+
+Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
+  const int64_t B = qkv_.size(0), T = qkv_.size(1), Cq = n_head * head_dim, Ckv = n_kv_head * head_dim;
+  Tensor dy = o_proj->backward(rt, dout);
+  Tensor dqkv = core_.backward(rt, dy, qkv_, n_head, "");
+  qkv_ = Tensor();
+  Tensor dq = rt.empty({B, T, Cq}, Category::activations, "grad of q", rt.dtype);
+  Tensor dk = rt.empty({B, T, Ckv}, Category::activations, "grad of k", rt.dtype);
+  Tensor dv = rt.empty({B, T, Ckv}, Category::activations, "grad of v", rt.dtype);
+  {
+    AsF32 dqf(rt, dq, AsF32::out), dkf(rt, dk, AsF32::out), dvf(rt, dv, AsF32::out), g(rt, dqkv);
+    repeat_kv_backward(rt, dqf.p, dkf.p, dvf.p, g.p, B, T, n_head, n_kv_head, head_dim);
+    rope_apply(rt, dqf.p, B, T, n_head, head_dim, Cq, rope_theta, true);  // a rotation's backward turns back
+    rope_apply(rt, dkf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, true);
+    dqf.store();
+    dkf.store();
+    dvf.store();
+  }
+  Tensor dx = q_proj.backward(rt, dq);
+  Tensor dxk = k_proj.backward(rt, dk), dxv = v_proj.backward(rt, dv);
+  {
+    AsF32 d(rt, dx, AsF32::inout), a(rt, dxk), b(rt, dxv);  // x fed all three: its gradient is their sum
+    accumulate(rt, d.p, a.p, dx.numel());
+    accumulate(rt, d.p, b.p, dx.numel());
+    d.store();
+  }
+  if (sum_) sum_(rt, dx);  // and, split, the other ranks' heads' terms too
+  return dx;
+}
+
+// ---- MLP ----
+
+LlamaMLP::LlamaMLP(Runtime& rt, const std::string& p, int64_t C, int64_t I, int tp, std::unique_ptr<Layer> down, InputGradSum sum)
+    : gate_proj(rt, p + ".gate_proj", C, split_of(I, tp, "intermediate_size", p), false),
+      up_proj(rt, p + ".up_proj", C, I / tp, false),
+      down_proj(down ? std::move(down) : std::make_unique<Linear>(rt, p + ".down_proj", I, C, false)),
+      sum_(std::move(sum)) {
+  rows_split(gate_proj, tp);
+  rows_split(up_proj, tp);
+}
+
+std::vector<Parameter*> LlamaMLP::parameters() {
+  std::vector<Parameter*> p = {&gate_proj.weight, &up_proj.weight};
+  for (Parameter* q : down_proj->parameters()) p.push_back(q);
+  return p;
+}
+
+std::string LlamaMLP::describe() const {
+  return fmt::format("LlamaMLP({} -> {} (this rank's) -> {}, SwiGLU)", gate_proj.in_features, gate_proj.out_features, gate_proj.in_features);
+}
+
+Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x) {
+  gate_ = gate_proj.forward(rt, x);
+  up_ = up_proj.forward(rt, x);
+  Tensor h = rt.empty(gate_.shape(), Category::activations, "SwiGLU output", rt.dtype);
+  {
+    AsF32 hf(rt, h, AsF32::out), g(rt, gate_), u(rt, up_);
+    swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
+    hf.store();
+  }
+  return down_proj->forward(rt, h);
+}
+
+Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
+  Tensor dh = down_proj->backward(rt, dout);
+  Tensor dg = rt.empty(gate_.shape(), Category::activations, "grad of gate", rt.dtype);
+  Tensor du = rt.empty(up_.shape(), Category::activations, "grad of up", rt.dtype);
+  {
+    AsF32 dgf(rt, dg, AsF32::out), duf(rt, du, AsF32::out), d(rt, dh), g(rt, gate_), u(rt, up_);
+    swiglu_backward(rt, dgf.p, duf.p, d.p, g.p, u.p, dg.numel());
+    dgf.store();
+    duf.store();
+  }
+  gate_ = up_ = Tensor();
+  Tensor dx = gate_proj.backward(rt, dg);
+  Tensor dxu = up_proj.backward(rt, du);
+  {
+    AsF32 d(rt, dx, AsF32::inout), a(rt, dxu);
+    accumulate(rt, d.p, a.p, dx.numel());
+    d.store();
+  }
+  if (sum_) sum_(rt, dx);
+  return dx;
+}
+
+}  // namespace distlab

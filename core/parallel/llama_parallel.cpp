@@ -1,0 +1,21 @@
+#include "core/parallel/llama_parallel.h"
+
+namespace distlab {
+
+std::unique_ptr<LlamaAttention> TensorParallelLlamaLayers::attention(Runtime& rt, const std::string& prefix, const ModelSpec& s,
+                                                                     AttentionCore core) {
+  ProcessGroup& tp = tp_;
+  return std::make_unique<LlamaAttention>(rt, prefix, s.n_embd, s.n_head, llama_kv_heads(s), s.rope_theta, core, tp.size(),
+                                          std::make_unique<RowParallelLinear>(rt, tp, prefix + ".o_proj", s.n_embd, s.n_embd, false),
+                                          [&tp](Runtime& r, Tensor& dx) { all_reduce_tensor(r, tp, dx); });
+}
+
+std::unique_ptr<LlamaMLP> TensorParallelLlamaLayers::mlp(Runtime& rt, const std::string& prefix, const ModelSpec& s) {
+  ProcessGroup& tp = tp_;
+  const int64_t I = llama_intermediate(s);
+  return std::make_unique<LlamaMLP>(rt, prefix, s.n_embd, I, tp.size(),
+                                    std::make_unique<RowParallelLinear>(rt, tp, prefix + ".down_proj", I, s.n_embd, false),
+                                    [&tp](Runtime& r, Tensor& dx) { all_reduce_tensor(r, tp, dx); });
+}
+
+}  // namespace distlab
