@@ -50,12 +50,14 @@ clip_grad_norm = 1.0
 const char* kModes[] = {"none", "selective", "full"};
 
 struct Step {
-  double flops = 0;     // forward + backward, from the trace
-  int64_t saved = 0;    // activations held between forward and backward
+  double forward_flops = 0;  // the forward's, from the trace
+  double flops = 0;          // forward + backward
+  int64_t saved = 0;         // activations held between forward and backward
 };
 
 // One forward and backward of a GPT built on meta in bf16
-Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, int64_t NH) {
+Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, int64_t NH,
+               AttentionKernel kernel = AttentionKernel::naive) {
   Runtime rt(DeviceKind::meta);
   rt.dtype = DType::bf16;
   ModelSpec s;
@@ -66,6 +68,7 @@ Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, i
   s.n_head = NH;
   s.n_embd = C;
   s.checkpointing = mode;
+  s.attention = kernel;
   GPT gpt(rt, s);
   Batch b;
   b.B = B;
@@ -76,6 +79,7 @@ Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, i
   Tensor logits = gpt.forward(rt, b);
   Step st;
   st.saved = rt.memory.current(Category::activations) - before - logits.nbytes();
+  st.forward_flops = rt.trace.flops();
   Tensor dlogits = rt.empty(logits.shape(), Category::activations, "dlogits", rt.dtype);
   logits = Tensor();
   gpt.backward(rt, dlogits, nullptr);
@@ -124,26 +128,7 @@ TEST_CASE("activation checkpointing: what a block keeps is the formula's to the 
     if (mode == Checkpointing::selective) CHECK(extra == 4.0 * B * NH * T * T * hs + 5.0 * B * NH * T * T);  // attention_forward again
     if (mode == Checkpointing::full) {
       // one more forward of the block: measured as the forward FLOPs a block adds
-      auto fwd = [&](int64_t L) {
-        Runtime r(DeviceKind::meta);
-        r.dtype = DType::bf16;
-        ModelSpec sp;
-        sp.name = "gpt";
-        sp.vocab_size = 64;
-        sp.block_size = T;
-        sp.n_layer = L;
-        sp.n_head = NH;
-        sp.n_embd = C;
-        GPT g(r, sp);
-        Batch bt;
-        bt.B = B;
-        bt.T = T;
-        bt.tokens.assign(size_t(B * T), 1);
-        bt.targets.assign(size_t(B * T), 2);
-        g.forward(r, bt);
-        return r.trace.flops();
-      };
-      CHECK(extra == (fwd(3) - fwd(1)) / 2);
+      CHECK(extra == (none3.forward_flops - none1.forward_flops) / 2);
       CHECK(extra > 0);
     }
   }
@@ -192,26 +177,7 @@ TEST_CASE("model.attention = flash: trains as naive within fp32 rounding, keeps 
   CHECK(both.losses == flash.losses);  // checkpointing stays bitwise under flash
   // per block on meta in bf16: 32sbh + 16sb + 4asb (the f32 log-sum-exps), not 2as²b
   const int64_t B = 2, T = 128, C = 256, NH = 8;
-  auto saved = [&](int64_t L) {
-    Runtime rt(DeviceKind::meta);
-    rt.dtype = DType::bf16;
-    ModelSpec s;
-    s.name = "gpt";
-    s.vocab_size = 64;
-    s.block_size = T;
-    s.n_layer = L;
-    s.n_head = NH;
-    s.n_embd = C;
-    s.attention = AttentionKernel::flash;
-    GPT gpt(rt, s);
-    Batch b;
-    b.B = B;
-    b.T = T;
-    b.tokens.assign(size_t(B * T), 1);
-    b.targets.assign(size_t(B * T), 2);
-    Tensor logits = gpt.forward(rt, b);
-    return rt.memory.current(Category::activations) - logits.nbytes();
-  };
+  auto saved = [&](int64_t L) { return meta_step(L, Checkpointing::none, B, T, C, NH, AttentionKernel::flash).saved; };
   const double s = T, b = B, h = C, a = NH;
   CHECK(double(saved(3) - saved(1)) / 2 == 32 * s * b * h + 16 * s * b + 4 * a * s * b);
   // an image model has no attention to switch
