@@ -12,6 +12,8 @@
 // buffers, so your ring_all_reduce is measured against Gloo's ring on the same wire.
 #include "cli/bench_cmd.h"
 
+#include "cli/published_cmd.h"
+
 #include <dlfcn.h>
 
 #include <fmt/format.h>
@@ -339,6 +341,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
   auto a = std::make_shared<BenchArgs>();
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
+  add_published_command(bench, exit_code);
   CLI::App* comm = bench->add_subcommand("comm", "collectives like nccl-tests: time, algbw, busbw, #wrong, 1 KiB..128 MiB");
   comm->add_option("-n,--nproc-per-node", a->nproc, "ranks (default 2)");
   comm->add_option("--min", a->min_size, "smallest size (default 1KiB)");

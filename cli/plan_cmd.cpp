@@ -65,7 +65,7 @@ std::string model_toml(const PlanArgs& a, std::string& label) {
     if (a.model == p.name) {
       label = a.model;
       return fmt::format("[model]\nname = \"llama\"\nvocab_size = {}\nblock_size = {}\nn_layer = {}\nn_head = {}\nn_kv_head = {}\n"
-                         "n_embd = {}\nintermediate_size = {}\nrope_theta = {:.1f}\n"
+                         "n_embd = {}\nintermediate_size = {}\nrope_theta = {:.1f}\nattention = \"flash\"\n"
                          "[data]\nname = \"tokens\"\nseq_len = {}\nvocab = {}\n[optim]\nname = \"adamw\"\n",
                          p.vocab, p.block, p.layers, p.heads, p.kv_heads, p.width, p.intermediate, p.rope_theta, a.seq > 0 ? a.seq : p.block,
                          p.vocab);
@@ -141,6 +141,7 @@ int run_plan(const PlanArgs& a) {
       {"ZeRO-3", "zero3", {"parallel.strategy=zero3"}},
       {"FSDP", "fsdp", {"parallel.strategy=fsdp"}},
       {"FSDP + sel. AC", "fsdp+selective", {"parallel.strategy=fsdp", "train.activation_checkpointing=selective"}},
+      {"FSDP + op AC", "fsdp+selective_op", {"parallel.strategy=fsdp", "train.activation_checkpointing=selective_op"}},
       {"FSDP + full AC", "fsdp+full", {"parallel.strategy=fsdp", "train.activation_checkpointing=full"}},
       {"FSDP + offload", "fsdp+offload", {"parallel.strategy=fsdp", "parallel.offload=cpu"}},
       {"FSDP+offload+AC", "fsdp+offload+full", {"parallel.strategy=fsdp", "parallel.offload=cpu", "train.activation_checkpointing=full"}},
@@ -148,10 +149,14 @@ int run_plan(const PlanArgs& a) {
   if (a.gpus == 1)
     rows = {{"one GPU", "none", {"parallel.strategy=none"}},
             {"one GPU + sel. AC", "none+selective", {"parallel.strategy=none", "train.activation_checkpointing=selective"}},
+            {"one GPU + op AC", "none+selective_op", {"parallel.strategy=none", "train.activation_checkpointing=selective_op"}},
             {"one GPU + AC", "none+full", {"parallel.strategy=none", "train.activation_checkpointing=full"}}};
-  // activation checkpointing is a GPT's (its blocks): other models have no such rows
-  if (!is_language_model(parse_config(toml, label, a.sets, {}, lab_config_sections()).model))
+  // activation checkpointing is a language model's (its blocks): other models have no such rows; the op-level
+  // policy (torchtitan's) is written for Llama's block alone
+  const ModelSpec spec = parse_config(toml, label, a.sets, {}, lab_config_sections()).model;
+  if (!is_language_model(spec))
     std::erase_if(rows, [](const Row& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
+  if (spec.name != "llama") std::erase_if(rows, [](const Row& r) { return r.strategy.ends_with("selective_op"); });
   for (Row& r : rows) {
     r.summary = run_row(toml, label, a, profile, r);
     r.fits = r.summary["peak_memory_total"].get<int64_t>() <= capacity;
@@ -164,7 +169,8 @@ int run_plan(const PlanArgs& a) {
   // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
   // as a rung because ZeRO-2 saves more for the same traffic)
   std::string pick, reason;
-  for (const char* rung : {"ddp", "none", "none+selective", "none+full", "zero2", "fsdp", "fsdp+selective", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
+  for (const char* rung : {"ddp", "none", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp", "fsdp+selective",
+                           "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
     for (const Row& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
   auto row = [&](const std::string& s) -> const Row* {
@@ -179,7 +185,7 @@ int run_plan(const PlanArgs& a) {
   };
   if (pick == "DDP" || pick == "one GPU") {
     reason = "a whole replica fits: no sharding needed, the least communication";
-  } else if (pick == "one GPU + sel. AC" || pick == "one GPU + AC") {
+  } else if (pick == "one GPU + sel. AC" || pick == "one GPU + op AC" || pick == "one GPU + AC") {
     reason = fmt::format("one GPU needs {}, {} of it activations; activation checkpointing trades them for recompute",
                          need(row("none")), format_bytes(row("none")->summary["peak_memory"]["activations"].get<double>()));
   } else if (pick == "ZeRO-2") {
@@ -192,10 +198,15 @@ int run_plan(const PlanArgs& a) {
     reason = fmt::format("FSDP still needs {} per GPU, {} of it activations; selective activation checkpointing recomputes each block's "
                          "attention probabilities in backward instead of keeping them",
                          need(row("fsdp")), format_bytes(row("fsdp")->summary["peak_memory"]["activations"].get<double>()));
+  } else if (pick == "FSDP + op AC") {
+    reason = fmt::format("FSDP still needs {} per GPU{}; op-level checkpointing (torchtitan's) keeps each block's input, every second "
+                         "matmul's output and the attention's, and recomputes the rest in backward ({:.0f} % more FLOPs a step)",
+                         need(row("fsdp")), spec.attention == AttentionKernel::flash ? " (flash attention keeps no probabilities to drop)" : "",
+                         extra_flops(row("fsdp+selective_op")));
   } else if (pick == "FSDP + full AC") {
     reason = fmt::format("FSDP with selective checkpointing still needs {} per GPU; full checkpointing keeps only each block's input "
                          "and reruns its forward in backward ({:.0f} % more FLOPs a step)",
-                         need(row("fsdp+selective")), extra_flops(row("fsdp+full")));
+                         need(row(row("fsdp+selective_op") ? "fsdp+selective_op" : "fsdp+selective")), extra_flops(row("fsdp+full")));
   } else if (pick == "FSDP + offload") {
     reason = fmt::format("FSDP still needs {} per GPU{}; offload moves the shards and optimizer state to host memory, "
                          "paying PCIe copies and a CPU optimizer step",

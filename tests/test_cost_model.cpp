@@ -123,14 +123,14 @@ Ranks symmetric(int n_ranks, int batch, Sync sync) { return Ranks(n_ranks, ddp_s
 }  // namespace
 
 TEST_CASE("profiles: memory and link-aware profiles are all found", "[costmodel]") {
-  for (const char* name : {"t4", "a100-40g", "a100-80g", "h100", "h200", "t4-pcie", "a100-nvlink", "h100-nvlink", "cpu"}) {
+  for (const char* name : {"t4", "a100-40g", "a100-80g", "h100", "h200", "t4-pcie", "a100-nvlink", "h100-nvlink", "h100-96g", "h100-pcie", "cpu"}) {
     INFO(name);
     REQUIRE(find_profile(name).has_value());
     CHECK(parse_device_memory(name, "test") == find_profile(name)->memory_bytes);
   }
   CHECK(find_profile("t4-pcie")->memory_bytes == (16LL << 30));
   CHECK(find_profile("h200")->memory_bytes == 141000000000LL);
-  for (const char* name : {"t4-pcie", "a100-nvlink", "h100-nvlink", "h200", "cpu"}) {
+  for (const char* name : {"t4-pcie", "a100-nvlink", "h100-nvlink", "h100-96g", "h100-pcie", "h200", "cpu"}) {
     INFO(name);
     const HardwareProfile p = require_profile(name, "test", /*need_cost_model=*/true);
     CHECK(p.low_precision_flops_per_s >= p.fp32_flops_per_s);
@@ -142,15 +142,51 @@ TEST_CASE("profiles: memory and link-aware profiles are all found", "[costmodel]
   CHECK_THROWS_AS(compute_time(compute("x", 1), *find_profile("a100-80g")), ConfigError);
 }
 
-TEST_CASE("compute_time is the roofline plus the launch overhead", "[costmodel]") {
+TEST_CASE("compute_time is the roofline at the rates real kernels reach, plus the launch overhead", "[costmodel]") {
   const HardwareProfile hw = *find_profile("t4-pcie");
-  const double flops = 1e9, bytes = 1e6;  // compute-bound: 123 µs of math, 3 µs of memory
-  CHECK(compute_time(compute("gemm", flops, bytes), hw) == Approx(flops / hw.fp32_flops_per_s + hw.launch_overhead_s));
+  const double gemm = hw.gemm_efficiency, flash = hw.attention_efficiency, stream = hw.mem_bw_efficiency;
+  const double flops = 1e9, bytes = 1e6;  // compute-bound: 123 µs of math at the peak, 3 µs of memory
+  CHECK(compute_time(compute("gemm", flops, bytes), hw) == Approx(flops / (hw.fp32_flops_per_s * gemm) + hw.launch_overhead_s));
   CHECK(compute_time(compute("gemm", flops, bytes), hw, true) ==
-        Approx(std::max(flops / hw.low_precision_flops_per_s, bytes / hw.mem_bw_bytes_per_s) + hw.launch_overhead_s));
+        Approx(std::max(flops / (hw.low_precision_flops_per_s * gemm), bytes / (hw.mem_bw_bytes_per_s * stream)) + hw.launch_overhead_s));
+  // a flash-attention kernel has its own, lower share of the peak
+  CHECK(compute_time(compute("flash_attention_forward", flops, bytes), hw) ==
+        Approx(flops / (hw.fp32_flops_per_s * flash) + hw.launch_overhead_s));
   // memory-bound: an elementwise op over 64 MB
-  CHECK(compute_time(compute("relu", 16e6, 64e6), hw) == Approx(64e6 / hw.mem_bw_bytes_per_s + hw.launch_overhead_s));
+  CHECK(compute_time(compute("relu", 16e6, 64e6), hw) == Approx(64e6 / (hw.mem_bw_bytes_per_s * stream) + hw.launch_overhead_s));
   CHECK(compute_time(compute("empty", 0, 0), hw) == Approx(hw.launch_overhead_s));
+  // at_peak: the data sheet's roofline, as a hand calculation gives it (log.calibrated = false)
+  const HardwareProfile peak = at_peak(hw);
+  CHECK(compute_time(compute("gemm", flops, bytes), peak) == Approx(flops / hw.fp32_flops_per_s + hw.launch_overhead_s));
+  CHECK(compute_time(compute("relu", 16e6, 64e6), peak) == Approx(64e6 / hw.mem_bw_bytes_per_s + hw.launch_overhead_s));
+  CHECK(peak.step_overhead_s == 0);
+}
+
+TEST_CASE("calibration: every GPU profile reaches less than its peak, with a source, and the cpu profile was measured", "[costmodel]") {
+  for (const char* name : {"t4-pcie", "a100-nvlink", "h100-nvlink", "h100-96g", "h100-pcie", "h200"}) {
+    INFO(name);
+    const HardwareProfile p = require_profile(name, "test", true);
+    for (double e : {p.gemm_efficiency, p.attention_efficiency, p.mem_bw_efficiency}) {
+      CHECK(e > 0.2);
+      CHECK(e < 1);
+    }
+    CHECK(p.attention_efficiency <= p.gemm_efficiency);  // flash attention's softmax and its tiles cost what a GEMM does not
+    CHECK(p.step_overhead_s > 0);
+    CHECK_FALSE(p.calibration_source.empty());
+  }
+  // the published measurements they come from: MAMF's A100 271.2 / 312, H100 794.5 / 989 TFLOPS
+  CHECK(find_profile("a100-nvlink")->gemm_efficiency == Approx(0.869).margin(0.001));
+  CHECK(find_profile("h100-nvlink")->gemm_efficiency == Approx(0.803).margin(0.001));
+  CHECK(find_profile("h200")->gemm_efficiency == find_profile("h100-nvlink")->gemm_efficiency);
+  // torchtitan's H100s: 96 GB of HBM2e at 2.4 TB/s, the SXM's compute
+  const HardwareProfile gt = *find_profile("h100-96g");
+  CHECK(gt.memory_bytes == (96LL << 30));
+  CHECK(gt.mem_bw_bytes_per_s == 2.4e12);
+  CHECK(gt.low_precision_flops_per_s == find_profile("h100-nvlink")->low_precision_flops_per_s);
+  const HardwareProfile cpu = *find_profile("cpu");
+  CHECK(cpu.gemm_efficiency == 1);
+  CHECK(cpu.mem_bw_efficiency == 1);
+  CHECK(cpu.step_overhead_s == 0);
 }
 
 TEST_CASE("ring formulas follow nccl-tests' algbw/busbw conventions", "[costmodel]") {

@@ -20,15 +20,6 @@ using namespace distlab;
 using namespace distlab::testing;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string file_text(const std::string& rel) {
-  std::ifstream in(std::string(DISTLAB_SOURCE_DIR) + "/" + rel);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-}  // namespace
-
 TEST_CASE("llama goes to PyTorch under Hugging Face's names: the twin loads it strictly, its logits and gradients are ours",
           "[llama][torch][safetensors]") {
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");

@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using distlab::testing::file_text;
 using distlab::testing::max_rel_diff;
 using RunOut = distlab::testing::TrainRun;
 
@@ -177,10 +178,6 @@ TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 save
 
 namespace {
 
-std::string file_text(const std::string& rel) {
-  std::ifstream in(std::string(DISTLAB_SOURCE_DIR) + "/" + rel);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 }  // namespace
 

@@ -44,6 +44,12 @@ inline void read_metrics(const std::string& path, TrainRun& r) {
   std::filesystem::remove(path);
 }
 
+// A file of the source tree, as text (a config to parse in process)
+inline std::string file_text(const std::string& rel) {
+  std::ifstream in(std::string(DISTLAB_SOURCE_DIR) + "/" + rel);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 inline std::string metrics_path(const char* tag) {
   return (std::filesystem::temp_directory_path() / (std::string("distlab-") + tag + "-" + std::to_string(::getpid()) + ".jsonl")).string();
 }

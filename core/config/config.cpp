@@ -142,7 +142,8 @@ const std::vector<Key>& keys() {
       KEY("train.set_epoch", Kind::boolean, bool, train.set_epoch, "a new order every epoch (false: the forgotten sampler.set_epoch)"),
       KEY("train.device", Kind::string, std::string, train.device, "cpu | meta | cuda | cuda-sim"),
       CHOICE("train.activation_checkpointing", model.checkpointing,
-             "gpt: none | selective (the attention probabilities recomputed in backward) | full (a block keeps its input, reruns its forward in backward)", ""),
+             "none | selective (the attention probabilities recomputed in backward) | full (a block keeps its input, reruns its forward in backward) "
+             "| selective_op (llama: torchtitan's op-level policy, every second matmul's output and the attention's kept)", ""),
       KEY("train.device_mem", Kind::string, std::string, train.device_mem, "simulated device memory: 16GiB or a profile (t4, a100-40g, a100-80g, h100, h200)"),
       CHOICE("optim.name", optim.name, "sgd | adamw", ""),
       KEY("optim.lr", Kind::real, double, optim.lr, "base learning rate"),
@@ -188,7 +189,8 @@ const std::vector<Key>& keys() {
       KEY("precision.hysteresis", Kind::integer, int64_t, precision.hysteresis, "dynamic: overflows skipped before the scale backs off (DeepSpeed)"),
       KEY("precision.min_scale", Kind::real, double, precision.min_scale, "dynamic: an overflow at this scale stops the run"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
-      KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h200, cpu"),
+      KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu"),
+      KEY("log.calibrated", Kind::boolean, bool, log.calibrated, "false: model every kernel at the data sheet's peak (no calibration, no step overhead)"),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
       KEY("checkpoint.dir", Kind::string, std::string, checkpoint.dir, "folder of checkpoints, DIR/step-NNNNNN/ (\"\" = none)"),
       KEY("checkpoint.every", Kind::integer, int64_t, checkpoint.every, "save every N steps (0: at the end and on SIGTERM only)"),
@@ -497,7 +499,7 @@ void validate(const RunConfig& c) {
   if (!c.log.profile.empty()) {
     auto hw = find_profile(c.log.profile);
     require(hw && hw->has_cost_model(), c, "log.profile", "is '" + c.log.profile + "', not a profile with a cost model",
-            "use t4-pcie, a100-nvlink, h100-nvlink, h200 or cpu");
+            "use t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200 or cpu");
   }
   require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
   const PrecisionOptions& p = c.precision;

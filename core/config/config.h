@@ -104,9 +104,10 @@ struct PrecisionOptions {
 
 struct LogOptions {
   std::string metrics;  // JSON Lines file ("" = none)
-  std::string profile;  // hardware profile for the modeled time ("" = none): t4-pcie, a100-nvlink, h100-nvlink, h200, cpu
+  std::string profile;  // hardware profile for the modeled time ("" = none): t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu
   std::string trace;    // Chrome trace file of one step ("" = none)
   int64_t trace_step = 2;  // which step (1-based) is traced and modeled
+  bool calibrated = true;  // false: kernels at the data sheet's peak (hardware.h's at_peak)
 };
 
 // Checkpoints (core/ckpt/checkpoint.h): DIR/step-000100/ holds every rank's part of the training state.

@@ -180,6 +180,10 @@ GPT::GPT(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::vect
       split_(layers != nullptr),
       layers_(layers ? std::move(layers) : std::make_unique<GptLayers>()),
       drop_(s.dropout, s.dropout_seed * 1000 + 7) {
+  if (s.checkpointing == Checkpointing::selective_op)
+    throw ConfigError("train.activation_checkpointing = \"selective_op\" with model.name \"gpt\": the op-level policy is written for "
+                      "Llama's block (torchtitan's)",
+                      "use \"selective\" (the attention probabilities) or \"full\" for a GPT");
   std::tie(first_block_, last_block_) = stage_blocks(s.n_layer, stage, stages, blocks_per_stage);
   if (first_stage()) emb_ = layers_->embedding(rt, "transformer.", s.vocab_size, s.block_size, s.n_embd);
   for (int64_t i = first_block_; i < last_block_; i++)

@@ -51,7 +51,11 @@ LlamaBlock::LlamaBlock(Runtime& rt, LlamaLayers& layers, const std::string& p, c
                                  AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash))),
       post_attention_layernorm(rt, p + ".post_attention_layernorm", s.n_embd, s.rms_norm_eps),
       mlp(layers.mlp(rt, p + ".mlp", s)),
-      full_(s.checkpointing == Checkpointing::full) {}
+      full_(s.checkpointing == Checkpointing::full),
+      op_(s.checkpointing == Checkpointing::selective_op) {
+  self_attn->set_op_checkpointing(op_);
+  mlp->set_op_checkpointing(op_);
+}
 
 std::vector<Parameter*> LlamaBlock::parameters() {
   std::vector<Parameter*> p = input_layernorm.parameters();
@@ -78,6 +82,15 @@ Tensor LlamaBlock::forward(Runtime& rt, const Tensor& x) {
     for (Layer* l : std::initializer_list<Layer*>{&input_layernorm, self_attn.get(), &post_attention_layernorm, mlp.get()}) l->swap_saved(gone);
     x_ = x;
   }
+  if (op_) {  // the kept outputs stay with their layers; the norms' saved inputs and the rest go
+    SavedState gone;
+    gone.begin();
+    input_layernorm.swap_saved(gone);
+    post_attention_layernorm.swap_saved(gone);
+    self_attn->keep_ops();
+    mlp->keep_ops();
+    x_ = x;
+  }
   return y;
 }
 
@@ -85,6 +98,12 @@ Tensor LlamaBlock::backward(Runtime& rt, const Tensor& dout) {
   if (full_) {
     DL_ASSERT(x_.defined(), "LlamaBlock::backward under full checkpointing without a forward");
     run_forward(rt, x_);  // the recompute: the layers save what their backward needs again
+    x_ = Tensor();
+  }
+  if (op_) {  // the recompute around the kept outputs: the norms, the residual stream and what was dropped
+    DL_ASSERT(x_.defined(), "LlamaBlock::backward under op-level checkpointing without a forward");
+    Tensor h = Block::residual_add(rt, x_, self_attn->recompute(rt, input_layernorm.forward(rt, x_)));
+    mlp->recompute(rt, post_attention_layernorm.forward(rt, h));
     x_ = Tensor();
   }
   Tensor dh = post_attention_layernorm.backward(rt, mlp->backward(rt, dout));

@@ -38,6 +38,10 @@ class LlamaLayers {
 
 // x -> h = x + self_attn(input_layernorm(x)) -> h + mlp(post_attention_layernorm(h)); activation
 // checkpointing as GPT's Block (gpt.h): full keeps the input and reruns the forward in backward.
+// selective_op is torchtitan's op-level policy (its default for Llama 3): the block keeps its input, the
+// outputs of its 1st, 3rd, 5th and 7th matmuls (q_proj, v_proj, gate_proj, down_proj) and the attention's,
+// and backward recomputes the rest from them — the norms, k_proj, RoPE, o_proj, up_proj, SwiGLU — before
+// the ordinary backward. Per block, 8B's shapes: 15.5 sbh bytes kept, against ~37 sbh without checkpointing.
 struct LlamaBlock {
   LlamaBlock(Runtime& rt, LlamaLayers& layers, const std::string& prefix, const ModelSpec& s);
   Tensor forward(Runtime& rt, const Tensor& x);  // (B, T, C) -> (B, T, C)
@@ -51,8 +55,8 @@ struct LlamaBlock {
 
  private:
   Tensor run_forward(Runtime& rt, const Tensor& x);
-  bool full_;
-  Tensor x_;  // full checkpointing: the input, all the block keeps
+  bool full_, op_;
+  Tensor x_;  // full and op-level checkpointing: the input
 };
 
 class Llama : public Model {

@@ -14,14 +14,16 @@
 
 namespace distlab {
 
-// train.activation_checkpointing: what a GPT block keeps for its backward (Chen et al. 2016; Korthikanti
+// train.activation_checkpointing: what a block keeps for its backward (Chen et al. 2016; Korthikanti
 // et al. 2022). none: every activation. selective: all but the attention probabilities (B, NH, T, T),
 // recomputed from qkv in backward. full: only the block's input; backward reruns the block's forward first.
-enum class Checkpointing { none, selective, full };
+// selective_op (Llama only): torchtitan's op-level policy — the block's input, every second matmul's output
+// and the attention's; backward recomputes the rest (the other matmuls, the norms, RoPE, SwiGLU).
+enum class Checkpointing { none, selective, full, selective_op };
 template <>
 struct ChoiceTable<Checkpointing> {
   static constexpr std::array names = {choice(Checkpointing::none, "none"), choice(Checkpointing::selective, "selective"),
-                                       choice(Checkpointing::full, "full")};
+                                       choice(Checkpointing::full, "full"), choice(Checkpointing::selective_op, "selective_op")};
 };
 
 // model.attention: which kernels compute a GPT's attention core (core/nn/attention.h). naive: the scores

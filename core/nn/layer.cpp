@@ -53,4 +53,9 @@ int64_t SavedState::bytes() const {
   return b;
 }
 
+void Layer::keep_input(Runtime& rt, const Tensor& x) {
+  throw Error(describe() + ": op-level activation checkpointing cannot hand this layer its input back",
+              "train.activation_checkpointing = \"selective_op\" keeps the outputs of Linear layers only");
+}
+
 }  // namespace distlab

@@ -64,6 +64,9 @@ class Layer {
   virtual uint64_t* rng_calls() { return nullptr; }
   // Exchanges what the last forward saved for backward with `s` (SavedState above).
   virtual void swap_saved(SavedState& s) {}
+  // Op-level selective checkpointing (core/models/llama.h): the recompute already has this layer's output
+  // (it was kept), so the layer takes back only the input its backward reads, without running forward.
+  virtual void keep_input(Runtime& rt, const Tensor& x);
 
  protected:
   bool training_ = true;

@@ -36,11 +36,16 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   out_shape.back() = out_features;
   Tensor out = rt.empty(out_shape, Category::activations, "output of " + weight.name, rt.dtype);
   // a 16-bit GEMM (autocast's low list): x rounded to rt.dtype if it came in wider; saved as it was read
-  saved_x_ = x.dtype() == rt.dtype ? x : x.clone(Category::activations, rt.dtype);
+  keep_input(rt, x);
   AsF32 xf(rt, saved_x_), w(rt, weight.data), b(rt, bias.data), y(rt, out, AsF32::out);
   matmul_forward(rt, y.p, xf.p, w.p, has_bias_ ? b.p : nullptr, N, in_features, out_features);
   y.store();
   return out;
+}
+
+void Linear::keep_input(Runtime& rt, const Tensor& x) {
+  expect_shape(describe() + " " + weight.name, x, {in_features});
+  saved_x_ = x.dtype() == rt.dtype ? x : x.clone(Category::activations, rt.dtype);
 }
 
 Tensor Linear::backward(Runtime& rt, const Tensor& dout) {

@@ -14,6 +14,7 @@ class Linear : public Layer {
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // kaiming_uniform(a=sqrt(5)): U(±1/sqrt(in)), bias the same
   void swap_saved(SavedState& s) override { s.swap(saved_x_); }
+  void keep_input(Runtime& rt, const Tensor& x) override;  // saves x as forward would, computes nothing
   Parameter weight, bias;        // (out, in), (out)
   // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
   bool has_bias_ = false;

@@ -102,16 +102,48 @@ Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x) {
     rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false);
     repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
     out.store();
+    if (op_) qf.store();  // op-level checkpointing keeps q rotated (in 16 bits, the values qkv_ holds)
   }
   Tensor y = core_.forward(rt, qkv_, n_head, "");  // (B, T, Cq)
+  if (op_) {  // what op-level checkpointing keeps (keep_ops)
+    q_ = q;
+    v_ = v;
+    y_ = y;
+  }
   return o_proj->forward(rt, y);                  // (B, T, C): the heads' terms summed over the ranks when split
+}
+
+void LlamaAttention::keep_ops() {
+  SavedState gone;
+  gone.begin();
+  for (Layer* l : std::initializer_list<Layer*>{&q_proj, &k_proj, &v_proj, o_proj.get()}) l->swap_saved(gone);
+  qkv_ = Tensor();
+}
+
+Tensor LlamaAttention::recompute(Runtime& rt, const Tensor& x) {
+  DL_ASSERT(q_.defined() && v_.defined() && y_.defined(), "LlamaAttention::recompute without an op-level forward");
+  const int64_t B = x.size(0), T = x.size(1), Cq = n_head * head_dim, Ckv = n_kv_head * head_dim;
+  q_proj.keep_input(rt, x);  // its output was kept: only the input its weight gradient reads
+  v_proj.keep_input(rt, x);
+  Tensor k = k_proj.forward(rt, x);  // the 2nd matmul, recomputed
+  qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
+  {
+    AsF32 qf(rt, q_), kf(rt, k, AsF32::inout), vf(rt, v_), out(rt, qkv_, AsF32::out);
+    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false);  // q_ was rotated in forward
+    repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
+    out.store();
+  }
+  q_ = v_ = Tensor();
+  Tensor a = o_proj->forward(rt, y_);  // the 4th matmul, recomputed: the residual stream needs its output
+  y_ = Tensor();
+  return a;
 }
 
 Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
   const int64_t B = qkv_.size(0), T = qkv_.size(1), Cq = n_head * head_dim, Ckv = n_kv_head * head_dim;
   Tensor dy = o_proj->backward(rt, dout);
   Tensor dqkv = core_.backward(rt, dy, qkv_, n_head, "");
-  qkv_ = Tensor();
+  qkv_ = q_ = v_ = y_ = Tensor();
   Tensor dq = rt.empty({B, T, Cq}, Category::activations, "grad of q", rt.dtype);
   Tensor dk = rt.empty({B, T, Ckv}, Category::activations, "grad of k", rt.dtype);
   Tensor dv = rt.empty({B, T, Ckv}, Category::activations, "grad of v", rt.dtype);
@@ -166,7 +198,30 @@ Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x) {
     swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
     hf.store();
   }
-  return down_proj->forward(rt, h);
+  Tensor out = down_proj->forward(rt, h);
+  if (op_) out_ = out;
+  return out;
+}
+
+void LlamaMLP::keep_ops() {
+  SavedState gone;
+  gone.begin();
+  for (Layer* l : std::initializer_list<Layer*>{&gate_proj, &up_proj, down_proj.get()}) l->swap_saved(gone);
+  up_ = Tensor();
+}
+
+void LlamaMLP::recompute(Runtime& rt, const Tensor& x) {
+  DL_ASSERT(gate_.defined() && out_.defined(), "LlamaMLP::recompute without an op-level forward");
+  gate_proj.keep_input(rt, x);  // its output, gate_, was kept
+  up_ = up_proj.forward(rt, x);  // the 6th matmul, recomputed
+  Tensor h = rt.empty(gate_.shape(), Category::activations, "SwiGLU output", rt.dtype);
+  {
+    AsF32 hf(rt, h, AsF32::out), g(rt, gate_), u(rt, up_);
+    swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
+    hf.store();
+  }
+  down_proj->keep_input(rt, h);  // its output was kept (and is not needed): only its input
+  out_ = Tensor();
 }
 
 Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
@@ -179,7 +234,7 @@ Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
     dgf.store();
     duf.store();
   }
-  gate_ = up_ = Tensor();
+  gate_ = up_ = out_ = Tensor();
   Tensor dx = gate_proj.backward(rt, dg);
   Tensor dxu = up_proj.backward(rt, du);
   {

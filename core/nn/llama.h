@@ -54,7 +54,18 @@ class LlamaAttention : public Layer {
     for (Layer* l : std::initializer_list<Layer*>{&q_proj, &k_proj, &v_proj, o_proj.get()}) l->swap_saved(s);
     s.swap(qkv_);
     core_.swap_saved(s);
+    s.swap(q_);
+    s.swap(v_);
+    s.swap(y_);
   }
+  // Op-level selective checkpointing (torchtitan's policy, driven by core/models/llama.h's LlamaBlock):
+  // after forward, keep_ops() drops everything but the outputs the policy keeps — q_proj's (1st matmul) and
+  // v_proj's (3rd), and the attention core's (y, and flash's log-sum-exps) — then recompute(x), from the
+  // recomputed input x, reruns k_proj (2nd matmul), RoPE on k and o_proj (4th) and returns o_proj's output,
+  // leaving every layer holding what its backward reads.
+  void set_op_checkpointing(bool on) { op_ = on; }  // forward then holds q_, v_ and y_ for keep_ops()
+  void keep_ops();
+  Tensor recompute(Runtime& rt, const Tensor& x);
   Linear q_proj, k_proj, v_proj;   // this rank's rows: (H/t·hd, C), (KV/t·hd, C) x2
   std::unique_ptr<Layer> o_proj;   // a Linear (C, C), or the row-parallel one
   int64_t C, n_head, n_kv_head, head_dim;  // n_head, n_kv_head: this rank's
@@ -64,6 +75,10 @@ class LlamaAttention : public Layer {
   AttentionCore core_;
   InputGradSum sum_;
   Tensor qkv_;  // (B, T, 3·H/t·hd): q and k rotated, k and v repeated
+  // kept for op-level checkpointing: q_proj's output (rotated in place by forward: the same bits RoPE would
+  // give again), v_proj's, and the core's output y (o_proj's input)
+  Tensor q_, v_, y_;
+  bool op_ = false;
 };
 
 // LlamaMLP: down_proj(silu(gate_proj(x)) · up_proj(x)), hidden size I. Split over t ranks: I/t rows of
@@ -80,13 +95,23 @@ class LlamaMLP : public Layer {
     for (Layer* l : std::initializer_list<Layer*>{&gate_proj, &up_proj, down_proj.get()}) l->swap_saved(s);
     s.swap(gate_);
     s.swap(up_);
+    s.swap(out_);
   }
+  // Op-level selective checkpointing (see LlamaAttention's): keep_ops() keeps gate_proj's output (the 5th
+  // matmul of the block) and down_proj's (the 7th) and drops the rest; recompute(x) reruns up_proj (6th)
+  // and SwiGLU. down_proj's output is kept only because the policy keeps every second matmul's output,
+  // blind to whether backward reads it (it does not): torchtitan holds it too.
+  void set_op_checkpointing(bool on) { op_ = on; }  // forward then holds down_proj's output
+  void keep_ops();
+  void recompute(Runtime& rt, const Tensor& x);
   Linear gate_proj, up_proj;         // this rank's rows: (I/t, C)
   std::unique_ptr<Layer> down_proj;  // a Linear (C, I), or the row-parallel one
 
  private:
   InputGradSum sum_;
   Tensor gate_, up_;  // (B, T, I/t) each
+  Tensor out_;        // op-level checkpointing: down_proj's output, (B, T, C)
+  bool op_ = false;
 };
 
 }  // namespace distlab

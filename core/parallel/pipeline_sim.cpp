@@ -76,7 +76,7 @@ PipelineSimResult simulate_pipeline(int p, int m, const std::string& schedule, c
   out.bubble = t.bubble_mean;
   out.formula = double(p - 1) / double(m + p - 1);
   out.span_s = t.end_s - t.start_s;
-  out.ideal_s = m * 3 * flops / hw.fp32_flops_per_s;
+  out.ideal_s = m * 3 * flops / (hw.fp32_flops_per_s * hw.gemm_efficiency);  // the stages' GEMMs at the rate they reach
   return out;
 }
 

@@ -253,6 +253,11 @@ Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
   return y;
 }
 
+void RowParallelLinear::keep_input(Runtime& rt, const Tensor& x) {
+  if (kernels_) throw Error(describe() + ": op-level activation checkpointing with replaced kernels", "use selective or full checkpointing");
+  local_.keep_input(rt, x);
+}
+
 Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   if (kernels_) return kernels_backward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, dout, saved_x_);
   if (has_bias_) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient

@@ -113,6 +113,7 @@ class RowParallelLinear : public Layer {
     s.swap(saved_x_);
   }
   void set_kernels(TpKernels* k) { kernels_ = k; }
+  void keep_input(Runtime& rt, const Tensor& x) override;
   Parameter bias;  // (out), the same on every rank (its gradient too: every rank sums the same dy)
 
  private:

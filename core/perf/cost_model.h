@@ -1,7 +1,8 @@
 // The cost model: how long a training step would take on real hardware, from the trace events that the
 // CPU (or meta) run recorded. Wall times in the events are ignored; only FLOPs, bytes, collective payloads
 // and the order of events matter. Three pieces:
-//   compute_time     one kernel: a roofline (compute-bound or memory-bound) plus a launch overhead;
+//   compute_time     one kernel: a roofline (compute-bound or memory-bound) at the rates real kernels reach
+//                    (the profile's calibration), plus a launch overhead;
 //   collective_time  one collective: the α-β cost of a ring, in nccl-tests' algbw/busbw conventions;
 //   replay           all ranks' events on a compute stream and a comm stream per rank, which overlap.
 #pragma once

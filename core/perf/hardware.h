@@ -2,9 +2,14 @@
 //
 // Two kinds of profile share one table:
 //   - memory profiles (t4, a100-40g, a100-80g, h100): only the simulated device memory, for "does it fit?";
-//   - link-aware profiles (t4-pcie, a100-nvlink, h100-nvlink, h200, cpu): memory plus peak FLOP/s, memory
-//     bandwidth and the links between ranks, for the cost model's modeled step time.
-// Every number carries its source (a data sheet, nccl-tests, or "measured here").
+//   - link-aware profiles (t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu): memory plus
+//     peak FLOP/s, memory bandwidth and the links between ranks, for the cost model's modeled step time.
+// Every number carries its source (a data sheet, nccl-tests, a published measurement, or "measured here").
+//
+// Peaks are what the data sheet promises; real kernels reach less. The calibration fields say how much
+// less, from published measurements: cuBLAS GEMMs reach 80–87 % of the bf16 peak (Bekman's "maximum
+// achievable matmul FLOPS"), FlashAttention-2 35–60 % depending on the GPU, streaming kernels ~90 % of the
+// HBM bandwidth. The "cpu" profile's rates were measured here already, so its calibration is 1.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -34,6 +39,13 @@ struct HardwareProfile {
   double host_flops_per_s = 0;              // the host's fp32 peak (all its cores, SIMD)
   double host_mem_bw_bytes_per_s = 0;       // the host's DRAM bandwidth
 
+  // --- calibration: achieved over peak (1 = the peak is reached, as for rates measured here) ---
+  double gemm_efficiency = 1;        // a large GEMM (and any math-bound kernel but attention): MAMF / peak
+  double attention_efficiency = 1;   // flash attention, forward and backward: achieved FLOP/s / peak
+  double mem_bw_efficiency = 1;      // a streaming (memory-bound) kernel: achieved bytes/s / data sheet
+  double step_overhead_s = 0;        // once per optimizer step: the host's work the device waits for
+  std::string calibration_source{};  // where the four numbers above come from
+
   bool has_cost_model() const {
     return fp32_flops_per_s > 0 && mem_bw_bytes_per_s > 0 && intra_node_busbw_bytes_per_s > 0 && host_link_bytes_per_s > 0 &&
            host_flops_per_s > 0 && host_mem_bw_bytes_per_s > 0;
@@ -41,6 +53,9 @@ struct HardwareProfile {
 };
 
 const std::vector<HardwareProfile>& hardware_profiles();
+// The same profile with its calibration switched off: every kernel at the data sheet's peak, no per-step
+// overhead (log.calibrated = false) — the roofline a hand calculation gives.
+HardwareProfile at_peak(HardwareProfile hw);
 std::optional<HardwareProfile> find_profile(const std::string& name);
 // Like find_profile, but throws ConfigError naming `what` and listing the profiles when there is none, and
 // (with need_cost_model) when the profile only carries memory.

@@ -1,0 +1,112 @@
+// The cost model against published runs: `distlab bench published` over bench/published.toml, and the
+// table's own rules — a run outside the band must say why, a run back inside must lose its excuse, and a
+// malformed table is an error naming its line.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shell.h"
+
+using namespace std::string_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("distlab-published-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+std::pair<int, std::string> published(const std::string& table, const std::string& extra = "") {
+  return shell_in_source("timeout 120 "s + DISTLAB_BINARY + " bench published --table " + table + " " + extra);
+}
+
+// GPT-2 124M on 8 A100s as llm.c ran it, with a published step of `step_s`
+std::string gpt2_run(double step_s, const std::string& outside) {
+  std::string t = "band = 0.15\n[[run]]\nid = \"gpt2\"\nsource = \"a test\"\nwhat = \"GPT-2 124M, 8 A100s, ZeRO-1\"\n"
+                  "config = \"configs/gpt2-124m.toml\"\n"
+                  "set = [\"dist.fake_world_size=8\", \"parallel.strategy=zero1\", \"train.micro_batch=64\", \"model.attention=flash\", "
+                  "\"precision.mode=bf16\", \"log.profile=a100-nvlink\"]\n"
+                  "published_step_s = " + std::to_string(step_s) + "\n";
+  if (!outside.empty()) t += "outside = \"" + outside + "\"\n";
+  return t;
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+}  // namespace
+
+TEST_CASE("bench published: every run of bench/published.toml is modeled, and each agrees with the table", "[costmodel][published]") {
+  const std::string json = tmp("rows.json");
+  auto [code, out] = published("bench/published.toml", "--json " + json);
+  INFO(out);
+  REQUIRE(code == 0);
+  for (const char* id : {"llmc-gpt2-124m-8xa100", "torchtitan-llama3.1-8b-8xh100", "torchtitan-llama3-8b-64xa100", "torchtitan-llama3-70b-64xa100"})
+    CHECK_THAT(out, Catch::Contains(id));
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  REQUIRE(doc["runs"].size() >= 4);
+  for (const auto& r : doc["runs"]) {
+    INFO(r.dump());
+    CHECK(r["agrees_with_table"] == true);
+    CHECK(r["modeled_step_s"].get<double>() > 0);
+    CHECK(r["step_ratio"].get<double>() == Approx(r["modeled_step_s"].get<double>() / r["published_step_s"].get<double>()));
+    // a ratio outside the band is reported with its reason, never hidden
+    CHECK(r["in_band"].get<bool>() == r["outside"].get<std::string>().empty());
+  }
+  // torchtitan's 8B on 8 H100s: 8 GPUs x 2 x 8192 tokens a step, 5,762 tokens/s/GPU published
+  const auto& tt = doc["runs"][1];
+  CHECK(tt["tokens_per_step_per_gpu"].get<double>() == 16384);
+  CHECK(tt["published_step_s"].get<double>() == Approx(16384.0 / 5762));
+  CHECK(tt["profile"] == "h100-96g");
+  fs::remove(json);
+}
+
+TEST_CASE("bench published: a run outside the band without a reason, or inside with one, fails the table", "[costmodel][published]") {
+  const std::string table = tmp("table.toml");
+  // the modeled step first, from the real table's row for the same configuration
+  const std::string json = tmp("one.json");
+  write(table, gpt2_run(0.3, "known"));
+  auto [code0, out0] = published(table, "--json " + json);
+  INFO(out0);
+  REQUIRE(code0 == 0);
+  std::ifstream in(json);
+  const double modeled = nlohmann::json::parse(in)["runs"][0]["modeled_step_s"].get<double>();
+
+  write(table, gpt2_run(modeled * 1.02, ""));  // inside, no excuse: fine
+  CHECK(published(table).first == 0);
+  write(table, gpt2_run(modeled * 1.02, "it used to be slow"));  // inside, with an excuse: stale
+  auto [code1, out1] = published(table);
+  CHECK(code1 == 1);
+  CHECK_THAT(out1, Catch::Contains("now within the band: remove its `outside`"));
+  write(table, gpt2_run(modeled * 2, ""));  // outside, no reason given
+  auto [code2, out2] = published(table);
+  CHECK(code2 == 1);
+  CHECK_THAT(out2, Catch::Contains("OUTSIDE the band, and the table does not say why"));
+  fs::remove(table);
+  fs::remove(json);
+}
+
+TEST_CASE("bench published: a malformed table is an error naming its line and key", "[costmodel][published]") {
+  const std::string table = tmp("bad.toml");
+  write(table, gpt2_run(0.3, "") + "published_speed = 3\n");
+  auto [code, out] = published(table);
+  CHECK(code != 0);
+  CHECK_THAT(out, Catch::Contains("unknown key 'published_speed'"));
+  CHECK_THAT(out, Catch::Contains(":9:"));
+  write(table, gpt2_run(0.3, "") + "published_tokens_per_s_per_gpu = 1000\n");
+  auto [code2, out2] = published(table);
+  CHECK(code2 != 0);
+  CHECK_THAT(out2, Catch::Contains("exactly one of published_step_s and published_tokens_per_s_per_gpu"));
+  write(table, "band = 0.15\n[[run]]\nid = \"x\"\nsource = \"s\"\nwhat = \"w\"\nconfig = \"configs/nope.toml\"\npublished_step_s = -1\n");
+  auto [code3, out3] = published(table);
+  CHECK(code3 != 0);
+  CHECK_THAT(out3, Catch::Contains("published_step_s is not a positive number"));
+  fs::remove(table);
+}
