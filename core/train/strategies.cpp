@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/data/distributed_sampler.h"
+#include "core/models/llama.h"
 #include "core/parallel/ddp.h"
 #include "core/parallel/none.h"
 #include "core/parallel/zero1.h"
@@ -105,22 +106,37 @@ std::string oom_ladder(const RunConfig& cfg, int world, double psi, DType dtype,
     rungs.push_back(fmt::format("accumulation: train.micro_batch {} with train.accum_steps x 2 keeps the batch and halves the "
                                 "activations{}", micro_batch / 2,
                                 activation_bytes > 0 ? " (about " + bytes(activation_bytes / 2) + " saved)" : ""));
-  // activation checkpointing (a GPT's blocks): what each block keeps, per core/models/gpt.h — none:
-  // 16 tensors of (B, T, C) + the probabilities (B, NH, T, T) + LayerNorm's f32 statistics; selective: all
-  // but the probabilities; full: the block's input alone. B is the micro-batch; TP splits the heads.
+  // activation checkpointing: what each block keeps (core/models/gpt.h, core/models/llama.h), in d·B·T
+  // bytes per unit of width. GPT none: 16 tensors of width C, the probabilities (B, NH, T, T) and
+  // LayerNorm's f32 statistics; selective: all but the probabilities. Llama none: x, its norm, q/k/v (kv
+  // repeated), y, the residual, its norm, gate, up and SwiGLU's output — 8C + 3I at tp 1; selective_op
+  // (torchtitan's): x, q, v, y, gate and down_proj's output — 4C + C_kv + I. Full: the block's input alone.
+  // Flash attention keeps no probabilities. B is the micro-batch; TP splits the heads and the MLP's rows.
   if (is_language_model(cfg.model) && cfg.model.checkpointing != Checkpointing::full) {
-    const double d = b, B = double(micro_batch), T = double(cfg.data.seq_len), C = double(cfg.model.n_embd);
+    const Checkpointing ac = cfg.model.checkpointing;
+    const bool llama = cfg.model.name == "llama";
+    const double d = b, B = double(micro_batch), T = double(cfg.data.seq_len), C = double(cfg.model.n_embd), BT = B * T;
     const double L = double(cfg.model.n_layer) / double(std::max<int64_t>(1, cfg.parallel.pp));
-    const double heads = double(cfg.model.n_head) / double(std::max<int64_t>(1, cfg.parallel.tp));
-    const double probabilities = heads * T * T * B * d, selective = 16 * B * T * C * d + 16 * B * T;
-    if (cfg.model.checkpointing == Checkpointing::none)
+    const double tp = double(std::max<int64_t>(1, cfg.parallel.tp)), heads = double(cfg.model.n_head) / tp;
+    const double probabilities = cfg.model.attention == AttentionKernel::flash ? 0 : heads * T * T * B * d;
+    double kept = 16 * BT * C * d + 16 * BT + (ac == Checkpointing::none ? probabilities : 0);  // GPT
+    if (llama) {
+      const double I = double(llama_intermediate(cfg.model)), Ckv = double(llama_kv_heads(cfg.model)) * C / double(cfg.model.n_head);
+      const double none = d * BT * (4 * C + (4 * C + 3 * I) / tp), op = d * BT * (2 * C + (2 * C + Ckv + I) / tp);
+      kept = (ac == Checkpointing::selective_op ? op : none) + (ac == Checkpointing::selective ? 0 : probabilities);
+      if (ac != Checkpointing::selective_op)
+        rungs.push_back(fmt::format("op-level activation checkpointing (train.activation_checkpointing = \"selective_op\", torchtitan's): "
+                                    "each block keeps its input, every second matmul's output and the attention's: about {} saved for "
+                                    "recomputing k_proj, o_proj, up_proj and the elementwise ops (~10 % more compute)",
+                                    bytes(L * (none - op))));
+    }
+    if (ac == Checkpointing::none && probabilities > 0)
       rungs.push_back(fmt::format("selective activation checkpointing (train.activation_checkpointing = \"selective\"): each block's "
                                   "attention probabilities are recomputed in backward, not kept: {} saved for one more attention "
                                   "forward per block", bytes(L * probabilities)));
-    const double kept = selective + (cfg.model.checkpointing == Checkpointing::none ? probabilities : 0);
     rungs.push_back(fmt::format("full activation checkpointing (train.activation_checkpointing = \"full\"): each block keeps only its "
                                 "input and reruns its forward in backward: about {} saved for a third more compute",
-                                bytes(L * (kept - B * T * C * d))));
+                                bytes(L * (kept - BT * C * d))));
   }
   if (world < 2) {
     rungs.push_back("sharding needs ranks: `distlab run -n N train ...` with parallel.strategy zero2, zero3 or fsdp");
