@@ -15,8 +15,8 @@
 
 #include <fmt/format.h>
 
-#include "core/models/gpt.h"
-#include "core/models/llama.h"
+#include "core/models/model.h"
+#include "core/models/zoo.h"
 #include "core/ops/cpu/attention.h"
 #include "train_harness.h"
 
@@ -59,13 +59,10 @@ struct Step {
   int64_t saved = 0;         // activations held between forward and backward
 };
 
-// One forward and backward of a GPT built on meta in bf16
-Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, int64_t NH,
-               AttentionKernel kernel = AttentionKernel::naive) {
-  Runtime rt(DeviceKind::meta);
-  rt.dtype = DType::bf16;
+// A GPT (or, named "llama", a Llama) of L blocks at width C with NH heads over T positions
+ModelSpec spec(const char* name, int64_t L, Checkpointing mode, int64_t T, int64_t C, int64_t NH, AttentionKernel kernel) {
   ModelSpec s;
-  s.name = "gpt";
+  s.name = name;
   s.vocab_size = 64;
   s.block_size = T;
   s.n_layer = L;
@@ -73,55 +70,42 @@ Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, i
   s.n_embd = C;
   s.checkpointing = mode;
   s.attention = kernel;
-  GPT gpt(rt, s);
+  return s;
+}
+
+// One forward and backward of the model built on meta in bf16, micro-batch B
+Step meta_step(const ModelSpec& s, int64_t B) {
+  Runtime rt(DeviceKind::meta);
+  rt.dtype = DType::bf16;
+  std::unique_ptr<Model> m = build_model(rt, s);
   Batch b;
   b.B = B;
-  b.T = T;
-  b.tokens.assign(size_t(B * T), 1);
-  b.targets.assign(size_t(B * T), 2);
+  b.T = s.block_size;
+  b.tokens.assign(size_t(B * b.T), 1);
+  b.targets.assign(size_t(B * b.T), 2);
   const int64_t before = rt.memory.current(Category::activations);
-  Tensor logits = gpt.forward(rt, b);
+  Tensor logits = m->forward(rt, b);
   Step st;
   st.saved = rt.memory.current(Category::activations) - before - logits.nbytes();
   st.forward_flops = rt.trace.flops();
   Tensor dlogits = rt.empty(logits.shape(), Category::activations, "dlogits", rt.dtype);
   logits = Tensor();
-  gpt.backward(rt, dlogits, nullptr);
+  m->backward(rt, dlogits, nullptr);
   st.flops = rt.trace.flops();
   return st;
 }
 
-// The same for a Llama (GQA: 4 query heads, 2 kv heads; SwiGLU width I)
+Step meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, int64_t NH,
+               AttentionKernel kernel = AttentionKernel::naive) {
+  return meta_step(spec("gpt", L, mode, T, C, NH, kernel), B);
+}
+
+// A Llama: 4 query heads sharing 2 kv heads, SwiGLU width I
 Step llama_meta_step(int64_t L, Checkpointing mode, int64_t B, int64_t T, int64_t C, int64_t I, AttentionKernel kernel) {
-  Runtime rt(DeviceKind::meta);
-  rt.dtype = DType::bf16;
-  ModelSpec s;
-  s.name = "llama";
-  s.vocab_size = 64;
-  s.block_size = T;
-  s.n_layer = L;
-  s.n_head = 4;
+  ModelSpec s = spec("llama", L, mode, T, C, 4, kernel);
   s.n_kv_head = 2;
-  s.n_embd = C;
   s.intermediate_size = I;
-  s.checkpointing = mode;
-  s.attention = kernel;
-  Llama m(rt, s);
-  Batch b;
-  b.B = B;
-  b.T = T;
-  b.tokens.assign(size_t(B * T), 1);
-  b.targets.assign(size_t(B * T), 2);
-  const int64_t before = rt.memory.current(Category::activations);
-  Tensor logits = m.forward(rt, b);
-  Step st;
-  st.saved = rt.memory.current(Category::activations) - before - logits.nbytes();
-  st.forward_flops = rt.trace.flops();
-  Tensor dlogits = rt.empty(logits.shape(), Category::activations, "dlogits", rt.dtype);
-  logits = Tensor();
-  m.backward(rt, dlogits, nullptr);
-  st.flops = rt.trace.flops();
-  return st;
+  return meta_step(s, B);
 }
 
 }  // namespace
