@@ -499,7 +499,7 @@ void validate(const RunConfig& c) {
   if (!c.log.profile.empty()) {
     auto hw = find_profile(c.log.profile);
     require(hw && hw->has_cost_model(), c, "log.profile", "is '" + c.log.profile + "', not a profile with a cost model",
-            "use t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200 or cpu");
+            "use one of: " + profile_names(true));
   }
   require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
   const PrecisionOptions& p = c.precision;

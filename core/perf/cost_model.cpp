@@ -16,7 +16,7 @@ namespace {
 void require_cost_model(const HardwareProfile& hw) {
   if (!hw.has_cost_model())
     throw ConfigError("hardware profile '" + hw.name + "' only carries device memory, not FLOP/s or link bandwidths",
-                      "the cost model needs a link-aware profile such as t4-pcie, a100-nvlink, h100-nvlink, h200 or cpu");
+                      "the cost model needs a link-aware profile: " + profile_names(true));
 }
 
 }  // namespace

@@ -157,14 +157,14 @@ std::vector<HardwareProfile> make_profiles() {
   return p;
 }
 
+}  // namespace
+
 std::string profile_names(bool with_cost_model_only) {
   std::string names;
   for (const auto& p : hardware_profiles())
     if (!with_cost_model_only || p.has_cost_model()) names += (names.empty() ? "" : ", ") + p.name;
   return names;
 }
-
-}  // namespace
 
 const std::vector<HardwareProfile>& hardware_profiles() {
   static const std::vector<HardwareProfile> p = make_profiles();

@@ -56,6 +56,8 @@ const std::vector<HardwareProfile>& hardware_profiles();
 // The same profile with its calibration switched off: every kernel at the data sheet's peak, no per-step
 // overhead (log.calibrated = false) — the roofline a hand calculation gives.
 HardwareProfile at_peak(HardwareProfile hw);
+// "t4, a100-40g, ..." — every profile's name, or only those with a cost model, for hints
+std::string profile_names(bool with_cost_model_only);
 std::optional<HardwareProfile> find_profile(const std::string& name);
 // Like find_profile, but throws ConfigError naming `what` and listing the profiles when there is none, and
 // (with need_cost_model) when the profile only carries memory.

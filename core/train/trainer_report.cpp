@@ -28,7 +28,8 @@ nlohmann::json Trainer::model_time(int64_t step) {
   }
   nlohmann::json out = {{"traced_step", step + 1}};
   if (!cfg_.log.profile.empty()) {
-    const HardwareProfile hw = cfg_.log.calibrated ? *find_profile(cfg_.log.profile) : at_peak(*find_profile(cfg_.log.profile));
+    HardwareProfile hw = *find_profile(cfg_.log.profile);
+    if (!cfg_.log.calibrated) hw = at_peak(hw);
     ReplayOptions ro;
     ro.symmetric = fake;
     ro.ranks_per_node = fake ? int(cfg_.dist.fake_ranks_per_node) : 0;
