@@ -6,7 +6,9 @@
 // that rank counted, no data: seconds), replay its step on the run's hardware profile, and print published
 // beside modeled with their ratio. The table's `band` says how close is close enough; a run that the model
 // does not reach carries an `outside` text saying why, and then must stay outside (an excuse that is no
-// longer needed is an error too). Nothing is tuned per run. Read next: core/perf/hardware.cpp (the profiles
+// longer needed is an error too). A [[gain]] divides two runs of one source that differ in one thing
+// (torch.compile on and off): what both share cancels, and the modeled gain must match the published one.
+// Nothing is tuned per run. Read next: core/perf/hardware.cpp (the profiles
 // and their calibration), core/perf/cost_model.cpp (the replay).
 #include "cli/published_cmd.h"
 
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -37,9 +40,17 @@ struct PublishedRun {
   std::optional<double> step_s, tokens_per_s_per_gpu, peak_gib, mfu;  // as published
 };
 
+// Two runs of the same job that differ in one thing (torch.compile on or off): the published speed-up of
+// `run` over `over` against the modeled one. A systematic error that both runs share (the hardware's real
+// efficiency, a power limit) cancels in the quotient; what is left tests the one thing that differs.
+struct PublishedGain {
+  std::string id, what, run, over, outside;
+};
+
 struct Table {
   double band = 0.15;
   std::vector<PublishedRun> runs;
+  std::vector<PublishedGain> gains;
 };
 
 std::string at(const std::string& file, const toml::node& n) { return fmt::format("{}:{}", file, n.source().begin.line); }
@@ -83,7 +94,7 @@ Table load_table(const std::string& path) {
   } catch (const toml::parse_error& e) {
     throw ConfigError(fmt::format("{}:{}: {}", path, e.source().begin.line, e.description()));
   }
-  only_keys(doc, {"band", "run"}, path, "the table");
+  only_keys(doc, {"band", "run", "gain"}, path, "the table");
   Table t;
   if (auto b = positive(doc, "band", path, "the table")) t.band = *b;
   if (t.band >= 1) throw ConfigError(fmt::format("{}: band {} is not below 1", path, t.band), "0.15 means within ±15 %");
@@ -119,6 +130,27 @@ Table load_table(const std::string& path) {
       if (q.id == p.id) throw ConfigError(at(path, *r) + ": two runs are called " + p.id);
     t.runs.push_back(std::move(p));
   }
+  if (const toml::node* gains = doc.get("gain")) {
+    if (!gains->is_array_of_tables()) throw ConfigError(at(path, *gains) + ": 'gain' is not a list of [[gain]] tables");
+    for (const toml::node& node : *gains->as_array()) {
+      const toml::table& r = *node.as_table();
+      only_keys(r, {"id", "what", "run", "over", "outside"}, path, "a [[gain]]");
+      PublishedGain g;
+      g.id = text(r, "id", path, "a [[gain]]", true);
+      const std::string what = "gain " + g.id;
+      g.what = text(r, "what", path, what, true);
+      g.run = text(r, "run", path, what, true);
+      g.over = text(r, "over", path, what, true);
+      g.outside = text(r, "outside", path, what, false);
+      for (const std::string& id : {g.run, g.over}) {
+        bool known = false;
+        for (const PublishedRun& q : t.runs) known = known || q.id == id;
+        if (!known) throw ConfigError(at(path, r) + ": " + what + " names run '" + id + "', which the table does not have", "run and over are ids of [[run]] tables");
+      }
+      if (g.run == g.over) throw ConfigError(at(path, r) + ": " + what + " compares run '" + g.run + "' with itself");
+      t.gains.push_back(std::move(g));
+    }
+  }
   return t;
 }
 
@@ -148,8 +180,15 @@ int run_published(const PublishedArgs& a) {
   const std::string root = a.root.empty() ? "." : a.root;
   nlohmann::json rows = nlohmann::json::array();
   int wrong = 0;
+  std::map<std::string, double> modeled_s, published_s;  // step times by run id, for the gains
+  auto inside = [&](double r) { return std::abs(r - 1) <= table.band; };
+  // A row with an `outside` text must stay outside (an excuse no longer needed is an error too).
+  auto judge = [](bool in_band, const std::string& outside) -> std::pair<bool, std::string> {
+    if (outside.empty()) return {in_band, in_band ? "within the band" : "OUTSIDE the band, and the table does not say why"};
+    return {!in_band, in_band ? "now within the band: remove its `outside`" : "outside the band (known: see `outside`)"};
+  };
   std::cout << fmt::format("published runs against the cost model (band ±{:.0f} %; ratio = modeled / published)\n", 100 * table.band);
-  std::cout << fmt::format("{:<31} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>7} {:>7}  {}\n", "run", "step pub.", "modeled", "ratio",
+  std::cout << fmt::format("{:<38} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>7} {:>7}  {}\n", "run", "step pub.", "modeled", "ratio",
                            "peak pub.", "modeled", "ratio", "MFU pub", "modeled", "verdict");
   for (const PublishedRun& p : table.runs) {
     const nlohmann::json s = model_run(p, root);
@@ -163,19 +202,12 @@ int run_published(const PublishedArgs& a) {
     const double mfu = s.value("modeled_mfu", 0.0);
     const double time_ratio = step_s / published_step_s;
     const std::optional<double> mem_ratio = p.peak_gib ? std::optional<double>(peak_gib / *p.peak_gib) : std::nullopt;
-    auto inside = [&](double r) { return std::abs(r - 1) <= table.band; };
     const bool in_band = inside(time_ratio) && (!mem_ratio || inside(*mem_ratio));
-    std::string verdict;
-    bool ok = true;
-    if (p.outside.empty()) {
-      ok = in_band;
-      verdict = in_band ? "within the band" : "OUTSIDE the band, and the table does not say why";
-    } else {
-      ok = !in_band;
-      verdict = in_band ? "now within the band: remove its `outside`" : "outside the band (known: see `outside`)";
-    }
+    const auto [ok, verdict] = judge(in_band, p.outside);
     wrong += ok ? 0 : 1;
-    std::cout << fmt::format("{:<31} {:>8.1f}ms {:>8.1f}ms {:>6.2f} {:>9} {:>9.1f} {:>6} {:>7} {:>6.1f}%  {}\n", p.id, 1e3 * published_step_s,
+    modeled_s[p.id] = step_s;
+    published_s[p.id] = published_step_s;
+    std::cout << fmt::format("{:<38} {:>8.1f}ms {:>8.1f}ms {:>6.2f} {:>9} {:>9.1f} {:>6} {:>7} {:>6.1f}%  {}\n", p.id, 1e3 * published_step_s,
                              1e3 * step_s, time_ratio, p.peak_gib ? fmt::format("{:.1f}", *p.peak_gib) : "-", peak_gib, ratio_text(mem_ratio),
                              p.mfu ? fmt::format("{:.1f}%", 100 * *p.mfu) : "-", 100 * mfu, verdict);
     rows.push_back({{"id", p.id}, {"source", p.source}, {"what", p.what}, {"config", p.config}, {"set", p.sets},
@@ -189,18 +221,34 @@ int run_published(const PublishedArgs& a) {
                     {"modeled_exposed_comm_s", s.value("modeled_exposed_comm_s", 0.0)}, {"in_band", in_band},
                     {"outside", p.outside}, {"agrees_with_table", ok}});
   }
+  nlohmann::json gain_rows = nlohmann::json::array();
+  if (!table.gains.empty()) {
+    std::cout << fmt::format("\n{:<38} {:>10} {:>10} {:>6}  {}\n", "gain (run over other)", "published", "modeled", "ratio", "verdict");
+    for (const PublishedGain& g : table.gains) {
+      const double published = published_s.at(g.over) / published_s.at(g.run), modeled = modeled_s.at(g.over) / modeled_s.at(g.run);
+      const double ratio = modeled / published;
+      const auto [ok, verdict] = judge(inside(ratio), g.outside);
+      wrong += ok ? 0 : 1;
+      std::cout << fmt::format("{:<38} {:>9.3f}x {:>9.3f}x {:>6.2f}  {}\n", g.id, published, modeled, ratio, verdict);
+      gain_rows.push_back({{"id", g.id}, {"what", g.what}, {"run", g.run}, {"over", g.over}, {"published_gain", published},
+                           {"modeled_gain", modeled}, {"ratio", ratio}, {"in_band", inside(ratio)}, {"outside", g.outside},
+                           {"agrees_with_table", ok}});
+    }
+  }
   for (const PublishedRun& p : table.runs)
     if (!p.outside.empty()) std::cout << fmt::format("\n{} is outside the band:\n  {}\n", p.id, p.outside);
+  for (const PublishedGain& g : table.gains)
+    if (!g.outside.empty()) std::cout << fmt::format("\n{} is outside the band:\n  {}\n", g.id, g.outside);
   if (!a.json.empty()) {
     const std::filesystem::path parent = std::filesystem::path(a.json).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     AtomicFile out(a.json);
-    out.write(nlohmann::json{{"table", a.table}, {"band", table.band}, {"runs", rows}}.dump(2) + "\n");
+    out.write(nlohmann::json{{"table", a.table}, {"band", table.band}, {"runs", rows}, {"gains", gain_rows}}.dump(2) + "\n");
     out.commit();
     std::cout << "wrote " << a.json << "\n";
   }
   if (wrong > 0) {
-    std::cerr << fmt::format("distlab bench published: {} run(s) disagree with the table (see the verdicts above)\n", wrong);
+    std::cerr << fmt::format("distlab bench published: {} row(s) disagree with the table (see the verdicts above)\n", wrong);
     return 1;
   }
   return 0;

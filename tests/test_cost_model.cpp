@@ -6,6 +6,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <unistd.h>
+#include <cstdlib>
+#include <map>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -160,6 +164,90 @@ TEST_CASE("compute_time is the roofline at the rates real kernels reach, plus th
   CHECK(compute_time(compute("gemm", flops, bytes), peak) == Approx(flops / hw.fp32_flops_per_s + hw.launch_overhead_s));
   CHECK(compute_time(compute("relu", 16e6, 64e6), peak) == Approx(64e6 / hw.mem_bw_bytes_per_s + hw.launch_overhead_s));
   CHECK(peak.step_overhead_s == 0);
+}
+
+TEST_CASE("eager PyTorch's op chains: more bytes and launches for the unfused ops, the same for one-kernel ops", "[costmodel]") {
+  // RMSNorm forward over 1M elements, bf16: distlab's kernel reads x and writes y (4 bytes an element);
+  // torchtitan's chain casts to f32, squares, means, multiplies, casts back and scales: 36 bytes, 8 kernels
+  const double n = 1 << 20;
+  KernelChain c = eager_chain("rmsnorm_forward", 4 * n, 2);
+  CHECK(c.bytes == Approx(36 * n));
+  CHECK(c.launches == 8);
+  // in fp32 x.float() and type_as(x) return x: no casts
+  c = eager_chain("rmsnorm_forward", 8 * n, 4);
+  CHECK(c.bytes == Approx(28 * n));
+  CHECK(c.launches == 6);
+  // SwiGLU: silu, then the product (5a an element against the fused 3a), whatever the dtype
+  CHECK(eager_chain("swiglu_forward", 6 * n, 2).bytes == Approx(10 * n));
+  CHECK(eager_chain("swiglu_backward", 10 * n, 2).bytes == Approx(18 * n));
+  // foreach AdamW: eight passes over f32 state, 84 bytes a parameter against the fused 28
+  CHECK(eager_chain("adamw_step", 28 * n, 2).bytes == Approx(84 * n));
+  CHECK(eager_chain("adamw_step", 28 * n, 4).bytes == Approx(84 * n));
+  // eager PyTorch runs a GEMM, SDPA, LayerNorm or a residual add as one kernel too
+  for (const char* one : {"matmul_forward", "matmul_backward", "flash_attention_forward", "layernorm_forward", "gelu_forward", "add",
+                          "repeat_kv_forward", "embedding_forward"}) {
+    c = eager_chain(one, 1e6, 2);
+    CHECK(c.bytes == 1e6);
+    CHECK(c.launches == 1);
+  }
+  // every chain moves at least what the fused kernel moves, in both dtypes
+  for (const char* k : {"rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
+                        "softmax_crossentropy_forward", "softmax_crossentropy_backward", "adamw_step"})
+    for (int a : {2, 4}) {
+      INFO(k << " " << a);
+      CHECK(eager_chain(k, 1e6, a).bytes >= 1e6);
+    }
+
+  // compute_time: a memory-bound op pays the chain's bytes and every launch; a GEMM is unchanged
+  const HardwareProfile hw = *find_profile("h100-nvlink");
+  const KernelSet eager{true, 2};
+  const TraceEvent norm = compute("rmsnorm_forward", 4 * n, 4 * n);
+  CHECK(compute_time(norm, hw, true, eager) ==
+        Approx(36 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + 8 * hw.launch_overhead_s));
+  CHECK(compute_time(norm, hw, true, KernelSet{}) == Approx(4 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + hw.launch_overhead_s));
+  const TraceEvent gemm = compute("matmul_forward", 1e12, 1e8);
+  CHECK(compute_time(gemm, hw, true, eager) == compute_time(gemm, hw, true));
+}
+
+TEST_CASE("eager chains against PyTorch: the bytes and kernels its dispatcher sees for torchtitan's code", "[costmodel][peer]") {
+  // tests/eager_chains.py runs torchtitan's RMSNorm, RoPE, SwiGLU, loss and foreach AdamW forward and
+  // backward in bf16 and f32 and counts every ATen op's tensor bytes; eager.cpp's chains were written from
+  // the same code by hand. They agree op for op except where the dispatcher sees a tensor the kernel only
+  // touches a row of (mean's backward reads the row's value spread by a view, nll_loss reads one value a
+  // row): at most 4 bytes an element, which the comparison allows; and PyTorch 1.13's AdamW runs
+  // exp_avg's update as mul_ + add_ (8 bytes more) where 2.x, which torchtitan ran, has one lerp_.
+  const std::string json = (std::filesystem::temp_directory_path() / ("distlab-eager-" + std::to_string(::getpid()) + ".json")).string();
+  const int rc = std::system(("/usr/bin/python3 " + std::string(DISTLAB_SOURCE_DIR) + "/tests/eager_chains.py > " + json).c_str());
+  REQUIRE(rc == 0);
+  std::ifstream in(json);
+  const nlohmann::json measured = nlohmann::json::parse(in);
+  std::filesystem::remove(json);
+  const std::map<std::string, double> fused = {  // distlab's kernels' bytes per element (OpScope, at 4 bytes a value)
+      {"rmsnorm_forward", 8}, {"rmsnorm_backward", 12}, {"rope_forward", 8}, {"rope_backward", 8}, {"swiglu_forward", 12},
+      {"swiglu_backward", 20}, {"softmax_crossentropy_forward", 8}, {"softmax_crossentropy_backward", 8}, {"adamw_step", 28}};
+  REQUIRE(measured.size() == fused.size());
+  for (const auto& [name, per_element32] : fused)
+    for (int a : {2, 4}) {
+      const nlohmann::json& m = measured.at(name).at(std::to_string(a));
+      // OpScope scales batch-sized bytes by a/4; the optimizer's are f32 whatever the activations
+      const double fused_bytes = name == "adamw_step" ? per_element32 : per_element32 * a / 4;
+      const KernelChain c = eager_chain(name, fused_bytes, a);
+      double expect = m["bytes_per_element"].get<double>();
+      int kernels = m["kernels"].get<int>();
+      if (name == "adamw_step") {
+        expect -= 8;  // lerp_ in place of mul_ + add_
+        kernels = -1;  // likewise one kernel fewer; the bias corrections' scalar reads and the profiler marker run none
+        for (const auto& op : m["ops"]) {
+          const std::string o = op[0].get<std::string>();
+          kernels += o != "_local_scalar_dense" && o != "_record_function_enter" && o != "zeros";
+        }
+      }
+      INFO(name << " with " << a << "-byte activations: modeled " << c.bytes << " bytes and " << c.launches << " kernels, measured "
+                << expect << " and " << kernels << " (" << m["ops"].dump() << ")");
+      CHECK(c.bytes >= expect - 4.5);
+      CHECK(c.bytes <= expect + 0.5);
+      CHECK(std::abs(c.launches - kernels) <= 1);
+    }
 }
 
 TEST_CASE("calibration: every GPU profile reaches less than its peak, with a source, and the cpu profile was measured", "[costmodel]") {

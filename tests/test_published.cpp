@@ -65,7 +65,49 @@ TEST_CASE("bench published: every run of bench/published.toml is modeled, and ea
   CHECK(tt["tokens_per_step_per_gpu"].get<double>() == 16384);
   CHECK(tt["published_step_s"].get<double>() == Approx(16384.0 / 5762));
   CHECK(tt["profile"] == "h100-96g");
+  // torch.compile's gain over eager PyTorch in the same table (6,667 / 5,762), against the modeled gain of
+  // fused kernels over eager op chains: the one comparison where the 500 W limit and GEMM efficiency cancel
+  REQUIRE(doc["gains"].size() == 1);
+  const auto& g = doc["gains"][0];
+  INFO(g.dump());
+  CHECK(g["published_gain"].get<double>() == Approx(6667.0 / 5762));
+  CHECK(g["modeled_gain"].get<double>() > 1.05);
+  CHECK(g["in_band"] == true);
+  CHECK(g["agrees_with_table"] == true);
   fs::remove(json);
+}
+
+TEST_CASE("bench published: a [[gain]] compares two runs' speed-ups, and names runs the table has", "[costmodel][published]") {
+  const std::string table = tmp("gain.toml");
+  // two rows of the same configuration: the modeled gain is exactly 1; a published gain of 1.5 is outside
+  auto two = [](double second_step_s, const std::string& gain_outside) {
+    std::string t = gpt2_run(0.3, "known");
+    std::string second = gpt2_run(second_step_s, "known");
+    second = second.substr(second.find("[[run]]"));
+    second.replace(second.find("id = \"gpt2\""), 11, "id = \"gpt2-b\"");
+    t += second + "[[gain]]\nid = \"g\"\nwhat = \"b over a\"\nrun = \"gpt2-b\"\nover = \"gpt2\"\n";
+    if (!gain_outside.empty()) t += "outside = \"" + gain_outside + "\"\n";
+    return t;
+  };
+  write(table, two(0.3, ""));  // published gain 1.0, modeled 1.0
+  auto [code0, out0] = published(table);
+  INFO(out0);
+  CHECK(code0 == 0);
+  CHECK_THAT(out0, Catch::Contains("within the band"));
+  write(table, two(0.2, ""));  // published gain 1.5: the model says 1.0
+  auto [code1, out1] = published(table);
+  INFO(out1);
+  CHECK(code1 == 1);
+  CHECK_THAT(out1, Catch::Contains("OUTSIDE the band, and the table does not say why"));
+  write(table, two(0.2, "the second run had a faster network"));
+  CHECK(published(table).first == 0);
+  write(table, two(0.3, "stale"));
+  CHECK(published(table).first == 1);
+  write(table, gpt2_run(0.3, "known") + "[[gain]]\nid = \"g\"\nwhat = \"w\"\nrun = \"nope\"\nover = \"gpt2\"\n");
+  auto [code2, out2] = published(table);
+  CHECK(code2 != 0);
+  CHECK_THAT(out2, Catch::Contains("names run 'nope', which the table does not have"));
+  fs::remove(table);
 }
 
 TEST_CASE("bench published: a run outside the band without a reason, or inside with one, fails the table", "[costmodel][published]") {

@@ -20,6 +20,7 @@
 #include "core/parallel/offload.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/zero1.h"
+#include "core/perf/eager.h"
 
 namespace distlab {
 
@@ -108,6 +109,7 @@ struct LogOptions {
   std::string trace;    // Chrome trace file of one step ("" = none)
   int64_t trace_step = 2;  // which step (1-based) is traced and modeled
   bool calibrated = true;  // false: kernels at the data sheet's peak (hardware.h's at_peak)
+  ModeledKernels kernels = ModeledKernels::fused;  // eager: PyTorch's unfused op chains (core/perf/eager.h)
 };
 
 // Checkpoints (core/ckpt/checkpoint.h): DIR/step-000100/ holds every rank's part of the training state.

@@ -21,7 +21,7 @@ void require_cost_model(const HardwareProfile& hw) {
 
 }  // namespace
 
-double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision) {
+double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision, KernelSet kernels) {
   require_cost_model(hw);
   // Roofline: a kernel is limited either by arithmetic or by memory traffic, whichever takes longer; the
   // launch overhead is why many tiny kernels are slower than their FLOPs say.
@@ -33,8 +33,11 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
   const double peak_flops_per_s = low_precision || e.low_precision ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
   const bool flash = e.name.rfind("flash_attention", 0) == 0;
   const double math_s = e.flops / (peak_flops_per_s * (flash ? hw.attention_efficiency : hw.gemm_efficiency));
-  const double memory_s = e.bytes / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency);
-  return std::max(math_s, memory_s) + hw.launch_overhead_s;
+  // Eager PyTorch (log.kernels = "eager"): the same math as a chain of kernels, each writing its result to
+  // memory for the next to read (core/perf/eager.cpp); they are memory-bound, so only bytes and launches change.
+  const KernelChain chain = kernels.eager ? eager_chain(e.name, e.bytes, kernels.activation_bytes) : KernelChain{e.bytes, 1};
+  const double memory_s = chain.bytes / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency);
+  return std::max(math_s, memory_s) + chain.launches * hw.launch_overhead_s;
 }
 
 /* α-β cost of ring collectives (Chapter 2), in nccl-tests' conventions.
@@ -211,7 +214,7 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
     while (s.pc < ranks[r].size()) {
       const TraceEvent& e = ranks[r][s.pc];
       if (e.kind == EventKind::compute) {
-        const double t = compute_time(e, hw, opts.low_precision);
+        const double t = compute_time(e, hw, opts.low_precision, opts.kernels);
         out.events.push_back({r, Stream::compute, EventKind::compute, e.name, s.compute_clock_s,
                               s.compute_clock_s + t, e.flops, e.bytes, "", -1});
         s.compute_clock_s += t;
@@ -298,10 +301,10 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
    speed-up = t_1 / t_N; N at perfect scaling, less by the exposed communication and the per-rank work
    (optimizer) that data parallelism repeats on every rank. */
 double single_rank_time_s(const std::vector<TraceEvent>& rank_events, int n_ranks, const HardwareProfile& hw,
-                          bool low_precision) {
+                          bool low_precision, KernelSet kernels) {
   double t_s = 0;
   for (const TraceEvent& e : rank_events)
-    if (e.kind == EventKind::compute) t_s += compute_time(e, hw, low_precision) * (e.scales_with_batch ? n_ranks : 1);
+    if (e.kind == EventKind::compute) t_s += compute_time(e, hw, low_precision, kernels) * (e.scales_with_batch ? n_ranks : 1);
   return t_s;
 }
 
@@ -309,7 +312,7 @@ double modeled_speedup(const std::vector<std::vector<TraceEvent>>& ranks, const 
   if (ranks.empty()) throw Error("modeled_speedup: no ranks in the trace", "pass one event list per rank");
   const double t_n_s = replay(ranks, hw, opts).step_s;
   if (t_n_s <= 0) throw Error("modeled_speedup: the replayed step takes no time", "the trace has no compute events");
-  return single_rank_time_s(ranks[0], int(ranks.size()), hw, opts.low_precision) / t_n_s;
+  return single_rank_time_s(ranks[0], int(ranks.size()), hw, opts.low_precision, opts.kernels) / t_n_s;
 }
 
 PipelineTimeline pipeline_timeline(const ReplayResult& r) {

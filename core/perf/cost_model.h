@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/perf/eager.h"
 #include "core/perf/hardware.h"
 #include "core/perf/trace.h"
 
@@ -17,7 +18,8 @@ namespace distlab {
 
 // Roofline time of one compute event: max(flops / peak, bytes / mem_bw) + launch overhead.
 // low_precision (or the event's own flag, set for 16-bit ops) picks the bf16/fp16 tensor-core peak.
-double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision = false);
+// kernels.eager: the bytes and launches of eager PyTorch's op chain for the same work (core/perf/eager.h).
+double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision = false, KernelSet kernels = {});
 
 enum class Link { intra_node, inter_node };
 
@@ -37,6 +39,7 @@ struct ReplayOptions {
   // The fake world (dist.fake_world_size): the one traced rank stands for every rank of its groups, which
   // are all alike, so a collective starts when this rank and its comm stream are ready.
   bool symmetric = false;
+  KernelSet kernels;  // distlab's fused kernels, or eager PyTorch's chains (log.kernels)
 };
 
 // One span of the modeled timeline, for the Chrome trace. Waits appear on the compute stream only when
@@ -95,7 +98,7 @@ PipelineTimeline pipeline_timeline(const ReplayResult& r);
 // Time of the same step on ONE rank with the same global batch: rank_events' compute only, events with
 // scales_with_batch counted n_ranks times, the others (optimizer step, ...) once; no communication.
 double single_rank_time_s(const std::vector<TraceEvent>& rank_events, int n_ranks, const HardwareProfile& hw,
-                          bool low_precision = false);
+                          bool low_precision = false, KernelSet kernels = {});
 // t_1 / t_N: single_rank_time_s(ranks[0], N) over replay(ranks).step_s. See cost_model.cpp.
 double modeled_speedup(const std::vector<std::vector<TraceEvent>>& ranks, const HardwareProfile& hw,
                        ReplayOptions opts = {});

@@ -33,6 +33,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
     ReplayOptions ro;
     ro.symmetric = fake;
     ro.ranks_per_node = fake ? int(cfg_.dist.fake_ranks_per_node) : 0;
+    ro.kernels = KernelSet{cfg_.log.kernels == ModeledKernels::eager, int(dtype_size(rt_.dtype))};
     ReplayResult r = replay(ranks, hw, ro);
     // The replay covers the kernels and collectives; the host's own per-step work (the loss read back, the
     // next batch copied in) comes on top, once per optimizer step, on one rank as on N.
@@ -41,10 +42,11 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_step_s"] = r.step_s;
     out["modeled_step_overhead_s"] = hw.step_overhead_s;
     out["modeled_calibrated"] = cfg_.log.calibrated;
+    out["modeled_kernels"] = std::string(name_of(cfg_.log.kernels));
     out["modeled_compute_s"] = r.compute_s;
     out["modeled_comm_s"] = r.comm_s;
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
-    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw) + hw.step_overhead_s;
+    out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw, false, ro.kernels) + hw.step_overhead_s;
     out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
     // MFU and HFU (Korthikanti et al. 2022, §5): the FLOPs a step needs, and the FLOPs its kernels ran
     // (recompute included), each over what the ranks' peaks could do in the modeled step. The peak is the
@@ -251,7 +253,9 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
   if (modeled_.contains("modeled_step_s"))
     log_ << fmt::format("modeled on {}{} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
                         "speed-up over one rank {:.2f}x, MFU {:.1f} % (HFU {:.1f} %); measured here: {:.2f} ms per step\n",
-                        modeled_["profile"].get<std::string>(), modeled_.value("modeled_calibrated", true) ? "" : " at its peaks",
+                        modeled_["profile"].get<std::string>(),
+                        std::string(modeled_.value("modeled_calibrated", true) ? "" : " at its peaks") +
+                            (modeled_.value("modeled_kernels", std::string("fused")) == "eager" ? " with eager PyTorch's kernels" : ""),
                         modeled_["traced_step"].get<int64_t>(),
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),

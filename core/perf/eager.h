@@ -1,0 +1,47 @@
+// What eager PyTorch would move through memory for the work of one of distlab's fused kernels.
+//
+// distlab's kernels do an operation's elementwise work in one pass: RMSNorm reads x and writes y. Eager
+// PyTorch runs the same math as the chain of ATen ops the model's Python code calls, one kernel each,
+// every intermediate written to memory and read back: torchtitan's RMSNorm is
+//     (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+// — seven kernels and nine times the bytes under bf16. torch.compile's job is to fuse such chains back into
+// one kernel; torchtitan measures what that is worth (its docs/performance.md, Table 1: 5,762 → 6,667
+// tokens/s/GPU on 8 H100s) and `bench/published.toml` checks this file against that gain.
+//
+// The chains are those of torchtitan's Llama as benchmarked (commit d4c86e3, January 2025: RMSNorm above,
+// RoPE through view_as_complex on f32 copies, F.silu(w1(x)) * w3(x), cross_entropy on pred.float(),
+// foreach AdamW); eager_chain() in eager.cpp derives each one's bytes per element, op by op. Kernels that
+// eager PyTorch also runs as one (GEMMs, SDPA, LayerNorm, GELU, embedding, residual adds, the k/v repeat)
+// keep their bytes. The model replaces bytes and launches only; FLOPs are the same math.
+// Read next: core/perf/cost_model.cpp (compute_time uses this when log.kernels = "eager").
+#pragma once
+#include <array>
+#include <string>
+
+#include "core/util/choice.h"
+
+namespace distlab {
+
+// log.kernels: what the modeled step runs — distlab's fused kernels, or eager PyTorch's op chains.
+enum class ModeledKernels { fused, eager };
+template <>
+struct ChoiceTable<ModeledKernels> {
+  static constexpr std::array names = {choice(ModeledKernels::fused, "fused"), choice(ModeledKernels::eager, "eager")};
+};
+
+// Which kernels a modeled step runs, for the cost model.
+struct KernelSet {
+  bool eager = false;        // true: eager PyTorch's op chains (this file) instead of distlab's fused kernels
+  int activation_bytes = 4;  // 2 under bf16/fp16 autocast: eager's casts to f32 and back then cost bytes
+};
+
+struct KernelChain {
+  double bytes = 0;  // read + written by the whole chain
+  int launches = 1;  // kernels in the chain (each pays the profile's launch overhead)
+};
+
+// The chain eager PyTorch runs for distlab's kernel `name`, which recorded `fused_bytes` (already scaled to
+// the activation size, as OpScope records them). A kernel without an eager chain comes back unchanged.
+KernelChain eager_chain(const std::string& name, double fused_bytes, int activation_bytes);
+
+}  // namespace distlab
