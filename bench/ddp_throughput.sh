@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # 2-rank DDP training throughput of the reference CNN at batch 64 per rank, against one rank at batch 64
 # (the same per-rank work; one compute thread per rank), and against Debian's PyTorch 1.13 DDP on gloo
-# (bench/peer_torch_ddp.py). Prints a table and writes bench/results/ddp_throughput.json.
+# (bench/peer_torch_ddp.py) run as its users run it: torchrun, one process per rank, OMP_NUM_THREADS=1 (what
+# torchrun sets) and the BLAS's threads pinned to 1 too. distlab's 2 ranks and PyTorch's alternate
+# (A B A B, ROUNDS times) so that a change in the machine's load hits both; the table gives each side's
+# range and the ratio's. Prints the environment, writes bench/results/ddp_throughput.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/bin/distlab
 steps=${STEPS:-60}
+rounds=${ROUNDS:-3}
 mkdir -p bench/results
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 run() {  # ranks extra-args... -> images/s from the summary
   local n=$1; shift
   $bin run -n "$n" --master-port 0 --threads-per-rank 1 train configs/cifar-cnn.toml --set parallel.strategy=ddp \
@@ -14,19 +19,34 @@ run() {  # ranks extra-args... -> images/s from the summary
     --metrics bench/results/ddp_n$n.jsonl "$@" > /dev/null
   tail -1 bench/results/ddp_n$n.jsonl | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["samples_per_s"])'
 }
+torch_run() {
+  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer_torch_ddp.py "$steps" 2> bench/results/torch_ddp.err | head -1
+}
+echo "environment: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo 'no avx512f')"
+echo "  OMP_NUM_THREADS=$OMP_NUM_THREADS OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS MKL_NUM_THREADS=$MKL_NUM_THREADS; distlab --threads-per-rank 1;" \
+     "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') under torchrun, gloo; $steps steps, $rounds rounds"
 one=$(run 1)
-two=$(run 2)
+twos=() torches=()
+for ((r = 0; r < rounds; r++)); do
+  twos+=("$(run 2)")
+  torches+=("$(torch_run || echo 0)")
+done
+grep -m1 "threads per rank" bench/results/torch_ddp.err | sed 's/^/  PyTorch: /' || true
 two_naive=$(run 2 --set parallel.ddp_mode=naive)
-torch=$(/usr/bin/python3 bench/peer_torch_ddp.py "$steps" 2>/dev/null || echo 0)
-printf '%-34s %10s\n' "run" "images/s"
-printf '%-34s %10s\n' "distlab 1 rank, batch 64" "$one"
-printf '%-34s %10s\n' "distlab 2 ranks DDP bucketed, 64 each" "$two"
-printf '%-34s %10s\n' "distlab 2 ranks DDP naive, 64 each" "$two_naive"
-printf '%-34s %10s\n' "PyTorch 1.13 DDP gloo, 64 each" "$torch"
-python3 - "$one" "$two" "$two_naive" "$torch" <<'PY'
+python3 - "$one" "$two_naive" "${twos[*]}" "${torches[*]}" <<'PY'
 import json, sys
-one, two, naive, torch = map(float, sys.argv[1:])
-print("speed-up 2 ranks / 1 rank: %.2fx; vs PyTorch DDP: %.2fx" % (two / one, two / torch if torch else float("nan")))
-json.dump(dict(one_rank=one, two_ranks_bucketed=two, two_ranks_naive=naive, torch_ddp=torch, speedup=two / one),
-          open("bench/results/ddp_throughput.json", "w"), indent=2)
+one, naive = float(sys.argv[1]), float(sys.argv[2])
+twos = [float(v) for v in sys.argv[3].split()]
+torches = [float(v) for v in sys.argv[4].split()]
+ratios = [a / b for a, b in zip(twos, torches) if b > 0]
+rng = lambda v: "%.0f-%.0f" % (min(v), max(v)) if v else "-"
+print("%-40s %14s" % ("run", "images/s"))
+print("%-40s %14.0f" % ("distlab 1 rank, batch 64", one))
+print("%-40s %14s" % ("distlab 2 ranks DDP bucketed, 64 each", rng(twos)))
+print("%-40s %14.0f" % ("distlab 2 ranks DDP naive, 64 each", naive))
+print("%-40s %14s" % ("PyTorch DDP gloo (torchrun), 64 each", rng(torches)))
+print("speed-up 2 ranks / 1 rank: %.2fx (median); distlab / PyTorch, round by round: %s" % (
+    sorted(twos)[len(twos) // 2] / one, ", ".join("%.2fx" % r for r in ratios) if ratios else "PyTorch did not run"))
+json.dump(dict(one_rank=one, two_ranks_bucketed=twos, two_ranks_naive=naive, torch_ddp=torches, ratio_by_round=ratios,
+               speedup=sorted(twos)[len(twos) // 2] / one), open("bench/results/ddp_throughput.json", "w"), indent=2)
 PY

@@ -8,9 +8,9 @@
 #   bash bench/gpu_bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh >/dev/null
+DISTLAB_CUDA=${DISTLAB_CUDA:-TOOLKIT} bash scripts/build.sh >/dev/null
 [ -x build/tests/distlab_cuda_tests ] || {
-  echo "gpu_bundle: build/ has no CUDA (no toolkit here, or DISTLAB_CUDA=OFF): nothing to pack" >&2
+  echo "gpu_bundle: build/ has no CUDA (no toolkit here, or DISTLAB_CUDA=OFF; TOOLKIT builds it without a GPU): nothing to pack" >&2
   exit 1
 }
 stage=$(mktemp -d)

@@ -164,7 +164,7 @@ double peak(const Job& j) { return j.summary.value("peak_memory_total", 0.0); }
 // The engine's DDP of the same job, expected to fail: shared by the batch like the other references.
 const Job& ddp_1b(CheckContext& ctx) {
   auto& slot = ctx.shared.items["engine:ddp-1b"];
-  if (!slot) slot = std::make_shared<Job>(run_job(ctx, 1, "none", with(k1b, "parallel.strategy=ddp"), ctx.seconds_left()));
+  if (!slot) slot = std::make_shared<Job>(engine_job(ctx, 1, with(k1b, "parallel.strategy=ddp"), ctx.seconds_left()));
   return *static_cast<const Job*>(slot.get());
 }
 

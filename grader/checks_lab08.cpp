@@ -80,14 +80,15 @@ CheckResult config_case(CheckContext& ctx) {
   if (!slot && compares) {
     JobOptions jo;
     jo.config = story_path;
-    slot = std::make_shared<Job>(run_job(ctx, spec.case_reference_ranks, "none", spec.case_reference, ctx.seconds_left(), jo));
+    slot = std::make_shared<Job>(engine_job(ctx, spec.case_reference_ranks, spec.case_reference, ctx.seconds_left(), jo));
   }
   const Job none;
   const Job& ref = compares ? *static_cast<const Job*>(slot.get()) : none;
   if (compares && !ref.ok) throw Error(fmt::format("lab 08 case {}: the engine's reference run failed: {}", spec.name, ref.failure));
   JobOptions jo;
   jo.config = story_path;
-  const Job mine = run_job(ctx, spec.case_ranks, "none", sets, std::max(1.0, ctx.seconds_left() - 1), jo);
+  // the submission is a config: the engine runs it, so the same fix (the solution's, a classmate's) is run once
+  const Job mine = engine_job(ctx, spec.case_ranks, sets, std::max(1.0, ctx.seconds_left() - 1), jo);
   const std::string changed = sets.empty() ? "the story's config unchanged" : fmt::format("with {}", fmt::join(sets, ", "));
   if (!mine.ok) {
     if (mine.status == "timeout") throw CheckAbort("timeout", mine.failure);

@@ -48,6 +48,13 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
 // crashes, loops or runs out of memory on it costs this student the check (a CheckAbort naming the file),
 // never the grader its process. Only a text that parser survived is parsed again in the grader's process.
 // `as`: "toml" or "config" (a whole run config, as `distlab train` reads it).
+// What a cached result of the grader depends on, as one string: a CRC-32 of the files' bytes (all of them:
+// "" when one can't be read, and then nothing is cached), `extra`, and the machine (cores, CPU model).
+// Caches live under build/, which submissions never write: this guards against staleness, not forgery.
+std::string content_key(const std::vector<std::string>& files, const std::string& extra);
+// The engine a grading runs: this distlab, the lab host and the engine's library.
+std::vector<std::string> engine_files(const Paths& p);
+
 void parse_in_own_process(const CheckContext& ctx, const std::string& text, const std::string& name, const std::string& as);
 
 }  // namespace distlab::grader

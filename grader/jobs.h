@@ -42,6 +42,11 @@ struct JobOptions {
 Job run_job(CheckContext& ctx, int ranks, const std::string& plugin, const std::vector<std::string>& sets, double limit_s,
             const JobOptions& jo = {});
 
+// run_job of the engine's own implementation (plugin "none"). Its result depends only on the engine's build,
+// the config, the ranks and the --set keys: kept on disk under build/labs/<lab>/engine-jobs/ by their content
+// and reused by every later grading (a job with an environment or --save runs every time).
+Job engine_job(CheckContext& ctx, int ranks, const std::vector<std::string>& sets, double limit_s, const JobOptions& jo = {});
+
 // "" when kJobUid can run the engine's jobs from these paths; else the first path it can't reach.
 std::string unreachable_for_job_user(const Paths& p, const Lab& lab);
 // A folder a job writes into (lab 07's checkpoints): given, with everything in it, to kJobUid when root.

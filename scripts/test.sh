@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test through ctest.
+# Sets up, builds and runs every test through ctest. The CUDA kernels are compiled wherever the toolkit
+# is, GPU or not (their tests skip without one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
-scripts/build.sh
+DISTLAB_CUDA=${DISTLAB_CUDA:-TOOLKIT} scripts/build.sh
 cd build && ctest --output-on-failure --timeout 600 -j 2 "$@"
