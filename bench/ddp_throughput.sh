@@ -19,10 +19,14 @@ run() {  # ranks extra-args... -> images/s from the summary
     --metrics bench/results/ddp_n$n.jsonl "$@" > /dev/null
   tail -1 bench/results/ddp_n$n.jsonl | python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["samples_per_s"])'
 }
+# --redirects 1 --tee 1: torchrun of Debian's 1.13 under Python 3.11 fails on its default (--redirects 0: an
+# enum.Flag of value 0 is no longer iterated, AttributeError in to_map); teeing stdout works and prefixes
+# each line with the rank ("[default0]:")
 torch_run() {
-  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer_torch_ddp.py "$steps" 2> bench/results/torch_ddp.err | head -1
+  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 1 --tee 1 bench/peer_torch_ddp.py "$steps" \
+    2> bench/results/torch_ddp.err | sed -n 's/^\[default0\]://p' | head -1
 }
-echo "environment: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo 'no avx512f')"
+echo "environment: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo 'no avx512f')"
 echo "  OMP_NUM_THREADS=$OMP_NUM_THREADS OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS MKL_NUM_THREADS=$MKL_NUM_THREADS; distlab --threads-per-rank 1;" \
      "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') under torchrun, gloo; $steps steps, $rounds rounds"
 one=$(run 1)
@@ -31,7 +35,7 @@ for ((r = 0; r < rounds; r++)); do
   twos+=("$(run 2)")
   torches+=("$(torch_run || echo 0)")
 done
-grep -m1 "threads per rank" bench/results/torch_ddp.err | sed 's/^/  PyTorch: /' || true
+grep -m1 "threads per rank" bench/results/torch_ddp.err | sed 's/^.*threads per rank/  PyTorch: threads per rank/' || true
 two_naive=$(run 2 --set parallel.ddp_mode=naive)
 python3 - "$one" "$two_naive" "${twos[*]}" "${torches[*]}" <<'PY'
 import json, sys

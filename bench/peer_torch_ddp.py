@@ -6,7 +6,7 @@ Run it as PyTorch users do, one process per rank under torchrun, which sets OMP_
 its BLAS from the system's alternatives):
 
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \\
-    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer_torch_ddp.py STEPS
+    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 1 --tee 1 bench/peer_torch_ddp.py STEPS
 """
 import os, sys, time
 import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
