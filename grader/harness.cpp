@@ -303,20 +303,7 @@ bool read_reference_times(const fs::path& file, const std::string& key, Referenc
 
 // Best effort: a build folder that can't be written only means the next grading measures again.
 void write_reference_times(const fs::path& file, const std::string& key, const ReferenceTimes& t) {
-  if (key.empty()) return;
-  // a name of this process's own, then renamed: two gradings of one lab at once never mix their bytes
-  const fs::path part = file.string() + fmt::format(".{}.partial", getpid());
-  std::error_code ec;
-  {
-    std::ofstream out(part);
-    out << nlohmann::json{{"key", key}, {"seconds", t.seconds}}.dump(1) << "\n";
-    if (!out.flush()) {
-      fs::remove(part, ec);
-      return;
-    }
-  }
-  fs::rename(part, file, ec);
-  if (ec) fs::remove(part, ec);
+  if (!key.empty()) write_cache_file(file, nlohmann::json{{"key", key}, {"seconds", t.seconds}}.dump(1) + "\n");
 }
 
 // The reference solution (solutions/NN-name), built once per batch and run through every check that
@@ -399,6 +386,24 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
     out.push_back(o);
   }
   return out;
+}
+
+void write_cache_file(const std::filesystem::path& file, const std::string& text) {
+  // a name of this process's own, then renamed: two gradings of one lab at once never mix their bytes
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  const fs::path part = file.string() + fmt::format(".{}.partial", getpid());
+  {
+    std::ofstream out(part, std::ios::binary);
+    out << text;
+    if (!out.flush()) {
+      out.close();
+      fs::remove(part, ec);
+      return;
+    }
+  }
+  fs::rename(part, file, ec);
+  if (ec) fs::remove(part, ec);
 }
 
 std::vector<std::string> engine_files(const Paths& p) {

@@ -3,6 +3,7 @@
 // of the lab (grader/check.h) with its own wall clock and cgroup, and turns the outcomes into points. A
 // crash, hang, deadlock, exception or allocation storm fails that check only, never the batch.
 #pragma once
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
 // "" when one can't be read, and then nothing is cached), `extra`, and the machine (cores, CPU model).
 // Caches live under build/, which submissions never write: this guards against staleness, not forgery.
 std::string content_key(const std::vector<std::string>& files, const std::string& extra);
+// Writes a cache file best effort (under a name of this process's own, then renamed): a folder that can't
+// be written only means the next grading computes the result again.
+void write_cache_file(const std::filesystem::path& file, const std::string& text);
 // The engine a grading runs: this distlab, the lab host and the engine's library.
 std::vector<std::string> engine_files(const Paths& p);
 

@@ -73,22 +73,19 @@ std::shared_ptr<Job> read_engine_job(const fs::path& file, const std::string& ke
   }
 }
 
-// Best effort, under a name of this process's own and then renamed: a build folder that can't be written
-// only means the next grading trains the job again.
+// Jobs whose keys hold a scenario drawn from the grading's seed are new at every grading: the folder keeps
+// the kMaxEngineJobs used most recently (a hit touches its file) and drops the rest.
+constexpr size_t kMaxEngineJobs = 256;
+
 void write_engine_job(const fs::path& file, const std::string& key, const Job& j) {
+  write_cache_file(file, nlohmann::json{{"key", key}, {"seconds", j.seconds}, {"output", j.output}, {"records", j.records}}.dump() + "\n");
   std::error_code ec;
-  fs::create_directories(file.parent_path(), ec);
-  const fs::path part = file.string() + fmt::format(".{}.partial", getpid());
-  {
-    std::ofstream out(part);
-    out << nlohmann::json{{"key", key}, {"seconds", j.seconds}, {"output", j.output}, {"records", j.records}}.dump() << "\n";
-    if (!out.flush()) {
-      fs::remove(part, ec);
-      return;
-    }
-  }
-  fs::rename(part, file, ec);
-  if (ec) fs::remove(part, ec);
+  std::vector<std::pair<fs::file_time_type, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(file.parent_path(), ec))
+    if (e.path().extension() == ".json") all.emplace_back(e.last_write_time(ec), e.path());
+  if (all.size() <= kMaxEngineJobs) return;
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + kMaxEngineJobs < all.size(); i++) fs::remove(all[i].second, ec);
 }
 
 }  // namespace
@@ -202,7 +199,11 @@ Job engine_job(CheckContext& ctx, int ranks, const std::vector<std::string>& set
   if (key.empty()) return run_job(ctx, ranks, "none", sets, limit_s, jo);
   const fs::path file = fs::path(ctx.paths.build_dir) / "labs" / ctx.lab.name / "engine-jobs" /
                         fmt::format("{:08x}.json", crc32(0L, reinterpret_cast<const Bytef*>(key.data()), uInt(key.size())));
-  if (std::shared_ptr<Job> kept = read_engine_job(file, key)) return *kept;
+  if (std::shared_ptr<Job> kept = read_engine_job(file, key)) {
+    std::error_code ec;
+    fs::last_write_time(file, fs::file_time_type::clock::now(), ec);  // recently used: kept longest
+    return *kept;
+  }
   Job j = run_job(ctx, ranks, "none", sets, limit_s, jo);
   if (j.ok) write_engine_job(file, key, j);
   return j;

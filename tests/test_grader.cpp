@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
@@ -1151,4 +1152,57 @@ TEST_CASE("hints: held back on a first failure, shown on the next, asked for and
   fs::remove_all(subs);
   fs::remove_all(fb);
   fs::remove(subs.string() + ".json");
+}
+
+TEST_CASE("the grader's caches: the engine's jobs and the reference's times are kept, reused, and a garbled one is computed again", "[grader][lab03][cache]") {
+  const fs::path lab = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / "03-amp-accum";
+  // a seed of this test's own: the scenario's numbers are in some jobs' keys, so this grading's files are new
+  const std::string seed = std::to_string((uint64_t(getpid()) << 20) ^ uint64_t(time(nullptr)));
+  auto grade = [&] {
+    auto [code, out] = run("grade 03 --solution --seed " + seed);
+    INFO(out);
+    REQUIRE(code == 0);
+  };
+  using Stamps = std::map<fs::path, fs::file_time_type>;
+  auto stamps = [&] {
+    Stamps m;
+    for (const auto& e : fs::directory_iterator(lab / "engine-jobs"))
+      if (e.path().extension() == ".json") m[e.path()] = e.last_write_time();
+    return m;
+  };
+  grade();  // computes what is missing
+  REQUIRE(fs::exists(lab / "reference-times.json"));
+  const Stamps first = stamps();
+  REQUIRE(!first.empty());
+  // each file names what it was computed from: a CRC of the engine and the job's keys, and the machine
+  const auto doc = nlohmann::json::parse(read(first.begin()->first));
+  CHECK_THAT(doc["key"].get<std::string>(), Catch::Contains("cpus"));
+  CHECK(!doc["records"].empty());
+
+  // the same grading again: every job comes from the files (none written anew, none added)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto before = fs::file_time_type::clock::now();
+  grade();
+  for (const auto& [f, t] : stamps()) {
+    INFO(f);
+    CHECK(first.count(f) == 1);  // nothing new: a file of another grading may have been touched, not rewritten
+  }
+  std::vector<fs::path> used;  // the files this grading read (a hit touches its file)
+  for (const auto& [f, t] : stamps())
+    if (t >= before) used.push_back(f);
+  REQUIRE(!used.empty());
+
+  // garbage in the files it used: the next grading trains and measures again, passes, and leaves valid files
+  for (const auto& f : used) std::ofstream(f) << "{not json";
+  std::ofstream(lab / "reference-times.json") << "\x01\x02";
+  grade();
+  for (const auto& f : used) CHECK(nlohmann::json::parse(read(f), nullptr, false).is_object());
+  CHECK(nlohmann::json::parse(read(lab / "reference-times.json"), nullptr, false).is_object());
+  // a file whose key is another engine's is not used: rewritten with this one's
+  auto stale = nlohmann::json::parse(read(used.front()));
+  const std::string key = stale["key"];
+  stale["key"] = "00000000 " + key.substr(9);
+  std::ofstream(used.front()) << stale.dump();
+  grade();
+  CHECK(nlohmann::json::parse(read(used.front()))["key"] == key);
 }
