@@ -129,7 +129,7 @@ double slowest(ProcessGroup& pg, double t) {
   return v;
 }
 
-struct Row {
+struct CommRow {
   std::string op;
   int64_t bytes = 0, count = 0;
   double time_s = 0, algbw = 0, busbw = 0;
@@ -139,7 +139,7 @@ struct Row {
 // op is all_reduce | reduce_scatter | all_gather | broadcast (the engine's ProcessGroup), the same
 // prefixed "raw_gloo_" (Gloo's own collective on `raw`, without our machinery; Gloo has no reduce_scatter
 // of this shape), or prefixed "ring_" with `ring` set (your lab 01 functions over `raw`).
-Row measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo::Context* raw, const Lab01Plugin* ring = nullptr) {
+CommRow measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo::Context* raw, const Lab01Plugin* ring = nullptr) {
   const std::string shown = op;
   const bool raw_gloo = op.rfind("raw_gloo_", 0) == 0;
   if (ring) op = op.substr(5);          // ring_all_reduce -> all_reduce
@@ -210,7 +210,7 @@ Row measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo::Co
   for (int k = 0; k < iters; k++) run_once();
   const double t = slowest(pg, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
   const double algbw = double(bytes) / t;
-  return Row{shown, bytes, count, t, algbw, algbw * busbw_factor(op, n), int64_t(w)};
+  return CommRow{shown, bytes, count, t, algbw, algbw * busbw_factor(op, n), int64_t(w)};
 }
 
 int worker(const BenchArgs& a) {
@@ -267,7 +267,7 @@ int worker(const BenchArgs& a) {
     for (int64_t bytes = lo; bytes <= hi; bytes *= 2) {
       const bool split = op.find("reduce_scatter") != std::string::npos || op.find("all_gather") != std::string::npos;
       const int64_t b = split ? bytes / (4 * env.world_size) * 4 * env.world_size : bytes;
-      Row row;
+      CommRow row;
       try {
         row = measure(pg, op, b, iterations_for(b, a.iters), raw.get(), yours ? ring : nullptr);
       } catch (const std::logic_error& e) {  // the lab's stubs throw logic_error until written (every rank throws the same)

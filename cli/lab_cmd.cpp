@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <mutex>
 #include <optional>
 #include <set>
-#include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <toml++/toml.h>
 
@@ -126,6 +129,7 @@ struct GradeArgs {
   std::string src;  // --src: the student's files from this folder instead of student/
   bool solution = false, no_sandbox = false, require_sandbox = false;
   std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
+  int jobs = 1;  // --submissions: how many students are graded at once
 };
 
 // A feedback file's name from a submission's folder name: letters, digits, '.', '_' and '-' kept, anything
@@ -164,17 +168,21 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
                                                 : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-feedback");
   fs::create_directories(feedback);
   std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
-  std::vector<grader::Grade> grades;
   std::set<std::string> taken;
-  grader::SharedResults shared;  // the references, computed once for the batch
-  if (a.seed) shared.seed = *a.seed;
+  std::vector<std::string> fb_names;  // decided in the folders' order, whatever order they finish in
+  for (const auto& d : dirs) fb_names.push_back(feedback_name(d.filename().string(), taken));
+  grader::SharedResults batch;  // the references, computed once for the batch (the first grading to need one)
+  if (a.seed) batch.seed = *a.seed;
+  batch.load = std::max(1.0, 2.0 * a.jobs / std::max(1u, std::thread::hardware_concurrency()));
+  batch.jobs = a.jobs;
   const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(a.hints);
-  for (const auto& d : dirs) {
+  std::vector<grader::Grade> grades(dirs.size());
+  auto grade_one = [&](size_t i) {
+    const fs::path& d = dirs[i];
     grader::Grade g;
     g.student = d.filename().string();
-    const std::string fb_name = feedback_name(g.student, taken);
     g.lab = l;
-    g.seed = shared.seed;
+    g.seed = batch.seed;
     std::error_code ec;
     const auto st = fs::symlink_status(d, ec);
     if (ec || fs::is_symlink(st) || !fs::is_directory(st)) {
@@ -183,6 +191,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
                                                                        : "not a folder (a submission is a folder holding the lab's files)");
     } else {
       std::string tmpl;  // each plugin in a folder of its own, gone after its grading
+      grader::SharedResults shared = batch.next_student();  // this student's own results, the batch's references
       try {
         tmpl = grader::make_scratch_dir(p, "plugin");
         g = grade_folder(p, l, d.string(), g.student, tmpl + "/plugin.so", sb, shared, true);
@@ -191,23 +200,41 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
         g.checks.clear();
         g.build_log = std::string("grading failed: ") + e.what();
       }
-      g.seed = shared.seed;
+      g.seed = batch.seed;
       if (!tmpl.empty()) fs::remove_all(tmpl, ec);
     }
-    std::erase_if(shared.items, [](const auto& kv) {  // this student's own results; the references stay
-      return kv.first.rfind("engine:", 0) != 0 && kv.first.rfind("reference:", 0) != 0;
-    });
-    hints_for(g, (feedback / (fb_name + ".hints.json")).string(), policy);  // this student's earlier gradings into this folder
+    hints_for(g, (feedback / (fb_names[i] + ".hints.json")).string(), policy);  // this student's earlier gradings into this folder
     try {
-      write_atomically((feedback / (fb_name + ".txt")).string(), grader::table(g));
+      write_atomically((feedback / (fb_names[i] + ".txt")).string(), grader::table(g));
     } catch (const std::exception& e) {
       std::cerr << fmt::format("distlab: could not write {}'s feedback: {}\n", sanitize_output(g.student, 200), e.what());
     }
-    grades.push_back(g);
-    std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
-                             g.built ? "" : "  (build failed)")
-              << std::flush;
-  }
+    grades[i] = std::move(g);
+  };
+  // --jobs N: N students at once, each taking the next folder; every line printed as its grading ends
+  std::atomic<size_t> next{0};
+  std::mutex print;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < dirs.size();) {
+      try {
+        grade_one(i);
+      } catch (const std::exception& e) {  // a hint record or feedback folder that fails: that student's row says so
+        grades[i].student = dirs[i].filename().string();
+        grades[i].lab = l;
+        grades[i].built = false;
+        grades[i].build_log = std::string("grading failed: ") + e.what();
+      }
+      const grader::Grade& g = grades[i];
+      std::lock_guard<std::mutex> lk(print);
+      std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
+                               g.built ? "" : "  (build failed)")
+                << std::flush;
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int k = 1; k < a.jobs && size_t(k) < dirs.size(); k++) workers.emplace_back(worker);
+  worker();
+  for (auto& t : workers) t.join();
   if (!a.csv.empty()) write_atomically(a.csv, grader::gradebook_csv(grades));
   if (!a.json.empty()) {
     nlohmann::json all = nlohmann::json::array();
@@ -343,6 +370,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--hints", a->hints,
                     "after-failure: a check's hint once it has failed in an earlier grading (default); always: with every failure; never")
       ->check(CLI::IsMember({"after-failure", "always", "never"}));
+  grade->add_option("--jobs", a->jobs,
+                    "with --submissions: grade N students at once (on C cores, each time limit stretches by max(1, 2N/C))")
+      ->check(CLI::Range(1, 64));
   grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
   grade->callback([a, self_exe, &exit_code] {
     auto p = paths(self_exe);
@@ -358,6 +388,11 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     }
     if (!a->src.empty() && (a->solution || !a->submissions.empty() || !fs::is_directory(a->src))) {
       std::cerr << fmt::format("distlab: error: --src {}: {}\n", a->src, !fs::is_directory(a->src) ? "not a folder" : "with --solution or --submissions, give one of them");
+      exit_code = 2;
+      return;
+    }
+    if (a->jobs > 1 && a->submissions.empty()) {
+      std::cerr << "distlab: error: --jobs grades several students' folders at once: give --submissions DIR\n";
       exit_code = 2;
       return;
     }

@@ -102,14 +102,14 @@ std::string profile_for(const PlanArgs& a) {
   return "a100-nvlink";
 }
 
-struct Row {
+struct PlanRow {
   std::string label, strategy;
   std::vector<std::string> sets;
   nlohmann::json summary;
   bool fits = false;
 };
 
-nlohmann::json run_row(const std::string& toml, const std::string& name, const PlanArgs& a, const std::string& profile, const Row& row) {
+nlohmann::json run_row(const std::string& toml, const std::string& name, const PlanArgs& a, const std::string& profile, const PlanRow& row) {
   std::vector<std::string> sets = {"train.steps=2", "log.trace_step=2", "train.eval_every=0", "train.device=meta",
                                    "precision.mode=" + a.precision, "optim.name=" + a.optimizer,
                                    fmt::format("dist.fake_world_size={}", a.gpus), fmt::format("dist.fake_ranks_per_node={}", a.gpus / a.nodes),
@@ -134,7 +134,7 @@ int run_plan(const PlanArgs& a) {
   const int64_t capacity = parse_device_memory(a.gpu_mem, "--gpu-mem");
   const std::string profile = profile_for(a);
   require_profile(profile, "--profile", true);
-  std::vector<Row> rows = {
+  std::vector<PlanRow> rows = {
       {"DDP", "ddp", {"parallel.strategy=ddp"}},
       {"ZeRO-1", "zero1", {"parallel.strategy=zero1"}},
       {"ZeRO-2", "zero2", {"parallel.strategy=zero2"}},
@@ -155,9 +155,9 @@ int run_plan(const PlanArgs& a) {
   // policy (torchtitan's) is written for Llama's block alone
   const ModelSpec spec = parse_config(toml, label, a.sets, {}, lab_config_sections()).model;
   if (!is_language_model(spec))
-    std::erase_if(rows, [](const Row& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
-  if (spec.name != "llama") std::erase_if(rows, [](const Row& r) { return r.strategy.ends_with("selective_op"); });
-  for (Row& r : rows) {
+    std::erase_if(rows, [](const PlanRow& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
+  if (spec.name != "llama") std::erase_if(rows, [](const PlanRow& r) { return r.strategy.ends_with("selective_op"); });
+  for (PlanRow& r : rows) {
     r.summary = run_row(toml, label, a, profile, r);
     r.fits = r.summary["peak_memory_total"].get<int64_t>() <= capacity;
   }
@@ -171,16 +171,16 @@ int run_plan(const PlanArgs& a) {
   std::string pick, reason;
   for (const char* rung : {"ddp", "none", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp", "fsdp+selective",
                            "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
-    for (const Row& r : rows)
+    for (const PlanRow& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
-  auto row = [&](const std::string& s) -> const Row* {
-    for (const Row& r : rows)
+  auto row = [&](const std::string& s) -> const PlanRow* {
+    for (const PlanRow& r : rows)
       if (r.strategy == s) return &r;
     return nullptr;
   };
-  auto need = [&](const Row* r) { return format_bytes(r->summary["peak_memory_total"].get<double>()); };
+  auto need = [&](const PlanRow* r) { return format_bytes(r->summary["peak_memory_total"].get<double>()); };
   // the recompute's share: FLOPs a step over FSDP's without checkpointing
-  auto extra_flops = [&](const Row* r) {
+  auto extra_flops = [&](const PlanRow* r) {
     return 100.0 * (r->summary["flops_per_step"].get<double>() / row("fsdp")->summary["flops_per_step"].get<double>() - 1);
   };
   if (pick == "DDP" || pick == "one GPU") {
@@ -225,7 +225,7 @@ int run_plan(const PlanArgs& a) {
     nlohmann::json out = {{"model", label}, {"params", psi}, {"gpus", a.gpus}, {"nodes", a.nodes}, {"gpu_mem", capacity},
                           {"precision", a.precision}, {"profile", profile}, {"replica_model_state_bytes", replica},
                           {"recommendation", pick}, {"reason", reason}, {"rows", nlohmann::json::array()}};
-    for (const Row& r : rows)
+    for (const PlanRow& r : rows)
       out["rows"].push_back({{"strategy", r.label}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
                              {"fits", r.fits}, {"modeled_step_s", r.summary.value("modeled_step_s", 0.0)},
                              {"modeled_comm_s", r.summary.value("modeled_comm_s", 0.0)},
@@ -240,7 +240,7 @@ int run_plan(const PlanArgs& a) {
     std::cout << fmt::format("one full replica's model state: {:.1f} GB ({:.0f} bytes per parameter)\n", replica / 1e9, replica / psi);
   std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10} {:>6}\n", "strategy", "params", "grads",
                            "optim", "activations", "comm buf", "host", "GPU total", "fits", "step (ms)", "MFU");
-  for (const Row& r : rows) {
+  for (const PlanRow& r : rows) {
     const auto& pm = r.summary["peak_memory"];
     auto gb = [&](const char* c) { return fmt::format("{:.2f} GB", pm[c].get<double>() / 1e9); };
     std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10.1f} {:>5.1f}%\n", r.label, gb("params"),

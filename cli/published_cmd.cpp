@@ -55,7 +55,7 @@ struct Table {
 
 std::string at(const std::string& file, const toml::node& n) { return fmt::format("{}:{}", file, n.source().begin.line); }
 
-void only_keys(const toml::table& t, const std::vector<std::string>& keys, const std::string& file, const std::string& what) {
+void only_table_keys(const toml::table& t, const std::vector<std::string>& keys, const std::string& file, const std::string& what) {
   for (auto&& [k, v] : t) {
     bool known = false;
     for (const std::string& key : keys) known = known || k.str() == key;
@@ -94,7 +94,7 @@ Table load_table(const std::string& path) {
   } catch (const toml::parse_error& e) {
     throw ConfigError(fmt::format("{}:{}: {}", path, e.source().begin.line, e.description()));
   }
-  only_keys(doc, {"band", "run", "gain"}, path, "the table");
+  only_table_keys(doc, {"band", "run", "gain"}, path, "the table");
   Table t;
   if (auto b = positive(doc, "band", path, "the table")) t.band = *b;
   if (t.band >= 1) throw ConfigError(fmt::format("{}: band {} is not below 1", path, t.band), "0.15 means within ±15 %");
@@ -103,7 +103,7 @@ Table load_table(const std::string& path) {
   for (const toml::node& node : *runs) {
     const toml::table* r = node.as_table();
     if (!r) throw ConfigError(at(path, node) + ": a run is not a table");
-    only_keys(*r, {"id", "source", "what", "config", "set", "published_step_s", "published_tokens_per_s_per_gpu", "published_peak_gib",
+    only_table_keys(*r, {"id", "source", "what", "config", "set", "published_step_s", "published_tokens_per_s_per_gpu", "published_peak_gib",
                    "published_mfu", "outside"},
               path, "a [[run]]");
     PublishedRun p;
@@ -134,7 +134,7 @@ Table load_table(const std::string& path) {
     if (!gains->is_array_of_tables()) throw ConfigError(at(path, *gains) + ": 'gain' is not a list of [[gain]] tables");
     for (const toml::node& node : *gains->as_array()) {
       const toml::table& r = *node.as_table();
-      only_keys(r, {"id", "what", "run", "over", "outside"}, path, "a [[gain]]");
+      only_table_keys(r, {"id", "what", "run", "over", "outside"}, path, "a [[gain]]");
       PublishedGain g;
       g.id = text(r, "id", path, "a [[gain]]", true);
       const std::string what = "gain " + g.id;

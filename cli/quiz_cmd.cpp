@@ -103,7 +103,7 @@ std::string where(const std::string& file, const toml::node& n) {
 }
 
 // A quiz file's keys: what is not declared here is an error (a typo must not silently drop a question).
-void only_keys(const toml::table& t, std::initializer_list<const char*> keys, const std::string& file, const std::string& what) {
+void only_quiz_keys(const toml::table& t, std::initializer_list<const char*> keys, const std::string& file, const std::string& what) {
   for (auto&& [k, v] : t) {
     bool known = false;
     for (const char* key : keys) known = known || k.str() == key;
@@ -129,7 +129,7 @@ Quiz load_quiz(const fs::path& path) {
   } catch (const toml::parse_error& e) {
     throw ConfigError(fmt::format("{}:{}: {}", file, e.source().begin.line, e.description()));
   }
-  only_keys(doc, {"title", "question", "scenario"}, file, "the quiz");
+  only_quiz_keys(doc, {"title", "question", "scenario"}, file, "the quiz");
   Quiz q;
   q.file = file;
   q.id = quiz_id(path.stem().stem().string());
@@ -138,7 +138,7 @@ Quiz load_quiz(const fs::path& path) {
     for (auto&& [name, node] : *sc) {
       const toml::table* t = node.as_table();
       if (!t) throw ConfigError(fmt::format("{}: scenario.{} is not a table", where(file, node), name.str()));
-      only_keys(*t, {"say", "runs", "show"}, file, "scenario." + std::string(name.str()));
+      only_quiz_keys(*t, {"say", "runs", "show"}, file, "scenario." + std::string(name.str()));
       Scenario s;
       s.say = t->get_as<std::string>("say") ? **t->get_as<std::string>("say") : "";
       const toml::array* runs = t->get_as<toml::array>("runs");
@@ -146,7 +146,7 @@ Quiz load_quiz(const fs::path& path) {
       for (auto&& r : *runs) {
         const toml::table* rt = r.as_table();
         if (!rt) throw ConfigError(fmt::format("{}: a run of scenario.{} is not a table", where(file, r), name.str()));
-        only_keys(*rt, {"label", "ranks", "args"}, file, "a scenario run");
+        only_quiz_keys(*rt, {"label", "ranks", "args"}, file, "a scenario run");
         ScenarioRun run{need_string(*rt, "label", file, "a scenario run"), need_string(*rt, "args", file, "a scenario run"),
                         int((*rt)["ranks"].value_or(int64_t(1)))};
         if (run.ranks < 1 || run.ranks > 16) throw ConfigError(fmt::format("{}: ranks {} (1 to 16)", where(file, *rt), run.ranks));
@@ -163,7 +163,7 @@ Quiz load_quiz(const fs::path& path) {
   for (auto&& node : *qs) {
     const toml::table* t = node.as_table();
     if (!t) throw ConfigError(fmt::format("{}: a question is not a table", where(file, node)));
-    only_keys(*t, {"id", "ask", "kind", "choices", "answer", "tolerance", "unit", "explain", "scenario"}, file, "a question");
+    only_quiz_keys(*t, {"id", "ask", "kind", "choices", "answer", "tolerance", "unit", "explain", "scenario"}, file, "a question");
     Question x;
     x.id = need_string(*t, "id", file, "a question");
     const std::string what = "question '" + x.id + "'";

@@ -3,9 +3,11 @@
 // back data, computes the references from the engine itself, and decides. The plugin never sees a verdict
 // and can't forge one: whatever it prints is only shown, never parsed.
 #pragma once
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -36,13 +38,66 @@ struct CheckAbort : std::runtime_error {
   CheckAbort(std::string status_, const std::string& what) : std::runtime_error(what), status(std::move(status_)) {}
 };
 
-// Results a lab shares between its checks during one grading (lab 02's training jobs), keyed by name, and
-// the grading's seed: every scenario a check draws (inputs, sizes, scales, where an overflow or a kill
-// happens) comes from it. It is drawn from the machine's entropy for each `distlab grade` (or given with
-// --seed to reproduce one), never passed to a plugin, so a submission can't predict what it will be asked.
+// Results keyed by name, each computed once by whoever asks first. Locked: with `distlab grade
+// --submissions DIR --jobs N` several gradings ask at once, and a second asker waits for the first one's
+// result instead of computing it again. A computation that throws leaves nothing behind: the next asker
+// tries again (as a grading that hangs in a student job must not fail the next student's).
+class ResultStore {
+ public:
+  template <class T, class Make>
+  const T& get(const std::string& key, Make&& make) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (auto it = items_.find(key); it != items_.end(); it = items_.find(key)) {
+      if (it->second) return *static_cast<const T*>(it->second.get());
+      done_.wait(lk);  // another grading is computing it
+    }
+    items_.emplace(key, nullptr);  // taken: a second asker waits
+    lk.unlock();
+    std::shared_ptr<T> value;
+    try {
+      value = std::make_shared<T>(make());
+    } catch (...) {
+      lk.lock();
+      items_.erase(key);
+      done_.notify_all();
+      throw;
+    }
+    lk.lock();
+    items_[key] = value;
+    done_.notify_all();
+    return *value;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable done_;
+  std::map<std::string, std::shared_ptr<void>> items_;  // null: being computed
+};
+
+// What a lab's checks share during one grading (lab 02's training jobs) and what a batch of gradings
+// shares (the engine's reference runs, the reference solution's times), and the grading's seed: every
+// scenario a check draws (inputs, sizes, scales, where an overflow or a kill happens) comes from it. It is
+// drawn from the machine's entropy for each `distlab grade` (or given with --seed to reproduce one), never
+// passed to a plugin, so a submission can't predict what it will be asked.
 struct SharedResults {
-  std::map<std::string, std::shared_ptr<void>> items;
+  // Keys that start with "engine:", "reference:" or "note:" are the batch's (they do not depend on the
+  // student); every other key is this grading's own (a student's job is keyed by its plugin's path).
+  std::shared_ptr<ResultStore> batch = std::make_shared<ResultStore>();
+  std::shared_ptr<ResultStore> own = std::make_shared<ResultStore>();
   uint64_t seed = draw_seed();
+  // How much slower gradings side by side (--jobs N) make each other: N gradings of up to two processes
+  // each on C cores, max(1, 2N/C). Each time measured alone (the reference solution's on a check, the
+  // engine's on a job) is multiplied by it before it becomes a limit, so a slower turn is not a timeout.
+  double load = 1;
+  int jobs = 1;  // gradings side by side: a training job then gets cores / (jobs x ranks) threads per rank
+
+  template <class T, class Make>
+  const T& get(const std::string& key, Make&& make) {
+    const bool batch_key = key.rfind("engine:", 0) == 0 || key.rfind("reference:", 0) == 0 || key.rfind("note:", 0) == 0;
+    return (batch_key ? *batch : *own).get<T>(key, std::forward<Make>(make));
+  }
+  // The next student's: the batch's results and seed, nothing of this student's own.
+  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs}; }
   static uint64_t draw_seed();
 };
 

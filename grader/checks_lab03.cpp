@@ -19,7 +19,7 @@
 
 namespace distlab::grader {
 
-namespace {
+namespace checks03 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 struct Config {
   float init_scale = 65536, growth = 2, backoff = 0.5f;
@@ -520,9 +520,10 @@ CheckResult scaler_drives_step(CheckContext& ctx) {
           "unscale (divide by the scale) before clipping and stepping"};
 }
 
-}  // namespace
+}  // namespace checks03
 
 std::map<std::string, CheckDef> lab03_checks() {
+  using namespace checks03;
   return {
       {"scaler_rescues_underflow", {rescue}},
       {"scale_sequence", {sequence}},

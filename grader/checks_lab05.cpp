@@ -17,7 +17,7 @@
 
 namespace distlab::grader {
 
-namespace {
+namespace checks05 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 // ---- 1. the flat layout, asked directly ----
 
@@ -163,9 +163,7 @@ double peak(const Job& j) { return j.summary.value("peak_memory_total", 0.0); }
 
 // The engine's DDP of the same job, expected to fail: shared by the batch like the other references.
 const Job& ddp_1b(CheckContext& ctx) {
-  auto& slot = ctx.shared.items["engine:ddp-1b"];
-  if (!slot) slot = std::make_shared<Job>(engine_job(ctx, 1, with(k1b, "parallel.strategy=ddp"), ctx.seconds_left()));
-  return *static_cast<const Job*>(slot.get());
+  return ctx.shared.get<Job>("engine:ddp-1b", [&] { return engine_job(ctx, 1, with(k1b, "parallel.strategy=ddp"), ctx.seconds_left()); });
 }
 
 CheckResult fits_1b(CheckContext& ctx) {
@@ -235,9 +233,10 @@ CheckResult offload_tradeoff(CheckContext& ctx) {
   return {false, "with offload: a lower device peak, the shards in host memory", detail, ""};
 }
 
-}  // namespace
+}  // namespace checks05
 
 std::map<std::string, CheckDef> lab05_checks() {
+  using namespace checks05;
   return {
       {"flat_layout", {flat_layout, false}},
       {"fsdp_equals_ddp", {fsdp_equals_ddp, true}},

@@ -21,7 +21,7 @@
 
 namespace distlab::grader {
 
-namespace {
+namespace checks06 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 // ---- the layers, on t plugins at once ----
 
@@ -595,9 +595,10 @@ CheckResult dp_sync_once(CheckContext& ctx) {
           "once in the last backward"};
 }
 
-}  // namespace
+}  // namespace checks06
 
 std::map<std::string, CheckDef> lab06_checks() {
+  using namespace checks06;
   return {
       {"column_parallel", {[](CheckContext& c) { return layer_check(c, true); }}},
       {"row_parallel", {[](CheckContext& c) { return layer_check(c, false); }}},

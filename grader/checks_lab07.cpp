@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace distlab::grader {
 
-namespace {
+namespace checks07 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 // A checkpoint folder for one check's runs, removed after it.
 struct TempDir {
@@ -38,12 +38,10 @@ struct TempDir {
 
 // The engine's own uninterrupted run of the lab's config, its final weights: the truth (shared by a batch).
 const Job& whole(CheckContext& ctx) {
-  auto& slot = ctx.shared.items["engine:lab07-whole"];
-  if (!slot) {
+  const Job& j = ctx.shared.get<Job>("engine:lab07-whole", [&] {
     TempDir d(ctx);
-    slot = std::make_shared<Job>(run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
-  }
-  const Job& j = *static_cast<const Job*>(slot.get());
+    return run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true});
+  });
   if (!j.ok) throw CheckAbort(j.status, "the engine's own run failed: " + j.failure);
   return j;
 }
@@ -243,13 +241,11 @@ CheckResult corrupt_detected(CheckContext& ctx) {
 CheckResult reshard_2_to_1(CheckContext& ctx) {
   whole(ctx);
   // the engine's own 2 -> 1 resume (shared by a batch): its losses after step 20 are the reference
-  auto& slot = ctx.shared.items["engine:lab07-reshard"];
-  if (!slot) {
+  const Job& ref = ctx.shared.get<Job>("engine:lab07-reshard", [&] {
     TempDir d(ctx);
     run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{kill_at(0, "step", 21)}, 0, false});
-    slot = std::make_shared<Job>(run_job(ctx, 1, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true}));
-  }
-  const Job& ref = *static_cast<const Job*>(slot.get());
+    return run_job(ctx, 1, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true});
+  });
   if (!ref.ok) throw CheckAbort(ref.status, "the engine's own 2 -> 1 resume failed: " + ref.failure);
   TempDir d(ctx);
   student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
@@ -266,9 +262,10 @@ CheckResult reshard_2_to_1(CheckContext& ctx) {
   return r;
 }
 
-}  // namespace
+}  // namespace checks07
 
 std::map<std::string, CheckDef> lab07_checks() {
+  using namespace checks07;
   return {
       {"resume_bitwise", {resume_bitwise, true}},
       {"atomic_save", {atomic_save, true}},

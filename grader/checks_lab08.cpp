@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace distlab::grader {
 
-namespace {
+namespace checks08 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 std::string student_file(CheckContext& ctx) {
   std::ifstream in(ctx.plugin);
@@ -76,14 +76,12 @@ CheckResult config_case(CheckContext& ctx) {
   }
   // a curve is measured against the engine's reference run, shared by a batch of submissions
   const bool compares = spec.case_expect == "curve" || spec.case_expect == "final_loss";
-  auto& slot = ctx.shared.items["clinic-ref:" + spec.name];
-  if (!slot && compares) {
+  const Job none;
+  const Job& ref = !compares ? none : ctx.shared.get<Job>("engine:clinic-ref:" + spec.name, [&] {
     JobOptions jo;
     jo.config = story_path;
-    slot = std::make_shared<Job>(engine_job(ctx, spec.case_reference_ranks, spec.case_reference, ctx.seconds_left(), jo));
-  }
-  const Job none;
-  const Job& ref = compares ? *static_cast<const Job*>(slot.get()) : none;
+    return engine_job(ctx, spec.case_reference_ranks, spec.case_reference, ctx.seconds_left(), jo);
+  });
   if (compares && !ref.ok) throw Error(fmt::format("lab 08 case {}: the engine's reference run failed: {}", spec.name, ref.failure));
   JobOptions jo;
   jo.config = story_path;
@@ -126,9 +124,10 @@ CheckResult config_case(CheckContext& ctx) {
   return r;
 }
 
-}  // namespace
+}  // namespace checks08
 
 CheckResult clinic_case(CheckContext& ctx) {
+  using namespace checks08;
   const CheckSpec& spec = ctx.spec;
   if (!spec.case_config.empty()) return config_case(ctx);
   const Lab target = find_lab(ctx.paths.source_dir, spec.case_lab);

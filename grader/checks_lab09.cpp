@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 namespace distlab::grader {
 
-namespace {
+namespace checks09 {  // named: a unity build (CMakeLists.txt) puts several labs' checks in one unit
 
 // One of the student's files, parsed; a file that is not TOML fails the check that reads it, saying where.
 toml::table answers(const CheckContext& ctx, const std::string& name) {
@@ -101,28 +101,27 @@ CheckResult fields_of(CheckContext& ctx, const std::string& file) {
 
 // One step of the model with the config on the fake world: the peak memory per GPU, in GiB.
 double measured_peak_gib(CheckContext& ctx, const std::string& file, const std::string& model, int64_t ranks) {
-  auto& slot = ctx.shared.items["lab09 peak:" + file];  // the same for every submission of a batch
-  if (slot) return *static_cast<double*>(slot.get());
-  const std::string tmpl = make_scratch_dir(ctx.paths, "lab09");
-  const std::string metrics = (fs::path(tmpl) / "m.jsonl").string();
-  const std::string cfg = (fs::path(ctx.lab.dir) / "configs" / file).string();
-  std::vector<std::string> argv = {ctx.paths.self_exe, "train", (fs::path(ctx.paths.source_dir) / model).string(), "--device", "meta",
-                                   "--set", fmt::format("dist.fake_world_size={}", ranks), "--set", "train.steps=1",
-                                   file.find(".json") != std::string::npos ? "--deepspeed" : "--fsdp-config", cfg, "--metrics", metrics};
-  SpawnOptions o;
-  const RunResult r = run_to_end(argv, o, std::max(10.0, ctx.seconds_left()), 3000);
-  double peak = -1;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("kind", "") == "summary") peak = j.value("peak_memory_total", -1.0);
-  }
-  std::error_code ec;
-  fs::remove_all(tmpl, ec);
-  if (r.timed_out || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0 || peak < 0)
-    throw CheckAbort("error", fmt::format("the reference run of configs/{} failed:\n{}", file, r.output));
-  slot = std::make_shared<double>(peak / double(1ll << 30));
-  return *static_cast<double*>(slot.get());
+  return ctx.shared.get<double>("engine:lab09 peak:" + file, [&] {  // the lab's own config: the batch's
+    const std::string tmpl = make_scratch_dir(ctx.paths, "lab09");
+    const std::string metrics = (fs::path(tmpl) / "m.jsonl").string();
+    const std::string cfg = (fs::path(ctx.lab.dir) / "configs" / file).string();
+    std::vector<std::string> argv = {ctx.paths.self_exe, "train", (fs::path(ctx.paths.source_dir) / model).string(), "--device", "meta",
+                                     "--set", fmt::format("dist.fake_world_size={}", ranks), "--set", "train.steps=1",
+                                     file.find(".json") != std::string::npos ? "--deepspeed" : "--fsdp-config", cfg, "--metrics", metrics};
+    SpawnOptions o;
+    const RunResult r = run_to_end(argv, o, std::max(10.0, ctx.seconds_left()), 3000);
+    double peak = -1;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("kind", "") == "summary") peak = j.value("peak_memory_total", -1.0);
+    }
+    std::error_code ec;
+    fs::remove_all(tmpl, ec);
+    if (r.timed_out || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0 || peak < 0)
+      throw CheckAbort("error", fmt::format("the reference run of configs/{} failed:\n{}", file, r.output));
+    return peak / double(1ll << 30);
+  });
 }
 
 CheckResult memory_predictions(CheckContext& ctx) {
@@ -176,17 +175,15 @@ CheckResult decision_tree(CheckContext& ctx) {
     const std::string id = t["id"].value_or(std::string()), model = t["model"].value_or(std::string()),
                       mem = t["gpu_mem"].value_or(std::string());
     const int64_t gpus = t["gpus"].value_or(int64_t(1));
-    auto& slot = ctx.shared.items["lab09 plan:" + id];  // plan's pick, computed once per batch
-    if (!slot) {
+    const nlohmann::json& plan = ctx.shared.get<nlohmann::json>("engine:lab09 plan:" + id, [&] {  // plan's pick: the batch's
       SpawnOptions o;
       const RunResult run = run_to_end({ctx.paths.self_exe, "plan", "--model", model, "--gpus", std::to_string(gpus), "--gpu-mem", mem, "--json"},
                                        o, std::max(10.0, ctx.seconds_left()), 200000);
       auto parsed = nlohmann::json::parse(run.output.substr(std::min(run.output.size(), run.output.find('{'))), nullptr, false);
       if (!parsed.is_object() || !parsed.contains("recommendation"))
         throw CheckAbort("error", fmt::format("distlab plan failed for case {}:\n{}", id, run.output.substr(0, 2000)));
-      slot = std::make_shared<nlohmann::json>(std::move(parsed));
-    }
-    const nlohmann::json& plan = *static_cast<nlohmann::json*>(slot.get());
+      return parsed;
+    });
     const toml::table* chosen = a["cases"].as_table();
     const auto* v = chosen ? chosen->get_as<std::string>(id) : nullptr;
     std::string answer = v ? v->get() : std::string("(missing)");
@@ -209,9 +206,10 @@ CheckResult decision_tree(CheckContext& ctx) {
   return r;
 }
 
-}  // namespace
+}  // namespace checks09
 
 std::map<std::string, CheckDef> lab09_checks() {
+  using namespace checks09;
   return {
       {"fields_ds_zero2_offload", {[](CheckContext& c) { return fields_of(c, "ds_zero2_offload.json"); }, true}},
       {"fields_ds_zero3", {[](CheckContext& c) { return fields_of(c, "ds_zero3.json"); }, true}},

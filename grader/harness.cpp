@@ -24,7 +24,8 @@ constexpr int64_t kMaxTasks = 256;           // processes + threads of one check
 constexpr uintmax_t kMaxSourceBytes = 1 << 20;  // one student file
 // A quick check may take kRefFactor times the reference solution's time on it, plus kRefSlack_s (never
 // more than lab.toml's timeout_s): the solution's lab 01 checks take 0.2-1 s each, so a submission that
-// hangs in every function loses about a minute, not six times lab.toml's 30 s.
+// hangs in every function loses about a minute, not six times lab.toml's 30 s. Under --jobs N both the
+// reference's time and the ceiling are stretched by the load (SharedResults::load), the slack is not.
 constexpr double kRefFactor = 4, kRefSlack_s = 10;
 
 // A private folder for one build: removed, whatever happens, when it goes out of scope.
@@ -263,9 +264,10 @@ CheckOutcome run_one(const Paths& p, const Lab& lab, const CheckSpec& spec, cons
   }
   if (o.status != "pass" && cg.oom_killed())
     o.seen += fmt::format("\n(the check's processes hit their memory limit of {} MiB)", spec.memory_mb);
-  if (o.status == "timeout" && limit_s < spec.timeout_s)
-    o.seen += fmt::format("\n(the limit, {:.0f} s, is {:.0f} x the reference solution's time on this check + {:.0f} s)", limit_s,
-                          kRefFactor, kRefSlack_s);
+  if (o.status == "timeout" && limit_s < spec.timeout_s * shared.load)
+    o.seen += fmt::format("\n(the limit, {:.0f} s, is {:.0f} x the reference solution's time on this check{} + {:.0f} s)", limit_s,
+                          kRefFactor, shared.load > 1 ? fmt::format(" x {:.3g} (the load of gradings side by side)", shared.load) : "",
+                          kRefSlack_s);
   if (o.expected.empty() && o.status != "pass" && o.status != "fail") o.expected = "the check runs to completion";
   o.seconds = std::chrono::duration<double>(wire::Clock::now() - t0).count();
   return o;
@@ -310,44 +312,42 @@ void write_reference_times(const fs::path& file, const std::string& key, const R
 // does not time itself. A copy of the course without solutions/ keeps lab.toml's limits.
 const ReferenceTimes& reference_times(const Paths& p, const Lab& lab, const SandboxSupport& sb, SharedResults& shared,
                                       const std::map<std::string, CheckDef>& checks) {
-  auto& slot = shared.items["reference:times"];  // kept for the whole batch (lab_cmd.cpp)
-  if (slot) return *static_cast<const ReferenceTimes*>(slot.get());
-  auto times = std::make_shared<ReferenceTimes>();
-  slot = times;
-  std::error_code ec;
-  if (!fs::is_directory(fs::path(p.source_dir) / "solutions" / lab.name, ec)) return *times;
-  const fs::path src = solution_folder(p.source_dir, p.build_dir, lab);
-  const fs::path so = fs::path(p.build_dir) / "labs" / lab.name / "reference.so";
-  bool fresh = fs::exists(so, ec);  // built after every file it comes from: reused
-  for (const auto& f : lab.files) fresh = fresh && fs::last_write_time(src / f, ec) < fs::last_write_time(so, ec) && !ec;
-  fresh = fresh && fs::last_write_time(fs::path(lab.dir) / "api.h", ec) < fs::last_write_time(so, ec) && !ec;
-  BuildResult b;
-  if (fresh) {
-    b.ok = true;
-    b.plugin = so.string();
-  } else {
-    b = build_plugin(p, lab, src.string(), so.string(), sb);
-  }
-  if (!b.ok || !probe_plugin(p, lab, b.plugin, sb).empty()) return *times;
-  // Measured before, with the same engine, plugin, lab.toml and machine: the times are reused, and a
-  // single grading runs the student's checks only (lab 02: half the time).
-  const fs::path cache = fs::path(p.build_dir) / "labs" / lab.name / "reference-times.json";
-  const std::string key = reference_key(p, lab, b.plugin);
-  if (read_reference_times(cache, key, *times)) return *times;
-  SharedResults own;  // the reference's results stay its own; its scenarios are the batch's
-  own.seed = shared.seed;
-  for (const auto& spec : lab.checks) {
-    auto it = checks.find(spec.name);
-    if (it == checks.end() || it->second.times_itself) continue;
-    const CheckOutcome o = run_one(p, lab, spec, it->second, b.plugin, sb, own, spec.timeout_s);
-    if (o.status == "pass") times->seconds[spec.name] = o.seconds;
-  }
-  // the engine's own jobs (job(): "engine:" keys) are the same for every plugin of the batch: the
-  // student's checks reuse them instead of training them again
-  for (auto& [k, v] : own.items)
-    if (k.rfind("engine:", 0) == 0) shared.items.try_emplace(k, v);
-  write_reference_times(cache, key, *times);
-  return *times;
+  // measured once for the whole batch (lab_cmd.cpp); with --jobs N the other gradings wait for it
+  return shared.get<ReferenceTimes>("reference:times", [&] {
+    ReferenceTimes times;
+    std::error_code ec;
+    if (!fs::is_directory(fs::path(p.source_dir) / "solutions" / lab.name, ec)) return times;
+    const fs::path src = solution_folder(p.source_dir, p.build_dir, lab);
+    const fs::path so = fs::path(p.build_dir) / "labs" / lab.name / "reference.so";
+    bool fresh = fs::exists(so, ec);  // built after every file it comes from: reused
+    for (const auto& f : lab.files) fresh = fresh && fs::last_write_time(src / f, ec) < fs::last_write_time(so, ec) && !ec;
+    fresh = fresh && fs::last_write_time(fs::path(lab.dir) / "api.h", ec) < fs::last_write_time(so, ec) && !ec;
+    BuildResult b;
+    if (fresh) {
+      b.ok = true;
+      b.plugin = so.string();
+    } else {
+      b = build_plugin(p, lab, src.string(), so.string(), sb);
+    }
+    if (!b.ok || !probe_plugin(p, lab, b.plugin, sb).empty()) return times;
+    // Measured before, with the same engine, plugin, lab.toml and machine: the times are reused, and a
+    // single grading runs the student's checks only (lab 02: half the time).
+    const fs::path cache = fs::path(p.build_dir) / "labs" / lab.name / "reference-times.json";
+    const std::string key = reference_key(p, lab, b.plugin);
+    if (read_reference_times(cache, key, times)) return times;
+    // the reference's own results stay its own; its scenarios are the batch's, and so are the engine's jobs
+    // (job()'s "engine:" keys), which the students' checks then reuse instead of training them again
+    SharedResults own = shared.next_student();
+    own.load = 1;  // measured alone: the other gradings of a batch wait for this
+    for (const auto& spec : lab.checks) {
+      auto it = checks.find(spec.name);
+      if (it == checks.end() || it->second.times_itself) continue;
+      const CheckOutcome o = run_one(p, lab, spec, it->second, b.plugin, sb, own, spec.timeout_s);
+      if (o.status == "pass") times.seconds[spec.name] = o.seconds;
+    }
+    write_reference_times(cache, key, times);
+    return times;
+  });
 }
 
 }  // namespace
@@ -365,7 +365,9 @@ std::vector<CheckOutcome> run_checks(const Paths& p, const Lab& lab, const std::
     if (load_failure.empty() && it != checks.end()) {
       double limit = spec.timeout_s;
       auto t = ref.seconds.find(spec.name);
-      if (t != ref.seconds.end()) limit = std::min(limit, kRefFactor * t->second + kRefSlack_s);
+      // the reference's time was measured alone: gradings side by side (--jobs) stretch it by the load
+      limit *= shared.load;
+      if (t != ref.seconds.end()) limit = std::min(limit, kRefFactor * t->second * shared.load + kRefSlack_s);
       CheckOutcome o = run_one(p, lab, spec, it->second, plugin, sb, shared, limit);
       o.points = o.status == "pass" ? spec.points : 0;
       out.push_back(o);

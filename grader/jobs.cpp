@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "core/util/error.h"
 #include "grader/harness.h"
@@ -88,6 +89,14 @@ void write_engine_job(const fs::path& file, const std::string& key, const Job& j
   for (size_t i = 0; i + kMaxEngineJobs < all.size(); i++) fs::remove(all[i].second, ec);
 }
 
+// Threads per rank of a training job: 0 (distlab run's own default, cores / ranks) when one grading has
+// the machine; with --jobs N, cores / (N x ranks), at least 1: three 1-rank jobs side by side on 2 cores,
+// each with 2 OpenMP threads, ran 3-5x slower than one after the other.
+int threads_per_rank(const CheckContext& ctx, int ranks) {
+  if (ctx.shared.jobs <= 1) return 0;
+  return std::max(1, int(std::thread::hardware_concurrency()) / (ctx.shared.jobs * std::max(1, ranks)));
+}
+
 }  // namespace
 
 std::string unreachable_for_job_user(const Paths& p, const Lab& lab) {
@@ -129,14 +138,17 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
   // root grades: the job runs as kJobUid, in its folder, with its own copy of the plugin
   const JobUser user = prepare_job_user(ctx.paths, ctx.lab, dir.string(), plugin_in);
   const std::string& plugin = user.plugin;
-  if (!user.as_root.empty() && !ctx.shared.items.count("note:job-as-root")) {
-    ctx.shared.items["note:job-as-root"] = std::make_shared<int>(0);
-    std::cerr << fmt::format("distlab grade: WARNING: training jobs run as root: {} is closed to uid {} (nobody): build in a "
-                             "folder others can read to run them unprivileged\n", user.as_root, kJobUid);
-  }
+  if (!user.as_root.empty())
+    ctx.shared.get<bool>("note:job-as-root", [&] {  // once per batch
+      std::cerr << fmt::format("distlab grade: WARNING: training jobs run as root: {} is closed to uid {} (nobody): build in a "
+                               "folder others can read to run them unprivileged\n", user.as_root, kJobUid);
+      return true;
+    });
   const std::string metrics = (dir / "metrics.jsonl").string();
+  // --jobs N: the cores shared out between the gradings side by side, never oversubscribed
+  const int threads = threads_per_rank(ctx, ranks);
   std::vector<std::string> argv = {ctx.paths.self_exe, "run", "-n", std::to_string(ranks), "--master-port", "0", "--grace", "2",
-                                   "--max-restarts", std::to_string(jo.restarts),
+                                   "--max-restarts", std::to_string(jo.restarts), "--threads-per-rank", std::to_string(threads),
                                    "train", jo.config.empty() ? ctx.lab.dir + "/lab.toml" : jo.config, "--set", "lab.plugin=" + plugin,
                                    "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
                                    "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(5.0, limit_s / 2)),
@@ -188,7 +200,7 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
 
 Job engine_job(CheckContext& ctx, int ranks, const std::vector<std::string>& sets, double limit_s, const JobOptions& jo) {
   if (jo.save || !jo.env.empty()) return run_job(ctx, ranks, "none", sets, limit_s, jo);  // its files, its faults: run it
-  std::string extra = fmt::format("engine job, {} ranks, {} restarts", ranks, jo.restarts);
+  std::string extra = fmt::format("engine job, {} ranks, {} restarts, {} threads per rank", ranks, jo.restarts, threads_per_rank(ctx, ranks));
   for (const auto& s : sets) extra += "\n--set " + s;
   // what the job inherits from the grader's environment that can change its numbers or its course
   for (const char* name : {"DISTLAB_DATA", "DISTLAB_TEST_FAULT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
@@ -215,16 +227,16 @@ constexpr double kJobFactor = 3, kJobSlack_s = 20;
 
 const Job& job(CheckContext& ctx, const std::string& key, int ranks, bool student, const std::vector<std::string>& sets,
                bool allow_diverged) {
-  auto& slot = ctx.shared.items[student ? key + ":" + ctx.plugin : "engine:" + key];  // references serve a whole batch
-  if (!slot) {
+  // references serve a whole batch; a student's job is this grading's own
+  const Job& j = ctx.shared.get<Job>(student ? key + ":" + ctx.plugin : "engine:" + key, [&] {
     double limit = ctx.seconds_left();
-    if (student) {  // a few times what the engine's own DDP took on the same job, and never past the check's limit
-      const Job& ref = job(ctx, "ref:" + key, ranks, false, sets);
-      if (ref.ok) limit = std::min(limit, kJobFactor * ref.seconds + kJobSlack_s);
-    }
-    slot = std::make_shared<Job>(student ? run_job(ctx, ranks, ctx.plugin, sets, limit) : engine_job(ctx, ranks, sets, limit));
-  }
-  const Job& j = *static_cast<const Job*>(slot.get());
+    if (!student) return engine_job(ctx, ranks, sets, limit);
+    // a few times what the engine's own run took on the same job (on an idle machine: x the load), and
+    // never past the check's limit
+    const Job& ref = job(ctx, "ref:" + key, ranks, false, sets);
+    if (ref.ok) limit = std::min(limit, kJobFactor * ref.seconds * ctx.shared.load + kJobSlack_s);
+    return run_job(ctx, ranks, ctx.plugin, sets, limit);
+  });
   if (!j.ok && !(allow_diverged && j.diverged)) throw CheckAbort(j.status, j.failure);
   return j;
 }

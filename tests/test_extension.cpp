@@ -4,15 +4,19 @@
 // is where the run continues. (The course's labs use the same hooks: their tests are test_grader.cpp's.)
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/ckpt/checkpoint.h"
 #include "core/parallel/none.h"
 #include "core/train/extension.h"
 #include "core/train/trainer.h"
 #include "grader/bridge/lab_extension.h"
+#include "grader/check.h"
 #include "train_harness.h"
 
 using namespace distlab;
@@ -194,4 +198,49 @@ TEST_CASE("a lab's [lab] section reaches the bridge through the config's extras,
     CHECK_THAT(e.what(), Catch::Contains("--set lab.sandbox: lab.sandbox is 'maybe'"));
     CHECK_THAT(e.hint(), Catch::Contains("auto, require or off"));
   }
+}
+
+// `distlab grade --submissions DIR --jobs N` grades N students at once: the references they share are
+// computed by the first grading that asks, the others wait for that result (never a second run, never a
+// half-made one), and a reference that failed is computed again by the next asker.
+TEST_CASE("the grader's shared results under --jobs: one computation for many askers, a failed one retried", "[grader][jobs]") {
+  grader::ResultStore store;
+  std::atomic<int> runs{0}, entered{0};
+  std::vector<int> seen(8, 0);
+  std::vector<std::thread> askers;
+  for (int t = 0; t < 8; t++)
+    askers.emplace_back([&, t] {
+      entered++;
+      seen[size_t(t)] = store.get<int>("engine:ref", [&] {
+        runs++;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // long enough for every asker to arrive
+        return 42;
+      });
+    });
+  for (auto& a : askers) a.join();
+  CHECK(entered == 8);
+  CHECK(runs == 1);
+  for (int v : seen) CHECK(v == 42);
+  // a computation that throws leaves nothing behind: the waiting askers and the next one compute it themselves
+  std::atomic<int> tries{0};
+  std::vector<int> got(4, 0);
+  std::vector<std::thread> more;
+  for (int t = 0; t < 4; t++)
+    more.emplace_back([&, t] {
+      for (;;) {
+        try {
+          got[size_t(t)] = store.get<int>("engine:flaky", [&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            if (tries++ == 0) throw std::runtime_error("the first run timed out");
+            return 7;
+          });
+          return;
+        } catch (const std::runtime_error&) {
+        }
+      }
+    });
+  for (auto& a : more) a.join();
+  CHECK(tries == 2);
+  for (int v : got) CHECK(v == 7);
+  CHECK(store.get<int>("engine:ref", [] { return -1; }) == 42);  // kept
 }

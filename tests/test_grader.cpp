@@ -100,6 +100,15 @@ std::pair<int, std::string> run(const std::string& args) {
   return {WEXITSTATUS(st), out};
 }
 
+// Several students at once (`--jobs`, 3 unless DISTLAB_TEST_GRADE_JOBS says otherwise): the verdicts these
+// tests check are then those of a parallel batch, and the hostile submissions' waits overlap.
+int batch_jobs() {
+  const char* env = std::getenv("DISTLAB_TEST_GRADE_JOBS");
+  return env && std::atoi(env) > 0 ? std::atoi(env) : 3;
+}
+// The stretch of every time limit under --jobs N on this machine (grader/check.h: SharedResults::load)
+double batch_load() { return std::max(1.0, 2.0 * batch_jobs() / std::max(1u, std::thread::hardware_concurrency())); }
+
 // Writes each submission into its own folder of `subs`, grades the batch, returns the CSV's rows.
 // `extra`: more arguments for `distlab grade` (a --seed that pins the scenarios a test's verdicts rely on).
 std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
@@ -121,7 +130,7 @@ std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& s
   }
   const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
   // every failure's hint at once (a first grading holds them back: the hints test below): these tests read them
-  auto [code, out] = run("grade " + lab + " --require-sandbox --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string() +
+  auto [code, out] = run("grade " + lab + " --require-sandbox --jobs " + std::to_string(batch_jobs()) + " --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string() +
                          (extra.find("--hints") == std::string::npos ? " --hints always" : "") + (extra.empty() ? "" : " " + extra));
   INFO(out);
   REQUIRE(code == 0);
@@ -202,9 +211,10 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
       {"hang", replace_body(solution, in_all_gather, "  if (n == 7)\n    for (volatile int i = 0;; i++) {\n    }\n"
                                                      "  std::copy(in, in + n, out + comm.rank() * n);\n  all_gather_phase(comm, out, n * comm.size());")},
       {"hog", replace_body(solution, in_all_gather, "  std::vector<std::vector<char>> v;\n  for (;;) v.emplace_back(size_t(1) << 28, 'x');")},
-      // two processes of 3 GiB each: under the per-process limit, over the check's cgroup
+      // two processes of 640 MiB each: under the per-process limit (lab 01's memory_mb, 1 GiB), over the
+      // check's cgroup (the same 1 GiB for all its processes)
       {"fork_hog", replace_body(solution, in_all_gather,
-                                "  fork();\n  std::vector<char> v(size_t(3) << 30, 'x');\n  volatile char c = v[v.size() / 2];\n"
+                                "  fork();\n  std::vector<char> v(size_t(640) << 20, 'x');\n  volatile char c = v[v.size() / 2];\n"
                                 "  throw std::runtime_error(\"allocated\" + std::to_string(c));")},
       {"escape", replace_body(solution, in_all_gather,
                               "  FILE* f = std::fopen(\"" + marker.string() + "\", \"w\");\n  if (f) std::fputs(\"x\", f);\n"
@@ -335,6 +345,10 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
     CHECK(rows[bad].total == 8);
   }
   CHECK_THAT(rows["crash"].error, Catch::Contains("SEGV"));
+  for (const std::string bad : {"hog", "fork_hog"}) {  // stopped by the check's cgroup (fork_hog: by it alone)
+    INFO(bad);
+    CHECK_THAT(rows[bad].error, Catch::Contains("memory limit of 1024 MiB"));
+  }
   CHECK_THAT(rows["hang"].error, Catch::Contains("timeout"));
   CHECK(rows["predicts"].points["all_reduce_equals_builtin"] == 0);
   CHECK(rows["predicts"].points["all_reduce_bandwidth_optimal"] == 0);  // traffic counts only with right sums
@@ -352,7 +366,8 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   // the JSON report is whole and valid, invalid UTF-8 in a submission's output included
   auto all = nlohmann::json::parse(json);
   CHECK(all.size() == files.size());
-  // a hang costs a few times the reference solution's time on that check, not lab.toml's 30 s
+  // a hang costs a few times the reference solution's time on that check, not lab.toml's 30 s (each
+  // stretched by the load of the gradings side by side)
   for (const auto& g : all)
     if (g["student"] == "hang")
       for (const auto& c : g["checks"]) {
@@ -360,7 +375,7 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
         if (c["name"] == "all_gather_equals_builtin") {
           CHECK(c["status"] == "timeout");
           CHECK(c["limit_s"].get<double>() >= 10);
-          CHECK(c["limit_s"].get<double>() < 30);
+          CHECK(c["limit_s"].get<double>() < 30 * batch_load());
           CHECK_THAT(c["seen"].get<std::string>(), Catch::Contains("x the reference solution's time"));
         }
       }
@@ -388,6 +403,12 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the l
   auto [code2, out2] = run("grade 99");
   CHECK(code2 == 2);
   CHECK_THAT(out2, Catch::Contains("no lab '99'"));
+  auto [code_jobs, out_jobs] = run("grade 01 --jobs 2");  // several students at once: only for a batch
+  CHECK(code_jobs == 2);
+  CHECK_THAT(out_jobs, Catch::Contains("--jobs") && Catch::Contains("--submissions"));
+  auto [code_jobs0, out_jobs0] = run("grade 01 --submissions " + dir.string() + " --jobs 0");
+  CHECK(code_jobs0 != 0);
+  CHECK_THAT(out_jobs0, Catch::Contains("--jobs"));
   auto [code3, out3] = run("lab show 01");
   CHECK(code3 == 0);
   CHECK_THAT(out3, Catch::Contains("Ring collectives") && Catch::Contains("all_reduce_bandwidth_optimal (2 points)"));

@@ -20,7 +20,7 @@ namespace {
 
 // ---- mapping, shared by both formats ----
 
-std::string show(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string show_json(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 std::string toml_value(const json& v) {
   if (v.is_string()) return v.get<std::string>();
@@ -35,34 +35,34 @@ struct Mapper {
 
   std::string where(const std::string& field) const { return fmt::format("{}: {}", out.file, field); }
   [[noreturn]] void unsupported(const std::string& field, const json& v, const std::string& why, const std::string& hint) const {
-    throw ConfigError(fmt::format("{} = {} is not supported: {}", where(field), show(v), why), hint);
+    throw ConfigError(fmt::format("{} = {} is not supported: {}", where(field), show_json(v), why), hint);
   }
   void set(const std::string& field, const json& v, const std::string& key, const std::string& value) {
-    out.fields.push_back({field, show(v), key, value});
+    out.fields.push_back({field, show_json(v), key, value});
     out.settings.push_back({key, value, where(field)});
   }
-  void note(const std::string& field, const json& v, const std::string& text) { out.fields.push_back({field, show(v), "", text}); }
+  void note(const std::string& field, const json& v, const std::string& text) { out.fields.push_back({field, show_json(v), "", text}); }
   bool is_auto(const std::string& field, const json& v) {
     if (!(v.is_string() && v.get<std::string>() == "auto")) return false;
     note(field, v, "auto: the TOML config's value stays");
     return true;
   }
   double number(const std::string& field, const json& v) const {
-    if (!v.is_number()) throw ConfigError(fmt::format("{} = {} is not a number", where(field), show(v)));
+    if (!v.is_number()) throw ConfigError(fmt::format("{} = {} is not a number", where(field), show_json(v)));
     return v.get<double>();
   }
   int64_t integer(const std::string& field, const json& v) const {
     const double d = number(field, v);
-    if (d != std::floor(d) || std::abs(d) > 1e15) throw ConfigError(fmt::format("{} = {} is not a whole number", where(field), show(v)));
+    if (d != std::floor(d) || std::abs(d) > 1e15) throw ConfigError(fmt::format("{} = {} is not a whole number", where(field), show_json(v)));
     return int64_t(d);
   }
   bool boolean(const std::string& field, const json& v) const {
     if (v.is_boolean()) return v.get<bool>();
     if (v.is_string() && (v == "true" || v == "false")) return v == "true";
-    throw ConfigError(fmt::format("{} = {} is not true or false", where(field), show(v)));
+    throw ConfigError(fmt::format("{} = {} is not true or false", where(field), show_json(v)));
   }
   std::string text(const std::string& field, const json& v) const {
-    if (!v.is_string()) throw ConfigError(fmt::format("{} = {} is not a string", where(field), show(v)));
+    if (!v.is_string()) throw ConfigError(fmt::format("{} = {} is not a string", where(field), show_json(v)));
     return v.get<std::string>();
   }
 };
@@ -72,7 +72,7 @@ using Table = std::map<std::string, Handler>;
 
 // Walks `obj`: each key must be in `table` (a nested object is walked by its own table, given as the key
 // "name." with a handler that receives the object).
-void walk(Mapper& m, const json& obj, const Table& table, const std::string& prefix) {
+void walk_json(Mapper& m, const json& obj, const Table& table, const std::string& prefix) {
   if (!obj.is_object()) throw ConfigError(fmt::format("{} is not a mapping", m.where(prefix.empty() ? "the file" : prefix)));
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string field = prefix.empty() ? it.key() : prefix + "." + it.key();
@@ -153,7 +153,7 @@ Table deepspeed_table(DeepSpeedState& st) {
       {"lr", to_key("optim.lr", as_real)},
       {"betas", [](Mapper& m, const std::string& f, const json& v) {
          if (m.is_auto(f, v)) return;
-         if (!v.is_array() || v.size() != 2) throw ConfigError(fmt::format("{} = {} is not [beta1, beta2]", m.where(f), show(v)));
+         if (!v.is_array() || v.size() != 2) throw ConfigError(fmt::format("{} = {} is not [beta1, beta2]", m.where(f), show_json(v)));
          m.set(f, v, "optim.beta1", as_real(m, f, v[0]));
          m.out.settings.push_back({"optim.beta2", as_real(m, f, v[1]), m.where(f)});
        }},
@@ -179,7 +179,7 @@ Table deepspeed_table(DeepSpeedState& st) {
          else if (t == "sgd") m.set(f, v, "optim.name", "sgd");
          else m.unsupported(f, v, "distlab has SGD and AdamW", "use \"AdamW\" or \"SGD\"");
        }},
-      {"params", [optim_params](Mapper& m, const std::string& f, const json& v) { walk(m, v, optim_params, f); }},
+      {"params", [optim_params](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, optim_params, f); }},
   };
   Table sched_params = {
       {"warmup_max_lr", to_key("optim.lr", as_real)},
@@ -211,7 +211,7 @@ Table deepspeed_table(DeepSpeedState& st) {
          else m.unsupported(f, v, "distlab's schedules are constant, step, cosine and linear, each with a linear warmup",
                             "use WarmupLR, WarmupDecayLR or WarmupCosineLR");
        }},
-      {"params", [sched_params](Mapper& m, const std::string& f, const json& v) { walk(m, v, sched_params, f); }},
+      {"params", [sched_params](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, sched_params, f); }},
   };
   auto offload_table = [&st](bool optimizer) {
     return Table{
@@ -238,7 +238,7 @@ Table deepspeed_table(DeepSpeedState& st) {
       {"stage", [&st](Mapper& m, const std::string& f, const json& v) {
          st.stage = m.integer(f, v);
          static const char* names[] = {"ddp", "zero1", "zero2", "zero3"};
-         if (st.stage < 0 || st.stage > 3) throw ConfigError(fmt::format("{} = {}: stages are 0 to 3", m.where(f), show(v)));
+         if (st.stage < 0 || st.stage > 3) throw ConfigError(fmt::format("{} = {}: stages are 0 to 3", m.where(f), show_json(v)));
          m.set(f, v, "parallel.strategy", names[st.stage]);
        }},
       {"allgather_partitions", [](Mapper& m, const std::string& f, const json& v) {
@@ -265,8 +265,8 @@ Table deepspeed_table(DeepSpeedState& st) {
          st.offload_optimizer = true;
          m.set(f, v, "parallel.offload", "cpu");
        }},
-      {"offload_optimizer", [t = offload_table(true)](Mapper& m, const std::string& f, const json& v) { walk(m, v, t, f); }},
-      {"offload_param", [t = offload_table(false)](Mapper& m, const std::string& f, const json& v) { walk(m, v, t, f); }},
+      {"offload_optimizer", [t = offload_table(true)](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, t, f); }},
+      {"offload_param", [t = offload_table(false)](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, t, f); }},
       {"stage3_prefetch_bucket_size", [](Mapper& m, const std::string& f, const json& v) {
          if (m.is_auto(f, v)) return;
          m.set(f, v, "parallel.prefetch", m.number(f, v) > 0 ? "true" : "false");
@@ -321,21 +321,21 @@ Table deepspeed_table(DeepSpeedState& st) {
          if (m.number(f, v) != 1) m.unsupported(f, v, "distlab divides by the world after the sum", "use 1.0");
          m.note(f, v, "no pre-division");
        }},
-      {"fp16", [fp16](Mapper& m, const std::string& f, const json& v) { walk(m, v, fp16, f); }},
-      {"bf16", [bf16](Mapper& m, const std::string& f, const json& v) { walk(m, v, bf16, f); }},
-      {"optimizer", [optimizer](Mapper& m, const std::string& f, const json& v) { walk(m, v, optimizer, f); }},
-      {"scheduler", [scheduler](Mapper& m, const std::string& f, const json& v) { walk(m, v, scheduler, f); }},
-      {"zero_optimization", [zero](Mapper& m, const std::string& f, const json& v) { walk(m, v, zero, f); }},
-      {"tensorboard", [monitor](Mapper& m, const std::string& f, const json& v) { walk(m, v, monitor, f); }},
-      {"wandb", [monitor](Mapper& m, const std::string& f, const json& v) { walk(m, v, monitor, f); }},
-      {"csv_monitor", [monitor](Mapper& m, const std::string& f, const json& v) { walk(m, v, monitor, f); }},
+      {"fp16", [fp16](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, fp16, f); }},
+      {"bf16", [bf16](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, bf16, f); }},
+      {"optimizer", [optimizer](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, optimizer, f); }},
+      {"scheduler", [scheduler](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, scheduler, f); }},
+      {"zero_optimization", [zero](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, zero, f); }},
+      {"tensorboard", [monitor](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, monitor, f); }},
+      {"wandb", [monitor](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, monitor, f); }},
+      {"csv_monitor", [monitor](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, monitor, f); }},
       {"flops_profiler", note_only("the run's summary has FLOPs per step; log.profile models the time")},
       // DeepSpeed's activation checkpointing (deepspeed.checkpointing, which Megatron-DeepSpeed wraps around every
       // transformer layer): the section turns it on; its fields say where the kept inputs live
       {"activation_checkpointing", [ac](Mapper& m, const std::string& f, const json& v) {
          if (!v.is_object()) m.unsupported(f, v, "it is a section of fields", "write activation_checkpointing: {} (every block checkpointed)");
          m.set(f, "{...}", "train.activation_checkpointing", "full");
-         walk(m, v, ac, f);
+         walk_json(m, v, ac, f);
        }},
       {"data_types", [](Mapper& m, const std::string& f, const json& v) {
          if (!v.is_object() || (v.contains("grad_accum_dtype") && v["grad_accum_dtype"] != "fp32" && !v["grad_accum_dtype"].is_null()))
@@ -484,7 +484,7 @@ Table fsdp_top_table() {
       {"fsdp_config", [](Mapper& m, const std::string& f, const json& v) {
          Table both = fsdp_config_table(true), bare = fsdp_config_table(false);  // Trainer takes the keys with or without fsdp_
          both.insert(bare.begin(), bare.end());
-         walk(m, v, both, f);
+         walk_json(m, v, both, f);
        }},
       // Hugging Face Trainer / LLaMA-Factory arguments
       {"fsdp", fsdp_words},
@@ -573,7 +573,7 @@ EcosystemConfig map_deepspeed(const std::string& text, const std::string& name) 
       doc["zero_optimization"]["stage"].is_number_integer())
     st.stage = doc["zero_optimization"]["stage"].get<int64_t>();
   const Table top = deepspeed_table(st);
-  walk(m, doc, top, "");
+  walk_json(m, doc, top, "");
   finish_deepspeed(m, st);
   return m.out;
 }
@@ -583,7 +583,7 @@ EcosystemConfig map_fsdp(const std::string& text, const std::string& name) {
   Mapper m;
   m.out.file = name;
   m.out.format = "fsdp";
-  walk(m, doc, fsdp_top_table(), "");
+  walk_json(m, doc, fsdp_top_table(), "");
   if (doc.contains("fsdp_config") && !doc.contains("distributed_type") && !doc.contains("fsdp"))
     throw ConfigError(fmt::format("{}: fsdp_config without distributed_type: FSDP (accelerate) or fsdp: full_shard (Trainer)", name),
                       "say which strategy the section configures");

@@ -25,7 +25,7 @@ namespace distlab {
 
 namespace {
 
-Error lab_error(const std::string& what, const std::string& hint = "see labs/05-fsdp-1b/api.h and README.md") {
+Error fsdp_error(const std::string& what, const std::string& hint = "see labs/05-fsdp-1b/api.h and README.md") {
   return Error("the lab's FSDP: " + what, hint);
 }
 
@@ -98,7 +98,7 @@ class LabFSDP : public ZeRO3 {
     bwd_order_.freeze();
     if (!works_.empty()) {
       const auto& [id, w] = *works_.begin();
-      throw lab_error(fmt::format("finish_backward returned and work {} ({} of buffer {} into buffer {}, started in {}) was never waited for",
+      throw fsdp_error(fmt::format("finish_backward returned and work {} ({} of buffer {} into buffer {}, started in {}) was never waited for",
                                   id, w.gather ? "an all_gather" : "a reduce_scatter", w.in, w.out, w.started),
                       "every Work is waited for once: a prefetch nobody used is waited for too, and its buffer freed");
     }
@@ -107,12 +107,12 @@ class LabFSDP : public ZeRO3 {
       const FlatParam& f = flats_.all()[i];
       for (const Parameter* p : f.params)
         if (p->grad.defined())
-          throw lab_error(fmt::format("backward is over and {}'s gradient (flat {}, unit {}) was never taken: the optimizer would step "
+          throw fsdp_error(fmt::format("backward is over and {}'s gradient (flat {}, unit {}) was never taken: the optimizer would step "
                                       "without it",
                                       p->name, i, f.group),
                           "after a unit's backward, take every parameter's gradient into the flat gradient you reduce-scatter");
       if (!kept_[i])
-        throw lab_error(fmt::format("finish_backward returned and flat {} (unit {}) has no gradient part kept: the optimizer would step "
+        throw fsdp_error(fmt::format("finish_backward returned and flat {} (unit {}) has no gradient part kept: the optimizer would step "
                                     "its part without a gradient",
                                     i, f.group),
                         "keep_grad(flat, reduced part) once per flat per step, before finish_backward returns");
@@ -120,7 +120,7 @@ class LabFSDP : public ZeRO3 {
   }
   void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) override {
     if (!viewing_.empty())
-      throw lab_error(fmt::format("the optimizer steps while {} still views buffer {} (allocated in {}): after the step those weights are stale",
+      throw fsdp_error(fmt::format("the optimizer steps while {} still views buffer {} (allocated in {}): after the step those weights are stale",
                                   viewing_.begin()->first->name, viewing_.begin()->second, bufs_.at(viewing_.begin()->second).made),
                       "free every unit's gathered weights after its backward: the next forward gathers the new ones");
     ZeRO3::step(rt, opt, lr, grad_factor);
@@ -184,7 +184,7 @@ class LabFSDP : public ZeRO3 {
       for (const Parameter* p : f.params) {
         if (!p->data.defined()) {
           const auto lost = lost_.find(p);
-          throw lab_error(fmt::format("unit {}'s {} starts and {} has no weights: {}", unit, what, p->name,
+          throw fsdp_error(fmt::format("unit {}'s {} starts and {} has no weights: {}", unit, what, p->name,
                                       lost != lost_.end() ? lost->second : "no view of a gathered buffer was ever set"),
                           what == std::string("backward") ? "under FULL_SHARD a unit's weights are freed after its forward: its backward needs them again"
                                                           : "before_forward makes the unit whole: gathered, waited for, its parameters viewing the buffer");
@@ -193,7 +193,7 @@ class LabFSDP : public ZeRO3 {
         if (v == viewing_.end()) continue;  // weights the engine gathered (a save)
         const int b = v->second;
         if (const int w = bufs_.at(b).writing)
-          throw lab_error(fmt::format("unit {}'s {} starts and {} views buffer {}, which work {} (an all_gather) is still writing", unit, what,
+          throw fsdp_error(fmt::format("unit {}'s {} starts and {} views buffer {}, which work {} (an all_gather) is still writing", unit, what,
                                       p->name, b, w),
                           "wait(work) before the unit computes: an all_gather's output is there only once it is waited for");
       }
@@ -203,25 +203,25 @@ class LabFSDP : public ZeRO3 {
   Buf& buffer(int64_t b, const char* op) {
     auto it = bufs_.find(int(b));
     if (b <= 0 || b > INT32_MAX || it == bufs_.end())
-      throw lab_error(fmt::format("{} in {}: buffer {} does not exist ({})", op, during_, b,
+      throw fsdp_error(fmt::format("{} in {}: buffer {} does not exist ({})", op, during_, b,
                                   b > 0 && b < next_buf_ ? "it was released" : "no alloc() or part() returned it"));
     if (it->second.part_of >= 0) it->second.t = flats_.all()[size_t(it->second.part_of)].local.data;  // the optimizer's part as it is now
     return it->second;
   }
   FlatParam& flat(int64_t i, const char* op) {
     if (i < 0 || i >= int64_t(flats_.all().size()))
-      throw lab_error(fmt::format("{} in {}: flat {} does not exist (flats 0..{})", op, during_, i, flats_.all().size() - 1));
+      throw fsdp_error(fmt::format("{} in {}: flat {} does not exist (flats 0..{})", op, during_, i, flats_.all().size() - 1));
     return flats_.all()[size_t(i)];
   }
   Parameter* param(int64_t i, int64_t k, const char* op) {
     FlatParam& f = flat(i, op);
     if (k < 0 || k >= int64_t(f.params.size()))
-      throw lab_error(fmt::format("{} in {}: flat {} has parameters 0..{}, not {}", op, during_, i, f.params.size() - 1, k));
+      throw fsdp_error(fmt::format("{} in {}: flat {} has parameters 0..{}, not {}", op, during_, i, f.params.size() - 1, k));
     return f.params[size_t(k)];
   }
   void in_range(const Buf& b, int64_t id, int64_t at, int64_t n, const char* op) {
     if (at < 0 || n < 0 || at > b.n || n > b.n - at)
-      throw lab_error(fmt::format("{} in {}: elements [{}, {}) of buffer {}, which holds {}", op, during_, at, at + n, id, b.n));
+      throw fsdp_error(fmt::format("{} in {}: elements [{}, {}) of buffer {}, which holds {}", op, during_, at, at + n, id, b.n));
   }
   DType dtype_of(const Buf& b) const { return b.t.dtype(); }
   DeviceKind device_of(const Buf& b) const { return b.t.device(); }
@@ -239,12 +239,12 @@ class LabFSDP : public ZeRO3 {
     switch (f.op) {
       case labproto::kFsdpAlloc: {
         const int64_t n = a[0];
-        if (a[1] < 0 || a[1] > 2) throw lab_error(fmt::format("alloc({}, kind {}) in {}: the kinds are weights, grads and host", n, a[1], during_));
+        if (a[1] < 0 || a[1] > 2) throw fsdp_error(fmt::format("alloc({}, kind {}) in {}: the kinds are weights, grads and host", n, a[1], during_));
         if (n < 0 || n > largest_alloc_)
-          throw lab_error(fmt::format("alloc({}) in {}: more elements than every flat vector of the model together ({})", n, during_, largest_alloc_),
+          throw fsdp_error(fmt::format("alloc({}) in {}: more elements than every flat vector of the model together ({})", n, during_, largest_alloc_),
                           "a buffer holds one flat vector (padded), or a part of one");
         if (live_ + n > 3 * largest_alloc_)  // a rank's whole model, gathered, plus its flat gradients, fit twice over
-          throw lab_error(fmt::format("alloc({}) in {}: the lab's buffers would hold {} elements, more than 3x every flat vector of the model "
+          throw fsdp_error(fmt::format("alloc({}) in {}: the lab's buffers would hold {} elements, more than 3x every flat vector of the model "
                                       "together ({})", n, during_, live_ + n, largest_alloc_),
                           "release what is no longer needed: a gathered unit after its use, a flat gradient once reduced");
         live_ += n;
@@ -275,9 +275,9 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpRelease: {
         Buf& b = buffer(a[0], "release");
         if (b.part_of >= 0)
-          throw lab_error(fmt::format("release({}) in {}: buffer {} is this rank's part of flat {}, the trainer's", a[0], during_, a[0], b.part_of),
+          throw fsdp_error(fmt::format("release({}) in {}: buffer {} is this rank's part of flat {}, the trainer's", a[0], during_, a[0], b.part_of),
                           "part(flat) is the optimizer's: keep it");
-        if (b.busy) throw lab_error(fmt::format("release({}) in {}: a collective in flight still uses buffer {}", a[0], during_, a[0]),
+        if (b.busy) throw fsdp_error(fmt::format("release({}) in {}: a collective in flight still uses buffer {}", a[0], during_, a[0]),
                                     "wait(work) first: the collective reads or writes the buffer until then");
         for (auto it = viewing_.begin(); it != viewing_.end();) {
           if (it->second != int(a[0])) {
@@ -287,7 +287,7 @@ class LabFSDP : public ZeRO3 {
           Parameter* p = it->first;
           const int unit = unit_of(p);
           if (running_[size_t(unit)] > 0)
-            throw lab_error(fmt::format("release({}) in {} while unit {}'s {} is running: {} views that buffer", a[0], during_, unit,
+            throw fsdp_error(fmt::format("release({}) in {} while unit {}'s {} is running: {} views that buffer", a[0], during_, unit,
                                         done_[size_t(unit)] || in_backward_ ? "backward" : "forward", p->name),
                             "a unit's weights are freed in its after_ hooks, or later: never between before_ and after_");
           if (unit == root_ && !in_backward_) root_freed_++;
@@ -305,9 +305,9 @@ class LabFSDP : public ZeRO3 {
         in_range(dst, a[0], a[1], a[4], "copy (dst)");
         in_range(src, a[2], a[3], a[4], "copy (src)");
         if (dst.busy || src.writing)  // a collective in flight reads or writes dst, or writes src
-          throw lab_error(fmt::format("copy in {}: buffer {} is in use by a collective not yet waited for", during_, dst.busy ? a[0] : a[2]),
+          throw fsdp_error(fmt::format("copy in {}: buffer {} is in use by a collective not yet waited for", during_, dst.busy ? a[0] : a[2]),
                           "wait(work) first");
-        if (dst.part_of >= 0) throw lab_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], dst.part_of));
+        if (dst.part_of >= 0) throw fsdp_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], dst.part_of));
         const int64_t n = a[4];
         char* d = static_cast<char*>(dst.t.data());
         const char* s = static_cast<const char*>(src.t.data());
@@ -321,10 +321,10 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpFill: {
         Buf& b = buffer(a[0], "fill");
         in_range(b, a[0], a[1], a[2], "fill");
-        if (b.part_of >= 0) throw lab_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], b.part_of));
-        if (b.busy) throw lab_error(fmt::format("fill in {}: buffer {} is in use by a collective not yet waited for", during_, a[0]), "wait(work) first");
+        if (b.part_of >= 0) throw fsdp_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], b.part_of));
+        if (b.busy) throw fsdp_error(fmt::format("fill in {}: buffer {} is in use by a collective not yet waited for", during_, a[0]), "wait(work) first");
         float v = 0;
-        if (payload.size() != 4) throw lab_error(fmt::format("fill in {} sent {} bytes for its value", during_, payload.size()));
+        if (payload.size() != 4) throw fsdp_error(fmt::format("fill in {} sent {} bytes for its value", during_, payload.size()));
         std::memcpy(&v, payload.data(), 4);
         if (!b.t.is_meta() && a[2] > 0) b.t.slice(a[1], {a[2]}).fill_(v);
         break;
@@ -335,7 +335,7 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpWait: {
         auto it = works_.find(a[0]);
         if (it == works_.end())
-          throw lab_error(fmt::format("wait({}) in {}: no collective in flight has that handle{}", a[0], during_,
+          throw fsdp_error(fmt::format("wait({}) in {}: no collective in flight has that handle{}", a[0], during_,
                                       a[0] > 0 && a[0] < next_work_ ? " (it was waited for already)" : ""));
         Pending w = std::move(it->second);
         works_.erase(it);
@@ -352,13 +352,13 @@ class LabFSDP : public ZeRO3 {
         Parameter* p = param(a[0], a[1], "view");
         Buf& b = buffer(a[2], "view");
         if (b.kind != Kind::weights || b.part_of >= 0)
-          throw lab_error(fmt::format("view({}, {}, buffer {}) in {}: buffer {} is {}; a parameter views a weights buffer (the gathered flat "
+          throw fsdp_error(fmt::format("view({}, {}, buffer {}) in {}: buffer {} is {}; a parameter views a weights buffer (the gathered flat "
                                       "vector)",
                                       a[0], a[1], a[2], during_, a[2], b.part_of >= 0 ? "this rank's part" : fmt::format("a {} buffer", kind_name(b.kind))));
         in_range(b, a[2], a[3], p->data.numel(), "view");
         const int unit = unit_of(p);
         if (running_[size_t(unit)] > 0)
-          throw lab_error(fmt::format("view of {} in {} while unit {} is running", p->name, during_, unit));
+          throw fsdp_error(fmt::format("view of {} in {} while unit {} is running", p->name, during_, unit));
         p->data = b.t.slice(a[3], p->data.shape());
         viewing_[p] = int(a[2]);
         lost_.erase(p);
@@ -369,13 +369,13 @@ class LabFSDP : public ZeRO3 {
         Buf& b = buffer(a[2], "take_grad");
         const int unit = unit_of(p);
         if (!sync_)
-          throw lab_error(fmt::format("take_grad of {} in {} on an accumulation micro-step", p->name, during_),
+          throw fsdp_error(fmt::format("take_grad of {} in {} on an accumulation micro-step", p->name, during_),
                           "o.sync is false: the layers' gradients add up until the last micro-step (no_sync); take them then");
         if (!done_[size_t(unit)] || running_[size_t(unit)] > 0)
-          throw lab_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, unit),
+          throw fsdp_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, unit),
                           "a unit's gradients are complete in its after_backward");
-        if (b.kind != Kind::grads) throw lab_error(fmt::format("take_grad of {} in {} into buffer {}, a {} buffer: gradients go into a grads buffer", p->name, during_, a[2], kind_name(b.kind)));
-        if (b.busy) throw lab_error(fmt::format("take_grad in {}: buffer {} is in use by a collective not yet waited for", during_, a[2]), "wait(work) first");
+        if (b.kind != Kind::grads) throw fsdp_error(fmt::format("take_grad of {} in {} into buffer {}, a {} buffer: gradients go into a grads buffer", p->name, during_, a[2], kind_name(b.kind)));
+        if (b.busy) throw fsdp_error(fmt::format("take_grad in {}: buffer {} is in use by a collective not yet waited for", during_, a[2]), "wait(work) first");
         in_range(b, a[2], a[3], p->data.numel(), "take_grad");
         float* dst = b.t.f32_at(a[3]);
         if (p->grad.defined()) copy_values(rt_, p->grad.data(), p->grad.dtype(), dst, DType::f32, p->data.numel());
@@ -386,19 +386,19 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpKeepGrad: {
         FlatParam& fl = flat(a[0], "keep_grad");
         Buf& b = buffer(a[1], "keep_grad");
-        if (!sync_) throw lab_error(fmt::format("keep_grad({}) in {} on an accumulation micro-step", a[0], during_),
+        if (!sync_) throw fsdp_error(fmt::format("keep_grad({}) in {} on an accumulation micro-step", a[0], during_),
                                     "o.sync is false: nothing is reduced until the last micro-step (no_sync)");
-        if (kept_[size_t(a[0])]) throw lab_error(fmt::format("keep_grad({}) in {}: flat {}'s part was kept already this step", a[0], during_, a[0]));
+        if (kept_[size_t(a[0])]) throw fsdp_error(fmt::format("keep_grad({}) in {}: flat {}'s part was kept already this step", a[0], during_, a[0]));
         if (b.writing)
-          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: a reduce_scatter is still writing that buffer", a[0], a[1], during_),
+          throw fsdp_error(fmt::format("keep_grad({}, buffer {}) in {}: a reduce_scatter is still writing that buffer", a[0], a[1], during_),
                           "wait(work) first: its output is there only once it is waited for");
         const bool host = fl.local.data.category() == Category::host;
         if (b.part_of >= 0 || (host && b.kind != Kind::host) || (!host && b.kind != Kind::grads))
-          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: buffer {} is {}; the optimizer steps this part {}", a[0], a[1], during_, a[1],
+          throw fsdp_error(fmt::format("keep_grad({}, buffer {}) in {}: buffer {} is {}; the optimizer steps this part {}", a[0], a[1], during_, a[1],
                                       b.part_of >= 0 ? "a part of the weights" : fmt::format("a {} buffer", kind_name(b.kind)),
                                       host ? "on the host (offload): its gradient must be host memory" : "on the device, from a grads buffer"));
         if (b.n < fl.shard)
-          throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: this rank's part of flat {} is {} elements, and buffer {} holds {}", a[0], a[1],
+          throw fsdp_error(fmt::format("keep_grad({}, buffer {}) in {}: this rank's part of flat {} is {} elements, and buffer {} holds {}", a[0], a[1],
                                       during_, a[0], fl.shard, a[1], b.n),
                           "the part of a flat is what the reduce-scatter leaves each rank: the layout decides its size");
         check_padding(fl, b, a[0], a[1]);
@@ -409,7 +409,7 @@ class LabFSDP : public ZeRO3 {
         break;
       }
       default:
-        throw lab_error(fmt::format("sent request {} in {}, which lab 05 has no use for", f.op, during_));
+        throw fsdp_error(fmt::format("sent request {} in {}, which lab 05 has no use for", f.op, during_));
     }
     plugin_.reply(labproto::kData, nullptr, 0, 0, "fsdp request");
   }
@@ -421,18 +421,18 @@ class LabFSDP : public ZeRO3 {
     Buf& in = buffer(in_id, op);
     Buf& out = buffer(out_id, op);
     const int64_t world = pg_.size();
-    if (n < 0 || n > (int64_t(1) << 40)) throw lab_error(fmt::format("{} of {} elements in {}", op, n, during_));
+    if (n < 0 || n > (int64_t(1) << 40)) throw fsdp_error(fmt::format("{} of {} elements in {}", op, n, during_));
     in_range(in, in_id, 0, gather ? n : n * world, fmt::format("{} (in)", op).c_str());
     in_range(out, out_id, 0, gather ? n * world : n, fmt::format("{} (out)", op).c_str());
     if (in.host() || out.host())
-      throw lab_error(fmt::format("{}(buffer {}, buffer {}) in {}: buffer {} is host memory", op, in_id, out_id, during_, in.host() ? in_id : out_id),
+      throw fsdp_error(fmt::format("{}(buffer {}, buffer {}) in {}: buffer {} is host memory", op, in_id, out_id, during_, in.host() ? in_id : out_id),
                       "a collective runs between devices: copy a host part into a device buffer first");
     if (!gather && (in.kind != Kind::grads || out.kind != Kind::grads))
-      throw lab_error(fmt::format("reduce_scatter(buffer {}, buffer {}) in {}: gradients are reduced in grads buffers (f32)", in_id, out_id, during_));
-    if (out.part_of >= 0) throw lab_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, out.part_of));
-    if (in_id == out_id) throw lab_error(fmt::format("{} in {} with buffer {} as its input and its output", op, during_, in_id));
+      throw fsdp_error(fmt::format("reduce_scatter(buffer {}, buffer {}) in {}: gradients are reduced in grads buffers (f32)", in_id, out_id, during_));
+    if (out.part_of >= 0) throw fsdp_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, out.part_of));
+    if (in_id == out_id) throw fsdp_error(fmt::format("{} in {} with buffer {} as its input and its output", op, during_, in_id));
     if (in.writing || out.writing || out.busy)
-      throw lab_error(fmt::format("{} in {}: buffer {} is in use by a collective not yet waited for", op, during_, in.writing ? in_id : out_id));
+      throw fsdp_error(fmt::format("{} in {}: buffer {} is in use by a collective not yet waited for", op, during_, in.writing ? in_id : out_id));
     Pending w;
     w.gather = gather;
     w.in = int(in_id);
@@ -478,7 +478,7 @@ class LabFSDP : public ZeRO3 {
                 int64_t(pad.size()));
     for (size_t i = 0; i < pad.size(); i++)
       if (pad[i] != 0.0f)
-        throw lab_error(fmt::format("keep_grad({}, buffer {}) in {}: element {} of this rank's part lies past the parameters' end (the padding) "
+        throw fsdp_error(fmt::format("keep_grad({}, buffer {}) in {}: element {} of this rank's part lies past the parameters' end (the padding) "
                                     "and is {}, not 0: it would count in the gradient's norm (and the clipping)",
                                     flat, id, during_, first + int64_t(i), pad[i]),
                         "a buffer comes uninitialized: what nobody writes stays NaN");
