@@ -230,7 +230,13 @@ const Job& job(CheckContext& ctx, const std::string& key, int ranks, bool studen
   // references serve a whole batch; a student's job is this grading's own
   const Job& j = ctx.shared.get<Job>(student ? key + ":" + ctx.plugin : "engine:" + key, [&] {
     double limit = ctx.seconds_left();
-    if (!student) return engine_job(ctx, ranks, sets, limit);
+    if (!student) {
+      // the engine's run under this check's clock: one that ran out of it is not kept, or a student who
+      // used up their check's time would fail the reference for every student after them
+      Job ref = engine_job(ctx, ranks, sets, limit);
+      if (!ref.ok && ref.status == "timeout") throw CheckAbort(ref.status, ref.failure);
+      return ref;
+    }
     // a few times what the engine's own run took on the same job (on an idle machine: x the load), and
     // never past the check's limit
     const Job& ref = job(ctx, "ref:" + key, ranks, false, sets);
