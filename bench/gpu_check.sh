@@ -132,7 +132,7 @@ if [ $gpu -eq 1 ]; then
   M=${OUT:-/tmp}
   "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
   [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024
-  "$DISTLAB" train configs/cifar-cnn.toml --device cuda --set train.steps=60 --set train.micro_batch=256 --metrics "$M/cnn_cuda.jsonl" 2>&1 | tail -6 || status=1
+  "$DISTLAB" train configs/cifar-cnn.toml --device cuda --set train.steps=60 --set train.global_batch=256 --metrics "$M/cnn_cuda.jsonl" 2>&1 | tail -6 || status=1
   [ -f "$M/cnn_cuda.jsonl" ] && rates "$M/cnn_cuda.jsonl" img 1
   # the trainer on the GPU against the cpu: the same runs' first losses and gradient norms (fp32; the GPU
   # sums in another order, so they agree to about 1e-5 relative, not bit for bit)
@@ -157,7 +157,7 @@ if [ $gpu -eq 1 ]; then
   done
   if [ "$ngpu" -ge 2 ]; then  # DDP over NCCL, a rank per GPU
     "$DISTLAB" run -n "$ngpu" train configs/cifar-cnn.toml --device cuda --set parallel.strategy=ddp --set dist.backend=nccl \
-      --set train.steps=60 --set train.micro_batch=256 --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
+      --set train.steps=60 --set train.global_batch=$((256 * ngpu)) --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
     [ -f "$M/ddp_nccl.jsonl" ] && rates "$M/ddp_nccl.jsonl" img 1  # samples: the global batch
     nccl_vs_gloo fsdp 20  # FSDP's prefetched all-gathers across GPUs
     # a model split over 2 GPUs: tensor parallel (its all-reduces over NCCL), then 2 pipeline stages
