@@ -75,12 +75,12 @@ Run launch(int ranks, const std::string& config, const std::string& sets, const 
   return read_run(code, out, metrics);
 }
 
-std::string slurp(const std::string& path) {
+std::string slurp_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-const std::string kGpt = "configs/gpt-tiny.toml";
+const std::string kCkptGpt = "configs/gpt-tiny.toml";
 // AdamW with decay groups, clipping, a cosine schedule, and dropout: every piece of state matters
 const std::string kGptSets = "--set train.steps=60 --set train.micro_batch=4 --set train.eval_batches=2 --set model.dropout=0.1 ";
 const std::string kCnnBn = "configs/cifar-cnn-bn.toml";
@@ -107,7 +107,7 @@ void check_resume_is_bitwise(const std::string& config, const std::string& sets,
   for (int i = 0; i < 60; i++) one_to_60[size_t(i)] = i + 1;
   CHECK(cut.steps == one_to_60);
   CHECK(cut.losses == whole.losses);
-  CHECK(slurp(s / "cut.safetensors") == slurp(s / "whole.safetensors"));
+  CHECK(slurp_file(s / "cut.safetensors") == slurp_file(s / "whole.safetensors"));
   int resumes = 0;
   for (const auto& r : cut.records) resumes += r["kind"] == "resume";
   CHECK(resumes == 1);
@@ -123,7 +123,7 @@ TEST_CASE("a resumed run that fails before its first record keeps the interrupte
     MetricsWriter w(path);
     w.fail("checkpoint.dir cannot be written");  // e.g. the resume itself failed
   }
-  const std::string kept = slurp(path + ".partial");
+  const std::string kept = slurp_file(path + ".partial");
   CHECK(kept.find(R"("step":2)") != std::string::npos);
   CHECK(kept.find("cannot be written") != std::string::npos);
   // the next resume continues the file: its error record is dropped, the steps up to the checkpoint kept
@@ -149,7 +149,7 @@ TEST_CASE("kill -9 at a random step under DDP: the resumed run is the uninterrup
   for (const std::string prec : {"fp32", "bf16"}) {
     const int step = std::uniform_int_distribution<int>(11, 59)(rng);
     INFO("DDP " << prec << ", rank 1 killed at step " << step);
-    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=ddp --set precision.mode=" + prec + " ",
+    check_resume_is_bitwise(kCkptGpt, kGptSets + "--set parallel.strategy=ddp --set precision.mode=" + prec + " ",
                             fmt::format("kill:1:step:{}", step), "ddp-" + prec);
   }
   // BatchNorm's running statistics are per rank under DDP: each rank gets its own back
@@ -163,15 +163,15 @@ TEST_CASE("kill -9 at a random step under ZeRO-2, and in the middle of a save: b
   for (const std::string prec : {"fp32", "bf16"}) {
     const int step = std::uniform_int_distribution<int>(11, 59)(rng);
     INFO("ZeRO-2 " << prec << ", rank 1 killed at step " << step);
-    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=" + prec + " ",
+    check_resume_is_bitwise(kCkptGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=" + prec + " ",
                             fmt::format("kill:1:step:{}", step), "zero2-" + prec);
   }
   // rank 1 dies with its file of step 30 written but not renamed: step-000030 has no COMPLETE, and the
   // restart resumes from step 20, intact
   Scratch s("torn");
   const std::string sets = kGptSets + "--set parallel.strategy=zero2 --set precision.mode=bf16 --set checkpoint.every=10 --set checkpoint.dir=" + (s / "ck");
-  Run whole = launch(2, kGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=bf16", s / "whole.jsonl");
-  Run cut = launch(2, kGpt, sets, s / "cut.jsonl", "DISTLAB_TEST_FAULT=kill:1:save:30", 1);
+  Run whole = launch(2, kCkptGpt, kGptSets + "--set parallel.strategy=zero2 --set precision.mode=bf16", s / "whole.jsonl");
+  Run cut = launch(2, kCkptGpt, sets, s / "cut.jsonl", "DISTLAB_TEST_FAULT=kill:1:save:30", 1);
   INFO(cut.out);
   REQUIRE(cut.code == 0);
   CHECK(cut.out.find("rank 1 kills itself with SIGKILL at save 30") != std::string::npos);
@@ -185,7 +185,7 @@ TEST_CASE("kill -9 at a random step under FSDP: bitwise, fp32, bf16, and fp16 wi
   for (const std::string prec : {"fp32", "bf16", "fp16 --set precision.init_scale=1e9"}) {
     const int step = std::uniform_int_distribution<int>(11, 59)(rng);
     INFO("FSDP " << prec << ", rank 0 killed at step " << step);
-    check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.strategy=fsdp --set precision.mode=" + prec + " ",
+    check_resume_is_bitwise(kCkptGpt, kGptSets + "--set parallel.strategy=fsdp --set precision.mode=" + prec + " ",
                             fmt::format("kill:0:step:{}", step), "fsdp-" + prec.substr(0, 4));
   }
 }
@@ -198,7 +198,7 @@ TEST_CASE("SIGTERM saves a checkpoint and stops with 143, and the resumed run fi
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string cmd = fmt::format("cd {} && exec {} run -n 2 --master-port 0 train {} {} --metrics {} > {} 2>&1", DISTLAB_SOURCE_DIR,
-                                        DISTLAB_BINARY, kGpt, sets, metrics, s / "out.txt");
+                                        DISTLAB_BINARY, kCkptGpt, sets, metrics, s / "out.txt");
     execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
     _exit(127);
   }
@@ -215,7 +215,7 @@ TEST_CASE("SIGTERM saves a checkpoint and stops with 143, and the resumed run fi
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
-  const std::string out = slurp(s / "out.txt");
+  const std::string out = slurp_file(s / "out.txt");
   INFO(out);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 143);  // 128 + SIGTERM, as the README says (it was 130, Ctrl-C's)
@@ -223,14 +223,14 @@ TEST_CASE("SIGTERM saves a checkpoint and stops with 143, and the resumed run fi
   CHECK(out.find("stopped by SIGTERM after step") != std::string::npos);
   REQUIRE(fs::exists(metrics + ".partial"));  // not finished: the metrics stay .partial
   CHECK(!fs::exists(metrics));
-  Run resumed = launch(2, kGpt, sets + " --save " + (s / "cut.safetensors"), metrics);
+  Run resumed = launch(2, kCkptGpt, sets + " --save " + (s / "cut.safetensors"), metrics);
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
-  Run whole = launch(2, kGpt, sets + "--set checkpoint.dir=" + (s / "ck2") + " --save " + (s / "whole.safetensors"), s / "whole.jsonl");
+  Run whole = launch(2, kCkptGpt, sets + "--set checkpoint.dir=" + (s / "ck2") + " --save " + (s / "whole.safetensors"), s / "whole.jsonl");
   REQUIRE(whole.code == 0);
   CHECK(resumed.losses == whole.losses);
   CHECK(resumed.losses.size() == 250);
-  CHECK(slurp(s / "cut.safetensors") == slurp(s / "whole.safetensors"));
+  CHECK(slurp_file(s / "cut.safetensors") == slurp_file(s / "whole.safetensors"));
 }
 
 namespace {
@@ -271,7 +271,7 @@ TEST_CASE("resharding: N ranks' checkpoint loads on M ranks and under another st
     std::string strategy;
   };
   for (const Source& src : {Source{2, "zero2"}, Source{4, "fsdp"}, Source{2, "fsdp"}, Source{2, "ddp"}}) {
-    Run r = launch(src.ranks, kGpt, sets(src.ranks, src.strategy) + "--set checkpoint.dir=" + (s / fmt::format("{}-{}", src.ranks, src.strategy)),
+    Run r = launch(src.ranks, kCkptGpt, sets(src.ranks, src.strategy) + "--set checkpoint.dir=" + (s / fmt::format("{}-{}", src.ranks, src.strategy)),
                    s / "src.jsonl");
     INFO(r.out);
     REQUIRE(r.code == 0);
@@ -288,7 +288,7 @@ TEST_CASE("resharding: N ranks' checkpoint loads on M ranks and under another st
     const std::string from = s / fmt::format("{}-{}/step-000010", c.from, c.from_strategy);
     const std::string to = s / fmt::format("re-{}-{}-{}-{}", c.from, c.from_strategy, c.to, c.to_strategy);
     // loaded and saved again at the same step: every weight and moment where it was
-    Run r = launch(c.to, kGpt, sets(c.to, c.to_strategy) + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "re.jsonl");
+    Run r = launch(c.to, kCkptGpt, sets(c.to, c.to_strategy) + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "re.jsonl");
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("resumed from " + from) != std::string::npos);
@@ -299,9 +299,9 @@ TEST_CASE("resharding: N ranks' checkpoint loads on M ranks and under another st
   // and training goes on from it: 2 ranks of ZeRO-2 -> 1 rank, the same global batches (the sampler's
   // interleave puts the same samples in each), so the same curve up to the order of the sums
   const std::string cont = "--set train.steps=20 --set train.eval_batches=2 --set checkpoint.every=10 ";
-  Run whole = launch(2, kGpt, cont + "--set train.micro_batch=6 --set parallel.strategy=zero2 --set checkpoint.dir=" + (s / "c2"), s / "w.jsonl");
+  Run whole = launch(2, kCkptGpt, cont + "--set train.micro_batch=6 --set parallel.strategy=zero2 --set checkpoint.dir=" + (s / "c2"), s / "w.jsonl");
   REQUIRE(whole.code == 0);
-  Run one = launch(1, kGpt, cont + "--set train.micro_batch=12 --set checkpoint.resume=" + (s / "c2/step-000010") + " --set checkpoint.dir=" + (s / "c1"),
+  Run one = launch(1, kCkptGpt, cont + "--set train.micro_batch=12 --set checkpoint.resume=" + (s / "c2/step-000010") + " --set checkpoint.dir=" + (s / "c1"),
                    s / "one.jsonl");
   INFO(one.out);
   REQUIRE(one.code == 0);
@@ -316,11 +316,11 @@ TEST_CASE("split models: tensor- and pipeline-parallel runs resume bitwise after
   // tp 2: each rank writes its slices (a row-split matrix one piece per row), the whole small tensors rank 0
   int step = std::uniform_int_distribution<int>(11, 59)(rng);
   INFO("tp 2, rank 1 killed at step " << step);
-  check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.tp=2 ", fmt::format("kill:1:step:{}", step), "tp2");
+  check_resume_is_bitwise(kCkptGpt, kGptSets + "--set parallel.tp=2 ", fmt::format("kill:1:step:{}", step), "tp2");
   // pp 2: each stage its blocks; the last stage's copy of wte is not written (it is wte); dropout in both stages
   step = std::uniform_int_distribution<int>(11, 59)(rng);
   INFO("pp 2, rank 0 killed at step " << step);
-  check_resume_is_bitwise(kGpt, kGptSets + "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 ",
+  check_resume_is_bitwise(kCkptGpt, kGptSets + "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=2 ",
                           fmt::format("kill:0:step:{}", step), "pp2");
 
   // a 2-rank split's checkpoint, loaded on one rank and saved again at the same step: every weight and moment
@@ -335,14 +335,14 @@ TEST_CASE("split models: tensor- and pipeline-parallel runs resume bitwise after
                              : split == "zero1" ? "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.strategy=zero1 "
                                                   "--set parallel.micro_batches=2 --set train.micro_batch=2 "
                                                 : "--set parallel.tp=2 --set parallel.dp=2 --set parallel.strategy=fsdp --set train.micro_batch=2 ";
-    Run r = launch(split == "zero1" ? 8 : split == "fsdp" ? 4 : 2, kGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
+    Run r = launch(split == "zero1" ? 8 : split == "fsdp" ? 4 : 2, kCkptGpt, base + sets + "--set checkpoint.dir=" + (s / split), s / "src.jsonl");
     INFO(r.out);
     REQUIRE(r.code == 0);
     const std::string from = s / (split + "/step-000010"), to = s / (split + "-one");
     const std::string one_sets = split == "tp" || split == "fsdp" ? "--set train.micro_batch=4 "
                                  : split == "pp"                  ? "--set train.micro_batch=2 --set train.accum_steps=2 "
                                                                   : "--set train.micro_batch=2 --set train.accum_steps=4 ";
-    Run one = launch(1, kGpt, base + one_sets + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "one.jsonl");
+    Run one = launch(1, kCkptGpt, base + one_sets + "--set checkpoint.resume=" + from + " --set checkpoint.dir=" + to, s / "one.jsonl");
     INFO(one.out);
     REQUIRE(one.code == 0);
     CHECK(one.out.find("resumed from " + from) != std::string::npos);
@@ -354,7 +354,7 @@ TEST_CASE("split models: tensor- and pipeline-parallel runs resume bitwise after
 
 TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the file, and auto falls back to the previous complete one", "[ckpt]") {
   Scratch s("corrupt");
-  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  const std::string toml = slurp_file(std::string(DISTLAB_SOURCE_DIR) + "/" + kCkptGpt);
   const std::vector<std::string> sets = {"train.steps=20", "train.micro_batch=4", "train.eval_batches=2", "checkpoint.every=5",
                                          "checkpoint.keep=0", "checkpoint.dir=" + (s / "ck")};
   auto run = [&](std::vector<std::string> extra) {
@@ -382,7 +382,7 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
   CHECK_THROWS_WITH(Checkpoint(s15), Catch::Contains("rank-00000.safetensors") && Catch::Contains("truncated"));
   // step 10: its manifest edited by hand
   {
-    std::string m = slurp(s10 + "/manifest.json");
+    std::string m = slurp_file(s10 + "/manifest.json");
     m.replace(m.find("\"step\": 10"), 10, "\"step\": 11");
     std::ofstream(s10 + "/manifest.json") << m;
   }
@@ -416,10 +416,10 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
 
 TEST_CASE("a hostile manifest (paths out of the folder, pieces past the end, impossible shapes) is refused, never read past", "[ckpt]") {
   Scratch s("hostile");
-  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  const std::string toml = slurp_file(std::string(DISTLAB_SOURCE_DIR) + "/" + kCkptGpt);
   distlab::testing::train_in_process(toml, {"train.steps=2", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.dir=" + (s / "ck")});
   const std::string dir = s / "ck/step-000002";
-  const std::string original = slurp(dir + "/manifest.json");
+  const std::string original = slurp_file(dir + "/manifest.json");
   // an attacker who rewrites the manifest also rewrites COMPLETE's checksum
   auto forge = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json m = nlohmann::json::parse(original);
@@ -476,7 +476,7 @@ TEST_CASE("a hostile manifest (paths out of the folder, pieces past the end, imp
 
 TEST_CASE("a checkpoint of another model is refused naming the keys, and resume = never will not overwrite one", "[ckpt]") {
   Scratch s("compat");
-  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/" + kGpt);
+  const std::string toml = slurp_file(std::string(DISTLAB_SOURCE_DIR) + "/" + kCkptGpt);
   const std::vector<std::string> base = {"train.steps=4", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.dir=" + (s / "ck")};
   distlab::testing::train_in_process(toml, base);
   auto with = [&](std::vector<std::string> extra) {
@@ -501,7 +501,7 @@ TEST_CASE("a checkpoint of another model is refused naming the keys, and resume 
 
 TEST_CASE("distlab ckpt inspect and export: the manifest with checksums, and the weights PyTorch loads", "[ckpt][cli]") {
   Scratch s("cli");
-  Run r = launch(2, kGpt, "--set train.steps=6 --set train.micro_batch=4 --set train.eval_batches=1 --set parallel.strategy=fsdp "
+  Run r = launch(2, kCkptGpt, "--set train.steps=6 --set train.micro_batch=4 --set train.eval_batches=1 --set parallel.strategy=fsdp "
                           "--set precision.mode=bf16 --set checkpoint.dir=" + (s / "ck") + " --save " + (s / "saved.safetensors"),
                  s / "m.jsonl");
   INFO(r.out);
@@ -540,7 +540,7 @@ TEST_CASE("distlab ckpt inspect and export: the manifest with checksums, and the
 }
 
 TEST_CASE("what a checkpoint weighs per rank: 12 bytes per parameter of f32 weights and Adam's moments, split N ways under FSDP", "[ckpt][meta]") {
-  const std::string toml = slurp(std::string(DISTLAB_SOURCE_DIR) + "/configs/gpt-1b.toml");
+  const std::string toml = slurp_file(std::string(DISTLAB_SOURCE_DIR) + "/configs/gpt-1b.toml");
   for (int n : {1, 8}) {
     INFO(n << " ranks");
     auto r = distlab::testing::train_in_process(

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
+std::string read_text(const fs::path& p) {
   std::ifstream in(p);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
@@ -83,7 +83,7 @@ std::string resolve(const std::string& ref) {
       if (name.size() < 11 || name.substr(name.size() - 10) != ".quiz.toml") continue;
       std::string num = name.substr(0, name.find('-'));
       while (num.size() > 1 && num[0] == '0') num.erase(0, 1);
-      if (num == id) return slurp(e.path()).find("id = \"" + q + "\"") != std::string::npos ? "" : "quiz " + id + " has no question '" + q + "'";
+      if (num == id) return read_text(e.path()).find("id = \"" + q + "\"") != std::string::npos ? "" : "quiz " + id + " has no question '" + q + "'";
     }
     return "no quiz " + id;
   }
@@ -93,13 +93,13 @@ std::string resolve(const std::string& ref) {
     const std::string id = ref.substr(4, colon - 4), check = ref.substr(colon + 1);
     for (const auto& e : fs::directory_iterator(src / "labs"))
       if (e.path().filename().string().rfind(id + "-", 0) == 0)
-        return slurp(e.path() / "lab.toml").find("name = \"" + check + "\"") != std::string::npos ? "" : "lab " + id + " has no check '" + check + "'";
+        return read_text(e.path() / "lab.toml").find("name = \"" + check + "\"") != std::string::npos ? "" : "lab " + id + " has no check '" + check + "'";
     return "no lab " + id;
   }
   if (ref.rfind("test \"", 0) == 0 && ref.back() == '"') {
     const std::string part = ref.substr(6, ref.size() - 7);
     for (const auto& e : fs::directory_iterator(src / "tests"))
-      if (e.path().extension() == ".cpp" && slurp(e.path()).find(part) != std::string::npos) return "";
+      if (e.path().extension() == ".cpp" && read_text(e.path()).find(part) != std::string::npos) return "";
     return "no test holds \"" + part + "\"";
   }
   const std::string path = ref.substr(0, ref.find('#'));
@@ -140,7 +140,7 @@ TEST_CASE("chapters/COVERAGE.md: every seed item is taught or checked, every ref
   std::string all;
   std::vector<std::string> items;
   for (const auto& e : fs::directory_iterator(seeds)) {
-    const std::string text = slurp(e.path());
+    const std::string text = read_text(e.path());
     all += squeeze(text);
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {

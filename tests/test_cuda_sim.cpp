@@ -135,7 +135,7 @@ TrainRun train_cli(const std::string& device, const std::string& args) {
   return r;
 }
 
-std::string tmp(const std::string& name) {
+std::string sim_tmp(const std::string& name) {
   return (fs::temp_directory_path() / ("distlab-sim-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
@@ -145,7 +145,7 @@ void check_same_runs(const std::string& args) { check_same_metrics(train_cli("cp
 // `args` on cpu ranks, then on cuda-sim ranks over nccl (whose log says `says`): the same metrics, and the
 // same weights saved (--save)
 void check_same_over_nccl(const std::string& args, const std::string& says) {
-  const std::string w_cpu = tmp("nccl-cpu.safetensors"), w_sim = tmp("nccl-sim.safetensors");
+  const std::string w_cpu = sim_tmp("nccl-cpu.safetensors"), w_sim = sim_tmp("nccl-sim.safetensors");
   const TrainRun sim = train_cli("cuda-sim", args + " --save " + w_sim + " --set dist.backend=nccl");
   CHECK_THAT(sim.out, Catch::Contains(says));
   check_same_metrics(train_cli("cpu", args + " --save " + w_cpu), sim);
@@ -164,7 +164,7 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
 }
 
 TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then over gloo) save, resume and --save as the cpu ranks do", "[cuda-sim]") {
-  const std::string w_cpu = tmp("cpu.safetensors"), w_sim = tmp("sim.safetensors"), ck_cpu = tmp("ck-cpu"), ck_sim = tmp("ck-sim");
+  const std::string w_cpu = sim_tmp("cpu.safetensors"), w_sim = sim_tmp("sim.safetensors"), ck_cpu = sim_tmp("ck-cpu"), ck_sim = sim_tmp("ck-sim");
   auto args = [](int steps, const std::string& ck, const std::string& w) {
     return "run -n 2 --master-port 0 train configs/cifar-cnn-bn.toml --set data.synthetic_train=256 --set parallel.strategy=ddp "
            "--set parallel.sync_batchnorm=true --set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" +
@@ -204,7 +204,7 @@ TEST_CASE("cuda-sim: ZeRO-2 in bf16 over nccl, ZeRO-3 in fp16 through a checkpoi
   const std::string nccl = " --set dist.backend=nccl";  // the sim's device group: the same calls as NCCL's, in the same order
   const std::string z2 = "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set train.steps=2 --set parallel.strategy=zero2 --set precision.mode=bf16";
   check_same_metrics(train_cli("cpu", z2), train_cli("cuda-sim", z2 + nccl));
-  const std::string ck_cpu = tmp("z3-ck-cpu"), ck_sim = tmp("z3-ck-sim");
+  const std::string ck_cpu = sim_tmp("z3-ck-cpu"), ck_sim = sim_tmp("z3-ck-sim");
   auto z3 = [](int steps, const std::string& ck) {
     return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero3 --set precision.mode=fp16 "
            "--set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" + std::to_string(steps);
@@ -220,7 +220,7 @@ TEST_CASE("cuda-sim: ZeRO-2 in bf16 over nccl, ZeRO-3 in fp16 through a checkpoi
 }
 
 TEST_CASE("cuda-sim: GPT in 2 pipeline stages (1F1B, bf16) through a checkpoint, resume, --save and --init, and dp 2 x pp 2 with ZeRO-1 over nccl, as the cpu ranks", "[cuda-sim][pp]") {
-  const std::string w_cpu = tmp("pp-cpu.safetensors"), w_sim = tmp("pp-sim.safetensors"), ck_cpu = tmp("pp-ck-cpu"), ck_sim = tmp("pp-ck-sim");
+  const std::string w_cpu = sim_tmp("pp-cpu.safetensors"), w_sim = sim_tmp("pp-sim.safetensors"), ck_cpu = sim_tmp("pp-ck-cpu"), ck_sim = sim_tmp("pp-ck-sim");
   auto pp = [](int steps, const std::string& ck) {
     return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.pp=2 --set parallel.micro_batches=4 --set precision.mode=bf16 "
            "--set checkpoint.every=2 --set checkpoint.dir=" + ck + " --set train.steps=" + std::to_string(steps);
@@ -335,7 +335,7 @@ TEST_CASE("cuda-sim: copy_across moves values between host and device in every d
 }
 
 TEST_CASE("cuda-sim: CPU offload (ZeRO-2 in bf16 over nccl through a checkpoint and resume, ZeRO-3 in fp16 with --save, FSDP) steps the parts in host memory, as the cpu ranks", "[cuda-sim][offload]") {
-  const std::string ck_cpu = tmp("off-ck-cpu"), ck_sim = tmp("off-ck-sim");
+  const std::string ck_cpu = sim_tmp("off-ck-cpu"), ck_sim = sim_tmp("off-ck-sim");
   auto z2 = [](int steps, const std::string& ck) {
     return "run -n 2 --master-port 0 train configs/gpt-tiny.toml --set parallel.strategy=zero2 --set parallel.offload=cpu "
            "--set precision.mode=bf16 --set optim.clip_grad_norm=0.5 --set checkpoint.every=2 --set checkpoint.dir=" + ck +
@@ -376,7 +376,7 @@ TEST_CASE("cuda-sim: the labs' solutions run on a cuda rank as on cpu ranks (02 
     check_same_runs(run);
   }
   // lab 07: the student's save_state writes the optimizer's state (down from the device), load_state puts it back up
-  const std::string ck_cpu = tmp("lab07-cpu"), ck_sim = tmp("lab07-sim");
+  const std::string ck_cpu = sim_tmp("lab07-cpu"), ck_sim = sim_tmp("lab07-sim");
   auto l7 = [&](int steps, const std::string& ck) {
     return lab("07-checkpoint", "--set checkpoint.every=2 --set checkpoint.dir=" + ck) + " --set train.steps=" + std::to_string(steps);
   };

@@ -26,26 +26,26 @@ namespace fs = std::filesystem;
 namespace {
 
 // a tiny GPT with dropout, accumulation, clipping and a warmed-up cosine schedule: every part of a step
-const char* kGpt = R"(
+const char* kExtGpt = R"(
 model = {name = "gpt", vocab_size = 32, block_size = 16, n_layer = 2, n_head = 2, n_embd = 16, dropout = 0.1}
 data = {name = "tokens", seq_len = 16, vocab = 32, synthetic_tokens = 4000}
 train = {micro_batch = 4, accum_steps = 2, steps = 6, eval_batches = 2, seed = 3, threads = 1}
 optim = {name = "adamw", lr = 1e-2, schedule = "cosine", warmup_steps = 2, clip_grad_norm = 0.5}
 )";
 
-struct Run {
+struct ExtRun {
   TrainRun r;
   std::string log;
 };
 
-Run train_with(const std::string& toml, TrainerExtension* ext, std::vector<std::string> sets = {}) {
+ExtRun train_with(const std::string& toml, TrainerExtension* ext, std::vector<std::string> sets = {}) {
   const std::string metrics = metrics_path("ext");
   sets.push_back("log.metrics=" + metrics);
   RunConfig cfg = parse_config(toml, "test.toml", sets);
   Runtime rt(DeviceKind::cpu);
   std::ostringstream log;
   MetricsWriter mw(cfg.log.metrics);
-  Run out;
+  ExtRun out;
   {
     Trainer t(cfg, rt, log, nullptr, ext);
     t.run(mw);
@@ -114,9 +114,9 @@ class OwnCheckpoints : public TrainerExtension {
 
 TEST_CASE("a step driven through TrainerCalls equals the engine's own, bit for bit (accumulation, clipping, a cosine schedule)",
           "[extension]") {
-  const Run engine = train_with(kGpt, nullptr);
+  const ExtRun engine = train_with(kExtGpt, nullptr);
   DrivenStep driven;
-  const Run ext = train_with(kGpt, &driven);
+  const ExtRun ext = train_with(kExtGpt, &driven);
   CHECK(driven.steps == 6);
   REQUIRE(engine.r.losses.size() == 6);
   CHECK(ext.r.losses == engine.r.losses);
@@ -128,10 +128,10 @@ TEST_CASE("a step driven through TrainerCalls equals the engine's own, bit for b
 }
 
 TEST_CASE("an extension's sampler replaces the engine's: train.shuffle = true then runs the plain order", "[extension]") {
-  const Run plain = train_with(kGpt, nullptr, {"train.shuffle=false", "train.steps=3"});
-  const Run shuffled = train_with(kGpt, nullptr, {"train.shuffle=true", "train.steps=3"});
+  const ExtRun plain = train_with(kExtGpt, nullptr, {"train.shuffle=false", "train.steps=3"});
+  const ExtRun shuffled = train_with(kExtGpt, nullptr, {"train.shuffle=true", "train.steps=3"});
   PlainOrder ext;
-  const Run mine = train_with(kGpt, &ext, {"train.shuffle=true", "train.steps=3"});
+  const ExtRun mine = train_with(kExtGpt, &ext, {"train.shuffle=true", "train.steps=3"});
   CHECK(shuffled.r.losses != plain.r.losses);  // the engine's shuffle draws another order
   CHECK(mine.r.losses == plain.r.losses);
 }
@@ -142,7 +142,7 @@ TEST_CASE("an extension's checkpoints: saved into the trainer's step folders, re
   const std::string dir = scratch_path("ext", "ckpt");
   fs::remove_all(dir);
   OwnCheckpoints first;
-  const Run a = train_with(kGpt, &first, {"checkpoint.dir=" + dir, "checkpoint.every=2", "checkpoint.keep=0", "train.steps=4"});
+  const ExtRun a = train_with(kExtGpt, &first, {"checkpoint.dir=" + dir, "checkpoint.every=2", "checkpoint.keep=0", "train.steps=4"});
   CHECK(first.resumed);
   REQUIRE(first.saved.size() == 2);  // steps 2 and 4 (the end of the run is step 4: saved once)
   CHECK(fs::path(first.saved[0]).filename() == "step-000002");
@@ -153,7 +153,7 @@ TEST_CASE("an extension's checkpoints: saved into the trainer's step folders, re
 
   OwnCheckpoints second;
   second.resume_at = first.saved[0];
-  const Run b = train_with(kGpt, &second, {"checkpoint.dir=" + dir, "checkpoint.every=2", "checkpoint.keep=0", "train.steps=4"});
+  const ExtRun b = train_with(kExtGpt, &second, {"checkpoint.dir=" + dir, "checkpoint.every=2", "checkpoint.keep=0", "train.steps=4"});
   REQUIRE(b.r.steps.size() == 2);  // steps 3 and 4: the run continued from the extension's point
   CHECK(b.r.steps[0]["step"].get<int64_t>() == 3);
   fs::remove_all(dir);

@@ -20,13 +20,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
+struct LaunchResult {
   int code;
   std::string out;
   double secs;
 };
 
-Result sh(const std::string& cmd) {
+LaunchResult sh(const std::string& cmd) {
   auto t0 = std::chrono::steady_clock::now();
   FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + cmd + " 2>&1").c_str(), "r");
   std::string out;
@@ -37,7 +37,7 @@ Result sh(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, secs};
 }
 
-std::string run(const std::string& args) { return "timeout 60 "s + DISTLAB_BINARY + " run " + args; }
+std::string run_cmd(const std::string& args) { return "timeout 60 "s + DISTLAB_BINARY + " run " + args; }
 
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -67,7 +67,7 @@ int count_processes(const std::string& marker) {
 
 TEST_CASE("workers get torchrun's environment, only rank 0 prints, --log-dir keeps every rank", "[launcher]") {
   fs::path logs = fs::temp_directory_path() / ("distlab-logs-" + std::to_string(getpid()));
-  Result r = sh(run("-n 3 --master-port 0 --log-dir " + logs.string() +
+  LaunchResult r = sh(run_cmd("-n 3 --master-port 0 --log-dir " + logs.string() +
                     " -- bash -c 'echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lw=$LOCAL_WORLD_SIZE "
                     "addr=$MASTER_ADDR port=$MASTER_PORT'"));
   INFO(r.out);
@@ -76,13 +76,13 @@ TEST_CASE("workers get torchrun's environment, only rank 0 prints, --log-dir kee
   CHECK_THAT(r.out, !Catch::Contains("rank=1"));
   for (int k = 0; k < 3; k++) CHECK(fs::exists(logs / ("rank_" + std::to_string(k) + ".log")));
   fs::remove_all(logs);
-  Result ok = sh(run("-n 2 --master-port 0 -- "s + FIXTURE_WORKER + " ok"));
+  LaunchResult ok = sh(run_cmd("-n 2 --master-port 0 -- "s + FIXTURE_WORKER + " ok"));
   CHECK(ok.code == 0);
   CHECK_THAT(ok.out, Catch::Contains("rank 0 of 2: sum 3"));
 }
 
 TEST_CASE("a worker that exits non-zero stops the others and is named with its last lines", "[launcher][failure]") {
-  Result r = sh(run("-n 3 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " fail-rank 1"));
+  LaunchResult r = sh(run_cmd("-n 3 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " fail-rank 1"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK(r.secs < 10.0);
@@ -92,7 +92,7 @@ TEST_CASE("a worker that exits non-zero stops the others and is named with its l
 TEST_CASE("workers that exit leaving a setsid descendant with their output open: the launcher returns, and kills it", "[launcher]") {
   // it blocked forever reading the pipe, deaf to SIGTERM and SIGINT, and the sleeps outlived it
   const std::string marker = "distlab-setsid-marker-" + std::to_string(getpid());
-  Result r = sh(run("-n 2 --master-port 0 --grace 2 -- bash -c 'setsid bash -c \"exec -a " + marker +
+  LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --grace 2 -- bash -c 'setsid bash -c \"exec -a " + marker +
                                     " sleep 120\" & sleep 1; echo done $RANK; exit 0'"));
   INFO(r.out);
   CHECK(r.code == 0);
@@ -104,7 +104,7 @@ TEST_CASE("workers that exit leaving a setsid descendant with their output open:
 
 TEST_CASE("a worker killed by SIGKILL: the launcher says so, and leaves no orphans", "[launcher][failure]") {
   const std::string marker = "distlab-orphan-marker-" + std::to_string(getpid());
-  Result r = sh(run("-n 2 --master-port 0 --grace 2 -- bash -c 'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
+  LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --grace 2 -- bash -c 'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
                     "exec -a " + marker + " sleep 30'"));
   INFO(r.out);
   CHECK(r.code == 1);
@@ -114,7 +114,7 @@ TEST_CASE("a worker killed by SIGKILL: the launcher says so, and leaves no orpha
 }
 
 TEST_CASE("an extra all_reduce on rank 0 fails within the timeout, naming the collective", "[launcher][failure]") {
-  Result r = sh("FIXTURE_TIMEOUT_MS=2000 " + run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " extra"));
+  LaunchResult r = sh("FIXTURE_TIMEOUT_MS=2000 " + run_cmd("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " extra"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK(r.secs < 15.0);
@@ -123,7 +123,7 @@ TEST_CASE("an extra all_reduce on rank 0 fails within the timeout, naming the co
 }
 
 TEST_CASE("DISTLAB_DEBUG=detail names both sides of a mismatched collective", "[launcher][failure]") {
-  Result r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " mismatch"));
+  LaunchResult r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run_cmd("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " mismatch"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK(r.secs < 10.0);
@@ -133,12 +133,12 @@ TEST_CASE("DISTLAB_DEBUG=detail names both sides of a mismatched collective", "[
 TEST_CASE("the whole group restarts with --max-restarts", "[launcher]") {
   fs::path flag = fs::temp_directory_path() / ("distlab-flaky-" + std::to_string(getpid()));
   fs::remove(flag);
-  Result r = sh(run("-n 2 --master-port 0 --grace 2 --max-restarts 1 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
+  LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --grace 2 --max-restarts 1 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("restarting the group"));
   fs::remove(flag);
-  Result no = sh(run("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
+  LaunchResult no = sh(run_cmd("-n 2 --master-port 0 --grace 2 -- "s + FIXTURE_WORKER + " flaky " + flag.string()));
   CHECK(no.code == 1);
   fs::remove(flag);
 }
@@ -165,14 +165,14 @@ TEST_CASE("two launchers on loopback make one job of two nodes", "[launcher]") {
   const int port = free_port();
   const std::string common = "--nnodes 2 --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " -n 1 -- "s + FIXTURE_WORKER + " ok";
   std::string node1_out;
-  std::thread node1([&] { node1_out = sh(run("--node-rank 1 " + common)).out; });
-  Result node0 = sh(run("--node-rank 0 " + common));
+  std::thread node1([&] { node1_out = sh(run_cmd("--node-rank 1 " + common)).out; });
+  LaunchResult node0 = sh(run_cmd("--node-rank 0 " + common));
   node1.join();
   INFO(node0.out << "\n---\n" << node1_out);
   CHECK(node0.code == 0);
   CHECK_THAT(node0.out, Catch::Contains("rank 0 of 2: sum 3"));
-  CHECK_THAT(run("--nnodes 2 --master-port 0 -n 1 -- true"), Catch::Contains("run"));
-  Result bad = sh(run("--nnodes 2 --node-rank 0 --master-port 0 -n 1 -- true"));
+  CHECK_THAT(run_cmd("--nnodes 2 --master-port 0 -n 1 -- true"), Catch::Contains("run"));
+  LaunchResult bad = sh(run_cmd("--nnodes 2 --node-rank 0 --master-port 0 -n 1 -- true"));
   CHECK(bad.code == 1);
   CHECK_THAT(bad.out, Catch::Contains("--master-port 0 works on one node only"));
 }
@@ -181,7 +181,7 @@ TEST_CASE("a PyTorch program runs unchanged: MASTER_PORT is free for torch's own
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
   REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
   for (const std::string& port : {std::string("0"), std::to_string(free_port())}) {
-    Result r = sh("timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port " + port + " --log-dir " +
+    LaunchResult r = sh("timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port " + port + " --log-dir " +
                   (fs::temp_directory_path() / ("distlab-torch-" + std::to_string(getpid()))).string() +
                   " -- /usr/bin/python3 tests/torch_ddp_min.py");
     INFO(r.out);
@@ -193,7 +193,7 @@ TEST_CASE("a PyTorch program runs unchanged: MASTER_PORT is free for torch's own
 
 TEST_CASE("garbage thrown at the store during a live 2-rank run: the run finishes", "[launcher][store]") {
   // the launcher with a low descriptor limit: 300 silent connections exhaust it, and it must keep accepting
-  Result r = sh("FIXTURE_TIMEOUT_MS=60000 bash -c 'ulimit -Sn 96; timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- " +
+  LaunchResult r = sh("FIXTURE_TIMEOUT_MS=60000 bash -c 'ulimit -Sn 96; timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- " +
                 FIXTURE_WORKER + " fuzz-store'");
   INFO(r.out);
   CHECK(r.code == 0);
@@ -204,7 +204,7 @@ TEST_CASE("a launcher killed by SIGKILL leaves no workers nor their children, an
   const std::string marker = "distlab-guard-marker-" + std::to_string(getpid());
   const int port = free_port();
   // bash waits for a background sleep: the sleep is the worker's child, which PDEATHSIG alone would orphan
-  Result started = sh(std::string(DISTLAB_BINARY) + " run -n 2 --master-port " + std::to_string(port) + " -- bash -c 'exec -a " + marker +
+  LaunchResult started = sh(std::string(DISTLAB_BINARY) + " run -n 2 --master-port " + std::to_string(port) + " -- bash -c 'exec -a " + marker +
                       " sleep 300 & wait' > /dev/null 2>&1 & echo $!");
   const pid_t launcher = std::stoi(started.out);
   for (int i = 0; i < 100 && count_processes(marker) < 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -212,13 +212,13 @@ TEST_CASE("a launcher killed by SIGKILL leaves no workers nor their children, an
   kill(launcher, SIGKILL);
   for (int i = 0; i < 50 && count_processes(marker) > 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(count_processes(marker) == 0);
-  Result again = sh(run("-n 1 --master-port " + std::to_string(port) + " -- true"));
+  LaunchResult again = sh(run_cmd("-n 1 --master-port " + std::to_string(port) + " -- true"));
   INFO(again.out);
   CHECK(again.code == 0);
 }
 
 TEST_CASE("a stopped rank is named as the cause, not the rank that timed out waiting for it", "[launcher][failure]") {
-  Result r = sh("FIXTURE_TIMEOUT_MS=2000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " stop-self 1"));
+  LaunchResult r = sh("FIXTURE_TIMEOUT_MS=2000 " + run_cmd("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " stop-self 1"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
@@ -231,7 +231,7 @@ TEST_CASE("a rank stopped during ZeRO-3, FSDP, tensor- or pipeline-parallel trai
   for (const std::string sets : {"--set parallel.strategy=zero3", "--set parallel.strategy=fsdp", "--set parallel.tp=2",
                                  "--set parallel.pp=2 --set parallel.micro_batches=2"}) {
     INFO(sets);
-    Result r = sh(run("-n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -STOP $$) & fi; exec "s +
+    LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -STOP $$) & fi; exec "s +
                       DISTLAB_BINARY + " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 "
                       "--set train.log_every=1000000 --set train.eval_every=0 --set dist.timeout_s=4 " + sets + "'"));
     INFO(r.out);
@@ -244,7 +244,7 @@ TEST_CASE("a rank stopped during ZeRO-3, FSDP, tensor- or pipeline-parallel trai
 // rank that was sent it (it blamed rank 0, the first to exit)
 TEST_CASE("a SIGTERM to one rank stops every rank after a checkpoint, and the rank that got it is named", "[launcher][failure]") {
   const fs::path ck = fs::temp_directory_path() / ("distlab-term1-" + std::to_string(getpid()));
-  Result r = sh(run("-n 2 --master-port 0 --grace 5 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -TERM $$) & fi; exec "s + DISTLAB_BINARY +
+  LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --grace 5 -- bash -c 'if [ $RANK = 1 ]; then (sleep 4; kill -TERM $$) & fi; exec "s + DISTLAB_BINARY +
                     " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 --set train.log_every=1000000 "
                     "--set train.eval_every=0 --set parallel.strategy=ddp --set checkpoint.dir=" + ck.string() + "'"));
   INFO(r.out);
@@ -256,7 +256,7 @@ TEST_CASE("a SIGTERM to one rank stops every rank after a checkpoint, and the ra
 
 TEST_CASE("workers of a stopped launcher end themselves after the timeout", "[launcher][failure]") {
   const std::string marker = "distlab-stopped-launcher-" + std::to_string(getpid());
-  Result started = sh("FIXTURE_TIMEOUT_MS=1500 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- bash -c 'exec -a " + marker + " " +
+  LaunchResult started = sh("FIXTURE_TIMEOUT_MS=1500 "s + DISTLAB_BINARY + " run -n 2 --master-port 0 -- bash -c 'exec -a " + marker + " " +
                       FIXTURE_WORKER + " sleep' > /dev/null 2>&1 & echo $!");
   const pid_t launcher = std::stoi(started.out);
   for (int i = 0; i < 100 && count_processes(marker) < 2; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -272,23 +272,23 @@ TEST_CASE("workers of a stopped launcher end themselves after the timeout", "[la
 }
 
 TEST_CASE("DISTLAB_DEBUG=detail names a disagreement on the reduce op or the broadcast root", "[launcher][failure]") {
-  Result r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " op-mismatch"));
+  LaunchResult r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run_cmd("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " op-mismatch"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32 (sum)") && Catch::Contains("all_reduce #1 of 4096 f32 (max)"));
-  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " root-mismatch"));
+  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run_cmd("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " root-mismatch"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("(root 0)") && Catch::Contains("(root 1)"));
 }
 
 TEST_CASE("collectives of different sizes end with a distlab message, with or without detail", "[launcher][failure]") {
-  Result r = sh("FIXTURE_TIMEOUT_MS=3000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
+  LaunchResult r = sh("FIXTURE_TIMEOUT_MS=3000 " + run_cmd("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("distlab run: rank"));
   CHECK_THAT(r.out, Catch::Contains("DISTLAB_DEBUG=detail") || Catch::Contains("all_reduce #1"));
-  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
+  r = sh("DISTLAB_DEBUG=detail FIXTURE_TIMEOUT_MS=5000 " + run_cmd("-n 2 --master-port 0 --grace 1 -- "s + FIXTURE_WORKER + " size-mismatch"));
   INFO(r.out);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Catch::Contains("all_reduce #1 of 4096 f32") && Catch::Contains("all_reduce #1 of 1000 f32"));
@@ -297,7 +297,7 @@ TEST_CASE("collectives of different sizes end with a distlab message, with or wi
 TEST_CASE("a worker inherits no socket, pipe or file of the launcher's, a port out of range is refused", "[launcher]") {
   // the worker lists its open descriptors: stdin, stdout and stderr (two ends of one pipe), and the
   // listing's own folder; no socket (the store's), no other rank's pipe, no log file
-  Result r = sh(run("-n 2 --master-port 0 --log-dir " + (fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid()))).string() +
+  LaunchResult r = sh(run_cmd("-n 2 --master-port 0 --log-dir " + (fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid()))).string() +
                     " -- bash -c 'ls -l /proc/$$/fd; echo listed'"));
   INFO(r.out);
   CHECK(r.code == 0);
@@ -306,22 +306,22 @@ TEST_CASE("a worker inherits no socket, pipe or file of the launcher's, a port o
   for (size_t at = r.out.find("pipe:"); at != std::string::npos; at = r.out.find("pipe:", at + 1)) pipes++;
   CHECK(pipes == 2);
   fs::remove_all(fs::temp_directory_path() / ("distlab-fds-" + std::to_string(getpid())));
-  r = sh(run("-n 1 --master-port 70000 -- true"));
+  r = sh(run_cmd("-n 1 --master-port 70000 -- true"));
   INFO(r.out);
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("70000") && Catch::Contains("65535"));
 }
 
 TEST_CASE("launcher options out of range are refused before anything starts", "[launcher]") {
-  CHECK(sh(run("-n 1 --master-port 0 -- true")).code == 0);  // the same line with good values runs
+  CHECK(sh(run_cmd("-n 1 --master-port 0 -- true")).code == 0);  // the same line with good values runs
   for (const std::string bad : {"--threads-per-rank 100000", "--grace nan", "--grace -1", "--max-restarts -2"}) {
-    Result r = sh(run("-n 1 --master-port 0 " + bad + " -- true"));
+    LaunchResult r = sh(run_cmd("-n 1 --master-port 0 " + bad + " -- true"));
     INFO(bad << "\n" << r.out);
     CHECK(r.code != 0);
     CHECK_THAT(r.out, Catch::Contains(bad.substr(0, bad.find(' '))));
   }
   for (const std::string bad : {"-n 0", "-n 100000"}) {
-    Result r = sh(run(bad + " --master-port 0 -- true"));
+    LaunchResult r = sh(run_cmd(bad + " --master-port 0 -- true"));
     INFO(bad << "\n" << r.out);
     CHECK(r.code != 0);
   }

@@ -30,7 +30,7 @@ std::vector<fs::path> engine_files() {
   return out;
 }
 
-std::string slurp(const fs::path& p) {
+std::string read_source(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream s;
   s << in.rdbuf();
@@ -45,7 +45,7 @@ TEST_CASE("the engine includes nothing above it and has no lab logic", "[layout]
   const std::regex lab_code(R"re(\bLab[A-Z]\w*|\bis\("0[0-9]"\)|\blab_\w+|cfg_?\.lab\b|"lab\b|"check")re");
   std::vector<std::string> found;
   for (const fs::path& f : engine_files()) {
-    std::istringstream in(slurp(f));
+    std::istringstream in(read_source(f));
     int n = 0;
     for (std::string line; std::getline(in, line);) {
       n++;
@@ -68,7 +68,7 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
   const std::regex next_re(R"re(Read next:\s*([\w./-]+\.(?:h|cpp|cuh|md)))re");
   std::map<std::string, std::string> next;
   for (const fs::path& f : engine_files()) {
-    const std::string text = slurp(f);
+    const std::string text = read_source(f);
     std::smatch m;
     if (!std::regex_search(text, m, next_re)) continue;
     std::string target = m[1];
@@ -98,7 +98,7 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
                                           "core/parallel/tensor_parallel.h", "core/parallel/gpt_parallel.h", "core/parallel/pipeline.h",
                                           "core/train/trainer_ckpt.cpp", "core/ckpt/checkpoint.h", "core/train/extension.h"};
   for (size_t i = 0; i + 1 < spine.size(); i++) CHECK(next[spine[i]] == spine[i + 1]);
-  const std::string walk = slurp(kRoot / "docs" / "ENGINE.md");
+  const std::string walk = read_source(kRoot / "docs" / "ENGINE.md");
   for (const auto& f : spine)
     if (f != "core/parallel/none.h" && f != "core/parallel/comm_buffers.h" && f != "core/parallel/sharded_strategy.h" &&
         f != "core/parallel/flat_masters.h" && f != "core/parallel/flat_slices.h" && f != "core/parallel/exec_order.h" && f != "core/parallel/mesh.h")
@@ -107,13 +107,13 @@ TEST_CASE("the engine's \"Read next\" lines name files that exist and never lead
 
 TEST_CASE("each ZeRO stage's file issues its own collectives, the flat layout issues none, and neither checks for the meta device", "[layout]") {
   auto code_of = [](const fs::path& p) {  // the file without its comments
-    std::istringstream in(slurp(p));
+    std::istringstream in(read_source(p));
     std::string out;
     for (std::string line; std::getline(in, line);) out += line.substr(0, line.find("//")) + "\n";
     return out;
   };
   auto lines_of = [](const fs::path& p) {
-    std::istringstream in(slurp(p));
+    std::istringstream in(read_source(p));
     int n = 0;
     for (std::string line; std::getline(in, line);) n++;
     return n;
@@ -164,7 +164,7 @@ TEST_CASE("the trainer's loop fits in 300 lines, and no trainer file compares a 
   for (const char* f : {"trainer.cpp", "trainer_build.cpp", "trainer_ckpt.cpp", "trainer_report.cpp", "trainer_weights.cpp", "trainer_checks.cpp",
                         "trainer_mesh.cpp"}) {
     INFO(f);
-    CHECK(!std::regex_search(slurp(dir / f), names));
+    CHECK(!std::regex_search(read_source(dir / f), names));
   }
 }
 

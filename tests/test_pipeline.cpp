@@ -26,9 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kGpt = "configs/gpt-tiny.toml";
+const std::string kPipelineGpt = "configs/gpt-tiny.toml";
 
-std::string scratch(const std::string& name) { return scratch_path("pp", name); }
+std::string pipeline_scratch(const std::string& name) { return scratch_path("pp", name); }
 
 }  // namespace
 
@@ -74,8 +74,8 @@ TEST_CASE("GPT in pipeline stages (pp 2 and 4, 1F1B and GPipe, and dp 2 x tp 2 x
           "[pp][train]") {
   // 4 blocks; 8 micro-batches of 4 sequences per step = one rank's train.accum_steps 8
   const std::string sets = "--set train.steps=12 --set train.eval_batches=2 --set model.n_layer=4 --set train.micro_batch=4 --set dist.timeout_s=60 ";
-  const std::string ref_save = scratch("one.safetensors");
-  TrainRun one = train_ranks(1, kGpt, sets + "--set train.accum_steps=8 --save " + ref_save);
+  const std::string ref_save = pipeline_scratch("one.safetensors");
+  TrainRun one = train_ranks(1, kPipelineGpt, sets + "--set train.accum_steps=8 --save " + ref_save);
   INFO(one.out);
   REQUIRE(one.code == 0);
   REQUIRE(one.losses.size() == 12);
@@ -96,8 +96,8 @@ TEST_CASE("GPT in pipeline stages (pp 2 and 4, 1F1B and GPipe, and dp 2 x tp 2 x
        {2, 2, 2, 2, 1, 1, 1, 1}},
   };
   for (const Case& c : cases) {
-    const std::string save = scratch(fmt::format("pp{}-{}.safetensors", c.pp, c.ranks));
-    TrainRun r = train_ranks(c.ranks, kGpt, sets + c.sets + " --save " + save);
+    const std::string save = pipeline_scratch(fmt::format("pp{}-{}.safetensors", c.pp, c.ranks));
+    TrainRun r = train_ranks(c.ranks, kPipelineGpt, sets + c.sets + " --save " + save);
     INFO(c.sets << "\n" << r.out);
     REQUIRE(r.code == 0);
     REQUIRE(r.losses.size() == 12);
@@ -123,7 +123,7 @@ TEST_CASE("a replica that diverges in a stage without rank 0 fails every rank, a
   // dp 2 x pp 2: ranks 2 and 3 are stage 1's replicas; before step 2 rank 3's first weight moves by 1e-3
   const std::string metrics = metrics_path("skew");
   const std::string cmd = std::string("DISTLAB_TEST_FAULT=skew:3:step:2 timeout 240 ") + DISTLAB_BINARY + " run -n 4 --master-port 0 --grace 1 train " +
-                          kGpt + " --set train.steps=3 --set train.eval_batches=1 --set model.n_layer=2 --set parallel.pp=2 " +
+                          kPipelineGpt + " --set train.steps=3 --set train.eval_batches=1 --set model.n_layer=2 --set parallel.pp=2 " +
                           "--set parallel.strategy=ddp --set parallel.micro_batches=2 --set train.micro_batch=2 --metrics " + metrics;
   auto [code, out] = shell_in_source(cmd);
   INFO(out);
@@ -146,7 +146,7 @@ TEST_CASE("the CIFAR CNN with BatchNorm in 2 pipeline stages (split to balance p
   // micro-batches' order as one rank's are
   const std::string sets = "--set train.steps=20 --set train.global_batch=16 --set data.synthetic_train=1024 "
                            "--set data.synthetic_test=128 --set train.eval_batches=2 --set dist.timeout_s=60 ";
-  const std::string ref_save = scratch("cnn-one.safetensors"), save = scratch("cnn-pp2.safetensors");
+  const std::string ref_save = pipeline_scratch("cnn-one.safetensors"), save = pipeline_scratch("cnn-pp2.safetensors");
   // one thread per rank in both: one rank's default 2 threads change the sums by 1.3e-4 on an AVX2 machine
   TrainRun one = train_ranks(1, "configs/cifar-cnn-bn.toml", sets + "--set train.accum_steps=4 --save " + ref_save, "--threads-per-rank 1");
   INFO(one.out);
@@ -173,7 +173,7 @@ TEST_CASE("the modeled bubble is (p - 1)/(m + p - 1) of the pipeline's span, and
   for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 8}}) {
     std::map<std::string, TrainRun> runs;
     for (const std::string sched : {"1f1b", "gpipe"}) {
-      TrainRun r = train_ranks(p, kGpt, sets + fmt::format("--set parallel.pp={} --set parallel.micro_batches={} --set parallel.schedule={}", p, m, sched));
+      TrainRun r = train_ranks(p, kPipelineGpt, sets + fmt::format("--set parallel.pp={} --set parallel.micro_batches={} --set parallel.schedule={}", p, m, sched));
       INFO("p " << p << " m " << m << " " << sched << "\n" << r.out);
       REQUIRE(r.code == 0);
       const double formula = double(p - 1) / double(m + p - 1);
@@ -190,17 +190,17 @@ TEST_CASE("the modeled bubble is (p - 1)/(m + p - 1) of the pipeline's span, and
 }
 
 TEST_CASE("a pipeline with fewer micro-batches than stages, or stages that do not divide the blocks, is refused saying why", "[pp][config]") {
-  TrainRun r = train_ranks(4, kGpt, "--set train.steps=1 --set model.n_layer=4 --set parallel.pp=4 --set parallel.micro_batches=2");
+  TrainRun r = train_ranks(4, kPipelineGpt, "--set train.steps=1 --set model.n_layer=4 --set parallel.pp=4 --set parallel.micro_batches=2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("parallel.micro_batches 2 < parallel.pp 4") && Catch::Contains("bubble"));
-  r = train_ranks(2, kGpt, "--set train.steps=1 --set model.n_layer=3 --set parallel.pp=2");
+  r = train_ranks(2, kPipelineGpt, "--set train.steps=1 --set model.n_layer=3 --set parallel.pp=2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("parallel.pp 2 does not divide model.n_layer 3") && Catch::Contains("parallel.pp_layers"));
   // explicit stages: 1 + 2 blocks
-  r = train_ranks(2, kGpt, "--set train.steps=2 --set model.n_layer=3 --set parallel.pp=2 --set parallel.pp_layers=[1,2] --set train.micro_batch=4");
+  r = train_ranks(2, kPipelineGpt, "--set train.steps=2 --set model.n_layer=3 --set parallel.pp=2 --set parallel.pp_layers=[1,2] --set train.micro_batch=4");
   INFO(r.out);
   CHECK(r.code == 0);
-  r = train_ranks(2, kGpt, "--set train.steps=1 --set parallel.pp=2 --set train.accum_steps=2");
+  r = train_ranks(2, kPipelineGpt, "--set train.steps=1 --set parallel.pp=2 --set train.accum_steps=2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("train.accum_steps") && Catch::Contains("parallel.micro_batches"));
 }

@@ -226,7 +226,7 @@ TEST_CASE("an inf on one rank makes every rank find it (the flag is all-reduced 
 
 namespace {
 
-const char* kCnn = R"(
+const char* kPrecisionCnn = R"(
 [model]
 name = "cifar_cnn"
 batchnorm = true
@@ -245,7 +245,7 @@ lr = 0.05
 momentum = 0.9
 )";
 
-const char* kGpt = R"(
+const char* kPrecisionGpt = R"(
 [model]
 name = "gpt"
 vocab_size = 32
@@ -270,18 +270,18 @@ clip_grad_norm = 1.0
 )";
 
 using distlab::testing::TrainRun;
-TrainRun train(const char* toml, std::vector<std::string> sets, DeviceKind dev = DeviceKind::cpu, const std::string& save = "") {
+TrainRun train_precision(const char* toml, std::vector<std::string> sets, DeviceKind dev = DeviceKind::cpu, const std::string& save = "") {
   return distlab::testing::train_in_process(toml, std::move(sets), dev, save);
 }
 
 }  // namespace
 
 TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations about halved, masters saved in f32", "[precision][train]") {
-  TrainRun fp32 = train(kGpt, {});
+  TrainRun fp32 = train_precision(kPrecisionGpt, {});
   for (const char* mode : {"bf16", "fp16"}) {
     INFO(mode);
     const std::string file = (fs::temp_directory_path() / ("distlab-prec-" + std::to_string(::getpid()) + ".safetensors")).string();
-    TrainRun lp = train(kGpt, {std::string("precision.mode=") + mode}, DeviceKind::cpu, file);
+    TrainRun lp = train_precision(kPrecisionGpt, {std::string("precision.mode=") + mode}, DeviceKind::cpu, file);
     const double n = lp.summary["params"].get<double>();
     CHECK(lp.summary["peak_memory"]["params"].get<double>() == 2 * n);
     CHECK(lp.summary["peak_memory"]["grads"].get<double>() == 2 * n);
@@ -318,7 +318,7 @@ TEST_CASE("16-bit runs: 2 + 2 + 12 bytes per parameter with AdamW, activations a
 
 TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs off and grows, metrics say so", "[precision][train]") {
   // 2^30 overflows the first steps' gradients; growth every 2 clean steps
-  TrainRun r = train(kCnn, {"precision.mode=fp16", "precision.init_scale=1073741824", "precision.growth_interval=2", "train.steps=30"});
+  TrainRun r = train_precision(kPrecisionCnn, {"precision.mode=fp16", "precision.init_scale=1073741824", "precision.growth_interval=2", "train.steps=30"});
   REQUIRE(r.steps.size() == 30);
   std::string scales;
   for (const auto& s : r.steps) scales += s["loss_scale"].dump() + (s["skipped"].get<bool>() ? "(skipped) " : " ");
@@ -342,22 +342,22 @@ TEST_CASE("fp16 with the scaler: an overflowing step is skipped, the scale backs
   CHECK(r.steps[0]["skipped"] == true);
 
   // a skipped step leaves the weights alone: 1 step at 2^30 (skipped) = the initial weights
-  TrainRun zero = train(kCnn, {"precision.mode=fp16", "train.steps=1", "precision.init_scale=1073741824"});
-  TrainRun init = train(kCnn, {"precision.mode=fp16", "train.steps=1", "optim.lr=0"});
+  TrainRun zero = train_precision(kPrecisionCnn, {"precision.mode=fp16", "train.steps=1", "precision.init_scale=1073741824"});
+  TrainRun init = train_precision(kPrecisionCnn, {"precision.mode=fp16", "train.steps=1", "optim.lr=0"});
   REQUIRE(zero.steps[0]["skipped"] == true);
   CHECK(zero.weights == init.weights);
 
   // fp32 and bf16 have no scaler by default; a static scale never moves
-  TrainRun bf = train(kCnn, {"precision.mode=bf16", "train.steps=2"});
+  TrainRun bf = train_precision(kPrecisionCnn, {"precision.mode=bf16", "train.steps=2"});
   CHECK(bf.steps[0]["loss_scale"] == 1.0);
-  TrainRun fixed = train(kCnn, {"precision.mode=fp16", "precision.loss_scale=128", "train.steps=3"});
+  TrainRun fixed = train_precision(kPrecisionCnn, {"precision.mode=fp16", "precision.loss_scale=128", "train.steps=3"});
   for (const auto& s : fixed.steps) CHECK(s["loss_scale"] == 128.0);
 }
 
 TEST_CASE("clipping and the reported norm see the unscaled gradient (unscale before clip)", "[precision][train]") {
   // GPT-tiny's norm at step 1 is above the clip (1.0): clipping a scaled norm (x1024) would all but stop it
-  TrainRun fp32 = train(kGpt, {"train.steps=3"});
-  TrainRun fp16 = train(kGpt, {"train.steps=3", "precision.mode=fp16", "precision.init_scale=1024"});
+  TrainRun fp32 = train_precision(kPrecisionGpt, {"train.steps=3"});
+  TrainRun fp16 = train_precision(kPrecisionGpt, {"train.steps=3", "precision.mode=fp16", "precision.init_scale=1024"});
   REQUIRE(fp16.summary["skipped_steps"] == 0);
   for (size_t i = 0; i < 3; i++) {
     const double a = fp32.steps[i]["grad_norm"].get<double>(), b = fp16.steps[i]["grad_norm"].get<double>();
@@ -369,15 +369,15 @@ TEST_CASE("clipping and the reported norm see the unscaled gradient (unscale bef
 }
 
 TEST_CASE("16-bit runs are deterministic and meta records their memory exactly", "[precision][determinism]") {
-  for (const char* toml : {kCnn, kGpt})
+  for (const char* toml : {kPrecisionCnn, kPrecisionGpt})
     for (const char* mode : {"precision.mode=bf16", "precision.mode=fp16"}) {
-      TrainRun a = train(toml, {mode}), b = train(toml, {mode});
+      TrainRun a = train_precision(toml, {mode}), b = train_precision(toml, {mode});
       REQUIRE(a.steps.size() == b.steps.size());
       for (size_t i = 0; i < a.steps.size(); i++) CHECK(a.steps[i]["loss"] == b.steps[i]["loss"]);
       CHECK(a.weights == b.weights);
       // no overflow in these two steps: a skipped step runs no optimizer, and meta never overflows
-      TrainRun meta = train(toml, {mode, "train.steps=2", "precision.init_scale=256"}, DeviceKind::meta);
-      TrainRun cpu = train(toml, {mode, "train.steps=2", "precision.init_scale=256"});
+      TrainRun meta = train_precision(toml, {mode, "train.steps=2", "precision.init_scale=256"}, DeviceKind::meta);
+      TrainRun cpu = train_precision(toml, {mode, "train.steps=2", "precision.init_scale=256"});
       REQUIRE(cpu.summary["skipped_steps"] == 0);
       CHECK(meta.summary["peak_memory"] == cpu.summary["peak_memory"]);
       CHECK(meta.summary["flops_per_step"] == cpu.summary["flops_per_step"]);
@@ -427,20 +427,20 @@ TEST_CASE("the autocast table: GEMMs are timed at the 16-bit rate, norms and the
 }
 
 TEST_CASE("[precision] keys are checked", "[precision][config]") {
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.mode=fp8"}), Catch::Contains("precision.mode"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.loss_scale=lots"}), Catch::Contains("precision.loss_scale"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.loss_scale=-4"}), Catch::Contains("precision.loss_scale"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.backoff_factor=1.5"}), Catch::Contains("precision.backoff_factor"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.growth_factor=1"}), Catch::Contains("precision.growth_factor"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.growth_interval=0"}), Catch::Contains("precision.growth_interval"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.hysteresis=0"}), Catch::Contains("precision.hysteresis"));
-  CHECK_THROWS_WITH(parse_config(kCnn, "t.toml", {"precision.dtype=bf16"}), Catch::Contains("unknown key"));
-  RunConfig c = parse_config(std::string(kCnn) + "\n[precision]\nmode = \"fp16\"\nloss_scale = 1024\n", "t.toml");
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.mode=fp8"}), Catch::Contains("precision.mode"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.loss_scale=lots"}), Catch::Contains("precision.loss_scale"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.loss_scale=-4"}), Catch::Contains("precision.loss_scale"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.backoff_factor=1.5"}), Catch::Contains("precision.backoff_factor"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.growth_factor=1"}), Catch::Contains("precision.growth_factor"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.growth_interval=0"}), Catch::Contains("precision.growth_interval"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.hysteresis=0"}), Catch::Contains("precision.hysteresis"));
+  CHECK_THROWS_WITH(parse_config(kPrecisionCnn, "t.toml", {"precision.dtype=bf16"}), Catch::Contains("unknown key"));
+  RunConfig c = parse_config(std::string(kPrecisionCnn) + "\n[precision]\nmode = \"fp16\"\nloss_scale = 1024\n", "t.toml");
   CHECK(c.precision.effective_loss_scale() == "1024");
   CHECK(loss_scale_options(c.precision).mode == LossScaleOptions::Mode::fixed);
   CHECK(loss_scale_options(c.precision).init_scale == 1024.0);
-  CHECK(parse_config(kCnn, "t.toml", {"precision.mode=fp16"}).precision.effective_loss_scale() == "dynamic");
-  CHECK(parse_config(kCnn, "t.toml", {"precision.mode=bf16"}).precision.effective_loss_scale() == "none");
+  CHECK(parse_config(kPrecisionCnn, "t.toml", {"precision.mode=fp16"}).precision.effective_loss_scale() == "dynamic");
+  CHECK(parse_config(kPrecisionCnn, "t.toml", {"precision.mode=bf16"}).precision.effective_loss_scale() == "none");
 }
 
 namespace {

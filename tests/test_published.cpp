@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tmp(const std::string& name) {
+std::string table_tmp(const std::string& name) {
   return (fs::temp_directory_path() / ("distlab-published-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
@@ -43,7 +43,7 @@ void write(const std::string& path, const std::string& text) {
 }  // namespace
 
 TEST_CASE("bench published: every run of bench/published.toml is modeled, and each agrees with the table", "[costmodel][published]") {
-  const std::string json = tmp("rows.json");
+  const std::string json = table_tmp("rows.json");
   auto [code, out] = published("bench/published.toml", "--json " + json);
   INFO(out);
   REQUIRE(code == 0);
@@ -78,7 +78,7 @@ TEST_CASE("bench published: every run of bench/published.toml is modeled, and ea
 }
 
 TEST_CASE("bench published: a [[gain]] compares two runs' speed-ups, and names runs the table has", "[costmodel][published]") {
-  const std::string table = tmp("gain.toml");
+  const std::string table = table_tmp("gain.toml");
   // two rows of the same configuration: the modeled gain is exactly 1; a published gain of 1.5 is outside
   auto two = [](double second_step_s, const std::string& gain_outside) {
     std::string t = gpt2_run(0.3, "known");
@@ -111,9 +111,9 @@ TEST_CASE("bench published: a [[gain]] compares two runs' speed-ups, and names r
 }
 
 TEST_CASE("bench published: a run outside the band without a reason, or inside with one, fails the table", "[costmodel][published]") {
-  const std::string table = tmp("table.toml");
+  const std::string table = table_tmp("table.toml");
   // the modeled step first, from the real table's row for the same configuration
-  const std::string json = tmp("one.json");
+  const std::string json = table_tmp("one.json");
   write(table, gpt2_run(0.3, "known"));
   auto [code0, out0] = published(table, "--json " + json);
   INFO(out0);
@@ -136,7 +136,7 @@ TEST_CASE("bench published: a run outside the band without a reason, or inside w
 }
 
 TEST_CASE("bench published: a malformed table is an error naming its line and key", "[costmodel][published]") {
-  const std::string table = tmp("bad.toml");
+  const std::string table = table_tmp("bad.toml");
   write(table, gpt2_run(0.3, "") + "published_speed = 3\n");
   auto [code, out] = published(table);
   CHECK(code != 0);

@@ -30,7 +30,7 @@ struct Recorder : Strategy {
   void finish_backward(Runtime&) override { calls.push_back("finish"); }
 };
 
-Batch image_batch(Runtime& rt, const ModelSpec& s, int64_t B) {
+Batch strategy_image_batch(Runtime& rt, const ModelSpec& s, int64_t B) {
   Batch b;
   b.B = B;
   b.x = rt.zeros({B, s.in_channels, s.height, s.width}, Category::activations, "x");
@@ -66,7 +66,7 @@ TEST_CASE("models call the strategy around each unit's forward, in order, and ar
       b.tokens.assign(8, 3);
       b.targets.assign(8, 4);
     } else {
-      b = image_batch(rt, spec, 2);
+      b = strategy_image_batch(rt, spec, 2);
     }
     Recorder rec;
     CrossEntropyLoss ce;

@@ -43,7 +43,7 @@ Tensor copy_in(Runtime& rt, const Tensor& t) {
   return c;
 }
 
-Tensor random_tensor(Runtime& rt, const Shape& s, uint64_t seed) {
+Tensor random_shard_tensor(Runtime& rt, const Shape& s, uint64_t seed) {
   Tensor t = rt.empty(s, Category::activations, "input", DType::f32);
   Rng rng(seed);
   init_normal(t, rng, 1.0f);
@@ -111,7 +111,7 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
     Linear whole(rt1, "fc", in, out);
     Rng rng(7);
     whole.init(rng);
-    Tensor x = random_tensor(rt1, {B, in}, 1), dy = random_tensor(rt1, {B, out}, 2);
+    Tensor x = random_shard_tensor(rt1, {B, in}, 1), dy = random_shard_tensor(rt1, {B, out}, 2);
     const auto y_ref = values(whole.forward(rt1, x));
     const auto dx_ref = values(whole.backward(rt1, dy));
     const auto dw_ref = values(whole.weight.grad), db_ref = values(whole.bias.grad);
@@ -180,7 +180,7 @@ TEST_CASE("an MLP split column -> GELU -> row equals the whole MLP, with one all
   fc.init(rng);
   proj.init(rng);
   GELU gelu;
-  Tensor x = random_tensor(rt1, {B, C}, 5), dy = random_tensor(rt1, {B, C}, 6);
+  Tensor x = random_shard_tensor(rt1, {B, C}, 5), dy = random_shard_tensor(rt1, {B, C}, 6);
   const auto y_ref = values(proj.forward(rt1, gelu.forward(rt1, fc.forward(rt1, x))));
   const auto dx_ref = values(fc.backward(rt1, gelu.backward(rt1, proj.backward(rt1, dy))));
   for (int t : {2, 4}) {
@@ -248,7 +248,7 @@ TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole at
   init_normal(whole.c_attn.bias.data, rng, 0.2f);
   init_normal(whole.c_proj.weight.data, rng, 0.2f);
   init_normal(whole.c_proj.bias.data, rng, 0.2f);
-  Tensor x = random_tensor(rt1, {B, T, C}, 21), dy = random_tensor(rt1, {B, T, C}, 22);
+  Tensor x = random_shard_tensor(rt1, {B, T, C}, 21), dy = random_shard_tensor(rt1, {B, T, C}, 22);
   const auto y_ref = values(whole.forward(rt1, x));
   const auto dx_ref = values(whole.backward(rt1, dy));
   const auto dwa_ref = values(whole.c_attn.weight.grad), dwp_ref = values(whole.c_proj.weight.grad);
@@ -302,11 +302,11 @@ TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole one
   std::vector<int32_t> tokens;
   for (int i = 0; i < B * T; i++) tokens.push_back(int32_t((i * 7 + 3) % V));
   const auto e_ref = values(whole.forward(rt1, tokens, B, T));
-  Tensor dy = random_tensor(rt1, {B, T, C}, 32);
+  Tensor dy = random_shard_tensor(rt1, {B, T, C}, 32);
   whole.backward(rt1, dy);
   const auto dwte_ref = values(whole.wte.grad), dwpe_ref = values(whole.wpe.grad);
   // the loss over random logits, one target ignored (-1) as nn.CrossEntropyLoss(ignore_index) does
-  Tensor logits = random_tensor(rt1, {B * T, V}, 33);
+  Tensor logits = random_shard_tensor(rt1, {B * T, V}, 33);
   std::vector<int32_t> targets = tokens;
   targets[3] = -1;
   CrossEntropyLoss ce;

@@ -22,10 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kGpt = "configs/gpt-tiny.toml";  // L 2, n_head 4, C 64, V 256, T 64, micro_batch 16
+const std::string kTpGpt = "configs/gpt-tiny.toml";  // L 2, n_head 4, C 64, V 256, T 64, micro_batch 16
 const std::string kSets = "--set train.steps=50 --set train.eval_batches=2 ";
 
-std::string scratch(const std::string& name) { return scratch_path("tp", name); }
+std::string tp_scratch(const std::string& name) { return scratch_path("tp", name); }
 
 // a ring all-reduce of `bytes` sends 2(t-1)/t of them from each rank
 double ring(double bytes, int t) { return 2.0 * (t - 1) / t * bytes; }
@@ -34,8 +34,8 @@ double ring(double bytes, int t) { return 2.0 * (t - 1) / t * bytes; }
 
 TEST_CASE("GPT-tiny under tensor parallel (tp 2, tp 4, dp 2 x tp 2) trains as one rank does: losses within 1e-6 over 50 steps",
           "[tp][train]") {
-  const std::string ref_save = scratch("one.safetensors");
-  TrainRun one = train_ranks(1, kGpt, kSets + "--save " + ref_save);
+  const std::string ref_save = tp_scratch("one.safetensors");
+  TrainRun one = train_ranks(1, kTpGpt, kSets + "--save " + ref_save);
   INFO(one.out);
   REQUIRE(one.code == 0);
   REQUIRE(one.losses.size() == 50);
@@ -47,8 +47,8 @@ TEST_CASE("GPT-tiny under tensor parallel (tp 2, tp 4, dp 2 x tp 2) trains as on
   };
   for (const Case& c : {Case{2, 2, "--set parallel.tp=2"}, Case{4, 4, "--set parallel.tp=4"},
                         Case{4, 2, "--set parallel.tp=2 --set parallel.strategy=ddp --set train.micro_batch=8"}}) {
-    const std::string save = scratch(fmt::format("tp{}-{}.safetensors", c.tp, c.ranks));
-    TrainRun r = train_ranks(c.ranks, kGpt, kSets + c.sets + " --save " + save);
+    const std::string save = tp_scratch(fmt::format("tp{}-{}.safetensors", c.tp, c.ranks));
+    TrainRun r = train_ranks(c.ranks, kTpGpt, kSets + c.sets + " --save " + save);
     INFO(c.sets << "\n" << r.out);
     REQUIRE(r.code == 0);
     REQUIRE(r.losses.size() == 50);
@@ -76,12 +76,12 @@ TEST_CASE("ZeRO on the data-parallel axis of a split model: ZeRO-1 with tp and p
   const std::string tp = "--set parallel.tp=2 --set train.micro_batch=8 ";
   const std::string pp = "--set parallel.pp=2 --set parallel.micro_batches=2 --set train.micro_batch=4 ";
   for (const std::string split : {tp, pp}) {
-    TrainRun ddp = train_ranks(4, kGpt, base + split + "--set parallel.strategy=ddp");
+    TrainRun ddp = train_ranks(4, kTpGpt, base + split + "--set parallel.strategy=ddp");
     INFO(split << "ddp\n" << ddp.out);
     REQUIRE(ddp.code == 0);
     for (const std::string strategy : {"zero1", "zero2", "fsdp"}) {
       if (split == pp && strategy != "zero1") continue;  // refused below
-      TrainRun z = train_ranks(4, kGpt, base + split + "--set parallel.strategy=" + strategy);
+      TrainRun z = train_ranks(4, kTpGpt, base + split + "--set parallel.strategy=" + strategy);
       INFO(split << strategy << "\n" << z.out);
       REQUIRE(z.code == 0);
       REQUIRE(z.losses.size() == 12);
@@ -101,7 +101,7 @@ TEST_CASE("ZeRO on the data-parallel axis of a split model: ZeRO-1 with tp and p
     }
   }
   // what this build does not compose is refused, saying why
-  TrainRun z2 = train_ranks(4, kGpt, base + pp + "--set parallel.strategy=zero2 --set train.steps=1");
+  TrainRun z2 = train_ranks(4, kTpGpt, base + pp + "--set parallel.strategy=zero2 --set train.steps=1");
   CHECK(z2.code != 0);
   CHECK_THAT(z2.out, Catch::Contains("parallel.strategy zero2 with parallel.tp 1 x parallel.pp 2") && Catch::Contains("tied embedding"));
 }

@@ -63,7 +63,7 @@ warmup_steps = 2
 )";
 
 using distlab::testing::TrainRun;
-TrainRun train(const char* toml, std::vector<std::string> sets = {}, DeviceKind dev = DeviceKind::cpu) {
+TrainRun train_run(const char* toml, std::vector<std::string> sets = {}, DeviceKind dev = DeviceKind::cpu) {
   return distlab::testing::train_in_process(toml, std::move(sets), dev);
 }
 
@@ -71,18 +71,18 @@ TrainRun train(const char* toml, std::vector<std::string> sets = {}, DeviceKind 
 
 TEST_CASE("same config and seed give bitwise the same losses and weights", "[train][determinism]") {
   for (const char* toml : {kSmallCnn, kTinyGpt}) {
-    TrainRun a = train(toml), b = train(toml);
+    TrainRun a = train_run(toml), b = train_run(toml);
     REQUIRE(a.losses.size() == b.losses.size());
     for (size_t i = 0; i < a.losses.size(); i++) CHECK(a.losses[i] == b.losses[i]);  // bitwise
     CHECK(a.weights == b.weights);
-    TrainRun c = train(toml, {"train.seed=99"});
+    TrainRun c = train_run(toml, {"train.seed=99"});
     CHECK(c.losses != a.losses);
   }
 }
 
 TEST_CASE("meta and cpu record the same FLOPs and memory for the same model", "[train][meta]") {
   for (const char* toml : {kSmallCnn, kTinyGpt}) {
-    TrainRun cpu = train(toml, {"train.steps=2"}), meta = train(toml, {"train.steps=2"}, DeviceKind::meta);
+    TrainRun cpu = train_run(toml, {"train.steps=2"}), meta = train_run(toml, {"train.steps=2"}, DeviceKind::meta);
     CHECK(cpu.summary["flops_per_step"] == meta.summary["flops_per_step"]);
     CHECK(cpu.summary["peak_memory"] == meta.summary["peak_memory"]);
     CHECK(cpu.summary["peak_memory_total"] == meta.summary["peak_memory_total"]);
@@ -109,7 +109,7 @@ name = "sgd"
 lr = 0.1
 momentum = 0.9
 )";
-  TrainRun big = train(mlp), acc = train(mlp, {"train.micro_batch=4", "train.accum_steps=4"});
+  TrainRun big = train_run(mlp), acc = train_run(mlp, {"train.micro_batch=4", "train.accum_steps=4"});
   REQUIRE(big.losses.size() == acc.losses.size());
   for (size_t i = 0; i < big.losses.size(); i++) CHECK(acc.losses[i] == Approx(big.losses[i]).epsilon(1e-5));
   for (size_t i = 0; i < big.weights.size(); i++)
@@ -117,14 +117,14 @@ momentum = 0.9
 }
 
 TEST_CASE("global_batch sets the micro-batch, contradictions are errors", "[train]") {
-  TrainRun r = train(kSmallCnn, {"train.global_batch=32", "train.accum_steps=2", "train.steps=1"});
+  TrainRun r = train_run(kSmallCnn, {"train.global_batch=32", "train.accum_steps=2", "train.steps=1"});
   CHECK(r.records.front()["samples"] == 32);  // 16 per micro-step x 2
-  CHECK_THROWS_WITH(train(kSmallCnn, {"train.global_batch=30", "train.accum_steps=4"}), Catch::Contains("not divisible"));
-  CHECK_THROWS_WITH(train(kSmallCnn, {"train.global_batch=64", "train.micro_batch=8"}), Catch::Contains("contradicts"));
+  CHECK_THROWS_WITH(train_run(kSmallCnn, {"train.global_batch=30", "train.accum_steps=4"}), Catch::Contains("not divisible"));
+  CHECK_THROWS_WITH(train_run(kSmallCnn, {"train.global_batch=64", "train.micro_batch=8"}), Catch::Contains("contradicts"));
 }
 
 TEST_CASE("metrics records carry the fields the course reads", "[train]") {
-  TrainRun r = train(kTinyGpt);
+  TrainRun r = train_run(kTinyGpt);
   const auto& step = r.records.front();
   for (auto key : {"step", "loss", "lr", "grad_norm", "samples", "wall_s", "memory"}) CHECK(step.contains(key));
   CHECK(step["memory"]["peak"].contains("activations"));
@@ -141,7 +141,7 @@ TEST_CASE("metrics records carry the fields the course reads", "[train]") {
 
 TEST_CASE("the simulated device runs out of memory like CUDA, with the breakdown", "[train][oom]") {
   try {
-    train(kSmallCnn, {"train.device_mem=1MiB"});
+    train_run(kSmallCnn, {"train.device_mem=1MiB"});
     FAIL("no out-of-memory error");
   } catch (const OutOfMemoryError& e) {
     CHECK_THAT(e.what(), Catch::Contains("out of memory: tried to allocate") && Catch::Contains("1.00 MiB total capacity") &&

@@ -26,14 +26,14 @@ namespace {
 
 using distlab::testing::file_text;
 using distlab::testing::max_rel_diff;
-using RunOut = distlab::testing::TrainRun;
+using ZeroRunOut = distlab::testing::TrainRun;
 
-RunOut train(int ranks, const std::string& config, const std::string& sets) { return distlab::testing::train_ranks(ranks, config, sets); }
+ZeroRunOut train_zero(int ranks, const std::string& config, const std::string& sets) { return distlab::testing::train_ranks(ranks, config, sets); }
 
-const std::string kCnn = "configs/cifar-cnn.toml";
+const std::string kZeroCnn = "configs/cifar-cnn.toml";
 const std::string kCnnSets = "--set data.synthetic_train=8192 --set optim.lr=0.002 --set train.steps=30 --set optim.clip_grad_norm=0.5 ";
-const std::string kGpt = "configs/gpt-tiny.toml";
-const std::string kGptSets = "--set train.steps=30 --set train.micro_batch=8 ";  // AdamW, decay and no-decay groups, clipped
+const std::string kZeroGpt = "configs/gpt-tiny.toml";
+const std::string kZeroGptSets = "--set train.steps=30 --set train.micro_batch=8 ";  // AdamW, decay and no-decay groups, clipped
 
 }  // namespace
 
@@ -46,14 +46,14 @@ TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 12 steps: bitwise on 2 ranks, within 1
   // a minute and 3 GPT ranks 11 s, and neither tests anything the other two cases do not.
   // 12 steps: a bitwise difference shows at the first step it happens; 20 cost CI another 20 s
   const std::string steps = "--set train.steps=12 ";
-  for (const Case& c : {Case{2, kCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{2, kGpt, kGptSets + steps},
-                        Case{3, kCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{4, kGpt, kGptSets + steps}}) {
+  for (const Case& c : {Case{2, kZeroCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{2, kZeroGpt, kZeroGptSets + steps},
+                        Case{3, kZeroCnn, kCnnSets + steps + "--set train.global_batch=96 "}, Case{4, kZeroGpt, kZeroGptSets + steps}}) {
     INFO(c.ranks << " ranks, " << c.config);
-    RunOut ddp = train(c.ranks, c.config, c.sets + "--set parallel.strategy=ddp");
+    ZeroRunOut ddp = train_zero(c.ranks, c.config, c.sets + "--set parallel.strategy=ddp");
     REQUIRE(ddp.code == 0);
     for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
       INFO(strategy);
-      RunOut z = train(c.ranks, c.config, c.sets + "--set parallel.strategy=" + strategy);
+      ZeroRunOut z = train_zero(c.ranks, c.config, c.sets + "--set parallel.strategy=" + strategy);
       INFO(z.out);
       REQUIRE(z.code == 0);
       REQUIRE(z.losses.size() == 12);
@@ -68,8 +68,8 @@ TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 12 steps: bitwise on 2 ranks, within 1
         if (c.ranks == 3) CHECK(rep["padded_elements"].get<int64_t>() > z.summary["params"].get<int64_t>());
       }
     }
-    if (c.ranks == 2 && c.config == kCnn) {
-      RunOut naive = train(c.ranks, c.config, c.sets + "--set parallel.strategy=zero1 --set parallel.zero_reduce=all_reduce");
+    if (c.ranks == 2 && c.config == kZeroCnn) {
+      ZeroRunOut naive = train_zero(c.ranks, c.config, c.sets + "--set parallel.strategy=zero1 --set parallel.zero_reduce=all_reduce");
       REQUIRE(naive.code == 0);
       CHECK(naive.losses == ddp.losses);
     }
@@ -79,9 +79,9 @@ TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 12 steps: bitwise on 2 ranks, within 1
 TEST_CASE("ZeRO-1 splits the optimizer state N ways", "[zero][e2e]") {
   // AdamW on GPT-tiny: DDP holds exp_avg + exp_avg_sq (8 bytes per parameter); ZeRO-1 holds an f32 slice
   // of the weights and the two moments for 1/N of them: 12 bytes x (padded) / N
-  RunOut ddp = train(2, kGpt, kGptSets + "--set train.steps=2 --set parallel.strategy=ddp");
+  ZeroRunOut ddp = train_zero(2, kZeroGpt, kZeroGptSets + "--set train.steps=2 --set parallel.strategy=ddp");
   for (int n : {2, 4}) {
-    RunOut z = train(n, kGpt, kGptSets + "--set train.steps=2 --set parallel.strategy=zero1");
+    ZeroRunOut z = train_zero(n, kZeroGpt, kZeroGptSets + "--set train.steps=2 --set parallel.strategy=zero1");
     INFO(z.out);
     REQUIRE(z.code == 0);
     const double params = z.summary["params"].get<double>();
@@ -103,11 +103,11 @@ TEST_CASE("ZeRO-1 splits the optimizer state N ways", "[zero][e2e]") {
 TEST_CASE("ZeRO-1 reduces and gathers bucket by bucket: one reduce-scatter's numbers, a bucket's buffers", "[zero][e2e]") {
   // 0.01 MiB buckets on 3 ranks: 873 elements of each rank's slice per collective, so GPT-tiny's decayed
   // group (~95k per rank) takes ~110 of them; slices, sums and ownership are those of the 25 MiB default
-  const std::string sets = kGptSets + "--set train.steps=6 --set parallel.strategy=zero1 ";
+  const std::string sets = kZeroGptSets + "--set train.steps=6 --set parallel.strategy=zero1 ";
   for (const std::string mode : {"reduce_scatter", "all_reduce"}) {
     INFO(mode);
-    RunOut one = train(3, kGpt, sets + "--set parallel.zero_reduce=" + mode);
-    RunOut many = train(3, kGpt, sets + "--set parallel.zero_reduce=" + mode + " --set parallel.bucket_mb=0.01");
+    ZeroRunOut one = train_zero(3, kZeroGpt, sets + "--set parallel.zero_reduce=" + mode);
+    ZeroRunOut many = train_zero(3, kZeroGpt, sets + "--set parallel.zero_reduce=" + mode + " --set parallel.bucket_mb=0.01");
     INFO(many.out);
     REQUIRE(one.code == 0);
     REQUIRE(many.code == 0);
@@ -125,22 +125,22 @@ TEST_CASE("ZeRO-1 reduces and gathers bucket by bucket: one reduce-scatter's num
 TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 saves are DDP to the bit on 2 ranks, --init resumes", "[zero][e2e]") {
   // accumulation: whole gradients add up locally on the no_sync micro-step, reduced on the last
   const std::string acc = kCnnSets + "--set train.global_batch=96 --set train.accum_steps=2 --set train.steps=20 ";
-  RunOut ddp_acc = train(2, kCnn, acc + "--set parallel.strategy=ddp");
+  ZeroRunOut ddp_acc = train_zero(2, kZeroCnn, acc + "--set parallel.strategy=ddp");
   REQUIRE(ddp_acc.code == 0);
   for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
-    RunOut z = train(2, kCnn, acc + "--set parallel.strategy=" + strategy);
+    ZeroRunOut z = train_zero(2, kZeroCnn, acc + "--set parallel.strategy=" + strategy);
     INFO(strategy << "\n" << z.out);
     REQUIRE(z.code == 0);
     CHECK(z.losses == ddp_acc.losses);
   }
   // fp16 from a scale of 1e9: overflowing steps are skipped on every rank at once (found_inf over every
   // rank's part), the rest clipped by the global norm over the parts
-  const std::string fp16 = kGptSets + "--set train.steps=30 --set precision.mode=fp16 --set precision.init_scale=1e9 --set optim.clip_grad_norm=1.0 ";
-  RunOut ddp16 = train(2, kGpt, fp16 + "--set parallel.strategy=ddp");
+  const std::string fp16 = kZeroGptSets + "--set train.steps=30 --set precision.mode=fp16 --set precision.init_scale=1e9 --set optim.clip_grad_norm=1.0 ";
+  ZeroRunOut ddp16 = train_zero(2, kZeroGpt, fp16 + "--set parallel.strategy=ddp");
   REQUIRE(ddp16.code == 0);
   REQUIRE(ddp16.summary["skipped_steps"].get<int>() > 0);
   for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
-    RunOut z = train(2, kGpt, fp16 + "--set parallel.strategy=" + strategy);
+    ZeroRunOut z = train_zero(2, kZeroGpt, fp16 + "--set parallel.strategy=" + strategy);
     INFO(strategy << "\n" << z.out);
     REQUIRE(z.code == 0);
     CHECK(z.summary["skipped_steps"] == ddp16.summary["skipped_steps"]);
@@ -150,25 +150,25 @@ TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 save
     CHECK(z.steps.back()["memory"]["peak"]["grads"] == z.steps[1]["memory"]["peak"]["grads"]);
   }
   // bf16 --save: the f32 masters gathered from the parts; the same file as DDP's, byte for byte
-  const std::string bf16 = kGptSets + "--set train.steps=20 --set precision.mode=bf16 ";
+  const std::string bf16 = kZeroGptSets + "--set train.steps=20 --set precision.mode=bf16 ";
   auto read = [](const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   const fs::path dir = fs::temp_directory_path() / ("distlab-zero-save-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  RunOut ddp_bf = train(2, kGpt, bf16 + "--set parallel.strategy=ddp --save " + (dir / "ddp.safetensors").string());
+  ZeroRunOut ddp_bf = train_zero(2, kZeroGpt, bf16 + "--set parallel.strategy=ddp --save " + (dir / "ddp.safetensors").string());
   REQUIRE(ddp_bf.code == 0);
   for (const std::string strategy : {"zero1", "zero3"}) {
-    RunOut z = train(2, kGpt, bf16 + "--set parallel.strategy=" + strategy + " --save " + (dir / (strategy + ".safetensors")).string());
+    ZeroRunOut z = train_zero(2, kZeroGpt, bf16 + "--set parallel.strategy=" + strategy + " --save " + (dir / (strategy + ".safetensors")).string());
     INFO(strategy << "\n" << z.out);
     REQUIRE(z.code == 0);
     CHECK(read(dir / (strategy + ".safetensors")) == read(dir / "ddp.safetensors"));
   }
   // --init into ZeRO-3: every rank takes its part of the loaded weights; DDP's curve from the same file
   const std::string init = " --init " + (dir / "ddp.safetensors").string();
-  RunOut ddp_init = train(2, kGpt, bf16 + "--set parallel.strategy=ddp" + init);
-  RunOut z_init = train(2, kGpt, bf16 + "--set parallel.strategy=zero3" + init);
+  ZeroRunOut ddp_init = train_zero(2, kZeroGpt, bf16 + "--set parallel.strategy=ddp" + init);
+  ZeroRunOut z_init = train_zero(2, kZeroGpt, bf16 + "--set parallel.strategy=zero3" + init);
   INFO(z_init.out);
   REQUIRE(z_init.code == 0);
   CHECK(z_init.losses == ddp_init.losses);
@@ -252,10 +252,10 @@ TEST_CASE("the fake world records what a real run records: memory, collectives a
   const std::string sets = "--set train.steps=2 --set train.micro_batch=8 --set precision.mode=bf16 --set log.profile=a100-nvlink ";
   for (const std::string strategy : {"ddp", "zero3"}) {
     INFO(strategy);
-    RunOut real = train(2, kGpt, sets + "--set parallel.strategy=" + strategy);
+    ZeroRunOut real = train_zero(2, kZeroGpt, sets + "--set parallel.strategy=" + strategy);
     INFO(real.out);
     REQUIRE(real.code == 0);
-    auto fake = train_in_process(file_text(kGpt), {"train.steps=2", "train.micro_batch=8", "precision.mode=bf16", "log.profile=a100-nvlink",
+    auto fake = train_in_process(file_text(kZeroGpt), {"train.steps=2", "train.micro_batch=8", "precision.mode=bf16", "log.profile=a100-nvlink",
                                                    "parallel.strategy=" + strategy, "dist.fake_world_size=2"},
                                  DeviceKind::meta);
     REQUIRE(fake.steps.size() == 2);
@@ -273,7 +273,7 @@ TEST_CASE("the fake world records what a real run records: memory, collectives a
     CHECK(fake.summary["world_size"] == 2);
     // the same planned rank under the launcher (distlab run -n 1): it plans alone, with no real 1-rank group
     // on meta (which moved null data and crashed ZeRO-3)
-    RunOut launched = train(1, kGpt, sets + "--set parallel.strategy=" + strategy + " --set train.device=meta --set dist.fake_world_size=2");
+    ZeroRunOut launched = train_zero(1, kZeroGpt, sets + "--set parallel.strategy=" + strategy + " --set train.device=meta --set dist.fake_world_size=2");
     INFO(launched.out);
     REQUIRE(launched.code == 0);
     REQUIRE(launched.steps.size() == 2);
@@ -281,27 +281,27 @@ TEST_CASE("the fake world records what a real run records: memory, collectives a
     CHECK(launched.steps[1]["comm_bytes_sent"] == fake.steps[1]["comm_bytes_sent"]);
   }
   // the fake world is for the meta device only; a run that says so names the key
-  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train " + kGpt +
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train " + kZeroGpt +
                                                         " --set dist.fake_world_size=4 --set parallel.strategy=zero3 2>&1");
   CHECK(code != 0);
   CHECK_THAT(out, Catch::Contains("dist.fake_world_size 4 on device cpu") && Catch::Contains("--device meta"));
 }
 
 TEST_CASE("FSDP full_shard and shard_grad_op are DDP to the bit, no_shard is DDP, CPU offload moves bytes to the host and not the numbers", "[zero][fsdp][e2e]") {
-  const std::string sets = kGptSets + "--set train.steps=20 --set precision.mode=bf16 ";
-  RunOut ddp = train(2, kGpt, sets + "--set parallel.strategy=ddp");
+  const std::string sets = kZeroGptSets + "--set train.steps=20 --set precision.mode=bf16 ";
+  ZeroRunOut ddp = train_zero(2, kZeroGpt, sets + "--set parallel.strategy=ddp");
   REQUIRE(ddp.code == 0);
   struct Case {
     std::string sets, name;
   };
-  std::map<std::string, RunOut> runs;
+  std::map<std::string, ZeroRunOut> runs;
   for (const Case& c : {Case{"--set parallel.strategy=fsdp", "fsdp (full_shard, backward and forward prefetch)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=shard_grad_op", "fsdp (shard_grad_op, backward and forward prefetch)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.offload=cpu", "fsdp (full_shard, backward and forward prefetch, cpu offload)"},
                         Case{"--set parallel.strategy=zero3 --set parallel.offload=cpu --set parallel.prefetch=false", "zero3 (cpu offload)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=no_shard", "ddp (bucketed)"}}) {
     INFO(c.sets);
-    RunOut r = train(2, kGpt, sets + c.sets);
+    ZeroRunOut r = train_zero(2, kZeroGpt, sets + c.sets);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.losses == ddp.losses);
@@ -410,10 +410,10 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, a
 
 TEST_CASE("FSDP's size-based wrap policy gathers fewer, larger units, SyncBatchNorm works under every stage, DDP's numbers both", "[zero][fsdp][e2e]") {
   // GPT-tiny: the root (embeddings) alone, then both blocks and ln_f in one flat vector of >= 100000
-  const std::string sets = kGptSets + "--set train.steps=20 ";
-  RunOut ddp = train(2, kGpt, sets + "--set parallel.strategy=ddp");
-  RunOut per_unit = train(2, kGpt, sets + "--set parallel.strategy=fsdp");
-  RunOut wrapped = train(2, kGpt, sets + "--set parallel.strategy=fsdp --set parallel.wrap_min_params=100000");
+  const std::string sets = kZeroGptSets + "--set train.steps=20 ";
+  ZeroRunOut ddp = train_zero(2, kZeroGpt, sets + "--set parallel.strategy=ddp");
+  ZeroRunOut per_unit = train_zero(2, kZeroGpt, sets + "--set parallel.strategy=fsdp");
+  ZeroRunOut wrapped = train_zero(2, kZeroGpt, sets + "--set parallel.strategy=fsdp --set parallel.wrap_min_params=100000");
   INFO(wrapped.out);
   REQUIRE(ddp.code == 0);
   REQUIRE(per_unit.code == 0);
@@ -426,10 +426,10 @@ TEST_CASE("FSDP's size-based wrap policy gathers fewer, larger units, SyncBatchN
   const std::string bn = "configs/cifar-cnn-bn.toml";
   const std::string bn_sets = "--set data.synthetic_train=8192 --set optim.lr=0.0005 --set train.steps=15 --set train.global_batch=64 "
                               "--set parallel.sync_batchnorm=true ";
-  RunOut ddp_bn = train(2, bn, bn_sets + "--set parallel.strategy=ddp");
+  ZeroRunOut ddp_bn = train_zero(2, bn, bn_sets + "--set parallel.strategy=ddp");
   REQUIRE(ddp_bn.code == 0);
   for (const std::string strategy : {"zero2", "zero3", "fsdp"}) {
-    RunOut z = train(2, bn, bn_sets + "--set parallel.strategy=" + strategy);
+    ZeroRunOut z = train_zero(2, bn, bn_sets + "--set parallel.strategy=" + strategy);
     INFO(strategy << "\n" << z.out);
     REQUIRE(z.code == 0);
     CHECK(z.losses == ddp_bn.losses);
@@ -440,13 +440,13 @@ TEST_CASE("precision.reduce_dtype bf16 halves the gradients' bytes, 2 ranks get 
   // bf16 gradients of two ranks: their sum is exact in f32 and halving it is exact, so reducing in bf16
   // rounds exactly where the f32 reduction's result is rounded into the bf16 gradient — the same bits.
   // From 3 ranks a partial sum is rounded on the way: a little noise, no drift.
-  const std::string sets = kGptSets + "--set train.steps=30 --set precision.mode=bf16 ";
+  const std::string sets = kZeroGptSets + "--set train.steps=30 --set precision.mode=bf16 ";
   for (int ranks : {2, 3}) {
     for (const std::string strategy : {"ddp", "zero2", "fsdp"}) {
       if (ranks == 3 && strategy == "zero2") continue;
       INFO(ranks << " ranks, " << strategy);
-      RunOut f32 = train(ranks, kGpt, sets + "--set parallel.strategy=" + strategy);
-      RunOut b16 = train(ranks, kGpt, sets + "--set parallel.strategy=" + strategy + " --set precision.reduce_dtype=bf16");
+      ZeroRunOut f32 = train_zero(ranks, kZeroGpt, sets + "--set parallel.strategy=" + strategy);
+      ZeroRunOut b16 = train_zero(ranks, kZeroGpt, sets + "--set parallel.strategy=" + strategy + " --set precision.reduce_dtype=bf16");
       INFO(b16.out);
       REQUIRE(f32.code == 0);
       REQUIRE(b16.code == 0);
@@ -467,8 +467,8 @@ TEST_CASE("precision.reduce_dtype bf16 halves the gradients' bytes, 2 ranks get 
 // moments (12 bytes per owned element) and the reduced bf16 gradient parts (2) in host memory instead of the
 // device's, and a slower modeled step (the copies over PCIe, the step on the host's CPU).
 TEST_CASE("ZeRO-2 with CPU offload: ZeRO-2's losses, 14 bytes per owned element on the host, none of the optimizer state on the device", "[zero][e2e]") {
-  const std::string sets = kGptSets + "--set train.steps=10 --set precision.mode=bf16 --set parallel.strategy=zero2 --set log.profile=a100-nvlink ";
-  RunOut dev = train(2, kGpt, sets), off = train(2, kGpt, sets + "--set parallel.offload=cpu");
+  const std::string sets = kZeroGptSets + "--set train.steps=10 --set precision.mode=bf16 --set parallel.strategy=zero2 --set log.profile=a100-nvlink ";
+  ZeroRunOut dev = train_zero(2, kZeroGpt, sets), off = train_zero(2, kZeroGpt, sets + "--set parallel.offload=cpu");
   INFO(off.out);
   REQUIRE(dev.code == 0);
   REQUIRE(off.code == 0);
