@@ -152,3 +152,22 @@ TEST_CASE("llama: Llama 3's published parameter counts, and what it refuses", "[
                                      DeviceKind::meta),
                     Catch::Contains("n_kv_head 2 does not split over 3"));
 }
+
+TEST_CASE("log.kernels = eager counts what eager PyTorch keeps for backward: RMSNorm's f32 copy, SiLU's output, the loss's third f32 tensor",
+          "[llama][costmodel]") {
+  // Measured with torch's saved-tensor hooks on torchtitan's block (bench/peer_torch_llama.py --only saved, an H200):
+  // 52.0 bytes per element of (B, T, C) against the 37.0 distlab's kernels keep. The difference is, per block, an
+  // f32 tensor the size of x in each RMSNorm (x.float() in 16 bits, x·rstd in f32) and silu(gate) in the
+  // activations' dtype; and on 16-bit logits, cross_entropy(pred.float()) holds nll_loss's f32 gradient beside
+  // log_softmax's output and gradient. The peak (the loss's backward, everything saved) grows by exactly that.
+  const std::string toml = file_text("configs/llama-tiny.toml");
+  const int64_t BT = 16 * 64, C = 64, I = 176, V = 256, L = 2;  // llama-tiny: micro_batch 16, seq_len 64
+  auto activations = [&](const char* mode, const char* kernels) {
+    TrainRun r = train_in_process(toml, {"train.steps=2", std::string("precision.mode=") + mode, std::string("log.kernels=") + kernels},
+                                  DeviceKind::meta);
+    return r.summary["peak_memory"]["activations"].get<int64_t>();
+  };
+  const int64_t norms = (2 * L + 1) * 4 * BT * C;  // two per block and the final norm, alive at the loss
+  CHECK(activations("bf16", "eager") - activations("bf16", "fused") == norms + L * 2 * BT * I + 4 * BT * V);
+  CHECK(activations("fp32", "eager") - activations("fp32", "fused") == norms + L * 4 * BT * I);  // f32 logits: no copy
+}

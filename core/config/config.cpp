@@ -192,7 +192,7 @@ const std::vector<Key>& keys() {
       KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu"),
       KEY("log.calibrated", Kind::boolean, bool, log.calibrated, "false: model every kernel at the data sheet's peak (no calibration, no step overhead)"),
       CHOICE("log.kernels", log.kernels,
-             "modeled kernels: fused (distlab's, one pass per op; what torch.compile gives) | eager (PyTorch's op-by-op chains)", ""),
+             "modeled kernels: fused (distlab's, one pass per op; what torch.compile gives) | eager (PyTorch's op-by-op chains, and what their autograd keeps)", ""),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
       KEY("checkpoint.dir", Kind::string, std::string, checkpoint.dir, "folder of checkpoints, DIR/step-NNNNNN/ (\"\" = none)"),
       KEY("checkpoint.every", Kind::integer, int64_t, checkpoint.every, "save every N steps (0: at the end and on SIGTERM only)"),

@@ -26,6 +26,8 @@ Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
   rmsnorm_forward(rt, y.p, rstd_.f32(), xf.p, w.p, N, C_, eps_);
   y.store();
   saved_x_ = x;
+  // eager PyTorch keeps x.float() (bf16/fp16) or x·rstd (f32) for backward, beside what this kernel keeps
+  if (rt.eager_saved) eager_f32_ = rt.empty(x.shape(), Category::activations, "RMSNorm's f32 copy (eager PyTorch keeps it)");
   return out;
 }
 
@@ -36,7 +38,7 @@ Tensor RMSNorm::backward(Runtime& rt, const Tensor& dout) {
   rmsnorm_backward(rt, d.p, dw.p, dy.p, xf.p, w.p, rstd_.f32(), N, C_);
   d.store();
   dw.store();
-  saved_x_ = rstd_ = Tensor();
+  saved_x_ = rstd_ = eager_f32_ = Tensor();
   return dx;
 }
 
@@ -198,6 +200,8 @@ Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x) {
     swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
     hf.store();
   }
+  // eager PyTorch keeps silu(gate) for the product's backward, beside gate and up
+  if (rt.eager_saved) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   Tensor out = down_proj->forward(rt, h);
   if (op_) out_ = out;
   return out;
@@ -207,7 +211,7 @@ void LlamaMLP::keep_ops() {
   SavedState gone;
   gone.begin();
   for (Layer* l : std::initializer_list<Layer*>{&gate_proj, &up_proj, down_proj.get()}) l->swap_saved(gone);
-  up_ = Tensor();
+  up_ = eager_silu_ = Tensor();
 }
 
 void LlamaMLP::recompute(Runtime& rt, const Tensor& x) {
@@ -220,6 +224,7 @@ void LlamaMLP::recompute(Runtime& rt, const Tensor& x) {
     swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
     hf.store();
   }
+  if (rt.eager_saved) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   down_proj->keep_input(rt, h);  // its output was kept (and is not needed): only its input
   out_ = Tensor();
 }
@@ -234,7 +239,7 @@ Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
     dgf.store();
     duf.store();
   }
-  gate_ = up_ = out_ = Tensor();
+  gate_ = up_ = out_ = eager_silu_ = Tensor();
   Tensor dx = gate_proj.backward(rt, dg);
   Tensor dxu = up_proj.backward(rt, du);
   {

@@ -23,6 +23,7 @@ class RMSNorm : public Layer {
   void swap_saved(SavedState& s) override {
     s.swap(saved_x_);
     s.swap(rstd_);
+    s.swap(eager_f32_);
   }
   Parameter weight;  // (C)
 
@@ -30,6 +31,7 @@ class RMSNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor saved_x_, rstd_;
+  Tensor eager_f32_;  // rt.eager_saved: what eager PyTorch keeps beyond this kernel's (counted, never used)
 };
 
 // The sum of a split layer's input gradient over the tensor-parallel group (an all-reduce: Megatron's f),
@@ -96,6 +98,7 @@ class LlamaMLP : public Layer {
     s.swap(gate_);
     s.swap(up_);
     s.swap(out_);
+    s.swap(eager_silu_);
   }
   // Op-level selective checkpointing (see LlamaAttention's): keep_ops() keeps gate_proj's output (the 5th
   // matmul of the block) and down_proj's (the 7th) and drops the rest; recompute(x) reruns up_proj (6th)
@@ -111,6 +114,7 @@ class LlamaMLP : public Layer {
   InputGradSum sum_;
   Tensor gate_, up_;  // (B, T, I/t) each
   Tensor out_;        // op-level checkpointing: down_proj's output, (B, T, C)
+  Tensor eager_silu_;  // rt.eager_saved: silu(gate), which eager PyTorch keeps (counted, never used)
   bool op_ = false;
 };
 
