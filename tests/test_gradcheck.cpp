@@ -732,8 +732,38 @@ TEST_CASE("conv2d_forward (im2col + GEMM) matches conv2d_forward_naive on awkwar
                       ConvShape{2, 3, 7, 5, 4, 3, 2, 0}, ConvShape{2, 2, 5, 7, 3, 2, 2, 1},
                       ConvShape{1, 3, 4, 4, 2, 4, 1, 0}, ConvShape{3, 1, 6, 6, 1, 1, 3, 0},
                       ConvShape{1, 2, 3, 3, 2, 3, 1, 2}, ConvShape{1, 1, 2, 3, 1, 3, 2, 2},
-                      ConvShape{1, 2, 9, 8, 3, 3, 3, 1}})
+                      ConvShape{1, 2, 9, 8, 3, 3, 3, 1},
+                      // past one block of kConvImageBlock (8) images: a full block and a remainder, two and a remainder
+                      ConvShape{11, 2, 5, 4, 3, 3, 1, 1}, ConvShape{17, 3, 6, 6, 4, 3, 2, 1}})
     compare_conv_with_naive(s);
+}
+
+// conv2d_backward works a block of images at a time: over 2 blocks and a remainder it must give each image's
+// input gradient, and the sum over images of the weight and bias gradients, that one image at a time gives.
+TEST_CASE("conv2d_backward in blocks of images equals the per-image gradients, summed", "[gradcheck]") {
+  for (ConvShape s : {ConvShape{19, 3, 6, 5, 4, 3, 1, 1}, ConvShape{9, 2, 7, 7, 3, 3, 2, 1}}) {
+    INFO("B " << s.B << " stride " << s.stride);
+    Runtime rt;
+    Rng rng(21);
+    const int64_t OHW = s.OH() * s.OW(), img = s.C * s.H * s.W;
+    Tensor x = random_tensor(rt, {s.B, s.C, s.H, s.W}, rng), w = random_tensor(rt, {s.OC, s.C, s.K, s.K}, rng);
+    Tensor dy = random_tensor(rt, {s.B, s.OC, s.OH(), s.OW()}, rng);
+    std::vector<float> out(size_t(s.B * s.OC * OHW)), col(size_t(s.CKK() * s.B * OHW)), dx(size_t(s.B * img));
+    std::vector<float> dw(size_t(s.OC * s.CKK())), db(size_t(s.OC));
+    conv2d_forward(rt, out.data(), col.data(), x.f32(), w.f32(), nullptr, s);
+    conv2d_backward(rt, dx.data(), dw.data(), db.data(), dy.f32(), col.data(), w.f32(), s);
+    ConvShape one = s;
+    one.B = 1;
+    std::vector<float> dx1(static_cast<size_t>(img)), dw1(dw.size()), db1(db.size()), out1(static_cast<size_t>(s.OC * OHW)),
+        col1(static_cast<size_t>(s.CKK() * OHW));
+    for (int64_t b = 0; b < s.B; b++) {
+      conv2d_forward(rt, out1.data(), col1.data(), x.f32() + b * img, w.f32(), nullptr, one);
+      conv2d_backward(rt, dx1.data(), dw1.data(), db1.data(), dy.f32() + b * s.OC * OHW, col1.data(), w.f32(), one);  // dw1, db1 accumulate
+      for (int64_t i = 0; i < img; i++) CHECK(dx[size_t(b * img + i)] == Approx(dx1[size_t(i)]).margin(1e-5));
+    }
+    for (size_t i = 0; i < dw.size(); i++) CHECK(dw[i] == Approx(dw1[i]).margin(1e-4));
+    for (size_t i = 0; i < db.size(); i++) CHECK(db[i] == Approx(db1[i]).margin(1e-4));
+  }
 }
 
 // A kernel column can lie wholly right of the image (K > W + pad): the fast im2col/col2im must then

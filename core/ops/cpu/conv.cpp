@@ -13,9 +13,10 @@ namespace distlab {
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
-void im2col(float* col, const float* inp, const ConvShape& s) {
-  const int64_t OH = s.OH(), OW = s.OW(), N = s.B * OH * OW;
-#pragma omp parallel for collapse(2) schedule(static)
+// Images [b0, b0 + nb) into col (C*K*K, nb*OH*OW): column j = (b - b0, oh, ow).
+static void im2col_images(float* col, const float* inp, const ConvShape& s, int64_t b0, int64_t nb) {
+  const int64_t OH = s.OH(), OW = s.OW(), N = nb * OH * OW;
+#pragma omp parallel for collapse(2) schedule(static) if (s.C * s.K * s.K * N > 32768)
   for (int64_t c = 0; c < s.C; c++) {
     for (int64_t kk = 0; kk < s.K * s.K; kk++) {
       const int64_t kh = kk / s.K, kw = kk % s.K;
@@ -23,8 +24,8 @@ void im2col(float* col, const float* inp, const ConvShape& s) {
       const int64_t lo = std::min(OW, std::max<int64_t>(0, ceil_div(s.pad - kw, s.stride)));
       const int64_t hi = std::max(lo, std::min(OW, floor_div(s.W - 1 + s.pad - kw, s.stride) + 1));
       float* row = col + (c * s.K * s.K + kk) * N;
-      for (int64_t b = 0; b < s.B; b++) {
-        const float* img = inp + (b * s.C + c) * s.H * s.W;
+      for (int64_t b = 0; b < nb; b++) {
+        const float* img = inp + ((b0 + b) * s.C + c) * s.H * s.W;
         for (int64_t oh = 0; oh < OH; oh++) {
           const int64_t ih = oh * s.stride - s.pad + kh;
           float* d = row + (b * OH + oh) * OW;
@@ -44,14 +45,17 @@ void im2col(float* col, const float* inp, const ConvShape& s) {
   }
 }
 
-void col2im(float* dinp, const float* col, const ConvShape& s) {
-  const int64_t OH = s.OH(), OW = s.OW(), N = s.B * OH * OW;
-  std::memset(dinp, 0, sizeof(float) * size_t(s.B * s.C * s.H * s.W));
+void im2col(float* col, const float* inp, const ConvShape& s) { im2col_images(col, inp, s, 0, s.B); }
+
+// The adjoint of im2col_images: images [b0, b0 + nb) of dinp (overwritten) from col (C*K*K, nb*OH*OW).
+static void col2im_images(float* dinp, const float* col, const ConvShape& s, int64_t b0, int64_t nb) {
+  const int64_t OH = s.OH(), OW = s.OW(), N = nb * OH * OW;
+  std::memset(dinp + b0 * s.C * s.H * s.W, 0, sizeof(float) * size_t(nb * s.C * s.H * s.W));
   // each (b, c) image plane is written by one thread only: parallel over planes
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < s.B; b++) {
+#pragma omp parallel for collapse(2) schedule(static) if (nb * s.C * s.H * s.W > 32768)
+  for (int64_t b = 0; b < nb; b++) {
     for (int64_t c = 0; c < s.C; c++) {
-      float* img = dinp + (b * s.C + c) * s.H * s.W;
+      float* img = dinp + ((b0 + b) * s.C + c) * s.H * s.W;
       for (int64_t kk = 0; kk < s.K * s.K; kk++) {
         const int64_t kh = kk / s.K, kw = kk % s.K;
         const int64_t lo = std::min(OW, std::max<int64_t>(0, ceil_div(s.pad - kw, s.stride)));
@@ -62,12 +66,17 @@ void col2im(float* dinp, const float* col, const ConvShape& s) {
           if (ih < 0 || ih >= s.H) continue;
           float* d = img + ih * s.W - s.pad + kw;
           const float* sr = src + oh * OW;
-          for (int64_t ow = lo; ow < hi; ow++) d[ow * s.stride] += sr[ow];
+          if (s.stride == 1)  // contiguous: the compiler vectorizes it
+            for (int64_t ow = lo; ow < hi; ow++) d[ow] += sr[ow];
+          else
+            for (int64_t ow = lo; ow < hi; ow++) d[ow * s.stride] += sr[ow];
         }
       }
     }
   }
 }
+
+void col2im(float* dinp, const float* col, const ConvShape& s) { col2im_images(dinp, col, s, 0, s.B); }
 
 void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const float* w, const float* bias,
                     const ConvShape& s) {
@@ -75,20 +84,25 @@ void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_forward", 2.0 * s.OC * CKK * N,
              4.0 * (s.B * s.C * s.H * s.W + s.OC * CKK + s.OC * N));
-  Tensor tmp = rt.empty({s.OC, N}, Category::other, "conv2d output workspace");
+  const int64_t block = std::min(s.B, kConvImageBlock);
+  Tensor tmp = rt.empty({s.OC, block * OHW}, Category::other, "conv2d output workspace (a block of images)");
   if (rt.is_meta()) return;
-  im2col(col, inp, s);
-  // tmp (OC, B*OHW) = w (OC, CKK) @ col (CKK, B*OHW)
-  blas_sgemm(false, false, s.OC, N, CKK, 1.0f, w, CKK, col, N, 0.0f, tmp.f32(), N);
-  // (OC, B, OHW) -> (B, OC, OHW), adding the bias
-  const float* t = tmp.f32();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < s.B; b++) {
-    for (int64_t o = 0; o < s.OC; o++) {
-      const float* src = t + o * N + b * OHW;
-      float* dst = out + (b * s.OC + o) * OHW;
-      const float bo = bias ? bias[o] : 0.0f;
-      for (int64_t i = 0; i < OHW; i++) dst[i] = src[i] + bo;
+  for (int64_t b0 = 0; b0 < s.B; b0 += block) {
+    const int64_t nb = std::min(block, s.B - b0), Nb = nb * OHW;
+    float* cb = col + b0 * CKK * OHW;  // this block's columns: (CKK, nb*OHW)
+    im2col_images(cb, inp, s, b0, nb);
+    // tmp (OC, nb*OHW) = w (OC, CKK) @ cb (CKK, nb*OHW)
+    blas_sgemm(false, false, s.OC, Nb, CKK, 1.0f, w, CKK, cb, Nb, 0.0f, tmp.f32(), Nb);
+    // (OC, nb, OHW) -> (nb, OC, OHW), adding the bias, while tmp is still in cache
+    const float* t = tmp.f32();
+#pragma omp parallel for collapse(2) schedule(static) if (s.OC * Nb > 32768)
+    for (int64_t b = 0; b < nb; b++) {
+      for (int64_t o = 0; o < s.OC; o++) {
+        const float* src = t + o * Nb + b * OHW;
+        float* dst = out + ((b0 + b) * s.OC + o) * OHW;
+        const float bo = bias ? bias[o] : 0.0f;
+        for (int64_t i = 0; i < OHW; i++) dst[i] = src[i] + bo;
+      }
     }
   }
 }
@@ -99,30 +113,37 @@ void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_backward", 2.0 * s.OC * CKK * N * (need_dinp ? 2 : 1),
              4.0 * (2 * CKK * N + 2 * s.OC * CKK + 2 * s.OC * N));
-  Tensor dcol = need_dinp ? rt.empty({CKK, N}, Category::other, "conv2d column-gradient workspace") : Tensor();
-  Tensor doutT = rt.empty({s.OC, N}, Category::other, "conv2d grad workspace");
+  const int64_t block = std::min(s.B, kConvImageBlock);
+  Tensor dcol = need_dinp ? rt.empty({CKK, block * OHW}, Category::other, "conv2d column-gradient workspace (a block of images)") : Tensor();
+  Tensor doutT = rt.empty({s.OC, block * OHW}, Category::other, "conv2d grad workspace (a block of images)");
   if (rt.is_meta()) return;
-  // doutT (OC, B*OHW) from dout (B, OC, OHW); the bias gradient is its row sums
-  float* dt = doutT.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < s.OC; o++) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < s.B; b++) {
-      const float* src = dout + (b * s.OC + o) * OHW;
-      float* dst = dt + o * N + b * OHW;
-      for (int64_t i = 0; i < OHW; i++) {
-        dst[i] = src[i];
-        acc += src[i];
+  // the bias gradient: each channel's sum over the whole batch, image after image (a block does not change it)
+  if (dbias) {
+#pragma omp parallel for schedule(static) if (s.OC * N > 32768)
+    for (int64_t o = 0; o < s.OC; o++) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < s.B; b++) {
+        const float* src = dout + (b * s.OC + o) * OHW;
+        for (int64_t i = 0; i < OHW; i++) acc += src[i];
       }
+      dbias[o] += acc;
     }
-    if (dbias) dbias[o] += acc;
   }
-  // dw (OC, CKK) += doutT (OC, N) @ col^T (N, CKK)
-  blas_sgemm(false, true, s.OC, CKK, N, 1.0f, dt, N, col, N, 1.0f, dw, CKK);
-  if (need_dinp) {
-    // dcol (CKK, N) = w^T (CKK, OC) @ doutT (OC, N), then fold back into images
-    blas_sgemm(true, false, CKK, N, s.OC, 1.0f, w, CKK, dt, N, 0.0f, dcol.f32(), N);
-    col2im(dinp, dcol.f32(), s);
+  float* dt = doutT.f32();
+  for (int64_t b0 = 0; b0 < s.B; b0 += block) {
+    const int64_t nb = std::min(block, s.B - b0), Nb = nb * OHW;
+    const float* cb = col + b0 * CKK * OHW;
+    // dt (OC, nb*OHW) from dout's images (nb, OC, OHW)
+#pragma omp parallel for collapse(2) schedule(static) if (s.OC * Nb > 32768)
+    for (int64_t o = 0; o < s.OC; o++)
+      for (int64_t b = 0; b < nb; b++) std::memcpy(dt + o * Nb + b * OHW, dout + ((b0 + b) * s.OC + o) * OHW, sizeof(float) * size_t(OHW));
+    // dw (OC, CKK) += dt (OC, nb*OHW) @ cb^T (nb*OHW, CKK): the blocks' sums added in their order
+    blas_sgemm(false, true, s.OC, CKK, Nb, 1.0f, dt, Nb, cb, Nb, 1.0f, dw, CKK);
+    if (need_dinp) {
+      // dcol (CKK, nb*OHW) = w^T (CKK, OC) @ dt (OC, nb*OHW), then folded back into this block's images
+      blas_sgemm(true, false, CKK, Nb, s.OC, 1.0f, w, CKK, dt, Nb, 0.0f, dcol.f32(), Nb);
+      col2im_images(dinp, dcol.f32(), s, b0, nb);
+    }
   }
 }
 
