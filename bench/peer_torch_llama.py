@@ -65,18 +65,24 @@ def repeat_kv(x, n_rep):
 SDPA_BACKEND = None  # --sdpa: which kernel the training steps' attention runs (None: PyTorch's choice)
 
 
-def sdpa(q, k, v):
+def causal_attention(q, k, v):
+    """F.scaled_dot_product_attention, whichever backend the caller's context allows"""
     if hasattr(F, "scaled_dot_product_attention"):
-        if SDPA_BACKEND is not None:
-            from torch.nn.attention import sdpa_kernel
-            with sdpa_kernel([SDPA_BACKEND]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     # PyTorch 1.x (the CPU smoke run only): the same math, the (T, T) scores stored
     T = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return torch.softmax(s.float(), -1).type_as(q) @ v
+
+
+def sdpa(q, k, v):
+    """the model's attention: --sdpa's backend, or PyTorch's choice"""
+    if SDPA_BACKEND is not None:
+        from torch.nn.attention import sdpa_kernel
+        with sdpa_kernel([SDPA_BACKEND]):
+            return causal_attention(q, k, v)
+    return causal_attention(q, k, v)
 
 
 class Attention(torch.nn.Module):
@@ -205,8 +211,8 @@ def attention(B, H, T, hd, dt, dev, warmup, iters):
         v = torch.randn(B, H, T, hd, dtype=dt, device=dev, requires_grad=True)
         g = torch.randn(B, H, T, hd, dtype=dt, device=dev)
 
-        def fwd():  # F.scaled_dot_product_attention itself: --sdpa is for section 3, each backend is tried here
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def fwd():  # not sdpa(): --sdpa is for section 3, each backend is tried here
+            return causal_attention(q, k, v)
 
         def fwd_bwd():
             fwd().backward(g)
@@ -225,70 +231,70 @@ def attention(B, H, T, hd, dt, dev, warmup, iters):
     return rows
 
 
+class Trainee:
+    """Llama-3-8B cut to L blocks, trained as FSDP's mixed precision computes: bf16 parameters and gradients,
+    f32 master weights in foreach AdamW, the f32 gradients alive only while the optimizer runs."""
+
+    def __init__(self, L, B, T, dims, dev):
+        dim, heads, kv_heads, ffn, vocab = dims
+        torch.manual_seed(0)
+        model = Llama(L, dim, heads, kv_heads, ffn, vocab, T).to(dev)
+        model.freqs_cis = model.freqs_cis.to(dev)
+        self.master = [p.detach().float().clone() for p in model.parameters()]  # f32 master weights
+        self.model = model.to(torch.bfloat16)
+        self.params = list(self.model.parameters())
+        self.opt = torch.optim.AdamW(self.master, lr=3e-4, weight_decay=0.1, foreach=True)
+        self.tokens = torch.randint(0, vocab, (B, T), device=dev)
+        self.labels = torch.randint(0, vocab, (B, T), device=dev)
+        self.loss = None
+
+    def forward(self):
+        self.loss = None  # the last forward's graph goes first: two graphs alive at once would double the peak
+        self.loss = F.cross_entropy(self.model(self.tokens).flatten(0, 1).float(), self.labels.flatten(0, 1))
+
+    def backward(self):
+        self.loss.backward()
+        self.loss = None
+
+    def optimizer(self, keep_grads=False):
+        clip(self.params)
+        for m, p in zip(self.master, self.params):
+            m.grad = p.grad.float()
+        self.opt.step()
+        with torch.no_grad():
+            copy_all(self.params, self.master)
+        if keep_grads:  # to time the optimizer again on the same gradients
+            return
+        for p in self.params:
+            p.grad = None
+        for m in self.master:
+            m.grad = None
+
+    def step(self):
+        self.forward()
+        self.backward()
+        self.optimizer()
+
+
 def steps(layer_counts, B, T, dims, dev, warmup, iters):
-    dim, heads, kv_heads, ffn, vocab = dims
     rows = []
     for L in layer_counts:
-        torch.manual_seed(0)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        model = Llama(L, dim, heads, kv_heads, ffn, vocab, T).to(dev)
-        model.freqs_cis = model.freqs_cis.to(dev)
-        master = [p.detach().float().clone() for p in model.parameters()]  # f32 master weights
-        model = model.to(torch.bfloat16)
-        params = list(model.parameters())
-        opt = torch.optim.AdamW(master, lr=3e-4, weight_decay=0.1, foreach=True)
-        tokens = torch.randint(0, vocab, (B, T), device=dev)
-        labels = torch.randint(0, vocab, (B, T), device=dev)
-        n_params = sum(p.numel() for p in params)
-        state = {}
-
-        def forward():
-            state.clear()  # the last forward's graph goes first: two graphs alive at once would double the peak
-            state["loss"] = F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten(0, 1))
-
-        def backward():
-            state["loss"].backward()
-
-        def optimizer():
-            clip(params)
-            for m, p in zip(master, params):
-                m.grad = p.grad.float()
-            opt.step()
-            with torch.no_grad():
-                copy_all(params, master)
-            for p in params:
-                p.grad = None
-            for m in master:  # f32 gradients live only while the optimizer runs
-                m.grad = None
-
-        def step():
-            forward()
-            backward()
-            optimizer()
-
-        step_ms = timed(step, warmup, iters, dev)
+        t = Trainee(L, B, T, dims, dev)
+        step_ms = timed(t.step, warmup, iters, dev)
         # the peak of whole steps (the parts below hold other things at other times)
         peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
-        # the parts, each timed on its own (forward alone keeps its activations until the next call frees them)
-        fwd_ms = timed(forward, 1, iters, dev)
-        state.clear()
-        fb_ms = timed(lambda: (forward(), backward(), [setattr(p, "grad", None) for p in params]), 1, iters, dev)
-        forward()
-        backward()
-        def optimizer_only():
-            clip(params)
-            for m, p in zip(master, params):
-                m.grad = p.grad.float()
-            opt.step()
-            with torch.no_grad():
-                copy_all(params, master)
-
-        opt_ms = timed(optimizer_only, 1, iters, dev)
-        rows.append(dict(layers=L, params=n_params, step_ms=step_ms, forward_ms=fwd_ms, backward_ms=fb_ms - fwd_ms,
-                         optimizer_ms=opt_ms, peak_gib=peak, tokens_per_s=B * T / step_ms * 1e3))
-        del model, master, params, opt, state
+        # the parts, each timed on its own
+        fwd_ms = timed(t.forward, 1, iters, dev)
+        fb_ms = timed(lambda: (t.forward(), t.backward(), [setattr(p, "grad", None) for p in t.params]), 1, iters, dev)
+        t.forward()
+        t.backward()
+        opt_ms = timed(lambda: t.optimizer(keep_grads=True), 1, iters, dev)
+        rows.append(dict(layers=L, params=sum(p.numel() for p in t.params), step_ms=step_ms, forward_ms=fwd_ms,
+                         backward_ms=fb_ms - fwd_ms, optimizer_ms=opt_ms, peak_gib=peak, tokens_per_s=B * T / step_ms * 1e3))
+        del t
     return rows
 
 
@@ -384,30 +390,8 @@ def kernel_kind(name):
 def profile_section(a, res, B, T, dims, dev):
     """one training step of L = 1 under torch.profiler: the GPU time of every kernel, grouped by kind."""
     from torch.profiler import ProfilerActivity, profile
-    dim, heads, kv_heads, ffn, vocab = dims
-    torch.manual_seed(0)
-    model = Llama(1, dim, heads, kv_heads, ffn, vocab, T).to(dev)
-    model.freqs_cis = model.freqs_cis.to(dev)
-    master = [p.detach().float().clone() for p in model.parameters()]
-    model = model.to(torch.bfloat16)
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(master, lr=3e-4, weight_decay=0.1, foreach=True)
-    tokens = torch.randint(0, vocab, (B, T), device=dev)
-    labels = torch.randint(0, vocab, (B, T), device=dev)
-
-    def step():
-        F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten(0, 1)).backward()
-        clip(params)
-        for m, p in zip(master, params):
-            m.grad = p.grad.float()
-        opt.step()
-        with torch.no_grad():
-            copy_all(params, master)
-        for p in params:
-            p.grad = None
-        for m in master:
-            m.grad = None
-
+    t = Trainee(1, B, T, dims, dev)
+    step = t.step
     for _ in range(2):
         step()
     torch.cuda.synchronize()
