@@ -28,7 +28,7 @@ void add_run_command(CLI::App& app, int& exit_code, const std::string& self_exe,
             return *end == 0 && std::isfinite(x) && x >= 0 && x <= 3600 ? std::string() : "must be a number of seconds in 0..3600";
           },
           "SECONDS"));
-  sub->add_option("--threads-per-rank", o->threads_per_rank, "compute threads per rank (default cores / ranks)")->check(CLI::Range(0, 1024));
+  sub->add_option("--threads-per-rank", o->threads_per_rank, "compute threads per rank (default: OMP_NUM_THREADS when set, as torchrun keeps it, else cores / ranks)")->check(CLI::Range(0, 1024));
   sub->prefix_command();  // everything after the options is the worker's command line
   sub->callback([o, sub, &exit_code, self_exe, program]() {
     std::vector<std::string> rest = sub->remaining();

@@ -152,6 +152,10 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
                                    "train", jo.config.empty() ? ctx.lab.dir + "/lab.toml" : jo.config, "--set", "lab.plugin=" + plugin,
                                    "--set", std::string("lab.sandbox=") + (ctx.sandbox.bwrap ? "require" : "off"),
                                    "--set", "train.log_every=1000", "--set", fmt::format("dist.timeout_s={:.0f}", std::max(5.0, limit_s / 2)),
+                                   // no check reads the test set's loss; the whole of it is half a 12-step job's time
+                                   // (GPT, 19,968 samples). One batch still runs the evaluation through the student's
+                                   // code (lab 05's gathers); a check's own sets may ask for more
+                                   "--set", "train.eval_batches=1",
                                    "--metrics", metrics};
   for (const auto& s : sets) {
     argv.push_back("--set");

@@ -187,8 +187,12 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     // nothing of the launcher's (the store's sockets, other ranks' pipes and logs) crosses the exec
     constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC, Linux 5.11
     syscall(SYS_close_range, 3U, ~0U, kCloseRangeCloexec);
-    const int threads = o.threads_per_rank > 0 ? o.threads_per_rank
-                                               : std::max(1, int(std::thread::hardware_concurrency()) / o.nproc_per_node);
+    // --threads-per-rank, else the OMP_NUM_THREADS the launcher was started with (as torchrun keeps it), else
+    // the cores shared out between the local ranks
+    const char* inherited = std::getenv("OMP_NUM_THREADS");
+    const int threads = o.threads_per_rank > 0                   ? o.threads_per_rank
+                        : inherited && std::atoi(inherited) > 0 ? std::atoi(inherited)
+                                                                : std::max(1, int(std::thread::hardware_concurrency()) / o.nproc_per_node);
     setenv("RANK", std::to_string(w.rank).c_str(), 1);
     setenv("LOCAL_RANK", std::to_string(w.local_rank).c_str(), 1);
     setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);

@@ -19,7 +19,7 @@ struct LaunchOptions {
   double grace_s = 5.0;         // between SIGTERM and SIGKILL
   int tail_lines = 20;          // lines of a failed rank's output to show
   std::vector<std::string> argv;  // the worker's command line (argv[0] is the program)
-  int threads_per_rank = 0;     // OMP_NUM_THREADS for workers (0: cores / local ranks)
+  int threads_per_rank = 0;     // OMP_NUM_THREADS for workers (0: the launcher's own, else cores / local ranks)
 };
 
 // Runs the job to completion; returns the launcher's exit code (0 all ranks succeeded, 1 a rank failed,
