@@ -38,6 +38,7 @@ void add_run_command(CLI::App& app, int& exit_code, const std::string& self_exe,
       rest = program;
     } else if (!rest.empty()) {
       rest.insert(rest.begin(), self_exe);  // a distlab subcommand: run this binary
+      opts.own_workers = true;
     }
     opts.argv = rest;
     exit_code = launch(opts);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -28,6 +29,7 @@
 #include "core/nn/loss.h"
 #include "core/nn/norm.h"
 #include "core/nn/simple.h"
+#include "core/ops/cpu/tanh.h"
 #include "core/ops/cpu/attention.h"
 #include "core/ops/cpu/llama.h"
 #include "core/ops/cpu/conv.h"
@@ -253,6 +255,69 @@ TEST_CASE("GELU is the tanh approximation", "[gradcheck]") {
     const double ref = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     CHECK(y.f32()[i] == Approx(ref).margin(1e-6).epsilon(1e-5));
   }
+}
+
+// The distance between two floats in units in the last place of the exact value
+static double tanh_ulps(float got, double exact) {
+  const float e = float(exact);
+  const double ulp = std::nextafter(std::fabs(e), INFINITY) - std::fabs(e);
+  return std::fabs(double(got) - exact) / ulp;
+}
+
+TEST_CASE("fast_tanhf is tanh to 1.5 ulp everywhere, and GELU's loops give what it gives one value at a time", "[gradcheck]") {
+  double worst = 0;
+  float at = 0;
+  // every 7th float in [1e-6, 0.625) (the polynomial), a dense sweep of the exponential's range and past its cap
+  std::vector<float> xs;
+  for (float x = 1e-6f; x < 0.625f;) {
+    xs.push_back(x);
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    b += 7;
+    std::memcpy(&x, &b, 4);
+  }
+  for (double x = 0.625; x < 12.0; x += 1.7e-6) xs.push_back(float(x));
+  for (float x : xs)
+    for (float y : {x, -x}) {
+      const double u = tanh_ulps(fast_tanhf(y), std::tanh(double(y)));
+      if (u > worst) worst = u, at = y;
+    }
+  INFO("worst " << worst << " ulp at " << at << " (" << xs.size() << " magnitudes)");
+  CHECK(worst <= 1.5);
+  CHECK(xs.size() > 10'000'000);
+  for (float tiny : {1e-30f, -1e-20f, 3e-7f, 1e-38f}) CHECK(fast_tanhf(tiny) == tiny);  // tanh(y) = y below 2^-12
+  CHECK(fast_tanhf(0.0f) == 0.0f);
+  CHECK(std::signbit(fast_tanhf(-0.0f)));
+  CHECK(fast_tanhf(INFINITY) == 1.0f);
+  CHECK(fast_tanhf(-INFINITY) == -1.0f);
+  CHECK(fast_tanhf(1e30f) == 1.0f);
+  CHECK(std::isnan(fast_tanhf(NAN)));
+  CHECK(fast_tanhf(9.5f) == 1.0f);  // the cap: tanh(9.5) rounds to 1 (tanh(9) does not: 1 - 2^-24)
+  CHECK(std::tanh(9.5f) == 1.0f);
+  CHECK(fast_tanhf(9.0f) == std::tanh(9.0f));
+
+  // the vectorized loops of gelu_forward/backward against the formula on fast_tanhf, one value at a time: equal
+  Runtime rt;
+  const int64_t n = 100003;
+  std::vector<float> x(n), dy(n), y(n), dx(n);
+  Rng rng(21);
+  for (int64_t i = 0; i < n; i++) x[size_t(i)] = (rng.uniform() - 0.5f) * 16.0f, dy[size_t(i)] = rng.uniform() - 0.5f;
+  x[5] = NAN;
+  x[6] = -0.0f;
+  gelu_forward(rt, y.data(), x.data(), n);
+  gelu_backward(rt, dx.data(), dy.data(), x.data(), n);
+  const float k = 0.7978845608028654f;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[size_t(i)], t = fast_tanhf(k * (v + 0.044715f * v * v * v));
+    const float want = 0.5f * v * (1.0f + t);
+    const float local = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+    const float want_dx = local * dy[size_t(i)];
+    const bool same = (std::isnan(want) && std::isnan(y[size_t(i)])) || std::memcmp(&want, &y[size_t(i)], 4) == 0;
+    const bool same_dx = (std::isnan(want_dx) && std::isnan(dx[size_t(i)])) || std::memcmp(&want_dx, &dx[size_t(i)], 4) == 0;
+    differ += !same || !same_dx;
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("Dropout scales kept values, zeroes about p of them, and backward applies the same mask", "[gradcheck]") {

@@ -204,6 +204,10 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     setenv("DISTLAB_STORE_TOKEN", rv.token.c_str(), 1);
     setenv("DISTLAB_LAUNCHER_PID", std::to_string(launcher).c_str(), 1);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    // distlab's own ranks compute with OpenMP and keep OpenBLAS on one thread (core/tensor/runtime.cpp). OpenBLAS
+    // reads this variable when it loads, before anything can call it: without it each rank starts a thread per
+    // core that spins in sched_yield (12 % of a 1-thread GPT-tiny step's samples, taken from the other ranks)
+    if (o.own_workers && !std::getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("DISTLAB_ERROR_FILE", w.error_file.c_str(), 1);
     setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt).c_str(), 1);  // torchrun's: 0, then 1 after a restart
     std::vector<char*> args;

@@ -20,6 +20,7 @@ struct LaunchOptions {
   int tail_lines = 20;          // lines of a failed rank's output to show
   std::vector<std::string> argv;  // the worker's command line (argv[0] is the program)
   int threads_per_rank = 0;     // OMP_NUM_THREADS for workers (0: the launcher's own, else cores / local ranks)
+  bool own_workers = false;      // argv is a distlab subcommand (distlab run ... train): see OPENBLAS_NUM_THREADS
 };
 
 // Runs the job to completion; returns the launcher's exit code (0 all ranks succeeded, 1 a rank failed,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/ops/cpu/tanh.h"
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 #include "core/util/rng.h"
@@ -36,11 +37,11 @@ void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
   if (rt.kernels) return rt.kernels->gelu_forward(rt, out, inp, n);
   OpScope op(rt, "gelu_forward", 10.0 * n, 8.0 * n);
   if (rt.is_meta()) return;
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; i++) {
     float x = inp[i];
     float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
+    out[i] = 0.5f * x * (1.0f + fast_tanhf(kGeluScale * (x + cube)));  // std::tanh's to 1.34 ulp (cpu/tanh.h)
   }
 }
 
@@ -48,11 +49,11 @@ void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp
   if (rt.kernels) return rt.kernels->gelu_backward(rt, dinp, dout, inp, n);
   OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
   if (rt.is_meta()) return;
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; i++) {
     float x = inp[i];
     float cube = 0.044715f * x * x * x;
-    float t = std::tanh(kGeluScale * (x + cube));
+    float t = fast_tanhf(kGeluScale * (x + cube));
     float sech2 = 1.0f - t * t;
     float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] = local * dout[i];
