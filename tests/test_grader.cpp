@@ -337,7 +337,7 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   CHECK(rows["include_stdin"].total == 0);  // the compiler read an empty stdin instead of waiting on ours
   CHECK_THAT(rows["include_stdin"].error, Catch::Contains("no distlab_lab01 table"));
   CHECK(rows["hang"].points["all_gather_equals_builtin"] == 0);
-  CHECK(rows["hang"].total == 10);  // the traffic check's all_gather (n = 250001) does not hang
+  CHECK(rows["hang"].total == 10);  // the traffic check's all_gather (n = 25001) does not hang
   for (const std::string bad : {"crash", "hog", "fork_hog", "escape"}) {
     INFO(bad);
     CHECK(rows[bad].points["all_gather_equals_builtin"] == 0);
