@@ -8,6 +8,7 @@
 #pragma once
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,35 +56,57 @@ inline Io wait_fd(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+// Reads exactly n bytes. What is already there is taken at once (recv without waiting); poll() only when
+// the socket has nothing, so a frame costs one or two system calls, not a poll before every read. A peer that
+// trickles bytes still meets the deadline at each wait.
 inline Io read_full(int fd, void* buf, size_t n, Clock::time_point deadline) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
-    if (Io w = wait_fd(fd, POLLIN, deadline); w != Io::ok) return w;
-    const ssize_t got = ::read(fd, p, n);
+    const ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);
     if (got == 0) return Io::eof;
-    if (got < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return errno == ECONNRESET ? Io::eof : Io::error;
+    if (got > 0) {
+      p += got;
+      n -= size_t(got);
+      continue;
     }
-    p += got;
-    n -= size_t(got);
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return errno == ECONNRESET ? Io::eof : Io::error;
+    if (Io w = wait_fd(fd, POLLIN, deadline); w != Io::ok) return w;
+  }
+  return Io::ok;
+}
+
+// Writes the n bytes of each of `parts` in order (a header and its payload: one sendmsg, so the reader
+// wakes once for the frame), waiting for room only when the socket is full.
+inline Io write_all(int fd, iovec* parts, int count, Clock::time_point deadline) {
+  while (count > 0 && parts[0].iov_len == 0) parts++, count--;
+  while (count > 0) {
+    msghdr m{};
+    m.msg_iov = parts;
+    m.msg_iovlen = size_t(count);
+    const ssize_t put = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return errno == EPIPE || errno == ECONNRESET ? Io::eof : Io::error;
+      if (Io w = wait_fd(fd, POLLOUT, deadline); w != Io::ok) return w;
+      continue;
+    }
+    size_t left = size_t(put);  // past the parts sent whole, into the one sent in part
+    while (count > 0 && left >= parts[0].iov_len) {
+      left -= parts[0].iov_len;
+      parts++, count--;
+    }
+    if (count > 0) {
+      parts[0].iov_base = static_cast<char*>(parts[0].iov_base) + left;
+      parts[0].iov_len -= left;
+    }
   }
   return Io::ok;
 }
 
 inline Io write_full(int fd, const void* buf, size_t n, Clock::time_point deadline) {
-  const auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    if (Io w = wait_fd(fd, POLLOUT, deadline); w != Io::ok) return w;
-    const ssize_t put = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (put < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return errno == EPIPE || errno == ECONNRESET ? Io::eof : Io::error;
-    }
-    p += put;
-    n -= size_t(put);
-  }
-  return Io::ok;
+  iovec part{const_cast<void*>(buf), n};
+  return write_all(fd, &part, 1, deadline);
 }
 
 // One frame with its payload (read into `payload`, at most max_bytes).
@@ -96,8 +119,8 @@ inline Io read_frame(int fd, Frame& f, std::vector<char>& payload, uint64_t max_
 
 inline Io write_frame(int fd, Frame f, const void* payload, uint64_t bytes, Clock::time_point deadline) {
   f.bytes = bytes;
-  if (Io r = write_full(fd, &f, sizeof f, deadline); r != Io::ok) return r;
-  return bytes ? write_full(fd, payload, size_t(bytes), deadline) : Io::ok;
+  iovec parts[2] = {{&f, sizeof f}, {const_cast<void*>(payload), size_t(bytes)}};
+  return write_all(fd, parts, bytes ? 2 : 1, deadline);
 }
 
 inline Clock::time_point after_seconds(double s) {
