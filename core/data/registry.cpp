@@ -93,17 +93,21 @@ std::unique_ptr<ImageDataset> synthetic_images(int64_t n, int64_t C, int64_t H, 
   Rng rng(seed);
   std::vector<uint8_t> px(size_t(n * C * H * W));
   std::vector<int32_t> labels(static_cast<size_t>(n));
+  std::vector<int64_t> col(static_cast<size_t>(W));  // the prototype's column under pixel column w
+  for (int64_t w = 0; w < W; w++) col[size_t(w)] = w * 4 / W;
+  uint8_t* out = px.data();  // written in order: image, channel, row, column
   for (int64_t i = 0; i < n; i++) {
     int32_t y = int32_t(rng.below(uint64_t(classes)));
     labels[size_t(i)] = y;
     const float contrast = rng.uniform(kSyntheticContrastLo, kSyntheticContrastHi);
     for (int64_t c = 0; c < C; c++)
-      for (int64_t h = 0; h < H; h++)
+      for (int64_t h = 0; h < H; h++) {
+        const float* row = &protos[size_t(((y * C + c) * 4 + h * 4 / H) * 4)];
         for (int64_t w = 0; w < W; w++) {
-          float p = protos[size_t(((y * C + c) * 4 + h * 4 / H) * 4 + w * 4 / W)];
-          float v = 128.0f + contrast * p + rng.uniform(-kSyntheticNoise, kSyntheticNoise);
-          px[size_t(((i * C + c) * H + h) * W + w)] = uint8_t(v < 0 ? 0 : v > 255 ? 255 : v);
+          float v = 128.0f + contrast * row[col[size_t(w)]] + rng.uniform(-kSyntheticNoise, kSyntheticNoise);
+          *out++ = uint8_t(v < 0 ? 0 : v > 255 ? 255 : v);
         }
+      }
   }
   std::vector<float> mean(size_t(C), 0.5f), stdv(size_t(C), 0.25f);
   return std::make_unique<ImageDataset>(label, C, H, W, std::move(px), std::move(labels), mean, stdv, true);
