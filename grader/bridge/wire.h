@@ -104,11 +104,6 @@ inline Io write_all(int fd, iovec* parts, int count, Clock::time_point deadline)
   return Io::ok;
 }
 
-inline Io write_full(int fd, const void* buf, size_t n, Clock::time_point deadline) {
-  iovec part{const_cast<void*>(buf), n};
-  return write_all(fd, &part, 1, deadline);
-}
-
 // One frame with its payload (read into `payload`, at most max_bytes).
 inline Io read_frame(int fd, Frame& f, std::vector<char>& payload, uint64_t max_bytes, Clock::time_point deadline) {
   if (Io r = read_full(fd, &f, sizeof f, deadline); r != Io::ok) return r;
