@@ -84,26 +84,42 @@ void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const
   const int64_t OHW = s.OH() * s.OW(), N = s.B * OHW, CKK = s.CKK();
   OpScope op(rt, "conv2d_forward", 2.0 * s.OC * CKK * N,
              4.0 * (s.B * s.C * s.H * s.W + s.OC * CKK + s.OC * N));
-  const int64_t block = std::min(s.B, kConvImageBlock);
-  Tensor tmp = rt.empty({s.OC, block * OHW}, Category::other, "conv2d output workspace (a block of images)");
   if (rt.is_meta()) return;
+  const int64_t block = std::min(s.B, kConvImageBlock);
   for (int64_t b0 = 0; b0 < s.B; b0 += block) {
     const int64_t nb = std::min(block, s.B - b0), Nb = nb * OHW;
     float* cb = col + b0 * CKK * OHW;  // this block's columns: (CKK, nb*OHW)
     im2col_images(cb, inp, s, b0, nb);
-    // tmp (OC, nb*OHW) = w (OC, CKK) @ cb (CKK, nb*OHW)
-    blas_sgemm(false, false, s.OC, Nb, CKK, 1.0f, w, CKK, cb, Nb, 0.0f, tmp.f32(), Nb);
-    // (OC, nb, OHW) -> (nb, OC, OHW), adding the bias, while tmp is still in cache
-    const float* t = tmp.f32();
-#pragma omp parallel for collapse(2) schedule(static) if (s.OC * Nb > 32768)
+    // Image by image, straight into PyTorch's layout: out_b (OC, OHW) = w (OC, CKK) @ cb[:, b*OHW, +OHW]
+    // (a slice of the block's columns, row stride Nb), started from the broadcast bias. Each output value
+    // is one product computed by one thread, whatever the number of threads.
+#pragma omp parallel for schedule(static) if (nb > 1)
     for (int64_t b = 0; b < nb; b++) {
-      for (int64_t o = 0; o < s.OC; o++) {
-        const float* src = t + o * Nb + b * OHW;
-        float* dst = out + ((b0 + b) * s.OC + o) * OHW;
-        const float bo = bias ? bias[o] : 0.0f;
-        for (int64_t i = 0; i < OHW; i++) dst[i] = src[i] + bo;
-      }
+      float* ob = out + (b0 + b) * s.OC * OHW;
+      if (bias)
+        for (int64_t o = 0; o < s.OC; o++) std::fill(ob + o * OHW, ob + (o + 1) * OHW, bias[o]);
+      blas_sgemm(false, false, s.OC, OHW, CKK, 1.0f, w, CKK, cb + b * OHW, Nb, bias ? 1.0f : 0.0f, ob, OHW);
     }
+  }
+}
+
+// Per channel, the sum of dout over the batch: kLanes running sums (lane j takes positions i = j mod kLanes
+// of every plane) where one sum would wait for each add; the lanes added in one fixed order.
+static void bias_grad(float* dbias, const float* dout, int64_t B, int64_t OC, int64_t OHW) {
+  constexpr int kLanes = 8;
+  const int64_t body = OHW / kLanes * kLanes;
+#pragma omp parallel for schedule(static) if (OC * B * OHW > 32768)
+  for (int64_t o = 0; o < OC; o++) {
+    double acc[kLanes] = {};
+    for (int64_t b = 0; b < B; b++) {
+      const float* src = dout + (b * OC + o) * OHW;
+      for (int64_t i = 0; i < body; i += kLanes)
+        for (int j = 0; j < kLanes; j++) acc[j] += src[i + j];
+      for (int64_t i = body; i < OHW; i++) acc[i - body] += src[i];
+    }
+    double sum = 0;
+    for (int j = 0; j < kLanes; j++) sum += acc[j];
+    dbias[o] += float(sum);
   }
 }
 
@@ -115,34 +131,22 @@ void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
              4.0 * (2 * CKK * N + 2 * s.OC * CKK + 2 * s.OC * N));
   const int64_t block = std::min(s.B, kConvImageBlock);
   Tensor dcol = need_dinp ? rt.empty({CKK, block * OHW}, Category::other, "conv2d column-gradient workspace (a block of images)") : Tensor();
-  Tensor doutT = rt.empty({s.OC, block * OHW}, Category::other, "conv2d grad workspace (a block of images)");
   if (rt.is_meta()) return;
-  // the bias gradient: each channel's sum over the whole batch, image after image (a block does not change it)
-  if (dbias) {
-#pragma omp parallel for schedule(static) if (s.OC * N > 32768)
-    for (int64_t o = 0; o < s.OC; o++) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < s.B; b++) {
-        const float* src = dout + (b * s.OC + o) * OHW;
-        for (int64_t i = 0; i < OHW; i++) acc += src[i];
-      }
-      dbias[o] += acc;
-    }
-  }
-  float* dt = doutT.f32();
+  if (dbias) bias_grad(dbias, dout, s.B, s.OC, OHW);
   for (int64_t b0 = 0; b0 < s.B; b0 += block) {
     const int64_t nb = std::min(block, s.B - b0), Nb = nb * OHW;
     const float* cb = col + b0 * CKK * OHW;
-    // dt (OC, nb*OHW) from dout's images (nb, OC, OHW)
-#pragma omp parallel for collapse(2) schedule(static) if (s.OC * Nb > 32768)
-    for (int64_t o = 0; o < s.OC; o++)
-      for (int64_t b = 0; b < nb; b++) std::memcpy(dt + o * Nb + b * OHW, dout + ((b0 + b) * s.OC + o) * OHW, sizeof(float) * size_t(OHW));
-    // dw (OC, CKK) += dt (OC, nb*OHW) @ cb^T (nb*OHW, CKK): the blocks' sums added in their order
-    blas_sgemm(false, true, s.OC, CKK, Nb, 1.0f, dt, Nb, cb, Nb, 1.0f, dw, CKK);
+    // dw (OC, CKK) += dout_b (OC, OHW) @ cb[:, b*OHW, +OHW]^T, image after image in batch order (blas_sgemm
+    // splits each product's rows over the threads, never the sum over images)
+    for (int64_t b = 0; b < nb; b++)
+      blas_sgemm(false, true, s.OC, CKK, OHW, 1.0f, dout + (b0 + b) * s.OC * OHW, OHW, cb + b * OHW, Nb, 1.0f, dw, CKK);
     if (need_dinp) {
-      // dcol (CKK, nb*OHW) = w^T (CKK, OC) @ dt (OC, nb*OHW), then folded back into this block's images
-      blas_sgemm(true, false, CKK, Nb, s.OC, 1.0f, w, CKK, dt, Nb, 0.0f, dcol.f32(), Nb);
-      col2im_images(dinp, dcol.f32(), s, b0, nb);
+      // dcol[:, b*OHW, +OHW] (CKK, OHW) = w^T (CKK, OC) @ dout_b (OC, OHW), then folded back into the images
+      float* dc = dcol.f32();
+#pragma omp parallel for schedule(static) if (nb > 1)
+      for (int64_t b = 0; b < nb; b++)
+        blas_sgemm(true, false, CKK, OHW, s.OC, 1.0f, w, CKK, dout + (b0 + b) * s.OC * OHW, OHW, 0.0f, dc + b * OHW, Nb);
+      col2im_images(dinp, dc, s, b0, nb);
     }
   }
 }
