@@ -18,6 +18,22 @@ ImageDataset::ImageDataset(std::string d, int64_t C, int64_t H, int64_t W, std::
   DL_ASSERT(int64_t(mean_.size()) == C && int64_t(std_.size()) == C, "one mean and std per channel");
 }
 
+ImageDataset::ImageDataset(std::string d, int64_t C, int64_t H, int64_t W, Draw draw, std::vector<int32_t> labels,
+                           std::vector<float> mean, std::vector<float> std)
+    : description_(std::move(d)), C_(C), H_(H), W_(W), draw_(std::move(draw)), labels_(std::move(labels)),
+      mean_(std::move(mean)), std_(std::move(std)), synthetic_(true) {
+  DL_ASSERT(int64_t(mean_.size()) == C && int64_t(std_.size()) == C, "one mean and std per channel");
+}
+
+std::vector<uint8_t> ImageDataset::image(int64_t i) const {
+  DL_ASSERT(i >= 0 && i < size(), "sample index out of range");
+  const int64_t img = C_ * H_ * W_;
+  if (!draw_) return std::vector<uint8_t>(pixels_.begin() + i * img, pixels_.begin() + (i + 1) * img);
+  std::vector<uint8_t> out(static_cast<size_t>(img));
+  draw_(i, out.data());
+  return out;
+}
+
 Batch ImageDataset::make_batch(Runtime& rt, const std::vector<int64_t>& idx) const {
   Batch b;
   b.B = int64_t(idx.size());
@@ -26,11 +42,14 @@ Batch ImageDataset::make_batch(Runtime& rt, const std::vector<int64_t>& idx) con
   const int64_t plane = H_ * W_, img = C_ * plane;
   OnHost xh(b.x, OnHost::out);  // built on the host; a GPU rank's batch goes up in one copy (store below)
   float* x = xh.p;
+  std::vector<uint8_t> drawn(draw_ && x ? size_t(img) : 0);
   for (size_t i = 0; i < idx.size(); i++) {
     DL_ASSERT(idx[i] >= 0 && idx[i] < size(), "sample index out of range");
     b.targets[i] = labels_[size_t(idx[i])];
     if (!x) continue;
-    const uint8_t* src = pixels_.data() + idx[i] * img;
+    const uint8_t* src = drawn.data();
+    if (draw_) draw_(idx[i], drawn.data());
+    else src = pixels_.data() + idx[i] * img;
     float* dst = x + int64_t(i) * img;
     for (int64_t c = 0; c < C_; c++) {
       const float scale = 1.0f / (255.0f * std_[size_t(c)]), shift = mean_[size_t(c)] / std_[size_t(c)];

@@ -1,6 +1,7 @@
 // Data sets: the interface, images held as bytes (normalized when a batch is made), token streams.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ class ImageDataset : public Dataset {
  public:
   ImageDataset(std::string description, int64_t C, int64_t H, int64_t W, std::vector<uint8_t> pixels,
                std::vector<int32_t> labels, std::vector<float> mean, std::vector<float> std, bool synthetic = false);
+  // Images drawn when a batch asks for them (the synthetic sets): draw(i, out) writes image i's C*H*W bytes.
+  using Draw = std::function<void(int64_t i, uint8_t* out)>;
+  ImageDataset(std::string description, int64_t C, int64_t H, int64_t W, Draw draw, std::vector<int32_t> labels,
+               std::vector<float> mean, std::vector<float> std);
   int64_t size() const override { return int64_t(labels_.size()); }
   std::string describe() const override { return description_; }
   bool synthetic() const override { return synthetic_; }
@@ -35,12 +40,13 @@ class ImageDataset : public Dataset {
   int64_t height() const { return H_; }
   int64_t width() const { return W_; }
   const std::vector<int32_t>& labels() const { return labels_; }
-  const std::vector<uint8_t>& pixels() const { return pixels_; }
+  std::vector<uint8_t> image(int64_t i) const;  // image i's C*H*W bytes
 
  private:
   std::string description_;
   int64_t C_, H_, W_;
-  std::vector<uint8_t> pixels_;
+  std::vector<uint8_t> pixels_;  // every image's bytes, or empty where draw_ makes them
+  Draw draw_;
   std::vector<int32_t> labels_;
   std::vector<float> mean_, std_;
   bool synthetic_;
