@@ -1,4 +1,5 @@
-// Data sets: the interface, images held as bytes (normalized when a batch is made), token streams.
+// Data sets: the interface, images held as bytes or drawn when a batch asks for them (normalized when a batch
+// is made), token streams.
 #pragma once
 #include <cstdint>
 #include <functional>
