@@ -11,7 +11,7 @@
 //
 // The server closes a connection after a malformed message (short, long, unknown opcode, too many
 // keys), a wrong or missing token, a message that stops half-way for kMessageWithin, or, when a token is
-// required, no hello within kHelloWithin. A refused add keeps the connection: it is the caller's mistake,
+// required, no hello within hello_within (10 s). A refused add keeps the connection: it is the caller's mistake,
 // not garbage.
 #include "core/comm/tcp_store.h"
 
@@ -48,7 +48,6 @@ constexpr int64_t kMaxKeys = 4096;
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr int64_t kMaxWaitMs = int64_t(7) * 24 * 3600 * 1000;
 constexpr int kMaxConnections = 1024;
-constexpr Millis kHelloWithin(10000);
 constexpr Millis kMessageWithin(30000);
 constexpr Millis kReplySlack(30000);  // a get or wait is answered at most this long after its own timeout
 
@@ -217,7 +216,8 @@ in_addr resolve_ipv4(const std::string& host, const char* what) {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string token) : token_(std::move(token)), data_(Millis(0)) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string token, Millis hello_within)
+    : token_(std::move(token)), hello_within_(hello_within), data_(Millis(0)) {
   if (port < 0 || port > 65535) throw StoreError(fmt::format("port {} is not in 0..65535", port), "pick a port in 1024..65535, or 0 for a free one");
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -226,7 +226,10 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string to
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // never inherited by the workers
   int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 128) != 0) {
+  // Every rank connects at start, at once: connections past the listen queue are dropped and their SYN is
+  // sent again a second later. A queue of 128 cost 1,000 clients connecting together five such seconds;
+  // SOMAXCONN asks for the most the kernel allows (net.core.somaxconn: 4096 here).
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
     int e = errno;
     ::close(listen_fd_);
     throw StoreError(fmt::format("cannot listen on {}:{}: {}", host, port, std::strerror(e)),
@@ -301,7 +304,7 @@ void TcpStoreServer::accept_loop() {
 
 void TcpStoreServer::serve(int fd) {
   bool trusted = token_.empty();
-  const auto hello_by = trusted ? kNever : Clock::now() + kHelloWithin;
+  const auto hello_by = trusted ? kNever : Clock::now() + hello_within_;
   const auto reply_by = [] { return Clock::now() + kMessageWithin; };
   std::vector<char> msg;
   while (!stopping_) {

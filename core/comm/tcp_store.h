@@ -25,7 +25,9 @@ class TcpStoreServer {
   // Listens on host:port (port 0 picks a free one: see port()). host "0.0.0.0" listens on every address;
   // anything else must be an IPv4 address or a name of this machine. A non-empty token is required from
   // every client before any request.
-  TcpStoreServer(const std::string& host, int port, std::string token = "");
+  // A connection that has not sent its hello within `hello_within` (when a token is required) is closed:
+  // 10 s, the launcher's; a test of that rule passes less.
+  TcpStoreServer(const std::string& host, int port, std::string token = "", Millis hello_within = Millis(10000));
   ~TcpStoreServer();  // stops serving and closes every connection
   int port() const { return port_; }
   // connections served so far, and those closed for a bad message, a wrong token or silence (for tests)
@@ -43,6 +45,7 @@ class TcpStoreServer {
   void reap_finished();  // joins the threads of closed connections (under mu_)
   int listen_fd_ = -1, port_ = 0;
   std::string token_;
+  Millis hello_within_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> accepted_{0}, rejected_{0};
   std::atomic<uint64_t> held_{0};  // bytes of the messages being read and served, over every connection
