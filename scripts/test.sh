@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 DISTLAB_CUDA=${DISTLAB_CUDA:-TOOLKIT} scripts/build.sh
-# -j 3 on two cores: a grading test takes two slots (tests/CMakeLists.txt), and the third fills the cores
-# that tests waiting out a timeout leave idle
-cd build && ctest --output-on-failure --timeout 600 -j 3 "$@"
+# -j 4 on two cores: a grading test takes two slots (tests/CMakeLists.txt), so two gradings run side by side
+# as they always did, and after them four of the other tests, some of which mostly wait out a timeout
+cd build && ctest --output-on-failure --timeout 600 -j 4 "$@"
