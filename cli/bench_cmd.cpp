@@ -216,6 +216,7 @@ CommRow measure(ProcessGroup& pg, std::string op, int64_t bytes, int iters, gloo
 int worker(const BenchArgs& a) {
   LaunchEnv env = read_launch_env();
   LauncherWatchdog watchdog(env.launcher_pid, Millis(120000), fmt::format("rank {}", env.rank));
+  std::unique_ptr<TcpStoreServer> own_store = serve_store_if_first(env);  // `srun -n N distlab bench comm ...`
   TcpStore store(env.master_addr, env.store_port, Millis(60000), env.store_token);
   if (a.backend == "nccl") {
     std::string why;
@@ -392,7 +393,9 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
     std::cout << "wrote " << path << "\n";
   });
   comm->callback([a, &exit_code, self_exe]() {
-    if (std::getenv("RANK")) {  // we are a worker of the job below
+    // a worker of the job below, or a task of `srun -n N distlab bench comm` (its world from Slurm)
+    if (std::getenv("RANK") || read_launch_env().from_slurm) {
+      if (!std::getenv("RANK") && !a->ring.empty()) throw ConfigError("--ring builds lab 01's plugin first: run it as `distlab bench comm` on one node, not under srun");
       exit_code = worker(*a);
       return;
     }

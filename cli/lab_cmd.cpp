@@ -1,7 +1,11 @@
 #include "cli/lab_cmd.h"
 
+#include "cli/grade_batch.h"
+#include "cli/slurm_grade.h"
+
 #include <fmt/format.h>
 
+#include <array>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -31,19 +35,11 @@ namespace distlab {
 
 namespace {
 
-grader::Paths paths(const std::string& self_exe) { return {DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe}; }
-
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-void write_atomically(const std::string& path, const std::string& text) {
-  AtomicFile f(path);
-  f.write(text);
-  f.commit();
 }
 
 fs::path lab_build_dir(const grader::Paths& p, const grader::Lab& lab) { return fs::path(p.build_dir) / "labs" / lab.name; }
@@ -60,19 +56,6 @@ std::optional<int> best_points(const grader::Paths& p, const grader::Lab& lab) {
     return j.at("best").at("points").get<int>();
   } catch (const std::exception&) {
     return std::nullopt;
-  }
-}
-
-// Shows the hints a grading may show, then records the failures and the hints; a record that can't be
-// read or written is said on stderr and costs nothing else.
-void hints_for(grader::Grade& g, const std::string& record_path, grader::HintPolicy policy) {
-  grader::HintRecord r = grader::HintRecord::load(record_path);
-  if (!r.unreadable.empty()) std::cerr << "distlab: " << r.unreadable << "\n";
-  grader::apply_hints(g, r, policy);
-  try {
-    r.save();
-  } catch (const std::exception& e) {
-    std::cerr << fmt::format("distlab: could not record the hints shown in {}: {}\n", record_path, e.what());
   }
 }
 
@@ -107,150 +90,13 @@ void record_grade(const grader::Paths& p, const grader::Lab& lab, const grader::
   write_atomically(f.string(), rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const std::string& src, const std::string& who,
-                           const std::string& plugin, const SandboxSupport& sb, grader::SharedResults& shared, bool quiet) {
-  grader::Grade g;
-  g.student = who;
-  g.lab = lab;
-  if (!quiet) std::cout << fmt::format("building {} from {} ...\n", lab.name, src) << std::flush;
-  grader::BuildResult b = grader::build_plugin(p, lab, src, plugin, sb);
-  g.built = b.ok;
-  g.build_log = b.log;
-  if (b.ok) {
-    if (!quiet) std::cout << fmt::format("running {} checks ({})\n", lab.checks.size(), sb.describe()) << std::flush;
-    g.checks = grader::run_checks(p, lab, b.plugin, sb, shared);
-  }
-  return g;
-}
-
-struct GradeArgs {
-  std::string lab, json, junit, submissions, csv, feedback, html;
-  std::string hints = "after-failure";  // grader/hints.h
-  std::string src;  // --src: the student's files from this folder instead of student/
-  bool solution = false, no_sandbox = false, require_sandbox = false;
-  std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
-  int jobs = 1;  // --submissions: how many students are graded at once
-};
-
-// A feedback file's name from a submission's folder name: letters, digits, '.', '_' and '-' kept, anything
-// else '_', at most 80 characters; a name that had to change, or that another folder's name already took,
-// gets a hash of the whole folder name, so that no two students share a file and none is too long.
-std::string feedback_name(const std::string& student, std::set<std::string>& taken) {
-  std::string base;
-  for (char c : student) base += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ? c : '_';
-  if (base.empty() || base[0] == '.') base = "_" + base;
-  bool changed = base != student;
-  if (base.size() > 80) {
-    base.resize(80);
-    changed = true;
-  }
-  std::string name = base;
-  for (uint64_t salt = 0; changed || taken.count(name); salt++, changed = false)
-    name = fmt::format("{}-{:08x}", base, uint32_t(std::hash<std::string>{}(student + std::string(salt, '+'))));
-  taken.insert(name);
-  return name;
-}
-
-// `--submissions DIR`: every subfolder built and graded on its own; a CSV row and a feedback file each. An
-// entry that is not a folder (a file, a link) gets a row that says why; whatever goes wrong in one
-// student's grading becomes that student's error row, never the batch's end.
-int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeArgs& a, const SandboxSupport& sb) {
-  if (!fs::is_directory(a.submissions))
-    throw ConfigError("--submissions " + a.submissions + " is not a folder", "give a folder with one subfolder per student");
-  if (!a.junit.empty() || !a.html.empty())
-    throw ConfigError("--junit and --html write one student's report: with --submissions, use --csv, --json and the feedback folder",
-                      "or grade one student's folder at a time with --junit/--html");
-  std::vector<fs::path> dirs;
-  for (const auto& d : fs::directory_iterator(a.submissions)) dirs.push_back(d.path());
-  std::sort(dirs.begin(), dirs.end());
-  const fs::path feedback = !a.feedback.empty() ? fs::path(a.feedback)
-                            : !a.csv.empty()    ? fs::absolute(a.csv).parent_path() / "feedback"
-                                                : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-feedback");
-  fs::create_directories(feedback);
-  std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
-  std::set<std::string> taken;
-  std::vector<std::string> fb_names;  // decided in the folders' order, whatever order they finish in
-  for (const auto& d : dirs) fb_names.push_back(feedback_name(d.filename().string(), taken));
-  grader::SharedResults batch;  // the references, computed once for the batch (the first grading to need one)
-  if (a.seed) batch.seed = *a.seed;
-  batch.load = std::max(1.0, 2.0 * a.jobs / std::max(1u, std::thread::hardware_concurrency()));
-  batch.jobs = a.jobs;
-  const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(a.hints);
-  std::vector<grader::Grade> grades(dirs.size());
-  auto grade_one = [&](size_t i) {
-    const fs::path& d = dirs[i];
-    grader::Grade g;
-    g.student = d.filename().string();
-    g.lab = l;
-    g.seed = batch.seed;
-    std::error_code ec;
-    const auto st = fs::symlink_status(d, ec);
-    if (ec || fs::is_symlink(st) || !fs::is_directory(st)) {
-      g.build_log = fmt::format("{}: not graded: {}", d.string(),
-                                ec ? ec.message() : fs::is_symlink(st) ? "a symbolic link, not a folder (links are refused at any depth)"
-                                                                       : "not a folder (a submission is a folder holding the lab's files)");
-    } else {
-      std::string tmpl;  // each plugin in a folder of its own, gone after its grading
-      grader::SharedResults shared = batch.next_student();  // this student's own results, the batch's references
-      try {
-        tmpl = grader::make_scratch_dir(p, "plugin");
-        g = grade_folder(p, l, d.string(), g.student, tmpl + "/plugin.so", sb, shared, true);
-      } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
-        g.built = false;
-        g.checks.clear();
-        g.build_log = std::string("grading failed: ") + e.what();
-      }
-      g.seed = batch.seed;
-      if (!tmpl.empty()) fs::remove_all(tmpl, ec);
-    }
-    hints_for(g, (feedback / (fb_names[i] + ".hints.json")).string(), policy);  // this student's earlier gradings into this folder
-    try {
-      write_atomically((feedback / (fb_names[i] + ".txt")).string(), grader::table(g));
-    } catch (const std::exception& e) {
-      std::cerr << fmt::format("distlab: could not write {}'s feedback: {}\n", sanitize_output(g.student, 200), e.what());
-    }
-    grades[i] = std::move(g);
-  };
-  // --jobs N: N students at once, each taking the next folder; every line printed as its grading ends
-  std::atomic<size_t> next{0};
-  std::mutex print;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < dirs.size();) {
-      try {
-        grade_one(i);
-      } catch (const std::exception& e) {  // a hint record or feedback folder that fails: that student's row says so
-        grades[i].student = dirs[i].filename().string();
-        grades[i].lab = l;
-        grades[i].built = false;
-        grades[i].build_log = std::string("grading failed: ") + e.what();
-      }
-      const grader::Grade& g = grades[i];
-      std::lock_guard<std::mutex> lk(print);
-      std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
-                               g.built ? "" : "  (build failed)")
-                << std::flush;
-    }
-  };
-  std::vector<std::thread> workers;
-  for (int k = 1; k < a.jobs && size_t(k) < dirs.size(); k++) workers.emplace_back(worker);
-  worker();
-  for (auto& t : workers) t.join();
-  if (!a.csv.empty()) write_atomically(a.csv, grader::gradebook_csv(grades));
-  if (!a.json.empty()) {
-    nlohmann::json all = nlohmann::json::array();
-    for (const auto& g : grades) all.push_back(grader::to_json(g));
-    write_atomically(a.json, all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  }
-  return 0;
-}
-
 }  // namespace
 
 void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe) {
   CLI::App* lab = app.add_subcommand("lab", "the course's labs: list, show, build");
   lab->require_subcommand(1);
   lab->add_subcommand("list", "every lab with its status")->callback([self_exe] {
-    auto p = paths(self_exe);
+    auto p = grader_paths(self_exe);
     std::cout << fmt::format("{:<22} {:<66} {:>6}  {}\n", "lab", "title", "points", "status");
     for (const auto& l : grader::all_labs(p.source_dir))
       std::cout << fmt::format("{:<22} {:<66} {:>6}  {}\n", l.name, l.title, l.max_points(), status_of(p, l));
@@ -259,7 +105,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   auto* show = lab->add_subcommand("show", "the task: goal, files, checks and points, how to run");
   show->add_option("lab", *show_id, "lab number or name")->required();
   show->callback([show_id, self_exe] {
-    auto p = paths(self_exe);
+    auto p = grader_paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *show_id);
     std::cout << read_file(fs::path(l.dir) / "README.md") << "\n## Checks (" << l.max_points() << " points)\n\n";
     for (const auto& c : l.checks) {
@@ -284,7 +130,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   hint->add_option("lab", (*hint_args)[0], "lab number or name")->required();
   hint->add_option("check", (*hint_args)[1], "the check's name (distlab lab show NN lists them)")->required();
   hint->callback([hint_args, self_exe, &exit_code] {
-    auto p = paths(self_exe);
+    auto p = grader_paths(self_exe);
     const auto l = grader::find_lab(p.source_dir, (*hint_args)[0]);
     const std::string& name = (*hint_args)[1];
     auto c = std::find_if(l.checks.begin(), l.checks.end(), [&](const grader::CheckSpec& x) { return x.name == name; });
@@ -309,7 +155,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   build->add_flag("--solution", *build_solution, "build solutions/NN-* instead (build/labs/NN-*/solution.so)");
   build->add_option("--src", *build_src, "build the lab's files from DIR instead of its student/ folder (a working copy, a second attempt)");
   build->callback([build_id, build_solution, build_src, self_exe, &exit_code] {
-    auto p = paths(self_exe);
+    auto p = grader_paths(self_exe);
     auto l = grader::find_lab(p.source_dir, *build_id);
     if (*build_solution && !build_src->empty()) throw ConfigError("lab build: --solution and --src both name the code to build", "give one of them");
     if (!build_src->empty() && !fs::is_directory(*build_src))
@@ -356,7 +202,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
 
   auto a = std::make_shared<GradeArgs>();
   auto* grade = app.add_subcommand("grade", "build and grade a lab; a table that explains every point");
-  grade->add_option("lab", a->lab, "lab number or name")->required();
+  grade->add_option("lab", a->lab, "lab number or name");
   grade->add_flag("--solution", a->solution, "grade solutions/NN-* instead of your student/ folder");
   grade->add_option("--src", a->src, "grade the lab's files in DIR instead of student/ (a working copy; recorded as your grade)");
   grade->add_option("--json", a->json, "write the result as JSON");
@@ -374,8 +220,26 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                     "with --submissions: grade N students at once (on C cores, each time limit stretches by max(1, 2N/C))")
       ->check(CLI::Range(1, 64));
   grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
-  grade->callback([a, self_exe, &exit_code] {
-    auto p = paths(self_exe);
+  grade->add_flag("--slurm", a->slurm, "with --submissions: grade the class as a Slurm array job (sbatch), then `distlab grade merge`");
+  grade->add_option("--results", a->results, "with --slurm: the grading's folder (default: DIR-slurm beside the submissions)");
+  grade->add_option("--per-task", a->per_task, "with --slurm: students per array task (default 1)")->check(CLI::Range(1, 100000));
+  grade->add_option("--max-running", a->max_running, "with --slurm: array tasks at once (sbatch --array=...%M; default: Slurm's)")->check(CLI::Range(0, 100000));
+  grade->add_option("--cpus-per-task", a->cpus_per_task, "with --slurm: CPUs for each task (default 2: a check runs 2 ranks)")->check(CLI::Range(1, 1024));
+  grade->add_option("--time", a->time, "with --slurm: each task's time limit (default 00:30:00)");
+  grade->add_option("--partition", a->partition, "with --slurm: the partition (default: the cluster's)");
+  grade->add_option("--sbatch-arg", a->sbatch_args, "with --slurm: one more argument for sbatch, e.g. --sbatch-arg=--account=cs101 (repeatable)")->allow_extra_args(false);
+  grade->add_flag("--wait", a->wait, "with --slurm: wait for the array job to end, then merge");
+  grade->add_option("--slurm-task", a->slurm_task, "(an array task of --slurm: grade its students into the folder)")->group("");
+  auto merge = std::make_shared<std::array<std::string, 3>>();
+  auto* merge_cmd = grade->add_subcommand("merge", "the gradebook of a --slurm grading: every task's row, and the students whose task left none");
+  merge_cmd->add_option("results", (*merge)[0], "the grading's folder (--results)")->required();
+  merge_cmd->add_option("--csv", (*merge)[1], "the gradebook (default: RESULTS/grades.csv)");
+  merge_cmd->add_option("--json", (*merge)[2], "every row as JSON (default: RESULTS/grades.json)");
+  merge_cmd->callback([merge, self_exe, &exit_code] { exit_code = merge_slurm_grading(grader_paths(self_exe), (*merge)[0], (*merge)[1], (*merge)[2]); });
+  grade->callback([a, self_exe, merge_cmd, &exit_code] {
+    if (merge_cmd->parsed()) return;
+    if (a->lab.empty()) throw CLI::RequiredError("lab");
+    auto p = grader_paths(self_exe);
     const grader::Scratch scratch;  // every temporary folder of this grading, removed even if the grader is killed
     p.scratch = scratch.root();
     grader::Lab l;
@@ -408,6 +272,15 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       return;
     }
     if (!sb.bwrap) std::cerr << "WARNING: " << sb.describe() << "\n";
+    if (!a->slurm_task.empty()) {
+      exit_code = run_slurm_grading_task(p, l, *a, sb);
+      return;
+    }
+    if (a->slurm) {
+      if (a->submissions.empty()) throw ConfigError("--slurm grades a class: give --submissions DIR");
+      exit_code = submit_slurm_grading(p, l, *a, sb);
+      return;
+    }
     if (!a->submissions.empty()) {
       exit_code = grade_submissions(p, l, *a, sb);
       return;

@@ -86,6 +86,7 @@ int run_train(const TrainArgs& a) {
   std::unique_ptr<AttachedDevice> gpu = attach_device(rt, cfg.train.device, env.local_rank);
   // ends this rank if its launcher dies or stays stopped past the collective timeout
   LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
+  std::unique_ptr<TcpStoreServer> own_store = serve_store_if_first(env);  // `srun -n N distlab train`: rank 0 serves
   std::unique_ptr<TcpStore> store;
   std::unique_ptr<ProcessGroup> pg;
   // a single launched rank on meta plans alone (the fake world, or no group): a real group moves no meta data

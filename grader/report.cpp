@@ -1,5 +1,7 @@
 #include "grader/report.h"
 
+#include <set>
+
 #include "core/report/svg.h"  // xml_escape
 
 #include <fmt/format.h>
@@ -65,6 +67,42 @@ nlohmann::json to_json(const Grade& g) {
                       {"hints_shown", shown}};
   if (full_marks(g)) j["engine"] = g.lab.engine;
   return j;
+}
+
+std::optional<Grade> grade_from_json(const nlohmann::json& j, const Lab& lab, std::string& why) {
+  try {
+    Grade g;
+    g.lab = lab;
+    if (j.at("lab").get<std::string>() != lab.name) throw std::runtime_error("a row of lab " + j.at("lab").get<std::string>());
+    g.student = j.at("student").get<std::string>();
+    g.built = j.at("built").get<bool>();
+    g.build_log = j.at("build_log").get<std::string>();
+    g.seed = std::stoull(j.at("seed").get<std::string>());
+    std::set<std::string> seen_checks;
+    for (const auto& c : j.at("checks")) {
+      CheckOutcome o;
+      const std::string name = c.at("name").get<std::string>();
+      for (const auto& spec : lab.checks)
+        if (spec.name == name) o.spec = spec;
+      if (o.spec.name.empty() || !seen_checks.insert(name).second) throw std::runtime_error("check '" + name + "' is not one of the lab's, or twice");
+      o.points = c.at("points").get<int>();
+      if (o.points < 0 || o.points > o.spec.points) throw std::runtime_error("check '" + name + "' has points out of range");
+      o.status = c.at("status").get<std::string>();
+      o.expected = c.at("expected").get<std::string>();
+      o.seen = c.at("seen").get<std::string>();
+      o.hint = c.at("hint").get<std::string>();
+      o.hint_held = c.at("hint_held").get<bool>();
+      o.seconds = c.at("seconds").get<double>();
+      o.limit_s = c.at("limit_s").get<double>();
+      g.checks.push_back(std::move(o));
+    }
+    for (const auto& [check, how] : j.at("hints_shown").items()) g.hints_shown[check] = how.get<std::string>();
+    if (j.at("points").get<int>() != g.points()) throw std::runtime_error("its total is not the sum of its checks");
+    return g;
+  } catch (const std::exception& e) {
+    why = e.what();
+    return std::nullopt;
+  }
 }
 
 std::string to_junit(const Grade& g) {

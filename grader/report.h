@@ -2,6 +2,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ std::string table(const Grade& g);
 std::string held_hint_text(const Lab& lab, const std::string& check);
 bool full_marks(const Grade& g);
 nlohmann::json to_json(const Grade& g);
+// A row written by to_json read back against the lab it claims (a Slurm array task's, cli/slurm_grade.h):
+// std::nullopt with `why` set when it is not one of this lab's rows (a check it does not have, points out of
+// range, a field missing or of the wrong type).
+std::optional<Grade> grade_from_json(const nlohmann::json& j, const Lab& lab, std::string& why);
 std::string to_junit(const Grade& g);
 // One row per student: id, points per check, total, error. Every text in every report (a folder's name, a
 // plugin's output, a build log) passes through sanitize_output: no control or bidi character reaches a

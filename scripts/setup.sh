@@ -3,11 +3,12 @@
 #   scripts/setup.sh           what building and running need
 #   scripts/setup.sh --tests   and what the tests need too: Debian's PyTorch (python3-torch), the peer the
 #                              parity tests compare with and the program `distlab run` must run unchanged,
-#                              and Chromium (headless: the HTML report's test)
+#                              Chromium (headless: the HTML report's test), and Slurm with munge (the
+#                              tests start a one-node cluster of their own: tests/slurm/cluster.sh)
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config zlib1g-dev libgloo-dev libopenblas-dev libfmt-dev libcli11-dev
       libtomlplusplus-dev nlohmann-json3-dev catch2 dataset-fashion-mnist bubblewrap)
-if [ "${1:-}" = "--tests" ]; then pkgs+=(python3-torch chromium); fi
+if [ "${1:-}" = "--tests" ]; then pkgs+=(python3-torch chromium slurm-wlm munge); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

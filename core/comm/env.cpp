@@ -8,8 +8,10 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <iostream>
 
 #include "core/comm/errors.h"
+#include "core/comm/slurm.h"
 
 namespace distlab {
 
@@ -31,7 +33,20 @@ static int int_var(const char* name, bool required, int fallback, long max = 1 <
 
 LaunchEnv read_launch_env() {
   LaunchEnv e;
-  if (!std::getenv("RANK") && !std::getenv("WORLD_SIZE")) return e;
+  if (!std::getenv("RANK") && !std::getenv("WORLD_SIZE")) {
+    const SlurmStep s = read_slurm_step();
+    if (!s.inside || s.ntasks == 1) return e;
+    e.launched = e.from_slurm = true;
+    e.rank = s.procid;
+    e.world_size = s.ntasks;
+    e.local_rank = s.localid;
+    e.local_world_size = s.local_tasks;
+    e.master_addr = slurm_master_addr(s);
+    e.master_port = e.store_port = slurm_master_port(s);
+    e.hosts_store = e.rank == 0;
+    if (const char* t = std::getenv("DISTLAB_STORE_TOKEN")) e.store_token = t;
+    return e;
+  }
   e.launched = true;
   e.rank = int_var("RANK", true, 0);
   e.world_size = int_var("WORLD_SIZE", true, 1);
@@ -45,6 +60,19 @@ LaunchEnv read_launch_env() {
   if (const char* t = std::getenv("DISTLAB_STORE_TOKEN")) e.store_token = t;
   e.launcher_pid = int_var("DISTLAB_LAUNCHER_PID", false, 0);
   return e;
+}
+
+std::unique_ptr<TcpStoreServer> serve_store_if_first(const LaunchEnv& e) {
+  if (!e.hosts_store) return nullptr;
+  if (e.store_token.empty())
+    std::cerr << "distlab: warning: the rendezvous store on port " << e.store_port
+              << " accepts any client (export DISTLAB_STORE_TOKEN=<random string> before srun to require it)\n";
+  try {
+    return std::make_unique<TcpStoreServer>("0.0.0.0", e.store_port, e.store_token);
+  } catch (const Error& err) {
+    throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store on port {}: {}", e.store_port, err.what()),
+                     "another job may hold the port: export MASTER_PORT=<a free port> before srun");
+  }
 }
 
 std::string local_address_for(const std::string& master_addr) {

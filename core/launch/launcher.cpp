@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -192,11 +193,11 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     const char* inherited = std::getenv("OMP_NUM_THREADS");
     const int threads = o.threads_per_rank > 0                   ? o.threads_per_rank
                         : inherited && std::atoi(inherited) > 0 ? std::atoi(inherited)
-                                                                : std::max(1, int(std::thread::hardware_concurrency()) / o.nproc_per_node);
+                                                                : std::max(1, usable_cores() / local_world(o));
     setenv("RANK", std::to_string(w.rank).c_str(), 1);
     setenv("LOCAL_RANK", std::to_string(w.local_rank).c_str(), 1);
     setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-    setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(local_world(o)).c_str(), 1);
     setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
     setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(rv.program_port).c_str(), 1);
@@ -211,7 +212,7 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
     // ... and glibc's malloc offers its heap and its large blocks to transparent huge pages (glibc 2.35+; older
     // ones ignore the tunable): a rank's first touch of its memory then faults once per 2 MiB, not per 4 KiB.
     // On the VMs this project is tested on a 4 KiB fault costs ~10 us; lab 04's grading test went 125.6 ->
-    // 105.9 s of CPU. A GLIBC_TUNABLES that already says glibc.malloc.hugetlb is the user's and kept.
+    // 110.1 s of CPU. A GLIBC_TUNABLES that already says glibc.malloc.hugetlb is the user's and kept.
     if (o.own_workers) {
       const char* tunables = std::getenv("GLIBC_TUNABLES");
       const std::string t = tunables ? tunables : "";
@@ -241,7 +242,7 @@ class Group {
     const int world = o_.nnodes * o_.nproc_per_node;
     for (int l = 0; l < o_.nproc_per_node; l++) {
       Worker w;
-      w.local_rank = l;
+      w.local_rank = o_.local_rank_base + l;
       w.rank = o_.node_rank * o_.nproc_per_node + l;
       w.error_file = fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt_, w.rank);
       std::filesystem::remove(w.error_file);
@@ -549,6 +550,11 @@ class Group {
 };
 
 }  // namespace
+
+int usable_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : std::max(1, int(std::thread::hardware_concurrency()));
+}
 
 int launch(const LaunchOptions& o) {
   if (o.nproc_per_node < 1) throw ConfigError("--nproc-per-node must be at least 1");

@@ -21,7 +21,13 @@ struct LaunchOptions {
   std::vector<std::string> argv;  // the worker's command line (argv[0] is the program)
   int threads_per_rank = 0;     // OMP_NUM_THREADS for workers (0: the launcher's own, else cores / local ranks)
   bool own_workers = false;      // argv is a distlab subcommand (distlab run ... train): see OPENBLAS_NUM_THREADS
+  // srun starting a launcher per rank (core/comm/slurm.h): its worker's LOCAL_RANK and LOCAL_WORLD_SIZE are
+  // Slurm's, not 0 and 1 (0 here: this launcher's own ranks are the node's)
+  int local_rank_base = 0, local_world_size = 0;
 };
+inline int local_world(const LaunchOptions& o) { return o.local_world_size > 0 ? o.local_world_size : o.nproc_per_node; }
+// The cores this process may run on (its affinity mask: Slurm's and taskset's limits), at least 1.
+int usable_cores();
 
 // Runs the job to completion; returns the launcher's exit code (0 all ranks succeeded, 1 a rank failed,
 // 130 interrupted). Prints to stdout/stderr.

@@ -1,0 +1,222 @@
+#include "cli/slurm_grade.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "core/comm/slurm.h"
+#include "core/util/choice.h"
+#include "core/util/error.h"
+
+namespace fs = std::filesystem;
+
+namespace distlab {
+
+namespace {
+
+constexpr const char* kFormat = "distlab-slurm-grading-1";
+
+struct Manifest {
+  std::string lab, submissions;
+  std::vector<std::string> entries, feedback;  // each student's folder name and feedback file name, in order
+  int per_task = 1;
+  uint64_t seed = 0;
+  std::string hints;
+  int tasks() const { return int((entries.size() + size_t(per_task) - 1) / size_t(per_task)); }
+};
+
+std::string slurp(const fs::path& f, size_t max_bytes) {
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw IoError("cannot read " + f.string());
+  std::string s(max_bytes + 1, '\0');
+  in.read(s.data(), std::streamsize(s.size()));
+  s.resize(size_t(in.gcount()));
+  if (s.size() > max_bytes) throw IoError(fmt::format("{} is over {} bytes", f.string(), max_bytes));
+  return s;
+}
+
+Manifest read_manifest(const fs::path& results) {
+  const fs::path f = results / "manifest.json";
+  if (!fs::exists(f)) throw ConfigError(f.string() + ": no such file", "give the folder `distlab grade NN --submissions DIR --slurm` wrote (--results)");
+  Manifest m;
+  try {
+    const auto j = nlohmann::json::parse(slurp(f, 64 << 20));
+    if (j.at("format").get<std::string>() != kFormat) throw std::runtime_error("format is not " + std::string(kFormat));
+    m.lab = j.at("lab").get<std::string>();
+    m.submissions = j.at("submissions").get<std::string>();
+    m.per_task = j.at("per_task").get<int>();
+    m.seed = std::stoull(j.at("seed").get<std::string>());
+    m.hints = j.at("hints").get<std::string>();
+    for (const auto& s : j.at("students")) {
+      m.entries.push_back(s.at("entry").get<std::string>());
+      m.feedback.push_back(s.at("feedback").get<std::string>());
+    }
+    if (m.per_task < 1 || m.entries.empty()) throw std::runtime_error("no students, or per_task below 1");
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("{}: not a grading's manifest: {}", f.string(), e.what()), "it is written by `distlab grade NN --submissions DIR --slurm`");
+  }
+  return m;
+}
+
+fs::path row_path(const fs::path& results, size_t i) { return results / "rows" / fmt::format("{}.json", i); }
+
+// what goes on an #SBATCH line or into --output unquoted: no blank, no '%' (Slurm's patterns), printable
+void check_plain_path(const std::string& path, const std::string& what) {
+  for (char c : path)
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '%' || !std::isprint(static_cast<unsigned char>(c)))
+      throw ConfigError(fmt::format("{} '{}': Slurm's #SBATCH lines need a path without blanks, '%' or control characters", what, path),
+                        "give --results a plain folder name");
+}
+
+std::string grading_script(const grader::Paths& p, const GradeArgs& a, const Manifest& m, const fs::path& results, const SandboxSupport& sb) {
+  std::string s = "#!/bin/bash\n";
+  s += fmt::format("# distlab: lab {} graded as a Slurm array job, {} student(s), {} per task (manifest.json lists them in order).\n",
+                   m.lab, m.entries.size(), m.per_task);
+  s += "# Grade some tasks again alone with: sbatch --array=3,7 " + (results / "grade.sbatch").string() + "\n";
+  s += fmt::format("#SBATCH --job-name=distlab-grade-{}\n", a.lab);
+  s += fmt::format("#SBATCH --array=0-{}{}\n", m.tasks() - 1, a.max_running > 0 ? fmt::format("%{}", a.max_running) : "");
+  s += fmt::format("#SBATCH --ntasks=1\n#SBATCH --cpus-per-task={}\n#SBATCH --time={}\n", a.cpus_per_task, a.time);
+  if (!a.partition.empty()) s += "#SBATCH --partition=" + a.partition + "\n";
+  s += "#SBATCH --output=" + (results / "logs" / "task-%a.out").string() + "\n";
+  s += "exec " + shell_quote(p.self_exe) + " grade " + shell_quote(a.lab) + " --slurm-task " + shell_quote(results.string());
+  if (a.no_sandbox) s += " --no-sandbox";
+  if (a.require_sandbox) s += " --require-sandbox";
+  return s + "\n";
+}
+
+}  // namespace
+
+int submit_slurm_grading(const grader::Paths& p, const grader::Lab& l, const GradeArgs& a, const SandboxSupport& sb) {
+  if (!a.csv.empty() || !a.json.empty() || !a.feedback.empty() || a.jobs > 1)
+    throw ConfigError("--slurm writes its rows into --results: --csv, --json, --feedback and --jobs belong to `distlab grade merge` and to a local batch",
+                      "distlab grade NN --submissions DIR --slurm --results R, then distlab grade merge R --csv grades.csv");
+  check_slurm_time(a.time, "--time");
+  const fs::path subs = fs::absolute(a.submissions).lexically_normal();
+  const fs::path results = fs::absolute(a.results.empty() ? subs.string() + "-slurm" : a.results).lexically_normal();
+  check_plain_path(results.string(), "--results");
+  if (fs::exists(results / "manifest.json"))
+    throw ConfigError(results.string() + " already holds a grading", "merge it (distlab grade merge " + results.string() + ") or give --results another folder");
+  Manifest m;
+  m.lab = l.name;
+  m.submissions = subs.string();
+  m.per_task = a.per_task;
+  m.seed = a.seed ? *a.seed : grader::SharedResults::draw_seed();
+  m.hints = a.hints;
+  std::set<std::string> taken;
+  for (const fs::path& e : submission_entries(a.submissions)) {
+    m.entries.push_back(e.filename().string());
+    m.feedback.push_back(feedback_name(m.entries.back(), taken));
+  }
+  if (m.entries.empty()) throw ConfigError("--submissions " + a.submissions + " is empty", "one subfolder per student");
+  for (const char* sub : {"rows", "feedback", "logs"}) fs::create_directories(results / sub);
+  nlohmann::json students = nlohmann::json::array();
+  for (size_t i = 0; i < m.entries.size(); i++) students.push_back({{"entry", m.entries[i]}, {"feedback", m.feedback[i]}});
+  const nlohmann::json manifest = {{"format", kFormat}, {"lab", m.lab}, {"submissions", m.submissions}, {"per_task", m.per_task},
+                                   {"seed", std::to_string(m.seed)}, {"hints", m.hints}, {"students", students}};
+  write_atomically((results / "grade.sbatch").string(), grading_script(p, a, m, results, sb));
+  write_atomically((results / "manifest.json").string(), manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  std::vector<std::string> argv = {"sbatch", "--parsable"};
+  if (a.wait) argv.push_back("--wait");
+  argv.insert(argv.end(), a.sbatch_args.begin(), a.sbatch_args.end());
+  argv.push_back((results / "grade.sbatch").string());
+  std::cout << fmt::format("lab {}: {} student(s) in {} array task(s); seed {}\nsubmitting: sbatch {}\n", l.name, m.entries.size(), m.tasks(), m.seed,
+                           (results / "grade.sbatch").string())
+            << std::flush;
+  const RunResult r = run_to_end(argv, SpawnOptions{}, a.wait ? 7 * 86400.0 : 120.0);
+  std::string last;  // --parsable: "jobid" or "jobid;cluster" on the last line
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  if (!WIFEXITED(r.status) || (WEXITSTATUS(r.status) != 0 && !a.wait) || last.empty() || !std::isdigit(static_cast<unsigned char>(last[0]))) {
+    std::cerr << fmt::format("distlab: error: sbatch {}{}\n{}", describe_wait_status(r.status),
+                             WIFEXITED(r.status) && WEXITSTATUS(r.status) == 127 ? " (no sbatch here: run this on the cluster's login node)" : "", r.output);
+    return 2;
+  }
+  std::cout << fmt::format("array job {}: each task's output in {}/logs/; ", last.substr(0, last.find(';')), results.string());
+  if (!a.wait) {
+    std::cout << "when it has ended: distlab grade merge " << shell_quote(results.string()) << "\n";
+    return 0;
+  }
+  std::cout << "it has ended" << (WEXITSTATUS(r.status) != 0 ? " (some tasks failed)" : "") << "\n";
+  return merge_slurm_grading(p, results.string(), "", "");
+}
+
+int run_slurm_grading_task(const grader::Paths& p, const grader::Lab& l, const GradeArgs& a, const SandboxSupport& sb) {
+  const fs::path results = fs::absolute(a.slurm_task);
+  const Manifest m = read_manifest(results);
+  if (m.lab != l.name) throw ConfigError(fmt::format("{} grades lab {}, not {}", results.string(), m.lab, l.name));
+  const char* id = std::getenv("SLURM_ARRAY_TASK_ID");
+  char* end = nullptr;
+  const long task = id ? std::strtol(id, &end, 10) : -1;
+  if (!id || *end || task < 0 || task >= m.tasks())
+    throw ConfigError(fmt::format("SLURM_ARRAY_TASK_ID='{}' is not a task of this grading (0..{})", id ? id : "", m.tasks() - 1),
+                      "--slurm-task runs inside the array job that `distlab grade NN --submissions DIR --slurm` submits");
+  grader::SharedResults batch;
+  batch.seed = m.seed;
+  const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(m.hints);
+  std::cout << sb.describe() << "\n";
+  for (size_t i = size_t(task) * size_t(m.per_task); i < std::min(m.entries.size(), size_t(task + 1) * size_t(m.per_task)); i++) {
+    grader::Grade g = grade_submission(p, l, fs::path(m.submissions) / m.entries[i], batch, sb);
+    write_feedback(g, results / "feedback", m.feedback[i], policy);
+    const nlohmann::json row = {{"index", i}, {"entry", m.entries[i]}, {"grade", grader::to_json(g)}};
+    write_atomically(row_path(results, i).string(), row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(), g.built ? "" : "  (build failed)") << std::flush;
+  }
+  return 0;
+}
+
+int merge_slurm_grading(const grader::Paths& p, const std::string& results_arg, const std::string& csv, const std::string& json) {
+  const fs::path results = fs::absolute(results_arg);
+  const Manifest m = read_manifest(results);
+  const grader::Lab l = grader::find_lab(p.source_dir, m.lab);
+  std::vector<grader::Grade> grades;
+  std::vector<std::string> missing;
+  std::set<long> tasks;
+  for (size_t i = 0; i < m.entries.size(); i++) {
+    const fs::path f = row_path(results, i);
+    std::string why = "no row: its task did not finish";
+    std::optional<grader::Grade> g;
+    if (fs::exists(f)) {
+      try {
+        const auto j = nlohmann::json::parse(slurp(f, 64 << 20));
+        if (j.at("index").get<size_t>() != i || j.at("entry").get<std::string>() != m.entries[i]) why = "its row names another student";
+        else if ((g = grader::grade_from_json(j.at("grade"), l, why)) && g->student != sanitize_output(m.entries[i], 300)) g.reset(), why = "its row names another student";
+      } catch (const std::exception& e) {
+        why = std::string("an unreadable row: ") + e.what();
+      }
+    }
+    if (!g) {
+      const long t = long(i) / m.per_task;
+      tasks.insert(t);
+      missing.push_back(fmt::format("{} (task {}: {}; {})", sanitize_output(m.entries[i], 200), t, why, (results / "logs" / fmt::format("task-{}.out", t)).string()));
+      g = grader::Grade{};
+      g->student = m.entries[i];
+      g->lab = l;
+      g->seed = m.seed;
+      g->build_log = "not graded: " + why + " (a Slurm array task; see its log)";
+    }
+    grades.push_back(std::move(*g));
+  }
+  const std::string csv_path = csv.empty() ? (results / "grades.csv").string() : csv;
+  const std::string json_path = json.empty() ? (results / "grades.json").string() : json;
+  write_atomically(csv_path, grader::gradebook_csv(grades));
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& g : grades) all.push_back(grader::to_json(g));
+  write_atomically(json_path, all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  std::cout << fmt::format("lab {}: {} of {} student(s) graded; gradebook {} and {}; feedback in {}/feedback/\n", m.lab, grades.size() - missing.size(),
+                           grades.size(), csv_path, json_path, results.string());
+  if (missing.empty()) return 0;
+  std::string ids;
+  for (long t : tasks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  std::cerr << fmt::format("{} student(s) without a result:\n", missing.size());
+  for (const auto& s : missing) std::cerr << "  " << s << "\n";
+  std::cerr << fmt::format("grade them alone: sbatch --array={} {}\nthen merge again: distlab grade merge {}\n", ids, shell_quote((results / "grade.sbatch").string()),
+                           shell_quote(results.string()));
+  return 1;
+}
+
+}  // namespace distlab

@@ -1,0 +1,319 @@
+// Slurm (core/comm/slurm.h): host lists and task counts as Slurm writes them, a task's world taken from
+// srun's variables, the sbatch script `distlab run --slurm-script` prints; and, on a one-node cluster this
+// test starts (tests/slurm/cluster.sh: slurmctld + slurmd + munged of its own), srun's ranks training as
+// `distlab run`'s do and a class graded as an array job (cli/slurm_grade.h).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/comm/env.h"
+#include "core/comm/errors.h"
+#include "core/comm/slurm.h"
+
+namespace fs = std::filesystem;
+using distlab::CommError;
+
+namespace {
+
+// Sets srun's variables (and clears torchrun's) for one test; puts the environment back afterwards.
+class SrunVars {
+ public:
+  explicit SrunVars(const std::map<std::string, std::string>& vars) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAB_STORE_TOKEN",
+                             "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
+                             "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      unsetenv(name);
+    }
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~SrunVars() {
+    for (const auto& [k, v] : saved_) v ? setenv(k.c_str(), v->c_str(), 1) : unsetenv(k.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+struct SlurmRun {
+  int code;
+  std::string out;
+  double secs;
+};
+
+SlurmRun slurm_sh(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((std::string("cd ") + DISTLAB_SOURCE_DIR + " && " + cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+std::string slurm_read(const fs::path& f) {
+  std::ifstream in(f);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// every "loss" of a metrics file, as written (bitwise comparisons)
+std::vector<std::string> losses_of(const fs::path& metrics) {
+  std::vector<std::string> out;
+  std::istringstream in(slurm_read(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const size_t k = line.find("\"loss\":");
+    if (k != std::string::npos) out.push_back(line.substr(k + 7, line.find_first_of(",}", k) - k - 7));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Slurm's host lists and task counts expand as scontrol and srun write them", "[slurm]") {
+  using V = std::vector<std::string>;
+  CHECK(distlab::expand_hostlist("node01", "t") == V{"node01"});
+  CHECK(distlab::expand_hostlist("node[01-03,07],gpu-a", "t") == V{"node01", "node02", "node03", "node07", "gpu-a"});
+  CHECK(distlab::expand_hostlist("rack[1-2]-n[8-9]", "t") == V{"rack1-n8", "rack1-n9", "rack2-n8", "rack2-n9"});
+  CHECK(distlab::expand_hostlist("n[098-101]", "t") == V{"n098", "n099", "n100", "n101"});
+  for (const char* bad : {"", "node[1-", "node[3-1]", "a,,b", "n[x]", "n]1", "n[1-2]x[", "a b"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(distlab::expand_hostlist(bad, "SLURM_STEP_NODELIST"), CommError);
+  }
+  CHECK(distlab::expand_tasks_per_node("2(x3),1", "t") == std::vector<int>{2, 2, 2, 1});
+  CHECK(distlab::expand_tasks_per_node("8", "t") == std::vector<int>{8});
+  for (const char* bad : {"", "2(x", "x", "2(x3", "-1"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(distlab::expand_tasks_per_node(bad, "SLURM_STEP_TASKS_PER_NODE"), CommError);
+  }
+}
+
+TEST_CASE("a task srun started takes its rank, world, local rank and master from Slurm", "[slurm]") {
+  const std::map<std::string, std::string> two_nodes = {
+      {"SLURM_STEP_NUM_TASKS", "4"},      {"SLURM_PROCID", "2"},       {"SLURM_LOCALID", "0"},
+      {"SLURM_STEP_NUM_NODES", "2"},      {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURMD_NODENAME", "gpu08"},
+      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"SLURM_JOB_ID", "12345"}, {"SLURM_STEP_ID", "3"}};
+  {
+    SrunVars v(two_nodes);
+    const distlab::LaunchEnv e = distlab::read_launch_env();
+    CHECK(e.launched);
+    CHECK(e.from_slurm);
+    CHECK(e.rank == 2);
+    CHECK(e.world_size == 4);
+    CHECK(e.local_rank == 0);
+    CHECK(e.local_world_size == 2);
+    CHECK(e.master_addr == "gpu07");
+    CHECK(e.store_port == 15000 + 2 * ((12345 * 8 + 3) % 20000));
+    CHECK_FALSE(e.hosts_store);
+    const distlab::SlurmStep s = distlab::read_slurm_step();
+    CHECK(s.node_index == 1);
+    CHECK(s.nodes == std::vector<std::string>{"gpu07", "gpu08"});
+  }
+  {  // task 0 serves the store; MASTER_ADDR and MASTER_PORT, when exported, win
+    auto vars = two_nodes;
+    vars["SLURM_PROCID"] = "0";
+    vars["SLURMD_NODENAME"] = "gpu07";
+    vars["MASTER_PORT"] = "23456";
+    vars["MASTER_ADDR"] = "10.0.0.7";
+    SrunVars v(vars);
+    const distlab::LaunchEnv e = distlab::read_launch_env();
+    CHECK(e.hosts_store);
+    CHECK(e.store_port == 23456);
+    CHECK(e.master_addr == "10.0.0.7");
+  }
+  {  // one node: loopback, whatever the node's name resolves to
+    SrunVars v({{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "1"}, {"SLURM_STEP_NUM_NODES", "1"},
+                {"SLURM_STEP_NODELIST", "laptop"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", "7"}});
+    const distlab::LaunchEnv e = distlab::read_launch_env();
+    CHECK(e.master_addr == "127.0.0.1");
+    CHECK(e.local_rank == 1);
+  }
+  {  // torchrun's variables (a worker of distlab run inside an allocation) come first
+    auto vars = two_nodes;
+    vars["RANK"] = "1";
+    vars["WORLD_SIZE"] = "2";
+    vars["MASTER_PORT"] = "29500";
+    SrunVars v(vars);
+    const distlab::LaunchEnv e = distlab::read_launch_env();
+    CHECK_FALSE(e.from_slurm);
+    CHECK(e.rank == 1);
+  }
+  {  // a single task is rank 0 of 1, as outside srun
+    SrunVars v({{"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a"}});
+    CHECK_FALSE(distlab::read_launch_env().launched);
+  }
+  // variables that contradict each other are errors naming them
+  for (const auto& [key, value, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"SLURM_PROCID", "4", "SLURM_PROCID=4"},
+           {"SLURM_STEP_NODELIST", "gpu[07-09]", "names 3 nodes"},
+           {"SLURM_LOCALID", "2", "SLURM_LOCALID=2"},
+           {"SLURM_STEP_TASKS_PER_NODE", "2(x3)", "covers 3 nodes"},
+           {"SLURM_JOB_ID", "12x", "SLURM_JOB_ID"}}) {
+    auto vars = two_nodes;
+    vars[key] = value;
+    SrunVars v(vars);
+    INFO(key << "=" << value);
+    CHECK_THROWS_WITH(distlab::read_launch_env(), Catch::Contains(says));
+  }
+}
+
+TEST_CASE("distlab run --slurm-script prints a script sbatch takes, its command intact through the shell", "[slurm][cli]") {
+  const std::string bin = DISTLAB_BINARY;
+  auto r = slurm_sh(bin + " run --nnodes 2 -n 4 --gpus-per-node 4 --time 90 --job-name gpt.small --slurm-script train 'configs/gpt tiny.toml' "
+                          "--set \"log.metrics=it's a file.jsonl\"");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  for (const char* line : {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=1\n", "#SBATCH --gpus-per-node=4\n", "#SBATCH --time=90\n",
+                           "#SBATCH --job-name=gpt.small\n", "export DISTLAB_STORE_TOKEN=", "srun --kill-on-bad-exit=1 "})
+    CHECK(r.out.find(line) != std::string::npos);
+  // the srun line, with srun replaced by printf: every argument arrives as it was given
+  const size_t at = r.out.find("srun --kill-on-bad-exit=1 ");
+  REQUIRE(at != std::string::npos);
+  std::string command = r.out.substr(at + 26);
+  command = command.substr(0, command.find('\n'));
+  const fs::path script = fs::temp_directory_path() / ("distlab-sbatch-" + std::to_string(getpid()) + ".sh");
+  std::ofstream(script) << "printf '%s|' " << command << "\n";
+  auto args = slurm_sh("bash " + script.string());
+  fs::remove(script);
+  CHECK(args.out == bin + "|run|-n|4|train|configs/gpt tiny.toml|--set|log.metrics=it's a file.jsonl|");
+  // bash parses the whole script
+  const fs::path whole = fs::temp_directory_path() / ("distlab-sbatch-all-" + std::to_string(getpid()) + ".sh");
+  std::ofstream(whole) << r.out;
+  CHECK(slurm_sh("bash -n " + whole.string()).code == 0);
+  fs::remove(whole);
+  // what sbatch would refuse, refused here first
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--time 1:2:3:4", "not a Slurm time limit"}, {"--time 1-", "not a Slurm time limit"}, {"--job-name 'a b'", "--job-name"},
+           {"--partition 'x;y'", "--partition"}, {"--node-rank 1", "Slurm gives each node its rank"}}) {
+    auto bad = slurm_sh(bin + " run -n 2 " + flags + " --slurm-script train configs/gpt-tiny.toml");
+    INFO(flags << "\n" << bad.out);
+    CHECK(bad.code != 0);
+    CHECK(bad.out.find(says) != std::string::npos);
+  }
+}
+
+namespace {
+
+// A one-node cluster for one test: started in a fresh folder, stopped (jobs cancelled, daemons gone) after.
+class TestCluster {
+ public:
+  TestCluster() {
+    char tmpl[] = "/tmp/distlab-slurm-XXXXXX";  // short: munge's socket path lives in it
+    dir_ = mkdtemp(tmpl);
+    auto r = slurm_sh("timeout 120 bash tests/slurm/cluster.sh start " + dir_.string());
+    if (r.code != 0) {
+      why_not_ = r.out.empty() ? "cluster.sh exited " + std::to_string(r.code) : r.out;
+      return;
+    }
+    const std::string conf = (dir_ / "slurm.conf").string();
+    setenv("SLURM_CONF", conf.c_str(), 1);
+  }
+  ~TestCluster() {
+    slurm_sh("timeout 60 bash tests/slurm/cluster.sh stop " + dir_.string());
+    unsetenv("SLURM_CONF");
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  const std::string& why_not() const { return why_not_; }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+  std::string why_not_;
+};
+
+}  // namespace
+
+TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and a class graded as an array job merges", "[slurm][cluster]") {
+  TestCluster cluster;
+  if (!cluster.why_not().empty()) {
+    WARN("skipped, no Slurm cluster on this machine: " << cluster.why_not());
+    return;
+  }
+  const fs::path d = cluster.dir();
+  const std::string bin = DISTLAB_BINARY;
+  const std::string train = " train configs/gpt-tiny.toml --set train.steps=6 --set train.log_every=1 --set train.eval_batches=2 --set parallel.strategy=ddp --metrics ";
+
+  {  // srun -n 2 distlab train, one launcher per node, one launcher per rank: the same losses as distlab run -n 2
+    auto ref = slurm_sh("timeout 120 " + bin + " run -n 2" + train + (d / "run.jsonl").string());
+    INFO(ref.out);
+    REQUIRE(ref.code == 0);
+    const std::vector<std::string> want = losses_of(d / "run.jsonl");
+    REQUIRE(want.size() >= 6);
+    for (const auto& [name, how] : std::vector<std::pair<std::string, std::string>>{
+             {"ranks", "srun -n 2 " + bin},                  // each task a rank; task 0 serves the store
+             {"per-node", "srun -n 1 " + bin + " run -n 2"},  // one launcher for the node
+             {"per-rank", "srun -n 2 " + bin + " run"}}) {    // a launcher per task, each one rank
+      auto r = slurm_sh("timeout 120 " + how + train + (d / (name + ".jsonl")).string());
+      INFO(name << "\n" << r.out);
+      REQUIRE(r.code == 0);
+      CHECK(losses_of(d / (name + ".jsonl")) == want);
+    }
+  }
+
+  {  // four submissions (one hostile) graded as an array job: the sequential batch's gradebook; a lost row named, graded again alone
+    const std::string headers = "#include <cstdio>\n#include <cstdlib>\n#include <stdexcept>\n#include <string>\n#include <vector>\n";
+    const std::string solution = headers + slurm_read(fs::path(DISTLAB_SOURCE_DIR) / "solutions/01-collectives/ring.cpp");
+    const fs::path subs = d / "subs", results = d / "grading", marker = d / "forged";
+    const std::string forged_row = "{\"index\":1,\"entry\":\"b_skeleton\",\"grade\":{}}";
+    std::map<std::string, std::string> files = {
+        {"a_solution", solution},
+        {"b_skeleton", headers + slurm_read(fs::path(DISTLAB_SOURCE_DIR) / "labs/01-collectives/student/ring.cpp")},
+        {"c_crash", solution + "\nstatic int crash = [] { volatile int* p = nullptr; return *p; }();\n"},
+        // at load, tries to forge another student's row and leave a mark outside its sandbox
+        {"d_forger", solution + "\nstatic int forge = [] {\n  for (const char* path : {\"" + (results / "rows/1.json").string() + "\", \"" +
+                         marker.string() + "\"})\n    if (FILE* f = std::fopen(path, \"w\")) { std::fputs(R\"(" + forged_row +
+                         ")\", f); std::fclose(f); }\n  return 0;\n}();\n"}};
+    for (const auto& [name, text] : files) {
+      fs::create_directories(subs / name);
+      std::ofstream(subs / name / "ring.cpp") << text;
+    }
+    const std::string common = " --submissions " + subs.string() + " --require-sandbox --seed 7 --hints always";
+    auto arr = slurm_sh("timeout 600 " + bin + " grade 01" + common + " --slurm --results " + results.string() +
+                        " --per-task 1 --max-running 2 --cpus-per-task 1 --wait");
+    INFO(arr.out);
+    REQUIRE(arr.code == 0);
+    auto seq = slurm_sh("timeout 600 " + bin + " grade 01" + common + " --csv " + (d / "seq.csv").string());
+    INFO(seq.out);
+    REQUIRE(seq.code == 0);
+    WARN("timing: array job (2 tasks at once) " << arr.secs << " s, the sequential batch " << seq.secs << " s");
+    const std::string array_csv = slurm_read(results / "grades.csv"), seq_csv = slurm_read(d / "seq.csv");
+    CHECK(array_csv == seq_csv);
+    CHECK_FALSE(fs::exists(marker));
+    CHECK(slurm_read(results / "rows/1.json").find("\"b_skeleton\"") != std::string::npos);
+    CHECK(fs::exists(results / "feedback/a_solution.txt"));
+    CHECK(array_csv.find("\"c_crash\"") != std::string::npos);
+
+    // a task that left no row, and a row that is not the lab's: both named, with the command that grades them again
+    fs::remove(results / "rows/2.json");
+    std::ofstream(results / "rows/3.json") << "{\"index\":3,\"entry\":\"d_forger\",\"grade\":{\"lab\":\"01-collectives\",\"points\":99}}";
+    auto merged = slurm_sh(bin + " grade merge " + results.string());
+    INFO(merged.out);
+    CHECK(merged.code == 1);
+    CHECK(merged.out.find("2 student(s) without a result") != std::string::npos);
+    CHECK(merged.out.find("c_crash (task 2: no row") != std::string::npos);
+    CHECK(merged.out.find("d_forger (task 3: ") != std::string::npos);
+    const std::string again = "sbatch --array=2,3 " + (results / "grade.sbatch").string();
+    REQUIRE(merged.out.find(again) != std::string::npos);
+    CHECK(slurm_read(results / "grades.csv").find("not graded: no row") != std::string::npos);
+    auto rerun = slurm_sh("timeout 600 " + again.substr(0, 6) + " --wait" + again.substr(6));
+    INFO(rerun.out);
+    REQUIRE(rerun.code == 0);
+    auto remerged = slurm_sh(bin + " grade merge " + results.string());
+    INFO(remerged.out);
+    CHECK(remerged.code == 0);
+    CHECK(slurm_read(results / "grades.csv") == seq_csv);
+  }
+}
