@@ -25,7 +25,7 @@ trap cleanup EXIT
 mkdir -p "$work/cluster" "$work/subs"
 sol=$(ls -d solutions/"$lab"-*/ | head -n 1)
 for i in $(seq -w 1 "$n"); do cp -r "$sol" "$work/subs/student$i"; done
-bash tests/slurm/cluster.sh start "$work/cluster" > "$work/cluster.out"
+bash tests/slurm/cluster.sh start "$work/cluster" $$ > "$work/cluster.out"
 export SLURM_CONF=$work/cluster/slurm.conf
 echo "environment: $(nproc --all) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(sinfo -V), OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
 echo "lab $lab, $n students (copies of $sol), seed 7, every way graded $rounds times, interleaved"

@@ -212,7 +212,8 @@ class TestCluster {
   TestCluster() {
     char tmpl[] = "/tmp/distlab-slurm-XXXXXX";  // short: munge's socket path lives in it
     dir_ = mkdtemp(tmpl);
-    auto r = slurm_sh("timeout 120 bash tests/slurm/cluster.sh start " + dir_.string());
+    // stopped by the destructor, or by cluster.sh itself once this test is gone (killed by its timeout)
+    auto r = slurm_sh("timeout 120 bash tests/slurm/cluster.sh start " + dir_.string() + " " + std::to_string(getpid()));
     if (r.code != 0) {
       why_not_ = r.out.empty() ? "cluster.sh exited " + std::to_string(r.code) : r.out;
       return;
@@ -244,6 +245,12 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
   }
   const fs::path d = cluster.dir();
   const std::string bin = DISTLAB_BINARY;
+  // the host lists as Slurm's own scontrol expands them
+  for (const char* list : {"node[01-03,07],gpu-a", "rack[1-2]-n[8-9]", "n[098-101]"}) {
+    std::string want;
+    for (const auto& h : distlab::expand_hostlist(list, "test")) want += h + "\n";
+    CHECK(slurm_sh(std::string("scontrol show hostnames '") + list + "'").out == want);
+  }
   const std::string train = " train configs/gpt-tiny.toml --set train.steps=6 --set train.log_every=1 --set train.eval_batches=2 --set parallel.strategy=ddp --metrics ";
 
   {  // srun -n 2 distlab train, one launcher per node, one launcher per rank: the same losses as distlab run -n 2

@@ -9,6 +9,7 @@
 #                         stdout line is `export SLURM_CONF=DIR/slurm.conf`.
 #                         Failure: one stderr line `slurm cluster unavailable:
 #                         <reason>`, all started daemons stopped, exit 3 (skip).
+#   cluster.sh start DIR PID  the same, and the cluster is stopped once process PID is gone
 #   cluster.sh stop DIR   cancel jobs, stop slurmd/slurmctld/munged; never fails.
 # SLURM_TEST_CPUS=N declares N CPUs on the node (default: nproc, unset from
 # OMP_NUM_THREADS, which GNU nproc obeys; the node is trusted as is).
@@ -118,7 +119,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 SlurmdParameters=config_overrides
 MailProg=/bin/true
 ReturnToService=2
@@ -155,12 +156,16 @@ EOF
     state=$(timeout 3 sinfo -h -N -o %t 2>/dev/null | head -n 1) || true
   done
   trap - EXIT
+  if [ -n "${2:-}" ]; then  # OWNER_PID: a test killed by its timeout leaves no cluster behind
+    setsid bash "$0" watch "$d" "$2" </dev/null >/dev/null 2>&1 &
+  fi
   echo "export SLURM_CONF=$d/slurm.conf"
 }
 
 case "${1:-}" in
   install) install ;;
-  start) [ -d "${2:-}" ] || { echo "usage: $0 start DIR (existing folder)" >&2; exit 2; }; start "$2" ;;
+  start) [ -d "${2:-}" ] || { echo "usage: $0 start DIR [OWNER_PID] (existing folder)" >&2; exit 2; }; start "$2" "${3:-}" ;;
+  watch) while kill -0 "$3" 2>/dev/null && [ -e "$2/slurm.conf" ]; do sleep 1; done; stop "$2" ;;
   stop) [ -n "${2:-}" ] || { echo "usage: $0 stop DIR" >&2; exit 2; }; stop "$2" ;;
   *) echo "usage: $0 install | start DIR | stop DIR" >&2; exit 2 ;;
 esac
