@@ -237,7 +237,7 @@ class TestCluster {
 
 }  // namespace
 
-TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and a class graded as an array job merges", "[slurm][cluster]") {
+TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and a class graded as an array job merges", "[slurm][cluster][long]") {
   TestCluster cluster;
   if (!cluster.why_not().empty()) {
     WARN("skipped, no Slurm cluster on this machine: " << cluster.why_not());
