@@ -96,8 +96,8 @@ grader::Grade grade_submission(const grader::Paths& p, const grader::Lab& l, con
     return g;
   }
   std::string tmpl;  // each plugin in a folder of its own, gone after its grading
-  grader::SharedResults shared = batch.next_student();  // this student's own results, the batch's references
   try {
+    grader::SharedResults shared = batch.next_student();  // this student's own results, the batch's references
     tmpl = grader::make_scratch_dir(p, "plugin");
     g = grade_folder(p, l, d.string(), g.student, tmpl + "/plugin.so", sb, shared, true);
   } catch (const std::exception& e) {  // the grader's own failure on this folder: recorded, the batch goes on
@@ -150,8 +150,16 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   std::mutex print;
   auto worker = [&] {
     for (size_t i; (i = next++) < dirs.size();) {
-      grades[i] = grade_submission(p, l, dirs[i], batch, sb);
-      write_feedback(grades[i], feedback, fb_names[i], policy);
+      try {
+        grades[i] = grade_submission(p, l, dirs[i], batch, sb);
+        write_feedback(grades[i], feedback, fb_names[i], policy);
+      } catch (const std::exception& e) {  // whatever escapes (memory): that student's row says so, the batch goes on
+        grades[i].student = dirs[i].filename().string();
+        grades[i].lab = l;
+        grades[i].built = false;
+        grades[i].checks.clear();
+        grades[i].build_log = std::string("grading failed: ") + e.what();
+      }
       const grader::Grade& g = grades[i];
       std::lock_guard<std::mutex> lk(print);
       std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),

@@ -276,6 +276,8 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       exit_code = run_slurm_grading_task(p, l, *a, sb);
       return;
     }
+    if (!a->slurm && (!a->results.empty() || a->wait || a->per_task != 1 || a->max_running != 0 || !a->sbatch_args.empty()))
+      throw ConfigError("--results, --wait, --per-task, --max-running and --sbatch-arg go with --slurm", "add --slurm (and --submissions DIR)");
     if (a->slurm) {
       if (a->submissions.empty()) throw ConfigError("--slurm grades a class: give --submissions DIR");
       exit_code = submit_slurm_grading(p, l, *a, sb);

@@ -4,6 +4,7 @@
 // `distlab run`'s do and a class graded as an array job (cli/slurm_grade.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -12,13 +13,16 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/comm/env.h"
 #include "core/comm/errors.h"
 #include "core/comm/slurm.h"
+#include "core/launch/slurm_launch.h"
 
 namespace fs = std::filesystem;
 using distlab::CommError;
@@ -31,7 +35,7 @@ class SrunVars {
   explicit SrunVars(const std::map<std::string, std::string>& vars) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAB_STORE_TOKEN",
                              "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
-                             "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+                             "SLURM_JOB_NODELIST", "SLURMD_NODENAME", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID", "DISTLAB_SLURM", "SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"}) {
       const char* v = std::getenv(name);
       saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
       unsetenv(name);
@@ -115,11 +119,27 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
     CHECK(e.local_rank == 0);
     CHECK(e.local_world_size == 2);
     CHECK(e.master_addr == "gpu07");
-    CHECK(e.store_port == 15000 + 2 * ((12345 * 8 + 3) % 20000));
+    CHECK(e.store_port % 2 == 0);  // and the program's own port after it
+    CHECK(e.store_port >= 15000);
+    CHECK(e.store_port < 32768);  // below Linux's ephemeral ports
+    CHECK(e.store_token == "slurm-12345.3");  // none exported: the job's and step's
+    CHECK(e.token_derived);
     CHECK_FALSE(e.hosts_store);
     const distlab::SlurmStep s = distlab::read_slurm_step();
     CHECK(s.node_index == 1);
     CHECK(s.nodes == std::vector<std::string>{"gpu07", "gpu08"});
+  }
+  {  // neighbouring jobs and steps get different ports (array jobs have consecutive ids and share nodes)
+    std::set<int> ports;
+    for (int job : {12345, 12346, 12347})
+      for (int step : {0, 1, 8, 9}) {
+        auto vars = two_nodes;
+        vars["SLURM_JOB_ID"] = std::to_string(job);
+        vars["SLURM_STEP_ID"] = std::to_string(step);
+        SrunVars v(vars);
+        ports.insert(distlab::read_launch_env().store_port);
+      }
+    CHECK(ports.size() == 12);
   }
   {  // task 0 serves the store; MASTER_ADDR and MASTER_PORT, when exported, win
     auto vars = two_nodes;
@@ -150,6 +170,12 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
     CHECK_FALSE(e.from_slurm);
     CHECK(e.rank == 1);
   }
+  {  // DISTLAB_SLURM=0: every task runs on its own (a sweep of separate runs under one srun)
+    auto vars = two_nodes;
+    vars["DISTLAB_SLURM"] = "0";
+    SrunVars v(vars);
+    CHECK_FALSE(distlab::read_launch_env().launched);
+  }
   {  // a single task is rank 0 of 1, as outside srun
     SrunVars v({{"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a"}});
     CHECK_FALSE(distlab::read_launch_env().launched);
@@ -169,25 +195,72 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
   }
 }
 
+TEST_CASE("distlab run under srun: a launcher per node when every node has one task, else one rank per task", "[slurm]") {
+  using distlab::GivenOnCommandLine;
+  std::map<std::string, std::string> vars = {{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
+                                             {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NODELIST", "gpu[1-2]"}, {"SLURMD_NODENAME", "gpu2"},
+                                             {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"},
+                                             {"SLURM_CPUS_PER_TASK", "16"}};
+  {  // srun --ntasks-per-node=1 distlab run -n 8: node 1 of 2, 8 ranks, 2 threads each
+    SrunVars v(vars);
+    distlab::LaunchOptions o;
+    o.nproc_per_node = 8;
+    distlab::take_world_from_slurm(o, distlab::read_slurm_step(), GivenOnCommandLine{.nproc = true});
+    CHECK(o.nnodes == 2);
+    CHECK(o.node_rank == 1);
+    CHECK(o.nproc_per_node == 8);
+    CHECK(o.master_addr == "gpu1");
+    CHECK(o.master_port >= 15000);
+    CHECK(o.store_bind == "0.0.0.0");
+    CHECK(o.store_token == "slurm-77.0");
+    CHECK(o.threads_per_rank == 2);
+    distlab::LaunchOptions no_n;
+    CHECK_THROWS_WITH(distlab::take_world_from_slurm(no_n, distlab::read_slurm_step(), {}), Catch::Contains("how many ranks per node"));
+  }
+  {  // 3 tasks on 2 nodes (2 + 1): every launcher, on either node, is one rank of 3
+    vars["SLURM_STEP_NUM_TASKS"] = "3";
+    vars["SLURM_STEP_TASKS_PER_NODE"] = "2,1";
+    for (const auto& [procid, node, localid] : std::vector<std::tuple<int, std::string, int>>{{0, "gpu1", 0}, {1, "gpu1", 1}, {2, "gpu2", 0}}) {
+      vars["SLURM_PROCID"] = std::to_string(procid);
+      vars["SLURMD_NODENAME"] = node;
+      vars["SLURM_LOCALID"] = std::to_string(localid);
+      SrunVars v(vars);
+      distlab::LaunchOptions o;
+      distlab::take_world_from_slurm(o, distlab::read_slurm_step(), {});
+      INFO("task " << procid);
+      CHECK(o.nnodes == 3);
+      CHECK(o.nproc_per_node == 1);
+      CHECK(o.node_rank == procid);
+      CHECK(o.local_rank_base == localid);
+      CHECK(o.local_world_size == (node == "gpu1" ? 2 : 1));
+      distlab::LaunchOptions eight;
+      eight.nproc_per_node = 8;
+      CHECK_THROWS_WITH(distlab::take_world_from_slurm(eight, distlab::read_slurm_step(), GivenOnCommandLine{.nproc = true}),
+                        Catch::Contains("each task is already one rank"));
+    }
+  }
+}
+
 TEST_CASE("distlab run --slurm-script prints a script sbatch takes, its command intact through the shell", "[slurm][cli]") {
   const std::string bin = DISTLAB_BINARY;
-  auto r = slurm_sh(bin + " run --nnodes 2 -n 4 --gpus-per-node 4 --time 90 --job-name gpt.small --slurm-script train 'configs/gpt tiny.toml' "
+  auto r = slurm_sh(bin + " run --nnodes 2 -n 4 --gpus-per-node 4 --time 90 --job-name gpt.small --log-dir 'my logs' --slurm-script train 'configs/gpt tiny.toml' "
                           "--set \"log.metrics=it's a file.jsonl\"");
   INFO(r.out);
   REQUIRE(r.code == 0);
   for (const char* line : {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=1\n", "#SBATCH --gpus-per-node=4\n", "#SBATCH --time=90\n",
-                           "#SBATCH --job-name=gpt.small\n", "export DISTLAB_STORE_TOKEN=", "srun --kill-on-bad-exit=1 "})
+                           "#SBATCH --job-name=gpt.small\n", "#SBATCH --exclusive\n", "export DISTLAB_STORE_TOKEN="})
     CHECK(r.out.find(line) != std::string::npos);
-  // the srun line, with srun replaced by printf: every argument arrives as it was given
-  const size_t at = r.out.find("srun --kill-on-bad-exit=1 ");
+  // the srun line, with srun and its options replaced by printf: every argument arrives as it was given
+  const std::string srun = "srun --kill-on-bad-exit=1 --cpus-per-task=${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE} ";
+  const size_t at = r.out.find(srun);
   REQUIRE(at != std::string::npos);
-  std::string command = r.out.substr(at + 26);
+  std::string command = r.out.substr(at + srun.size());
   command = command.substr(0, command.find('\n'));
   const fs::path script = fs::temp_directory_path() / ("distlab-sbatch-" + std::to_string(getpid()) + ".sh");
   std::ofstream(script) << "printf '%s|' " << command << "\n";
   auto args = slurm_sh("bash " + script.string());
   fs::remove(script);
-  CHECK(args.out == bin + "|run|-n|4|train|configs/gpt tiny.toml|--set|log.metrics=it's a file.jsonl|");
+  CHECK(args.out == bin + "|run|-n|4|--log-dir|my logs|train|configs/gpt tiny.toml|--set|log.metrics=it's a file.jsonl|");
   // bash parses the whole script
   const fs::path whole = fs::temp_directory_path() / ("distlab-sbatch-all-" + std::to_string(getpid()) + ".sh");
   std::ofstream(whole) << r.out;
@@ -196,8 +269,8 @@ TEST_CASE("distlab run --slurm-script prints a script sbatch takes, its command 
   // what sbatch would refuse, refused here first
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--time 1:2:3:4", "not a Slurm time limit"}, {"--time 1-", "not a Slurm time limit"}, {"--job-name 'a b'", "--job-name"},
-           {"--partition 'x;y'", "--partition"}, {"--node-rank 1", "Slurm gives each node its rank"}}) {
-    auto bad = slurm_sh(bin + " run -n 2 " + flags + " --slurm-script train configs/gpt-tiny.toml");
+           {"--partition 'x;y'", "--partition"}, {"--node-rank 1", "Slurm gives each node its rank"}, {"--nnodes 2", "give -n N"}}) {
+    auto bad = slurm_sh(bin + " run " + (flags == "--nnodes 2" ? "" : "-n 2 ") + flags + " --slurm-script train configs/gpt-tiny.toml");
     INFO(flags << "\n" << bad.out);
     CHECK(bad.code != 0);
     CHECK(bad.out.find(says) != std::string::npos);
@@ -213,7 +286,7 @@ class TestCluster {
     char tmpl[] = "/tmp/distlab-slurm-XXXXXX";  // short: munge's socket path lives in it
     dir_ = mkdtemp(tmpl);
     // stopped by the destructor, or by cluster.sh itself once this test is gone (killed by its timeout)
-    auto r = slurm_sh("timeout 120 bash tests/slurm/cluster.sh start " + dir_.string() + " " + std::to_string(getpid()));
+    auto r = slurm_sh("timeout 60 bash tests/slurm/cluster.sh start " + dir_.string() + " " + std::to_string(getpid()));
     if (r.code != 0) {
       why_not_ = r.out.empty() ? "cluster.sh exited " + std::to_string(r.code) : r.out;
       return;
@@ -254,7 +327,7 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
   const std::string train = " train configs/gpt-tiny.toml --set train.steps=6 --set train.log_every=1 --set train.eval_batches=2 --set parallel.strategy=ddp --metrics ";
 
   {  // srun -n 2 distlab train, one launcher per node, one launcher per rank: the same losses as distlab run -n 2
-    auto ref = slurm_sh("timeout 120 " + bin + " run -n 2" + train + (d / "run.jsonl").string());
+    auto ref = slurm_sh("timeout 60 " + bin + " run -n 2" + train + (d / "run.jsonl").string());
     INFO(ref.out);
     REQUIRE(ref.code == 0);
     const std::vector<std::string> want = losses_of(d / "run.jsonl");
@@ -262,8 +335,11 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     for (const auto& [name, how] : std::vector<std::pair<std::string, std::string>>{
              {"ranks", "srun -n 2 " + bin},                  // each task a rank; task 0 serves the store
              {"per-node", "srun -n 1 " + bin + " run -n 2"},  // one launcher for the node
-             {"per-rank", "srun -n 2 " + bin + " run"}}) {    // a launcher per task, each one rank
-      auto r = slurm_sh("timeout 120 " + how + train + (d / (name + ".jsonl")).string());
+             {"per-rank", "srun -n 2 " + bin + " run"},       // a launcher per task, each one rank
+             // the script --slurm-script prints, submitted as it is
+             {"script", bin + " run -n 2 --slurm-script" + train + (d / "script.jsonl").string() + " > " + (d / "job.sbatch").string() +
+                            " && sbatch --wait --output=" + (d / "job.out").string() + " " + (d / "job.sbatch").string() + "; cat " + (d / "job.out").string()}}) {
+      auto r = slurm_sh(name == "script" ? "timeout 60 bash -c '" + how + "'" : "timeout 60 " + how + train + (d / (name + ".jsonl")).string());
       INFO(name << "\n" << r.out);
       REQUIRE(r.code == 0);
       CHECK(losses_of(d / (name + ".jsonl")) == want);
@@ -287,7 +363,7 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
       fs::create_directories(subs / name);
       std::ofstream(subs / name / "ring.cpp") << text;
     }
-    auto arr = slurm_sh("timeout 600 " + bin + " grade 01 --submissions " + subs.string() + " --require-sandbox --seed 7 --hints always --slurm --results " +
+    auto arr = slurm_sh("timeout 150 " + bin + " grade 01 --submissions " + subs.string() + " --require-sandbox --seed 7 --hints always --slurm --results " +
                         results.string() + " --per-task 1 --max-running 2 --cpus-per-task 1 --wait");
     INFO(arr.out);
     REQUIRE(arr.code == 0);
@@ -301,7 +377,9 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
         const size_t at = csv.find("\"" + name + "\",");
         if (at == std::string::npos) continue;
         std::string line = csv.substr(at, csv.find('\n', at) - at);
-        for (int k = 0; k < 7; k++) line = line.substr(line.find(',') + 1);  // past the name and the 6 checks
+        const std::string header = csv.substr(0, csv.find('\n'));
+        const long columns = std::count(header.begin(), header.end(), ',') + 1;  // student, the checks, total, max, error
+        for (long k = 0; k < columns - 3; k++) line = line.substr(line.find(',') + 1);  // past the name and the checks
         CHECK(line.substr(0, line.find(',')) == total);
       }
     };
@@ -322,7 +400,7 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     const std::string again = "sbatch --array=1,2 " + (results / "grade.sbatch").string();
     REQUIRE(merged.out.find(again) != std::string::npos);
     CHECK(slurm_read(results / "grades.csv").find("not graded: no row") != std::string::npos);
-    auto rerun = slurm_sh("timeout 600 sbatch --wait" + again.substr(6));
+    auto rerun = slurm_sh("timeout 100 sbatch --wait" + again.substr(6));
     INFO(rerun.out);
     REQUIRE(rerun.code == 0);
     auto remerged = slurm_sh(bin + " grade merge " + results.string());

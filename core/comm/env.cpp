@@ -44,7 +44,9 @@ LaunchEnv read_launch_env() {
     e.master_addr = slurm_master_addr(s);
     e.master_port = e.store_port = slurm_master_port(s);
     e.hosts_store = e.rank == 0;
-    if (const char* t = std::getenv("DISTLAB_STORE_TOKEN")) e.store_token = t;
+    const char* t = std::getenv("DISTLAB_STORE_TOKEN");
+    e.store_token = t && *t ? t : slurm_job_token(s);
+    e.token_derived = !(t && *t);
     return e;
   }
   e.launched = true;
@@ -64,9 +66,9 @@ LaunchEnv read_launch_env() {
 
 std::unique_ptr<TcpStoreServer> serve_store_if_first(const LaunchEnv& e) {
   if (!e.hosts_store) return nullptr;
-  if (e.store_token.empty())
-    std::cerr << "distlab: warning: the rendezvous store on port " << e.store_port
-              << " accepts any client (export DISTLAB_STORE_TOKEN=<random string> before srun to require it)\n";
+  if (e.token_derived)
+    std::cerr << "distlab: warning: the rendezvous store on port " << e.store_port << " asks for the token " << e.store_token
+              << ", which anyone can guess (export DISTLAB_STORE_TOKEN=<random string> before srun to require a secret one)\n";
   try {
     return std::make_unique<TcpStoreServer>("0.0.0.0", e.store_port, e.store_token);
   } catch (const Error& err) {

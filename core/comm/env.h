@@ -18,13 +18,15 @@ struct LaunchEnv {
   bool launched = false;  // false: no RANK/WORLD_SIZE set, a program run on its own is rank 0 of 1
   bool from_slurm = false;   // no RANK/WORLD_SIZE, but a task of `srun -n N` (core/comm/slurm.h): each task a rank
   bool hosts_store = false;  // from_slurm and rank 0: this process serves the rendezvous store (as PyTorch's rank 0)
+  bool token_derived = false;  // from_slurm without DISTLAB_STORE_TOKEN: the token is the job's and step's ids
 };
 
 // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's) and
 // DISTLAB_STORE_PORT, DISTLAB_STORE_TOKEN, DISTLAB_LAUNCHER_PID (distlab run's); a missing or malformed
 // variable (when some are set) is an error naming it. Without RANK and WORLD_SIZE, a task srun started takes
 // its world from Slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, the step's first node as the
-// master (core/comm/slurm.h), MASTER_PORT or a port from the job's id, DISTLAB_STORE_TOKEN when exported.
+// master (core/comm/slurm.h), MASTER_PORT or a port from the job's id, DISTLAB_STORE_TOKEN when exported
+// (else one from the job's and step's ids).
 LaunchEnv read_launch_env();
 // The store a srun-started rank 0 serves (nullptr for every other rank, and under a launcher, which serves
 // it): on every interface at the step's port, asking the job's token of each client.

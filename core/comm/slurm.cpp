@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -111,6 +112,7 @@ std::vector<int> expand_tasks_per_node(const std::string& text, const std::strin
 SlurmStep read_slurm_step() {
   SlurmStep s;
   if (!var("SLURM_STEP_NUM_TASKS") || !var("SLURM_PROCID")) return s;
+  if (var("DISTLAB_SLURM") && std::string(var("DISTLAB_SLURM")) == "0") return s;
   s.inside = true;
   s.ntasks = int(int_var("SLURM_STEP_NUM_TASKS", 1));
   s.procid = int(int_var("SLURM_PROCID", 0));
@@ -147,9 +149,13 @@ std::string slurm_master_addr(const SlurmStep& s) {
 
 int slurm_master_port(const SlurmStep& s) {
   if (var("MASTER_PORT")) return int(number(var("MASTER_PORT"), "environment variable MASTER_PORT", 65534));
-  // an even port in 15000..54998 and the odd one after it; steps of one job (and jobs up to 2,500 apart) differ
-  return 15000 + 2 * int((s.job_id * 8 + s.step_id) % 20000);
+  // an even port in 15000..30998 (below Linux's ephemeral ports, 32768 on) and the odd one after it, mixed
+  // from the job and step ids (Knuth's multiplicative hash), so that neighbouring jobs and steps differ
+  const uint64_t h = (uint64_t(s.job_id) * 2654435761ULL + uint64_t(s.step_id) * 40503ULL) % 8000;
+  return 15000 + 2 * int(h);
 }
+
+std::string slurm_job_token(const SlurmStep& s) { return fmt::format("slurm-{}.{}", s.job_id, s.step_id); }
 
 std::string shell_quote(const std::string& s) {
   bool plain = !s.empty();
@@ -189,7 +195,8 @@ std::string sbatch_script(const SbatchJob& j) {
   std::string s = "#!/bin/bash\n";
   s += fmt::format("# distlab: {} node(s) x {} rank(s). Submit it with `sbatch FILE`; the output goes to {}.\n", j.nodes, j.ranks_per_node, j.output);
   s += fmt::format("#SBATCH --job-name={}\n#SBATCH --nodes={}\n#SBATCH --ntasks-per-node=1\n", j.job_name, j.nodes);
-  if (j.cpus_per_node > 0) s += fmt::format("#SBATCH --cpus-per-task={}\n", j.cpus_per_node);
+  // the launcher's task holds the node's CPUs for its ranks: those asked for, else the whole node
+  s += j.cpus_per_node > 0 ? fmt::format("#SBATCH --cpus-per-task={}\n", j.cpus_per_node) : std::string("#SBATCH --exclusive\n");
   if (j.gpus_per_node > 0) s += fmt::format("#SBATCH --gpus-per-node={}\n", j.gpus_per_node);
   if (!j.partition.empty()) s += fmt::format("#SBATCH --partition={}\n", j.partition);
   s += fmt::format("#SBATCH --time={}\n#SBATCH --output={}\n", j.time, j.output);
@@ -197,12 +204,15 @@ std::string sbatch_script(const SbatchJob& j) {
   s += "# this job's token: distlab's rendezvous store refuses any client without it; srun passes the environment on\n";
   s += "export DISTLAB_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n";
   s += "# one launcher per node: each takes its node rank and the master (the first node) from Slurm;\n";
-  s += "# --kill-on-bad-exit stops every node when one fails\n";
-  s += "srun --kill-on-bad-exit=1";
+  s += "# --kill-on-bad-exit stops every node when one fails; srun (22.05 on) is told the CPUs again\n";
+  s += "srun --kill-on-bad-exit=1 --cpus-per-task=${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}";
   for (size_t i = 0; i < j.command.size(); i++) {
     s += ' ';
     s += shell_quote(j.command[i]);
-    if (i == 0) s += fmt::format(" run -n {}", j.ranks_per_node);
+    if (i == 0) {
+      s += fmt::format(" run -n {}", j.ranks_per_node);
+      for (const auto& a : j.launcher_args) s += " " + shell_quote(a);
+    }
   }
   return s + "\n";
 }

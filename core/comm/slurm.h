@@ -24,8 +24,9 @@ struct SlurmStep {
   long job_id = 0, step_id = 0;    // SLURM_JOB_ID, SLURM_STEP_ID
 };
 
-// The step this process belongs to; `inside` false outside srun (in an sbatch script's own shell, too). A
-// malformed variable is an error naming it.
+// The step this process belongs to; `inside` false outside srun (in an sbatch script's own shell, too) and
+// when DISTLAB_SLURM=0 (each task then runs on its own: a sweep of separate runs). A malformed variable is
+// an error naming it.
 SlurmStep read_slurm_step();
 
 // Slurm's host list syntax: "node[01-03,07],gpu-a,rack[1-2]" -> node01 node02 node03 node07 gpu-a rack1
@@ -38,12 +39,16 @@ std::vector<int> expand_tasks_per_node(const std::string& text, const std::strin
 // from the job and step ids (two ports from it are used: distlab's store and the program's own).
 std::string slurm_master_addr(const SlurmStep& s);
 int slurm_master_port(const SlurmStep& s);
+// The store's token when DISTLAB_STORE_TOKEN is not exported: "slurm-<job>.<step>". Not a secret (anyone on
+// the cluster can read job ids), but another job's ranks that reach the same port are refused.
+std::string slurm_job_token(const SlurmStep& s);
 
 // `distlab run --slurm-script`: an sbatch script that runs `command` with one launcher per node.
 struct SbatchJob {
   int nodes = 1, ranks_per_node = 1;
   int gpus_per_node = 0;      // 0: no GPU request
-  int cpus_per_node = 0;      // 0: Slurm's default
+  int cpus_per_node = 0;      // 0: the whole node (--exclusive)
+  std::vector<std::string> launcher_args;  // distlab run's own options after -n (--log-dir, --max-restarts, ...)
   std::string time = "01:00:00", partition, job_name = "distlab", output = "distlab-%j.out";
   std::vector<std::string> command;  // distlab run's worker command: the distlab binary and its arguments
 };

@@ -580,7 +580,8 @@ int launch(const LaunchOptions& o) {
   // One job's token: a worker of another job, or anything else that reaches the port, is refused. With
   // several nodes every node's launcher must hand its workers the same one: DISTLAB_STORE_TOKEN.
   std::string token;
-  if (const char* t = std::getenv("DISTLAB_STORE_TOKEN"); t && *t) token = t;
+  if (!o.store_token.empty()) token = o.store_token;
+  else if (const char* t = std::getenv("DISTLAB_STORE_TOKEN"); t && *t) token = t;
   else if (o.nnodes == 1) token = random_token();
   else if (o.node_rank == 0)
     std::cerr << "distlab run: warning: the rendezvous store accepts any client on " << o.master_addr << ":" << o.master_port
@@ -593,7 +594,7 @@ int launch(const LaunchOptions& o) {
     rv.store_port = o.master_port;
     rv.token = token;
     if (o.node_rank == 0) {
-      server = std::make_unique<TcpStoreServer>(o.master_addr, o.master_port, token);
+      server = std::make_unique<TcpStoreServer>(o.store_bind.empty() ? o.master_addr : o.store_bind, o.master_port, token);
       rv.store_port = server->port();
     }
     rv.program_port = o.nnodes > 1 ? o.master_port + 1 : free_port_on(o.master_addr);

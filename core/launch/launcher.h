@@ -24,6 +24,8 @@ struct LaunchOptions {
   // srun starting a launcher per rank (core/comm/slurm.h): its worker's LOCAL_RANK and LOCAL_WORLD_SIZE are
   // Slurm's, not 0 and 1 (0 here: this launcher's own ranks are the node's)
   int local_rank_base = 0, local_world_size = 0;
+  std::string store_bind;   // where node 0's store listens ("": master_addr; "0.0.0.0": every interface)
+  std::string store_token;  // the job's token ("": DISTLAB_STORE_TOKEN, else a random one on one node)
 };
 inline int local_world(const LaunchOptions& o) { return o.local_world_size > 0 ? o.local_world_size : o.nproc_per_node; }
 // The cores this process may run on (its affinity mask: Slurm's and taskset's limits), at least 1.

@@ -96,6 +96,8 @@ print(*[x.getsockname()[1] for x in s])' 2>&1) || fail "cannot pick free ports: 
   # MinJobAge=5 keeps `sbatch --wait` polling every 2 s (it backs off when larger).
   cat >"$d/slurm.conf" <<EOF
 ClusterName=test$$
+# jobs numbered from this cluster's port: two clusters at once give their jobs different ids (and ports)
+FirstJobId=${ports% *}
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=${ports% *}
 SlurmdPort=${ports#* }
