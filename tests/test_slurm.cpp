@@ -50,6 +50,13 @@ class SrunVars {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
+// read_launch_env() under `vars` with `changes` made to them
+distlab::LaunchEnv launch_env_with(std::map<std::string, std::string> vars, const std::map<std::string, std::string>& changes) {
+  for (const auto& [k, v] : changes) vars[k] = v;
+  SrunVars set(vars);
+  return distlab::read_launch_env();
+}
+
 struct SlurmRun {
   int code;
   std::string out;
@@ -142,13 +149,8 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
     CHECK(ports.size() == 12);
   }
   {  // task 0 serves the store; MASTER_ADDR and MASTER_PORT, when exported, win
-    auto vars = two_nodes;
-    vars["SLURM_PROCID"] = "0";
-    vars["SLURMD_NODENAME"] = "gpu07";
-    vars["MASTER_PORT"] = "23456";
-    vars["MASTER_ADDR"] = "10.0.0.7";
-    SrunVars v(vars);
-    const distlab::LaunchEnv e = distlab::read_launch_env();
+    const distlab::LaunchEnv e =
+        launch_env_with(two_nodes, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu07"}, {"MASTER_PORT", "23456"}, {"MASTER_ADDR", "10.0.0.7"}});
     CHECK(e.hosts_store);
     CHECK(e.store_port == 23456);
     CHECK(e.master_addr == "10.0.0.7");
@@ -161,21 +163,12 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
     CHECK(e.local_rank == 1);
   }
   {  // torchrun's variables (a worker of distlab run inside an allocation) come first
-    auto vars = two_nodes;
-    vars["RANK"] = "1";
-    vars["WORLD_SIZE"] = "2";
-    vars["MASTER_PORT"] = "29500";
-    SrunVars v(vars);
-    const distlab::LaunchEnv e = distlab::read_launch_env();
+    const distlab::LaunchEnv e = launch_env_with(two_nodes, {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
     CHECK_FALSE(e.from_slurm);
     CHECK(e.rank == 1);
   }
-  {  // DISTLAB_SLURM=0: every task runs on its own (a sweep of separate runs under one srun)
-    auto vars = two_nodes;
-    vars["DISTLAB_SLURM"] = "0";
-    SrunVars v(vars);
-    CHECK_FALSE(distlab::read_launch_env().launched);
-  }
+  // DISTLAB_SLURM=0: every task runs on its own (a sweep of separate runs under one srun)
+  CHECK_FALSE(launch_env_with(two_nodes, {{"DISTLAB_SLURM", "0"}}).launched);
   {  // a single task is rank 0 of 1, as outside srun
     SrunVars v({{"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NODELIST", "a"}});
     CHECK_FALSE(distlab::read_launch_env().launched);
