@@ -232,6 +232,17 @@ int merge_slurm_grading(const grader::Paths& p, const std::string& results_arg, 
       g->lab = l;
       g->seed = m.seed;
       g->build_log = "not graded: " + why + " (a Slurm array task; see its log)";
+      // every student has a feedback file: this one says why there is no grade (a file an earlier
+      // grading wrote into a --feedback folder is kept)
+      const fs::path fb = fs::path(m.feedback_dir) / (m.feedback[i] + ".txt");
+      std::error_code ec;
+      if (!fs::exists(fb, ec)) {
+        try {
+          write_atomically(fb.string(), grader::table(*g));
+        } catch (const std::exception& e) {
+          std::cerr << fmt::format("distlab: could not write {}: {}\n", fb.string(), e.what());
+        }
+      }
     }
     grades.push_back(std::move(*g));
   }

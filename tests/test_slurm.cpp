@@ -383,6 +383,7 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
 
     // a task that left no row, and a row that is not the lab's: both named, with the command that grades them again
     fs::remove(results / "rows/2.json");
+    fs::remove(results / "feedback/c_crash.txt");
     std::ofstream(results / "rows/1.json") << "{\"index\":1,\"entry\":\"b_skeleton\",\"grade\":{\"lab\":\"01-collectives\",\"points\":99}}";
     auto merged = slurm_sh(bin + " grade merge " + results.string());
     INFO(merged.out);
@@ -393,6 +394,7 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     const std::string again = "sbatch --array=1,2 " + (results / "grade.sbatch").string();
     REQUIRE(merged.out.find(again) != std::string::npos);
     CHECK(slurm_read(results / "grades.csv").find("not graded: no row") != std::string::npos);
+    CHECK(slurm_read(results / "feedback/c_crash.txt").find("not graded: no row") != std::string::npos);  // none was left: one saying why
     auto rerun = slurm_sh("timeout 100 sbatch --wait" + again.substr(6));
     INFO(rerun.out);
     REQUIRE(rerun.code == 0);
@@ -400,5 +402,6 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     INFO(remerged.out);
     CHECK(remerged.code == 0);
     check_totals(slurm_read(results / "grades.csv"));
+    CHECK(slurm_read(results / "feedback/c_crash.txt").find("killed by signal 6") != std::string::npos);
   }
 }
