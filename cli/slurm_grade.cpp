@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include "core/comm/slurm.h"
 #include "core/util/choice.h"
 #include "core/util/error.h"
+#include "core/util/read_file.h"
 #include "grader/hints.h"
 
 namespace fs = std::filesystem;
@@ -47,14 +47,11 @@ struct Manifest {
   int tasks() const { return int((entries.size() + size_t(per_task) - 1) / size_t(per_task)); }
 };
 
+// a grading folder's file, which anyone with access may have replaced (a FIFO, a link to /dev/zero): read
+// only if it is a regular file of at most max_bytes
 std::string slurp(const fs::path& f, size_t max_bytes) {
-  std::ifstream in(f, std::ios::binary);
-  if (!in) throw IoError("cannot read " + f.string());
-  std::string s(max_bytes + 1, '\0');
-  in.read(s.data(), std::streamsize(s.size()));
-  s.resize(size_t(in.gcount()));
-  if (s.size() > max_bytes) throw IoError(fmt::format("{} is over {} bytes", f.string(), max_bytes));
-  return s;
+  const std::vector<uint8_t> bytes = read_regular_file(f.string(), max_bytes, "a Slurm grading's file");
+  return std::string(bytes.begin(), bytes.end());
 }
 
 Manifest read_manifest(const fs::path& results) {

@@ -158,7 +158,7 @@ TEST_CASE("kill -9 at a random step under DDP: the resumed run is the uninterrup
   check_resume_is_bitwise(kCnnBn, kCnnBnSets + "--set parallel.strategy=ddp ", fmt::format("kill:0:step:{}", step), "ddp-bn");
 }
 
-TEST_CASE("kill -9 at a random step under ZeRO-2, and in the middle of a save: bitwise, from the previous complete checkpoint", "[ckpt][e2e][long]") {
+TEST_CASE("kill -9 at a random step under ZeRO-2, and in the middle of a save: bitwise, from the previous complete checkpoint", "[ckpt][e2e]") {
   std::mt19937 rng(std::random_device{}());
   for (const std::string prec : {"fp32", "bf16"}) {
     const int step = std::uniform_int_distribution<int>(11, 59)(rng);
@@ -180,7 +180,7 @@ TEST_CASE("kill -9 at a random step under ZeRO-2, and in the middle of a save: b
   CHECK(cut.losses == whole.losses);
 }
 
-TEST_CASE("kill -9 at a random step under FSDP: bitwise, fp32, bf16, and fp16 with skipped steps (the loss scaler's state)", "[ckpt][e2e][long]") {
+TEST_CASE("kill -9 at a random step under FSDP: bitwise, fp32, bf16, and fp16 with skipped steps (the loss scaler's state)", "[ckpt][e2e]") {
   std::mt19937 rng(std::random_device{}());
   for (const std::string prec : {"fp32", "bf16", "fp16 --set precision.init_scale=1e9"}) {
     const int step = std::uniform_int_distribution<int>(11, 59)(rng);

@@ -37,7 +37,7 @@ const std::string kCompare = "--set optim.lr=0.002 --set train.steps=30 ";
 
 }  // namespace
 
-TEST_CASE("2, 3 and 4 ranks follow the 1-rank curve with the same global batch", "[ddp][e2e][long]") {
+TEST_CASE("2, 3 and 4 ranks follow the 1-rank curve with the same global batch", "[ddp][e2e]") {
   struct Case {
     int ranks;
     std::string mode, batch;

@@ -227,7 +227,7 @@ TEST_CASE("a stopped rank is named as the cause, not the rank that timed out wai
 
 // The same with the engine's strategies, whose collectives run on subgroups or were entered before the stop:
 // a healthy rank that timed out was blamed under ZeRO-3 and pipeline parallelism ("ranks that arrived: ...").
-TEST_CASE("a rank stopped during ZeRO-3, FSDP, tensor- or pipeline-parallel training is named as the cause", "[launcher][failure][long]") {
+TEST_CASE("a rank stopped during ZeRO-3, FSDP, tensor- or pipeline-parallel training is named as the cause", "[launcher][failure]") {
   for (const std::string sets : {"--set parallel.strategy=zero3", "--set parallel.strategy=fsdp", "--set parallel.tp=2",
                                  "--set parallel.pp=2 --set parallel.micro_batches=2"}) {
     INFO(sets);

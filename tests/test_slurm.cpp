@@ -2,6 +2,7 @@
 // srun's variables, the sbatch script `distlab run --slurm-script` prints; and, on a one-node cluster this
 // test starts (tests/slurm/cluster.sh: slurmctld + slurmd + munged of its own), srun's ranks training as
 // `distlab run`'s do and a class graded as an array job (cli/slurm_grade.h).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -303,7 +304,7 @@ class TestCluster {
 
 }  // namespace
 
-TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and a class graded as an array job merges", "[slurm][cluster][long]") {
+TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and a class graded as an array job merges", "[slurm][cluster]") {
   TestCluster cluster;
   if (!cluster.why_not().empty()) {
     WARN("skipped, no Slurm cluster on this machine: " << cluster.why_not());
@@ -385,6 +386,15 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     fs::remove(results / "rows/2.json");
     fs::remove(results / "feedback/c_crash.txt");
     std::ofstream(results / "rows/1.json") << "{\"index\":1,\"entry\":\"b_skeleton\",\"grade\":{\"lab\":\"01-collectives\",\"points\":99}}";
+    REQUIRE(mkfifo((results / "rows/0.json.fifo").c_str(), 0600) == 0);  // a row replaced by a FIFO: refused, not waited on
+    fs::rename(results / "rows/0.json", results / "rows/0.json.kept");
+    fs::rename(results / "rows/0.json.fifo", results / "rows/0.json");
+    auto fifo = slurm_sh("timeout 20 " + bin + " grade merge " + results.string());
+    INFO(fifo.out);
+    CHECK(fifo.code == 1);
+    CHECK(fifo.out.find("a_solution (task 0: an unreadable row") != std::string::npos);
+    fs::remove(results / "rows/0.json");
+    fs::rename(results / "rows/0.json.kept", results / "rows/0.json");
     auto merged = slurm_sh(bin + " grade merge " + results.string());
     INFO(merged.out);
     CHECK(merged.code == 1);

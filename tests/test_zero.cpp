@@ -37,7 +37,7 @@ const std::string kZeroGptSets = "--set train.steps=30 --set train.micro_batch=8
 
 }  // namespace
 
-TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 12 steps: bitwise on 2 ranks, within 1e-6 on 3 and 4, CNN and GPT-tiny", "[zero][e2e][long]") {
+TEST_CASE("ZeRO-1, 2 and 3 follow DDP for 12 steps: bitwise on 2 ranks, within 1e-6 on 3 and 4, CNN and GPT-tiny", "[zero][e2e]") {
   struct Case {
     int ranks;
     std::string config, sets;
@@ -122,7 +122,7 @@ TEST_CASE("ZeRO-1 reduces and gathers bucket by bucket: one reduce-scatter's num
   }
 }
 
-TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 saves are DDP to the bit on 2 ranks, --init resumes", "[zero][e2e][long]") {
+TEST_CASE("ZeRO-1, 2 and 3 with accumulation, fp16 skips, clipping and bf16 saves are DDP to the bit on 2 ranks, --init resumes", "[zero][e2e]") {
   // accumulation: whole gradients add up locally on the no_sync micro-step, reduced on the last
   const std::string acc = kCnnSets + "--set train.global_batch=96 --set train.accum_steps=2 --set train.steps=20 ";
   ZeroRunOut ddp_acc = train_zero(2, kZeroCnn, acc + "--set parallel.strategy=ddp");
@@ -436,7 +436,7 @@ TEST_CASE("FSDP's size-based wrap policy gathers fewer, larger units, SyncBatchN
   }
 }
 
-TEST_CASE("precision.reduce_dtype bf16 halves the gradients' bytes, 2 ranks get f32's very numbers, 3 stay within 1e-3", "[zero][precision][e2e][long]") {
+TEST_CASE("precision.reduce_dtype bf16 halves the gradients' bytes, 2 ranks get f32's very numbers, 3 stay within 1e-3", "[zero][precision][e2e]") {
   // bf16 gradients of two ranks: their sum is exact in f32 and halving it is exact, so reducing in bf16
   // rounds exactly where the f32 reduction's result is rounded into the bf16 gradient — the same bits.
   // From 3 ranks a partial sum is rounded on the way: a little noise, no drift.
