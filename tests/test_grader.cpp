@@ -1228,3 +1228,71 @@ TEST_CASE("the grader's caches: the engine's jobs and the reference's times are 
   CHECK(nlohmann::json::parse(read(lab / "reference-times.json"), nullptr, false).is_object());
   CHECK(nlohmann::json::parse(read(used.front()))["key"] == key);
 }
+
+TEST_CASE("a plugin is compiled once per content: the same files reuse it, a changed byte or a foreign entry under the name compiles again", "[grader][lab03][cache]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const fs::path lab = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / "03-amp-accum";
+  const fs::path kept = lab / "plugins", built = lab / "student.so";
+  const fs::path dir = fs::temp_directory_path() / ("distlab-plugin-cache-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // a comment of this test's own: these files were never built before
+  const std::string mark = "// " + std::to_string(getpid()) + "-" + std::to_string(time(nullptr)) + "\n";
+  const std::string solution = read(src / "solutions/03-amp-accum/amp.cpp");
+  auto entries = [&] {
+    std::map<fs::path, std::string> m;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kept, ec))
+      if (e.path().extension() == ".plugin") m[e.path()] = read(e.path());
+    return m;
+  };
+  auto build = [&](const std::string& text) {
+    std::ofstream(dir / "amp.cpp", std::ios::trunc) << text;
+    auto [code, out] = run("lab build 03 --src " + dir.string());
+    INFO(out);
+    REQUIRE(code == 0);
+    return read(built);
+  };
+  // the entry that holds `text`: its input names the file and holds it whole
+  auto entry_of = [&](const std::string& text) {
+    for (const auto& [f, body] : entries())
+      if (body.find("\namp.cpp " + std::to_string(text.size()) + "\n" + text) != std::string::npos) return f;
+    return fs::path();
+  };
+  const std::string a = mark + solution;
+  const std::string so_a = build(a);
+  const fs::path entry_a = entry_of(a);
+  REQUIRE(!entry_a.empty());
+  const std::string body_a = read(entry_a);
+  CHECK(body_a.rfind("distlab plugin ", 0) == 0);
+  CHECK_THAT(body_a, Catch::Contains("-std=c++20") && Catch::Contains("compiler /usr/") && Catch::Contains("api.h"));
+  CHECK(body_a.substr(body_a.size() - so_a.size()) == so_a);  // the plugin, after its input
+
+  // the same files again: no new entry, the same plugin (the entry's bytes, not a compiler's new ones)
+  const size_t n = entries().size();
+  fs::remove(built);
+  CHECK(build(a) == so_a);
+  CHECK(entries().size() == n);
+
+  // one byte more: compiled again, an entry of its own
+  const std::string b = mark + "\n" + solution;
+  const std::string so_b = build(b);
+  const fs::path entry_b = entry_of(b);
+  REQUIRE(!entry_b.empty());
+  CHECK(entry_b != entry_a);
+
+  // b's entry holding a's input and plugin (a crc collision, or a forged file): b is not handed a's plugin,
+  // it is compiled again and its entry rewritten with its own input
+  const std::string marker = "not b's plugin";
+  std::ofstream(entry_b, std::ios::trunc) << body_a + marker;
+  CHECK(build(b) == so_b);
+  CHECK(read(entry_b).find(marker) == std::string::npos);
+  CHECK(!entry_of(b).empty());
+
+  // a cut entry: compiled again, the entry whole once more
+  const std::string whole_b = read(entry_b);
+  std::ofstream(entry_b, std::ios::trunc) << whole_b.substr(0, whole_b.size() / 2);
+  CHECK(build(b) == so_b);
+  CHECK(read(entry_b) == whole_b);
+  fs::remove_all(dir);
+}

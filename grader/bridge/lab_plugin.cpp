@@ -130,13 +130,11 @@ class LabDDP : public DataParallel {
 }  // namespace
 
 LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
+  // auto: probe first (a bwrap that runs `true`), and run unboxed where bubblewrap does not work. require
+  // (what the grader asks of the ranks it starts, having probed once itself): no probe per rank, which
+  // costs a sandbox's start (~25 ms) on every rank of every check; a failed start is probed to say why.
   bool boxed = o.sandbox != "off";
-  if (boxed) {
-    const SandboxSupport sb = probe_sandbox();
-    if (!sb.bwrap && o.sandbox == "require")
-      throw ConfigError("lab.sandbox = require, but " + sb.why_not, "install bubblewrap, or set lab.sandbox = auto");
-    boxed = sb.bwrap;
-  }
+  if (boxed && o.sandbox != "require") boxed = probe_sandbox().bwrap;
   PluginLaunch l;
   l.host_exe = o.host_exe;
   l.plugin = o.plugin;
@@ -145,10 +143,15 @@ LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
   l.memory_mb = 4096;
   l.name = "the lab's plugin (" + o.plugin + ")";
   l.output_fd = 2;  // what the student prints shows up with the rank's output
-  proc_ = std::make_unique<PluginProcess>(l);
   try {
+    proc_ = std::make_unique<PluginProcess>(l);
     proc_->wait_ready(deadline_in(std::min(60.0, o.timeout_s)));
-  } catch (const PluginError& e) {
+  } catch (const std::exception& e) {
+    if (o.sandbox == "require") {
+      if (const SandboxSupport sb = probe_sandbox(); !sb.bwrap)
+        throw ConfigError("lab.sandbox = require, but " + sb.why_not, "install bubblewrap, or set lab.sandbox = auto");
+    }
+    if (dynamic_cast<const PluginError*>(&e) == nullptr) throw;
     throw ConfigError(e.what(), fmt::format("rebuild it: distlab lab build {}", o.lab_name.substr(0, 2)));
   }
 }
