@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -14,4 +15,10 @@ inline std::pair<int, std::string> shell_in_source(const std::string& cmd) {
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Whether Debian's python3-torch is there (its module found, not imported: an import costs 2 s of CPU,
+// and the test that asks imports it anyway).
+inline bool torch_installed() {
+  return std::system("/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)' >/dev/null 2>&1") == 0;
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "grader/bridge/sandbox.h"
+#include "shell.h"
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
@@ -179,7 +180,7 @@ TEST_CASE("two launchers on loopback make one job of two nodes", "[launcher]") {
 
 TEST_CASE("a PyTorch program runs unchanged: MASTER_PORT is free for torch's own store", "[launcher][torch]") {
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
-  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  REQUIRE(torch_installed());
   for (const std::string& port : {std::string("0"), std::to_string(free_port())}) {
     LaunchResult r = sh("timeout 120 "s + DISTLAB_BINARY + " run -n 2 --master-port " + port + " --log-dir " +
                   (fs::temp_directory_path() / ("distlab-torch-" + std::to_string(getpid()))).string() +

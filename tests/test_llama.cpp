@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 TEST_CASE("llama goes to PyTorch under Hugging Face's names: the twin loads it strictly, its logits and gradients are ours",
           "[llama][torch][safetensors]") {
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
-  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  REQUIRE(torch_installed());
   ModelSpec spec;
   spec.name = "llama";
   spec.vocab_size = 64, spec.block_size = 16, spec.n_layer = 2, spec.n_head = 4, spec.n_kv_head = 2, spec.n_embd = 32;

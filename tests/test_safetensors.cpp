@@ -11,6 +11,7 @@
 #include "core/nn/loss.h"
 #include "core/optim/optimizer.h"
 #include "core/util/error.h"
+#include "shell.h"
 
 using namespace distlab;
 namespace fs = std::filesystem;
@@ -131,7 +132,7 @@ TEST_CASE("bad safetensors files are errors naming the file and the fault", "[sa
 TEST_CASE("weights move to and from PyTorch through safetensors", "[safetensors][torch]") {
   // the peer is a test dependency (scripts/setup.sh --tests installs it): missing, the test fails
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
-  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  REQUIRE(torch_installed());
   Runtime rt;
   auto ours = build_model(rt, cnn_spec(false));
   ours->init(3);
@@ -168,7 +169,7 @@ TEST_CASE("weights move to and from PyTorch through safetensors", "[safetensors]
 TEST_CASE("SGD steps of the CNN, with and without BatchNorm, match PyTorch's", "[safetensors][torch]") {
   // the peer is a test dependency (scripts/setup.sh --tests installs it): missing, the test fails
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
-  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  REQUIRE(torch_installed());
   for (bool bn : {false, true}) {
     INFO("batchnorm " << bn);
     Runtime rt;
@@ -256,7 +257,7 @@ TEST_CASE("safetensors with overlapping, holed or trailing data, or an integer w
 TEST_CASE("a GPT goes to PyTorch with its tied lm_head: nanoGPT loads it strictly, its logits are ours, its state_dict comes back",
           "[safetensors][torch][gpt]") {
   INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
-  REQUIRE(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0);
+  REQUIRE(torch_installed());
   ModelSpec spec;
   spec.name = "gpt";
   spec.vocab_size = 64, spec.block_size = 16, spec.n_layer = 2, spec.n_head = 2, spec.n_embd = 32;
