@@ -223,7 +223,7 @@ std::vector<std::string> svg_words(const std::string& svg) {
 
 // The chapters (chapters/NN-topic.md) through `distlab chapter`, and every `distlab` command they quote in a
 // sh block runs as quoted: a chapter that quotes a command that fails is a failing test.
-TEST_CASE("chapters: list and show them, and every distlab command a chapter quotes runs", "[cli][chapters]") {
+TEST_CASE("chapters: list and show them, and every distlab command a chapter quotes runs", "[cli][chapters][early]") {
   Result list = run("chapter list");
   INFO(list.out);
   REQUIRE(list.code == 0);
@@ -543,7 +543,7 @@ TEST_CASE("resuming a checkpoint past train.steps is refused and leaves the earl
 
 // Every quiz's scenarios run as a student meets them (Enter skips each question, so every scenario is
 // reached): a scenario whose run fails is a failing test, as a chapter's failing command is.
-TEST_CASE("quiz: every quiz's scenarios run to the end when the questions are skipped", "[cli][quiz]") {
+TEST_CASE("quiz: every quiz's scenarios run to the end when the questions are skipped", "[cli][quiz][early]") {
   Result list = run("quiz list");
   REQUIRE(list.code == 0);
   std::istringstream lines(list.out);
