@@ -97,13 +97,7 @@ std::string kept_plugin(const fs::path& file, const std::string& input) {
 
 void keep_plugin(const fs::path& file, const std::string& input, const std::string& so) {
   write_cache_file(file, fmt::format("distlab plugin {}\n", input.size()) + input + so);
-  std::error_code ec;
-  std::vector<std::pair<fs::file_time_type, fs::path>> all;
-  for (const auto& e : fs::directory_iterator(file.parent_path(), ec))
-    if (e.path().extension() == ".plugin") all.emplace_back(e.last_write_time(ec), e.path());
-  if (all.size() <= kMaxKeptPlugins) return;
-  std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + kMaxKeptPlugins < all.size(); i++) fs::remove(all[i].second, ec);
+  keep_most_recent(file.parent_path(), ".plugin", kMaxKeptPlugins);
 }
 
 // `out` replaced, whole, by `so`'s bytes (a name of this process's own first: gradings side by side)
@@ -506,6 +500,16 @@ void write_cache_file(const std::filesystem::path& file, const std::string& text
   }
   fs::rename(part, file, ec);
   if (ec) fs::remove(part, ec);
+}
+
+void keep_most_recent(const std::filesystem::path& folder, const std::string& ext, size_t keep) {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(folder, ec))
+    if (e.path().extension() == ext) all.emplace_back(e.last_write_time(ec), e.path());
+  if (all.size() <= keep) return;
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + keep < all.size(); i++) fs::remove(all[i].second, ec);
 }
 
 std::vector<std::string> engine_files(const Paths& p) {

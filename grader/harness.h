@@ -56,6 +56,9 @@ std::string content_key(const std::vector<std::string>& files, const std::string
 // Writes a cache file best effort (under a name of this process's own, then renamed): a folder that can't
 // be written only means the next grading computes the result again.
 void write_cache_file(const std::filesystem::path& file, const std::string& text);
+// Keeps the `keep` files of `folder` ending in `ext` that were written or touched most recently (a cache's
+// hit touches its file) and removes the others, best effort.
+void keep_most_recent(const std::filesystem::path& folder, const std::string& ext, size_t keep);
 // The engine a grading runs: this distlab, the lab host and the engine's library.
 std::vector<std::string> engine_files(const Paths& p);
 

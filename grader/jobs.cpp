@@ -80,13 +80,7 @@ constexpr size_t kMaxEngineJobs = 256;
 
 void write_engine_job(const fs::path& file, const std::string& key, const Job& j) {
   write_cache_file(file, nlohmann::json{{"key", key}, {"seconds", j.seconds}, {"output", j.output}, {"records", j.records}}.dump() + "\n");
-  std::error_code ec;
-  std::vector<std::pair<fs::file_time_type, fs::path>> all;
-  for (const auto& e : fs::directory_iterator(file.parent_path(), ec))
-    if (e.path().extension() == ".json") all.emplace_back(e.last_write_time(ec), e.path());
-  if (all.size() <= kMaxEngineJobs) return;
-  std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + kMaxEngineJobs < all.size(); i++) fs::remove(all[i].second, ec);
+  keep_most_recent(file.parent_path(), ".json", kMaxEngineJobs);
 }
 
 // Threads per rank of a training job: 0 (distlab run's own default, cores / ranks) when one grading has
