@@ -1268,11 +1268,14 @@ TEST_CASE("a plugin is compiled once per content: the same files reuse it, a cha
   CHECK_THAT(body_a, Catch::Contains("-std=c++20") && Catch::Contains("compiler /usr/") && Catch::Contains("api.h"));
   CHECK(body_a.substr(body_a.size() - so_a.size()) == so_a);  // the plugin, after its input
 
-  // the same files again: no new entry, the same plugin (the entry's bytes, not a compiler's new ones)
+  // the same files again: no new entry, and the plugin is the entry's bytes, not a compiler's new ones
+  // (a byte appended to the kept plugin comes back: nothing was compiled)
   const size_t n = entries().size();
   fs::remove(built);
-  CHECK(build(a) == so_a);
+  std::ofstream(entry_a, std::ios::app | std::ios::binary) << '\x7f';
+  CHECK(build(a) == so_a + '\x7f');
   CHECK(entries().size() == n);
+  std::ofstream(entry_a, std::ios::trunc | std::ios::binary) << body_a;
 
   // one byte more: compiled again, an entry of its own
   const std::string b = mark + "\n" + solution;
