@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/util/error.h"
+#include "core/util/read_file.h"
 #include "grader/scratch.h"
 
 namespace fs = std::filesystem;
@@ -69,6 +71,7 @@ std::string slurp_binary(const fs::path& file) {
    handed a plugin built from other files. Only sandboxed builds are kept: there the compiler sees nothing
    but these files and /usr, while an unboxed one may include any file of the machine. */
 constexpr size_t kMaxKeptPlugins = 256;
+constexpr uint64_t kMaxKeptPluginBytes = uint64_t(256) << 20;  // a submission's sources (8 MiB at most) and its plugin
 
 std::string compiler_identity() {
   std::error_code ec;
@@ -85,7 +88,7 @@ fs::path kept_plugin_file(const Paths& p, const Lab& lab, const std::string& inp
 
 // The plugin built from exactly `input`, or "" (none kept, another input under the same crc, unreadable).
 std::string kept_plugin(const fs::path& file, const std::string& input) {
-  const std::string all = slurp_binary(file);
+  const std::string all = read_cache_file(file, kMaxKeptPluginBytes).value_or("");
   const std::string head = fmt::format("distlab plugin {}\n", input.size());
   if (all.size() <= head.size() + input.size() || all.compare(0, head.size(), head) != 0 ||
       all.compare(head.size(), input.size(), input) != 0)
@@ -385,9 +388,9 @@ std::string reference_key(const Paths& p, const Lab& lab, const std::string& plu
 bool read_reference_times(const fs::path& file, const std::string& key, ReferenceTimes& t) {
   if (key.empty()) return false;
   try {
-    std::ifstream in(file);
-    if (!in) return false;
-    const nlohmann::json j = nlohmann::json::parse(in);
+    const std::optional<std::string> text = read_cache_file(file, 16 << 20);
+    if (!text) return false;
+    const nlohmann::json j = nlohmann::json::parse(*text);
     if (j.value("key", "") != key) return false;
     for (const auto& [check, s] : j.at("seconds").items()) t.seconds[check] = s.get<double>();
     return true;
@@ -500,6 +503,34 @@ void write_cache_file(const std::filesystem::path& file, const std::string& text
   }
   fs::rename(part, file, ec);
   if (ec) fs::remove(part, ec);
+}
+
+std::optional<std::string> read_cache_file(const std::filesystem::path& file, uint64_t max_bytes) {
+  struct stat st{};
+  if (::lstat(file.c_str(), &st) != 0) return std::nullopt;  // none yet
+  const char* kind = S_ISREG(st.st_mode)    ? nullptr
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISDIR(st.st_mode)  ? "a folder"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "a device";
+  std::string why;
+  if (kind) {
+    why = fmt::format("is {}, not a file the grader wrote", kind);
+  } else {
+    try {  // no link followed, no wait on what replaced the file since lstat, nothing over max_bytes
+      const std::vector<uint8_t> bytes = read_regular_file(file.string(), max_bytes, "a cache file", false);
+      return std::string(bytes.begin(), bytes.end());
+    } catch (const IoError& e) {
+      why = fmt::format("could not be read as a cache file ({})", e.what());
+    }
+  }
+  std::error_code ec;
+  if (S_ISDIR(st.st_mode)) fs::remove_all(file, ec);
+  else fs::remove(file, ec);  // a link itself, never what it points to
+  std::cerr << fmt::format("distlab grade: WARNING: {} {}: {}; what it held is computed again\n", file.string(), why,
+                           ec ? "and could not be removed (" + ec.message() + ")" : "removed");
+  return std::nullopt;
 }
 
 void keep_most_recent(const std::filesystem::path& folder, const std::string& ext, size_t keep) {

@@ -4,6 +4,7 @@
 // crash, hang, deadlock, exception or allocation storm fails that check only, never the batch.
 #pragma once
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ std::string content_key(const std::vector<std::string>& files, const std::string
 // Writes a cache file best effort (under a name of this process's own, then renamed): a folder that can't
 // be written only means the next grading computes the result again.
 void write_cache_file(const std::filesystem::path& file, const std::string& text);
+// A cache file's bytes, or nothing when there is none. Only a regular file the grader wrote is read: a
+// FIFO (whose open would wait forever), a link (to /dev/zero, to a folder, to nothing), a folder or a file
+// over `max_bytes` is removed with one warning on stderr, and the result is computed again and rewritten.
+std::optional<std::string> read_cache_file(const std::filesystem::path& file, uint64_t max_bytes);
 // Keeps the `keep` files of `folder` ending in `ext` that were written or touched most recently (a cache's
 // hit touches its file) and removes the others, best effort.
 void keep_most_recent(const std::filesystem::path& folder, const std::string& ext, size_t keep);

@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -58,9 +59,9 @@ void add_record(Job& j, const nlohmann::json& rec) {
    --set keys, so nothing else changes an engine job's result. */
 std::shared_ptr<Job> read_engine_job(const fs::path& file, const std::string& key) {
   try {
-    std::ifstream in(file);
-    if (!in) return nullptr;
-    const nlohmann::json doc = nlohmann::json::parse(in);
+    const std::optional<std::string> text = read_cache_file(file, uint64_t(64) << 20);
+    if (!text) return nullptr;
+    const nlohmann::json doc = nlohmann::json::parse(*text);
     if (doc.value("key", "") != key) return nullptr;
     auto j = std::make_shared<Job>();
     j->ok = true;
@@ -154,6 +155,18 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
   for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
+  }
+  // each rank's plugin in a memory cgroup of its own, made by the rank in a folder of this job's under the
+  // check's cgroup (the job's user may make cgroups there and nowhere else): its peak is what the plugin
+  // held, all of it, whatever it kept it in (grader/bridge/plugin_process.h)
+  if (plugin != "none" && !ctx.cgroup.memory_dir().empty()) {
+    static std::atomic<int> counter{0};
+    const fs::path cg = fs::path(ctx.cgroup.memory_dir()) / fmt::format("job-{}", counter++);
+    std::error_code ec;
+    if (fs::create_directory(cg, ec) && (user.run_as == 0 || ::chown(cg.c_str(), user.run_as, user.run_as) == 0)) {
+      argv.push_back("--set");
+      argv.push_back("lab.memory_cgroup=" + cg.string());
+    }
   }
   const std::string saved = (dir / "final.safetensors").string();
   if (jo.save) {

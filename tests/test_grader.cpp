@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -91,13 +93,20 @@ std::map<std::string, Row> parse_csv(const std::string& csv) {
   return rows;
 }
 
-std::pair<int, std::string> run(const std::string& args) {
-  FILE* p = popen(("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " " + args + " 2>&1").c_str(), "r");
+std::pair<int, std::string> run_cmd(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   int st = pclose(p);
   return {WEXITSTATUS(st), out};
+}
+
+std::pair<int, std::string> run(const std::string& args) { return run_cmd("cd "s + DISTLAB_SOURCE_DIR + " && " + DISTLAB_BINARY + " " + args + " 2>&1"); }
+
+// run() under a wall clock: a grading that waits forever (on a FIFO) ends with 124 instead of hanging the test
+std::pair<int, std::string> run_within(int seconds, const std::string& args) {
+  return run_cmd("cd "s + DISTLAB_SOURCE_DIR + " && timeout -k 5 " + std::to_string(seconds) + " " + DISTLAB_BINARY + " " + args + " 2>&1");
 }
 
 // Several students at once (`--jobs`, 3 unless DISTLAB_TEST_GRADE_JOBS says otherwise): the verdicts these
@@ -680,9 +689,74 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
                "#include <algorithm>\n", "#include <algorithm>\n#include <map>\n")},
       // each rank clips by the norm of its own parts: the global norm needs every rank's squares
       {"local_norm", replace(solution, "    comm.all_reduce(&sq, 1, ReduceOp::sum);\n", "")},
+      // the whole optimizer in the plugin's own memory (f32 master weights and both moments of every flat: 12
+      // bytes per parameter, and the whole gradient), part-sized state buffers filled with this rank's slice of
+      // it, and the averaged gradient parts all-gathered instead of the weights: DDP's bytes, the right moments
+      // in the counted buffers, the right model state as the trainer counts it. Only the plugin's process shows it
+      {"replicated_adamw", "#include <map>\n" + replace_body(solution, "void zero_step(Step& step)",
+          "  static std::map<int, std::vector<float>> W, M, V;\n"
+          "  Comm& comm = step.comm();\n  const AdamW& h = step.hyper();\n"
+          "  std::vector<std::vector<float>> whole;\n  double sq = 0;\n"
+          "  for (int f = 0; f < step.num_flats(); f++) {\n"
+          "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n"
+          "    const std::vector<float> part = step.kept_grad(f);\n"
+          "    std::vector<float> g(size_t(s.padded));\n"
+          "    comm.all_gather(part.data(), g.data(), s.end - s.begin);\n"
+          "    for (float x : g) sq += double(x) * x;\n"
+          "    whole.push_back(std::move(g));\n  }\n"
+          "  const float scale = h.max_norm > 0 ? std::min(1.0f, h.max_norm / (std::sqrt(float(sq)) + 1e-6f)) : 1.0f;\n"
+          "  for (int f = 0; f < step.num_flats(); f++) {\n"
+          "    const Shard s = shard_of(step.numel(f), comm.rank(), comm.size());\n"
+          "    const int64_t n = s.end - s.begin;\n"
+          "    std::vector<float>& w = W[f];\n    std::vector<float>& m = M[f];\n    std::vector<float>& v = V[f];\n"
+          "    if (w.empty()) {\n      w = step.weights(f);\n      w.resize(size_t(s.padded), 0.0f);\n"
+          "      m.assign(size_t(s.padded), 0.0f);\n      v.assign(size_t(s.padded), 0.0f);\n    }\n"
+          "    adamw_step(h, step.decay(f), scale, w.data(), m.data(), v.data(), whole[size_t(f)].data(), s.padded);\n"
+          "    float* sw = step.state(f, \"master\", n);\n    float* sm = step.state(f, \"exp_avg\", n);\n"
+          "    float* sv = step.state(f, \"exp_avg_sq\", n);\n"
+          "    std::copy(w.begin() + s.begin, w.begin() + s.end, sw);\n"
+          "    std::copy(m.begin() + s.begin, m.begin() + s.end, sm);\n"
+          "    std::copy(v.begin() + s.begin, v.begin() + s.end, sv);\n"
+          "    step.set_weights(f, 0, w.data(), s.padded);\n  }")},
+      // the solution, and a copy of the whole model's weights kept in the plugin beside it (4 bytes per parameter)
+      {"weights_copy_in_plugin", "#include <map>\n" + replace(solution, "    step.set_weights(f, 0, whole.data(), s.padded);\n",
+          "    step.set_weights(f, 0, whole.data(), s.padded);\n"
+          "    static std::map<int, std::vector<float>> copy;\n    copy[f] = whole;\n")},
+      // two more correct AdamWs, written otherwise than the reference's float kernel: every check must pass them.
+      // In double precision, from the float hyper-parameters as given (an element that is the difference of two
+      // near numbers differs from the float kernel's far past 1e-6 of itself)
+      {"adamw_in_double", replace_body(solution, "void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n)",
+                                       "  const double b1 = h.beta1, b2 = h.beta2, lr = h.lr, eps = h.eps;\n"
+                                       "  const double bc1 = 1 - std::pow(b1, double(h.t)), bc2 = 1 - std::pow(b2, double(h.t));\n"
+                                       "  for (int64_t i = 0; i < n; i++) {\n"
+                                       "    const double gi = double(g[i]) * grad_scale;\n"
+                                       "    double wi = w[i] * (decay ? 1 - lr * double(h.weight_decay) : 1.0);\n"
+                                       "    const double mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;\n"
+                                       "    wi -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);\n"
+                                       "    w[i] = float(wi), m[i] = float(mi), v[i] = float(vi);\n  }")},
+      // in float, in another order: the moments first, then one update holding both the decay and the step
+      {"adamw_other_order", replace_body(solution, "void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n)",
+                                         "  const float c1 = 1.0f / (1.0f - std::pow(h.beta1, float(h.t)));\n"
+                                         "  const float c2 = 1.0f / std::sqrt(1.0f - std::pow(h.beta2, float(h.t)));\n"
+                                         "  for (int64_t i = 0; i < n; i++) {\n"
+                                         "    const float gi = grad_scale * g[i];\n"
+                                         "    m[i] += (1.0f - h.beta1) * (gi - m[i]);\n"
+                                         "    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * (gi * gi);\n"
+                                         "    const float step = m[i] * c1 / (std::sqrt(v[i]) * c2 + h.eps);\n"
+                                         "    w[i] -= h.lr * ((decay ? h.weight_decay * w[i] : 0.0f) + step);\n  }")},
   };
   auto rows = grade_batch("04", subs, files, "zero.cpp");
   CHECK(rows["solution"].total == 18);
+  CHECK(rows["adamw_in_double"].total == 18);
+  for (const std::string bad : {"replicated_adamw", "weights_copy_in_plugin"}) {
+    INFO(bad);
+    CHECK(rows[bad].points["zero1_equals_ddp"] == 3);  // right numbers, bytes and counted state: only the plugin's memory tells
+    CHECK(rows[bad].points["comm_equals_ddp"] == 2);
+    CHECK(rows[bad].points["zero1_memory"] == 0);
+    CHECK(rows[bad].points["zero2_memory"] == 0);
+    CHECK_THAT(read(subs.parent_path() / "feedback" / (bad + ".txt")), Catch::Contains("your plugin's own process"));
+  }
+  CHECK(rows["adamw_other_order"].total == 18);
   CHECK(rows["zero2_blocking"].points["zero2_overlaps"] == 0);
   CHECK(rows["zero2_blocking"].points["zero2_equals_ddp"] == 2);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "zero2_blocking.txt"), Catch::Contains("exposed"));
@@ -1227,6 +1301,24 @@ TEST_CASE("the grader's caches: the engine's jobs and the reference's times are 
   for (const auto& f : used) CHECK(nlohmann::json::parse(read(f), nullptr, false).is_object());
   CHECK(nlohmann::json::parse(read(lab / "reference-times.json"), nullptr, false).is_object());
   CHECK(nlohmann::json::parse(read(used.front()))["key"] == key);
+
+  // what is not a regular file is never read: a FIFO (its open would wait forever), a link to /dev/zero (a
+  // read without end), a folder; each is removed with a warning, computed again and written back whole
+  REQUIRE(fs::remove(used[0]));
+  REQUIRE(mkfifo(used[0].c_str(), 0644) == 0);
+  REQUIRE(fs::remove(used[1]));
+  fs::create_symlink("/dev/zero", used[1]);
+  REQUIRE(fs::remove(lab / "reference-times.json"));
+  fs::create_directories(lab / "reference-times.json" / "inside");
+  auto [code, out] = run_within(240, "grade 03 --solution --seed " + seed);
+  INFO(out);
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("is a FIFO") && Catch::Contains("is a symbolic link") && Catch::Contains("is a folder"));
+  for (const fs::path& f : {used[0], used[1], lab / "reference-times.json"}) {
+    INFO(f);
+    CHECK(fs::is_regular_file(fs::symlink_status(f)));
+    CHECK(nlohmann::json::parse(read(f), nullptr, false).is_object());
+  }
 }
 
 TEST_CASE("a plugin is compiled once per content: the same files reuse it, a changed byte or a foreign entry under the name compiles again", "[grader][lab03][cache]") {
@@ -1297,5 +1389,57 @@ TEST_CASE("a plugin is compiled once per content: the same files reuse it, a cha
   std::ofstream(entry_b, std::ios::trunc) << whole_b.substr(0, whole_b.size() / 2);
   CHECK(build(b) == so_b);
   CHECK(read(entry_b) == whole_b);
+
+  // an entry that is not a regular file (a FIFO, a link to /dev/zero, a folder, a dangling link) is removed
+  // with a warning and the plugin compiled again: never a wait, a read without end or a failed build
+  const std::vector<std::pair<std::string, std::function<void()>>> junk = {
+      {"is a FIFO", [&] { REQUIRE(mkfifo(entry_b.c_str(), 0644) == 0); }},
+      {"is a symbolic link", [&] { fs::create_symlink("/dev/zero", entry_b); }},
+      {"is a folder", [&] { fs::create_directories(entry_b / "x"); }},
+      {"is a symbolic link", [&] { fs::create_symlink(dir / "nothing-here", entry_b); }},  // dangling
+  };
+  for (const auto& [said, plant] : junk) {
+    INFO(said);
+    fs::remove(entry_b);
+    plant();
+    fs::remove(built);
+    auto [code, out] = run_within(120, "lab build 03 --src " + dir.string());
+    INFO(out);
+    CHECK(code == 0);
+    CHECK_THAT(out, Catch::Contains("WARNING: " + entry_b.string() + " " + said));
+    CHECK(read(built) == so_b);
+    CHECK(fs::is_regular_file(fs::symlink_status(entry_b)));
+    CHECK(read(entry_b) == whole_b);
+  }
+
+  // the same for a class: the kept entry of one student's files replaced by a FIFO, the batch grades it
+  // whole (lab 01: the quickest grading)
+  const fs::path ring_dir = dir / "ring";
+  const std::string ring = "// " + std::to_string(getpid()) + " ring\n" + read(src / "solutions/01-collectives/ring.cpp");
+  fs::create_directories(ring_dir);
+  std::ofstream(ring_dir / "ring.cpp") << ring;
+  {
+    auto [code, out] = run("lab build 01 --src " + ring_dir.string());
+    INFO(out);
+    REQUIRE(code == 0);
+  }
+  const fs::path kept01 = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / "01-collectives" / "plugins";
+  fs::path entry01;
+  for (const auto& e : fs::directory_iterator(kept01))
+    if (read(e.path()).find("\nring.cpp " + std::to_string(ring.size()) + "\n" + ring) != std::string::npos) entry01 = e.path();
+  REQUIRE(!entry01.empty());
+  fs::remove(entry01);
+  REQUIRE(mkfifo(entry01.c_str(), 0644) == 0);
+  const fs::path subs = dir / "subs";
+  fs::create_directories(subs / "ann");
+  std::ofstream(subs / "ann" / "ring.cpp") << ring;
+  auto [code, out] = run_within(240, "grade 01 --require-sandbox --submissions " + subs.string() + " --csv " + (dir / "g.csv").string());
+  INFO(out);
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("is a FIFO"));
+  const auto rows = parse_csv(read(dir / "g.csv"));
+  REQUIRE(rows.count("ann") == 1);
+  CHECK(rows.at("ann").error.empty());
+  CHECK(fs::is_regular_file(fs::symlink_status(entry01)));
   fs::remove_all(dir);
 }

@@ -13,8 +13,10 @@
 
 namespace distlab {
 
-std::vector<uint8_t> read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+std::vector<uint8_t> read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& what, bool follow_links) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW));
+  if (fd < 0 && errno == ELOOP && !follow_links)
+    throw IoError(fmt::format("{}: {} is a symbolic link (refused: it must be a regular file)", path, what));
   if (fd < 0) throw IoError(fmt::format("{}: cannot open {} ({})", path, what, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

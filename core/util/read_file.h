@@ -11,7 +11,8 @@
 namespace distlab {
 
 // Throws IoError naming the path (and `what`: "the checkpoint's manifest") when the file can't be read,
-// is not a regular file, or is larger than `max_bytes`.
-std::vector<uint8_t> read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& what);
+// is not a regular file, or is larger than `max_bytes`. follow_links = false: a symbolic link at `path`
+// is refused too (a cache's entry is a file the program wrote itself, never a link).
+std::vector<uint8_t> read_regular_file(const std::string& path, uint64_t max_bytes, const std::string& what, bool follow_links = true);
 
 }  // namespace distlab

@@ -80,6 +80,7 @@ void LabExtension::describe(std::ostream& log) const {
 
 void LabExtension::report(nlohmann::json& rank) const {
   rank["lab_largest_all_reduce_bytes"] = plugin_->largest_all_reduce_bytes();  // lab 02's bucket check
+  rank["plugin_memory"] = plugin_->memory_report();                              // what the plugin's own process held
   if (executor_) rank["lab_pipeline_order"] = plugin_->pipeline_ran();          // lab 06: this stage's last step
 }
 
@@ -90,7 +91,9 @@ ConfigExtras lab_config_sections() {
                      {"kind", "how the grader runs it"},
                      {"ranks", "the ranks its checks use"},
                      {"plugin", "labs: the student's compiled code (default: the build of student/; none: the engine's)"},
-                     {"sandbox", "labs: the plugin's process runs in bubblewrap: auto | require | off"}};
+                     {"sandbox", "labs: the plugin's process runs in bubblewrap: auto | require | off"},
+                     {"memory_cgroup", "labs: a memory cgroup folder in which each rank's plugin gets a cgroup of its own, so that "
+                                       "all it holds is measured (the grader sets it)"}};
   x.ignored_arrays = {"check"};  // the grader's checks
   return x;
 }
@@ -123,6 +126,11 @@ std::unique_ptr<LabExtension> start_lab_extension(const RunConfig& cfg, const st
   o.lab_name = name.empty() ? fs::path(path).parent_path().filename().string() : name;
   o.sandbox = sandbox;
   o.timeout_s = cfg.dist.timeout_s;
+  o.memory_cgroup = extra_value(cfg, "lab.memory_cgroup", "");
+  if (!o.memory_cgroup.empty() && !fs::is_regular_file(fs::path(o.memory_cgroup) / "cgroup.procs"))
+    throw ConfigError(fmt::format("{}: lab.memory_cgroup = {} is not a cgroup folder (it has no cgroup.procs)",
+                                  cfg.origin.count("lab.memory_cgroup") ? cfg.origin.at("lab.memory_cgroup") : cfg.source, o.memory_cgroup),
+                      "leave it unset: the grader sets it for its own jobs");
   return std::make_unique<LabExtension>(std::make_unique<LabPlugin>(o));
 }
 

@@ -1,8 +1,11 @@
 #include "grader/bridge/lab_plugin.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "core/tensor/on_host.h"
@@ -143,6 +146,15 @@ LabPlugin::LabPlugin(const LabPluginOptions& o) : opt_(o) {
   l.memory_mb = 4096;
   l.name = "the lab's plugin (" + o.plugin + ")";
   l.output_fd = 2;  // what the student prints shows up with the rank's output
+  if (!o.memory_cgroup.empty()) {
+    // a cgroup of the plugin's own under the one the grader gave this job: its peak is the plugin's alone
+    const std::string dir = fmt::format("{}/plugin-{}", o.memory_cgroup, getpid());
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      throw ConfigError(fmt::format("lab.memory_cgroup = {}: cannot make the plugin's cgroup {} ({})", o.memory_cgroup, dir, std::strerror(errno)),
+                        "give a memory cgroup folder this user may write, or leave lab.memory_cgroup unset");
+    cgroup_dir_ = dir;
+    l.memory_cgroup = dir;
+  }
   try {
     proc_ = std::make_unique<PluginProcess>(l);
     proc_->wait_ready(deadline_in(std::min(60.0, o.timeout_s)));
@@ -163,6 +175,14 @@ LabPlugin::~LabPlugin() {
     } catch (...) {  // the collective failed: the process group has let go of the buffer
     }
   }
+  proc_.reset();  // killed and reaped: its cgroup is empty
+  if (!cgroup_dir_.empty()) ::rmdir(cgroup_dir_.c_str());
+}
+
+nlohmann::json LabPlugin::memory_report() const {
+  const PluginMemory m = proc_ ? proc_->memory() : PluginMemory{};
+  return {{"method", m.method}, {"before_load", m.before_load}, {"peak", m.peak}, {"counted_by_trainer", host_counted_},
+          {"largest_message", largest_message_}};
 }
 
 std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t> args, const void* in, size_t in_bytes,
@@ -174,10 +194,12 @@ std::vector<char> LabPlugin::call(labproto::Fn fn, std::initializer_list<int64_t
   for (int64_t a : args) f.arg[k++] = a;
   const auto deadline = deadline_in(opt_.timeout_s);
   proc_->send(f, in, in_bytes, deadline, during);
+  largest_message_ = std::max<uint64_t>(largest_message_, in_bytes);
   for (;;) {
     wire::Frame r;
     std::vector<char> payload;
     proc_->receive(r, payload, deadline_in(opt_.timeout_s), during, max_message_);
+    largest_message_ = std::max<uint64_t>(largest_message_, payload.size());
     if (r.op == labproto::kReturn) return payload;
     if (r.op == labproto::kRaised)
       throw Error(fmt::format("{} (in the lab's {})", sanitize_output(std::string(payload.begin(), payload.end()), 2000), during),
@@ -194,6 +216,7 @@ void LabPlugin::reply(labproto::Op op, const void* data, size_t bytes, int64_t a
   a.op = op;
   a.arg[0] = arg;
   proc_->send(a, data, bytes, deadline_in(opt_.timeout_s), during);
+  largest_message_ = std::max<uint64_t>(largest_message_, bytes);
 }
 
 void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payload, ProcessGroup* pg, Runtime* rt, const char* during,

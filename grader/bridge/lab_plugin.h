@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/data/sampler.h"
@@ -41,6 +42,9 @@ struct LabPluginOptions {
   std::string lab_name;  // "02-ddp-cifar"
   std::string sandbox = "auto";  // auto | require | off
   double timeout_s = 300;        // for one answer of the plugin
+  // lab.memory_cgroup: a memory cgroup folder this rank may create a cgroup in; the plugin's process runs
+  // in one of its own there, so that all it holds is measured (PluginMemory). "": resident sets instead
+  std::string memory_cgroup;
 };
 
 class LabPlugin {
@@ -92,6 +96,11 @@ class LabPlugin {
   uint64_t message_limit() const { return max_message_; }
   // The largest all_reduce the plugin asked for (bytes): lab 02's grader checks a bucket against bucket_mb
   uint64_t largest_all_reduce_bytes() const { return largest_all_reduce_; }
+  // What the plugin's process held (PluginMemory) and what of it the trainer counts already: buffers the
+  // host keeps for the student and the trainer counts as this rank's (lab 04's state). The rest is the
+  // plugin's own memory, which the grader adds to the rank's.
+  nlohmann::json memory_report() const;
+  void count_host_bytes(int64_t bytes) { host_counted_ += bytes; }
 
  private:
   struct Pending {
@@ -110,6 +119,9 @@ class LabPlugin {
   int64_t next_handle_ = 1;
   uint64_t max_message_ = labproto::kMaxPayload;
   uint64_t largest_all_reduce_ = 0;
+  uint64_t largest_message_ = 0;  // the largest payload that crossed the socket, either way
+  int64_t host_counted_ = 0;
+  std::string cgroup_dir_;        // the plugin's own memory cgroup (made here, removed with it)
   std::string pipeline_ran_;
 };
 

@@ -172,21 +172,26 @@ class LabZeRO : public Strategy {
   // After the student's step: its exp_avg and exp_avg_sq of every flat against AdamW's moments of the part
   // it kept.
   void check_state(float lr) {
-    const std::vector<char> dump = plugin_.call(labproto::kZeroStateDump, {}, nullptr, 0, nullptr, &rt_, "the state buffers");
+    // flat by flat: the host's copy of what it sends is one flat's state, never the whole rank's (the
+    // plugin's process is measured, and this copy is the host's, not the student's)
+    std::vector<std::vector<char>> dumps(flats_.size());
     std::map<std::pair<int64_t, std::string>, std::pair<const char*, int64_t>> got;
-    for (size_t at = 0; at < dump.size();) {
-      int64_t flat = 0, n = 0;
-      if (dump.size() - at < 16) throw lab_error("the host's state buffers are cut short");
-      std::memcpy(&flat, dump.data() + at, 8);
-      std::memcpy(&n, dump.data() + at + 8, 8);
-      at += 16;
-      const size_t end = std::string_view(dump.data() + at, dump.size() - at).find('\0');
-      if (end == std::string_view::npos || end > kMaxStateName) throw lab_error("the host's state buffers are garbled");
-      const std::string name(dump.data() + at, end);
-      at += end + 1;
-      if (n < 0 || uint64_t(n) > (dump.size() - at) / 4) throw lab_error("the host's state buffers are cut short");
-      got[{flat, name}] = {dump.data() + at, n};
-      at += size_t(n) * 4;
+    for (size_t fl = 0; fl < flats_.size(); fl++) {
+      const std::vector<char>& dump = dumps[fl] = plugin_.call(labproto::kZeroStateDump, {int64_t(fl)}, nullptr, 0, nullptr, &rt_, "the state buffers");
+      for (size_t at = 0; at < dump.size();) {
+        int64_t flat = 0, n = 0;
+        if (dump.size() - at < 16) throw lab_error("the host's state buffers are cut short");
+        std::memcpy(&flat, dump.data() + at, 8);
+        std::memcpy(&n, dump.data() + at + 8, 8);
+        at += 16;
+        const size_t end = std::string_view(dump.data() + at, dump.size() - at).find('\0');
+        if (end == std::string_view::npos || end > kMaxStateName || flat != int64_t(fl)) throw lab_error("the host's state buffers are garbled");
+        const std::string name(dump.data() + at, end);
+        at += end + 1;
+        if (n < 0 || uint64_t(n) > (dump.size() - at) / 4) throw lab_error("the host's state buffers are cut short");
+        got[{flat, name}] = {dump.data() + at, n};
+        at += size_t(n) * 4;
+      }
     }
     // every flat's exp_avg and exp_avg_sq, of the kept part's length
     std::vector<std::array<const char*, 2>> mine(flats_.size());
@@ -351,7 +356,10 @@ class LabZeRO : public Strategy {
           throw lab_error(fmt::format("state({}, \"{}\", ...): flat {} has {} buffers already", f.arg[0], name, f.arg[0], per_flat),
                           "AdamW needs three per flat: master, exp_avg, exp_avg_sq");
         Tensor& t = state_[{f.arg[0], name}];
-        if (!t.defined() && n > 0) t = rt_.empty({n}, Category::optim_state, name + " of " + s.local.name, DType::f32);
+        if (!t.defined() && n > 0) {
+          t = rt_.empty({n}, Category::optim_state, name + " of " + s.local.name, DType::f32);
+          plugin_.count_host_bytes(n * 4);  // the host holds the student's copy: counted here, not the plugin's own
+        }
         return answer(nullptr, 0, "state");
       }
       case labproto::kZeroSetWeights: {

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace distlab {
@@ -49,6 +51,7 @@ PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
   o.cpu_s = launch.cpu_s;
   o.file_mb = 8;
   o.clean_env = true;  // a trainer's environment holds the job's store token: none of it reaches the plugin
+  if (!launch.memory_cgroup.empty()) o.join_procs = launch.memory_cgroup + "/cgroup.procs";
   try {
     pid_ = spawn_process(argv, o);
   } catch (...) {
@@ -106,10 +109,89 @@ std::string PluginProcess::gone(const char* during) {
   return s;
 }
 
+namespace {
+
+// A number from a cgroup file ("" or unreadable: -1).
+int64_t read_number(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -1;
+  char buf[64];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char* end = nullptr;
+  const long long v = std::strtoll(buf, &end, 10);
+  return end == buf ? -1 : int64_t(v);
+}
+
+// Every process under `root` (its children, theirs, ...), root included: the host's bwrap, bwrap's init,
+// the host, and whatever the plugin started.
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> all = {root};
+  for (size_t i = 0; i < all.size() && all.size() < 4096; i++) {
+    const std::string task_dir = fmt::format("/proc/{}/task", all[i]);
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(task_dir, ec)) {
+      std::ifstream in(t.path() / "children");
+      for (pid_t c; in >> c;) all.push_back(c);
+    }
+  }
+  return all;
+}
+
+// A "VmRSS:" or "VmHWM:" line of /proc/PID/status, in bytes (0 when gone).
+int64_t status_kib(pid_t pid, const char* field) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  const size_t len = std::strlen(field);
+  for (std::string line; std::getline(in, line);)
+    if (line.compare(0, len, field) == 0) return std::atoll(line.c_str() + len) * 1024;
+  return 0;
+}
+
+int64_t tree_bytes(pid_t root, const char* field) {
+  int64_t sum = 0;
+  for (pid_t p : process_tree(root)) sum += status_kib(p, field);
+  return sum;
+}
+
+// The cgroup's usage now and its peak (v1: memory.usage_in_bytes, memory.max_usage_in_bytes; v2:
+// memory.current, memory.peak); -1 where neither is there.
+int64_t cgroup_bytes(const std::string& dir, bool peak) {
+  const int64_t v1 = read_number(dir + (peak ? "/memory.max_usage_in_bytes" : "/memory.usage_in_bytes"));
+  return v1 >= 0 ? v1 : read_number(dir + (peak ? "/memory.peak" : "/memory.current"));
+}
+
+}  // namespace
+
+PluginMemory PluginProcess::memory() const {
+  PluginMemory m = memory_;
+  if (m.method == "cgroup") m.peak = std::max<int64_t>(0, cgroup_bytes(launch_.memory_cgroup, true));
+  else if (m.method == "rss" && !reaped_) m.peak = tree_bytes(pid_, "VmHWM:");
+  return m;
+}
+
 void PluginProcess::wait_ready(Clock::time_point deadline) {
   wire::Frame f;
   std::vector<char> payload;
-  const Io r = wire::read_frame(sock_, f, payload, 64 << 10, deadline);
+  Io r = wire::read_frame(sock_, f, payload, 64 << 10, deadline);
+  if (r == Io::ok && f.op == labproto::kBeforeLoad) {
+    // the host alone, nothing of the student's loaded: its baseline. In its own cgroup when it joined one
+    // (a process is in it), else the resident sets of its process tree
+    std::ifstream procs(launch_.memory_cgroup + "/cgroup.procs");
+    pid_t any = 0;
+    if (!launch_.memory_cgroup.empty() && (procs >> any) && cgroup_bytes(launch_.memory_cgroup, false) > 0) {
+      memory_.method = "cgroup";
+      memory_.before_load = cgroup_bytes(launch_.memory_cgroup, false);
+    } else {
+      memory_.method = "rss";
+      memory_.before_load = tree_bytes(pid_, "VmRSS:");
+    }
+    wire::Frame go;
+    go.op = labproto::kLoad;
+    send(go, nullptr, 0, deadline, "loading");
+    r = wire::read_frame(sock_, f, payload, 64 << 10, deadline);
+  }
   if (r == Io::timeout) {
     kill_now();
     throw PluginError("timeout", fmt::format("{} did not finish loading in time (a global constructor that never returns?)", launch_.name),

@@ -23,6 +23,17 @@ struct PluginError : Error {
       : Error(what, std::move(hint)), kind(std::move(kind_)) {}
 };
 
+// What a plugin's processes held, measured from outside them, where the plugin can't reach: in a memory
+// cgroup of their own (PluginLaunch::memory_cgroup: everything they fault in, heap, stacks, files in the
+// sandbox's tmpfs, shared memory, children) where the machine gives one; else as the resident sets of the
+// host's processes (heap and mappings; what they wrote into files is not seen). The plugin's own bytes are
+// peak - before_load, minus what the trainer counts of them already (lab 04's state buffers).
+struct PluginMemory {
+  std::string method;       // "cgroup" | "rss" | "" (not measured)
+  int64_t before_load = 0;  // the host alone, before the student's library was loaded
+  int64_t peak = 0;         // the most they held since they started (cgroup: at once; rss: each process's most, summed)
+};
+
 struct PluginLaunch {
   std::string host_exe;  // distlab-labhost
   std::string plugin;    // the .so
@@ -33,6 +44,9 @@ struct PluginLaunch {
   const CheckCgroup* cgroup = nullptr;
   std::string name = "the plugin";  // for messages: "rank 1's plugin"
   int output_fd = -1;  // where its stdout and stderr go; -1: kept in memory for output_tail()
+  // a memory cgroup folder (v1 or v2) the host joins before it starts, alone, so that its peak can be read;
+  // "": none (PluginMemory falls back to resident sets)
+  std::string memory_cgroup;
 };
 
 class PluginProcess {
@@ -57,6 +71,8 @@ class PluginProcess {
   std::string gone(const char* during);
   std::string output_tail(size_t max_bytes = 2000) const;  // sanitized
   void kill_now();
+  // Its memory so far (after wait_ready: before_load is what the host held before the plugin was loaded).
+  PluginMemory memory() const;
 
  private:
   PluginLaunch launch_;
@@ -65,6 +81,7 @@ class PluginProcess {
   int log_fd_ = -1;  // an unlinked temp file: the plugin's stdout and stderr, bounded by RLIMIT_FSIZE
   bool reaped_ = false;
   int status_ = 0;
+  PluginMemory memory_;  // method and before_load, from wait_ready
 };
 
 }  // namespace distlab

@@ -17,6 +17,10 @@ enum Op : uint32_t {
   kReturn = 4,  // host -> engine: the function returned; outputs in the payload
   kRaised = 5,  // host -> engine: the function threw; payload: what()
   kAbort = 6,   // engine -> host: give up the current call (payload: why); the host exits
+  // host -> engine, once, before the plugin is loaded: the engine measures what the host holds alone (its
+  // baseline: PluginMemory) and answers kLoad; only then does the host load the student's code
+  kBeforeLoad = 7,
+  kLoad = 8,
   // lab 01: point-to-point messages through the engine's relay
   kSend = 10,  // arg0 = dst; payload: the floats
   kRecv = 11,  // arg0 = src, arg1 = count; answered by kData (count floats) or kAbort

@@ -16,7 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <chrono>
 #include <filesystem>
@@ -207,6 +209,7 @@ CheckCgroup::CheckCgroup(int64_t memory_mb, int64_t max_tasks) {
       return;
     }
     dirs_.push_back(d.string());
+    if (controller == "memory") memory_dir_ = d.string();
   };
   if (memory_mb > 0) make("memory", "memory.limit_in_bytes", memory_mb << 20);
   if (max_tasks > 0) make("pids", "pids.max", max_tasks);
@@ -214,11 +217,20 @@ CheckCgroup::CheckCgroup(int64_t memory_mb, int64_t max_tasks) {
 
 CheckCgroup::~CheckCgroup() {
   kill_all();
-  for (const auto& d : dirs_)
+  for (const auto& d : dirs_) {
+    // the cgroups made inside it first (a plugin's own: grader/jobs.cpp), deepest first
+    std::vector<fs::path> inner;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(d, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_directory(ec)) inner.push_back(it->path());
+    std::sort(inner.begin(), inner.end(), [](const fs::path& a, const fs::path& b) { return a.string().size() > b.string().size(); });
+    for (const auto& in : inner)
+      for (int i = 0; i < 200 && ::rmdir(in.c_str()) != 0 && errno == EBUSY; i++) usleep(10000);
     for (int i = 0; i < 200 && ::rmdir(d.c_str()) != 0; i++) {  // rmdir succeeds once the last task is gone
       kill_all();
       usleep(10000);
     }
+  }
 }
 
 std::vector<std::string> CheckCgroup::procs_files() const {
@@ -259,7 +271,8 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& o)
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const std::vector<std::string> cgroup_files = o.cgroup ? o.cgroup->procs_files() : std::vector<std::string>{};
+  std::vector<std::string> cgroup_files = o.cgroup ? o.cgroup->procs_files() : std::vector<std::string>{};
+  if (!o.join_procs.empty()) cgroup_files.push_back(o.join_procs);  // a memory cgroup under the check's: the last joined wins
   std::vector<std::pair<int, int>> fds = o.fds;
   const pid_t parent = getpid();
   const pid_t pid = fork();

@@ -60,9 +60,13 @@ class CheckCgroup {
   std::vector<std::string> procs_files() const;  // where a child writes its pid to join
   void kill_all() const;
   bool oom_killed() const;  // the memory limit was hit
+  // Its memory cgroup's folder ("" where there is none): cgroups made inside it (a plugin's own, to measure
+  // it alone) count against its limit too, and go with it.
+  const std::string& memory_dir() const { return memory_dir_; }
 
  private:
   std::vector<std::string> dirs_;
+  std::string memory_dir_;
 };
 
 struct SpawnOptions {
@@ -76,6 +80,7 @@ struct SpawnOptions {
   bool new_session = true;              // its own session and process group, killed as one
   bool clean_env = false;               // PATH, LANG and MALLOC_ARENA_MAX only, instead of ours (untrusted code)
   uid_t run_as = 0;                     // root only: the child drops to this uid and gid, no groups (0: stays)
+  std::string join_procs;               // one more cgroup.procs to join, after `cgroup`'s (a plugin's own memory cgroup)
 };
 // The unprivileged user a grader's training jobs run as when the grader is root (nobody).
 constexpr uid_t kJobUid = 65534;

@@ -220,8 +220,9 @@ int serve_lab04(void* plugin) {
         for (auto* x : {&w, &m, &v}) append(out, x->data(), size_t(n) * 4);
         return true;
       }
-      case labproto::kZeroStateDump: {
+      case labproto::kZeroStateDump: {  // arg1: one flat's buffers (the host's copy stays the size of one flat's part), -1: all
         for (const auto& [key, buf] : state) {
+          if (f.arg[1] >= 0 && key.first != f.arg[1]) continue;
           const int64_t flat = key.first, n = int64_t(buf.size());
           append(out, &flat, 8);
           append(out, &n, 8);

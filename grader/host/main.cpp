@@ -79,6 +79,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string lab = argv[1];
+  // nothing of the student's is loaded yet: the engine measures this process as it is (its baseline), and
+  // everything the plugin holds from here on counts as the plugin's own
+  put(distlab::labproto::kBeforeLoad, nullptr, 0, {});
+  {
+    wire::Frame f;
+    std::vector<char> payload;
+    get(f, payload);
+    if (f.op != distlab::labproto::kLoad) return 3;
+  }
   void* h = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const std::string why = dlerror();

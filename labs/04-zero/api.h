@@ -5,7 +5,10 @@
 // forward and backward. You own everything ZeRO is: the partition, the collectives, and the sharded AdamW —
 // its master weights and moments, for the part of each flat this rank owns, in buffers you ask the trainer
 // for (Step::state), so that the memory a rank holds and the bytes it sends are counted where your code
-// can't reach them.
+// can't reach them. Your process is measured too, from outside (its own memory cgroup's peak): beyond the
+// state buffers it may hold working copies only — the parts this rank kept, and one flat's whole gradient
+// or gathered weights at a time. Optimizer state, master weights or whole gradients kept in your own
+// vectors count as this rank's memory, and the memory checks fail on them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -67,7 +70,12 @@ struct AdamW {
 
 // Task 2 — one AdamW step on n elements, in place: w (the f32 master weights), m and v (the moments) are
 // updated from g times grad_scale (the clipping coefficient). Where decay is false, no weight decay. The
-// grader asks it directly, with its own numbers, and compares it with PyTorch's AdamW.
+// grader asks it directly, with its own numbers, and compares it with PyTorch's AdamW as the engine computes
+// it: in float32, from the float hyper-parameters exactly as given here (beta2 = 0.999f is 0.99900001287...,
+// not the decimal 0.999; use the values you are handed). Any precision from float up passes, in any order
+// of operations: each of w, m and v is compared within 1e-6 of the size of the terms it is the sum of
+// (|w·(1 - lr·weight_decay)| + |lr·m^/(sqrt(v^) + eps)| for w), not of the result, which two nearly
+// cancelling terms can make tiny.
 void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n);
 
 // The model as your ZeRO sees it: a list of flats. A flat is one unit's parameters (a transformer block,
