@@ -11,6 +11,7 @@
 #include "core/data/registry.h"
 #include "core/models/zoo.h"
 #include "core/nn/loss.h"
+#include "core/ops/cpu/blas_core.h"
 #include "core/optim/optimizer.h"
 
 using namespace distlab;
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   const int warmup = 3, steps = argc > 1 ? std::atoi(argv[1]) : 30;
   auto data = synthetic_images(B * 4, 3, 32, 32, 10, 1, "bench");
   nlohmann::json results = nlohmann::json::array();
-  fmt::print("reference CNN, batch {}, {} timed steps after {} warm-up\n", B, steps, warmup);
+  fmt::print("reference CNN, batch {}, {} timed steps after {} warm-up; {}\n", B, steps, warmup, blas_core().describe());
   fmt::print("{:>8} {:>10} {:>12} {:>12}\n", "threads", "batchnorm", "ms/step", "images/s");
   for (bool bn : {false, true}) {
     for (int threads : {1, 2}) {
@@ -53,7 +54,8 @@ int main(int argc, char** argv) {
       }
       double ms = 1e3 * total / steps, ips = double(B) * steps / total;
       fmt::print("{:>8} {:>10} {:>12.2f} {:>12.0f}\n", threads, bn ? "yes" : "no", ms, ips);
-      results.push_back({{"threads", threads}, {"batchnorm", bn}, {"ms_per_step", ms}, {"images_per_s", ips}, {"batch", B}});
+      results.push_back({{"threads", threads}, {"batchnorm", bn}, {"ms_per_step", ms}, {"images_per_s", ips}, {"batch", B},
+                         {"blas_core", blas_core().chosen}});
     }
   }
   std::filesystem::create_directories("bench/results");

@@ -13,6 +13,9 @@ steps=${STEPS:-60}
 rounds=${ROUNDS:-3}
 mkdir -p bench/results
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+# both sides on the same OpenBLAS kernels: distlab runs the CPU's best (core/ops/cpu/blas_core.h); Debian's
+# PyTorch links the same OpenBLAS, which on an unknown CPU model picks an older core by itself
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$($bin env --blas-core)}
 run() {  # ranks extra-args... -> images/s from the summary
   local n=$1; shift
   $bin run -n "$n" --master-port 0 --threads-per-rank 1 train configs/cifar-cnn.toml --set parallel.strategy=ddp \
@@ -33,7 +36,7 @@ torch_run() {
     2> bench/results/torch_ddp.err | sed -n 's/^\[default0\]://p' | head -1
 }
 echo "environment: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo 'no avx512f')"
-echo "  OMP_NUM_THREADS=$OMP_NUM_THREADS OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS MKL_NUM_THREADS=$MKL_NUM_THREADS; distlab --threads-per-rank 1;" \
+echo "  OMP_NUM_THREADS=$OMP_NUM_THREADS OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS MKL_NUM_THREADS=$MKL_NUM_THREADS OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE; distlab --threads-per-rank 1;" \
      "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') under torchrun, gloo; $steps steps, $rounds rounds"
 one=$(run 1)
 twos=() torches=() kept=()

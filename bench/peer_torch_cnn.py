@@ -11,6 +11,9 @@ def model(bn):
     return nn.Sequential(*layers)
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+# Debian's torch links the system OpenBLAS: the same kernels as distlab's run only with the same core
+# (OPENBLAS_CORETYPE=$(build/bin/distlab env --blas-core); core/ops/cpu/blas_core.h)
+print("OPENBLAS_CORETYPE=%s" % os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS's own pick)"))
 results = []
 print(f"{'threads':>8} {'batchnorm':>10} {'ms/step':>12} {'images/s':>12}")
 for bn in (False, True):

@@ -4,6 +4,7 @@
 #include "cli/slurm_grade.h"
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include <array>
 #include <atomic>
@@ -43,8 +44,36 @@ std::string read_file(const fs::path& p) {
 }
 
 fs::path lab_build_dir(const grader::Paths& p, const grader::Lab& lab) { return fs::path(p.build_dir) / "labs" / lab.name; }
-fs::path last_grade_path(const grader::Paths& p, const grader::Lab& lab) { return lab_build_dir(p, lab) / "last_grade.json"; }
-fs::path hint_record_path(const grader::Paths& p, const grader::Lab& lab) { return lab_build_dir(p, lab) / "hints.json"; }
+
+// Where a source folder's own state lives: its plugin (student.so), the hints it was shown (hints.json) and
+// its grades (last_grade.json). The lab's student/ folder keeps them in the lab's build folder; any other
+// working copy (--src DIR) in a folder of its own, build/labs/NN-name/src/<crc of its path>-<its name>/,
+// so that two copies (two students on one clone) never overwrite each other's plugin, hints or grade, and
+// a hint is shown after that copy's own failure, not another's.
+fs::path state_dir(const grader::Paths& p, const grader::Lab& lab, const std::string& src = "") {
+  if (src.empty()) return lab_build_dir(p, lab);
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(src), ec);
+  if (abs == fs::weakly_canonical(fs::path(lab.dir) / "student", ec)) return lab_build_dir(p, lab);
+  std::string name;
+  for (char c : abs.filename().string())
+    if (name.size() < 40) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+  const std::string path = abs.string();
+  const fs::path dir = lab_build_dir(p, lab) / "src" /
+                       fmt::format("{:08x}-{}", crc32(0L, reinterpret_cast<const Bytef*>(path.data()), uInt(path.size())), name);
+  fs::create_directories(dir, ec);
+  try {
+    if (!fs::exists(dir / "source.txt")) write_atomically((dir / "source.txt").string(), path + "\n");  // whose state this is
+  } catch (const std::exception&) {  // a note for people: a folder that can't take it fails later, naming what it could not write
+  }
+  return dir;
+}
+fs::path last_grade_path(const grader::Paths& p, const grader::Lab& lab, const std::string& src = "") {
+  return state_dir(p, lab, src) / "last_grade.json";
+}
+fs::path hint_record_path(const grader::Paths& p, const grader::Lab& lab, const std::string& src = "") {
+  return state_dir(p, lab, src) / "hints.json";
+}
 
 // The student's best grade so far from last_grade.json (nullopt: never graded, or a broken record).
 std::optional<int> best_points(const grader::Paths& p, const grader::Lab& lab) {
@@ -78,8 +107,8 @@ std::string status_of(const grader::Paths& p, const grader::Lab& lab) {
   return "not started";
 }
 
-void record_grade(const grader::Paths& p, const grader::Lab& lab, const grader::Grade& g) {
-  const fs::path f = last_grade_path(p, lab);
+void record_grade(const grader::Paths& p, const grader::Lab& lab, const grader::Grade& g, const std::string& src) {
+  const fs::path f = last_grade_path(p, lab, src);
   int best = g.points();
   if (fs::exists(f)) {
     auto old = nlohmann::json::parse(read_file(f), nullptr, false);
@@ -125,10 +154,11 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                                "Where the engine does what this lab asks is shown here once your grade is full ({}).\n",
                                l.id, best ? fmt::format("best {}/{} so far", *best, l.max_points()) : "not graded yet");
   });
-  auto hint_args = std::make_shared<std::array<std::string, 2>>();  // lab, check
+  auto hint_args = std::make_shared<std::array<std::string, 3>>();  // lab, check, --src
   auto* hint = lab->add_subcommand("hint", "a check's hint now, before it has failed twice (recorded: the report lists the hints you saw)");
   hint->add_option("lab", (*hint_args)[0], "lab number or name")->required();
   hint->add_option("check", (*hint_args)[1], "the check's name (distlab lab show NN lists them)")->required();
+  hint->add_option("--src", (*hint_args)[2], "the working copy whose record it goes into (as given to grade --src)");
   hint->callback([hint_args, self_exe, &exit_code] {
     auto p = grader_paths(self_exe);
     const auto l = grader::find_lab(p.source_dir, (*hint_args)[0]);
@@ -139,13 +169,14 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       for (const auto& x : l.checks) names.push_back(x.name);
       throw ConfigError(fmt::format("lab {} has no check '{}'", l.id, name), fmt::format("its checks: {}", fmt::join(names, ", ")));
     }
-    grader::HintRecord r = grader::HintRecord::load(hint_record_path(p, l).string());
+    const fs::path record = hint_record_path(p, l, (*hint_args)[2]);
+    grader::HintRecord r = grader::HintRecord::load(record.string());
     if (!r.unreadable.empty()) std::cerr << "distlab: " << r.unreadable << "\n";
     r.shown.emplace(name, "asked (distlab lab hint)");
-    fs::create_directories(lab_build_dir(p, l));
+    fs::create_directories(record.parent_path());
     r.save();
     std::cout << fmt::format("lab {}, {}: {}\n(recorded in {}: your grade reports list the hints you saw)\n", l.id, name, c->hint,
-                             hint_record_path(p, l).string());
+                             record.string());
   });
   auto build_id = std::make_shared<std::string>();
   auto build_solution = std::make_shared<bool>(false);
@@ -166,13 +197,17 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     const std::string src = *build_solution        ? grader::solution_folder(p.source_dir, p.build_dir, l)
                             : !build_src->empty() ? fs::absolute(*build_src).string()
                                                   : (fs::path(l.dir) / "student").string();
-    auto b = grader::build_plugin(p, l, src, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
+    const fs::path dir = *build_solution ? lab_build_dir(p, l) : state_dir(p, l, *build_src);
+    auto b = grader::build_plugin(p, l, src, (dir / (tag + ".so")).string(), sb);
     if (!b.ok) {
       std::cerr << "build failed:\n" << b.log;
       exit_code = 2;
       return;
     }
     std::cout << "built " << b.plugin << "\n";
+    if (dir != lab_build_dir(p, l) && !l.answers)  // a working copy's plugin is not the one a lab's config runs by default
+      std::cout << fmt::format("run it: distlab run -n 2 train {} --set lab.plugin={}\n",
+                               (fs::path(l.dir) / "lab.toml").lexically_relative(p.source_dir).string(), b.plugin);
   });
 
   // Internal (hidden): one file of a submission parsed in a process of its own, so that a parser that crashes
@@ -293,10 +328,11 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                                               : (fs::path(l.dir) / "student").string();
     grader::SharedResults shared;
     if (a->seed) shared.seed = *a->seed;
-    grader::Grade g = grade_folder(p, l, src, tag, (lab_build_dir(p, l) / (tag + ".so")).string(), sb, shared, false);
+    const fs::path dir = a->solution ? lab_build_dir(p, l) : state_dir(p, l, a->src);  // --src DIR: that copy's own
+    grader::Grade g = grade_folder(p, l, src, tag, (dir / (tag + ".so")).string(), sb, shared, false);
     g.seed = shared.seed;
     if (a->solution) hints_for(g, "", grader::HintPolicy::always);  // the reference: every hint, nothing recorded
-    else hints_for(g, hint_record_path(p, l).string(), *parse_choice<grader::HintPolicy>(a->hints));
+    else hints_for(g, hint_record_path(p, l, a->src).string(), *parse_choice<grader::HintPolicy>(a->hints));
     std::cout << grader::table(g);
     if (!a->json.empty()) write_atomically(a->json, grader::to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!a->junit.empty()) write_atomically(a->junit, grader::to_junit(g));
@@ -304,14 +340,14 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       grader::ReportRuns runs;
       if (g.built) {
         std::cout << "report: a short run of the lab's config, with your code and with the engine's ...\n" << std::flush;
-        runs = grader::run_report_runs(p, l, (lab_build_dir(p, l) / (tag + ".so")).string(), sb);
+        runs = grader::run_report_runs(p, l, (dir / (tag + ".so")).string(), sb);
       } else {
         runs.why_not = "the code did not build";
       }
       write_atomically(a->html, grader::to_html(g, runs));
       std::cout << "wrote " << a->html << "\n";
     }
-    if (!a->solution && g.built) record_grade(p, l, g);
+    if (!a->solution && g.built) record_grade(p, l, g, a->src);
     exit_code = !g.built ? 2 : g.points() == l.max_points() ? 0 : 1;
   });
 }

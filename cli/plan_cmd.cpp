@@ -13,10 +13,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <toml++/toml.h>
 
 #include "core/perf/hardware.h"
 #include "core/train/trainer.h"
 #include "core/util/error.h"
+#include "core/util/read_file.h"
 #include "core/util/units.h"
 #include "grader/bridge/lab_extension.h"
 
@@ -78,17 +80,28 @@ std::string model_toml(const PlanArgs& a, std::string& label) {
                          "[data]\nname = \"tokens\"\nseq_len = {}\nvocab = {}\n[optim]\nname = \"adamw\"\n",
                          p.vocab, p.block, p.layers, p.heads, p.width, a.seq > 0 ? a.seq : p.block, p.vocab);
     }
-  label = a.model;  // a config file
-  std::ifstream in(a.model);
-  if (!in) {
-    std::string names;
-    for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-    for (const LlamaPreset& p : kLlamaPresets) names += std::string(", ") + p.name;
-    throw ConfigError("--model " + a.model + ": neither a preset nor a readable config file", "use " + names + " or a TOML path");
+  label = a.model;  // a config file: a regular file (not a FIFO, a device or a folder) with a [model] table
+  std::string names;
+  for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+  for (const LlamaPreset& p : kLlamaPresets) names += std::string(", ") + p.name;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_regular_file(a.model, 16 << 20, "--model's config file");
+  } catch (const IoError& e) {
+    throw ConfigError(fmt::format("--model {}: neither a preset nor a readable config file ({})", a.model, e.what()),
+                      "use " + names + " or a TOML path");
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text(bytes.begin(), bytes.end());
+  toml::table t;
+  try {
+    t = toml::parse(text, a.model);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("--model {}: not a TOML config ({})", a.model, e.description()), "use " + names + " or a TOML path");
+  }
+  if (!t["model"].is_table())
+    throw ConfigError(fmt::format("--model {}: the file has no [model] table: there is no model to plan", a.model),
+                      "a run config (configs/gpt-1b.toml) or a preset: " + names);
+  return text;
 }
 
 // --gpu-mem t4 | a100-80g | h100 | 16GiB -> the link-aware profile the step is modeled on
@@ -265,7 +278,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
   sub->add_option("--optimizer", a->optimizer, "adamw | sgd");
   sub->add_option("--micro-batch", a->micro_batch, "sequences per GPU per micro-step");
-  sub->add_option("--seq", a->seq, "sequence length (default: the model's block size)");
+  sub->add_option("--seq", a->seq, "sequence length (default: the model's block size)")->check(CLI::PositiveNumber);
   sub->add_option("--set", a->sets, "any other config key, as for train (repeatable)");
   sub->add_flag("--json", a->json, "the table as JSON");
   sub->callback([a, &exit_code]() { exit_code = run_plan(*a); });

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "core/util/units.h"
 #include <filesystem>
 #include <fstream>
 
@@ -92,6 +94,14 @@ TEST_CASE("NaN, infinity and absurd sizes are refused with the key and where it 
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"optim.gamma=0"}), Catch::Contains("optim.gamma must be positive"));
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"dist.timeout_s=0.0001"}), Catch::Contains("dist.timeout_s is 0.0001 s, under a second"));
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"model.hidden=[8, 100000000]"}), Catch::Contains("model.hidden"));
+  // a negative seed, and a bucket smaller than one float (1e-300 MiB was taken as a bucket)
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"train.seed=-1"}), Catch::Contains("--set train.seed") && Catch::Contains("negative"));
+  CHECK_THROWS_WITH(parse_config("", "run.toml", {"parallel.bucket_mb=1e-300"}),
+                    Catch::Contains("parallel.bucket_mb") && Catch::Contains("less than one float"));
+  CHECK_NOTHROW(parse_config("", "run.toml", {"parallel.bucket_mb=0.0001", "train.seed=0"}));
+  // a size past what an int64 holds wrapped negative ("-8388608.00 TiB per GPU")
+  CHECK_THROWS_WITH(distlab::parse_bytes("1e30GiB", "--gpu-mem"), Catch::Contains("--gpu-mem") && Catch::Contains("8 EiB"));
+  CHECK(distlab::parse_bytes("80GB", "--gpu-mem") == 80000000000LL);
 }
 
 TEST_CASE("a config path must be a readable regular file", "[config]") {

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "core/comm/errors.h"
@@ -468,6 +469,56 @@ TEST_CASE("the TCP store's memory is bounded: 1,000 clients announcing 16 MiB be
   TcpStore ok("127.0.0.1", port, Millis(5000), "s3cret");  // and it serves on
   ok.set_string("k", "v");
   CHECK(ok.get_string("k") == "v");
+}
+
+TEST_CASE("the TCP store serves 4 ranks beside 10,000 idle connections: the oldest silent ones make room", "[dist][store]") {
+  rlimit nofile{};
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  nofile.rlim_max = std::max<rlim_t>(nofile.rlim_max, 16384);  // root may raise it; elsewhere the hard limit stands
+  nofile.rlim_cur = std::max<rlim_t>(nofile.rlim_cur, std::min<rlim_t>(nofile.rlim_max, 16384));
+  setrlimit(RLIMIT_NOFILE, &nofile);
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  REQUIRE(nofile.rlim_cur >= 10400);  // this test's 10,000 ends (the server keeps 256 of its own)
+  TcpStoreServer server("127.0.0.1", 0, "s3cret");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(server.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // before: 1,030 of these, opened before the ranks connected, failed the job's rendezvous
+  std::vector<int> idle;
+  for (int i = 0; i < 10000; i++) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      close(fd);
+      continue;
+    }
+    idle.push_back(fd);
+  }
+  CHECK(idle.size() == 10000);
+  std::vector<std::thread> ranks;
+  std::atomic<int> ok{0};
+  std::string failure;
+  std::mutex mu;
+  for (int r = 0; r < 4; r++)
+    ranks.emplace_back([&, r] {
+      try {
+        TcpStore store("127.0.0.1", server.port(), Millis(20000), "s3cret");
+        store.set_string("addr/" + std::to_string(r), "rank " + std::to_string(r));
+        for (int q = 0; q < 4; q++)
+          if (store.get_string("addr/" + std::to_string(q)) != "rank " + std::to_string(q)) throw std::runtime_error("wrong value");
+        ok++;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(mu);
+        failure = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  INFO(failure);
+  CHECK(ok == 4);
+  INFO(fmt::format("10,000 idle connections: {} closed to make room, {} served", server.evicted(), server.connections()));
+  CHECK(server.evicted() >= 10000 - 256);
+  for (int fd : idle) close(fd);
 }
 
 TEST_CASE("the TCP store answers garbage with errors, closes bad connections and keeps serving", "[dist][store]") {

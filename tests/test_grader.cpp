@@ -394,6 +394,57 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   fs::remove_all(subs);
 }
 
+TEST_CASE("a working copy outside student/ builds, grades and records under its own key: two copies never overwrite each other's plugin, hints or grade", "[grader][lab01]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const fs::path lab = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / "01-collectives";
+  const fs::path dir = fs::temp_directory_path() / ("distlab-copies-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const fs::path ann = dir / "ann", bob = dir / "bob";
+  fs::create_directories(ann);
+  fs::create_directories(bob);
+  std::ofstream(ann / "ring.cpp") << read(src / "solutions/01-collectives/ring.cpp");
+  std::ofstream(bob / "ring.cpp") << read(src / "labs/01-collectives/student/ring.cpp");
+  // the lab's own student/ state, which neither copy may touch
+  auto snapshot = [&] {
+    std::map<std::string, std::string> m;
+    for (const char* f : {"student.so", "hints.json", "last_grade.json"}) m[f] = fs::exists(lab / f) ? read(lab / f) : "(none)";
+    return m;
+  };
+  const auto before = snapshot();
+  auto build = [&](const fs::path& copy) {
+    auto [code, out] = run("lab build 01 --src " + copy.string());
+    INFO(out);
+    REQUIRE(code == 0);
+    const auto at = out.find("built ");
+    REQUIRE(at != std::string::npos);
+    const std::string path = out.substr(at + 6, out.find('\n', at) - at - 6);
+    CHECK_THAT(out, Catch::Contains("--set lab.plugin=" + path));  // how a lab's config runs this copy
+    return fs::path(path);
+  };
+  const fs::path so_ann = build(ann), so_bob = build(bob);
+  CHECK(so_ann != so_bob);
+  CHECK(so_ann.parent_path() != lab);
+  CHECK(read(so_ann.parent_path() / "source.txt") == fs::weakly_canonical(ann).string() + "\n");
+  const std::string ann_plugin = read(so_ann);
+  // bob's skeleton fails twice: the second grading shows a hint, recorded in bob's own record
+  for (int k = 0; k < 2; k++) {
+    auto [code, out] = run("grade 01 --src " + bob.string());
+    INFO(out);
+    CHECK(code == 1);
+  }
+  auto [code, out] = run("grade 01 --src " + ann.string());
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(read(so_ann) == ann_plugin);  // bob's gradings rebuilt bob's plugin, not ann's
+  const auto ann_grade = nlohmann::json::parse(read(so_ann.parent_path() / "last_grade.json"));
+  const auto bob_grade = nlohmann::json::parse(read(so_bob.parent_path() / "last_grade.json"));
+  CHECK(ann_grade["best"]["points"] == ann_grade["best"]["max_points"]);
+  CHECK(bob_grade["best"]["points"] == 0);
+  CHECK(fs::exists(so_bob.parent_path() / "hints.json"));
+  CHECK(snapshot() == before);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the last and best grade", "[grader][lab01]") {
   const fs::path dir = fs::temp_directory_path() / ("distlab-grade-" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -1324,7 +1375,8 @@ TEST_CASE("the grader's caches: the engine's jobs and the reference's times are 
 TEST_CASE("a plugin is compiled once per content: the same files reuse it, a changed byte or a foreign entry under the name compiles again", "[grader][lab03][cache]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const fs::path lab = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / "03-amp-accum";
-  const fs::path kept = lab / "plugins", built = lab / "student.so";
+  const fs::path kept = lab / "plugins";
+  fs::path built;  // where `lab build --src` says it put the plugin (a working copy's own folder)
   const fs::path dir = fs::temp_directory_path() / ("distlab-plugin-cache-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -1343,6 +1395,9 @@ TEST_CASE("a plugin is compiled once per content: the same files reuse it, a cha
     auto [code, out] = run("lab build 03 --src " + dir.string());
     INFO(out);
     REQUIRE(code == 0);
+    const auto at = out.find("built ");
+    REQUIRE(at != std::string::npos);
+    built = out.substr(at + 6, out.find('\n', at) - at - 6);
     return read(built);
   };
   // the entry that holds `text`: its input names the file and holds it whole

@@ -3,6 +3,7 @@
 // On 2 ranks a sum of two values has one order, so every stage is DDP to the bit; on 3 and 4 ranks Gloo's
 // all_reduce ring and our reduce_scatter ring add in other orders (measured: 2.1e-7 relative on the CNN at
 // 50 steps on 3 ranks; GPT-tiny stays bitwise), so 1e-6 is what is required.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -406,6 +407,34 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, a
   auto [bcode, bout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 3b --gpus 8 2>&1");
   CHECK(bcode != 0);
   CHECK_THAT(bout, Catch::Contains("--model 3b") && Catch::Contains("gpt-7b"));
+}
+
+TEST_CASE("distlab plan refuses what is no model or no size: a FIFO, /dev/zero, a folder, an empty file, --gpu-mem 1e30GiB, --seq 0 and -1", "[plan][cli]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("distlab-plan-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  REQUIRE(mkfifo((dir / "fifo.toml").c_str(), 0644) == 0);
+  std::ofstream(dir / "empty.toml").close();
+  // before: /dev/zero read without end, the FIFO waited forever, the folder and the empty file planned "0.00B parameters"
+  for (const std::string& model : {(dir / "fifo.toml").string(), std::string("/dev/zero"), dir.string(), (dir / "empty.toml").string()}) {
+    INFO(model);
+    auto [code, out] = shell_in_source("timeout 20 " + std::string(DISTLAB_BINARY) + " plan --model " + model + " 2>&1");
+    INFO(out);
+    CHECK(code != 0);
+    CHECK(code != 124);  // refused, not waited on
+    CHECK_THAT(out, Catch::Contains("--model " + model));
+    CHECK_THAT(out, !Catch::Contains("parameters"));
+  }
+  auto [gcode, gout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 1b --gpu-mem 1e30GiB 2>&1");
+  INFO(gout);
+  CHECK(gcode != 0);
+  CHECK_THAT(gout, Catch::Contains("--gpu-mem") && !Catch::Contains("TiB per GPU"));
+  for (const char* seq : {"0", "-1"}) {
+    auto [scode, sout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 1b --seq " + seq + " 2>&1");
+    INFO(sout);
+    CHECK(scode != 0);
+    CHECK_THAT(sout, Catch::Contains("--seq"));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("FSDP's size-based wrap policy gathers fewer, larger units, SyncBatchNorm works under every stage, DDP's numbers both", "[zero][fsdp][e2e]") {

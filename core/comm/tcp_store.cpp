@@ -47,7 +47,13 @@ constexpr uint64_t kMaxHeld = uint64_t(256) << 20;
 constexpr int64_t kMaxKeys = 4096;
 constexpr uint32_t kMaxKeyBytes = 4096;
 constexpr int64_t kMaxWaitMs = int64_t(7) * 24 * 3600 * 1000;
-constexpr int kMaxConnections = 1024;
+constexpr int kMaxConnections = 1024;  // connections that said their hello (a job's ranks, each a few)
+// Connections that have not said their hello yet. A port scan, or a program that opens connections to
+// MASTER_PORT and sends nothing, could otherwise hold every slot while the ranks connect (1,030 idle ones
+// failed a 2-rank job's rendezvous): past this many, the oldest silent one is closed for each new one. A
+// rank says its hello as soon as it connects, so it is the newest, not the oldest, and keeps its slot;
+// one closed all the same connects again (TcpStore's constructor).
+constexpr int kMaxUnauthenticated = 256;
 constexpr Millis kMessageWithin(30000);
 constexpr Millis kReplySlack(30000);  // a get or wait is answered at most this long after its own timeout
 
@@ -283,7 +289,19 @@ void TcpStoreServer::accept_loop() {
     no_delay(fd);
     std::lock_guard<std::mutex> g(mu_);
     reap_finished();
-    if (int(conns_.size()) >= kMaxConnections) {
+    int silent = 0, trusted = 0;
+    for (const Conn& c : conns_)
+      if (!c.done && !c.evicted) (c.trusted ? trusted : silent)++;
+    if (!token_.empty() && silent >= kMaxUnauthenticated) {
+      for (Conn& c : conns_)  // accepted first, so the oldest silent one first
+        if (!c.done && !c.evicted && !c.trusted) {
+          c.evicted = true;
+          evicted_++;
+          ::shutdown(c.fd, SHUT_RDWR);  // its thread sees the end and closes it
+          break;
+        }
+    }
+    if (trusted >= kMaxConnections) {
       rejected_++;
       ::close(fd);
       continue;
@@ -293,7 +311,7 @@ void TcpStoreServer::accept_loop() {
     Conn& c = conns_.back();
     c.fd = fd;
     c.thread = std::thread([this, &c, fd] {
-      serve(fd);
+      serve(fd, c.trusted);
       std::lock_guard<std::mutex> g(mu_);  // the destructor shuts down only fds still open
       ::close(fd);
       c.fd = -1;
@@ -302,8 +320,9 @@ void TcpStoreServer::accept_loop() {
   }
 }
 
-void TcpStoreServer::serve(int fd) {
+void TcpStoreServer::serve(int fd, std::atomic<bool>& said_hello) {
   bool trusted = token_.empty();
+  said_hello = trusted;
   const auto hello_by = trusted ? kNever : Clock::now() + hello_within_;
   const auto reply_by = [] { return Clock::now() + kMessageWithin; };
   std::vector<char> msg;
@@ -349,6 +368,7 @@ void TcpStoreServer::serve(int fd) {
             return;
           }
           trusted = true;
+          said_hello = true;
           w.u8(kOk);
           break;
         }
@@ -415,23 +435,42 @@ TcpStore::TcpStore(const std::string& host, int port, Millis timeout, const std:
   a.sin_port = htons(uint16_t(port));
   a.sin_addr = resolve_ipv4(host, "MASTER_ADDR");
   auto deadline = Clock::now() + timeout;
-  int last_errno = 0;
-  for (;;) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) break;
-    last_errno = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (Clock::now() > deadline) break;
-    std::this_thread::sleep_for(Millis(20));
+  for (int closed = 0;; closed++) {
+    int last_errno = 0;
+    for (;;) {
+      fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) break;
+      last_errno = errno;
+      ::close(fd_);
+      fd_ = -1;
+      if (Clock::now() > deadline) break;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    if (fd_ < 0)
+      throw StoreError(fmt::format("cannot reach the rendezvous store at {} within {:.1f} s: {}", where_, timeout.count() / 1000.0,
+                                   std::strerror(last_errno)),
+                       "is the launcher (rank 0's node) running? check MASTER_ADDR and MASTER_PORT, and that the port is "
+                       "open in the firewall");
+    no_delay(fd_);
+    if (token.empty()) return;
+    try {
+      request(Writer().u8(kHello).str(token).done(), timeout_);
+      return;
+    } catch (const StoreError& e) {
+      // closed before the hello was answered: the store was full of connections that never said theirs (a
+      // scan of MASTER_PORT, another program) and closed the oldest; this one connects again. A refusal
+      // (a wrong token) is final
+      if (std::string(e.what()).find("refused") != std::string::npos) throw;
+      ::close(fd_);
+      fd_ = -1;
+      if (Clock::now() > deadline)
+        throw StoreError(fmt::format("the rendezvous store at {} closed this worker's connection {} times before its hello was answered, "
+                                     "for {:.1f} s", where_, closed + 1, timeout.count() / 1000.0),
+                         "the store closes the oldest of its connections that have not said hello when over "
+                         "256: something else keeps connecting to MASTER_PORT (a port scanner, another program); pick another port");
+      std::this_thread::sleep_for(Millis(20));
+    }
   }
-  if (fd_ < 0)
-    throw StoreError(fmt::format("cannot reach the rendezvous store at {} within {:.1f} s: {}", where_, timeout.count() / 1000.0,
-                                 std::strerror(last_errno)),
-                     "is the launcher (rank 0's node) running? check MASTER_ADDR and MASTER_PORT, and that the port is "
-                     "open in the firewall");
-  no_delay(fd_);
-  if (!token.empty()) request(Writer().u8(kHello).str(token).done(), timeout_);
 }
 
 TcpStore::~TcpStore() {

@@ -33,21 +33,25 @@ class TcpStoreServer {
   // connections served so far, and those closed for a bad message, a wrong token or silence (for tests)
   int64_t connections() const { return accepted_; }
   int64_t rejected() const { return rejected_; }
+  // silent connections closed to make room for newer ones (past 256 that have not said hello)
+  int64_t evicted() const { return evicted_; }
 
  private:
   struct Conn {
     int fd;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<bool> trusted{false};  // said its hello (or no token is needed)
+    bool evicted = false;              // closed by the acceptor to make room (under mu_)
   };
   void accept_loop();
-  void serve(int fd);
+  void serve(int fd, std::atomic<bool>& said_hello);
   void reap_finished();  // joins the threads of closed connections (under mu_)
   int listen_fd_ = -1, port_ = 0;
   std::string token_;
   Millis hello_within_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> accepted_{0}, rejected_{0};
+  std::atomic<int64_t> accepted_{0}, rejected_{0}, evicted_{0};
   std::atomic<uint64_t> held_{0};  // bytes of the messages being read and served, over every connection
   MemoryStore data_;
   std::mutex mu_;

@@ -99,7 +99,7 @@ std::string show(Choice auto v) { return "\"" + std::string(name_of(v)) + "\""; 
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
-      KEY("model.name", Kind::string, std::string, model.name, "mlp | cifar_cnn | gpt"),
+      KEY("model.name", Kind::string, std::string, model.name, "mlp | cifar_cnn | gpt | llama"),
       KEY("model.hidden", Kind::int_list, std::vector<int64_t>, model.hidden, "mlp: hidden layer sizes"),
       KEY("model.batchnorm", Kind::boolean, bool, model.batchnorm, "cifar_cnn: BatchNorm2d after each conv"),
       KEY("model.vocab_size", Kind::integer, int64_t, model.vocab_size, "gpt: vocabulary (0 = the data's)"),
@@ -113,7 +113,7 @@ const std::vector<Key>& keys() {
       KEY("model.rope_theta", Kind::real, double, model.rope_theta, "llama: RoPE's base θ (Llama 2: 10000, Llama 3: 500000)"),
       KEY("model.rms_norm_eps", Kind::real, double, model.rms_norm_eps, "llama: RMSNorm's epsilon"),
       CHOICE("model.attention", model.attention,
-             "gpt: naive (the (B, heads, T, T) probabilities in memory) | flash (FlashAttention-2's tiles: log-sum-exps kept instead)", ""),
+             "gpt and llama: naive (the (B, heads, T, T) probabilities in memory) | flash (FlashAttention-2's tiles: log-sum-exps kept instead)", ""),
       KEY("data.name", Kind::string, std::string, data.name, "fashion-mnist | cifar10 | synthetic-images | tokens"),
       KEY("data.path", Kind::string, std::string, data.path, "folder with the data files (default: $DISTLAB_DATA, system folders)"),
       KEY("data.fallback", Kind::string, std::string, data.fallback, "cifar10 when missing: synthetic | error"),
@@ -270,6 +270,9 @@ void apply(RunConfig& c, const std::string& name, const toml::node& n, const std
                       fmt::format("{} = {} (default)", name, k->show(RunConfig{})));
   if (k->accepts && !k->accepts(get_as<std::string>(n)))
     throw ConfigError(fmt::format("{}: {} is '{}'", origin, name, get_as<std::string>(n)), k->choices_hint);
+  // the seed is unsigned (the generators' state): -1 would silently become 18446744073709551615
+  if (name == "train.seed" && n.is_integer() && n.as_integer()->get() < 0)
+    throw ConfigError(fmt::format("{}: train.seed is {}, negative", origin, n.as_integer()->get()), "a seed is a number from 0 up (the default is 0)");
   k->set(c, n);
   c.origin[name] = origin;
 }
@@ -503,7 +506,8 @@ void validate(const RunConfig& c) {
     require(hw && hw->has_cost_model(), c, "log.profile", "is '" + c.log.profile + "', not a profile with a cost model",
             "use one of: " + profile_names(true));
   }
-  require(c.parallel.bucket_mb > 0, c, "parallel.bucket_mb", "must be positive", "");
+  require(c.parallel.bucket_mb * (1 << 20) >= 4, c, "parallel.bucket_mb", fmt::format("is {:g} MiB, less than one float (4 bytes)", c.parallel.bucket_mb),
+          "DDP's default is 25 (MiB); a bucket holds at least one gradient element");
   const PrecisionOptions& p = c.precision;
   require(p.mode == "fp32" || p.mode == "bf16" || p.mode == "fp16", c, "precision.mode", "is '" + p.mode + "'",
           "use fp32, bf16 or fp16");

@@ -8,6 +8,7 @@
 #include "core/perf/trace_io.h"
 #include "core/nn/loss.h"
 #include "core/ops/attach.h"
+#include "core/ops/cpu/blas_core.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/util/error.h"
 #include "core/util/units.h"
@@ -125,6 +126,7 @@ nlohmann::json Trainer::evaluate() {
 void Trainer::log_header(int64_t whole_params, int64_t nparams) {
   log_ << fmt::format("distlab train {} | device {} | {} rank(s), strategy {} | {} threads per rank\n", cfg_.source,
                       rt_.attached ? rt_.attached->describe() : device_name(rt_.device), world(), strategy_->describe(), compute_threads());
+  if (rt_.device == DeviceKind::cpu) log_ << blas_core().describe() << "\n";  // core/ops/cpu/blas_core.h: the kernels every product runs
   if (device_group_) log_ << "the strategy's collectives on the device: " << device_group_->get()->describe() << "\n";
   if (tp_device_group_) log_ << "the tensor-parallel layers' all-reduces on the device: " << tp_device_group_->get()->describe() << "\n";
   if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << name_of(cfg_.parallel.strategy) << " over the dp axis)\n";
@@ -223,6 +225,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
       summary["ranks"] = ranks;
     }
   }
+  summary["blas_core"] = blas_core().chosen;  // every rank's host products (a cuda rank's too: its host-side math)
   if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
   if (pg_) {

@@ -45,6 +45,9 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   else
     throw ConfigError(fmt::format("{}: unknown unit '{}' in '{}'", what, unit, text),
                       "units: B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)");
+  // an int64 holds 8 EiB; no device or host comes near it, and past it the count would wrap negative
+  if (!(v * mul < 9.2e18))
+    throw ConfigError(fmt::format("{}: '{}' is more bytes than a size can hold here (8 EiB)", what, text), "write a size such as 80GB or 16GiB");
   return int64_t(std::llround(v * mul));
 }
 

@@ -75,7 +75,8 @@ struct AdamW {
 // not the decimal 0.999; use the values you are handed). Any precision from float up passes, in any order
 // of operations: each of w, m and v is compared within 1e-6 of the size of the terms it is the sum of
 // (|w·(1 - lr·weight_decay)| + |lr·m^/(sqrt(v^) + eps)| for w), not of the result, which two nearly
-// cancelling terms can make tiny.
+// cancelling terms can make tiny; the update may also carry what a float beta^t's rounding does to
+// 1 - beta^t (500x at t = 2 with beta2 = 0.999).
 void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n);
 
 // The model as your ZeRO sees it: a list of flats. A flat is one unit's parameters (a transformer block,
