@@ -163,7 +163,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
       const grader::Grade& g = grades[i];
       std::lock_guard<std::mutex> lk(print);
       std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(),
-                               g.built ? "" : "  (build failed)")
+                               g.built ? "" : "  (" + grader::not_run_reason(g) + ")")
                 << std::flush;
     }
   };

@@ -194,7 +194,7 @@ int run_slurm_grading_task(const grader::Paths& p, const grader::Lab& l, const G
     write_feedback(g, m.feedback_dir, m.feedback[i], policy);
     const nlohmann::json row = {{"index", i}, {"entry_hex", to_hex(m.entries[i])}, {"grade", grader::to_json(g)}};
     write_atomically(row_path(results, i).string(), row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(), g.built ? "" : "  (build failed)") << std::flush;
+    std::cout << fmt::format("{:<24} {:>3}/{}{}\n", sanitize_output(g.student, 200), g.points(), l.max_points(), g.built ? "" : "  (" + grader::not_run_reason(g) + ")") << std::flush;
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "core/comm/error_file.h"
 #include "core/comm/errors.h"
 #include "core/util/atomic_file.h"
+#include "core/comm/store.h"
 #include "core/comm/tcp_store.h"
 #include "core/comm/watchdog.h"
 #include "core/ops/attach.h"
@@ -88,6 +89,7 @@ int run_train(const TrainArgs& a) {
   LauncherWatchdog watchdog(env.launcher_pid, Millis(int64_t(cfg.dist.timeout_s * 1000)), fmt::format("rank {}", env.rank));
   std::unique_ptr<TcpStoreServer> own_store = serve_store_if_first(env);  // `srun -n N distlab train`: rank 0 serves
   std::unique_ptr<TcpStore> store;
+  std::unique_ptr<MemoryStore> own_memory_store;  // a single process's group of one
   std::unique_ptr<ProcessGroup> pg;
   // a single launched rank on meta plans alone (the fake world, or no group): a real group moves no meta data
   const bool meta_alone = env.world_size == 1 && rt.is_meta();
@@ -100,6 +102,19 @@ int run_train(const TrainArgs& a) {
     check_same_config(*pg, cfg);
   } else if (cfg.dist.fake_world_size > 0) {  // one rank of a planned job: the Trainer checks it is on meta
     pg = std::make_unique<ProcessGroup>(ProcessGroup::Fake{}, 0, int(cfg.dist.fake_world_size), &rt.trace);
+  } else if (cfg.parallel.strategy != StrategyKind::none) {
+    // One process with a strategy (DeepSpeed's ZeRO-Offload on one GPU is its headline use): the strategy
+    // runs on a group of one, its shards whole and its offload real, as `distlab run -n 1` runs it. On meta
+    // (planning) a fake world of one records what it would do.
+    if (rt.is_meta()) {
+      pg = std::make_unique<ProcessGroup>(ProcessGroup::Fake{}, 0, 1, &rt.trace);
+    } else {
+      const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
+      own_memory_store = std::make_unique<MemoryStore>(timeout);
+      ProcessGroupOptions po = options_from_env(timeout);
+      po.host = "127.0.0.1";
+      pg = std::make_unique<ProcessGroup>(*own_memory_store, 0, 1, po, &rt.trace);
+    }
   }
   const bool rank0 = env.rank == 0;
   MetricsWriter metrics(rank0 ? cfg.log.metrics : "");

@@ -30,9 +30,17 @@ std::string held_hint_text(const Lab& lab, const std::string& check) {
 
 bool full_marks(const Grade& g) { return g.built && !g.checks.empty() && g.points() == g.lab.max_points(); }
 
+std::string not_run_reason(const Grade& g) {
+  if (g.built) return "";
+  const bool grader_side = g.build_log.rfind("not graded:", 0) == 0 || g.build_log.rfind("grading failed:", 0) == 0;
+  return grader_side ? "not graded" : "build failed";
+}
+
 std::string table(const Grade& g) {
   std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, sanitize_output(g.student, 300));
-  if (!g.built) return t + "BUILD FAILED: no check ran\n" + indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
+  if (!g.built)
+    return t + (not_run_reason(g) == "not graded" ? "NOT GRADED" : "BUILD FAILED") + ": no check ran\n" +
+           indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
   t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>6}\n", "check", "points", "max", "result", "time");
   for (const auto& c : g.checks) {
     t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>5.1f}s\n", c.spec.name, c.points, c.spec.points,

@@ -24,6 +24,9 @@ struct Grade {
 // The table: every check's points and measured numbers; a failure's expected and seen, and its hint or
 // why it is held back (grader/hints.h); the hints this student has seen; with full marks, the engine's answer.
 std::string table(const Grade& g);
+// Why no check ran: "build failed" (the compiler's log follows) or "not graded" (the grader failed on it, or
+// a Slurm task left no row: code that may well build). "" when it was graded.
+std::string not_run_reason(const Grade& g);
 std::string held_hint_text(const Lab& lab, const std::string& check);
 bool full_marks(const Grade& g);
 nlohmann::json to_json(const Grade& g);

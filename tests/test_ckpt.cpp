@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -412,6 +413,60 @@ TEST_CASE("a corrupt, truncated or incomplete checkpoint is refused naming the f
                     Catch::Contains("no usable checkpoint") && Catch::Contains("truncated") && Catch::Contains("does not match its checksum"));
   // checkpoint.resume naming a bad folder: its fault
   CHECK_THROWS_WITH(run({"checkpoint.resume=" + (t / "ck/step-000010")}), Catch::Contains("manifest.json does not match"));
+}
+
+TEST_CASE("a rank's state that no run saves, with every checksum recomputed, is refused naming the field, and auto falls back", "[ckpt]") {
+  Scratch s("state");
+  const std::string toml = slurp_file(std::string(DISTLAB_SOURCE_DIR) + "/" + kCkptGpt);
+  const std::vector<std::string> sets = {"train.steps=4", "train.micro_batch=4", "train.eval_batches=1", "checkpoint.every=2",
+                                         "checkpoint.keep=0", "checkpoint.dir=" + (s / "ck")};
+  distlab::testing::train_in_process(toml, sets);
+  const std::string s4 = s / "ck/step-000004", s2 = s / "ck/step-000002";
+  const std::string file = s4 + "/rank-00000.safetensors", kept = s / "rank0.kept", manifest_kept = s / "manifest.kept";
+  fs::copy_file(file, kept);
+  fs::copy_file(s4 + "/manifest.json", manifest_kept);
+  // an edit of the state that also rewrites the file's size and CRC-32 in the manifest, and COMPLETE's
+  auto forge = [&](const std::function<void(nlohmann::json&)>& edit) {
+    StFile f = read_safetensors(kept);
+    nlohmann::json st = nlohmann::json::parse(f.metadata.at("distlab.state"));
+    edit(st);
+    f.metadata["distlab.state"] = st.dump();
+    const WrittenFile w = write_safetensors(file, f);
+    nlohmann::json m = nlohmann::json::parse(slurp_file(manifest_kept));
+    m["files"]["rank-00000.safetensors"]["bytes"] = w.bytes;
+    m["files"]["rank-00000.safetensors"]["crc32"] = crc32_hex(w.crc32);
+    const std::string text = m.dump(1);
+    std::ofstream(s4 + "/manifest.json", std::ios::trunc) << text;
+    std::ofstream(s4 + "/COMPLETE", std::ios::trunc) << "step 4\nmanifest.json crc32 " << crc32_hex(crc32(text.data(), text.size())) << "\n";
+  };
+  forge([](nlohmann::json&) {});
+  REQUIRE_NOTHROW(Checkpoint(s4).verify_files());  // the forge itself leaves a good checkpoint good
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"data/epoch is -7", [](nlohmann::json& st) { st["data"]["epoch"] = -7; }},
+      {"optimizer/steps is -1", [](nlohmann::json& st) { st["optimizer"]["steps"] = -1; }},
+      {"data/position is -3", [](nlohmann::json& st) { st["data"]["position"] = -3; }},
+      {"scaler/scale is -1.0", [](nlohmann::json& st) { st["scaler"]["scale"] = -1.0; }},
+      {"trainer/skipped_steps is 99", [](nlohmann::json& st) { st["trainer"]["skipped_steps"] = 99; }},
+      {"micro_batch is 0", [](nlohmann::json& st) { st["micro_batch"] = 0; }},
+      {"optimizer/param_steps/", [](nlohmann::json& st) { st["optimizer"]["param_steps"].begin().value() = -1; }},
+  };
+  for (const auto& [said, edit] : edits) {
+    INFO(said);
+    forge(edit);
+    CHECK_THROWS_WITH(Checkpoint(s4).verify_files(), Catch::Contains("rank 0's state holds what no run saves") && Catch::Contains(said));
+    // ckpt inspect says so too (it passed them: the checksums were right)
+    auto [code, out] = shell_in_source(fmt::format("{} ckpt inspect {}", DISTLAB_BINARY, s4));
+    CHECK(code != 0);
+    CHECK_THAT(out, Catch::Contains(said));
+  }
+  // resume = auto: the newest is skipped with the reason, the run goes on from step 2 (it stopped here)
+  forge([](nlohmann::json& st) { st["data"]["epoch"] = -7; });
+  std::vector<std::string> again = sets;
+  again.push_back("train.steps=6");
+  const auto resumed = distlab::testing::train_in_process(toml, again);
+  INFO(resumed.out);
+  CHECK_THAT(resumed.out, Catch::Contains("skipping " + s4) && Catch::Contains("data/epoch is -7"));
+  CHECK_THAT(resumed.out, Catch::Contains("resumed from " + s2 + " (step 2)"));
 }
 
 TEST_CASE("a hostile manifest (paths out of the folder, pieces past the end, impossible shapes) is refused, never read past", "[ckpt]") {

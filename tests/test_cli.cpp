@@ -182,8 +182,16 @@ TEST_CASE("a full disk fails the run and keeps the earlier metrics file, missing
   std::ifstream in(m);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   CHECK(text == "an earlier run's metrics\n");
+  CHECK(!fs::exists(m + ".partial"));  // cut short by the full disk: not left behind
   fs::remove(m);
-  fs::remove(m + ".partial");
+  // the weights too: no file, no .partial (a 2 MB checkpoint past a 200 KiB limit)
+  const std::string w = tmp("full.safetensors");
+  r = shell("ulimit -f 200; exec timeout 120 "s + DISTLAB_BINARY + " train configs/cifar-cnn.toml --set train.steps=2 --set data.synthetic_train=512 --save " + w);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Catch::Contains("is the disk full"));
+  CHECK(!fs::exists(w));
+  CHECK(!fs::exists(w + ".partial"));
 
   for (const std::string& flag : {"--save /nonexistent-folder/w.safetensors"s, "--metrics /nonexistent-folder/m.jsonl"s,
                                   "--set log.trace=/nonexistent-folder/t.json"s, "--save /tmp"s}) {
@@ -609,5 +617,41 @@ TEST_CASE("OpenBLAS runs the best kernels the CPU has: a generic pick is replace
   const auto [kout, klosses, kcore] = train("DISTLAB_BLAS_KEEP=1 DISTLAB_TEST_BLAS_CHOSE=Prescott", "keep");
   CHECK(kcore == "Prescott");
   if (!best.empty()) CHECK_THAT(kout, Catch::Contains("this CPU could run " + best));
+  std::filesystem::remove_all(dir);
+}
+
+// DeepSpeed's ZeRO-Offload on one GPU is its headline use: a single process applies the strategy and the
+// offload it was given (it ran "strategy none (one rank)" and held no host memory), on meta and for real.
+TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU offload from a DeepSpeed file, and on the CPU", "[cli]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("distlab-one-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-1b.toml --device meta --deepspeed configs/ecosystem/ds_zero3_offload.json "
+                                     "--set train.steps=2 --metrics " + dir + "/meta.jsonl");
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK_THAT(out, Catch::Contains("strategy zero3") && !Catch::Contains("strategy none"));
+  nlohmann::json summary;
+  std::ifstream in(dir + "/meta.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "summary") summary = j;
+  REQUIRE(summary.is_object());
+  CHECK(summary["peak_memory"].value("host", 0.0) > 1e9);  // the optimizer state went to the host
+  // on the CPU: the same losses as without a strategy (one rank's shards are the whole model)
+  auto losses = [&](const std::string& sets, const std::string& name) {
+    auto [c, o] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-tiny.toml --set train.steps=4 --set train.log_every=1 "
+                                  "--set train.eval_every=0 --set train.threads=1 " + sets + " --metrics " + dir + "/" + name);
+    INFO(o);
+    REQUIRE(c == 0);
+    std::vector<double> v;
+    std::ifstream f(dir + "/" + name);
+    for (std::string line; std::getline(f, line);)
+      if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "step") v.push_back(j["loss"].get<double>());
+    return std::pair{v, o};
+  };
+  const auto [plain, plain_out] = losses("", "none.jsonl");
+  const auto [zero3, zero3_out] = losses("--set parallel.strategy=zero3 --set parallel.offload=cpu", "zero3.jsonl");
+  CHECK_THAT(zero3_out, Catch::Contains("strategy zero3"));
+  REQUIRE(plain.size() == zero3.size());
+  for (size_t i = 0; i < plain.size(); i++) CHECK(zero3[i] == Approx(plain[i]).epsilon(1e-6));
   std::filesystem::remove_all(dir);
 }

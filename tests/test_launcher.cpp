@@ -1,6 +1,7 @@
 // `distlab run` end to end with real processes: environment, failures, timeouts, restarts, two nodes.
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,6 +81,35 @@ TEST_CASE("workers get torchrun's environment, only rank 0 prints, --log-dir kee
   LaunchResult ok = sh(run_cmd("-n 2 --master-port 0 -- "s + FIXTURE_WORKER + " ok"));
   CHECK(ok.code == 0);
   CHECK_THAT(ok.out, Catch::Contains("rank 0 of 2: sum 3"));
+  // a --log-dir that can't be made is refused naming the option (it was filesystem's bare message)
+  for (const std::string bad : {"/proc/x", "/dev/null/logs"}) {
+    LaunchResult r2 = sh(run_cmd("-n 2 --master-port 0 --log-dir " + bad + " -- true"));
+    INFO(r2.out);
+    CHECK(r2.code != 0);
+    CHECK_THAT(r2.out, Catch::Contains("--log-dir " + bad));
+  }
+}
+
+TEST_CASE("torchrun's spellings work: --nproc_per_node, --standalone, --rdzv-endpoint, --master_port; a config alone means train", "[launcher]") {
+  // before: "give -n N", and a config without `train` went to the ranks as an unknown subcommand
+  LaunchResult a = sh(run_cmd("--nproc_per_node 2 --standalone configs/gpt-tiny.toml --set train.steps=2 --set train.eval_every=0 --set parallel.strategy=ddp"));
+  INFO(a.out);
+  CHECK(a.code == 0);
+  CHECK_THAT(a.out, Catch::Contains("2 rank(s)"));
+  const std::string port = std::to_string(free_port());
+  LaunchResult b = sh(run_cmd("--nproc_per_node=2 --rdzv-endpoint 127.0.0.1:" + port + " -- "s + FIXTURE_WORKER + " ok"));
+  INFO(b.out);
+  CHECK(b.code == 0);
+  CHECK_THAT(b.out, Catch::Contains("rank 0 of 2: sum 3"));
+  LaunchResult c = sh(run_cmd("--nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(free_port()) + " -- "s + FIXTURE_WORKER + " ok"));
+  INFO(c.out);
+  CHECK(c.code == 0);
+  for (const std::string bad : {"--rdzv-endpoint nowhere", "--rdzv-endpoint :29500", "--standalone --master-port 29500"}) {
+    LaunchResult r = sh(run_cmd("-n 2 " + bad + " -- true"));
+    INFO(bad << "\n" << r.out);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.out, Catch::Contains(bad.substr(0, bad.find(' '))));
+  }
 }
 
 TEST_CASE("a worker that exits non-zero stops the others and is named with its last lines", "[launcher][failure]") {
@@ -238,6 +268,40 @@ TEST_CASE("a rank stopped during ZeRO-3, FSDP, tensor- or pipeline-parallel trai
     INFO(r.out);
     CHECK(r.code == 1);
     CHECK_THAT(r.out, Catch::Contains("rank 1 (local rank 1") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
+  }
+}
+
+// The same on 3 ranks with the two cores busy: a healthy rank's timeout may then fire first, waiting for the
+// stopped rank and for another that waits on it (rank 0 was blamed: "alive but never reached the
+// collective"). The launcher decides on evidence: the stopped state, then how many collectives each entered.
+TEST_CASE("a rank stopped during a 3-rank ZeRO-3 run beside a CPU hog is named, not the rank waiting for it", "[launcher][failure]") {
+  struct Hogs {  // two processes that spin, one per core, gone with the test whatever happens
+    std::vector<pid_t> pids;
+    Hogs() {
+      for (int i = 0; i < 2; i++) {
+        const pid_t h = fork();
+        if (h == 0) {
+          prctl(PR_SET_PDEATHSIG, SIGKILL);
+          volatile unsigned long x = 0;
+          for (;;) x = x + 1;
+        }
+        pids.push_back(h);
+      }
+    }
+    ~Hogs() {
+      for (pid_t h : pids) {
+        kill(h, SIGKILL);
+        waitpid(h, nullptr, 0);
+      }
+    }
+  } hogs;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    LaunchResult r = sh(run_cmd("-n 3 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 2 ]; then (sleep 5; kill -STOP $$) & fi; exec "s +
+                      DISTLAB_BINARY + " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 "
+                      "--set train.log_every=1000000 --set train.eval_every=0 --set dist.timeout_s=4 --set parallel.strategy=zero3'"));
+    INFO(r.out);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Catch::Contains("rank 2 (local rank 2") && Catch::Contains("stopped answering") && Catch::Contains("SIGSTOP"));
   }
 }
 

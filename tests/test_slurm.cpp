@@ -168,6 +168,18 @@ TEST_CASE("a task srun started takes its rank, world, local rank and master from
     CHECK_FALSE(e.from_slurm);
     CHECK(e.rank == 1);
   }
+  {  // RANK and WORLD_SIZE left in a job script, without MASTER_PORT: Slurm's when they agree, an error naming both when not
+    const distlab::LaunchEnv e = launch_env_with(two_nodes, {{"RANK", "2"}, {"WORLD_SIZE", "4"}});
+    CHECK(e.from_slurm);
+    CHECK(e.rank == 2);
+    CHECK(e.store_port >= 15000);
+    auto vars = two_nodes;
+    vars["RANK"] = "0";
+    vars["WORLD_SIZE"] = "8";
+    SrunVars v(vars);
+    CHECK_THROWS_WITH(distlab::read_launch_env(), Catch::Contains("RANK=0 and WORLD_SIZE=8 are set") && Catch::Contains("SLURM_PROCID=2") &&
+                                                      !Catch::Contains("MASTER_PORT is not set"));
+  }
   // DISTLAB_SLURM=0: every task runs on its own (a sweep of separate runs under one srun)
   CHECK_FALSE(launch_env_with(two_nodes, {{"DISTLAB_SLURM", "0"}}).launched);
   {  // a single task is rank 0 of 1, as outside srun
@@ -405,6 +417,8 @@ TEST_CASE("on a one-node Slurm cluster: srun's ranks train as distlab run's, and
     REQUIRE(merged.out.find(again) != std::string::npos);
     CHECK(slurm_read(results / "grades.csv").find("not graded: no row") != std::string::npos);
     CHECK(slurm_read(results / "feedback/c_crash.txt").find("not graded: no row") != std::string::npos);  // none was left: one saying why
+    CHECK(slurm_read(results / "feedback/c_crash.txt").find("NOT GRADED: no check ran") != std::string::npos);  // was "BUILD FAILED"
+    CHECK(slurm_read(results / "feedback/c_crash.txt").find("BUILD FAILED") == std::string::npos);
     auto rerun = slurm_sh("timeout 100 sbatch --wait" + again.substr(6));
     INFO(rerun.out);
     REQUIRE(rerun.code == 0);

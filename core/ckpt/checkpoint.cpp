@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -184,8 +185,78 @@ Checkpoint::Checkpoint(const std::string& step_dir) : dir_(step_dir) {
   }
 }
 
+// What no run saves, field by field. A state whose bytes match their CRC (recomputed by whoever edited them)
+// may still hold a negative epoch or an optimizer step of -1: such a checkpoint is not usable, and
+// resume = auto falls back to the one before it instead of failing in the middle of loading.
+std::vector<std::string> rank_state_problems(const nlohmann::json& st, int64_t step) {
+  std::vector<std::string> bad;
+  if (!st.is_object()) return {"it is not a JSON object"};
+  // an integer at `path` (a/b/c) within [lo, hi]; absent is the loader's to judge (older checkpoints lack some)
+  auto integer = [&](const std::string& path, int64_t lo, int64_t hi) {
+    const nlohmann::json* v = &st;
+    for (size_t at = 0; at <= path.size();) {
+      const size_t end = std::min(path.find('/', at), path.size());
+      const std::string key = path.substr(at, end - at);
+      if (!v->is_object() || !v->contains(key)) return;
+      v = &(*v)[key];
+      at = end + 1;
+    }
+    const std::string name = path;
+    if (!v->is_number_integer() && !v->is_number_unsigned()) bad.push_back(fmt::format("{} is {} (not an integer)", name, v->dump()));
+    else if (v->is_number_unsigned() ? (v->get<uint64_t>() > uint64_t(hi) || (lo > 0 && v->get<uint64_t>() < uint64_t(lo)))
+                                     : (v->get<int64_t>() < lo || v->get<int64_t>() > hi))
+      bad.push_back(fmt::format("{} is {} (not in {}..{})", name, v->dump(), lo, hi));
+  };
+  constexpr int64_t kBig = int64_t(1) << 50;
+  integer("step", step, step);
+  integer("world_size", 1, 1 << 20);
+  integer("dp_world", 1, 1 << 20);
+  integer("micro_batch", 1, kBig);
+  integer("accum_steps", 1, kBig);
+  integer("data/epoch", 0, kBig);
+  integer("data/position", 0, kBig);
+  integer("optimizer/steps", 0, kBig);
+  integer("scheduler/steps", 0, kBig);
+  integer("trainer/epoch", 0, kBig);
+  integer("trainer/skipped_steps", 0, std::max<int64_t>(step, 0));
+  integer("scaler/growth_tracker", 0, kBig);
+  integer("scaler/hysteresis_left", 0, kBig);
+  if (st.contains("optimizer") && st["optimizer"].is_object() && st["optimizer"].contains("param_steps")) {
+    const auto& ps = st["optimizer"]["param_steps"];
+    if (!ps.is_object()) bad.push_back("optimizer/param_steps is not an object");
+    else
+      for (const auto& [name, v] : ps.items())
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kBig)
+          bad.push_back(fmt::format("optimizer/param_steps/{} is {} (a step count is 0 or more)", name, v.dump()));
+  }
+  if (st.contains("scaler") && st["scaler"].is_object() && st["scaler"].contains("scale")) {
+    const auto& sc = st["scaler"]["scale"];
+    if (!sc.is_number() || !(sc.get<double>() > 0) || !std::isfinite(sc.get<double>()))
+      bad.push_back(fmt::format("scaler/scale is {} (a loss scale is a positive finite number)", sc.dump()));
+  }
+  if (st.contains("rng") && st["rng"].is_object() && st["rng"].contains("dropout_calls")) {
+    const auto& calls = st["rng"]["dropout_calls"];
+    if (!calls.is_array()) bad.push_back("rng/dropout_calls is not a list");
+    else
+      for (const auto& v : calls)
+        if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+          bad.push_back(fmt::format("rng/dropout_calls holds {} (a count of draws)", v.dump()));
+          break;
+        }
+  }
+  return bad;
+}
+
 void Checkpoint::verify_files() {
-  for (const auto& [rank, name] : file_name_) file_of_rank(rank);
+  for (const auto& [rank, name] : file_name_) {
+    const StFile& f = file_of_rank(rank);
+    // the counters too: bytes that match their CRC can still say what no run saved
+    if (f.metadata.find("distlab.state") == f.metadata.end()) continue;
+    if (const auto bad = rank_state_problems(rank_state(rank), step()); !bad.empty())
+      throw CheckpointError(fmt::format("{}: rank {}'s state holds what no run saves: {}", dir_, rank, fmt::join(bad, "; ")),
+                            "its bytes match their checksum, so they were written as they are (edited, or a bug): use an older "
+                            "checkpoint (resume = auto skips this one) or remove this folder");
+  }
 }
 
 const StFile& Checkpoint::file_of_rank(int rank) {

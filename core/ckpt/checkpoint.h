@@ -114,6 +114,11 @@ struct Skipped {
 };
 std::string find_checkpoint(const std::string& dir, std::vector<Skipped>& skipped, const std::function<void(Checkpoint&)>& accept = {});
 
+// The fields of a rank's saved state (step, epoch, position, optimizer and scheduler steps, loss scale, ...)
+// that hold what no run saves (a negative epoch, an optimizer step of -1): each as "data/epoch is -7 (not in
+// 0..N)". Checkpoint::verify_files throws on any, so resume = auto falls back to the checkpoint before.
+std::vector<std::string> rank_state_problems(const nlohmann::json& state, int64_t step);
+
 // distlab ckpt inspect: what is inside, as text (and the same as JSON into `json`).
 std::string inspect_checkpoint(const std::string& path, nlohmann::json* json = nullptr);
 // distlab ckpt export: the full model weights (not the optimizer state) as one safetensors file PyTorch

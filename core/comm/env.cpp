@@ -31,9 +31,27 @@ static int int_var(const char* name, bool required, int fallback, long max = 1 <
   return int(x);
 }
 
+// RANK or WORLD_SIZE in a task srun started, with no MASTER_PORT beside them: not a launcher's worker (distlab
+// run and torchrun set all three), but a job script's leftover or a torchrun habit. They used to win over
+// Slurm's and fail on the missing MASTER_PORT; now they must agree with Slurm's, which then rule.
+static bool stale_torch_vars(const SlurmStep& s) {
+  const char* port = std::getenv("MASTER_PORT");
+  if ((!std::getenv("RANK") && !std::getenv("WORLD_SIZE")) || (port && *port) || !s.inside || s.ntasks <= 1) return false;
+  const int rank = int_var("RANK", false, s.procid), world = int_var("WORLD_SIZE", false, s.ntasks);
+  if (rank != s.procid || world != s.ntasks)
+    throw CommError(fmt::format("RANK={} and WORLD_SIZE={} are set, but srun started this task as SLURM_PROCID={} of SLURM_STEP_NUM_TASKS={} "
+                                "(and no MASTER_PORT says where the ranks of RANK/WORLD_SIZE would meet)",
+                                std::getenv("RANK") ? std::getenv("RANK") : "(unset)", std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "(unset)",
+                                s.procid, s.ntasks),
+                    "under srun distlab takes its ranks from Slurm: unset RANK and WORLD_SIZE in the job script (or set DISTLAB_SLURM=0 "
+                    "and give all of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself)");
+  return true;
+}
+
 LaunchEnv read_launch_env() {
   LaunchEnv e;
-  if (!std::getenv("RANK") && !std::getenv("WORLD_SIZE")) {
+  const bool torch_vars = std::getenv("RANK") || std::getenv("WORLD_SIZE");
+  if (!torch_vars || stale_torch_vars(read_slurm_step())) {
     const SlurmStep s = read_slurm_step();
     if (!s.inside || s.ntasks == 1) return e;
     e.launched = e.from_slurm = true;

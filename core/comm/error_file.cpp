@@ -1,5 +1,10 @@
 #include "core/comm/error_file.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +36,31 @@ void record_worker_stop(const std::string& message, bool secondary) {
   std::ofstream(path) << nlohmann::json{{"time_ns", now}, {"message", message}, {"secondary", secondary}, {"waiting_for", nlohmann::json::array()}}
                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                       << "\n";
+}
+
+void note_collective_entered() {
+  // the process's one mapping of its progress page (an OS resource of this worker, like its error file)
+  static std::atomic<uint64_t>* const counter = []() -> std::atomic<uint64_t>* {
+    const char* path = std::getenv("DISTLAB_ERROR_FILE");
+    if (!path || !*path) return nullptr;
+    const std::string file = std::string(path) + ".progress";
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return nullptr;
+    void* p = MAP_FAILED;
+    if (::ftruncate(fd, sizeof(uint64_t)) == 0) p = ::mmap(nullptr, sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    return p == MAP_FAILED ? nullptr : static_cast<std::atomic<uint64_t>*>(p);
+  }();
+  if (counter) counter->fetch_add(1, std::memory_order_relaxed);
+}
+
+long long read_worker_progress(const std::string& error_file) {
+  const int fd = ::open((error_file + ".progress").c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -1;
+  uint64_t v = 0;
+  const ssize_t n = ::read(fd, &v, sizeof v);
+  ::close(fd);
+  return n == ssize_t(sizeof v) && v < (uint64_t(1) << 62) ? (long long)v : -1;
 }
 
 namespace {

@@ -19,6 +19,15 @@ void record_worker_stop(const std::string& message, bool secondary);
 // and what usually causes it, records it for the launcher, and exits 1.
 void install_terminate_handler();
 
+// How far a worker got: the number of collectives it has entered, over every group, published in a page
+// shared with its launcher (DISTLAB_ERROR_FILE + ".progress"). When a collective times out, the launcher
+// reads every rank's count: the rank furthest behind the others is the one that held the job up, whatever
+// the timing of the ranks' own timeouts (under load the first to time out may be any of the waiting ones).
+// One mapping per process, made on the first call (a no-op where no launcher asked for it).
+void note_collective_entered();
+// The count a worker published (-1: none, or unreadable).
+long long read_worker_progress(const std::string& error_file);
+
 struct WorkerError {
   bool present = false;
   long long time_ns = 0;

@@ -1,5 +1,7 @@
 #include "core/comm/process_group.h"
 
+#include "core/comm/error_file.h"
+
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -164,6 +166,7 @@ std::shared_ptr<Work> ProcessGroup::submit(const char* op, int64_t count, int64_
                                            std::function<void(int64_t seq)> body, std::string detail) {
   auto work = std::make_shared<Work>();
   const int64_t seq = collective ? next_seq_++ : -1;
+  if (collective && !fake_) note_collective_entered();  // how far this rank got, for its launcher's blame (error_file.h)
   if (trace_ && collective) {
     TraceEvent e;
     e.name = op;

@@ -59,6 +59,7 @@ struct Worker {
   std::string error_file; // where the worker explains its failure (DISTLAB_ERROR_FILE)
   bool stopped_by_us = false;  // still running when we sent SIGTERM: a victim, not a culprit
   char state_at_failure = 0;   // its /proc state when another rank's failure was seen (T: stopped)
+  long long progress_at_failure = -1;  // collectives it had entered then (error_file.h; -1: none published)
 };
 
 // Where the workers meet: distlab's store (its port and token) and the port left to the program itself
@@ -234,6 +235,10 @@ pid_t spawn(const LaunchOptions& o, Worker& w, int world, const Rendezvous& rv, 
 class Group {
  public:
   Group(const LaunchOptions& o, int attempt, Guard& guard) : o_(o), attempt_(attempt), guard_(guard) {}
+  ~Group() {  // the workers' progress pages (their error files stay: a failure's record)
+    std::error_code ec;
+    for (const auto& w : workers_) std::filesystem::remove(w.error_file + ".progress", ec);
+  }
 
   bool log_failed() const { return log_failed_; }
 
@@ -246,6 +251,7 @@ class Group {
       w.rank = o_.node_rank * o_.nproc_per_node + l;
       w.error_file = fmt::format("/tmp/distlab-error-{}-{}-{}.json", getpid(), attempt_, w.rank);
       std::filesystem::remove(w.error_file);
+      std::filesystem::remove(w.error_file + ".progress");
       if (!o_.log_dir.empty()) {  // opened before any worker starts: a bad --log-dir starts nothing
         std::string name = attempt_ ? fmt::format("rank_{}.attempt{}.log", w.rank, attempt_) : fmt::format("rank_{}.log", w.rank);
         w.log = std::make_unique<std::ofstream>(std::filesystem::path(o_.log_dir) / name);
@@ -452,8 +458,10 @@ class Group {
           auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
           while (std::chrono::steady_clock::now() < until && !primary_failure_seen()) poll_output(20);
         }
-        for (auto& w : workers_)
+        for (auto& w : workers_) {
           if (w.running) w.state_at_failure = process_state(w.pid);
+          w.progress_at_failure = read_worker_progress(w.error_file);  // how many collectives it had entered
+        }
         stop_all();
         const Worker& culprit = blame();
         report_failure(culprit, root_cause(culprit));
@@ -493,12 +501,31 @@ class Group {
   // A rank the failed collective did not wait for can still be the cause: one stopped inside the collective
   // (it arrived, then SIGSTOP) or in another group's (a pipeline stage's, a tensor slice's). A rank that was
   // stopped (state T) when the failure was seen is named then: a healthy rank that timed out is not blamed.
+  //
+  // The decision rests on evidence, never on which rank's timeout fired first (under load that is any of
+  // the waiting ones): 1. a rank that was stopped (state T) when the failure was seen; 2. of the ranks the
+  // failed collective waited for and that were still alive, the one alone with the fewest collectives
+  // entered (each rank publishes its count: error_file.h), or the only one; 3. otherwise it is undetermined
+  // (undetermined_ names the candidates), and the report says so instead of guessing.
   const Worker* root_cause(const Worker& culprit) {
-    for (int r : read_worker_error(culprit.error_file).waiting_for)
-      for (const auto& w : workers_)
-        if (w.rank == r && w.stopped_by_us) return &w;
+    undetermined_.clear();
     for (const auto& w : workers_)
       if (&w != &culprit && w.stopped_by_us && (w.state_at_failure == 'T' || w.state_at_failure == 't')) return &w;
+    std::vector<const Worker*> waited;
+    for (int r : read_worker_error(culprit.error_file).waiting_for)
+      for (const auto& w : workers_)
+        if (w.rank == r && w.stopped_by_us && &w != &culprit) waited.push_back(&w);
+    if (waited.empty()) return nullptr;
+    if (waited.size() == 1) return waited[0];
+    const Worker* behind = nullptr;
+    bool alone = true, known = true;
+    for (const Worker* w : waited) {
+      known = known && w->progress_at_failure >= 0;
+      if (!behind || w->progress_at_failure < behind->progress_at_failure) behind = w, alone = true;
+      else if (w->progress_at_failure == behind->progress_at_failure) alone = false;
+    }
+    if (known && alone) return behind;
+    undetermined_ = waited;
     return nullptr;
   }
 
@@ -518,6 +545,14 @@ class Group {
                         describe_status(f->status));
     } else {
       msg = fmt::format("distlab run: rank {} (local rank {}, pid {}) failed: {}", rank, f->local_rank, f->pid, describe_status(f->status));
+      if (!undetermined_.empty()) {
+        std::string who;
+        for (const Worker* w : undetermined_)
+          who += fmt::format("{}rank {} ({} collectives entered, {})", who.empty() ? "" : ", ", w->rank, w->progress_at_failure,
+                             w->state_at_failure ? std::string("state ") + w->state_at_failure : "state unknown");
+        msg += fmt::format("; it waited for {}: which of them held the job up is undetermined (none was stopped, none was behind the "
+                           "others)", who);
+      }
     }
     msg += fmt::format("; stopped the other {} worker(s)\n", workers_.size() - 1);
     // what the rank's error file says, when its output does not (a rank other than 0 prints little)
@@ -543,6 +578,7 @@ class Group {
 
   const LaunchOptions& o_;
   int attempt_;
+  std::vector<const Worker*> undetermined_;  // root_cause's candidates when the evidence names none of them
   Guard& guard_;
   bool log_failed_ = false;
   std::vector<Worker> workers_;
@@ -565,7 +601,13 @@ int launch(const LaunchOptions& o) {
     throw ConfigError("--master-port 0 works on one node only", "the other nodes must know the port: pick one, e.g. --master-port 29500");
   if (o.master_port < 0 || o.master_port > (o.nnodes > 1 ? 65534 : 65535))
     throw ConfigError(fmt::format("--master-port {} is not a port (0..65535; with several nodes the program gets the next one too)", o.master_port));
-  if (!o.log_dir.empty()) std::filesystem::create_directories(o.log_dir);
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.log_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.log_dir))
+      throw ConfigError(fmt::format("--log-dir {}: cannot make it a folder ({})", o.log_dir, ec ? ec.message() : "a file is in the way"),
+                        "give a folder you can write, e.g. --log-dir logs");
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);

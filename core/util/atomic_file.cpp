@@ -21,6 +21,10 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
 
 AtomicFile::~AtomicFile() {
   if (f_) std::fclose(f_);
+  // a write that failed (a full disk, a quota) leaves nothing behind: its bytes are cut short anyway, and
+  // they would hold on to the space the disk lacks. One never finished for another reason (a run that
+  // crashed or was stopped) stays for inspection: the grader reads a failed run's metrics from it
+  if (failed_ && !committed_) std::remove(partial_path().c_str());
 }
 
 // Every failure is remembered: a stream whose buffered bytes were lost once (a full disk) must never

@@ -9,7 +9,7 @@ namespace distlab {
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path);  // opens <path>.partial for writing; IoError if it can't
-  ~AtomicFile();                          // not committed: the .partial file stays for inspection
+  ~AtomicFile();                          // not committed: the .partial file stays for inspection, unless a write failed
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   void write(const void* data, size_t n);
