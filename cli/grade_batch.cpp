@@ -1,9 +1,13 @@
 #include "cli/grade_batch.h"
 
+#include "grader/gradebook.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -171,10 +175,49 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   for (int k = 1; k < a.jobs && size_t(k) < dirs.size(); k++) workers.emplace_back(worker);
   worker();
   for (auto& t : workers) t.join();
-  if (!a.csv.empty()) write_atomically(a.csv, grader::gradebook_csv(grades));
+  // submissions that look copied: listed for the instructor to look at, never a grade's business
+  std::vector<std::pair<std::string, std::string>> texts;
+  for (const auto& d : dirs) {
+    std::string all;
+    for (const auto& f : l.files) {
+      std::error_code ec;
+      const fs::path file = d / f;
+      if (!fs::is_regular_file(fs::symlink_status(file, ec)) || fs::file_size(file, ec) > (1u << 20)) continue;
+      std::ifstream in(file, std::ios::binary);
+      all += std::string(std::istreambuf_iterator<char>(in), {}) + "\n";
+    }
+    texts.emplace_back(d.filename().string(), all);
+  }
+  std::string skeleton;
+  for (const auto& f : l.files) {
+    std::ifstream in(fs::path(l.dir) / "student" / f, std::ios::binary);
+    skeleton += std::string(std::istreambuf_iterator<char>(in), {}) + "\n";
+  }
+  const auto copies = grader::similar_submissions(texts, skeleton);
+  if (!copies.empty()) {
+    std::cout << fmt::format("{} pair(s) of submissions look copied (comments, spacing and names normalized; the skeleton left out):\n",
+                             copies.size());
+    for (const auto& c : copies)
+      std::cout << fmt::format("  {} and {}: {}\n", sanitize_output(c.a, 200), sanitize_output(c.b, 200),
+                               c.identical ? "identical" : fmt::format("{:.0f} % of their 8-token runs in common", 100 * c.share));
+  }
+  const grader::Roster roster = a.roster.empty() ? grader::Roster{} : grader::read_roster(a.roster);
+  if (!a.roster.empty())
+    for (const auto& d : dirs)
+      if (!roster.count(d.filename().string()))
+        std::cout << fmt::format("not on the roster: {} (its row has no id)\n", sanitize_output(d.filename().string(), 200));
+  const grader::BatchInfo info = grader::batch_info(p, l, a.roster.empty() ? nullptr : &roster);
+  if (!a.csv.empty()) write_atomically(a.csv, grader::gradebook_csv(grades, info));
   if (!a.json.empty()) {
     nlohmann::json all = nlohmann::json::array();
-    for (const auto& g : grades) all.push_back(grader::to_json(g));
+    for (const auto& g : grades) {
+      nlohmann::json j = grader::to_json(g);
+      if (auto it = roster.find(g.student); it != roster.end()) j["roster"] = {{"id", it->second.id}, {"name", it->second.name}, {"email", it->second.email}};
+      j["lab_version"] = info.lab_version;
+      j["grader_version"] = info.grader_version;
+      j["date"] = info.date;
+      all.push_back(j);
+    }
     write_atomically(a.json, all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   return 0;

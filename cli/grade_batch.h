@@ -20,6 +20,9 @@ struct GradeArgs {
   std::string lab, json, junit, submissions, csv, feedback, html;
   std::string hints = "after-failure";  // grader/hints.h
   std::string src;  // --src: the student's files from this folder instead of student/
+  std::string roster;  // --roster: folder -> id, name, email (grader/gradebook.h)
+  std::string gradescope;         // --gradescope: grade ROOT/submission, write ROOT/results/results.json
+  std::string gradescope_bundle;  // --gradescope-bundle DIR: write setup.sh, run_autograder and the source
   bool solution = false, no_sandbox = false, require_sandbox = false;
   std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
   int jobs = 1;  // --submissions: how many students are graded at once

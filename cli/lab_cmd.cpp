@@ -1,6 +1,7 @@
 #include "cli/lab_cmd.h"
 
 #include "cli/grade_batch.h"
+#include "cli/gradescope_cmd.h"
 #include "cli/slurm_grade.h"
 
 #include <fmt/format.h>
@@ -264,6 +265,14 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--partition", a->partition, "with --slurm: the partition (default: the cluster's)");
   grade->add_option("--sbatch-arg", a->sbatch_args, "with --slurm: one more argument for sbatch, e.g. --sbatch-arg=--account=cs101 (repeatable)")->allow_extra_args(false);
   grade->add_flag("--wait", a->wait, "with --slurm: wait for the array job to end, then merge");
+  grade->add_option("--roster", a->roster, "with --submissions: a CSV of folder,id,name,email: the gradebook's rows carry them, and "
+                                           "students without a submission get a row");
+  grade->add_option("--gradescope", a->gradescope, "Gradescope's autograder: grade ROOT/submission, write ROOT/results/results.json "
+                                                   "(ROOT: /autograder)")
+      ->expected(0, 1)
+      ->default_str("/autograder");
+  grade->add_option("--gradescope-bundle", a->gradescope_bundle, "write DIR/setup.sh, DIR/run_autograder and this source: zip DIR's "
+                                                                 "files as the assignment's autograder");
   grade->add_option("--slurm-task", a->slurm_task, "(an array task of --slurm: grade its students into the folder)")->group("");
   auto merge = std::make_shared<std::array<std::string, 3>>();
   auto* merge_cmd = grade->add_subcommand("merge", "the gradebook of a --slurm grading: every task's row, and the students whose task left none");
@@ -271,7 +280,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   merge_cmd->add_option("--csv", (*merge)[1], "the gradebook (default: RESULTS/grades.csv)");
   merge_cmd->add_option("--json", (*merge)[2], "every row as JSON (default: RESULTS/grades.json)");
   merge_cmd->callback([merge, self_exe, &exit_code] { exit_code = merge_slurm_grading(grader_paths(self_exe), (*merge)[0], (*merge)[1], (*merge)[2]); });
-  grade->callback([a, self_exe, merge_cmd, &exit_code] {
+  grade->callback([a, self_exe, merge_cmd, grade, &exit_code] {
     if (merge_cmd->parsed()) return;
     if (a->lab.empty()) throw CLI::RequiredError("lab");
     auto p = grader_paths(self_exe);
@@ -320,6 +329,16 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     }
     if (!a->submissions.empty()) {
       exit_code = grade_submissions(p, l, *a, sb);
+      return;
+    }
+    if (!a->roster.empty()) throw ConfigError("--roster goes with --submissions (a class's gradebook)", "add --submissions DIR --csv FILE");
+    if (!a->gradescope_bundle.empty()) {
+      write_gradescope_bundle(p, l, a->gradescope_bundle);
+      return;
+    }
+    if (grade->count("--gradescope")) {
+      exit_code = grade_for_gradescope(p, l, a->gradescope.empty() ? "/autograder" : a->gradescope, sb,
+                                       grade->count("--hints") ? *parse_choice<grader::HintPolicy>(a->hints) : grader::HintPolicy::always);
       return;
     }
     const std::string tag = a->solution ? "solution" : "student";

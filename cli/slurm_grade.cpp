@@ -1,5 +1,7 @@
 #include "cli/slurm_grade.h"
 
+#include "grader/gradebook.h"
+
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -245,7 +247,7 @@ int merge_slurm_grading(const grader::Paths& p, const std::string& results_arg, 
   }
   const std::string csv_path = csv.empty() ? (results / "grades.csv").string() : csv;
   const std::string json_path = json.empty() ? (results / "grades.json").string() : json;
-  write_atomically(csv_path, grader::gradebook_csv(grades));
+  write_atomically(csv_path, grader::gradebook_csv(grades, grader::batch_info(p, l, nullptr)));
   nlohmann::json all = nlohmann::json::array();
   for (const auto& g : grades) all.push_back(grader::to_json(g));
   write_atomically(json_path, all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

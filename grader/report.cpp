@@ -1,5 +1,6 @@
 #include "grader/report.h"
 
+#include <map>
 #include <set>
 
 #include "core/report/svg.h"  // xml_escape
@@ -32,7 +33,7 @@ bool full_marks(const Grade& g) { return g.built && !g.checks.empty() && g.point
 
 std::string not_run_reason(const Grade& g) {
   if (g.built) return "";
-  const bool grader_side = g.build_log.rfind("not graded:", 0) == 0 || g.build_log.rfind("grading failed:", 0) == 0;
+  const bool grader_side = g.build_log.find("not graded:") != std::string::npos || g.build_log.rfind("grading failed:", 0) == 0;
   return grader_side ? "not graded" : "build failed";
 }
 
@@ -41,12 +42,24 @@ std::string table(const Grade& g) {
   if (!g.built)
     return t + (not_run_reason(g) == "not graded" ? "NOT GRADED" : "BUILD FAILED") + ": no check ran\n" +
            indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
+  // One failure that cost several checks (a training job they all needed crashed, hung or threw: an
+  // unfinished skeleton's "not implemented yet") is said once, first, with the checks it cost
+  std::map<std::string, std::vector<std::string>> shared;
+  for (const auto& c : g.checks)
+    if (c.status != "pass" && c.status != "fail" && !c.seen.empty()) shared[c.seen].push_back(c.spec.name);
+  std::erase_if(shared, [](const auto& kv) { return kv.second.size() < 2; });
+  for (const auto& [seen, names] : shared)
+    t += fmt::format("  one failure cost {} checks ({}):\n", names.size(), fmt::join(names, ", ")) + indent(sanitize_output(seen, 20000), "      ") + "\n";
   t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>6}\n", "check", "points", "max", "result", "time");
   for (const auto& c : g.checks) {
     t += fmt::format("  {:<34} {:>6} {:>4}  {:<8} {:>5.1f}s\n", c.spec.name, c.points, c.spec.points,
                      c.status == "pass" ? "pass" : "FAIL(" + c.status + ")", c.seconds);
-    if (c.status != "pass" && !c.expected.empty()) t += indent("expected: " + sanitize_output(c.expected, 20000), "      ") + "\n";
-    if (!c.seen.empty()) t += indent("seen:     " + sanitize_output(c.seen, 20000), "      ") + "\n";  // pass or fail: the numbers
+    if (shared.count(c.seen)) {
+      t += "      seen:     the failure above\n";
+    } else {
+      if (c.status != "pass" && !c.expected.empty()) t += indent("expected: " + sanitize_output(c.expected, 20000), "      ") + "\n";
+      if (!c.seen.empty()) t += indent("seen:     " + sanitize_output(c.seen, 20000), "      ") + "\n";  // pass or fail: the numbers
+    }
     if (c.status != "pass") {
       if (!c.hint.empty()) t += indent("hint:     " + sanitize_output(c.hint, 4000), "      ") + "\n";
       else if (c.hint_held) t += indent("hint:     " + held_hint_text(g.lab, c.spec.name), "      ") + "\n";
@@ -119,44 +132,19 @@ std::string to_junit(const Grade& g) {
   std::string x = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\">\n",
                               xml_escape(g.lab.name + " " + sanitize_output(g.student, 300)), g.built ? g.checks.size() : 1, g.built ? failures : 1);
   if (!g.built) x += "  <testcase name=\"build\"><failure message=\"build failed\">" + xml_escape(g.build_log) + "</failure></testcase>\n";
+  // the points, as properties (JUnit's place for what its schema has no attribute for): the suite's and each case's
+  x += fmt::format("  <properties><property name=\"points\" value=\"{}\"/><property name=\"max_points\" value=\"{}\"/></properties>\n",
+                   g.points(), g.lab.max_points());
   for (const auto& c : g.checks) {
-    x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", xml_escape(c.spec.name), c.seconds);
+    x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\"><properties><property name=\"points\" value=\"{}\"/>"
+                     "<property name=\"max_points\" value=\"{}\"/></properties>",
+                     xml_escape(c.spec.name), c.seconds, c.points, c.spec.points);
     if (c.status != "pass")
       x += fmt::format("<failure message=\"{}\">expected: {}\nseen: {}\nhint: {}</failure>", xml_escape(c.status),
                        xml_escape(c.expected), xml_escape(c.seen), xml_escape(c.hint));
     x += "</testcase>\n";
   }
   return x + "</testsuite>\n";
-}
-
-std::string gradebook_csv(const std::vector<Grade>& grades) {
-  if (grades.empty()) return "";
-  auto quote = [](std::string s) {  // one line per student: newlines become spaces
-    std::string o = "\"";
-    // a cell a spreadsheet would run as a formula is shown as text
-    if (!s.empty() && std::string("=+-@\t\r").find(s[0]) != std::string::npos) o += "'";
-    for (char c : s) o += c == '"' ? std::string("\"\"") : c == '\n' ? std::string(" ") : std::string(1, c);
-    return o + "\"";
-  };
-  std::string csv = "student";
-  for (const auto& c : grades.front().lab.checks) csv += "," + c.name;
-  csv += ",total,max,error\n";
-  for (const auto& g : grades) {
-    csv += quote(sanitize_output(g.student, 300));
-    for (const auto& spec : g.lab.checks) {
-      int p = 0;
-      for (const auto& c : g.checks)
-        if (c.spec.name == spec.name) p = c.points;
-      csv += "," + std::to_string(p);
-    }
-    std::string err;
-    if (!g.built) err = "build failed: " + g.build_log.substr(0, 300);
-    for (const auto& c : g.checks)
-      if (err.empty() && c.status != "pass" && c.status != "fail")
-        err = c.spec.name + ": " + c.status + ": " + c.seen.substr(0, 200);
-    csv += fmt::format(",{},{},{}\n", g.points(), g.lab.max_points(), quote(err));
-  }
-  return csv;
 }
 
 }  // namespace distlab::grader

@@ -35,9 +35,8 @@ nlohmann::json to_json(const Grade& g);
 // range, a field missing or of the wrong type).
 std::optional<Grade> grade_from_json(const nlohmann::json& j, const Lab& lab, std::string& why);
 std::string to_junit(const Grade& g);
-// One row per student: id, points per check, total, error. Every text in every report (a folder's name, a
-// plugin's output, a build log) passes through sanitize_output: no control or bidi character reaches a
-// terminal, a spreadsheet or a browser raw.
-std::string gradebook_csv(const std::vector<Grade>& grades);
+// The gradebook over a batch: grader/gradebook.h. Every text in every report (a folder's name, a plugin's
+// output, a build log) passes through sanitize_output: no control or bidi character reaches a terminal, a
+// spreadsheet or a browser raw.
 
 }  // namespace distlab::grader

@@ -651,6 +651,8 @@ TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU 
   const auto [plain, plain_out] = losses("", "none.jsonl");
   const auto [zero3, zero3_out] = losses("--set parallel.strategy=zero3 --set parallel.offload=cpu", "zero3.jsonl");
   CHECK_THAT(zero3_out, Catch::Contains("strategy zero3"));
+  // a language model's progress in tokens, with the time left (not on the last step's line)
+  CHECK_THAT(plain_out, Catch::Contains(" tokens/s | ") && Catch::Contains(" | ETA 0:"));
   REQUIRE(plain.size() == zero3.size());
   for (size_t i = 0; i < plain.size(); i++) CHECK(zero3[i] == Approx(plain[i]).epsilon(1e-6));
   std::filesystem::remove_all(dir);

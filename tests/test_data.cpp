@@ -167,6 +167,18 @@ TEST_CASE("a missing Fashion-MNIST says where it looked and how to get it", "[da
   } else {
     CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("/nonexistent/data") && Catch::Contains("apt-get install dataset-fashion-mnist"));
   }
+  {  // CIFAR-10 with $DISTLAB_DATA naming no folder: an error naming it, not a silent run on synthetic images
+    DataSpec c;
+    c.name = "cifar10";
+    c.fallback = "synthetic";
+    try {
+      (void)open_datasets(c);
+      FAIL("no error");
+    } catch (const distlab::Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("$DISTLAB_DATA is '/nonexistent/data', which does not exist"));
+      CHECK_THAT(e.hint(), Catch::Contains("--set data.name=synthetic-images"));
+    }
+  }
   unsetenv("DISTLAB_DATA");
 }
 

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -84,10 +85,15 @@ std::map<std::string, Row> parse_csv(const std::string& csv) {
   for (std::string line; std::getline(in, line);) {
     auto f = csv_fields(line);
     REQUIRE(f.size() == cols.size());
+    // by the header's names: the checks are the columns that are not the gradebook's own
+    static const std::set<std::string> own = {"student", "id", "name", "email", "lab", "lab_version", "points",
+                                              "max", "percent", "error", "grader_version", "date"};
     Row r;
-    for (size_t k = 1; k + 3 < cols.size(); k++) r.points[cols[k]] = std::stoi(f[k]);
-    r.total = std::stoi(f[cols.size() - 3]);
-    r.error = f.back();
+    for (size_t k = 0; k < cols.size(); k++) {
+      if (cols[k] == "points") r.total = std::stoi(f[k]);
+      else if (cols[k] == "error") r.error = f[k];
+      else if (!own.count(cols[k])) r.points[cols[k]] = std::stoi(f[k]);
+    }
     rows[f[0]] = r;
   }
   return rows;
@@ -189,6 +195,11 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   std::map<std::string, std::string> files = {
       {"solution", solution},
       {"skeleton", skeleton},
+      // two more correct rings, written otherwise (no check may fail them): one that turns the other way with
+      // the first count % N chunks one longer (tests/solutions_alt/), and the solution adding in double
+      {"ring_left", read(src / "tests/solutions_alt/01-ring_left.cpp")},
+      {"sums_in_double", replace(solution, "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] += incoming[size_t(i)];\n",
+                                 "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] = float(double(dst[i]) + double(incoming[size_t(i)]));\n")},
       // gather to rank 0, add, broadcast back: right numbers, (N-1)·S bytes from the root
       {"naive", replace_body(solution, "void ring_all_reduce(", R"(
   const int N = comm.size();
@@ -323,6 +334,8 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
     CHECK(long_ones >= 1);
   }
   CHECK(rows["solution"].total == 12);
+  CHECK(rows["ring_left"].total == 12);
+  CHECK(rows["sums_in_double"].total == 12);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["chatty"].total == 12);  // debug output is never mistaken for a result, nor for a crash
@@ -442,6 +455,76 @@ TEST_CASE("a working copy outside student/ builds, grades and records under its 
   CHECK(bob_grade["best"]["points"] == 0);
   CHECK(fs::exists(so_bob.parent_path() / "hints.json"));
   CHECK(snapshot() == before);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("grades an LMS imports: the roster's ids, percent and versions in the CSV, JUnit points, Gradescope's results.json and bundle, copies listed", "[grader][lab01]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const fs::path dir = fs::temp_directory_path() / ("distlab-lms-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string solution = kHeaders + read(src / "solutions/01-collectives/ring.cpp");
+  // bob's is ann's with every name changed and comments of his own: a copy all the same
+  std::string bob = "// my own work, honestly\n" + solution;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"incoming", "buf"}, {"chunk_begin", "start_of"}, {"dst", "target"}})
+    for (size_t at; (at = bob.find(from)) != std::string::npos;) bob.replace(at, from.size(), to);
+  const std::map<std::string, std::string> subs = {
+      {"ann", solution}, {"bob", bob}, {"cid", kHeaders + read(src / "labs/01-collectives/student/ring.cpp")}, {"dan", read(src / "tests/solutions_alt/01-ring_left.cpp")}};
+  for (const auto& [name, text] : subs) {
+    fs::create_directories(dir / "subs" / name);
+    std::ofstream(dir / "subs" / name / "ring.cpp") << text;
+  }
+  std::ofstream(dir / "roster.csv") << "name,folder,id,email\n\"Ann A\",ann,S001,ann@uni.edu\nBob B,bob,S002,bob@uni.edu\nCid C,cid,S003,cid@uni.edu\n"
+                                       "Eve E,eve,S005,eve@uni.edu\n";
+  auto [code, out] = run("grade 01 --require-sandbox --jobs 2 --submissions " + (dir / "subs").string() + " --csv " + (dir / "g.csv").string() +
+                         " --roster " + (dir / "roster.csv").string());
+  INFO(out);
+  REQUIRE(code == 0);
+  // copies: ann and bob, identical once comments, spacing and names are normalized; the skeleton (cid) and
+  // dan's own ring are no one's copy
+  CHECK_THAT(out, Catch::Contains("look copied") && Catch::Contains("ann and bob: identical"));
+  CHECK_THAT(out, !Catch::Contains("cid and") && !Catch::Contains("and cid") && !Catch::Contains("and dan") && !Catch::Contains("dan and"));
+  CHECK_THAT(out, Catch::Contains("not on the roster: dan"));
+  const std::string csv = read(dir / "g.csv");
+  INFO(csv);
+  const std::string header = csv.substr(0, csv.find('\n'));
+  CHECK(header.rfind("student,id,name,email,lab,lab_version,", 0) == 0);
+  CHECK_THAT(header, Catch::EndsWith(",points,max,percent,error,grader_version,date"));
+  CHECK_THAT(csv, Catch::Contains("\"ann\",\"S001\",\"Ann A\",\"ann@uni.edu\",\"01-collectives\","));
+  CHECK_THAT(csv, Catch::Contains(",12,12,100.0,\"\","));
+  CHECK_THAT(csv, Catch::Contains("\"eve\",\"S005\",\"Eve E\",\"eve@uni.edu\",\"01-collectives\",") && Catch::Contains("no submission"));
+  CHECK_THAT(csv, Catch::Contains("\"dan\",\"\",\"\",\"\""));
+  // JUnit with the points, suite and cases
+  auto [jcode, jout] = run("grade 01 --src " + (dir / "subs" / "ann").string() + " --junit " + (dir / "j.xml").string());
+  INFO(jout);
+  CHECK(jcode == 0);
+  const std::string junit = read(dir / "j.xml");
+  CHECK_THAT(junit, Catch::Contains("<property name=\"points\" value=\"12\"/><property name=\"max_points\" value=\"12\"/>"));
+  CHECK_THAT(junit, Catch::Contains("<property name=\"points\" value=\"3\"/><property name=\"max_points\" value=\"3\"/>"));
+  // Gradescope: the files in a folder of the upload, results.json as its autograder reads it
+  fs::create_directories(dir / "autograder" / "submission" / "lab01");
+  std::ofstream(dir / "autograder" / "submission" / "lab01" / "ring.cpp") << solution;
+  auto [gcode, gout] = run("grade 01 --gradescope " + (dir / "autograder").string());
+  INFO(gout);
+  CHECK(gcode == 0);
+  const auto results = nlohmann::json::parse(read(dir / "autograder" / "results" / "results.json"));
+  CHECK(results["score"] == 12);
+  REQUIRE(results["tests"].size() == 6);
+  int max = 0;
+  for (const auto& t : results["tests"]) {
+    max += t["max_score"].get<int>();
+    CHECK(t["visibility"] == "visible");
+    CHECK(t["score"] == t["max_score"]);
+  }
+  CHECK(max == 12);
+  auto [bcode, bout] = run("grade 01 --gradescope-bundle " + (dir / "bundle").string());
+  INFO(bout);
+  CHECK(bcode == 0);
+  CHECK_THAT(read(dir / "bundle" / "run_autograder"), Catch::Contains("grade 01 --gradescope /autograder"));
+  CHECK_THAT(read(dir / "bundle" / "setup.sh"), Catch::Contains("scripts/setup.sh") && Catch::Contains("build.sh --target distlab"));
+  CHECK((fs::status(dir / "bundle" / "run_autograder").permissions() & fs::perms::owner_exec) != fs::perms::none);
+  auto [tcode, tout] = run_cmd("tar -tzf " + (dir / "bundle" / "distlab-src.tar.gz").string() + " 2>&1");
+  CHECK(tcode == 0);
+  CHECK_THAT(tout, Catch::Contains("./scripts/setup.sh") && Catch::Contains("./labs/01-collectives/api.h") && !Catch::Contains("./build/"));
   fs::remove_all(dir);
 }
 

@@ -90,7 +90,7 @@ TEST_CASE("workers get torchrun's environment, only rank 0 prints, --log-dir kee
   }
 }
 
-TEST_CASE("torchrun's spellings work: --nproc_per_node, --standalone, --rdzv-endpoint, --master_port; a config alone means train", "[launcher]") {
+TEST_CASE("torchrun's spellings work: --nproc_per_node, --standalone, --rdzv-endpoint, --master_port, and a config alone means train", "[launcher]") {
   // before: "give -n N", and a config without `train` went to the ranks as an unknown subcommand
   LaunchResult a = sh(run_cmd("--nproc_per_node 2 --standalone configs/gpt-tiny.toml --set train.steps=2 --set train.eval_every=0 --set parallel.strategy=ddp"));
   INFO(a.out);

@@ -152,6 +152,13 @@ static DataSets open_cifar10(const DataSpec& s) {
   auto dirs = candidates(s, "cifar-10-batches-bin", "");
   std::string dir = first_with(dirs, {"data_batch_1.bin"});
   if (dir.empty()) {
+    // $DISTLAB_DATA naming no folder at all is a mistake to say, not a reason to train on made-up images (it
+    // did, exit 0, the second line of the log saying so). One that exists without CIFAR-10 in it (it holds the
+    // other data sets) leaves the choice to data.fallback
+    if (const char* env = std::getenv("DISTLAB_DATA"); env && *env && !fs::is_directory(env))
+      throw DataError(fmt::format("CIFAR-10 not found: $DISTLAB_DATA is '{}', which {}", env, fs::exists(env) ? "is not a folder" : "does not exist"),
+                      "point $DISTLAB_DATA at the folder that holds cifar-10-batches-bin/ (datasets/README.md: datasets/fetch-cifar10.sh on an "
+                      "online machine), unset it, or train on synthetic images on purpose: --set data.name=synthetic-images");
     if (s.fallback == "synthetic")
       return synthetic_image_sets(s, "CIFAR-10 not found (looked in " + (dirs.empty() ? std::string("no folder: data.path and $DISTLAB_DATA unset") : join(dirs)) +
                                          "): training on a SYNTHETIC CIFAR-shaped data set instead; see datasets/README.md to get the real one\n");

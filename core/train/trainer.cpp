@@ -10,6 +10,7 @@
 #include "core/perf/cost_model.h"
 #include "core/train/stop_signal.h"
 #include "core/train/strategies.h"
+#include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/util/error.h"
@@ -241,10 +242,16 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     const bool last = step + 1 == total_steps_;
     if ((step + 1) % cfg_.train.log_every == 0 || last) {
       const double el = (rt_.trace.now_us() - t_start) * 1e-6;
-      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s | {:.1f} s\n", step + 1, total_steps_,
+      // a language model's rate in tokens (a sample is seq_len of them), and the time left at this pace
+      const bool lm = is_language_model(cfg_.model);
+      const double done = double(step + 1 - start_step_), left = double(total_steps_ - step - 1);
+      const double eta = left * el / std::max(done, 1.0);
+      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s{} | {:.1f} s{}\n", step + 1, total_steps_,
                           rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
                           scaler_.enabled() || (ext_ && ext_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
-                          samples / std::max(el, 1e-9), el);
+                          samples / std::max(el, 1e-9),
+                          lm ? fmt::format(" | {:.0f} tokens/s", samples * double(cfg_.data.seq_len) / std::max(el, 1e-9)) : "", el,
+                          last ? "" : fmt::format(" | ETA {:.0f}:{:02.0f}", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0)));
       log_.flush();
     }
     // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, under
@@ -256,9 +263,9 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
       last_eval["step"] = step + 1;
       if (is_rank0()) metrics.write(last_eval);
       if (is_rank0() && !rt_.is_meta())
-        log_ << fmt::format("eval  step {} | test loss {:.4f} | test accuracy {:.2f} % ({} samples)\n", step + 1,
+        log_ << fmt::format("eval  step {} | test loss {:.4f} | test accuracy {:.2f} % ({} {})\n", step + 1,
                             last_eval["loss"].get<double>(), 100.0 * last_eval["accuracy"].get<double>(),
-                            last_eval["samples"].get<int64_t>());
+                            last_eval["samples"].get<int64_t>(), is_language_model(cfg_.model) ? "token positions" : "samples");
     }
     if (checkpoints && cfg_.checkpoint.every > 0 && (step + 1) % cfg_.checkpoint.every == 0)
       save_checkpoint(step + 1, metrics, fmt::format("every {} steps", cfg_.checkpoint.every));
