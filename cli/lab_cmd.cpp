@@ -61,7 +61,7 @@ fs::path state_dir(const grader::Paths& p, const grader::Lab& lab, const std::st
     if (name.size() < 40) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
   const std::string path = abs.string();
   const fs::path dir = lab_build_dir(p, lab) / "src" /
-                       fmt::format("{:08x}-{}", crc32(0L, reinterpret_cast<const Bytef*>(path.data()), uInt(path.size())), name);
+                       fmt::format("{:08x}-{}", ::crc32(0L, reinterpret_cast<const Bytef*>(path.data()), uInt(path.size())), name);
   fs::create_directories(dir, ec);
   try {
     if (!fs::exists(dir / "source.txt")) write_atomically((dir / "source.txt").string(), path + "\n");  // whose state this is

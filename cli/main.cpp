@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   distlab::add_env_command(app);
   distlab::add_plot_commands(app);
   distlab::add_quiz_command(app, exit_code, self_exe);
+  // `distlab run` asks this of its subcommand once before it starts the ranks (each would print the same
+  // argument error): parse, check, and stop before any subcommand runs
+  if (const char* only = std::getenv("DISTLAB_ARGS_ONLY"); only && std::string(only) == "1") app.parse_complete_callback([] { std::exit(0); });
   try {
     app.parse(int(ours.size()), ours.data());
   } catch (const CLI::ParseError& e) {

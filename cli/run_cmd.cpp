@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <sys/wait.h>
 #include <filesystem>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "core/launch/launcher.h"
 #include "core/launch/slurm_launch.h"
 #include "core/util/error.h"
+#include "grader/bridge/sandbox.h"
 
 namespace distlab {
 
@@ -108,6 +110,18 @@ void add_run_command(CLI::App& app, int& exit_code, const std::string& self_exe,
                                  opts.nnodes, opts.nproc_per_node, opts.master_addr, opts.master_port == 0 ? std::string("(a free port)") : std::to_string(opts.master_port));
     }
     else if (!*nproc) throw ConfigError("distlab run: how many ranks? give -n N", "e.g. distlab run -n 2 train configs/gpt-tiny.toml");
+    // a distlab subcommand's arguments, checked once here: a typo is said once, not once per rank
+    if (opts.own_workers && !opts.argv.empty()) {
+      setenv("DISTLAB_ARGS_ONLY", "1", 1);
+      const RunResult check = run_to_end(opts.argv, SpawnOptions{}, 60, 8000);
+      unsetenv("DISTLAB_ARGS_ONLY");
+      if (!check.timed_out && WIFEXITED(check.status) && WEXITSTATUS(check.status) != 0) {
+        std::cerr << check.output << (check.output.empty() || check.output.back() == '\n' ? "" : "\n")
+                  << "distlab run: the arguments after the options were refused (above): no rank was started\n";
+        exit_code = 2;
+        return;
+      }
+    }
     exit_code = launch(opts);
   });
 }

@@ -52,12 +52,12 @@ std::string quote(const std::string& s) {
 }
 
 std::string crc_of_files(const std::vector<std::string>& files) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
   std::vector<char> buf(1 << 20);
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(in.gcount()));
+      crc = ::crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(in.gcount()));
   }
   return fmt::format("{:08x}", crc);
 }

@@ -1,11 +1,16 @@
 // The ecosystem's config files read as distlab settings (core/config/ecosystem.h): every DeepSpeed and FSDP
 // field becomes a key or a note; unknown and unsupported fields are errors that name them.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "core/config/ecosystem.h"
 #include "core/util/error.h"
 
 using namespace distlab;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -62,7 +67,9 @@ TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets a
   CHECK(c.train.micro_batch == 4);
   CHECK(c.train.accum_steps == 8);
   CHECK(c.optim.clip_grad_norm == 1.0);
-  CHECK(c.train.log_every == 20);
+  // steps_per_print is DeepSpeed's own log lines: HF's templates set 2000 and it silenced distlab's progress
+  CHECK(c.train.log_every == RunConfig{}.train.log_every);
+  CHECK(field(e, "steps_per_print")->key.empty());
   CHECK(c.precision.init_scale == 4096);
   CHECK(c.precision.growth_interval == 500);
   CHECK(c.precision.hysteresis == 4);
@@ -86,6 +93,44 @@ TEST_CASE("DeepSpeed JSON: optimizer, scheduler, loss scaler, offload, buckets a
   CHECK(ca.train.micro_batch == 6);
   CHECK(ca.precision.mode == "fp32");
   CHECK_THAT(field(a, "bf16.enabled")->setting, Catch::Contains("auto"));
+  // HF's DeepSpeed template: fp16.enabled "auto" in an fp32 run turned on a dynamic loss scale (loss_scale 0)
+  const EcosystemConfig hf = map_deepspeed(R"({"fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+    "hysteresis": 2, "min_loss_scale": 1}, "steps_per_print": 2000})", "hf.json");
+  const RunConfig chf = with(hf);
+  CHECK(chf.precision.mode == "fp32");
+  CHECK(chf.precision.effective_loss_scale() == RunConfig{}.precision.effective_loss_scale());
+  CHECK(chf.train.log_every == RunConfig{}.train.log_every);
+  CHECK_THAT(field(hf, "fp16.loss_scale")->setting, Catch::Contains("auto"));
+  // fp16 on: the scaler's fields apply, wherever "enabled" stands
+  CHECK(with(map_deepspeed(R"({"fp16": {"loss_scale": 0, "enabled": true}})", "on.json")).precision.effective_loss_scale() == "dynamic");
+}
+
+TEST_CASE("accelerate's DEEPSPEED config: its inline fields or its deepspeed_config_file, through --deepspeed and --fsdp-config", "[config][ecosystem]") {
+  // was: unknown field 'deepspeed_config', with ~85 field names, printed twice
+  const EcosystemConfig inl = map_fsdp("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                                       "  gradient_accumulation_steps: 4\n  gradient_clipping: 1.0\n  offload_optimizer_device: cpu\n"
+                                       "  offload_param_device: none\n  zero3_init_flag: false\n  zero_stage: 2\nmixed_precision: bf16\nnum_processes: 2\n",
+                                       "acc_ds.yaml");
+  const RunConfig c = with(inl);
+  CHECK(c.parallel.strategy == StrategyKind::zero2);
+  CHECK(c.parallel.offload == OffloadTo::cpu);
+  CHECK(c.train.accum_steps == 4);
+  CHECK(c.optim.clip_grad_norm == 1.0);
+  CHECK(c.precision.mode == "bf16");
+  // a deepspeed_config_file beside the YAML: its JSON mapped as --deepspeed maps it; the YAML itself through --deepspeed
+  const fs::path dir = fs::temp_directory_path() / ("distlab-accds-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "ds.json") << R"({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 2})";
+  std::ofstream(dir / "acc.yaml") << "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n  zero3_init_flag: true\n";
+  const RunConfig f = with(read_deepspeed_config((dir / "acc.yaml").string()));
+  CHECK(f.parallel.strategy == StrategyKind::zero3);
+  CHECK(f.train.micro_batch == 2);
+  CHECK(with(read_fsdp_config((dir / "acc.yaml").string())).parallel.strategy == StrategyKind::zero3);
+  // a YAML naming itself is read as JSON and refused, not followed forever
+  std::ofstream(dir / "self.yaml") << "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: self.yaml\n";
+  CHECK_THROWS_WITH(read_deepspeed_config((dir / "self.yaml").string()), Catch::Contains("not a JSON object"));
+  CHECK_THROWS_WITH(map_fsdp("distributed_type: DEEPSPEED\n", "bare.yaml"), Catch::Contains("without a deepspeed_config section"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("activation checkpointing from DeepSpeed, accelerate and the HF Trainer: every block checkpointed", "[config][ecosystem][checkpointing]") {

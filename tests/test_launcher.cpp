@@ -104,6 +104,15 @@ TEST_CASE("torchrun's spellings work: --nproc_per_node, --standalone, --rdzv-end
   LaunchResult c = sh(run_cmd("--nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(free_port()) + " -- "s + FIXTURE_WORKER + " ok"));
   INFO(c.out);
   CHECK(c.code == 0);
+  // an argument error of the subcommand: said once, by the launcher, no rank started (it was once per rank)
+  LaunchResult typo = sh(run_cmd("-n 3 --master-port 0 train configs/gpt-tiny.toml --sett train.steps=2"));
+  INFO(typo.out);
+  CHECK(typo.code == 2);
+  const std::string once = "--sett";
+  size_t n = 0;
+  for (size_t at = typo.out.find("were not expected"); at != std::string::npos; at = typo.out.find("were not expected", at + 1)) n++;
+  CHECK(n == 1);
+  CHECK_THAT(typo.out, Catch::Contains(once) && Catch::Contains("no rank was started"));
   for (const std::string bad : {"--rdzv-endpoint nowhere", "--rdzv-endpoint :29500", "--standalone --master-port 29500"}) {
     LaunchResult r = sh(run_cmd("-n 2 " + bad + " -- true"));
     INFO(bad << "\n" << r.out);

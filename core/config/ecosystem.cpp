@@ -104,10 +104,24 @@ std::string as_bool(Mapper& m, const std::string& f, const json& v) { return m.b
 
 struct DeepSpeedState {
   int64_t stage = 0;
+  // fp16.enabled as the file says it, read first: the loss scaler's fields mean something only in an fp16
+  // run. "auto" (Hugging Face's templates) is resolved as the HF Trainer resolves it, from the run's own
+  // precision (here: the TOML's precision.mode), which the mapping does not change
+  std::string fp16_enabled = "absent";  // true | false | auto | absent
   bool fp16 = false, bf16 = false, offload_optimizer = false, offload_param = false;
   double reduce_bucket_elements = 0;
   std::string bucket_field;
 };
+
+// A loss-scaler field of the fp16 section: a setting when fp16 is on, else a note saying why it is not one.
+Handler scaler_field(DeepSpeedState& st, Handler h) {
+  return [&st, h](Mapper& m, const std::string& f, const json& v) {
+    if (st.fp16_enabled == "true") return h(m, f, v);
+    m.note(f, v, st.fp16_enabled == "auto" ? "fp16.enabled is auto: the run's precision.mode decides; the scaler's settings of a "
+                                             "TOML in fp16 apply (set them in its [precision])"
+                                           : "fp16 is off: no loss scaler");
+  };
+}
 
 Table deepspeed_table(DeepSpeedState& st) {
   Table fp16 = {
@@ -121,17 +135,17 @@ Table deepspeed_table(DeepSpeedState& st) {
          m.out.settings.insert(m.out.settings.begin(), {{"precision.growth_interval", "1000", m.where("fp16 (DeepSpeed's default loss_scale_window)")},
                                                         {"precision.hysteresis", "2", m.where("fp16 (DeepSpeed's default hysteresis)")}});
        }},
-      {"loss_scale", [](Mapper& m, const std::string& f, const json& v) {
+      {"loss_scale", scaler_field(st, [](Mapper& m, const std::string& f, const json& v) {
          if (m.is_auto(f, v)) return;
          const double s = m.number(f, v);
          m.set(f, v, "precision.loss_scale", s == 0 ? "dynamic" : fmt::format("{:g}", s));
-       }},
-      {"initial_scale_power", to_key("precision.init_scale", [](Mapper& m, const std::string& f, const json& v) {
-         return fmt::format("{}", std::pow(2.0, double(m.integer(f, v))));
        })},
-      {"loss_scale_window", to_key("precision.growth_interval", as_int)},
-      {"hysteresis", to_key("precision.hysteresis", as_int)},
-      {"min_loss_scale", to_key("precision.min_scale", as_real)},
+      {"initial_scale_power", scaler_field(st, to_key("precision.init_scale", [](Mapper& m, const std::string& f, const json& v) {
+         return fmt::format("{}", std::pow(2.0, double(m.integer(f, v))));
+       }))},
+      {"loss_scale_window", scaler_field(st, to_key("precision.growth_interval", as_int))},
+      {"hysteresis", scaler_field(st, to_key("precision.hysteresis", as_int))},
+      {"min_loss_scale", scaler_field(st, to_key("precision.min_scale", as_real))},
       {"consecutive_hysteresis", [](Mapper& m, const std::string& f, const json& v) {
          if (m.boolean(f, v)) m.unsupported(f, v, "distlab's hysteresis counts overflows since the last back-off", "set it to false");
          m.note(f, v, "overflows counted since the last back-off (distlab's hysteresis)");
@@ -304,7 +318,9 @@ Table deepspeed_table(DeepSpeedState& st) {
       {"train_micro_batch_size_per_gpu", to_key("train.micro_batch", as_int)},
       {"gradient_accumulation_steps", to_key("train.accum_steps", as_int)},
       {"gradient_clipping", to_key("optim.clip_grad_norm", as_real)},
-      {"steps_per_print", to_key("train.log_every", as_int)},
+      // DeepSpeed's own log lines (its engine's timers); distlab's progress line is train.log_every's (the
+      // HF Trainer's logging_steps), which HF's templates leave alone while setting this to 2000
+      {"steps_per_print", note_only("DeepSpeed's own log lines: distlab's progress follows train.log_every")},
       {"wall_clock_breakdown", note_only("the run's summary has wall and modeled time (log.profile for the breakdown)")},
       {"zero_allow_untested_optimizer", note_only("distlab's ZeRO steps SGD and AdamW")},
       {"zero_force_ds_cpu_optimizer", note_only("an offloaded step runs on the host's CPU")},
@@ -418,6 +434,47 @@ Table fsdp_config_table(bool prefixed) {
   };
 }
 
+EcosystemConfig read_file(const std::string& path, const std::string& what, EcosystemConfig (*map)(const std::string&, const std::string&));
+
+// accelerate config's deepspeed_config section (accelerate's DeepSpeedPlugin): the few fields it takes
+// inline, or deepspeed_config_file naming a DeepSpeed JSON (relative to the YAML's folder), mapped as
+// --deepspeed maps it.
+Table accelerate_deepspeed_table() {
+  auto device = [](const char* what) {
+    return [what](Mapper& m, const std::string& f, const json& v) {
+      const std::string d = m.text(f, v);
+      if (d == "cpu") m.set(f, v, "parallel.offload", "cpu");
+      else if (d == "none") m.note(f, v, std::string(what) + " stays on the device");
+      else m.unsupported(f, v, "distlab offloads to the CPU's memory", "use cpu or none (NVMe offload is not supported)");
+    };
+  };
+  return {
+      {"zero_stage", [](Mapper& m, const std::string& f, const json& v) {
+         const int64_t s = m.integer(f, v);
+         if (s < 0 || s > 3) m.unsupported(f, v, "ZeRO's stages are 0..3", "use 0 (DDP), 1, 2 or 3");
+         m.set(f, v, "parallel.strategy", s == 0 ? "ddp" : fmt::format("zero{}", s));
+       }},
+      {"offload_optimizer_device", device("the optimizer state")},
+      {"offload_param_device", device("the parameters")},
+      {"gradient_accumulation_steps", to_key("train.accum_steps", as_int)},
+      {"gradient_clipping", to_key("optim.clip_grad_norm", as_real)},
+      {"zero3_init_flag", note_only("distlab builds each rank's shard directly under ZeRO-3 (no full model first)")},
+      {"zero3_save_16bit_model", note_only("checkpoints hold f32 weights; distlab ckpt export writes any dtype")},
+      {"deepspeed_multinode_launcher", note_only("distlab run starts the ranks (srun under Slurm)")},
+      {"deepspeed_hostfile", note_only("distlab run --nnodes / Slurm's node list")},
+      {"deepspeed_inclusion_filter", note_only("distlab run --nnodes / Slurm's node list")},
+      {"deepspeed_exclusion_filter", note_only("distlab run --nnodes / Slurm's node list")},
+      {"deepspeed_config_file", [](Mapper& m, const std::string& f, const json& v) {
+         std::filesystem::path file = m.text(f, v);
+         if (file.is_relative()) file = std::filesystem::path(m.out.file).parent_path() / file;
+         const EcosystemConfig inner = read_file(file.string(), "DeepSpeed config", map_deepspeed);  // the JSON only: no YAML naming YAML
+         m.note(f, v, "its fields, below");
+         for (const MappedField& x : inner.fields) m.out.fields.push_back({f + ": " + x.field, x.value, x.key, x.setting});
+         m.out.settings.insert(m.out.settings.end(), inner.settings.begin(), inner.settings.end());
+       }},
+  };
+}
+
 Table fsdp_top_table() {
   auto precision = [](Mapper& m, const std::string& f, const json& v) {
     std::string p = v.is_boolean() ? (v.get<bool>() ? "?" : "no") : m.text(f, v);
@@ -455,7 +512,7 @@ Table fsdp_top_table() {
          if (d == "FSDP") m.set(f, v, "parallel.strategy", "fsdp");
          else if (d == "MULTI_GPU" || d == "MULTI_CPU") m.set(f, v, "parallel.strategy", "ddp");
          else if (d == "NO") m.set(f, v, "parallel.strategy", "none");
-         else if (d == "DEEPSPEED") m.unsupported(f, v, "a DeepSpeed run is configured by its JSON", "pass the JSON with --deepspeed");
+         else if (d == "DEEPSPEED") m.note(f, v, "DeepSpeed: the stage, offload and the rest come from deepspeed_config (or its deepspeed_config_file)");
          else m.unsupported(f, v, "distlab runs FSDP, MULTI_GPU (DDP) or NO", "use one of those");
        }},
       {"mixed_precision", precision},
@@ -481,6 +538,8 @@ Table fsdp_top_table() {
       {"tpu_env", note_only("no TPUs")},
       {"tpu_use_cluster", note_only("no TPUs")},
       {"tpu_use_sudo", note_only("no TPUs")},
+      // accelerate's DeepSpeed plugin: its own fields inline, or a DeepSpeed JSON beside the file
+      {"deepspeed_config", [](Mapper& m, const std::string& f, const json& v) { walk_json(m, v, accelerate_deepspeed_table(), f); }},
       {"fsdp_config", [](Mapper& m, const std::string& f, const json& v) {
          Table both = fsdp_config_table(true), bare = fsdp_config_table(false);  // Trainer takes the keys with or without fsdp_
          both.insert(bare.begin(), bare.end());
@@ -572,6 +631,10 @@ EcosystemConfig map_deepspeed(const std::string& text, const std::string& name) 
   if (doc.contains("zero_optimization") && doc["zero_optimization"].is_object() && doc["zero_optimization"].contains("stage") &&
       doc["zero_optimization"]["stage"].is_number_integer())
     st.stage = doc["zero_optimization"]["stage"].get<int64_t>();
+  if (doc.contains("fp16") && doc["fp16"].is_object() && doc["fp16"].contains("enabled")) {
+    const json& e = doc["fp16"]["enabled"];
+    st.fp16_enabled = e.is_boolean() ? (e.get<bool>() ? "true" : "false") : e.is_string() && e == "auto" ? "auto" : e.is_string() && e == "true" ? "true" : "false";
+  }
   const Table top = deepspeed_table(st);
   walk_json(m, doc, top, "");
   finish_deepspeed(m, st);
@@ -584,13 +647,27 @@ EcosystemConfig map_fsdp(const std::string& text, const std::string& name) {
   m.out.file = name;
   m.out.format = "fsdp";
   walk_json(m, doc, fsdp_top_table(), "");
+  const bool deepspeed = doc.contains("distributed_type") && doc["distributed_type"].is_string() && doc["distributed_type"] == "DEEPSPEED";
+  if (deepspeed && !doc.contains("deepspeed_config"))
+    throw ConfigError(fmt::format("{}: distributed_type DEEPSPEED without a deepspeed_config section", name),
+                      "accelerate config writes its fields there (zero_stage, offload_optimizer_device, ...) or a "
+                      "deepspeed_config_file; or pass the DeepSpeed JSON itself with --deepspeed");
+  if (!deepspeed && doc.contains("deepspeed_config"))
+    throw ConfigError(fmt::format("{}: deepspeed_config without distributed_type: DEEPSPEED", name), "say which strategy the file configures");
   if (doc.contains("fsdp_config") && !doc.contains("distributed_type") && !doc.contains("fsdp"))
     throw ConfigError(fmt::format("{}: fsdp_config without distributed_type: FSDP (accelerate) or fsdp: full_shard (Trainer)", name),
                       "say which strategy the section configures");
   return m.out;
 }
 
-EcosystemConfig read_deepspeed_config(const std::string& path) { return read_file(path, "DeepSpeed config", map_deepspeed); }
+// --deepspeed takes the JSON, or accelerate's YAML whose distributed_type is DEEPSPEED (what `accelerate
+// config` writes for a DeepSpeed run): a file that does not start with '{' is read as that YAML
+EcosystemConfig read_deepspeed_config(const std::string& path) {
+  return read_file(path, "DeepSpeed config", [](const std::string& text, const std::string& name) {
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    return first != std::string::npos && text[first] != '{' ? map_fsdp(text, name) : map_deepspeed(text, name);
+  });
+}
 EcosystemConfig read_fsdp_config(const std::string& path) { return read_file(path, "FSDP config", map_fsdp); }
 
 std::string describe_mapping(const EcosystemConfig& e) {
