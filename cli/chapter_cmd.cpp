@@ -1,6 +1,11 @@
 #include "cli/chapter_cmd.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
 
 #include <algorithm>
 #include <cctype>
@@ -10,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cli/markdown.h"
 #include "core/util/error.h"
 
 namespace fs = std::filesystem;
@@ -55,15 +61,31 @@ void add_chapter_commands(CLI::App& app) {
     for (const Chapter& c : all_chapters()) std::cout << fmt::format("{:>2}  {}\n", c.number, c.title);
   });
   auto which = std::make_shared<std::string>();
-  auto* show = ch->add_subcommand("show", "print a chapter");
+  auto raw = std::make_shared<bool>(false);
+  auto no_pager = std::make_shared<bool>(false);
+  auto* show = ch->add_subcommand("show", "print a chapter (rendered for the terminal; through a pager on one)");
   show->add_option("chapter", *which, "its number (8) or name (08-tp-pp)")->required();
-  show->callback([which] {
+  show->add_flag("--raw", *raw, "the Markdown file as it is");
+  show->add_flag("--no-pager", *no_pager, "print it, even on a terminal");
+  show->callback([which, raw, no_pager] {
     const auto all = all_chapters();
     for (const Chapter& c : all) {
       bool number = !which->empty() && which->find_first_not_of("0123456789") == std::string::npos;
       if ((number && which->size() < 4 && std::stoi(*which) == c.number) || *which == c.name) {
         std::ifstream in(c.file);
-        std::cout << in.rdbuf();
+        const std::string md((std::istreambuf_iterator<char>(in)), {});
+        const bool tty = isatty(1);
+        const std::string text = *raw ? md : render_markdown(md, tty);
+        // on a terminal, through the user's pager ($PAGER, else less -R: it keeps the colours), as git does
+        if (tty && !*no_pager) {
+          const char* pager = std::getenv("PAGER");
+          const std::string cmd = pager && *pager ? pager : "less -R";
+          if (FILE* p = popen(cmd.c_str(), "w")) {
+            std::fwrite(text.data(), 1, text.size(), p);
+            if (pclose(p) == 0) return;
+          }
+        }
+        std::cout << text;
         return;
       }
     }

@@ -14,6 +14,7 @@
 #include "cli/ckpt_cmd.h"
 #include "cli/chapter_cmd.h"
 #include "cli/env_cmd.h"
+#include "cli/export_cmd.h"
 #include "cli/lab_cmd.h"
 #include "cli/plan_cmd.h"
 #include "cli/plot_cmd.h"
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   distlab::add_lab_commands(app, exit_code, self_exe);
   distlab::add_chapter_commands(app);
   distlab::add_env_command(app);
+  distlab::add_export_commands(app, exit_code);
   distlab::add_plot_commands(app);
   distlab::add_quiz_command(app, exit_code, self_exe);
   // `distlab run` asks this of its subcommand once before it starts the ranks (each would print the same

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -124,6 +125,10 @@ int run_train(const TrainArgs& a) {
     std::unique_ptr<LabExtension> lab = start_lab_extension(cfg, DISTLAB_BUILD_DIR);
     if (lab && rank0) std::cout << "lab " << lab_name(cfg) << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
+    // a progress bar where a person watches (rank 0's stdout is a terminal), plain lines elsewhere, as tqdm
+    // does; DISTLAB_PROGRESS=bar|lines decides instead
+    const char* progress = std::getenv("DISTLAB_PROGRESS");
+    trainer.show_progress_bar(rank0 && (progress ? std::string(progress) == "bar" : isatty(1) != 0));
     const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     if (summary.value("interrupted", false)) {  // the metrics stay .partial: the run is not over
       // for the launcher: the rank that was sent SIGTERM is the one to name, the others stopped with it

@@ -10,7 +10,12 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
+#include <cstring>
+
 #include "core/ops/cpu/blas_core.h"
+#include "core/report/tfevents.h"
 #include "shell.h"
 
 using namespace std::string_literals;
@@ -241,6 +246,9 @@ TEST_CASE("chapters: list and show them, and every distlab command a chapter quo
   CHECK(show.code == 0);
   CHECK_THAT(show.out, Catch::Contains("(p − 1) / (m + p − 1)") && Catch::Contains("Lab 06-tp-pp"));
   CHECK(run("chapter show 08-tp-pp").out == show.out);
+  // rendered: no Markdown's marks, tables in aligned columns; --raw is the file itself
+  CHECK_THAT(show.out, !Catch::Contains("**") && !Catch::Contains("|---") && !Catch::Contains("```"));
+  CHECK(run("chapter show 8 --raw").out == slurp(std::string(DISTLAB_SOURCE_DIR) + "/chapters/08-tp-pp.md"));
   Result none = run("chapter show 99");
   CHECK(none.code == 1);
   CHECK_THAT(none.out, Catch::Contains("no chapter '99'") && Catch::Contains("distlab chapter list"));
@@ -653,7 +661,106 @@ TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU 
   CHECK_THAT(zero3_out, Catch::Contains("strategy zero3"));
   // a language model's progress in tokens, with the time left (not on the last step's line)
   CHECK_THAT(plain_out, Catch::Contains(" tokens/s | ") && Catch::Contains(" | ETA 0:"));
+  CHECK_THAT(plain_out, !Catch::Contains("\r"));  // not a terminal: plain lines only
+  // a terminal's progress bar (forced here: the test's output is a pipe), rewritten in place between lines
+  auto [bc, bar] = shell_in_source("DISTLAB_PROGRESS=bar " + std::string(DISTLAB_BINARY) + " train configs/gpt-tiny.toml --set train.steps=4 "
+                                   "--set train.log_every=2 --set train.eval_every=0 --set train.threads=1");
+  INFO(bar);
+  CHECK(bc == 0);
+  CHECK_THAT(bar, Catch::Contains("\r 25% [#######.......................] step 1/4 | loss ") && Catch::Contains("tokens/s | ETA ") &&
+                      Catch::Contains("\r\033[Kstep     2/4 | loss"));
   REQUIRE(plain.size() == zero3.size());
   for (size_t i = 0; i < plain.size(); i++) CHECK(zero3[i] == Approx(plain[i]).epsilon(1e-6));
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+// A protocol buffer's fields, read as TensorBoard reads them: (field, wire type, the bytes or the number).
+struct PbField {
+  int field, wire;
+  uint64_t num = 0;
+  std::string bytes;
+};
+std::vector<PbField> pb_fields(const std::string& s) {
+  std::vector<PbField> out;
+  size_t i = 0;
+  auto varint = [&] {
+    uint64_t v = 0;
+    for (int shift = 0; i < s.size(); shift += 7) {
+      const uint8_t b = uint8_t(s[i++]);
+      v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  };
+  while (i < s.size()) {
+    const uint64_t k = varint();
+    PbField f{int(k >> 3), int(k & 7)};
+    if (f.wire == 0) f.num = varint();
+    else if (f.wire == 1) f.bytes = s.substr(i, 8), i += 8;
+    else if (f.wire == 5) f.bytes = s.substr(i, 4), i += 4;
+    else if (f.wire == 2) {
+      const uint64_t n = varint();
+      f.bytes = s.substr(i, n);
+      i += n;
+    } else break;
+    out.push_back(f);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("distlab export tensorboard: a run's scalars as TFRecords of Events, every checksum as TensorBoard checks it", "[cli]") {
+  CHECK(distlab::crc32c("123456789", 9) == 0xE3069283u);  // CRC-32C's check value
+  const std::string dir = (std::filesystem::temp_directory_path() / ("distlab-tb-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-tiny.toml --set train.steps=3 --set train.log_every=1 "
+                                     "--set train.eval_every=0 --set train.threads=1 --metrics " + dir + "/m.jsonl && " + DISTLAB_BINARY +
+                                     " export tensorboard " + dir + "/m.jsonl -o " + dir + "/tb");
+  INFO(out);
+  REQUIRE(code == 0);
+  std::vector<double> want;
+  std::ifstream m(dir + "/m.jsonl");
+  for (std::string line; std::getline(m, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "step") want.push_back(j["loss"].get<double>());
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tb")) file = e.path().string();
+  REQUIRE(file.find("events.out.tfevents.") != std::string::npos);
+  const std::string bytes = slurp(file);
+  auto masked = [](uint32_t c) { return ((c >> 15) | (c << 17)) + 0xa282ead8u; };
+  std::map<int64_t, float> losses;
+  bool version = false;
+  for (size_t at = 0; at < bytes.size();) {
+    REQUIRE(at + 12 <= bytes.size());
+    uint64_t n;
+    uint32_t len_crc, data_crc;
+    std::memcpy(&n, bytes.data() + at, 8);
+    std::memcpy(&len_crc, bytes.data() + at + 8, 4);
+    CHECK(len_crc == masked(distlab::crc32c(bytes.data() + at, 8)));
+    REQUIRE(at + 12 + n + 4 <= bytes.size());
+    const std::string data = bytes.substr(at + 12, n);
+    std::memcpy(&data_crc, bytes.data() + at + 12 + n, 4);
+    CHECK(data_crc == masked(distlab::crc32c(data.data(), data.size())));
+    at += 12 + n + 4;
+    int64_t step = 0;
+    for (const auto& f : pb_fields(data)) {
+      if (f.field == 2) step = int64_t(f.num);
+      if (f.field == 3) version = f.bytes == "brain.Event:2";
+      if (f.field == 5)
+        for (const auto& v : pb_fields(f.bytes))  // Summary.value
+          if (v.field == 1) {
+            std::string tag;
+            float x = 0;
+            for (const auto& g : pb_fields(v.bytes)) {
+              if (g.field == 1) tag = g.bytes;
+              if (g.field == 2) std::memcpy(&x, g.bytes.data(), 4);
+            }
+            if (tag == "train/loss") losses[step] = x;
+          }
+    }
+  }
+  CHECK(version);
+  REQUIRE(losses.size() == want.size());
+  for (size_t i = 0; i < want.size(); i++) CHECK(losses[int64_t(i + 1)] == float(want[i]));
   std::filesystem::remove_all(dir);
 }

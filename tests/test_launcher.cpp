@@ -304,7 +304,7 @@ TEST_CASE("a rank stopped during a 3-rank ZeRO-3 run beside a CPU hog is named, 
       }
     }
   } hogs;
-  for (int attempt = 0; attempt < 2; attempt++) {
+  {  // (the hogs take both cores from every test beside this one: one run)
     LaunchResult r = sh(run_cmd("-n 3 --master-port 0 --grace 1 -- bash -c 'if [ $RANK = 2 ]; then (sleep 5; kill -STOP $$) & fi; exec "s +
                       DISTLAB_BINARY + " train " + DISTLAB_SOURCE_DIR + "/configs/gpt-tiny.toml --set train.steps=1000000 "
                       "--set train.log_every=1000000 --set train.eval_every=0 --set dist.timeout_s=4 --set parallel.strategy=zero3'"));

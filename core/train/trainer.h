@@ -48,6 +48,9 @@ class Trainer {
   // Runs every step; returns the summary record (also written to the metrics file).
   nlohmann::json run(MetricsWriter& metrics, const TrainOutputs& out = {});
   Model& model() { return *model_; }
+  // A progress bar on the log (a terminal's: tqdm's way): one line rewritten every step, the periodic lines
+  // printed above it. Off by default (a pipe, a file and the tests get plain lines).
+  void show_progress_bar(bool on) { progress_bar_ = on; }
   // One evaluation over (up to eval_batches of) the test set: {"loss", "accuracy", "samples"}.
   nlohmann::json evaluate();
   int64_t total_steps() const { return total_steps_; }
@@ -111,6 +114,8 @@ class Trainer {
   const RunConfig& cfg_;
   Runtime& rt_;
   std::ostream& log_;
+  bool progress_bar_ = false;
+  bool bar_shown_ = false;  // the bar's line is on screen (cleared before the next plain line)
   DataSets data_;
   ModelSpec spec_;
   std::unique_ptr<Model> model_;
