@@ -764,3 +764,61 @@ TEST_CASE("distlab export tensorboard: a run's scalars as TFRecords of Events, e
   for (size_t i = 0; i < want.size(); i++) CHECK(losses[int64_t(i + 1)] == float(want[i]));
   std::filesystem::remove_all(dir);
 }
+
+// The README's and every lab README's commands work as printed: each `distlab ...` line of their code blocks
+// is parsed by distlab itself (DISTLAB_ARGS_ONLY=1: the arguments checked, nothing run: a grading or a
+// training is the other tests' business), and every config, lab file or folder it names exists.
+TEST_CASE("every distlab command of README.md and the labs' READMEs parses as printed, and the files it names exist", "[cli][readme]") {
+  const std::filesystem::path src = DISTLAB_SOURCE_DIR;
+  std::vector<std::filesystem::path> docs = {src / "README.md"};
+  for (const auto& e : std::filesystem::directory_iterator(src / "labs"))
+    if (std::filesystem::exists(e.path() / "README.md")) docs.push_back(e.path() / "README.md");
+  int checked = 0;
+  for (const auto& doc : docs) {
+    std::istringstream in(slurp(doc.string()));
+    bool code = false;
+    std::string pending;
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      line_no++;
+      if (line.rfind("```", 0) == 0) {
+        code = !code;
+        continue;
+      }
+      if (!code) continue;
+      if (!pending.empty()) line = pending + " " + line, pending.clear();
+      if (!line.empty() && line.back() == '\\') {  // continued on the next line
+        pending = line.substr(0, line.size() - 1);
+        continue;
+      }
+      // the comment, then a redirection of the output (a file the command would write)
+      for (size_t at = line.find(" #"); at != std::string::npos; at = std::string::npos) line = line.substr(0, at);
+      if (const size_t r = line.find(" > "); r != std::string::npos) line = line.substr(0, r);
+      size_t start = line.find_first_not_of(' ');
+      if (start == std::string::npos) continue;
+      // environment assignments before the command (DISTLAB_TEST_FAULT=... distlab run ...)
+      std::string cmd = line.substr(start);
+      while (cmd.find('=') != std::string::npos && cmd.find('=') < cmd.find(' ') && cmd.find(' ') != std::string::npos)
+        cmd = cmd.substr(cmd.find(' ') + 1);
+      std::string rest;
+      if (cmd.rfind("distlab ", 0) == 0) rest = cmd.substr(8);
+      else if (cmd.rfind("build/bin/distlab ", 0) == 0) rest = cmd.substr(18);
+      else continue;
+      if (rest.find("...") != std::string::npos || rest.find('<') != std::string::npos || rest.find('|') != std::string::npos ||
+          rest.find('$') != std::string::npos)
+        continue;  // a sketch, not a command
+      INFO(doc.filename().string() << ":" << line_no << ": distlab " << rest);
+      auto [c, out] = shell_in_source("DISTLAB_ARGS_ONLY=1 " + std::string(DISTLAB_BINARY) + " " + rest);
+      INFO(out);
+      CHECK(c == 0);
+      std::istringstream words(rest);
+      for (std::string w; words >> w;) {
+        if (w.find('=') != std::string::npos) w = w.substr(w.find('=') + 1);
+        const bool named = (w.rfind("configs/", 0) == 0 || w.rfind("labs/", 0) == 0 || w.rfind("chapters/", 0) == 0);
+        if (named) CHECK(std::filesystem::exists(src / w));
+      }
+      checked++;
+    }
+  }
+  CHECK(checked > 40);
+}

@@ -240,37 +240,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
                                   "(data.check_finite = true names a record holding NaN or Inf), then the loss's normalization") +
                       (rt_.dtype == DType::f16 ? "; in fp16 a value past 65504 is inf: try precision.mode = \"bf16\"" : ""));
     const bool last = step + 1 == total_steps_;
-    const bool periodic = (step + 1) % cfg_.train.log_every == 0 || last;
-    if (bar_shown_ && periodic) {  // the plain line goes where the bar was; the bar comes back below it
-      log_ << "\r\033[K";
-      bar_shown_ = false;
-    }
-    if (progress_bar_ && !periodic) {
-      const double el = (rt_.trace.now_us() - t_start) * 1e-6, done = double(step + 1 - start_step_);
-      const double frac = double(step + 1) / double(std::max<int64_t>(total_steps_, 1)), eta = double(total_steps_ - step - 1) * el / std::max(done, 1.0);
-      const int filled = int(frac * 30);
-      log_ << fmt::format("\r{:>3.0f}% [{}{}] step {}/{} | loss {} | {:.0f} {}/s | ETA {:.0f}:{:02.0f}\033[K", 100 * frac,
-                          std::string(size_t(filled), '#'), std::string(size_t(30 - filled), '.'), step + 1, total_steps_,
-                          rt_.is_meta() ? std::string("n/a") : fmt::format("{:.4f}", loss),
-                          samples * (is_language_model(cfg_.model) ? double(cfg_.data.seq_len) : 1.0) / std::max(el, 1e-9),
-                          is_language_model(cfg_.model) ? "tokens" : "samples", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0));
-      log_.flush();
-      bar_shown_ = true;
-    }
-    if (periodic) {
-      const double el = (rt_.trace.now_us() - t_start) * 1e-6;
-      // a language model's rate in tokens (a sample is seq_len of them), and the time left at this pace
-      const bool lm = is_language_model(cfg_.model);
-      const double done = double(step + 1 - start_step_), left = double(total_steps_ - step - 1);
-      const double eta = left * el / std::max(done, 1.0);
-      log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s{} | {:.1f} s{}\n", step + 1, total_steps_,
-                          rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
-                          scaler_.enabled() || (ext_ && ext_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
-                          samples / std::max(el, 1e-9),
-                          lm ? fmt::format(" | {:.0f} tokens/s", samples * double(cfg_.data.seq_len) / std::max(el, 1e-9)) : "", el,
-                          last ? "" : fmt::format(" | ETA {:.0f}:{:02.0f}", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0)));
-      log_.flush();
-    }
+    log_progress(step, loss, samples, (rt_.trace.now_us() - t_start) * 1e-6, last);  // trainer_report.cpp
     // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, under
     // tensor parallelism rank 0's TP group does (its forward has collectives), and with pipeline stages every
     // rank (the stages pass the batch along)

@@ -114,6 +114,7 @@ class Trainer {
   const RunConfig& cfg_;
   Runtime& rt_;
   std::ostream& log_;
+  void log_progress(int64_t step, double loss, double samples, double elapsed_s, bool last);
   bool progress_bar_ = false;
   bool bar_shown_ = false;  // the bar's line is on screen (cleared before the next plain line)
   DataSets data_;

@@ -6,6 +6,7 @@
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
 #include "core/perf/trace_io.h"
+#include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/ops/attach.h"
 #include "core/ops/cpu/blas_core.h"
@@ -235,6 +236,41 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
     summary["comm"] = comm;
   }
   return summary;
+}
+
+// The progress: every train.log_every steps (and the last) a line; between them, on a terminal, a bar
+// rewritten in place (tqdm's way), cleared before the next line. `el`: seconds since the run started.
+void Trainer::log_progress(int64_t step, double loss, double samples, double el, bool last) {
+  const bool periodic = (step + 1) % cfg_.train.log_every == 0 || last;
+  if (bar_shown_ && periodic) {  // the plain line goes where the bar was; the bar comes back below it
+    log_ << "\r\033[K";
+    bar_shown_ = false;
+  }
+  if (progress_bar_ && !periodic) {
+    const double done = double(step + 1 - start_step_);
+    const double frac = double(step + 1) / double(std::max<int64_t>(total_steps_, 1)), eta = double(total_steps_ - step - 1) * el / std::max(done, 1.0);
+    const int filled = int(frac * 30);
+    log_ << fmt::format("\r{:>3.0f}% [{}{}] step {}/{} | loss {} | {:.0f} {}/s | ETA {:.0f}:{:02.0f}\033[K", 100 * frac,
+                        std::string(size_t(filled), '#'), std::string(size_t(30 - filled), '.'), step + 1, total_steps_,
+                        rt_.is_meta() ? std::string("n/a") : fmt::format("{:.4f}", loss),
+                        samples * (is_language_model(cfg_.model) ? double(cfg_.data.seq_len) : 1.0) / std::max(el, 1e-9),
+                        is_language_model(cfg_.model) ? "tokens" : "samples", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0));
+    log_.flush();
+    bar_shown_ = true;
+  }
+  if (periodic) {
+    // a language model's rate in tokens (a sample is seq_len of them), and the time left at this pace
+    const bool lm = is_language_model(cfg_.model);
+    const double done = double(step + 1 - start_step_), left = double(total_steps_ - step - 1);
+    const double eta = left * el / std::max(done, 1.0);
+    log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s{} | {:.1f} s{}\n", step + 1, total_steps_,
+                        rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
+                        scaler_.enabled() || (ext_ && ext_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
+                        samples / std::max(el, 1e-9),
+                        lm ? fmt::format(" | {:.0f} tokens/s", samples * double(cfg_.data.seq_len) / std::max(el, 1e-9)) : "", el,
+                        last ? "" : fmt::format(" | ETA {:.0f}:{:02.0f}", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0)));
+    log_.flush();
+  }
 }
 
 // The end-of-run report in the log: memory by category, FLOPs, the last step's communication, modeled time.
