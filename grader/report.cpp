@@ -42,8 +42,8 @@ std::string table(const Grade& g) {
   if (!g.built)
     return t + (not_run_reason(g) == "not graded" ? "NOT GRADED" : "BUILD FAILED") + ": no check ran\n" +
            indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
-  // One failure that cost several checks (a training job they all needed crashed, hung or threw: an
-  // unfinished skeleton's "not implemented yet") is said once, first, with the checks it cost
+  // One failure that cost several checks (a training job they all needed crashed, hung or threw, as an
+  // untouched skeleton's does) is said once, first, with the checks it cost
   std::map<std::string, std::vector<std::string>> shared;
   for (const auto& c : g.checks)
     if (c.status != "pass" && c.status != "fail" && !c.seen.empty()) shared[c.seen].push_back(c.spec.name);

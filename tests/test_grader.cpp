@@ -857,6 +857,8 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
           "    std::copy(m.begin() + s.begin, m.begin() + s.end, sm);\n"
           "    std::copy(v.begin() + s.begin, v.begin() + s.end, sv);\n"
           "    step.set_weights(f, 0, w.data(), s.padded);\n  }")},
+      // the same, buying room: a junk all-reduce of 4Ψ floats makes the socket's largest message huge (the
+      // allowance is the design's messages, not the socket's)
       // the solution, and a copy of the whole model's weights kept in the plugin beside it (4 bytes per parameter)
       {"weights_copy_in_plugin", "#include <map>\n" + replace(solution, "    step.set_weights(f, 0, whole.data(), s.padded);\n",
           "    step.set_weights(f, 0, whole.data(), s.padded);\n"
@@ -884,13 +886,17 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
                                          "    const float step = m[i] * c1 / (std::sqrt(v[i]) * c2 + h.eps);\n"
                                          "    w[i] -= h.lr * ((decay ? h.weight_decay * w[i] : 0.0f) + step);\n  }")},
   };
+  files["replicated_inflated"] = replace(files["replicated_adamw"], "  const float scale = h.max_norm",
+                                         "  { std::vector<float> junk(2500000);  // 10 MB through the socket: before, 40 MB more room\n"
+                                         "    comm.all_reduce(junk.data(), int64_t(junk.size()), ReduceOp::sum); }\n"
+                                         "  const float scale = h.max_norm");
   auto rows = grade_batch("04", subs, files, "zero.cpp");
   CHECK(rows["solution"].total == 18);
   CHECK(rows["adamw_in_double"].total == 18);
-  for (const std::string bad : {"replicated_adamw", "weights_copy_in_plugin"}) {
+  for (const std::string bad : {"replicated_adamw", "weights_copy_in_plugin", "replicated_inflated"}) {
     INFO(bad);
-    CHECK(rows[bad].points["zero1_equals_ddp"] == 3);  // right numbers, bytes and counted state: only the plugin's memory tells
-    CHECK(rows[bad].points["comm_equals_ddp"] == 2);
+    CHECK(rows[bad].points["zero1_equals_ddp"] == 3);  // right numbers and counted state: only the plugin's memory tells
+    CHECK(rows[bad].points["comm_equals_ddp"] == (bad == "replicated_inflated" ? 0 : 2));
     CHECK(rows[bad].points["zero1_memory"] == 0);
     CHECK(rows[bad].points["zero2_memory"] == 0);
     CHECK_THAT(read(subs.parent_path() / "feedback" / (bad + ".txt")), Catch::Contains("your plugin's own process"));

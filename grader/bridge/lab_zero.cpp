@@ -14,6 +14,7 @@
 // in the counted buffers fails the run instead of passing the memory checks.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -76,6 +77,14 @@ class LabZeRO : public Strategy {
     }
     for (int64_t n : kept_n_) kept += n;
     for (const auto& [key, t] : state_) state += t.numel();
+    // the largest message ZeRO's design sends one flat at a time: its padded gradient (or gathered
+    // weights), or its state read back after the step (what the plugin's working copies are sized by)
+    int64_t message = 0;
+    for (size_t f = 0; f < flats_.size(); f++) {
+      int64_t states = 0;
+      for (const auto& [key, t] : state_) states += key.first == int64_t(f) ? t.numel() : 0;
+      message = std::max({message, flats_[f].padded * 4, states * 4});
+    }
     for (const auto& [u, n] : unit_numel)
       if (u > 0) largest = std::max(largest, n);
     return {{"name", describe()},
@@ -85,7 +94,8 @@ class LabZeRO : public Strategy {
             {"state_elements", state},      // the optimizer state the student asked for
             {"state_checked_steps", checked_steps_},
             {"unit0_elements", unit_numel.empty() ? 0 : unit_numel.begin()->second},
-            {"largest_unit_elements", largest}};
+            {"largest_unit_elements", largest},
+            {"largest_flat_message_bytes", message}};
   }
 
   void begin_backward(bool sync) override { sync_ = sync; }
