@@ -217,7 +217,8 @@ int worker(const BenchArgs& a) {
   LaunchEnv env = read_launch_env();
   LauncherWatchdog watchdog(env.launcher_pid, Millis(120000), fmt::format("rank {}", env.rank));
   std::unique_ptr<TcpStoreServer> own_store = serve_store_if_first(env);  // `srun -n N distlab bench comm ...`
-  TcpStore store(env.master_addr, env.store_port, Millis(60000), env.store_token);
+  std::unique_ptr<TcpStore> store_client = connect_store(env, Millis(60000));
+  TcpStore& store = *store_client;
   if (a.backend == "nccl") {
     std::string why;
     auto run = reinterpret_cast<int (*)(Store*, const NcclBenchOptions*)>(cuda_symbol("distlab_nccl_bench", &why));

@@ -96,7 +96,7 @@ int run_train(const TrainArgs& a) {
   const bool meta_alone = env.world_size == 1 && rt.is_meta();
   if (env.world_size > 1 || (env.launched && cfg.parallel.strategy != StrategyKind::none && !meta_alone)) {
     const Millis timeout(int64_t(cfg.dist.timeout_s * 1000));
-    store = std::make_unique<TcpStore>(env.master_addr, env.store_port, timeout, env.store_token);
+    store = connect_store(env, timeout);
     ProcessGroupOptions po = options_from_env(timeout);
     po.host = local_address_for(env.master_addr);
     pg = std::make_unique<ProcessGroup>(*store, env.rank, env.world_size, po, &rt.trace);

@@ -582,6 +582,11 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs02-" + std::to_string(getpid()));
   std::map<std::string, std::string> files = {
       {"John Smith; touch pwned", solution},  // a folder name is never run by a shell
+      // two more correct DDPs, written apart from the reference (tests/solutions_alt/): a sampler by modulo,
+      // sum then x 1/N, buckets started in order; and PyTorch's padded list, one flat buffer, buckets rebuilt
+      // in the order backward made their gradients ready and started as soon as each is full
+      {"alt_staged_inorder", read(src / "tests/solutions_alt/02-staged_inorder.cpp")},
+      {"alt_flat_rebuild", read(src / "tests/solutions_alt/02-flat_rebuild.cpp")},
       {"skeleton", read(src / "labs/02-ddp-cifar/student/ddp.cpp")},
       // a global constructor that prints a forged verdict and exits before anything runs
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/02-ddp-cifar/student/ddp.cpp") +
@@ -605,6 +610,8 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
   CHECK(rows["John Smith; touch pwned"].total == 15);
+  CHECK(rows["alt_staged_inorder"].total == 15);
+  CHECK(rows["alt_flat_rebuild"].total == 15);
   CHECK(rows["syncs_every_micro_step"].points["no_sync_accumulation"] == 0);
   CHECK(rows["syncs_every_micro_step"].points["curve_matches_one_rank"] == 3);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "syncs_every_micro_step.txt"), Catch::Contains("4.0x the bytes"));
@@ -685,6 +692,11 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
                                 "    clip_grad_norm(grads, step.max_norm());  // once, on the accumulated gradient\n    step.optimizer_step();\n  }\n";
   std::map<std::string, std::string> files = {
       {"solution", solution},
+      // two more correct scalers, written apart from the reference (tests/solutions_alt/): unscaling in double
+      // with std::isfinite and a max of flags; and a reciprocal in double, x - x != 0, a sum of counts,
+      // PyTorch's norm of the per-tensor norms
+      {"alt_double_isfinite", read(src / "tests/solutions_alt/03-double_isfinite.cpp")},
+      {"alt_recip_selfsub", read(src / "tests/solutions_alt/03-recip_selfsub.cpp")},
       {"skeleton", read(src / "labs/03-amp-accum/student/amp.cpp")},
       // the scale never leaves 1: fp16 loses the small gradient
       {"no_scaling", replace(solution, "  s.scale = c.init_scale;", "  s.scale = 1.0f;")},
@@ -721,6 +733,8 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   // seed 3 draws a start at 2^27.1 backed off by 0.456: 8 overflowing steps first (measured), not the table's 4
   auto rows = grade_batch("03", subs, files, "amp.cpp", nullptr, "--seed 3");
   CHECK(rows["solution"].total == 15);
+  CHECK(rows["alt_double_isfinite"].total == 15);
+  CHECK(rows["alt_recip_selfsub"].total == 15);
   CHECK(rows["table_of_answers"].points["overflow_skipped_on_every_rank"] == 0);
   CHECK(rows["table_of_answers"].points["scaler_drives_the_step"] == 0);
   CHECK(rows["floods_the_grader"].points["overflow_skipped_on_every_rank"] == 0);

@@ -2,6 +2,8 @@
 // srun's variables, the sbatch script `distlab run --slurm-script` prints; and, on a one-node cluster this
 // test starts (tests/slurm/cluster.sh: slurmctld + slurmd + munged of its own), srun's ranks training as
 // `distlab run`'s do and a class graded as an array job (cli/slurm_grade.h).
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,6 +26,7 @@
 #include "core/comm/env.h"
 #include "core/comm/errors.h"
 #include "core/comm/slurm.h"
+#include "core/comm/tcp_store.h"
 #include "core/launch/slurm_launch.h"
 
 namespace fs = std::filesystem;
@@ -245,6 +249,87 @@ TEST_CASE("distlab run under srun: a launcher per node when every node has one t
                         Catch::Contains("each task is already one rank"));
     }
   }
+}
+
+TEST_CASE("two Slurm steps whose derived ports collide both run: the store takes the step's next free port, its clients find it by the token", "[slurm]") {
+  // Job ids the cluster test never uses, a fresh one per test process: the ports are this test's alone
+  const long job = 900000 + long(getpid()) % 90000;
+  const std::map<std::string, std::string> one_node = {{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+                                                       {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_STEP_NODELIST", "localhost"},
+                                                       {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", std::to_string(job)}, {"SLURM_STEP_ID", "0"}};
+  std::vector<int> ports;
+  {
+    SrunVars v(one_node);
+    ports = distlab::slurm_master_ports(distlab::read_slurm_step());
+    CHECK(distlab::read_launch_env().store_port == ports.front());
+    CHECK(distlab::read_launch_env().store_ports == ports);
+  }
+  REQUIRE(ports.size() == size_t(distlab::kSlurmPortCandidates));
+  CHECK(std::set<int>(ports.begin(), ports.end()).size() == ports.size());
+  for (int p : ports) CHECK((p % 2 == 0 && p >= 15000 && p < 32767));
+  {  // MASTER_PORT exported: that port alone, as before
+    auto vars = one_node;
+    vars["MASTER_PORT"] = "23456";
+    SrunVars v(vars);
+    CHECK(distlab::slurm_master_ports(distlab::read_slurm_step()) == std::vector<int>{23456});
+    CHECK(distlab::read_launch_env().store_ports.empty());
+  }
+  // another job's store holds the step's first port; another program the second (it takes connections and
+  // never answers); the third's neighbour (a launcher's program port) is taken too
+  distlab::TcpStoreServer other("0.0.0.0", ports[0], "slurm-1.0");
+  auto listener = [](int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 64) == 0);
+    return fd;
+  };
+  const int silent = listener(ports[1]), neighbour = listener(ports[2] + 1);
+  const fs::path d = fs::temp_directory_path() / ("distlab-collide-" + std::to_string(getpid()));
+  fs::create_directories(d);
+  std::string unset;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAB_STORE_TOKEN", "DISTLAB_STORE_PORT",
+                           "SLURM_JOB_NODELIST", "SLURM_NODEID", "SLURM_CPUS_PER_TASK", "DISTLAB_SLURM"})
+    unset += std::string(" -u ") + name;
+  const std::string train = " train configs/gpt-tiny.toml --set train.steps=2 --set train.log_every=1 --set train.eval_batches=1 --set parallel.strategy=ddp";
+  // two tasks as srun starts them, in the background; each one's exit code in its own file
+  auto two_tasks = [&](const std::string& name, const std::string& vars0, const std::string& vars1, const std::string& cmd) {
+    std::string sh;
+    for (int t = 0; t < 2; t++)
+      sh += "(env" + unset + " " + (t ? vars1 : vars0) + " timeout 90 " + DISTLAB_BINARY + cmd + " > " + (d / (name + std::to_string(t) + ".out")).string() +
+            " 2>&1; echo $? > " + (d / (name + std::to_string(t) + ".rc")).string() + ") & ";
+    slurm_sh(sh + "wait");
+    for (int t = 0; t < 2; t++) {
+      INFO(name << " task " << t << ": " << slurm_read(d / (name + std::to_string(t) + ".out")));
+      CHECK(slurm_read(d / (name + std::to_string(t) + ".rc")) == "0\n");
+    }
+  };
+  std::string common;
+  for (const auto& [k, v] : one_node)
+    if (k != "SLURM_PROCID" && k != "SLURM_LOCALID") common += k + "=" + v + " ";
+  // srun -n 2 distlab train: task 0 serves the store at the first free port (the third), both tasks find it
+  two_tasks("ranks", common + "SLURM_PROCID=0 SLURM_LOCALID=0", common + "SLURM_PROCID=1 SLURM_LOCALID=1", train);
+  CHECK(other.rejected() >= 1);  // the other job's store refused this job's token, and kept serving its own
+  // srun --ntasks-per-node=1 distlab run -n 1 on two "nodes" (two addresses of this machine): node 0's store
+  // skips the third port too (its neighbour is taken), node 1's launcher finds it at the fourth
+  std::string two = "SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=2 SLURM_STEP_NODELIST='127.0.0.[1-2]' SLURM_STEP_TASKS_PER_NODE='1(x2)' SLURM_LOCALID=0 "
+                    "SLURM_JOB_ID=" + std::to_string(job) + " SLURM_STEP_ID=1 ";
+  two_tasks("nodes", two + "SLURM_PROCID=0 SLURMD_NODENAME=127.0.0.1", two + "SLURM_PROCID=1 SLURMD_NODENAME=127.0.0.2", " run -n 1 --grace 2" + train);
+  {  // every port of the step taken: task 0 says so, and how to choose one
+    std::vector<std::unique_ptr<distlab::TcpStoreServer>> held;
+    for (size_t k = 2; k < ports.size(); k++) held.push_back(std::make_unique<distlab::TcpStoreServer>("0.0.0.0", ports[k], "slurm-2.0"));
+    auto r = slurm_sh("env" + unset + " " + common + "SLURM_PROCID=0 SLURM_LOCALID=0 timeout 30 " + DISTLAB_BINARY + train);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Catch::Contains("every port this step may use is taken") && Catch::Contains("MASTER_PORT"));
+  }
+  ::close(silent);
+  ::close(neighbour);
+  fs::remove_all(d);
 }
 
 TEST_CASE("distlab run --slurm-script prints a script sbatch takes, its command intact through the shell", "[slurm][cli]") {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "core/comm/errors.h"
@@ -60,7 +61,9 @@ LaunchEnv read_launch_env() {
     e.local_rank = s.localid;
     e.local_world_size = s.local_tasks;
     e.master_addr = slurm_master_addr(s);
-    e.master_port = e.store_port = slurm_master_port(s);
+    const std::vector<int> ports = slurm_master_ports(s);
+    e.master_port = e.store_port = ports.front();
+    if (ports.size() > 1) e.store_ports = ports;
     e.hosts_store = e.rank == 0;
     const char* t = std::getenv("DISTLAB_STORE_TOKEN");
     e.store_token = t && *t ? t : slurm_job_token(s);
@@ -87,12 +90,31 @@ std::unique_ptr<TcpStoreServer> serve_store_if_first(const LaunchEnv& e) {
   if (e.token_derived)
     std::cerr << "distlab: warning: the rendezvous store on port " << e.store_port << " asks for the token " << e.store_token
               << ", which anyone can guess (export DISTLAB_STORE_TOKEN=<random string> before srun to require a secret one)\n";
+  if (e.store_ports.size() > 1) {  // the step's derived ports: the first one free on this node
+    std::string taken;
+    for (int p : e.store_ports) {
+      try {
+        return std::make_unique<TcpStoreServer>("0.0.0.0", p, e.store_token);
+      } catch (const Error& err) {
+        if (std::string(err.what()).find(std::strerror(EADDRINUSE)) == std::string::npos)
+          throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store on port {}: {}", p, err.what()), "export MASTER_PORT=<a free port> before srun");
+        taken += fmt::format("{}{}", taken.empty() ? "" : ", ", p);
+      }
+    }
+    throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store: every port this step may use is taken on this node ({})", taken),
+                     "export MASTER_PORT=<a free port> before srun");
+  }
   try {
     return std::make_unique<TcpStoreServer>("0.0.0.0", e.store_port, e.store_token);
   } catch (const Error& err) {
     throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store on port {}: {}", e.store_port, err.what()),
                      "another job may hold the port: export MASTER_PORT=<a free port> before srun");
   }
+}
+
+std::unique_ptr<TcpStore> connect_store(const LaunchEnv& e, Millis timeout) {
+  if (e.store_ports.size() > 1) return std::make_unique<TcpStore>(e.master_addr, e.store_ports, timeout, e.store_token);
+  return std::make_unique<TcpStore>(e.master_addr, e.store_port, timeout, e.store_token);
 }
 
 std::string local_address_for(const std::string& master_addr) {

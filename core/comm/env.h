@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/comm/tcp_store.h"
 
@@ -13,6 +14,7 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;       // MASTER_PORT: the program's own (PyTorch's rank 0 binds its store there)
   int store_port = 0;        // distlab's rendezvous store: DISTLAB_STORE_PORT, else MASTER_PORT
+  std::vector<int> store_ports;  // from_slurm without MASTER_PORT: the step's candidates (store_port the first)
   std::string store_token;   // DISTLAB_STORE_TOKEN: what the store asks of every client ("" = none)
   int launcher_pid = 0;      // DISTLAB_LAUNCHER_PID: the launcher this worker watches (0 = none)
   bool launched = false;  // false: no RANK/WORLD_SIZE set, a program run on its own is rank 0 of 1
@@ -31,6 +33,9 @@ LaunchEnv read_launch_env();
 // The store a srun-started rank 0 serves (nullptr for every other rank, and under a launcher, which serves
 // it): on every interface at the step's port, asking the job's token of each client.
 std::unique_ptr<TcpStoreServer> serve_store_if_first(const LaunchEnv& e);
+// This rank's client of the job's store: at store_port, or the first of store_ports whose store takes the
+// job's token (another job may hold the others: core/comm/slurm.h).
+std::unique_ptr<TcpStore> connect_store(const LaunchEnv& e, Millis timeout);
 // The address of this machine that reaches `master_addr` (127.0.0.1 for a loopback master): what Gloo
 // advertises to the other ranks.
 std::string local_address_for(const std::string& master_addr);

@@ -1,6 +1,8 @@
 #include "core/comm/slurm.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cctype>
@@ -147,12 +149,20 @@ std::string slurm_master_addr(const SlurmStep& s) {
   return s.nodes.size() <= 1 ? "127.0.0.1" : s.nodes.front();  // one node: loopback, whatever its name resolves to
 }
 
-int slurm_master_port(const SlurmStep& s) {
-  if (var("MASTER_PORT")) return int(number(var("MASTER_PORT"), "environment variable MASTER_PORT", 65534));
-  // an even port in 15000..30998 (below Linux's ephemeral ports, 32768 on) and the odd one after it, mixed
-  // from the job and step ids (Knuth's multiplicative hash), so that neighbouring jobs and steps differ
-  const uint64_t h = (uint64_t(s.job_id) * 2654435761ULL + uint64_t(s.step_id) * 40503ULL) % 8000;
-  return 15000 + 2 * int(h);
+bool slurm_port_given() { return var("MASTER_PORT") != nullptr; }
+
+std::vector<int> slurm_master_ports(const SlurmStep& s) {
+  if (slurm_port_given()) return {int(number(var("MASTER_PORT"), "environment variable MASTER_PORT", 65534))};
+  // even ports in 15000..30998 (below Linux's ephemeral ports, 32768 on) and the odd one after each, mixed
+  // from the job and step ids (Knuth's multiplicative hash), so that neighbouring jobs and steps differ; the
+  // k-th candidate moves by another multiplier, so two jobs that share their first rarely share the next
+  std::vector<int> ports;
+  for (uint64_t k = 0; int(ports.size()) < kSlurmPortCandidates; k++) {
+    const uint64_t h = (uint64_t(s.job_id) * 2654435761ULL + uint64_t(s.step_id) * 40503ULL + k * (k + uint64_t(s.job_id % 7919) + 1) * 104729ULL) % 8000;
+    const int p = 15000 + 2 * int(h);
+    if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
+  }
+  return ports;
 }
 
 std::string slurm_job_token(const SlurmStep& s) { return fmt::format("slurm-{}.{}", s.job_id, s.step_id); }

@@ -35,10 +35,15 @@ std::vector<std::string> expand_hostlist(const std::string& list, const std::str
 // SLURM_STEP_TASKS_PER_NODE's syntax: "2(x3),1" -> 2 2 2 1.
 std::vector<int> expand_tasks_per_node(const std::string& text, const std::string& what);
 
-// The step's rendezvous: MASTER_ADDR when set, else the step's first node (127.0.0.1 when it has one); MASTER_PORT when set, else a port
-// from the job and step ids (two ports from it are used: distlab's store and the program's own).
+// The step's rendezvous: MASTER_ADDR when set, else the step's first node (127.0.0.1 when it has one).
 std::string slurm_master_addr(const SlurmStep& s);
-int slurm_master_port(const SlurmStep& s);
+// Where the step's store may listen: MASTER_PORT alone when it is set; else kSlurmPortCandidates even ports
+// from the job and step ids, in order (each with the odd one after it, the program's own). Two jobs on a
+// node whose first ports collide are not rare (8,000 pairs; ten jobs share one with 0.6 % odds): the
+// store takes the first it can bind, and its clients try each in turn, refused by another job's token.
+constexpr int kSlurmPortCandidates = 8;
+std::vector<int> slurm_master_ports(const SlurmStep& s);
+bool slurm_port_given();  // MASTER_PORT is exported: one port, no candidates
 // The store's token when DISTLAB_STORE_TOKEN is not exported: "slurm-<job>.<step>". Not a secret (anyone on
 // the cluster can read job ids), but another job's ranks that reach the same port are refused.
 std::string slurm_job_token(const SlurmStep& s);

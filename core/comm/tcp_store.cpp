@@ -426,7 +426,7 @@ void TcpStoreServer::serve(int fd, std::atomic<bool>& said_hello) {
   }
 }
 
-TcpStore::TcpStore(const std::string& host, int port, Millis timeout, const std::string& token) : Store(timeout) {
+TcpStore::TcpStore(const std::string& host, int port, Millis timeout, const std::string& token) : Store(timeout), port_(port) {
   where_ = fmt::format("{}:{}", host, port);
   if (port < 1 || port > 65535)
     throw StoreError(fmt::format("the rendezvous store's port {} is not in 1..65535", port), "check MASTER_PORT / DISTLAB_STORE_PORT");
@@ -470,6 +470,61 @@ TcpStore::TcpStore(const std::string& host, int port, Millis timeout, const std:
                          "256: something else keeps connecting to MASTER_PORT (a port scanner, another program); pick another port");
       std::this_thread::sleep_for(Millis(20));
     }
+  }
+}
+
+bool TcpStore::try_port(const sockaddr_in& a, const std::string& token, Millis hello_within, std::string& why, bool& final_refusal) {
+  final_refusal = false;
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    why = std::strerror(errno);
+    ::close(fd_);
+    fd_ = -1;
+    return false;
+  }
+  no_delay(fd_);
+  try {
+    request(Writer().u8(kHello).str(token).done(), hello_within);
+    return true;
+  } catch (const StoreError& e) {
+    final_refusal = std::string(e.what()).find("refused") != std::string::npos;
+    why = final_refusal ? "another job's store (it refused this job's token)" : "no store's answer to the hello";
+    ::close(fd_);
+    fd_ = -1;
+    return false;
+  }
+}
+
+TcpStore::TcpStore(const std::string& host, const std::vector<int>& ports, Millis timeout, const std::string& token) : Store(timeout) {
+  if (ports.empty() || token.empty())
+    throw StoreError("a store on one of several ports needs the ports and the job's token", "core/comm/slurm.h: slurm_master_ports");
+  for (int p : ports)
+    if (p < 1 || p > 65535) throw StoreError(fmt::format("the rendezvous store's port {} is not in 1..65535", p), "check MASTER_PORT");
+  const in_addr ip = resolve_ipv4(host, "MASTER_ADDR");
+  // another program on a port may take the hello and never answer: a few seconds each, then the next port
+  const Millis hello_within = std::min(timeout, Millis(3000));
+  const auto deadline = Clock::now() + timeout;
+  std::vector<std::string> why(ports.size());
+  for (;;) {
+    for (size_t k = 0; k < ports.size(); k++) {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(uint16_t(ports[k]));
+      a.sin_addr = ip;
+      where_ = fmt::format("{}:{}", host, ports[k]);
+      bool refused = false;
+      if (try_port(a, token, hello_within, why[k], refused)) {
+        port_ = ports[k];
+        return;
+      }
+    }
+    if (Clock::now() > deadline) {
+      std::string tried;
+      for (size_t k = 0; k < ports.size(); k++) tried += fmt::format("{}{}: {}", k ? "; " : "", ports[k], why[k]);
+      throw StoreError(fmt::format("no store of this job on {} within {:.1f} s (ports {})", host, timeout.count() / 1000.0, tried),
+                       "is rank 0's task running? with several jobs on a node, export MASTER_PORT=<a free port> before srun");
+    }
+    std::this_thread::sleep_for(Millis(20));
   }
 }
 

@@ -9,6 +9,8 @@
 // one is answered with an error and its connection closed, and a client that connects and says nothing
 // is dropped after a few seconds. Wire format and limits: tcp_store.cpp.
 #pragma once
+#include <netinet/in.h>
+
 #include <atomic>
 #include <list>
 #include <memory>
@@ -63,6 +65,11 @@ class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (the server may start after us), and presents `token`.
   TcpStore(const std::string& host, int port, Millis timeout = Millis(300000), const std::string& token = "");
+  // The store is on one of `ports`, and `token` tells it from another job's (a Slurm step's derived ports:
+  // core/comm/slurm.h): each is tried in turn until one's store takes the token. A port nobody listens on,
+  // another job's store (it refuses the token) or another program (no answer in a few seconds) is passed.
+  TcpStore(const std::string& host, const std::vector<int>& ports, Millis timeout, const std::string& token);
+  int port() const { return port_; }  // the port whose store took this client
   ~TcpStore() override;
   void set(const std::string& key, const std::vector<char>& value) override;
   std::vector<char> get(const std::string& key) override;
@@ -75,8 +82,11 @@ class TcpStore : public Store {
   // Sends one request and reads its reply within `reply_within`; throws StoreError for a lost
   // connection, a late reply or the server's error answer. Returns the reply after its status byte.
   std::vector<char> request(const std::vector<char>& msg, Millis reply_within, uint8_t* status = nullptr);
+  // One try at host:port: connected and (with a token) greeted, or false with why in `why`. `hello_within`
+  // bounds the wait for the hello's answer; `final_refusal` says a store refused the token.
+  bool try_port(const sockaddr_in& a, const std::string& token, Millis hello_within, std::string& why, bool& final_refusal);
   std::string where_;
-  int fd_ = -1;
+  int fd_ = -1, port_ = 0;
   std::mutex mu_;
 };
 

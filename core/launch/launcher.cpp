@@ -31,6 +31,7 @@
 #include "core/comm/errors.h"
 #include "core/comm/tcp_store.h"
 #include "core/comm/watchdog.h"
+#include "core/launch/slurm_launch.h"
 
 namespace distlab {
 
@@ -636,10 +637,12 @@ int launch(const LaunchOptions& o) {
     rv.store_port = o.master_port;
     rv.token = token;
     if (o.node_rank == 0) {
-      server = std::make_unique<TcpStoreServer>(o.store_bind.empty() ? o.master_addr : o.store_bind, o.master_port, token);
+      server = serve_node0_store(o, token);
       rv.store_port = server->port();
+    } else if (o.master_ports.size() > 1) {  // which of the step's ports node 0 took: the one that takes our token
+      rv.store_port = TcpStore(o.master_addr, o.master_ports, Millis(300000), token).port();
     }
-    rv.program_port = o.nnodes > 1 ? o.master_port + 1 : free_port_on(o.master_addr);
+    rv.program_port = o.nnodes > 1 ? rv.store_port + 1 : free_port_on(o.master_addr);
     Group g(o, attempt, guard);
     int rc = g.run(rv);
     if (rc == 0 && g.log_failed()) rc = 1;  // the job ran, but what --log-dir was to keep is incomplete

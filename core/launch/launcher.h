@@ -14,6 +14,9 @@ struct LaunchOptions {
   int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;      // 0 picks a free port (single node only)
+  // Slurm's derived ports (core/comm/slurm.h), master_port the first: node 0's store takes the first free
+  // one (and the program the port after it), the other nodes' launchers find it by the job's token
+  std::vector<int> master_ports;
   std::string log_dir;          // every rank's output, rank_<r>.log (and attempt suffixes on restarts)
   int max_restarts = 0;
   double grace_s = 5.0;         // between SIGTERM and SIGKILL

@@ -1,10 +1,16 @@
 #include "core/launch/slurm_launch.h"
 
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
+#include "core/comm/errors.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -25,7 +31,12 @@ void take_world_from_slurm(LaunchOptions& o, const SlurmStep& s, const GivenOnCo
     o.local_world_size = s.local_tasks;
   }
   if (!given.addr) o.master_addr = slurm_master_addr(s);
-  if (!given.port) o.master_port = o.nnodes == 1 ? 0 : slurm_master_port(s);
+  if (!given.port && o.nnodes == 1) o.master_port = 0;
+  if (!given.port && o.nnodes > 1) {
+    const std::vector<int> ports = slurm_master_ports(s);
+    o.master_port = ports.front();
+    if (ports.size() > 1) o.master_ports = ports;
+  }
   // the first node's own name may resolve to 127.0.1.1 there (Debian's /etc/hosts): serve on every interface
   if (s.nnodes > 1) o.store_bind = "0.0.0.0";
   const char* cpus = std::getenv("SLURM_CPUS_PER_TASK");
@@ -33,6 +44,38 @@ void take_world_from_slurm(LaunchOptions& o, const SlurmStep& s, const GivenOnCo
     o.threads_per_rank = std::max(1, std::atoi(cpus) / o.nproc_per_node);
   const char* token = std::getenv("DISTLAB_STORE_TOKEN");
   o.store_token = token && *token ? token : slurm_job_token(s);
+}
+
+// Nothing listens on `port` on any address of this machine (a bind of every address would fail).
+static bool port_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::unique_ptr<TcpStoreServer> serve_node0_store(const LaunchOptions& o, const std::string& token) {
+  const std::string host = o.store_bind.empty() ? o.master_addr : o.store_bind;
+  if (o.master_ports.size() <= 1) return std::make_unique<TcpStoreServer>(host, o.master_port, token);
+  std::string taken;
+  for (int p : o.master_ports) {
+    if (port_free(p + 1)) {
+      try {
+        return std::make_unique<TcpStoreServer>(host, p, token);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find(std::strerror(EADDRINUSE)) == std::string::npos) throw;
+      }
+    }
+    taken += fmt::format("{}{}", taken.empty() ? "" : ", ", p);
+  }
+  throw StoreError(fmt::format("every port this Slurm step may use is taken on this node: {} (or the port after each)", taken),
+                   "export MASTER_PORT=<a free port> before srun, or give --master-port");
 }
 
 }  // namespace distlab

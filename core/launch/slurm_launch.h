@@ -6,7 +6,10 @@
 // The step decides, not this node: with 2 tasks on one node and 1 on another, every launcher is one rank.
 // Read next: core/launch/launcher.h.
 #pragma once
+#include <memory>
+
 #include "core/comm/slurm.h"
+#include "core/comm/tcp_store.h"
 #include "core/launch/launcher.h"
 
 namespace distlab {
@@ -20,5 +23,10 @@ struct GivenOnCommandLine {
 // the store's token (DISTLAB_STORE_TOKEN, else one from the job and step: no secret, but no other job's
 // ranks join by mistake). ConfigError when -n contradicts the step.
 void take_world_from_slurm(LaunchOptions& o, const SlurmStep& s, const GivenOnCommandLine& given);
+
+// Node 0's store: at master_port, or at the first of Slurm's derived ports (o.master_ports) free on this
+// node with the port after it (the program's), so that two jobs whose first ports collide both run. The
+// other nodes' launchers find it by the token (TcpStore over the same ports).
+std::unique_ptr<TcpStoreServer> serve_node0_store(const LaunchOptions& o, const std::string& token);
 
 }  // namespace distlab
