@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "core/comm/env.h"
@@ -129,6 +130,15 @@ int run_train(const TrainArgs& a) {
     // does; DISTLAB_PROGRESS=bar|lines decides instead
     const char* progress = std::getenv("DISTLAB_PROGRESS");
     trainer.show_progress_bar(rank0 && (progress ? std::string(progress) == "bar" : isatty(1) != 0));
+    // the live MFU's peak: the GPU's own profile (by its name, as torchtitan reads it), else log.profile when
+    // it names the hardware the rank runs on (cpu on the CPU); a GPU profile on the CPU stays a model
+    std::optional<HardwareProfile> hw;
+    if (gpu && cfg.train.device == "cuda") hw = profile_for_gpu(gpu->describe());
+    if (!hw && !cfg.log.profile.empty() && (cfg.log.profile == "cpu") == (cfg.train.device == "cpu")) hw = find_profile(cfg.log.profile);
+    if (hw && !rt.is_meta()) {
+      const bool low = rt.dtype != DType::f32;
+      trainer.set_live_peak(low ? hw->low_precision_flops_per_s : hw->fp32_flops_per_s, hw->name + (low ? " 16-bit" : " fp32"));
+    }
     const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
     if (summary.value("interrupted", false)) {  // the metrics stay .partial: the run is not over
       // for the launcher: the rank that was sent SIGTERM is the one to name, the others stopped with it

@@ -14,6 +14,7 @@
 
 #include <cstring>
 
+#include "core/perf/hardware.h"
 #include "core/ops/cpu/blas_core.h"
 #include "core/report/tfevents.h"
 #include "shell.h"
@@ -630,7 +631,7 @@ TEST_CASE("OpenBLAS runs the best kernels the CPU has: a generic pick is replace
 
 // DeepSpeed's ZeRO-Offload on one GPU is its headline use: a single process applies the strategy and the
 // offload it was given (it ran "strategy none (one rank)" and held no host memory), on meta and for real.
-TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU offload from a DeepSpeed file, and on the CPU", "[cli]") {
+TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU offload from a DeepSpeed file, and on the CPU; progress in tokens, a bar, live MFU and HFU with a profile", "[cli]") {
   const std::string dir = (std::filesystem::temp_directory_path() / ("distlab-one-" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-1b.toml --device meta --deepspeed configs/ecosystem/ds_zero3_offload.json "
@@ -663,12 +664,39 @@ TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU 
   CHECK_THAT(plain_out, Catch::Contains(" tokens/s | ") && Catch::Contains(" | ETA 0:"));
   CHECK_THAT(plain_out, !Catch::Contains("\r"));  // not a terminal: plain lines only
   // a terminal's progress bar (forced here: the test's output is a pipe), rewritten in place between lines
+  // with a profile of the hardware it runs on (log.profile = cpu on the CPU), the live MFU and HFU too
   auto [bc, bar] = shell_in_source("DISTLAB_PROGRESS=bar " + std::string(DISTLAB_BINARY) + " train configs/gpt-tiny.toml --set train.steps=4 "
-                                   "--set train.log_every=2 --set train.eval_every=0 --set train.threads=1");
+                                   "--set train.log_every=2 --set train.eval_every=0 --set train.threads=1 --set log.profile=cpu --metrics " + dir + "/bar.jsonl");
   INFO(bar);
   CHECK(bc == 0);
   CHECK_THAT(bar, Catch::Contains("\r 25% [#######.......................] step 1/4 | loss ") && Catch::Contains("tokens/s | ETA ") &&
                       Catch::Contains("\r\033[Kstep     2/4 | loss"));
+  CHECK_THAT(bar, Catch::Contains(" tokens/s | MFU ") && Catch::Contains("% HFU "));
+  CHECK_THAT(plain_out, !Catch::Contains("MFU"));  // no profile: no peak to divide by
+  nlohmann::json live;
+  std::ifstream bar_metrics(dir + "/bar.jsonl");
+  for (std::string line; std::getline(bar_metrics, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "summary") live = j;
+  REQUIRE(live.is_object());
+  CHECK(live.value("mfu_peak_of", "") == "cpu fp32");
+  CHECK(live.value("mfu_peak_flops_per_s", 0.0) == 87e9);
+  // MFU: the model's FLOPs (6 per parameter and token, plus attention) per second of the steady steps over
+  // the peak; HFU: the kernels' FLOPs. Both from the measured steps, so only their ratio is exact
+  const double tokens = live.value("tokens_per_step", 0.0), step_s = live.value("measured_step_s", 0.0);
+  REQUIRE(tokens > 0);
+  REQUIRE(step_s > 0);
+  CHECK(live.value("mfu", 0.0) == Approx(live.value("model_flops_per_step", 0.0) / step_s / 87e9).epsilon(1e-9));
+  CHECK(live.value("hfu", 0.0) == Approx(live.value("flops_per_step", 0.0) / step_s / 87e9).epsilon(1e-9));
+  CHECK(live.value("mfu", 0.0) > 0);
+  CHECK(live.value("mfu", 0.0) < 1);
+  // the GPU's own profile, by the name CUDA gives it
+  CHECK(distlab::profile_for_gpu("NVIDIA H100 80GB HBM3")->name == "h100-nvlink");
+  CHECK(distlab::profile_for_gpu("NVIDIA H100 PCIe")->name == "h100-pcie");
+  CHECK(distlab::profile_for_gpu("NVIDIA H100 NVL")->name == "h100-96g");
+  CHECK(distlab::profile_for_gpu("NVIDIA H200")->name == "h200");
+  CHECK(distlab::profile_for_gpu("NVIDIA A100-SXM4-80GB")->name == "a100-nvlink");
+  CHECK(distlab::profile_for_gpu("Tesla T4")->name == "t4-pcie");
+  CHECK_FALSE(distlab::profile_for_gpu("NVIDIA GeForce RTX 4090").has_value());
   REQUIRE(plain.size() == zero3.size());
   for (size_t i = 0; i < plain.size(); i++) CHECK(zero3[i] == Approx(plain[i]).epsilon(1e-6));
   std::filesystem::remove_all(dir);

@@ -184,6 +184,15 @@ std::optional<HardwareProfile> find_profile(const std::string& name) {
   return std::nullopt;
 }
 
+std::optional<HardwareProfile> profile_for_gpu(const std::string& gpu_name) {
+  auto has = [&](const char* w) { return gpu_name.find(w) != std::string::npos; };
+  if (has("H200")) return find_profile("h200");
+  if (has("H100")) return find_profile(has("PCIe") ? "h100-pcie" : has("NVL") ? "h100-96g" : "h100-nvlink");
+  if (has("A100")) return find_profile("a100-nvlink");
+  if (has("T4")) return find_profile("t4-pcie");
+  return std::nullopt;
+}
+
 HardwareProfile require_profile(const std::string& name, const std::string& what, bool need_cost_model) {
   auto p = find_profile(name);
   if (!p) throw ConfigError(what + ": unknown hardware profile '" + name + "'", "use one of: " + profile_names(need_cost_model));

@@ -59,6 +59,9 @@ HardwareProfile at_peak(HardwareProfile hw);
 // "t4, a100-40g, ..." — every profile's name, or only those with a cost model, for hints
 std::string profile_names(bool with_cost_model_only);
 std::optional<HardwareProfile> find_profile(const std::string& name);
+// The profile of a GPU by the name CUDA gives it ("NVIDIA H100 80GB HBM3" -> h100-nvlink, "... PCIe" ->
+// h100-pcie, "H100 NVL" -> h100-96g, H200, A100, T4), for the live MFU of a run on it; nullopt when unknown.
+std::optional<HardwareProfile> profile_for_gpu(const std::string& gpu_name);
 // Like find_profile, but throws ConfigError naming `what` and listing the profiles when there is none, and
 // (with need_cost_model) when the profile only carries memory.
 HardwareProfile require_profile(const std::string& name, const std::string& what, bool need_cost_model = false);

@@ -51,6 +51,10 @@ class Trainer {
   // A progress bar on the log (a terminal's: tqdm's way): one line rewritten every step, the periodic lines
   // printed above it. Off by default (a pipe, a file and the tests get plain lines).
   void show_progress_bar(bool on) { progress_bar_ = on; }
+  // The peak FLOP/s of the hardware this rank runs on (its precision's: core/perf/hardware.h), and what it
+  // is ("h100-nvlink bf16"): the periodic lines then show the live MFU and HFU (model FLOPs and the kernels'
+  // FLOPs per second of the steps so far, over the peak), and the summary keeps them. 0: not shown.
+  void set_live_peak(double flops_per_s, std::string what) { live_peak_ = flops_per_s, live_peak_of_ = std::move(what); }
   // One evaluation over (up to eval_batches of) the test set: {"loss", "accuracy", "samples"}.
   nlohmann::json evaluate();
   int64_t total_steps() const { return total_steps_; }
@@ -116,6 +120,12 @@ class Trainer {
   std::ostream& log_;
   void log_progress(int64_t step, double loss, double samples, double elapsed_s, bool last);
   bool progress_bar_ = false;
+  double live_peak_ = 0;      // set_live_peak
+  std::string live_peak_of_;
+  // the FLOPs one rank's step needs (the model's: 6N + attention per token for a GPT, the kernels' otherwise)
+  // and the FLOPs its kernels ran; MFU and HFU over `elapsed_s` for `steps` steps (trainer_report.cpp)
+  double model_flops_per_rank_step() const;
+  std::pair<double, double> live_mfu_hfu(double steps, double elapsed_s) const;
   bool bar_shown_ = false;  // the bar's line is on screen (cleared before the next plain line)
   DataSets data_;
   ModelSpec spec_;

@@ -183,6 +183,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             {"skipped_steps", skipped_steps_},
                             {"final_loss_scale", loss_scale_},
                             {"flops_per_step", last_step_flops_},
+                            {"model_flops_per_step", model_flops_per_rank_step() * double(world())},
                             {"world_size", world()},
                             {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
@@ -226,6 +227,13 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
       summary["ranks"] = ranks;
     }
   }
+  if (live_peak_ > 0 && !rt_.is_meta() && steady_steps > 0) {  // measured, over the steady steps (the first one's warm-up left out)
+    const auto [mfu, hfu] = live_mfu_hfu(double(steady_steps), steady_s);
+    summary["mfu"] = mfu;
+    summary["hfu"] = hfu;
+    summary["mfu_peak_flops_per_s"] = live_peak_;
+    summary["mfu_peak_of"] = live_peak_of_;
+  }
   summary["blas_core"] = blas_core().chosen;  // every rank's host products (a cuda rank's too: its host-side math)
   if (!summary["checkpoint"].contains("estimate")) summary["checkpoint"]["estimate"] = checkpoint_estimate();
   for (auto& [k, v] : modeled_.items()) summary[k] = v;
@@ -240,6 +248,17 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
 
 // The progress: every train.log_every steps (and the last) a line; between them, on a terminal, a bar
 // rewritten in place (tqdm's way), cleared before the next line. `el`: seconds since the run started.
+double Trainer::model_flops_per_rank_step() const {
+  if (!is_language_model(spec_)) return last_step_flops_;
+  return gpt_model_flops_per_token(spec_, cfg_.data.seq_len) * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) / double(world());
+}
+
+std::pair<double, double> Trainer::live_mfu_hfu(double steps, double el) const {
+  if (live_peak_ <= 0 || el <= 0 || steps <= 0) return {0, 0};
+  const double per_s = steps / el / live_peak_;
+  return {model_flops_per_rank_step() * per_s, last_step_flops_ * per_s};
+}
+
 void Trainer::log_progress(int64_t step, double loss, double samples, double el, bool last) {
   const bool periodic = (step + 1) % cfg_.train.log_every == 0 || last;
   if (bar_shown_ && periodic) {  // the plain line goes where the bar was; the bar comes back below it
@@ -263,11 +282,13 @@ void Trainer::log_progress(int64_t step, double loss, double samples, double el,
     const bool lm = is_language_model(cfg_.model);
     const double done = double(step + 1 - start_step_), left = double(total_steps_ - step - 1);
     const double eta = left * el / std::max(done, 1.0);
-    log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s{} | {:.1f} s{}\n", step + 1, total_steps_,
+    const auto [mfu, hfu] = rt_.is_meta() ? std::pair<double, double>{0, 0} : live_mfu_hfu(done, el);
+    log_ << fmt::format("step {:>5}/{} | loss {} | lr {:.5f}{} | {:.0f} samples/s{}{} | {:.1f} s{}\n", step + 1, total_steps_,
                         rt_.is_meta() ? std::string("n/a (meta)") : fmt::format("{:.4f}", loss), schedule_.lr_at(step),
                         scaler_.enabled() || (ext_ && ext_->drives_steps()) ? fmt::format(" | loss scale {:g} ({} skipped)", loss_scale_, skipped_steps_) : "",
                         samples / std::max(el, 1e-9),
-                        lm ? fmt::format(" | {:.0f} tokens/s", samples * double(cfg_.data.seq_len) / std::max(el, 1e-9)) : "", el,
+                        lm ? fmt::format(" | {:.0f} tokens/s", samples * double(cfg_.data.seq_len) / std::max(el, 1e-9)) : "",
+                        mfu > 0 ? fmt::format(" | MFU {:.1f}% HFU {:.1f}%", 100 * mfu, 100 * hfu) : "", el,
                         last ? "" : fmt::format(" | ETA {:.0f}:{:02.0f}", std::floor(eta / 60), std::fmod(std::floor(eta), 60.0)));
     log_.flush();
   }
