@@ -125,7 +125,7 @@ TEST_CASE("CIFAR-10 binary batches: records, truncation and bad labels", "[data]
   CHECK_THROWS_WITH(read_cifar10_batch(d.file("bad.bin"), px, labels), Catch::Contains("label 11"));
 }
 
-TEST_CASE("CIFAR-10 from a folder, and the synthetic fallback says so", "[data]") {
+TEST_CASE("CIFAR-10 from a folder; a missing one is an error unless the file asks for the synthetic stand-in, which says so; data.synthetic on purpose", "[data]") {
   TempDir d;
   std::vector<uint8_t> rec;
   for (int r = 0; r < 4; r++) {
@@ -144,14 +144,40 @@ TEST_CASE("CIFAR-10 from a folder, and the synthetic fallback says so", "[data]"
   // a data.path that does not exist is an error, never a silent fall back
   s.path = d.file("nothing-here");
   CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.path") && Catch::Contains("nothing-here"));
-  // searched folders without CIFAR-10: the synthetic stand-in, which says so (or an error, if asked)
+  // searched folders without CIFAR-10: an error naming them and the two ways on (by default, as a config
+  // that names no fallback gets it); the synthetic stand-in, which says so, when the file asks for it
   fs::create_directories(d.file("empty"));
   s.path = d.file("empty");
+  try {
+    (void)open_datasets(s);
+    FAIL("no error");
+  } catch (const distlab::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("empty") && Catch::Contains("CIFAR-10 not found"));
+    CHECK_THAT(e.hint(), Catch::Contains("fetch-cifar10.sh") && Catch::Contains("--set data.synthetic=true"));
+  }
+  s.fallback = "synthetic";
   DataSets fake = open_datasets(s);
   CHECK(fake.synthetic);
   CHECK_THAT(fake.note, Catch::Contains("SYNTHETIC"));
+  // data.synthetic = true: the stand-in on purpose, even with the real set at hand, in the named set's shape
   s.fallback = "error";
-  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("empty") && Catch::Contains("CIFAR-10 not found"));
+  s.path = d.path.string();
+  s.synthetic = true;
+  DataSets asked = open_datasets(s);
+  CHECK(asked.synthetic);
+  CHECK(asked.channels == 3);
+  CHECK(asked.train->size() == s.synthetic_train);
+  CHECK_THAT(asked.note, Catch::Contains("data.synthetic = true") && Catch::Contains("CIFAR-shaped"));
+  s.name = "fashion-mnist";
+  s.path = d.file("nothing-here");  // never looked at
+  DataSets fm = open_datasets(s);
+  CHECK(fm.synthetic);
+  CHECK(fm.channels == 1);
+  CHECK(fm.height == 28);
+  CHECK_THAT(fm.note, Catch::Contains("Fashion-MNIST-shaped"));
+  s.name = "tokens";
+  s.text_file = d.file("data_batch_1.bin");
+  CHECK_THROWS_WITH(open_datasets(s), Catch::Contains("data.synthetic = true and data.text_file"));
 }
 
 TEST_CASE("a missing Fashion-MNIST says where it looked and how to get it", "[data]") {
@@ -176,7 +202,7 @@ TEST_CASE("a missing Fashion-MNIST says where it looked and how to get it", "[da
       FAIL("no error");
     } catch (const distlab::Error& e) {
       CHECK_THAT(e.what(), Catch::Contains("$DISTLAB_DATA is '/nonexistent/data', which does not exist"));
-      CHECK_THAT(e.hint(), Catch::Contains("--set data.name=synthetic-images"));
+      CHECK_THAT(e.hint(), Catch::Contains("--set data.synthetic=true"));
     }
   }
   unsetenv("DISTLAB_DATA");

@@ -134,16 +134,17 @@ std::unique_ptr<ImageDataset> synthetic_images(int64_t n, int64_t C, int64_t H, 
   return std::make_unique<ImageDataset>(label, C, H, W, std::move(draw), d->labels, mean, stdv);
 }
 
-static DataSets synthetic_image_sets(const DataSpec& s, const std::string& why) {
+// A synthetic stand-in: CIFAR-shaped (3x32x32), or Fashion-MNIST-shaped (1x28x28) for data.synthetic on it
+static DataSets synthetic_image_sets(const DataSpec& s, const std::string& why, int64_t C = 3, int64_t H = 32, const char* like = "CIFAR") {
   DataSets d;
-  d.channels = 3;
-  d.height = d.width = 32;
+  d.channels = C;
+  d.height = d.width = H;
   d.classes = 10;
   d.synthetic = true;
-  d.train = synthetic_images(s.synthetic_train, 3, 32, 32, 10, s.seed * 2 + 1,
-                             fmt::format("SYNTHETIC CIFAR-shaped train: {} images 3x32x32, 10 classes", s.synthetic_train), s.seed);
-  d.test = synthetic_images(s.synthetic_test, 3, 32, 32, 10, s.seed * 2 + 2,
-                            fmt::format("SYNTHETIC CIFAR-shaped test: {} images", s.synthetic_test), s.seed);
+  d.train = synthetic_images(s.synthetic_train, C, H, H, 10, s.seed * 2 + 1,
+                             fmt::format("SYNTHETIC {}-shaped train: {} images {}x{}x{}, 10 classes", like, s.synthetic_train, C, H, H), s.seed);
+  d.test = synthetic_images(s.synthetic_test, C, H, H, 10, s.seed * 2 + 2,
+                            fmt::format("SYNTHETIC {}-shaped test: {} images", like, s.synthetic_test), s.seed);
   d.note = why + d.train->describe() + "\n" + d.test->describe();
   return d;
 }
@@ -158,12 +159,13 @@ static DataSets open_cifar10(const DataSpec& s) {
     if (const char* env = std::getenv("DISTLAB_DATA"); env && *env && !fs::is_directory(env))
       throw DataError(fmt::format("CIFAR-10 not found: $DISTLAB_DATA is '{}', which {}", env, fs::exists(env) ? "is not a folder" : "does not exist"),
                       "point $DISTLAB_DATA at the folder that holds cifar-10-batches-bin/ (datasets/README.md: datasets/fetch-cifar10.sh on an "
-                      "online machine), unset it, or train on synthetic images on purpose: --set data.name=synthetic-images");
+                      "online machine), unset it, or train on synthetic images on purpose: --set data.synthetic=true");
     if (s.fallback == "synthetic")
       return synthetic_image_sets(s, "CIFAR-10 not found (looked in " + (dirs.empty() ? std::string("no folder: data.path and $DISTLAB_DATA unset") : join(dirs)) +
                                          "): training on a SYNTHETIC CIFAR-shaped data set instead; see datasets/README.md to get the real one\n");
     throw DataError("CIFAR-10 not found: looked for data_batch_1.bin in " + (dirs.empty() ? std::string("(no folder given)") : join(dirs)),
-                    "fetch it on an online machine with datasets/fetch-cifar10.sh and set data.path or $DISTLAB_DATA");
+                    "fetch it on an online machine with datasets/fetch-cifar10.sh and set data.path or $DISTLAB_DATA, or train on "
+                    "synthetic CIFAR-shaped images on purpose: --set data.synthetic=true");
   }
   DataSets d;
   std::vector<uint8_t> px;
@@ -238,6 +240,15 @@ static DataSets open_tokens(const DataSpec& s) {
 }
 
 static DataSets open_named(const DataSpec& s) {
+  if (s.synthetic) {  // asked for: the named set's shape, made up, whatever is on disk
+    const std::string why = "data.synthetic = true: ";
+    if (s.name == "cifar10" || s.name == "synthetic-images") return synthetic_image_sets(s, why);
+    if (s.name == "fashion-mnist") return synthetic_image_sets(s, why, 1, 28, "Fashion-MNIST");
+    if (s.name == "tokens" && s.text_file.empty()) return open_tokens(s);  // the synthetic stream already
+    if (s.name == "tokens")
+      throw ConfigError("data.synthetic = true and data.text_file = '" + s.text_file + "' contradict each other",
+                        "leave data.text_file out for the synthetic token stream, or set data.synthetic = false to read the file");
+  }
   if (s.name == "fashion-mnist") return open_fashion_mnist(s);
   if (s.name == "cifar10") return open_cifar10(s);
   if (s.name == "synthetic-images") return synthetic_image_sets(s, "");

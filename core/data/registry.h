@@ -1,6 +1,8 @@
 // Opens the train and test sets a config names, looking in data.path, then $DISTLAB_DATA, then the
 // Debian package's folder. A missing data set is an error that says where it looked and how to get it —
-// except CIFAR-10 with data.fallback = "synthetic", which trains on a learnable synthetic stand-in and says so.
+// except CIFAR-10 with data.fallback = "synthetic" (lab and example configs that must run anywhere), which
+// trains on a learnable synthetic stand-in and says so. data.synthetic = true asks for the stand-in of the
+// named set (its shape and classes) on purpose, whether the real one is there or not.
 #pragma once
 #include <memory>
 #include <string>
@@ -13,7 +15,8 @@ namespace distlab {
 struct DataSpec {
   std::string name = "fashion-mnist";  // fashion-mnist | cifar10 | synthetic-images | tokens
   std::string path;                    // folder with the files; "" = the default places
-  std::string fallback = "synthetic";  // cifar10 when missing: synthetic | error
+  std::string fallback = "error";      // cifar10 when missing: error | synthetic (the file's explicit choice)
+  bool synthetic = false;              // the named image set's synthetic stand-in, on purpose
   int64_t synthetic_train = 10000, synthetic_test = 2000;  // synthetic image counts
   int64_t seq_len = 64;                // tokens: window length T
   std::string text_file;               // tokens: a text file read as bytes; "" = a synthetic stream
