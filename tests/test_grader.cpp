@@ -974,6 +974,11 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
   std::map<std::string, std::string> files = {
       {"solution", solution},
+      // two more correct FSDPs, written apart from the reference (tests/solutions_alt/): every collective in
+      // one in-order queue whose entries act when waited for (a communication stream with events); and a
+      // ledger per flat, views pointed at a buffer while its gather runs, waited for just before compute
+      {"alt_comm_stream", read(src / "tests/solutions_alt/05-comm_stream.cpp")},
+      {"alt_flat_ledger", read(src / "tests/solutions_alt/05-flat_ledger.cpp")},
       {"skeleton", read(src / "labs/05-fsdp-1b/student/fsdp.cpp")},
       // every unit freed only when the whole backward is over: right numbers, and every parameter whole at
       // once (ZeRO-2's memory)
@@ -1006,6 +1011,8 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   };
   auto rows = grade_batch("05", subs, files, "fsdp.cpp");
   CHECK(rows["solution"].total == 14);
+  CHECK(rows["alt_comm_stream"].total == 14);
+  CHECK(rows["alt_flat_ledger"].total == 14);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["frees_at_end"].points["fsdp_equals_ddp"] == 3);
@@ -1045,6 +1052,11 @@ TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce
   const std::string warmup = "const int warmup = std::min(p - s.stage() - 1, m), steady = m - warmup;";
   std::map<std::string, std::string> files = {
       {"solution", solution},
+      // two more correct TP + 1F1B, written apart from the reference (tests/solutions_alt/): sums in double, the
+      // schedule planned as a list of actions and its sends paired by a pass over it; and 1F1B as one rule on
+      // two counters (a stage holds at most p - s micro-batches), the bias split over the ranks
+      {"alt_action_list", read(src / "tests/solutions_alt/06-action_list.cpp")},
+      {"alt_inflight_window", read(src / "tests/solutions_alt/06-inflight_window.cpp")},
       {"skeleton", read(src / "labs/06-tp-pp/student/tp_pp.cpp")},
       // the column-parallel backward keeps its own term of dx: the input's gradient misses the other ranks' outputs
       {"no_dx_all_reduce", replace(solution, "  g.all_reduce(dx, rows * in);", "")},
@@ -1065,6 +1077,8 @@ TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce
   };
   auto rows = grade_batch("06", subs, files, "tp_pp.cpp");
   CHECK(rows["solution"].total == 16);
+  CHECK(rows["alt_action_list"].total == 16);
+  CHECK(rows["alt_inflight_window"].total == 16);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["no_dx_all_reduce"].points["column_parallel"] == 0);
