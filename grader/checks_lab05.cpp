@@ -110,9 +110,12 @@ double worst_rel(const Job& ref, const Job& mine, size_t& at) {
   return worst;
 }
 
+// `more`: the student's job's other keys; `ref_too`: the reference DDP's as well (accumulation, which both
+// must do; not offload, which DDP has none of)
 CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& sharding, const std::string& tag = "",
-                        const std::vector<std::string>& more = {}) {
-  const Job& ref = job(ctx, fmt::format("ddp-fp32-{}", ranks), ranks, false, with(kFp32, "parallel.strategy=ddp"));
+                        const std::vector<std::string>& more = {}, bool ref_too = false) {
+  const Job& ref = job(ctx, fmt::format("ddp-fp32-{}{}", ranks, ref_too ? "-" + tag : ""), ranks, false,
+                       plus(with(kFp32, "parallel.strategy=ddp"), ref_too ? more : std::vector<std::string>{}));
   const Job& mine = job(ctx, fmt::format("{}{}-fp32-{}", sharding, tag.empty() ? "" : "-" + tag, ranks), ranks, true,
                         plus(with(kFp32, "parallel.sharding=" + sharding), more), true);
   const std::string setup = fmt::format("{}{} on {} ranks", sharding, tag.empty() ? "" : " with " + tag, ranks);
@@ -124,10 +127,12 @@ CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& shardin
           at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst) : "fewer steps", ""};
 }
 
+// On 2 ranks one micro-batch a step; on 3, two (train.accum_steps: the first backward's is a no_sync
+// micro-step, its gradients left to add up, the second's reduced)
 CheckResult fsdp_equals_ddp(CheckContext& ctx) {
   std::string detail;
   for (int ranks : {2, 3}) {
-    CheckResult r = follows_ddp(ctx, ranks, "full_shard");
+    CheckResult r = ranks == 2 ? follows_ddp(ctx, ranks, "full_shard") : follows_ddp(ctx, ranks, "full_shard", "accum 2", {"train.accum_steps=2"}, true);
     if (!r.passed) return r;
     detail += (detail.empty() ? "" : "; ") + r.detail;
   }

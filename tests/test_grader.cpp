@@ -968,7 +968,7 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, no padding, offload's way back", "[grader][lab05]") {
+TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, no padding, no no_sync, offload's way back", "[grader][lab05]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/05-fsdp-1b/fsdp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
@@ -980,6 +980,10 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"alt_comm_stream", read(src / "tests/solutions_alt/05-comm_stream.cpp")},
       {"alt_flat_ledger", read(src / "tests/solutions_alt/05-flat_ledger.cpp")},
       {"skeleton", read(src / "labs/05-fsdp-1b/student/fsdp.cpp")},
+      // no no_sync: every micro-step's backward takes and reduce-scatters the gradients, the trainer refuses
+      // the take on an accumulation micro-step (the 3-rank job runs two a step)
+      {"reduces_every_micro_step", replace(replace(solution, "  if (o.sync) {  // no_sync micro-steps leave the layers' gradients to add up\n", "  {\n"),
+                                           "  if (o.sync) finish_reductions(f, o);\n", "  finish_reductions(f, o);\n")},
       // every unit freed only when the whole backward is over: right numbers, and every parameter whole at
       // once (ZeRO-2's memory)
       {"frees_at_end", replace(replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n", ""),
@@ -1015,6 +1019,9 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK(rows["alt_flat_ledger"].total == 14);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["reduces_every_micro_step"].points["fsdp_equals_ddp"] == 0);
+  CHECK(rows["reduces_every_micro_step"].points["shard_grad_op"] == 2);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "reduces_every_micro_step.txt"), Catch::Contains("on an accumulation micro-step"));
   CHECK(rows["frees_at_end"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["frees_at_end"].points["fits_1b"] == 0);
   CHECK(rows["never_frees"].points["fsdp_equals_ddp"] == 0);
