@@ -196,6 +196,7 @@ fsdp_config:
   fsdp_auto_wrap_policy: SIZE_BASED_WRAP
   fsdp_min_num_params: 100000
   fsdp_backward_prefetch: NO_PREFETCH
+  fsdp_forward_prefetch: false
   fsdp_offload_params: true
   fsdp_sharding_strategy: 2          # SHARD_GRAD_OP by number
   fsdp_state_dict_type: FULL_STATE_DICT
@@ -209,6 +210,9 @@ tpu_env: []
   CHECK(c.parallel.sharding == Sharding::shard_grad_op);
   CHECK(c.parallel.offload == OffloadTo::cpu);
   CHECK(c.parallel.prefetch == false);
+  CHECK(c.parallel.forward_prefetch == false);  // its own key: backward's prefetch stays as fsdp_backward_prefetch says
+  CHECK(c.origin.at("parallel.forward_prefetch") == "acc.yaml: fsdp_config.fsdp_forward_prefetch");
+  CHECK(with(map_fsdp("distributed_type: FSDP\nfsdp_config:\n  fsdp_backward_prefetch: BACKWARD_PRE\n  fsdp_forward_prefetch: false\n", "b.yaml")).parallel.prefetch == true);
   CHECK(c.parallel.wrap_min_params == 100000);
   CHECK(c.precision.mode == "bf16");
   CHECK(acc.world_size == 4);

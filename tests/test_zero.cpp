@@ -299,6 +299,7 @@ TEST_CASE("FSDP full_shard and shard_grad_op are DDP to the bit, no_shard is DDP
   for (const Case& c : {Case{"--set parallel.strategy=fsdp", "fsdp (full_shard, backward and forward prefetch)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=shard_grad_op", "fsdp (shard_grad_op, backward and forward prefetch)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.offload=cpu", "fsdp (full_shard, backward and forward prefetch, cpu offload)"},
+                        Case{"--set parallel.strategy=fsdp --set parallel.forward_prefetch=false", "fsdp (full_shard, backward prefetch)"},
                         Case{"--set parallel.strategy=zero3 --set parallel.offload=cpu --set parallel.prefetch=false", "zero3 (cpu offload)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=no_shard", "ddp (bucketed)"}}) {
     INFO(c.sets);
@@ -354,6 +355,7 @@ TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, 
     return train_in_process(gpt1b, sets, DeviceKind::meta).summary;
   };
   auto fsdp = plan({}), offload = plan({"parallel.offload=cpu"}), no_prefetch = plan({"parallel.prefetch=false"});
+  auto backward_only = plan({"parallel.forward_prefetch=false"});
   // offload: the device keeps the working set; the shards and the optimizer state went to the host
   CHECK(offload["peak_memory_total"].get<double>() < fsdp["peak_memory_total"].get<double>());
   CHECK(offload["peak_memory"]["host"].get<double>() > 15.9 * fsdp["params"].get<double>() / 8);
@@ -361,6 +363,13 @@ TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, 
   CHECK(offload["modeled_step_s"].get<double>() > fsdp["modeled_step_s"].get<double>());
   // prefetch hides part of the all-gathers behind compute
   CHECK(fsdp["modeled_exposed_comm_s"].get<double>() < no_prefetch["modeled_exposed_comm_s"].get<double>());
+  // forward_prefetch = false: backward's gathers still ahead, forward's each waited for when its unit starts
+  const auto prefetched = [](const nlohmann::json& s) { return s["strategy_report"]["prefetched"].get<int64_t>(); };
+  CHECK(prefetched(no_prefetch) == 0);
+  CHECK(prefetched(backward_only) > 0);
+  CHECK(prefetched(backward_only) < prefetched(fsdp));
+  CHECK(fsdp["modeled_exposed_comm_s"].get<double>() < backward_only["modeled_exposed_comm_s"].get<double>());
+  CHECK(backward_only["modeled_exposed_comm_s"].get<double>() < no_prefetch["modeled_exposed_comm_s"].get<double>());
   CHECK(fsdp["modeled_comm_s"].get<double>() == Approx(no_prefetch["modeled_comm_s"].get<double>()).epsilon(0.02));
 }
 

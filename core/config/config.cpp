@@ -167,6 +167,8 @@ const std::vector<Key>& keys() {
       KEY("parallel.sync_batchnorm", Kind::boolean, bool, parallel.sync_batchnorm, "BatchNorm statistics over all ranks"),
       CHOICE("parallel.zero_reduce", parallel.zero_reduce, "zero1: reduce_scatter the gradient | all_reduce it, then slice", ""),
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
+      KEY("parallel.forward_prefetch", Kind::boolean, bool, parallel.forward_prefetch,
+          "zero3, fsdp: with parallel.prefetch, in forward too (PyTorch FSDP's forward_prefetch; false: backward only)"),
       CHOICE("parallel.sharding", parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard", ""),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),

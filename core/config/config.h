@@ -66,6 +66,7 @@ struct ParallelOptions {
   bool sync_batchnorm = false;       // BatchNorm statistics over all ranks (SyncBatchNorm)
   ZeroReduce zero_reduce = ZeroReduce::reduce_scatter;  // zero1: all_reduce = all-reduce, then slice
   bool prefetch = true;
+  bool forward_prefetch = true;  // with prefetch: in forward too (PyTorch FSDP's forward_prefetch)
   Sharding sharding = Sharding::full_shard;  // fsdp (no_shard = DDP)
   OffloadTo offload = OffloadTo::none;       // zero2, zero3, fsdp
   int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)

@@ -416,7 +416,9 @@ Table fsdp_config_table(bool prefixed) {
       {k("transformer_layer_cls_to_wrap"), note_only("each of the model's blocks is a unit (GPT's blocks; the CNN's and MLP's layers)")},
       {k("backward_prefetch"), prefetch},
       {k("backward_prefetch_policy"), prefetch},
-      {k("forward_prefetch"), note_only("parallel.prefetch gathers the next unit in forward and backward")},
+      {k("forward_prefetch"), [](Mapper& m, const std::string& f, const json& v) {
+         m.set(f, v, "parallel.forward_prefetch", m.boolean(f, v) ? "true" : "false");
+       }},
       {k("state_dict_type"), [](Mapper& m, const std::string& f, const json& v) {
          const std::string t = m.text(f, v);
          m.note(f, v, t == "SHARDED_STATE_DICT" ? "checkpoints hold each rank's shards (checkpoint.dir)" : "--save writes the whole weights");

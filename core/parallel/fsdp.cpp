@@ -6,7 +6,7 @@
 
 namespace distlab {
 
-static ShardedOptions fsdp_options(Sharding sharding, bool prefetch, bool offload, int64_t min_params) {
+static ShardedOptions fsdp_options(Sharding sharding, bool prefetch, bool offload, int64_t min_params, bool forward_prefetch) {
   if (sharding == Sharding::no_shard)
     throw ConfigError("parallel.sharding 'no_shard' for FSDP's sharded form", "use full_shard or shard_grad_op (no_shard is DDP)");
   ShardedOptions o;
@@ -14,14 +14,15 @@ static ShardedOptions fsdp_options(Sharding sharding, bool prefetch, bool offloa
   o.prefetch = prefetch;
   o.offload = offload;
   o.min_params = min_params;
+  o.forward_prefetch = forward_prefetch;
   return o;
 }
 
-FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params)
-    : ZeRO3(pg, model, rt, fsdp_options(sharding, prefetch, offload, min_params), "fsdp"), sharding_(sharding) {}
+FSDP::FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params, bool forward_prefetch)
+    : ZeRO3(pg, model, rt, fsdp_options(sharding, prefetch, offload, min_params, forward_prefetch), "fsdp"), sharding_(sharding) {}
 
 std::string FSDP::describe() const {
-  return fmt::format("fsdp ({}{}{}{})", sharding_, o_.prefetch ? ", backward and forward prefetch" : "", o_.offload ? ", cpu offload" : "",
+  return fmt::format("fsdp ({}{}{}{})", sharding_, o_.prefetch ? (o_.forward_prefetch ? ", backward and forward prefetch" : ", backward prefetch") : "", o_.offload ? ", cpu offload" : "",
                      o_.min_params > 0 ? fmt::format(", units wrapped to >= {} parameters", o_.min_params) : "");
 }
 

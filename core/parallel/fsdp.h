@@ -15,7 +15,8 @@
 //     NO_SHARD               nothing sharded: DistributedDataParallel (ddp.h) — make_strategy builds that
 //   backward_prefetch        BACKWARD_PRE: the next unit's all-gather is issued before this unit's backward
 //   forward_prefetch         the next unit's all-gather is issued before this unit's forward
-//                            (both: parallel.prefetch; the order is the one recorded on the first step)
+//                            (parallel.prefetch turns both on or off, parallel.forward_prefetch = false
+//                            leaves backward's alone; the order is the one recorded on the first step)
 //   MixedPrecision           param_dtype = [precision] mode (bf16/fp16 parameters gathered and computed in
 //                            16 bits, f32 masters sharded in the optimizer); reduce_dtype =
 //                            precision.reduce_dtype (f32 by default; bf16 halves the bytes of each reduce)
@@ -40,7 +41,8 @@ struct ChoiceTable<Sharding> {
 class FSDP : public ZeRO3 {
  public:
   // sharding: full_shard | shard_grad_op (no_shard is DDP: see make_strategy)
-  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params = 0);
+  FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params = 0,
+       bool forward_prefetch = true);
   std::string describe() const override;
   nlohmann::json report() const override;
 

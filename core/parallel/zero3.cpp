@@ -22,7 +22,7 @@ ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std:
 std::string ZeRO3::describe() const {
   std::vector<std::string> how;
   if (!o_.reshard_after_forward) how.push_back("no reshard after forward");
-  if (o_.prefetch) how.push_back("prefetch");
+  if (o_.prefetch) how.push_back(o_.forward_prefetch ? "prefetch" : "backward prefetch");
   if (o_.offload) how.push_back("cpu offload");
   if (o_.min_params > 0) how.push_back(fmt::format("units wrapped to >= {} parameters", o_.min_params));
   return how.empty() ? name_ : fmt::format("{} ({})", name_, fmt::join(how, ", "));
@@ -107,7 +107,7 @@ void ZeRO3::before_forward(int unit) {
   release_waiting(group, -1);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), group), waiting_.end());  // in use again
   gather(group);
-  prefetch(fwd_order_, group);
+  if (o_.forward_prefetch) prefetch(fwd_order_, group);
 }
 
 // FULL_SHARD / ZeRO-3: freed once the next unit starts. SHARD_GRAD_OP: kept whole until its backward ends.

@@ -41,6 +41,8 @@ struct ShardedOptions {
                                       // state live in host memory; the step runs on the host's CPU
   int64_t min_params = 0;             // FSDP's size_based_auto_wrap_policy: consecutive units share one flat
                                       // vector until it holds this many parameters (0: one per unit)
+  bool forward_prefetch = true;       // with prefetch, in forward too (PyTorch FSDP's forward_prefetch); false:
+                                      // backward only (BACKWARD_PRE without forward_prefetch, FSDP's default)
 };
 
 class ZeRO3 : public ShardedStrategy {
