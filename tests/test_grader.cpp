@@ -1121,6 +1121,11 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs07-" + std::to_string(getpid()));
   std::map<std::string, std::string> files = {
       {"solution", solution},
+      // two more correct checkpoints, written apart from the reference (tests/solutions_alt/): a file that
+      // names each optimizer tensor, its CRC-32 (by table) at the end over every byte before it; and the
+      // samples seen saved instead of the position, bytes encoded one by one, a bitwise CRC-32 in the header
+      {"alt_named_trailer", read(src / "tests/solutions_alt/07-named_trailer.cpp")},
+      {"alt_samples_streamed", read(src / "tests/solutions_alt/07-samples_streamed.cpp")},
       {"skeleton", read(src / "labs/07-checkpoint/student/ckpt.cpp")},
       // the moments are not saved: Adam restarts from zero after the resume (the loss spikes)
       {"no_optimizer_state", replace(solution, "payload.put_floats(st.optimizer_state(i, name));", "payload.put_floats({});")},
@@ -1156,6 +1161,8 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   // seed 2: rank 1 is killed before step 22 (resumed from step 20)
   auto rows = grade_batch("07", subs, files, "ckpt.cpp", nullptr, "--seed 2");
   CHECK(rows["solution"].total == 11);
+  CHECK(rows["alt_named_trailer"].total == 11);
+  CHECK(rows["alt_samples_streamed"].total == 11);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["peeks_at_reference"].total == 0);
@@ -1238,6 +1245,12 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   for (const char* s : {"\"zero2\"", "\"fsdp\"", "\"fsdp+selective\"", "\"fsdp+full\"", "\"fsdp+offload\"", "\"fsdp+offload+full\"", "\"none\""})
     for (size_t at = all_ddp.find(s); at != std::string::npos; at = all_ddp.find(s)) all_ddp.replace(at, std::string(s).size(), "\"ddp\"");
   put("solution", ann, dec);
+  // two more correct submissions, written apart from the reference (tests/solutions_alt/): predictions on
+  // either side of the measured peaks (within 10 %), betas annotated as either of its keys, the decisions
+  // as dotted keys or one inline table (the tree leaves no other choice)
+  for (const char* alt : {"hand_estimates", "headroom"})
+    put(std::string("alt_") + alt, read(src / "tests/solutions_alt" / (std::string("09-") + alt) / "annotations.toml"),
+        read(src / "tests/solutions_alt" / (std::string("09-") + alt) / "decisions.toml"));
   put("skeleton", read(src / "labs/09-configs-plan/student/annotations.toml"), read(src / "labs/09-configs-plan/student/decisions.toml"));
   put("wrong_field", replace(ann, "\"zero_optimization.stage\" = \"parallel.strategy\"\n\"zero_optimization.offload_optimizer.device\"",
                              "\"zero_optimization.stage\" = \"parallel.offload\"\n\"zero_optimization.offload_optimizer.device\""), dec);
@@ -1251,6 +1264,8 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
   CHECK(rows["solution"].total == 13);
+  CHECK(rows["alt_hand_estimates"].total == 13);
+  CHECK(rows["alt_headroom"].total == 13);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["wrong_field"].points["fields_ds_zero2_offload"] == 0);
   CHECK(rows["wrong_field"].total == 11);
@@ -1299,6 +1314,11 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
       fs::create_directories((subs / who / c).parent_path());
       std::ofstream(subs / who / c) << read(good ? fixed : src / "labs/08-clinic/student" / c);
     }
+  // two more whole sets of fixes, written apart from the reference (tests/solutions_alt/08-*): every case
+  // fixed another way (an avg collective or a predivide, a norm logged without a collective, the scaler's
+  // flags summed, 1F1B on two counters, zero2 or zero3 for the OOM, GPipe with 64 micro-batches, ...)
+  for (const char* alt : {"alpha", "beta"})
+    fs::copy(src / "tests/solutions_alt" / (std::string("08-") + alt), subs / (std::string("alt_") + alt), fs::copy_options::recursive);
   // configs that fix the symptom by changing the story: a plugin, a bigger card; and one that is not TOML
   fs::create_directories(subs / "tampered" / "bn_without_syncbn");
   fs::create_directories(subs / "tampered" / "oom_ladder");
@@ -1315,6 +1335,8 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
   REQUIRE(code == 0);
   auto rows = parse_csv(read(csv));
   CHECK(rows["fixed"].total == 10);  // the five config cases, 2 points each
+  CHECK(rows["alt_alpha"].total == 28);
+  CHECK(rows["alt_beta"].total == 28);
   CHECK(rows["one_fixed"].total == 2);  // each seeded bug loses its case; the one fix earns exactly its own
   CHECK(rows["one_fixed"].points["pipeline_warmup"] == 2);
   CHECK(rows["tampered"].total == 0);
