@@ -1649,3 +1649,45 @@ TEST_CASE("a plugin is compiled once per content: the same files reuse it, a cha
   CHECK(fs::is_regular_file(fs::symlink_status(entry01)));
   fs::remove_all(dir);
 }
+
+// Without a memory cgroup (the resident-set fallback: a machine where cgroups are not delegated) the plugin's
+// /tmp and /dev/shm, which are memory, hold 1 MiB each: optimizer state written there is not a place to hide.
+TEST_CASE("a plugin measured by its resident set keeps nothing in its /tmp or /dev/shm past 1 MiB", "[grader][lab04]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const fs::path dir = fs::temp_directory_path() / ("distlab-tmpfs-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // the solution, writing 4 MiB into each folder at its first step and saying how much it could
+  std::ofstream(dir / "zero.cpp") << "#include <algorithm>\n#include <cstdio>\n#include <stdexcept>\n#include <string>\n" +
+                                         replace(read(src / "solutions/04-zero/zero.cpp"), "void zero_step(Step& step) {\n",
+      "void zero_step(Step& step) {\n"
+      "  static bool tried = false;\n"
+      "  if (!tried) {\n"
+      "    tried = true;\n"
+      "    std::string said;\n"
+      "    for (const char* path : {\"/tmp/state.bin\", \"/dev/shm/state.bin\"}) {\n"
+      "      std::vector<char> mib(1 << 20, 1);\n"
+      "      size_t wrote = 0;\n"
+      "      if (FILE* f = std::fopen(path, \"wb\")) {\n"
+      "        for (int i = 0; i < 4; i++) wrote += std::fwrite(mib.data(), 1, mib.size(), f);\n"
+      "        if (std::fflush(f) != 0) wrote = std::min<size_t>(wrote, 1 << 20);\n"
+      "        std::fclose(f);\n"
+      "      }\n"
+      "      said += std::string(path) + \" took \" + std::to_string(wrote >> 20) + \" MiB; \";\n"
+      "    }\n"
+      "    throw std::runtime_error(said);\n"
+      "  }\n");
+  auto [bc, bout] = run("lab build 04 --src " + dir.string());
+  INFO(bout);
+  REQUIRE(bc == 0);
+  const auto at = bout.find("built ");
+  REQUIRE(at != std::string::npos);
+  const std::string plugin = bout.substr(at + 6, bout.find('\n', at) - at - 6);
+  auto [code, out] = run_within(120, "run -n 2 --master-port 0 --grace 2 train labs/04-zero/lab.toml --set train.steps=1 --set lab.sandbox=require "
+                                     "--set lab.plugin=" + plugin);
+  INFO(out);
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("/tmp/state.bin took 0 MiB") || Catch::Contains("/tmp/state.bin took 1 MiB"));
+  CHECK_THAT(out, Catch::Contains("/dev/shm/state.bin took 0 MiB") || Catch::Contains("/dev/shm/state.bin took 1 MiB"));
+  fs::remove_all(dir);
+}

@@ -37,7 +37,9 @@ PluginProcess::PluginProcess(const PluginLaunch& launch) : launch_(launch) {
     SandboxPolicy p;
     p.ro_binds = {{launch.plugin, "/run/plugin.so"}};
     p.private_copies = {{5, "/run/distlab-labhost"}};
-    p.tmpfs_mb = 64;
+    // /tmp and /dev/shm are memory too: a memory cgroup counts what is written there (shmem is charged to
+    // the writer's cgroup); the resident-set fallback does not see it, so there they hold 1 MiB each
+    p.tmpfs_mb = launch.memory_cgroup.empty() ? 1 : 64;
     p.seccomp_fd = filter >= 0 ? 4 : -1;
     argv = sandbox_command(p, {"/run/distlab-labhost", launch.lab_id, "/run/plugin.so"});
   }
