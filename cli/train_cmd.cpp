@@ -134,7 +134,8 @@ int run_train(const TrainArgs& a) {
     // it names the hardware the rank runs on (cpu on the CPU); a GPU profile on the CPU stays a model
     std::optional<HardwareProfile> hw;
     if (gpu && cfg.train.device == "cuda") hw = profile_for_gpu(gpu->describe());
-    if (!hw && !cfg.log.profile.empty() && (cfg.log.profile == "cpu") == (cfg.train.device == "cpu")) hw = find_profile(cfg.log.profile);
+    const bool profile_is_here = cfg.log.profile == "cpu" ? cfg.train.device == "cpu" : cfg.train.device == "cuda";  // not cuda-sim's CPU
+    if (!hw && !cfg.log.profile.empty() && profile_is_here) hw = find_profile(cfg.log.profile);
     if (hw && !rt.is_meta()) {
       const bool low = rt.dtype != DType::f32;
       trainer.set_live_peak(low ? hw->low_precision_flops_per_s : hw->fp32_flops_per_s, hw->name + (low ? " 16-bit" : " fp32"));

@@ -631,7 +631,7 @@ TEST_CASE("OpenBLAS runs the best kernels the CPU has: a generic pick is replace
 
 // DeepSpeed's ZeRO-Offload on one GPU is its headline use: a single process applies the strategy and the
 // offload it was given (it ran "strategy none (one rank)" and held no host memory), on meta and for real.
-TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU offload from a DeepSpeed file, and on the CPU; progress in tokens, a bar, live MFU and HFU with a profile", "[cli]") {
+TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU offload from a DeepSpeed file, and on the CPU, with progress in tokens, a bar, live MFU and HFU with a profile", "[cli]") {
   const std::string dir = (std::filesystem::temp_directory_path() / ("distlab-one-" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/gpt-1b.toml --device meta --deepspeed configs/ecosystem/ds_zero3_offload.json "
@@ -795,13 +795,14 @@ TEST_CASE("distlab export tensorboard: a run's scalars as TFRecords of Events, e
 
 // The README's and every lab README's commands work as printed: each `distlab ...` line of their code blocks
 // is parsed by distlab itself (DISTLAB_ARGS_ONLY=1: the arguments checked, nothing run: a grading or a
-// training is the other tests' business), and every config, lab file or folder it names exists.
-TEST_CASE("every distlab command of README.md and the labs' READMEs parses as printed, and the files it names exist", "[cli][readme]") {
+// training is the other tests' business), every config, lab file or folder it names exists, and those that
+// only read and print (plan, lab show, chapter, quiz list, env) run for real and exit 0.
+TEST_CASE("every distlab command of README.md and the labs' READMEs parses as printed, the files it names exist, and those that only print run", "[cli][readme]") {
   const std::filesystem::path src = DISTLAB_SOURCE_DIR;
   std::vector<std::filesystem::path> docs = {src / "README.md"};
   for (const auto& e : std::filesystem::directory_iterator(src / "labs"))
     if (std::filesystem::exists(e.path() / "README.md")) docs.push_back(e.path() / "README.md");
-  int checked = 0;
+  int checked = 0, ran = 0;
   for (const auto& doc : docs) {
     std::istringstream in(slurp(doc.string()));
     bool code = false;
@@ -846,7 +847,18 @@ TEST_CASE("every distlab command of README.md and the labs' READMEs parses as pr
         if (named) CHECK(std::filesystem::exists(src / w));
       }
       checked++;
+      // the ones that only read and print run for real, as a reader would type them
+      for (const char* quick : {"plan ", "lab show ", "lab list", "quiz list", "chapter list", "chapter show ", "env"})
+        if (rest.rfind(quick, 0) == 0) {
+          auto [rc, rout] = shell_in_source("PAGER=cat " + std::string(DISTLAB_BINARY) + " " + rest + " < /dev/null");
+          INFO(rout);
+          CHECK(rc == 0);
+          CHECK(rout.size() > 100);
+          ran++;
+          break;
+        }
     }
   }
   CHECK(checked > 40);
+  CHECK(ran >= 8);
 }

@@ -301,9 +301,9 @@ TEST_CASE("two Slurm steps whose derived ports collide both run: the store takes
   auto two_tasks = [&](const std::string& name, const std::string& vars0, const std::string& vars1, const std::string& cmd) {
     std::string sh;
     for (int t = 0; t < 2; t++)
-      sh += "(env" + unset + " " + (t ? vars1 : vars0) + " timeout 90 " + DISTLAB_BINARY + cmd + " > " + (d / (name + std::to_string(t) + ".out")).string() +
+      sh += "(cd " + std::string(DISTLAB_SOURCE_DIR) + " && env" + unset + " " + (t ? vars1 : vars0) + " timeout 90 " + DISTLAB_BINARY + cmd + " > " + (d / (name + std::to_string(t) + ".out")).string() +
             " 2>&1; echo $? > " + (d / (name + std::to_string(t) + ".rc")).string() + ") & ";
-    slurm_sh(sh + "wait");
+    slurm_sh("true; " + sh + "wait");  // each task in the source folder (slurm_sh's cd is the first's alone)
     for (int t = 0; t < 2; t++) {
       INFO(name << " task " << t << ": " << slurm_read(d / (name + std::to_string(t) + ".out")));
       CHECK(slurm_read(d / (name + std::to_string(t) + ".rc")) == "0\n");
