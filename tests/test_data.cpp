@@ -125,7 +125,7 @@ TEST_CASE("CIFAR-10 binary batches: records, truncation and bad labels", "[data]
   CHECK_THROWS_WITH(read_cifar10_batch(d.file("bad.bin"), px, labels), Catch::Contains("label 11"));
 }
 
-TEST_CASE("CIFAR-10 from a folder; a missing one is an error unless the file asks for the synthetic stand-in, which says so; data.synthetic on purpose", "[data]") {
+TEST_CASE("CIFAR-10 from a folder: a missing one is an error unless the file asks for the synthetic stand-in, which says so, and data.synthetic on purpose", "[data]") {
   TempDir d;
   std::vector<uint8_t> rec;
   for (int r = 0; r < 4; r++) {
