@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/tensor/device.h"
 #include "core/util/atomic_file.h"
 #include "core/util/choice.h"
 #include "core/util/error.h"
@@ -22,6 +23,18 @@ namespace fs = std::filesystem;
 namespace distlab {
 
 grader::Paths grader_paths(const std::string& self_exe) { return {DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe}; }
+
+void set_grading_device(grader::SharedResults& batch, const std::string& device) {
+  std::string why;
+  const int gpus = device == "auto" || device == "cuda" ? cuda_device_count(&why) : 0;
+  if (device == "auto") batch.device = gpus > 0 ? "cuda" : "cpu";
+  else if (device == "cpu" || device == "cuda-sim") batch.device = device;
+  else if (device == "cuda" && gpus > 0) batch.device = device;
+  else if (device == "cuda")
+    throw ConfigError("--device cuda: this build or machine has no GPU to grade on: " + why,
+                      "grade on --device cpu, or on cuda-sim (the GPU's code path on the CPU)");
+  else throw ConfigError("--device '" + device + "' is not one a grading runs on", "use auto, cpu, cuda or cuda-sim");
+}
 
 void write_atomically(const std::string& path, const std::string& text) {
   AtomicFile f(path);
@@ -47,6 +60,7 @@ grader::Grade grade_folder(const grader::Paths& p, const grader::Lab& lab, const
   grader::Grade g;
   g.student = who;
   g.lab = lab;
+  g.device = shared.device;
   if (!quiet) std::cout << fmt::format("building {} from {} ...\n", lab.name, src) << std::flush;
   grader::BuildResult b = grader::build_plugin(p, lab, src, plugin, sb);
   g.built = b.ok;
@@ -91,6 +105,7 @@ grader::Grade grade_submission(const grader::Paths& p, const grader::Lab& l, con
   g.student = d.filename().string();
   g.lab = l;
   g.seed = batch.seed;
+  g.device = batch.device;
   std::error_code ec;
   const auto st = fs::symlink_status(d, ec);
   if (ec || fs::is_symlink(st) || !fs::is_directory(st)) {
@@ -147,6 +162,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   if (a.seed) batch.seed = *a.seed;
   batch.load = std::max(1.0, 2.0 * a.jobs / std::max(1u, std::thread::hardware_concurrency()));
   batch.jobs = a.jobs;
+  set_grading_device(batch, a.device);
   const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(a.hints);
   std::vector<grader::Grade> grades(dirs.size());
   // --jobs N: N students at once, each taking the next folder; every line printed as its grading ends

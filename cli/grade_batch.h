@@ -26,6 +26,7 @@ struct GradeArgs {
   bool solution = false, no_sandbox = false, require_sandbox = false;
   std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
   int jobs = 1;  // --submissions: how many students are graded at once
+  std::string device = "auto";  // --device: where the training jobs run (auto: cuda when a GPU is here, else cpu)
   // --slurm: the class as a Slurm array job (cli/slurm_grade.h)
   bool slurm = false, wait = false;
   std::string results;                  // the grading's folder (manifest, script, rows, feedback, logs)
@@ -37,6 +38,9 @@ struct GradeArgs {
 };
 
 grader::Paths grader_paths(const std::string& self_exe);
+// --device: auto (cuda when this machine has a usable GPU, else cpu), cpu, cuda or cuda-sim onto the batch;
+// ConfigError for cuda without a GPU (with the reason) and for anything else
+void set_grading_device(grader::SharedResults& batch, const std::string& device);
 void write_atomically(const std::string& path, const std::string& text);
 // Shows the hints a grading may show, then records the failures and the hints; a record that can't be
 // read or written is said on stderr and costs nothing else.

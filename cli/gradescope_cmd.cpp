@@ -53,6 +53,7 @@ int grade_for_gradescope(const grader::Paths& p, const grader::Lab& l, const std
                               fmt::join(l.files, ", "));
   } else {
     grader::SharedResults shared;
+    set_grading_device(shared, "auto");  // Gradescope's machine: its GPU when it has one
     const grader::ScratchDir scratch(p, "gradescope");
     g = grade_folder(p, l, src, "submission", scratch.path() + "/plugin.so", sb, shared, false);
     g.seed = shared.seed;

@@ -256,6 +256,10 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                     "with --submissions: grade N students at once (on C cores, each time limit stretches by max(1, 2N/C))")
       ->check(CLI::Range(1, 64));
   grade->add_option("--seed", a->seed, "the scenarios the checks draw (inputs, sizes, scales, faults): a report's seed reproduces its grading");
+  grade->add_option("--device", a->device,
+                    "where the training jobs run: auto (cuda when a GPU is here, else cpu), cpu, cuda (a GPU per rank) or cuda-sim "
+                    "(the GPU's code path on the CPU)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}));
   grade->add_flag("--slurm", a->slurm, "with --submissions: grade the class as a Slurm array job (sbatch), then `distlab grade merge`");
   grade->add_option("--results", a->results, "with --slurm: the grading's folder (default: DIR-slurm beside the submissions)");
   grade->add_option("--per-task", a->per_task, "with --slurm: students per array task (default 1)")->check(CLI::Range(1, 100000));
@@ -347,6 +351,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                                               : (fs::path(l.dir) / "student").string();
     grader::SharedResults shared;
     if (a->seed) shared.seed = *a->seed;
+    set_grading_device(shared, a->device);
     const fs::path dir = a->solution ? lab_build_dir(p, l) : state_dir(p, l, a->src);  // --src DIR: that copy's own
     grader::Grade g = grade_folder(p, l, src, tag, (dir / (tag + ".so")).string(), sb, shared, false);
     g.seed = shared.seed;

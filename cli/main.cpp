@@ -13,6 +13,7 @@
 #include "cli/bench_cmd.h"
 #include "cli/ckpt_cmd.h"
 #include "cli/chapter_cmd.h"
+#include "cli/doctor_cmd.h"
 #include "cli/env_cmd.h"
 #include "cli/export_cmd.h"
 #include "cli/lab_cmd.h"
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
   distlab::add_lab_commands(app, exit_code, self_exe);
   distlab::add_chapter_commands(app);
   distlab::add_env_command(app);
+  distlab::add_doctor_command(app);
   distlab::add_export_commands(app, exit_code);
   distlab::add_plot_commands(app);
   distlab::add_quiz_command(app, exit_code, self_exe);

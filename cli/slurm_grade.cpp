@@ -46,6 +46,7 @@ struct Manifest {
   int per_task = 1;
   uint64_t seed = 0;
   std::string hints;
+  std::string device = "auto";  // --device, decided on each task's node (its GPUs)
   int tasks() const { return int((entries.size() + size_t(per_task) - 1) / size_t(per_task)); }
 };
 
@@ -69,6 +70,7 @@ Manifest read_manifest(const fs::path& results) {
     m.per_task = j.at("per_task").get<int>();
     m.seed = std::stoull(j.at("seed").get<std::string>());
     m.hints = j.at("hints").get<std::string>();
+    m.device = j.value("device", std::string("auto"));
     if (!parse_choice<grader::HintPolicy>(m.hints)) throw std::runtime_error("hints '" + m.hints + "' is not a policy");
     std::set<std::string> taken;
     for (const auto& s : j.at("students")) {
@@ -137,6 +139,7 @@ int submit_slurm_grading(const grader::Paths& p, const grader::Lab& l, const Gra
   m.per_task = a.per_task;
   m.seed = a.seed ? *a.seed : grader::SharedResults::draw_seed();
   m.hints = a.hints;
+  m.device = a.device;
   std::set<std::string> taken;
   for (const fs::path& e : submission_entries(a.submissions)) {
     m.entries.push_back(e.filename().string());
@@ -148,7 +151,7 @@ int submit_slurm_grading(const grader::Paths& p, const grader::Lab& l, const Gra
   for (size_t i = 0; i < m.entries.size(); i++)
     students.push_back({{"entry_hex", to_hex(m.entries[i])}, {"name", sanitize_output(m.entries[i], 300)}, {"feedback", m.feedback[i]}});
   const nlohmann::json manifest = {{"format", kFormat}, {"lab", m.lab}, {"submissions_hex", to_hex(m.submissions)}, {"feedback_hex", to_hex(m.feedback_dir)},
-                                   {"per_task", m.per_task}, {"seed", std::to_string(m.seed)}, {"hints", m.hints}, {"students", students}};
+                                   {"per_task", m.per_task}, {"seed", std::to_string(m.seed)}, {"hints", m.hints}, {"device", m.device}, {"students", students}};
   write_atomically((results / "grade.sbatch").string(), grading_script(p, a, m, results));
   write_atomically((results / "manifest.json").string(), manifest.dump(2) + "\n");
   std::vector<std::string> argv = {"sbatch", "--parsable"};
@@ -189,6 +192,7 @@ int run_slurm_grading_task(const grader::Paths& p, const grader::Lab& l, const G
                       "--slurm-task runs inside the array job that `distlab grade NN --submissions DIR --slurm` submits");
   grader::SharedResults batch;
   batch.seed = m.seed;
+  set_grading_device(batch, m.device);
   const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(m.hints);
   std::cout << sb.describe() << "\n";
   for (size_t i = size_t(task) * size_t(m.per_task); i < std::min(m.entries.size(), size_t(task + 1) * size_t(m.per_task)); i++) {

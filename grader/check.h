@@ -90,6 +90,9 @@ struct SharedResults {
   // engine's on a job) is multiplied by it before it becomes a limit, so a slower turn is not a timeout.
   double load = 1;
   int jobs = 1;  // gradings side by side: a training job then gets cores / (jobs x ranks) threads per rank
+  // Where the training jobs run (--device): cpu ranks; cuda, a GPU per rank (shared when there are fewer
+  // GPUs than ranks); cuda-sim, the GPU's code path on the CPU. Collectives over Gloo in each (grader/jobs.cpp)
+  std::string device = "cpu";
 
   template <class T, class Make>
   const T& get(const std::string& key, Make&& make) {
@@ -97,7 +100,7 @@ struct SharedResults {
     return (batch_key ? *batch : *own).get<T>(key, std::forward<Make>(make));
   }
   // The next student's: the batch's results and seed, nothing of this student's own.
-  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs}; }
+  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs, device}; }
   static uint64_t draw_seed();
 };
 

@@ -127,12 +127,13 @@ CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& shardin
           at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], worst) : "fewer steps", ""};
 }
 
-// On 2 ranks one micro-batch a step; on 3, two (train.accum_steps: the first backward's is a no_sync
-// micro-step, its gradients left to add up, the second's reduced)
+// On 2 ranks one micro-batch a step; on 3, two of half the size (train.accum_steps: the first backward's is
+// a no_sync micro-step, its gradients left to add up, the second's reduced; the same samples per step)
 CheckResult fsdp_equals_ddp(CheckContext& ctx) {
   std::string detail;
   for (int ranks : {2, 3}) {
-    CheckResult r = ranks == 2 ? follows_ddp(ctx, ranks, "full_shard") : follows_ddp(ctx, ranks, "full_shard", "accum 2", {"train.accum_steps=2"}, true);
+    CheckResult r = ranks == 2 ? follows_ddp(ctx, ranks, "full_shard")
+                               : follows_ddp(ctx, ranks, "full_shard", "accum 2", {"train.accum_steps=2", "train.micro_batch=4"}, true);
     if (!r.passed) return r;
     detail += (detail.empty() ? "" : "; ") + r.detail;
   }

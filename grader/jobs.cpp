@@ -14,7 +14,9 @@
 #include <iostream>
 #include <thread>
 
+#include "core/config/config.h"
 #include "core/util/error.h"
+#include "grader/bridge/lab_extension.h"
 #include "grader/harness.h"
 #include "grader/scratch.h"
 
@@ -126,6 +128,27 @@ JobUser prepare_job_user(const Paths& p, const Lab& lab, const std::string& dir,
   return u;
 }
 
+// The keys that put a job on the grading's device: a GPU (or cuda-sim's) per rank. The collectives stay
+// Gloo's, through host buffers: a plugin's own collectives (the student's DDP, ZeRO, FSDP) cross the lab's
+// API on the host, so the engine's reference job moves its bytes the same way and the two compare. A job
+// whose check or config names its device (the meta device of a planned 1B job, lab 08's OOM story) stays there.
+std::vector<std::string> device_sets(const CheckContext& ctx, const std::vector<std::string>& sets, const std::string& config) {
+  const std::string& d = ctx.shared.device;
+  if (d == "cpu") return {};
+  for (const auto& s : sets)
+    if (s.rfind("train.device=", 0) == 0) return {};
+  const std::string file = config.empty() ? ctx.lab.dir + "/lab.toml" : config;
+  const bool named = ctx.shared.get<bool>("note:config-device:" + file, [&] {  // the batch's: one reading per file
+    try {
+      return load_config(file, {}, {}, lab_config_sections()).origin.count("train.device") > 0;
+    } catch (const std::exception&) {
+      return false;  // the job itself will say what is wrong with the file
+    }
+  });
+  if (named) return {};
+  return {"train.device=" + d};
+}
+
 // Every argument is passed as is (no shell): a folder named "John Smith; rm -rf ~" is just a folder.
 Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const std::vector<std::string>& sets, double limit_s,
             const JobOptions& jo) {
@@ -152,6 +175,11 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
                                    // code (lab 05's gathers); a check's own sets may ask for more
                                    "--set", "train.eval_batches=1",
                                    "--metrics", metrics};
+  // the grading's device first: a check's own sets (the meta device of a planned job) come after and win
+  for (const std::string& s : device_sets(ctx, sets, jo.config)) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
   for (const auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
@@ -212,6 +240,7 @@ Job run_job(CheckContext& ctx, int ranks, const std::string& plugin_in, const st
 Job engine_job(CheckContext& ctx, int ranks, const std::vector<std::string>& sets, double limit_s, const JobOptions& jo) {
   if (jo.save || !jo.env.empty()) return run_job(ctx, ranks, "none", sets, limit_s, jo);  // its files, its faults: run it
   std::string extra = fmt::format("engine job, {} ranks, {} restarts, {} threads per rank", ranks, jo.restarts, threads_per_rank(ctx, ranks));
+  for (const auto& s : device_sets(ctx, sets, jo.config)) extra += "\n--set " + s;
   for (const auto& s : sets) extra += "\n--set " + s;
   // what the job inherits from the grader's environment that can change its numbers or its course
   for (const char* name : {"DISTLAB_DATA", "DISTLAB_TEST_FAULT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})

@@ -38,7 +38,8 @@ std::string not_run_reason(const Grade& g) {
 }
 
 std::string table(const Grade& g) {
-  std::string t = fmt::format("lab {} — {} ({})\n", g.lab.name, g.lab.title, sanitize_output(g.student, 300));
+  std::string t = fmt::format("lab {} — {} ({}){}\n", g.lab.name, g.lab.title, sanitize_output(g.student, 300),
+                              g.device == "cpu" ? "" : ", training jobs on " + g.device);
   if (!g.built)
     return t + (not_run_reason(g) == "not graded" ? "NOT GRADED" : "BUILD FAILED") + ": no check ran\n" +
            indent(sanitize_output(g.build_log, 20000), "  ") + "\n";
@@ -84,7 +85,7 @@ nlohmann::json to_json(const Grade& g) {
   nlohmann::json shown = nlohmann::json::object();
   for (const auto& [check, how] : g.hints_shown) shown[check] = sanitize_output(how, 200);
   nlohmann::json j = {{"lab", g.lab.name}, {"student", sanitize_output(g.student, 300)}, {"built", g.built}, {"build_log", sanitize_output(g.build_log, 20000)},
-                      {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"checks", checks},
+                      {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"device", g.device}, {"checks", checks},
                       {"hints_shown", shown}};
   if (full_marks(g)) j["engine"] = g.lab.engine;
   return j;
@@ -99,6 +100,8 @@ std::optional<Grade> grade_from_json(const nlohmann::json& j, const Lab& lab, st
     g.built = j.at("built").get<bool>();
     g.build_log = j.at("build_log").get<std::string>();
     g.seed = std::stoull(j.at("seed").get<std::string>());
+    g.device = j.value("device", std::string("cpu"));
+    if (g.device != "cpu" && g.device != "cuda" && g.device != "cuda-sim") throw std::runtime_error("device '" + g.device + "' is not one a grading runs on");
     std::set<std::string> seen_checks;
     for (const auto& c : j.at("checks")) {
       CheckOutcome o;

@@ -17,6 +17,7 @@ struct Grade {
   std::string build_log;
   std::vector<CheckOutcome> checks;
   uint64_t seed = 0;  // the grading's scenarios (grader/check.h): `distlab grade --seed` reproduces them
+  std::string device = "cpu";  // where its training jobs ran: cpu, cuda (GPUs, NCCL) or cuda-sim (the GPU's path on the CPU)
   std::map<std::string, std::string> hints_shown;  // every hint this student has seen, and how (grader/hints.h)
   int points() const;
 };

@@ -848,7 +848,7 @@ TEST_CASE("every distlab command of README.md and the labs' READMEs parses as pr
       }
       checked++;
       // the ones that only read and print run for real, as a reader would type them
-      for (const char* quick : {"plan ", "lab show ", "lab list", "quiz list", "chapter list", "chapter show ", "env"})
+      for (const char* quick : {"plan ", "lab show ", "lab list", "quiz list", "chapter list", "chapter show ", "env", "doctor"})
         if (rest.rfind(quick, 0) == 0) {
           auto [rc, rout] = shell_in_source("PAGER=cat " + std::string(DISTLAB_BINARY) + " " + rest + " < /dev/null");
           INFO(rout);
@@ -860,5 +860,31 @@ TEST_CASE("every distlab command of README.md and the labs' READMEs parses as pr
     }
   }
   CHECK(checked > 40);
-  CHECK(ran >= 8);
+  CHECK(ran >= 9);
+}
+
+// distlab doctor: a rented box's facts in one command. Here (no GPU, or a build without CUDA) it says why and
+// what the labs run on instead; on a GPU machine, every GPU, the versions and the links between them.
+TEST_CASE("distlab doctor prints the CPU, the GPUs or why there are none, the versions, and what each lab runs on", "[cli]") {
+  auto [jc, jout] = shell_in_source(std::string(DISTLAB_BINARY) + " doctor --json");
+  INFO(jout);
+  REQUIRE(jc == 0);
+  const auto j = nlohmann::json::parse(jout);
+  REQUIRE(j["cuda"].is_object());
+  CHECK(j["cuda"].contains("usable"));
+  CHECK(j["labs"].size() == 9);
+  CHECK(j["labs"].value("09-configs-plan", "").find("meta") != std::string::npos);
+  const bool usable = j["cuda"].value("usable", false);
+  auto [tc, tout] = shell_in_source(std::string(DISTLAB_BINARY) + " doctor");
+  INFO(tout);
+  CHECK(tc == 0);
+  CHECK_THAT(tout, Catch::Contains("cpu        ") && Catch::Contains("OpenBLAS kernels") && Catch::Contains("labs       what `distlab grade NN` runs on here"));
+  if (!usable) {
+    CHECK(j["cuda"]["gpus"].empty());
+    CHECK_THAT(tout, Catch::Contains("not in this build") || Catch::Contains("none usable"));
+    CHECK_THAT(tout, Catch::Contains("cpu ranks over Gloo (--device cuda-sim"));
+  } else {
+    CHECK(!j["cuda"]["gpus"].empty());
+    CHECK_THAT(tout, Catch::Contains("gpu 0") && Catch::Contains("NCCL"));
+  }
 }

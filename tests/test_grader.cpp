@@ -154,6 +154,49 @@ std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& s
   return parse_csv(read(csv));
 }
 
+// A unified diff (`diff -u` of one file after another, `--- path` / `+++ path` headers) applied under `root`:
+// each hunk's old lines (context and '-') must stand in the file exactly once and become its new ones
+// (context and '+'). Returns the files changed. The alternative lab 08 fixes are kept this way: each is a
+// few lines of a case's file.
+int apply_unified_diff(const fs::path& root, const std::string& diff) {
+  std::istringstream in(diff);
+  std::string line, file, text, from, to;
+  int files = 0;
+  auto flush_hunk = [&] {
+    if (from.empty() && to.empty()) return;
+    const size_t at = text.find(from);
+    INFO(file << ": a hunk's old lines");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(text.find(from, at + 1) == std::string::npos);
+    text.replace(at, from.size(), to);
+    from.clear();
+    to.clear();
+  };
+  auto flush_file = [&] {
+    flush_hunk();
+    if (file.empty()) return;
+    std::ofstream(root / file, std::ios::trunc) << text;
+    files++;
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("--- ", 0) == 0) {
+      flush_file();
+      file = line.substr(4);
+      text = read(root / file);
+      REQUIRE(!text.empty());
+    } else if (line.rfind("+++ ", 0) == 0) {
+      continue;
+    } else if (line.rfind("@@", 0) == 0) {
+      flush_hunk();
+    } else if (!line.empty() && (line[0] == ' ' || line[0] == '-' || line[0] == '+')) {
+      if (line[0] != '+') from += line.substr(1) + "\n";
+      if (line[0] != '-') to += line.substr(1) + "\n";
+    }
+  }
+  flush_file();
+  return files;
+}
+
 const std::string kHeaders = "#include <dlfcn.h>\n#include <fcntl.h>\n#include <unistd.h>\n#include <cstdio>\n#include <cstdlib>\n"
                              "#include <stdexcept>\n#include <string>\n#include <vector>\n";
 
@@ -1314,11 +1357,14 @@ TEST_CASE("lab 08: the clinic's fixed files pass, the seeded bugs fail with the 
       fs::create_directories((subs / who / c).parent_path());
       std::ofstream(subs / who / c) << read(good ? fixed : src / "labs/08-clinic/student" / c);
     }
-  // two more whole sets of fixes, written apart from the reference (tests/solutions_alt/08-*): every case
+  // two more whole sets of fixes, written apart from the reference (tests/solutions_alt/08-*.diff, edits of the cases' files): every case
   // fixed another way (an avg collective or a predivide, a norm logged without a collective, the scaler's
   // flags summed, 1F1B on two counters, zero2 or zero3 for the OOM, GPipe with 64 micro-batches, ...)
-  for (const char* alt : {"alpha", "beta"})
-    fs::copy(src / "tests/solutions_alt" / (std::string("08-") + alt), subs / (std::string("alt_") + alt), fs::copy_options::recursive);
+  for (const char* alt : {"alpha", "beta"}) {
+    const fs::path to = subs / (std::string("alt_") + alt);
+    fs::copy(src / "labs/08-clinic/student", to, fs::copy_options::recursive);
+    CHECK(apply_unified_diff(to, read(src / "tests/solutions_alt" / (std::string("08-") + alt + ".diff"))) == 15);  // every case
+  }
   // configs that fix the symptom by changing the story: a plugin, a bigger card; and one that is not TOML
   fs::create_directories(subs / "tampered" / "bn_without_syncbn");
   fs::create_directories(subs / "tampered" / "oom_ladder");
@@ -1690,4 +1736,57 @@ TEST_CASE("a plugin measured by its resident set keeps nothing in its /tmp or /d
   CHECK_THAT(out, Catch::Contains("/tmp/state.bin took 0 MiB") || Catch::Contains("/tmp/state.bin took 1 MiB"));
   CHECK_THAT(out, Catch::Contains("/dev/shm/state.bin took 0 MiB") || Catch::Contains("/dev/shm/state.bin took 1 MiB"));
   fs::remove_all(dir);
+}
+
+// `distlab grade NN --device cuda` runs the checks' training jobs on GPUs, a GPU per rank and NCCL between
+// them; without a GPU, cuda-sim runs the same code path (device buffers behind the plugin's handles, NCCL's
+// collectives, the cuda kernel table's choices) on the CPU. Every lab's solution grades full marks there,
+// with the engine's jobs on the same device, and the jobs' own records say where they ran.
+namespace {
+void grade_solutions_on_cuda_sim(const std::vector<std::string>& labs) {
+  for (const std::string& lab : labs) {
+    auto [code, out] = run("grade " + lab + " --solution --device cuda-sim --require-sandbox --seed 5");
+    INFO("lab " << lab << ":\n" << out);
+    CHECK(code == 0);  // full marks
+    CHECK_THAT(out, Catch::Contains("training jobs on cuda-sim"));
+  }
+}
+// an engine job of the lab's that ran on cuda ranks (cuda-sim's are cuda ranks: their summary says so)
+bool engine_job_on_cuda_sim(const std::string& lab_folder) {
+  const fs::path dir = fs::path(DISTLAB_BINARY).parent_path().parent_path() / "labs" / lab_folder / "engine-jobs";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto doc = nlohmann::json::parse(read(e.path()), nullptr, false);
+    if (doc.is_discarded() || !doc.contains("records")) continue;
+    for (const auto& rec : doc["records"])
+      if (rec.value("kind", "") == "summary" && rec.value("device", "") == "cuda") return true;
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("labs 01, 02, 03 and 09 grade on cuda-sim ranks as on a GPU machine (--device), and --device cuda without a GPU says why", "[grader][cuda-sim]") {
+  grade_solutions_on_cuda_sim({"01", "02", "03", "09"});
+  CHECK(engine_job_on_cuda_sim("02-ddp-cifar"));
+  CHECK(engine_job_on_cuda_sim("03-amp-accum"));
+  {  // a GPU machine grades on its GPUs; any other says why it cannot, and what it can
+    auto [code, out] = run("grade 02 --solution --device cuda");
+    INFO(out);
+    if (out.find("no GPU to grade on") != std::string::npos) CHECK_THAT(out, Catch::Contains("--device cuda: this build or machine") && Catch::Contains("cuda-sim"));
+    CHECK(code == (out.find("no GPU to grade on") != std::string::npos ? 1 : 0));
+  }
+  auto [bad, bout] = run("grade 02 --solution --device tpu");
+  CHECK(bad != 0);
+  CHECK_THAT(bout, Catch::Contains("--device"));
+}
+
+TEST_CASE("labs 04 and 05 grade on cuda-sim ranks as on a GPU machine (--device)", "[grader][cuda-sim]") {
+  grade_solutions_on_cuda_sim({"04", "05"});
+  CHECK(engine_job_on_cuda_sim("04-zero"));
+  CHECK(engine_job_on_cuda_sim("05-fsdp-1b"));
+}
+
+TEST_CASE("labs 06, 07 and 08 grade on cuda-sim ranks as on a GPU machine (--device)", "[grader][cuda-sim]") {
+  grade_solutions_on_cuda_sim({"06", "07", "08"});
+  CHECK(engine_job_on_cuda_sim("06-tp-pp"));  // lab 07's engine runs inject faults: run each time, never kept
 }

@@ -3,6 +3,7 @@
 // directly by the programs that link it (distlab_cuda_tests, bench_gemm_cuda).
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/cuda/context.h"
@@ -71,6 +72,29 @@ void distlab_cuda_status(std::string* out) {
   }
   *out = fmt::format("kernels built; NCCL {}; {} GPU(s):", distlab::nccl_version_string(), p.devices.size());
   for (const auto& d : p.devices) *out += fmt::format(" {}={} (sm {}{})", d.index, d.name, d.sm_major, d.sm_minor);
+}
+
+// `distlab doctor`: the runtime's and driver's versions, NCCL's, every GPU and how each pair reaches the
+// other (peer access, and CUDA's performance rank of the link: NVLink ranks above PCIe), as JSON text
+void distlab_cuda_doctor(std::string* out) {
+  const distlab::CudaProbe p = distlab::probe_cuda();
+  auto version = [](int v) { return v ? fmt::format("{}.{}", v / 1000, v % 1000 / 10) : std::string("none"); };
+  nlohmann::json j = {{"usable", p.usable}, {"reason", p.reason}, {"runtime", version(p.runtime_version)}, {"driver", version(p.driver_version)},
+                      {"nccl", distlab::nccl_version_string()}, {"built_for_runtime", version(CUDART_VERSION)},
+                      {"gpus", nlohmann::json::array()}, {"links", nlohmann::json::array()}};
+  for (const auto& d : p.devices)
+    j["gpus"].push_back({{"index", d.index}, {"name", d.name}, {"sm", fmt::format("{}.{}", d.sm_major, d.sm_minor)},
+                         {"multiprocessors", d.multiprocessors}, {"memory_bytes", d.total_bytes}});
+  for (const auto& a : p.devices)
+    for (const auto& b : p.devices) {
+      if (a.index == b.index) continue;
+      int peer = 0, rank = -1;
+      if (cudaDeviceCanAccessPeer(&peer, a.index, b.index) != cudaSuccess) peer = 0;
+      if (peer && cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, a.index, b.index) != cudaSuccess) rank = -1;
+      (void)cudaGetLastError();
+      j["links"].push_back({{"from", a.index}, {"to", b.index}, {"peer_access", peer != 0}, {"performance_rank", rank}});
+    }
+  *out = j.dump();
 }
 
 // The GPUs this process can use; 0 with the reason in *why when none

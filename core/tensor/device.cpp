@@ -66,9 +66,11 @@ std::string cuda_build_status() {
   return s;
 }
 
-bool cuda_usable(std::string* why) {
+bool cuda_usable(std::string* why) { return cuda_device_count(why) > 0; }
+
+int cuda_device_count(std::string* why) {
   auto count = reinterpret_cast<int (*)(std::string*)>(cuda_symbol("distlab_cuda_device_count", why));
-  return count && count(why) > 0;
+  return count ? count(why) : 0;
 }
 
 DeviceKind parse_device(const std::string& s) {

@@ -19,6 +19,8 @@ DeviceKind parse_device(const std::string& s);
 std::string cuda_build_status();
 // True when this build has the CUDA half and the machine a GPU it can use; else false, with why.
 bool cuda_usable(std::string* why);
+// The GPUs this process can use (0, with why, when none or this build has no CUDA half).
+int cuda_device_count(std::string* why);
 // An extern "C" entry point of libdistlab_cuda.so (core/cuda/entry.cpp), loading the library on first use;
 // nullptr with the reason in *why when this build has none or it does not load.
 void* cuda_symbol(const char* name, std::string* why);
