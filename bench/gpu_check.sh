@@ -9,6 +9,7 @@
 #   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
 #      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the cpu;
 #      with 2 or more GPUs, DDP and FSDP over NCCL too, and GPT split over 2 GPUs (tp 2, pp 2) against the cpu.
+#   6. every lab's solution graded on the GPU (distlab grade NN --solution --device cuda): points and seconds.
 # Without the toolkit or without a GPU each step says why it is
 # skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
@@ -68,6 +69,7 @@ else
   TESTS=build-cuda/tests/distlab_cuda_tests GEMM=build-cuda/bin/bench_gemm_cuda DISTLAB=build-cuda/bin/distlab
 fi
 echo "ready after $((SECONDS - t0)) s"
+"$DISTLAB" doctor || status=1
 
 say "2. every CUDA kernel against the cpu one; the NCCL group"
 "$TESTS" --durations yes
@@ -173,6 +175,23 @@ if [ $gpu -eq 1 ]; then
 else
   echo "(skipped: no GPU)"
   "$DISTLAB" train configs/fashion-mnist-mlp.toml --device cuda 2>&1 | head -1
+fi
+
+say "6. every lab's solution graded with its training jobs on the GPU (distlab grade NN --device cuda)"
+# a bundle's distlab finds this tree and a build folder of its own through the environment (cli/paths.h);
+# the plugins are compiled here, so the machine needs g++. GRADE_LABS=0 skips this step.
+if [ $gpu -eq 1 ] && [ "${GRADE_LABS:-1}" = 1 ] && command -v g++ >/dev/null; then
+  export DISTLAB_SOURCE_DIR="$PWD" DISTLAB_BUILD_DIR="${OUT:-/tmp}/gpu-grade-build"
+  for lab in 01 02 03 04 05 06 07 08 09; do
+    t=$SECONDS
+    out=$(timeout 600 "$DISTLAB" grade "$lab" --solution --device cuda 2>&1)
+    rc=$?
+    total=$(printf '%s\n' "$out" | grep -E '^  total ' | awk '{print $2 "/" $3}')
+    printf 'lab %s: %s on cuda in %d s%s\n' "$lab" "${total:-no total}" $((SECONDS - t)) "$([ $rc -eq 0 ] || echo ", exit $rc")"
+    [ $rc -eq 0 ] || { printf '%s\n' "$out" | tail -25; status=1; }
+  done
+else
+  echo "(skipped: $([ $gpu -eq 1 ] || echo 'no GPU')$([ "${GRADE_LABS:-1}" = 1 ] || echo 'GRADE_LABS=0')$(command -v g++ >/dev/null || echo ' no g++ to compile the plugins'))"
 fi
 
 say "done in $((SECONDS - t0)) s, status ${status}"

@@ -11,6 +11,7 @@
 // it, then loaded into this benchmark's ranks): their sends and receives go over Gloo's point-to-point
 // buffers, so your ring_all_reduce is measured against Gloo's ring on the same wire.
 #include "cli/bench_cmd.h"
+#include "cli/paths.h"
 
 #include "cli/published_cmd.h"
 
@@ -328,7 +329,7 @@ int worker(const BenchArgs& a) {
 // Builds DIR/ring.cpp as the grader does (sandboxed compiler where there is one, only the lab's API
 // visible); the plugin lands in build/labs/01-collectives/bench.so.
 std::string build_ring(const BenchArgs& a, const std::string& self_exe) {
-  const grader::Paths p{DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe};
+  const grader::Paths p{tree_source_dir(), tree_build_dir(), self_exe};
   const grader::Lab lab = grader::find_lab(p.source_dir, "01");
   const std::string so = (std::filesystem::path(p.build_dir) / "labs" / lab.name / "bench.so").string();
   std::cout << fmt::format("building {} from {} ...\n", lab.name, a.ring) << std::flush;

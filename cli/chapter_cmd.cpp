@@ -1,4 +1,5 @@
 #include "cli/chapter_cmd.h"
+#include "cli/paths.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@ struct Chapter {
 
 // chapters/NN-topic.md, in order; the title is the file's first "# " line
 std::vector<Chapter> all_chapters() {
-  const fs::path dir = fs::path(DISTLAB_SOURCE_DIR) / "chapters";
+  const fs::path dir = fs::path(tree_source_dir()) / "chapters";
   std::vector<Chapter> v;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {

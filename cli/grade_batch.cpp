@@ -1,4 +1,5 @@
 #include "cli/grade_batch.h"
+#include "cli/paths.h"
 
 #include "grader/gradebook.h"
 
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 
 namespace distlab {
 
-grader::Paths grader_paths(const std::string& self_exe) { return {DISTLAB_SOURCE_DIR, DISTLAB_BUILD_DIR, self_exe}; }
+grader::Paths grader_paths(const std::string& self_exe) { return {tree_source_dir(), tree_build_dir(), self_exe}; }
 
 void set_grading_device(grader::SharedResults& batch, const std::string& device) {
   std::string why;

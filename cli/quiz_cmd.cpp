@@ -12,6 +12,7 @@
 // The file format is checked key by key: an unknown key, a missing answer or a choice answer that is not
 // one of the choices is an error naming the file and line.
 #include "cli/quiz_cmd.h"
+#include "cli/paths.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -202,7 +203,7 @@ Quiz load_quiz(const fs::path& path) {
 // The quizzes' folder: chapters/ of the source tree, or $DISTLAB_CHAPTERS (a course's own, or a test's).
 fs::path chapters_dir() {
   const char* env = std::getenv("DISTLAB_CHAPTERS");
-  return env && *env ? fs::path(env) : fs::path(DISTLAB_SOURCE_DIR) / "chapters";
+  return env && *env ? fs::path(env) : fs::path(tree_source_dir()) / "chapters";
 }
 
 std::vector<Quiz> all_quizzes() {
@@ -297,7 +298,7 @@ RunOutcome run_scenario_run(const std::string& self_exe, const std::string& quiz
   o.file_mb = 256;
   o.new_session = true;
   std::cout << fmt::format("  running \"{}\": distlab run -n {} {}\n", r.label, r.ranks, r.args) << std::flush;
-  fs::current_path(DISTLAB_SOURCE_DIR);  // the runs' configs are named relative to the source folder
+  fs::current_path(tree_source_dir());  // the runs' configs are named relative to the source folder
   const RunResult res = run_to_end(argv, o, 600, 4000);
   RunOutcome out;
   std::ifstream in(metrics);

@@ -1,4 +1,5 @@
 #include "cli/train_cmd.h"
+#include "cli/paths.h"
 
 #include <fmt/format.h>
 
@@ -123,7 +124,7 @@ int run_train(const TrainArgs& a) {
   std::ostringstream quiet;  // ranks other than 0 don't print progress
   try {
     // a lab's config: the student's code behind the trainer's extension points (grader/bridge/lab_extension.h)
-    std::unique_ptr<LabExtension> lab = start_lab_extension(cfg, DISTLAB_BUILD_DIR);
+    std::unique_ptr<LabExtension> lab = start_lab_extension(cfg, tree_build_dir());
     if (lab && rank0) std::cout << "lab " << lab_name(cfg) << ": running the student's code\n";
     Trainer trainer(cfg, rt, rank0 ? static_cast<std::ostream&>(std::cout) : quiet, pg.get(), lab.get());
     // a progress bar where a person watches (rank 0's stdout is a terminal), plain lines elsewhere, as tqdm

@@ -888,3 +888,30 @@ TEST_CASE("distlab doctor prints the CPU, the GPUs or why there are none, the ve
     CHECK_THAT(tout, Catch::Contains("gpu 0") && Catch::Contains("NCCL"));
   }
 }
+
+// A build carried to another machine (bench/gpu_bundle.sh to a lent GPU) finds the tree it grades and the
+// folder it builds in through DISTLAB_SOURCE_DIR and DISTLAB_BUILD_DIR; a wrong one is an error naming it.
+TEST_CASE("DISTLAB_SOURCE_DIR and DISTLAB_BUILD_DIR point a carried build at a tree and a build folder of its own", "[cli]") {
+  namespace fs = std::filesystem;
+  const fs::path src = DISTLAB_SOURCE_DIR, tmp = fs::temp_directory_path() / ("distlab-tree-" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp / "tree");
+  for (const char* d : {"labs", "solutions", "grader/hints"}) {
+    fs::create_directories((tmp / "tree" / d).parent_path());
+    fs::copy(src / d, tmp / "tree" / d, fs::copy_options::recursive);
+  }
+  std::ofstream(tmp / "tree/labs/01-collectives/README.md", std::ios::app) << "\n(the carried tree)\n";
+  const std::string env = "DISTLAB_SOURCE_DIR=" + (tmp / "tree").string() + " DISTLAB_BUILD_DIR=" + (tmp / "build").string() + " ";
+  auto [sc, sout] = shell_in_source(env + DISTLAB_BINARY + " lab show 01");
+  INFO(sout);
+  CHECK(sc == 0);
+  CHECK_THAT(sout, Catch::Contains("(the carried tree)"));
+  auto [bc, bout] = shell_in_source(env + DISTLAB_BINARY + " lab build 01 --solution");
+  INFO(bout);
+  CHECK(bc == 0);
+  CHECK(fs::exists(tmp / "build/labs/01-collectives"));
+  auto [wc, wout] = shell_in_source("DISTLAB_SOURCE_DIR=/nonexistent/tree " + std::string(DISTLAB_BINARY) + " lab list");
+  CHECK(wc == 1);
+  CHECK_THAT(wout, Catch::Contains("DISTLAB_SOURCE_DIR='/nonexistent/tree' is not a distlab tree"));
+  fs::remove_all(tmp);
+}
