@@ -90,20 +90,7 @@ std::unique_ptr<TcpStoreServer> serve_store_if_first(const LaunchEnv& e) {
   if (e.token_derived)
     std::cerr << "distlab: warning: the rendezvous store on port " << e.store_port << " asks for the token " << e.store_token
               << ", which anyone can guess (export DISTLAB_STORE_TOKEN=<random string> before srun to require a secret one)\n";
-  if (e.store_ports.size() > 1) {  // the step's derived ports: the first one free on this node
-    std::string taken;
-    for (int p : e.store_ports) {
-      try {
-        return std::make_unique<TcpStoreServer>("0.0.0.0", p, e.store_token);
-      } catch (const Error& err) {
-        if (std::string(err.what()).find(std::strerror(EADDRINUSE)) == std::string::npos)
-          throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store on port {}: {}", p, err.what()), "export MASTER_PORT=<a free port> before srun");
-        taken += fmt::format("{}{}", taken.empty() ? "" : ", ", p);
-      }
-    }
-    throw StoreError(fmt::format("srun task 0 cannot serve the rendezvous store: every port this step may use is taken on this node ({})", taken),
-                     "export MASTER_PORT=<a free port> before srun");
-  }
+  if (e.store_ports.size() > 1) return serve_on_first_free("0.0.0.0", e.store_ports, e.store_token, false);  // the step's derived ports
   try {
     return std::make_unique<TcpStoreServer>("0.0.0.0", e.store_port, e.store_token);
   } catch (const Error& err) {

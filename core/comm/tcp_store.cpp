@@ -426,6 +426,37 @@ void TcpStoreServer::serve(int fd, std::atomic<bool>& said_hello) {
   }
 }
 
+// Nothing listens on `port` on any address of this machine (a bind of every address would fail).
+static bool port_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::unique_ptr<TcpStoreServer> serve_on_first_free(const std::string& host, const std::vector<int>& ports, const std::string& token,
+                                                    bool next_free) {
+  std::string taken;
+  for (int p : ports) {
+    if (!next_free || port_free(p + 1)) {
+      try {
+        return std::make_unique<TcpStoreServer>(host, p, token);
+      } catch (const StoreError& e) {
+        if (std::string(e.what()).find(std::strerror(EADDRINUSE)) == std::string::npos) throw;
+      }
+    }
+    taken += fmt::format("{}{}", taken.empty() ? "" : ", ", p);
+  }
+  throw StoreError(fmt::format("every port this step may use is taken on this node: {}{}", taken, next_free ? " (or the port after each)" : ""),
+                   "export MASTER_PORT=<a free port> before srun");
+}
+
 TcpStore::TcpStore(const std::string& host, int port, Millis timeout, const std::string& token) : Store(timeout), port_(port) {
   where_ = fmt::format("{}:{}", host, port);
   if (port < 1 || port > 65535)

@@ -61,6 +61,12 @@ class TcpStoreServer {
   std::thread acceptor_;
 };
 
+// The store on the first of `ports` this machine can listen on at `host` (with `next_free`: whose next port
+// is free too, the program's own), so that a job whose first port another job holds still starts. A bind
+// that fails for another reason than a taken port is thrown as it is; all taken: StoreError listing them.
+std::unique_ptr<TcpStoreServer> serve_on_first_free(const std::string& host, const std::vector<int>& ports, const std::string& token,
+                                                    bool next_free);
+
 class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (the server may start after us), and presents `token`.

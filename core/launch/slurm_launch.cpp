@@ -1,14 +1,9 @@
 #include "core/launch/slurm_launch.h"
 
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/comm/errors.h"
 #include "core/util/error.h"
@@ -46,36 +41,10 @@ void take_world_from_slurm(LaunchOptions& o, const SlurmStep& s, const GivenOnCo
   o.store_token = token && *token ? token : slurm_job_token(s);
 }
 
-// Nothing listens on `port` on any address of this machine (a bind of every address would fail).
-static bool port_free(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
 std::unique_ptr<TcpStoreServer> serve_node0_store(const LaunchOptions& o, const std::string& token) {
   const std::string host = o.store_bind.empty() ? o.master_addr : o.store_bind;
   if (o.master_ports.size() <= 1) return std::make_unique<TcpStoreServer>(host, o.master_port, token);
-  std::string taken;
-  for (int p : o.master_ports) {
-    if (port_free(p + 1)) {
-      try {
-        return std::make_unique<TcpStoreServer>(host, p, token);
-      } catch (const Error& e) {
-        if (std::string(e.what()).find(std::strerror(EADDRINUSE)) == std::string::npos) throw;
-      }
-    }
-    taken += fmt::format("{}{}", taken.empty() ? "" : ", ", p);
-  }
-  throw StoreError(fmt::format("every port this Slurm step may use is taken on this node: {} (or the port after each)", taken),
-                   "export MASTER_PORT=<a free port> before srun, or give --master-port");
+  return serve_on_first_free(host, o.master_ports, token, true);  // and the port after it, the program's
 }
 
 }  // namespace distlab

@@ -60,10 +60,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
       for (const TraceEvent& e : rank)
         if (e.kind == EventKind::compute) ran += e.flops;
     ran /= double(ranks.size());  // per rank (the fake world's one rank stands for each)
-    const double needed = is_language_model(spec_)
-                              ? gpt_model_flops_per_token(spec_, cfg_.data.seq_len) * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) /
-                                    double(world())
-                              : ran;
+    const double needed = is_language_model(spec_) ? model_flops_per_rank_step() : ran;
     out["model_flops_per_step"] = needed * double(world());
     if (is_language_model(spec_)) out["tokens_per_step"] = cfg_.data.seq_len * micro_batch_ * accum_ * dp_world();
     out["modeled_mfu"] = needed / (std::max(r.step_s, 1e-30) * peak);
