@@ -1,9 +1,12 @@
 // `distlab plan`: which strategy fits a model on N GPUs, and what one step costs. Every row is a run of
 // the engine itself — one meta rank of the N-rank job on the fake world (dist.fake_world_size: a process
 // group that moves no data but counts and traces every collective), two steps, the second replayed on the
-// hardware profile — not a separate formula. Then the course's decision tree picks the cheapest rung that
-// fits: DDP, else ZeRO-2, else ZeRO-3/FSDP, else + activation checkpointing (selective, then full), else
-// + CPU offload (then with full checkpointing too), else more GPUs or 3D parallelism.
+// hardware profile — not a separate formula. A row fits when the caching allocator's reserved bytes fit the
+// card less a stated margin, and an offload row's host memory fits the node (--host-mem). The
+// recommendation is the fastest row that fits (a tie within 1 %: the one holding less memory), with why.
+// Beside it, the course's decision tree: the cheapest rung that fits — DDP, else ZeRO-2, else ZeRO-3/FSDP,
+// else + activation checkpointing (selective, then full), else + CPU offload (then with full checkpointing
+// too) — which lab 09 asks students to apply by hand.
 // Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
 #include "cli/plan_cmd.h"
 
@@ -27,7 +30,7 @@ namespace distlab {
 namespace {
 
 struct PlanArgs {
-  std::string model = "gpt-7b", gpu_mem = "a100-80g", profile, precision = "bf16", optimizer = "adamw";
+  std::string model = "gpt-7b", gpu_mem = "a100-80g", profile, precision = "bf16", optimizer = "adamw", host_mem;
   int gpus = 8, nodes = 1;
   int64_t micro_batch = 1, seq = 0;
   bool json = false;
@@ -119,8 +122,71 @@ struct PlanRow {
   std::string label, strategy;
   std::vector<std::string> sets;
   nlohmann::json summary;
-  bool fits = false;
+  double device_bytes = 0;         // reserved by the caching allocator at the peak, per GPU
+  double host_bytes_per_node = 0;  // what offload keeps in host memory, all the node's ranks together
+  bool fits_device = false, fits_host = false, fits = false;
 };
+
+// What "fits" means, with its margins stated (printed above the table).
+struct FitRule {
+  double device_limit = 0, margin = 0;
+  std::string margin_why;
+  double host_limit = 0;
+  std::string host_why;
+};
+
+// The device: outside PyTorch's allocator a process holds its CUDA context and the libraries' workspaces
+// (≈0.5 GiB context with lazy module loading, NCCL's channel buffers, cuBLAS(Lt) workspaces: 1 GiB in all),
+// and a run sees allocation patterns the planned step does not (a longer last batch, the evaluation, a
+// checkpoint's staging): 5 % of the card. The host: the OS, the data loader's workers and the page cache keep
+// a share, and offloaded state is pinned (it cannot be swapped out): 80 % of the node is usable.
+constexpr double kContextBytes = double(1LL << 30), kHeadroom = 0.05, kHostUsable = 0.80;
+FitRule fit_rule(int64_t capacity, int64_t host_mem_per_node, int ranks_per_node) {
+  FitRule f;
+  f.margin = kContextBytes + kHeadroom * double(capacity);
+  f.device_limit = double(capacity) - f.margin;
+  f.margin_why = "1 GiB for the CUDA context, NCCL and cuBLAS outside the allocator, 5 % headroom";
+  f.host_limit = kHostUsable * double(host_mem_per_node);
+  f.host_why = fmt::format("80 % of {} for {} rank(s): the OS, data loaders and page cache keep the rest, offloaded state is pinned",
+                           format_bytes(double(host_mem_per_node)), ranks_per_node);
+  return f;
+}
+
+// A row's memory per GPU as the caching allocator reserves it (the tensors' peak when the run has no model of it)
+double device_bytes(const nlohmann::json& summary) {
+  return summary.contains("peak_memory_reserved") ? summary["peak_memory_reserved"].get<double>() : summary["peak_memory_total"].get<double>();
+}
+double step_s(const PlanRow& r) { return r.summary.value("modeled_step_s", 0.0); }
+constexpr double kTie = 0.01;  // rows within 1 % of each other's modeled step are as fast
+
+// Why the fastest fitting row: its step and memory, and what the runner-up and the rows that do not fit cost.
+std::string fastest_reason(const std::vector<PlanRow>& rows, const PlanRow& best, const FitRule& fit) {
+  std::string why = fmt::format("the fastest row that fits: {:.1f} ms a step, {} reserved per GPU", 1e3 * step_s(best), format_bytes(best.device_bytes));
+  if (best.host_bytes_per_node > 0)
+    why += fmt::format(" and {} of host memory a node (usable: {}; --host-mem if the nodes have less)", format_bytes(best.host_bytes_per_node),
+                       format_bytes(fit.host_limit));
+  const PlanRow* next = nullptr;
+  for (const PlanRow& r : rows)
+    if (r.fits && &r != &best && (!next || step_s(r) < step_s(*next))) next = &r;
+  if (next) {
+    const double slower = 100 * (step_s(*next) / step_s(best) - 1);
+    why += std::abs(slower) <= 100 * kTie
+               ? (next->device_bytes == best.device_bytes
+                      ? fmt::format("; {} is as fast (within 1 %) and holds the same", next->label)
+                      : fmt::format("; {} is as fast (within 1 %) but holds {}", next->label, format_bytes(next->device_bytes)))
+               : fmt::format("; the next, {}, is {:.1f} % slower", next->label, slower);
+  }
+  const PlanRow* faster = nullptr;  // the fastest of the rows that do not fit, when it beats the pick
+  for (const PlanRow& r : rows)
+    if (!r.fits && step_s(r) < step_s(best) && (!faster || step_s(r) < step_s(*faster))) faster = &r;
+  if (faster)
+    why += faster->fits_device
+               ? fmt::format("; {} would be faster but needs {} of host memory a node (usable: {})", faster->label,
+                             format_bytes(faster->host_bytes_per_node), format_bytes(fit.host_limit))
+               : fmt::format("; {} would be faster but needs {} per GPU (limit {})", faster->label, format_bytes(faster->device_bytes),
+                             format_bytes(fit.device_limit));
+  return why;
+}
 
 nlohmann::json run_row(const std::string& toml, const std::string& name, const PlanArgs& a, const std::string& profile, const PlanRow& row) {
   std::vector<std::string> sets = {"train.steps=2", "log.trace_step=2", "train.eval_every=0", "train.device=meta",
@@ -146,7 +212,11 @@ int run_plan(const PlanArgs& a) {
   const std::string toml = model_toml(a, label);
   const int64_t capacity = parse_device_memory(a.gpu_mem, "--gpu-mem");
   const std::string profile = profile_for(a);
-  require_profile(profile, "--profile", true);
+  const HardwareProfile hw = require_profile(profile, "--profile", true);
+  // the node's host memory: --host-mem, else the profile's node (hardware.cpp names its source)
+  const int64_t host_mem_per_node = a.host_mem.empty() ? hw.host_memory_per_node_bytes : parse_bytes(a.host_mem, "--host-mem");
+  if (host_mem_per_node <= 0)
+    throw ConfigError(fmt::format("--host-mem {}: a node needs some host memory", a.host_mem), "a size per node, such as 512GB or 2TiB");
   std::vector<PlanRow> rows = {
       {"DDP", "ddp", {"parallel.strategy=ddp"}},
       {"ZeRO-1", "zero1", {"parallel.strategy=zero1"}},
@@ -170,9 +240,17 @@ int run_plan(const PlanArgs& a) {
   if (!is_language_model(spec))
     std::erase_if(rows, [](const PlanRow& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
   if (spec.name != "llama") std::erase_if(rows, [](const PlanRow& r) { return r.strategy.ends_with("selective_op"); });
+  // "fits": what the caching allocator reserves at the peak (the tensors alive, rounded into its blocks and
+  // segments, core/tensor/allocator_model.h), within the card less a stated margin; an offload row also needs
+  // its host memory, all the node's ranks together, within the node's usable share
+  const FitRule fit = fit_rule(capacity, host_mem_per_node, a.gpus / a.nodes);
   for (PlanRow& r : rows) {
     r.summary = run_row(toml, label, a, profile, r);
-    r.fits = r.summary["peak_memory_total"].get<int64_t>() <= capacity;
+    r.device_bytes = device_bytes(r.summary);
+    r.host_bytes_per_node = r.summary["peak_memory"]["host"].get<double>() * double(a.gpus / a.nodes);
+    r.fits_device = r.device_bytes <= fit.device_limit;
+    r.fits_host = r.host_bytes_per_node <= fit.host_limit;
+    r.fits = r.fits_device && r.fits_host;
   }
   const double psi = rows[0].summary["params"].get<double>();
   const auto& pm0 = rows[0].summary["peak_memory"];
@@ -181,7 +259,7 @@ int run_plan(const PlanArgs& a) {
                              : 0;
   // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
   // as a rung because ZeRO-2 saves more for the same traffic)
-  std::string pick, reason;
+  std::string pick, reason;  // the decision tree's rung and why
   for (const char* rung : {"ddp", "none", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp", "fsdp+selective",
                            "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
     for (const PlanRow& r : rows)
@@ -191,7 +269,7 @@ int run_plan(const PlanArgs& a) {
       if (r.strategy == s) return &r;
     return nullptr;
   };
-  auto need = [&](const PlanRow* r) { return format_bytes(r->summary["peak_memory_total"].get<double>()); };
+  auto need = [&](const PlanRow* r) { return format_bytes(r->device_bytes); };
   // the recompute's share: FLOPs a step over FSDP's without checkpointing
   auto extra_flops = [&](const PlanRow* r) {
     return 100.0 * (r->summary["flops_per_step"].get<double>() / row("fsdp")->summary["flops_per_step"].get<double>() - 1);
@@ -231,16 +309,45 @@ int run_plan(const PlanArgs& a) {
     pick = "none fits";
     reason = "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";
   }
-  if (a.nodes > 1 && pick != "none fits")
-    reason += "; across nodes keep the heavy traffic inside a node (shard within a node, replicate across: HSDP), 3D for more";
+
+  // the recommendation: the fastest row that fits; rows within 1 % of it are a tie, which the one holding the
+  // least memory wins
+  const PlanRow* best = nullptr;
+  for (const PlanRow& r : rows) {
+    if (!r.fits) continue;
+    if (!best || step_s(r) < step_s(*best) * (1 - kTie) ||
+        (step_s(r) <= step_s(*best) * (1 + kTie) && r.device_bytes < best->device_bytes))
+      best = &r;
+  }
+  std::string recommendation = "none fits", why = "more GPUs, a smaller micro-batch, or tensor/pipeline parallelism (3D, lab 06)";
+  if (best) {
+    recommendation = best->label;
+    why = fastest_reason(rows, *best, fit);
+  }
+  if (a.nodes > 1 && best) why += "; across nodes keep the heavy traffic inside a node (shard within a node, replicate across: HSDP)";
+  if (!best) {
+    const PlanRow* host_blocked = nullptr;
+    for (const PlanRow& r : rows)
+      if (r.fits_device && !r.fits_host) host_blocked = &r;
+    if (host_blocked)
+      why += fmt::format("; {} would fit the GPU but needs {} of host memory a node, more than the {} usable of --host-mem {}", host_blocked->label,
+                         format_bytes(host_blocked->host_bytes_per_node), format_bytes(fit.host_limit), format_bytes(double(host_mem_per_node)));
+  }
 
   if (a.json) {
     nlohmann::json out = {{"model", label}, {"params", psi}, {"gpus", a.gpus}, {"nodes", a.nodes}, {"gpu_mem", capacity},
                           {"precision", a.precision}, {"profile", profile}, {"replica_model_state_bytes", replica},
-                          {"recommendation", pick}, {"reason", reason}, {"rows", nlohmann::json::array()}};
+                          {"fit_rule", {{"device_limit", fit.device_limit}, {"margin", fit.margin}, {"margin_why", fit.margin_why},
+                                        {"host_mem_per_node", host_mem_per_node}, {"host_limit_per_node", fit.host_limit},
+                                        {"host_why", fit.host_why}}},
+                          {"recommendation", recommendation}, {"reason", why},
+                          {"decision_tree", pick}, {"decision_tree_reason", reason},
+                          {"flops_convention", rows[0].summary.value("flops_convention", "")}, {"rows", nlohmann::json::array()}};
     for (const PlanRow& r : rows)
       out["rows"].push_back({{"strategy", r.label}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
-                             {"fits", r.fits}, {"modeled_step_s", r.summary.value("modeled_step_s", 0.0)},
+                             {"peak_memory_reserved", r.device_bytes}, {"host_bytes_per_node", r.host_bytes_per_node},
+                             {"fits", r.fits}, {"fits_device", r.fits_device}, {"fits_host", r.fits_host},
+                             {"modeled_step_s", step_s(r)},
                              {"modeled_comm_s", r.summary.value("modeled_comm_s", 0.0)},
                              {"modeled_exposed_comm_s", r.summary.value("modeled_exposed_comm_s", 0.0)},
                              {"modeled_mfu", r.summary.value("modeled_mfu", 0.0)}, {"modeled_hfu", r.summary.value("modeled_hfu", 0.0)}});
@@ -251,17 +358,22 @@ int run_plan(const PlanArgs& a) {
                            label, psi / 1e9, a.gpus, a.nodes, format_bytes(double(capacity)), a.precision, a.micro_batch, profile);
   if (replica > 0)
     std::cout << fmt::format("one full replica's model state: {:.1f} GB ({:.0f} bytes per parameter)\n", replica / 1e9, replica / psi);
-  std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10} {:>6}\n", "strategy", "params", "grads",
-                           "optim", "activations", "comm buf", "host", "GPU total", "fits", "step (ms)", "MFU");
+  std::cout << fmt::format("fits: reserved ≤ {} ({} less {}: {}); offload rows: host ≤ {} a node ({})\n", format_bytes(fit.device_limit),
+                           format_bytes(double(capacity)), format_bytes(fit.margin), fit.margin_why, format_bytes(fit.host_limit), fit.host_why);
+  std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>11} {:>6} {:>10} {:>6} {:>6}\n", "strategy", "params", "grads",
+                           "optim", "activations", "comm buf", "host/node", "allocated", "reserved", "fits", "step (ms)", "MFU", "HFU");
   for (const PlanRow& r : rows) {
     const auto& pm = r.summary["peak_memory"];
     auto gb = [&](const char* c) { return fmt::format("{:.2f} GB", pm[c].get<double>() / 1e9); };
-    std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>5} {:>10.1f} {:>5.1f}%\n", r.label, gb("params"),
-                             gb("grads"), gb("optim_state"), gb("activations"), gb("comm_buffers"), gb("host"),
-                             fmt::format("{:.2f} GB", r.summary["peak_memory_total"].get<double>() / 1e9), r.fits ? "yes" : "no",
-                             1e3 * r.summary.value("modeled_step_s", 0.0), 100 * r.summary.value("modeled_mfu", 0.0));
+    std::cout << fmt::format("{:<15} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>11} {:>11} {:>6} {:>10.1f} {:>5.1f}% {:>5.1f}%\n", r.label, gb("params"),
+                             gb("grads"), gb("optim_state"), gb("activations"), gb("comm_buffers"), fmt::format("{:.1f} GB", r.host_bytes_per_node / 1e9),
+                             fmt::format("{:.2f} GB", r.summary["peak_memory_total"].get<double>() / 1e9), fmt::format("{:.2f} GB", r.device_bytes / 1e9),
+                             r.fits ? "yes" : !r.fits_device ? "no" : "host", 1e3 * step_s(r), 100 * r.summary.value("modeled_mfu", 0.0),
+                             100 * r.summary.value("modeled_hfu", 0.0));
   }
-  std::cout << "recommendation: " << pick << " — " << reason << "\n";
+  std::cout << "modeled (not measured): " << rows[0].summary.value("flops_convention", "") << "\n";
+  std::cout << "recommendation: " << recommendation << " — " << why << "\n";
+  std::cout << "the course's decision tree (the first rung that fits): " << pick << " — " << reason << "\n";
   return 0;
 }
 
@@ -274,6 +386,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--gpus", a->gpus, "data-parallel ranks (GPUs)");
   sub->add_option("--nodes", a->nodes, "nodes the GPUs are spread over (collectives across nodes use the inter-node bandwidth)");
   sub->add_option("--gpu-mem", a->gpu_mem, "memory per GPU: a size (16GiB) or a profile (t4, a100-40g, a100-80g, h100, h200)");
+  sub->add_option("--host-mem", a->host_mem, "host memory per node, for the offload rows (default: the profile's node, e.g. 2 TB for a DGX H100)");
   sub->add_option("--profile", a->profile, "hardware profile for the step time (default: from --gpu-mem)");
   sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
   sub->add_option("--optimizer", a->optimizer, "adamw | sgd");

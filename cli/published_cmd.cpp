@@ -36,6 +36,7 @@ namespace {
 
 struct PublishedRun {
   std::string id, source, what, config, outside;
+  std::string peak_is = "reserved";  // published_peak_is: reserved | allocated
   std::vector<std::string> sets;
   std::optional<double> step_s, tokens_per_s_per_gpu, peak_gib, mfu;  // as published
 };
@@ -104,7 +105,7 @@ Table load_table(const std::string& path) {
     const toml::table* r = node.as_table();
     if (!r) throw ConfigError(at(path, node) + ": a run is not a table");
     only_table_keys(*r, {"id", "source", "what", "config", "set", "published_step_s", "published_tokens_per_s_per_gpu", "published_peak_gib",
-                   "published_mfu", "outside"},
+                   "published_peak_is", "published_mfu", "outside"},
               path, "a [[run]]");
     PublishedRun p;
     p.id = text(*r, "id", path, "a [[run]]", true);
@@ -122,6 +123,13 @@ Table load_table(const std::string& path) {
     p.step_s = positive(*r, "published_step_s", path, what);
     p.tokens_per_s_per_gpu = positive(*r, "published_tokens_per_s_per_gpu", path, what);
     p.peak_gib = positive(*r, "published_peak_gib", path, what);
+    // what the source's peak counts: the caching allocator's reserved bytes (torch.cuda.max_memory_reserved,
+    // torchtitan's "memory"), or the tensors' (max_memory_allocated)
+    p.peak_is = text(*r, "published_peak_is", path, what, false);
+    if (p.peak_is.empty()) p.peak_is = "reserved";
+    if (p.peak_is != "reserved" && p.peak_is != "allocated")
+      throw ConfigError(at(path, *r) + ": " + what + ".published_peak_is = \"" + p.peak_is + "\"",
+                        "\"reserved\" (torch.cuda.max_memory_reserved) or \"allocated\" (max_memory_allocated)");
     p.mfu = positive(*r, "published_mfu", path, what);
     if (p.step_s.has_value() == p.tokens_per_s_per_gpu.has_value())
       throw ConfigError(at(path, *r) + ": " + what + " needs exactly one of published_step_s and published_tokens_per_s_per_gpu",
@@ -198,7 +206,7 @@ int run_published(const PublishedArgs& a) {
     if (step_s <= 0 || tokens_per_gpu <= 0)
       throw Error("run " + p.id + ": the model gave no step time or no tokens", "a language model with log.profile set");
     const double published_step_s = p.step_s ? *p.step_s : tokens_per_gpu / *p.tokens_per_s_per_gpu;
-    const double peak_gib = double(s.value("peak_memory_total", int64_t(0))) / double(1LL << 30);
+    const double peak_gib = double(s.value(p.peak_is == "reserved" ? "peak_memory_reserved" : "peak_memory_total", int64_t(0))) / double(1LL << 30);
     const double mfu = s.value("modeled_mfu", 0.0);
     const double time_ratio = step_s / published_step_s;
     const std::optional<double> mem_ratio = p.peak_gib ? std::optional<double>(peak_gib / *p.peak_gib) : std::nullopt;

@@ -3,8 +3,8 @@
 //                        ("-" for a field distlab has no key for), against core/config/ecosystem.cpp's mapping
 //   memory_predictions   the predicted peak memory per GPU of each config, running one step of the 1B GPT on
 //                        the fake world of 8, within 10 % of the run's (--device meta)
-//   decision_tree        the strategy for each (model, GPUs, memory) case, against `distlab plan`'s pick;
-//                        a miss shows plan's reason
+//   decision_tree        the strategy for each (model, GPUs, memory) case, against the course's decision tree
+//                        as `distlab plan` applies it (its "decision_tree"); a miss shows the tree's reason
 // The cases are labs/09-configs-plan/configs/cases.toml (the instructor's); the answers come from the
 // bundle the harness made of student/annotations.toml and student/decisions.toml.
 #include <fmt/format.h>
@@ -151,7 +151,7 @@ CheckResult memory_predictions(CheckContext& ctx) {
   return r;
 }
 
-// plan's pick in the words the answers use
+// the decision tree's rung in the words the answers use
 std::string pick_word(const std::string& recommendation) {
   if (recommendation == "DDP") return "ddp";
   if (recommendation == "ZeRO-1") return "zero1";
@@ -180,7 +180,7 @@ CheckResult decision_tree(CheckContext& ctx) {
       const RunResult run = run_to_end({ctx.paths.self_exe, "plan", "--model", model, "--gpus", std::to_string(gpus), "--gpu-mem", mem, "--json"},
                                        o, std::max(10.0, ctx.seconds_left()), 200000);
       auto parsed = nlohmann::json::parse(run.output.substr(std::min(run.output.size(), run.output.find('{'))), nullptr, false);
-      if (!parsed.is_object() || !parsed.contains("recommendation"))
+      if (!parsed.is_object() || !parsed.contains("decision_tree"))
         throw CheckAbort("error", fmt::format("distlab plan failed for case {}:\n{}", id, run.output.substr(0, 2000)));
       return parsed;
     });
@@ -189,14 +189,16 @@ CheckResult decision_tree(CheckContext& ctx) {
     std::string answer = v ? v->get() : std::string("(missing)");
     for (char& ch : answer) ch = char(std::tolower(static_cast<unsigned char>(ch)));
     if (answer == "zero3") answer = "fsdp";
-    const std::string want = pick_word(plan["recommendation"].get<std::string>());
+    // the course's decision tree (plan's "decision_tree"), not plan's recommendation (the fastest row that
+    // fits, a modeled time a student cannot derive by hand)
+    const std::string want = pick_word(plan["decision_tree"].get<std::string>());
     n++;
     if (answer == want) {
       right++;
       continue;
     }
     r.detail += fmt::format("{}{} ({} on {} x {}): you chose '{}'; the tree gives {}: {}", r.detail.empty() ? "" : "\n", id, model, gpus, mem,
-                            answer, want, plan.value("reason", std::string()));
+                            answer, want, plan.value("decision_tree_reason", std::string()));
   }
   r.passed = right == n;
   r.seen = fmt::format("{} of {} cases", right, n);

@@ -686,7 +686,10 @@ TEST_CASE("one process runs the strategy and offload it was given: ZeRO-3 + CPU 
   REQUIRE(tokens > 0);
   REQUIRE(step_s > 0);
   CHECK(live.value("mfu", 0.0) == Approx(live.value("model_flops_per_step", 0.0) / step_s / 87e9).epsilon(1e-9));
-  CHECK(live.value("hfu", 0.0) == Approx(live.value("flops_per_step", 0.0) / step_s / 87e9).epsilon(1e-9));
+  CHECK(live.value("hfu", 0.0) == Approx(live.value("hardware_flops_per_step", 0.0) / step_s / 87e9).epsilon(1e-9));
+  CHECK(live.value("hfu", 0.0) >= live.value("mfu", 0.0));  // HFU adds the recompute (none here): never below MFU
+  CHECK(live.value("recompute_flops_per_step", -1.0) == 0);
+  CHECK_THAT(live.value("flops_convention", ""), Catch::Contains("6·N + 12·L·H·Q·T"));
   CHECK(live.value("mfu", 0.0) > 0);
   CHECK(live.value("mfu", 0.0) < 1);
   // the GPU's own profile, by the name CUDA gives it

@@ -19,6 +19,8 @@
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
+#include "core/tensor/allocator_model.h"
+#include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
 using namespace distlab;
@@ -465,4 +467,76 @@ TEST_CASE("Chrome trace: valid JSON with a process per rank and compute/comm thr
     check(nlohmann::json::parse(chrome_trace_json(measured)));
   }
   CHECK_THROWS_AS(write_chrome_trace("/nonexistent-dir/x.json", "{}"), IoError);
+}
+
+// PyTorch's caching allocator, as the planner models what it reserves: each rule against a sequence worked
+// out by hand from c10/cuda/CUDACachingAllocator.cpp (512 B rounding, 2 MiB / 20 MiB / rounded segments,
+// best fit with splitting, merging on free, a pool per stream, empty_cache and the retry near capacity).
+TEST_CASE("allocator model: what PyTorch's caching allocator reserves, rule by rule", "[costmodel][memory]") {
+  using M = distlab::CachingAllocatorModel;
+  const int64_t MiB = int64_t(1) << 20;
+  CHECK(M::round_size(1) == 512);
+  CHECK(M::round_size(512) == 512);
+  CHECK(M::round_size(513) == 1024);
+  CHECK(M::segment_size(M::round_size(1000)) == 2 * MiB);        // small pool: 2 MiB segments
+  CHECK(M::segment_size(M::round_size(MiB + 1)) == 20 * MiB);    // large, under 10 MiB: 20 MiB
+  CHECK(M::segment_size(M::round_size(10 * MiB)) == 10 * MiB);   // 10 MiB and up: its own, rounded to 2 MiB
+  CHECK(M::segment_size(M::round_size(11 * MiB + 1)) == 12 * MiB);
+
+  M m;
+  const auto compute = M::StreamId::compute, comm = M::StreamId::comm;
+  // three 4 MiB tensors share one 20 MiB segment (split, the rest stays free)
+  const int64_t a = m.allocate(4 * MiB, compute), b = m.allocate(4 * MiB, compute), c = m.allocate(4 * MiB, compute);
+  CHECK(m.reserved() == 20 * MiB);
+  CHECK(m.allocated() == 12 * MiB);
+  CHECK(m.segments() == 1);
+  // b freed: a 4 MiB hole between a and c; a 6 MiB request does not fit it and takes the 8 MiB tail
+  m.free(b);
+  const int64_t d = m.allocate(6 * MiB, compute);
+  CHECK(m.reserved() == 20 * MiB);
+  // a 9 MiB request: neither the 4 MiB hole nor the 2 MiB tail holds it: a second segment
+  const int64_t e = m.allocate(9 * MiB, compute);
+  CHECK(m.reserved() == 40 * MiB);
+  CHECK(m.segments() == 2);
+  // the same bytes on another stream never reuse the compute stream's free blocks (fragmentation across pools)
+  const int64_t f = m.allocate(MiB + 512, comm);
+  CHECK(m.reserved() == 60 * MiB);
+  // freeing merges neighbours: a, the hole and c become one 12 MiB block, which an 11 MiB request then fits
+  m.free(a);
+  m.free(c);
+  const int64_t g = m.allocate(11 * MiB, compute);
+  CHECK(m.reserved() == 60 * MiB);  // no new segment: the merged block held it
+  CHECK(m.allocated() == 6 * MiB + 9 * MiB + 11 * MiB + MiB + 512);
+  // empty_cache hands back only segments with nothing in use: f's segment once f is freed
+  m.free(f);
+  m.empty_cache();
+  CHECK(m.reserved() == 40 * MiB);
+  for (int64_t id : {d, e, g}) m.free(id);
+  CHECK(m.allocated() == 0);
+  m.empty_cache();
+  CHECK(m.reserved() == 0);
+  CHECK(m.segments() == 0);
+  // near the card's capacity, a new segment first releases the cached free ones (PyTorch's retry)
+  M n;
+  const int64_t big = n.allocate(40 * MiB, compute);
+  n.free(big);
+  CHECK(n.reserved() == 40 * MiB);
+  n.allocate(50 * MiB, compute, 60 * MiB);  // 40 cached + 50 > 60: the cached 40 goes first
+  CHECK(n.reserved() == 50 * MiB);
+  n.allocate(50 * MiB, compute);  // no capacity: it stays cached beside
+  CHECK(n.reserved() == 100 * MiB);
+}
+
+TEST_CASE("allocator model: a training step's reserved bytes are never below its tensors', and the summary reports both", "[costmodel][memory]") {
+  MemoryAccountant acct(0, "meta");
+  Tensor x = Tensor::empty({1000, 1000}, acct, DeviceKind::meta, Category::activations);
+  Tensor y = Tensor::empty({300}, acct, DeviceKind::meta, Category::comm_buffers);
+  CHECK(acct.stats().reserved_current >= acct.stats().current_total);
+  // 4,000,000 B: a large request under 10 MiB, a 20 MiB segment; 1,200 B on the collectives' stream: 2 MiB
+  CHECK(acct.stats().reserved_current == 22 * (int64_t(1) << 20));
+  x = Tensor();
+  CHECK(acct.stats().reserved_current == 22 * (int64_t(1) << 20));  // cached, not returned
+  acct.empty_cache();
+  CHECK(acct.stats().reserved_current == 2 * (int64_t(1) << 20));
+  CHECK(acct.stats().reserved_peak == 22 * (int64_t(1) << 20));
 }

@@ -13,6 +13,7 @@
 
 #include "core/ckpt/safetensors.h"
 #include "core/models/llama.h"
+#include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "train_harness.h"
 
@@ -137,6 +138,10 @@ TEST_CASE("llama: Llama 3's published parameter counts, and what it refuses", "[
   s.name = "llama";
   s.vocab_size = 128256, s.n_embd = 4096, s.n_layer = 32, s.n_head = 32, s.n_kv_head = 8, s.intermediate_size = 14336;
   CHECK(llama_params_exact(s) == 8030261248LL);  // Llama 3 8B
+  // MFU's FLOPs a token by PaLM's convention as torchtitan counts them (embeddings in): 6·N + 12·L·H·Q·T,
+  // 61.07 GFLOP at T = 8192, the count behind torchtitan's published 58.2 % on 64 A100s
+  CHECK(gpt_model_flops_per_token(s, 8192) == 6.0 * 8030261248.0 + 12.0 * 32 * 4096 * 8192);
+  CHECK(gpt_model_flops_per_token(s, 8192) == Approx(61.07e9).epsilon(1e-3));
   s.n_embd = 8192, s.n_layer = 80, s.n_head = 64, s.intermediate_size = 28672;
   CHECK(llama_params_exact(s) == 70553706496LL);  // Llama 3 70B
   s = ModelSpec();

@@ -373,14 +373,17 @@ TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, 
   CHECK(fsdp["modeled_comm_s"].get<double>() == Approx(no_prefetch["modeled_comm_s"].get<double>()).epsilon(0.02));
 }
 
-TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, and the decision tree's pick", "[zero][plan][cli]") {
+TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, the fastest row that fits, and the decision tree's rung", "[zero][plan][cli]") {
   auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 7b --gpus 8 --gpu-mem a100-80g 2>&1");
   INFO(out);
   REQUIRE(code == 0);
   // the course's 7B full fine-tune: 16 bytes per parameter, 7B x 16 = 112 GB for one replica
   CHECK_THAT(out, Catch::Contains("one full replica's model state: 111.8 GB (16 bytes per parameter)"));
   for (const char* row : {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP", "FSDP + offload"}) CHECK_THAT(out, Catch::Contains(row));
-  CHECK_THAT(out, Catch::Contains("recommendation: ZeRO-2"));
+  CHECK_THAT(out, Catch::Contains("the course's decision tree (the first rung that fits): ZeRO-2"));
+  CHECK_THAT(out, Catch::Contains("fits: reserved ≤ 75.00 GiB (80.00 GiB less 5.00 GiB: 1 GiB for the CUDA context"));
+  CHECK_THAT(out, Catch::Contains("recommendation: ") && Catch::Contains("the fastest row that fits"));
+  CHECK_THAT(out, Catch::Contains("modeled (not measured): MFU = (6·N + 12·L·H·Q·T)"));
 
   auto [jcode, jout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 1b --gpus 4 --gpu-mem 8GiB --json 2>&1");
   INFO(jout);
@@ -400,22 +403,88 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, a
   CHECK(total("FSDP+offload+AC") < total("FSDP + offload"));
   CHECK(rows.at("FSDP + full AC")["modeled_step_s"].get<double>() > rows.at("FSDP")["modeled_step_s"].get<double>());  // the recompute
   CHECK(rows.at("DDP")["fits"] == false);
-  // the pick is the first rung that fits, in the ladder's order
+  // "fits": the allocator's reserved bytes (never below the tensors') within 8 GiB less 1 GiB and 5 %
+  const double limit = 8.0 * (1 << 30) - (1 << 30) - 0.05 * 8.0 * (1 << 30);
+  CHECK(plan["fit_rule"]["device_limit"].get<double>() == Approx(limit));
+  for (const auto& [name, r] : rows) {
+    INFO(name);
+    CHECK(r["peak_memory_reserved"].get<double>() >= r["peak_memory_total"].get<double>());
+    CHECK(r["fits"].get<bool>() == (r["peak_memory_reserved"].get<double>() <= limit && r["fits_host"].get<bool>()));
+    // one convention: HFU = MFU's FLOPs + the recompute's, so never below MFU; above it exactly when a row recomputes
+    CHECK(r["modeled_hfu"].get<double>() >= r["modeled_mfu"].get<double>());
+    if (name.find("AC") != std::string::npos) CHECK(r["modeled_hfu"].get<double>() > r["modeled_mfu"].get<double>());
+    else CHECK(r["modeled_hfu"].get<double>() == Approx(r["modeled_mfu"].get<double>()));
+  }
+  // the decision tree: the first rung that fits, in the ladder's order
   std::string first_fit;
   for (const char* s : {"DDP", "ZeRO-2", "FSDP", "FSDP + sel. AC", "FSDP + full AC", "FSDP + offload", "FSDP+offload+AC"})
     if (first_fit.empty() && rows.at(s)["fits"].get<bool>()) first_fit = s;
-  CHECK(plan["recommendation"] == (first_fit.empty() ? "none fits" : first_fit));
+  CHECK(plan["decision_tree"] == (first_fit.empty() ? "none fits" : first_fit));
+  // the recommendation: the fastest row that fits; within 1 % of it, the one holding less memory
+  const nlohmann::json* best = nullptr;
+  for (const auto& r : plan["rows"]) {
+    if (!r["fits"].get<bool>()) continue;
+    auto t = [](const nlohmann::json& x) { return x["modeled_step_s"].get<double>(); };
+    if (!best || t(r) < t(*best) * 0.99 || (t(r) <= t(*best) * 1.01 && r["peak_memory_reserved"] < (*best)["peak_memory_reserved"])) best = &r;
+  }
+  REQUIRE(best);
+  CHECK(plan["recommendation"] == (*best)["strategy"]);
+  for (const auto& r : plan["rows"])
+    if (r["fits"].get<bool>()) CHECK(r["modeled_step_s"].get<double>() >= 0.99 * (*best)["modeled_step_s"].get<double>());
+  CHECK_THAT(plan["reason"].get<std::string>(), Catch::Contains("the fastest row that fits"));
   // a row is a run of the engine: the same as `distlab train --device meta` on the fake world
   auto direct = distlab::testing::train_in_process(file_text("configs/gpt-1b.toml"),
                                                    {"train.steps=2", "log.trace_step=2", "precision.mode=bf16", "train.micro_batch=1",
                                                     "dist.fake_world_size=4", "parallel.strategy=fsdp", "log.profile=a100-nvlink"},
                                                    DeviceKind::meta);
   CHECK(rows.at("FSDP")["peak_memory_total"] == direct.summary["peak_memory_total"]);
+  CHECK(rows.at("FSDP")["peak_memory_reserved"] == direct.summary["peak_memory_reserved"]);
   CHECK(rows.at("FSDP")["modeled_step_s"].get<double>() == Approx(direct.summary["modeled_step_s"].get<double>()).epsilon(1e-12));
 
   auto [bcode, bout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 3b --gpus 8 2>&1");
   CHECK(bcode != 0);
   CHECK_THAT(bout, Catch::Contains("--model 3b") && Catch::Contains("gpt-7b"));
+}
+
+TEST_CASE("distlab plan: an offload row must fit the node's host memory (--host-mem, the profile's node by default)", "[zero][plan][cli]") {
+  auto plan_json = [](const std::string& extra) {
+    auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 70b --gpus 8 --gpu-mem a100-80g --json " + extra + " 2>&1");
+    INFO(out);
+    REQUIRE(code == 0);
+    return nlohmann::json::parse(out);
+  };
+  // the default: a DGX A100's 2 TB, 80 % usable: the 70B's offloaded state of 8 ranks fits, and offload with
+  // full checkpointing is the one row that fits the GPU
+  const nlohmann::json dgx = plan_json("");
+  CHECK(dgx["fit_rule"]["host_mem_per_node"].get<double>() == 2e12);
+  CHECK(dgx["fit_rule"]["host_limit_per_node"].get<double>() == Approx(1.6e12));
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : dgx["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  const double host_need = rows.at("FSDP+offload+AC")["host_bytes_per_node"].get<double>();
+  CHECK(host_need == Approx(8 * rows.at("FSDP+offload+AC")["peak_memory"]["host"].get<double>()));
+  CHECK(host_need > 1e12);  // 16 bytes a parameter of 70B, over the node's 8 ranks: 1.1 TB
+  CHECK(rows.at("FSDP")["host_bytes_per_node"].get<double>() == 0);
+  CHECK(dgx["recommendation"] == "FSDP+offload+AC");
+  CHECK_THAT(dgx["reason"].get<std::string>(), Catch::Contains("of host memory a node (usable: 1.46 TiB"));
+  // a node with 512 GB: the offload rows fit the GPU but not the host, and nothing fits; the reason says so
+  const nlohmann::json small = plan_json("--host-mem 512GB");
+  for (const auto& r : small["rows"]) {
+    INFO(r.dump());
+    if (r["strategy"].get<std::string>().find("offload") == std::string::npos) continue;
+    CHECK(r["fits_host"] == false);
+    CHECK(r["fits"] == false);
+  }
+  CHECK(small["recommendation"] == "none fits");
+  CHECK(small["decision_tree"] == "none fits");
+  CHECK_THAT(small["reason"].get<std::string>(), Catch::Contains("needs 1.") && Catch::Contains("of host memory a node") && Catch::Contains("--host-mem"));
+  // the text table marks such a row "host", and a bad --host-mem is an error naming the flag
+  auto [tcode, text] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 70b --gpus 8 --gpu-mem a100-80g --host-mem 512GB 2>&1");
+  INFO(text);
+  CHECK(tcode == 0);
+  CHECK_THAT(text, Catch::Contains("host ≤ 381.47 GiB a node (80 % of 476.84 GiB for 8 rank(s)"));
+  auto [bcode, bout] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model 70b --gpus 8 --host-mem lots 2>&1");
+  CHECK(bcode != 0);
+  CHECK_THAT(bout, Catch::Contains("--host-mem"));
 }
 
 TEST_CASE("distlab plan refuses what is no model or no size: a FIFO, /dev/zero, a folder, an empty file, --gpu-mem 1e30GiB, --seq 0 and -1", "[plan][cli]") {

@@ -140,7 +140,10 @@ Tensor Block::backward(Runtime& rt, const Tensor& dout) {
     const uint64_t now[2] = {*drop_attn.rng_calls(), *drop_mlp.rng_calls()};
     *drop_attn.rng_calls() = uint64_t(drop_at_[0]);
     *drop_mlp.rng_calls() = uint64_t(drop_at_[1]);
-    run_forward(rt, x_);  // its output is dropped: what matters is what the layers saved
+    {
+      RecomputeScope recompute(rt.trace);  // hardware FLOPs (HFU), not model FLOPs
+      run_forward(rt, x_);  // its output is dropped: what matters is what the layers saved
+    }
     *drop_attn.rng_calls() = now[0];
     *drop_mlp.rng_calls() = now[1];
     x_ = Tensor();

@@ -97,11 +97,15 @@ Tensor LlamaBlock::forward(Runtime& rt, const Tensor& x) {
 Tensor LlamaBlock::backward(Runtime& rt, const Tensor& dout) {
   if (full_) {
     DL_ASSERT(x_.defined(), "LlamaBlock::backward under full checkpointing without a forward");
-    run_forward(rt, x_);  // the recompute: the layers save what their backward needs again
+    {
+      RecomputeScope recompute(rt.trace);  // hardware FLOPs (HFU), not model FLOPs
+      run_forward(rt, x_);  // the recompute: the layers save what their backward needs again
+    }
     x_ = Tensor();
   }
   if (op_) {  // the recompute around the kept outputs: the norms, the residual stream and what was dropped
     DL_ASSERT(x_.defined(), "LlamaBlock::backward under op-level checkpointing without a forward");
+    RecomputeScope recompute(rt.trace);
     Tensor h = Block::residual_add(rt, x_, self_attn->recompute(rt, input_layernorm.forward(rt, x_)));
     mlp->recompute(rt, post_attention_layernorm.forward(rt, h));
     x_ = Tensor();

@@ -75,10 +75,12 @@ int64_t gpt_params_exact(const ModelSpec& s) {
 }
 
 double gpt_model_flops_per_token(const ModelSpec& s, int64_t T) {
-  // every matmul's weight: GPT's all but wpe (wte is the lm_head too); Llama's all but embed_tokens
-  const double matmul_params = s.name == "llama" ? double(llama_params_exact(s) - s.vocab_size * s.n_embd)
-                                                 : double(gpt_params_exact(s) - s.block_size * s.n_embd);
-  return 6.0 * matmul_params + 12.0 * double(s.n_layer) * double(s.n_embd) * double(T);
+  const double params = s.name == "llama" ? double(llama_params_exact(s)) : double(gpt_params_exact(s));
+  return 6.0 * params + 12.0 * double(s.n_layer) * double(s.n_embd) * double(T);
 }
+
+const char* const kFlopsConvention =
+    "MFU = (6·N + 12·L·H·Q·T) FLOPs a token, N every parameter (embeddings included, as torchtitan counts), "
+    "over the step's time at the precision's peak; HFU adds the activation checkpointing's recompute";
 
 }  // namespace distlab

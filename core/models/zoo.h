@@ -65,12 +65,15 @@ std::unique_ptr<Model> build_sequential_stage(Runtime& rt, const ModelSpec& spec
 // 12·L·C² + 13·L·C + V·C + T·C + 2·C (biases and norms are the "small terms").
 int64_t gpt_params_closed_form(const ModelSpec& s);
 int64_t gpt_params_exact(const ModelSpec& s);
-// The FLOPs a GPT's training needs per token of sequence length T, the count MFU divides by (PaLM,
-// Chowdhery et al. 2022, appendix B; torchtitan's): 6 per parameter that multiplies (forward 2, backward
-// 4; wpe is only looked up, wte multiplies once as the lm_head) + 12·L·C·T for the attention scores and
-// their use (q kᵀ and P v, forward and backward, the causal half not discounted). Recompute is not in it:
-// that is the difference between MFU and HFU (the FLOPs the kernels actually ran).
+// The FLOPs a language model's training needs per token of sequence length T, the count MFU divides by, by
+// one convention (PaLM, Chowdhery et al. 2022, appendix B, as torchtitan counts it): 6 per parameter, every
+// parameter (the embeddings too, though a lookup multiplies nothing: torchtitan's 8B is 6·8.03e9 + 12·L·H·Q·T
+// = 61.07 GFLOP a token at T = 8192) + 12·L·H·Q·T for the attention scores and their use (q kᵀ and P v,
+// forward and backward, the causal half not discounted; H·Q = the heads' width). Recompute is not in it:
+// HFU = these FLOPs + the recompute's (trace events marked by RecomputeScope), so HFU ≥ MFU always.
 double gpt_model_flops_per_token(const ModelSpec& s, int64_t T);
+// The convention above in words, printed beside every MFU and HFU figure
+extern const char* const kFlopsConvention;
 // A language model: gpt or llama (token data, a sequence length, a vocabulary)
 inline bool is_language_model(const ModelSpec& s) { return s.name == "gpt" || s.name == "llama"; }
 

@@ -55,7 +55,10 @@ Tensor AttentionCore::backward(Runtime& rt, const Tensor& dy, const Tensor& qkv,
     y_ = lse_ = Tensor();
     return dqkv;
   }
-  if (recompute_) att_ = probabilities(rt, qkv, NH, what + ", recomputed", nullptr);
+  if (recompute_) {
+    RecomputeScope recompute(rt.trace);
+    att_ = probabilities(rt, qkv, NH, what + ", recomputed", nullptr);
+  }
   DL_ASSERT(att_.defined(), "AttentionCore::backward without a forward");
   Tensor dqkv = rt.empty({B, T, 3 * Cl}, Category::activations, "grad of qkv" + what, rt.dtype);
   {

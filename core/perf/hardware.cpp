@@ -55,6 +55,7 @@ std::vector<HardwareProfile> make_profiles() {
       .host_link_bytes_per_s = 12e9,             // PCIe gen3 x16: pinned cudaMemcpy ≈ 12 GB/s
       .host_flops_per_s = 0.16e12,               // estimate: 2 cores × 2.5 GHz × 32 fp32 FLOP/cycle (AVX2 FMA)
       .host_mem_bw_bytes_per_s = 20e9,           // estimate: half of 4 channels of DDR4-2666
+      .host_memory_per_node_bytes = 30LL << 30,  // a 2×T4 VM with 8 vCPUs (GCP n1-standard-8: 30 GB)
       .gemm_efficiency = 0.6,                    // estimate: the 70 W card lowers its clock under sustained GEMMs (no published MAMF)
       .attention_efficiency = 0.3,               // estimate: FlashAttention-2 does not support Turing; a generic tiled kernel
       .mem_bw_efficiency = kHbmEfficiency,
@@ -77,6 +78,7 @@ std::vector<HardwareProfile> make_profiles() {
       .host_link_bytes_per_s = 25e9,             // PCIe gen4 x16: pinned cudaMemcpy ≈ 25 GB/s
       .host_flops_per_s = 1.15e12,               // 128 cores × 2.25 GHz × 32 FLOP/cycle = 9.2 TFLOP/s, / 8 GPUs
       .host_mem_bw_bytes_per_s = 51e9,           // 16 × 25.6 GB/s = 410 GB/s, / 8 GPUs
+      .host_memory_per_node_bytes = 2000000000000LL,  // DGX A100 640GB data sheet: 2 TB system memory
       .gemm_efficiency = kGemmA100,              // MAMF: 271.2 of 312 TFLOPS
       .attention_efficiency = kFlashA100,        // FlashAttention-2 paper: 50–73 % of the A100's peak
       .mem_bw_efficiency = kHbmEfficiency,
@@ -99,6 +101,7 @@ std::vector<HardwareProfile> make_profiles() {
       .host_link_bytes_per_s = 50e9,             // PCIe gen5 x16: pinned cudaMemcpy ≈ 50 GB/s
       .host_flops_per_s = 1.8e12,                // 112 cores × 2.0 GHz × 64 FLOP/cycle = 14.3 TFLOP/s, / 8 GPUs
       .host_mem_bw_bytes_per_s = 77e9,           // 16 × 38.4 GB/s = 614 GB/s, / 8 GPUs
+      .host_memory_per_node_bytes = 2000000000000LL,  // DGX H100 data sheet: 2 TB system memory (DGX H200: the same)
       .gemm_efficiency = kGemmH100,              // MAMF: 794.5 of 989 TFLOPS
       .attention_efficiency = kFlashH100,        // FlashAttention-3 paper: FlashAttention-2 reaches 35 % on H100
       .mem_bw_efficiency = kHbmEfficiency,       // STREAM triad on H100 80GB HBM3: 3.09 of 3.35 TB/s
@@ -132,6 +135,7 @@ std::vector<HardwareProfile> make_profiles() {
   h100_pcie.intra_node_busbw_bytes_per_s = 40e9; // estimate: a ring through PCIe gen5 switches (x16 ≈ 50 GB/s a direction)
   h100_pcie.inter_node_busbw_bytes_per_s = 40e9; // estimate: 400 Gb/s per GPU, bounded by the PCIe ring
   h100_pcie.collective_latency_s = kAlphaPcie2_s;
+  h100_pcie.host_memory_per_node_bytes = 1000000000000LL;  // estimate: a 2-socket PCIe server with 1 TB
   h100_pcie.source = "H100 PCIe data sheet; PCIe gen5 busbw estimated; host as h100-nvlink";
   h100_pcie.calibration_source = h100.calibration_source + "; the PCIe card is assumed to reach the same shares";
   p.push_back(h100_pcie);
@@ -152,6 +156,7 @@ std::vector<HardwareProfile> make_profiles() {
       .host_link_bytes_per_s = 7e9,              // measured here: memcpy ≈ 7 GB/s
       .host_flops_per_s = 87e9,
       .host_mem_bw_bytes_per_s = 7e9,
+      .host_memory_per_node_bytes = 24LL << 30,  // measured here: 24 GiB of RAM (both ranks together)
       .calibration_source = "none needed: the rates above were measured here",
   });
   return p;

@@ -38,6 +38,7 @@ struct HardwareProfile {
   double host_link_bytes_per_s = 0;         // one direction of PCIe (what a pinned cudaMemcpy reaches)
   double host_flops_per_s = 0;              // the host's fp32 peak (all its cores, SIMD)
   double host_mem_bw_bytes_per_s = 0;       // the host's DRAM bandwidth
+  int64_t host_memory_per_node_bytes = 0;   // the whole node's host memory (what offload rows must fit in, all ranks together)
 
   // --- calibration: achieved over peak (1 = the peak is reached, as for rates measured here) ---
   double gemm_efficiency = 1;        // a large GEMM (and any math-bound kernel but attention): MAMF / peak

@@ -4,6 +4,7 @@ namespace distlab {
 
 void Trace::record(const char* name, Stream s, double flops, double bytes, double t0, double t1, bool scales, bool low) {
   flops_ += flops;
+  if (recompute_) recompute_flops_ += flops;
   bytes_ += bytes;
   count_++;
   if (!keep_events_) return;
@@ -17,6 +18,7 @@ void Trace::record(const char* name, Stream s, double flops, double bytes, doubl
   e.scales_with_batch = scales;
   e.low_precision = low;
   e.on_host = on_host_;
+  e.recompute = recompute_;
   events_.push_back(std::move(e));
 }
 

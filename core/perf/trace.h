@@ -30,6 +30,7 @@ struct TraceEvent {
   bool low_precision = false;     // a 16-bit op (autocast's low list): timed at the profile's bf16/fp16 rate
   bool on_host = false;           // ran on the host's CPU (CPU offload's optimizer step): the profile's host rates
   double link_bytes = 0;          // a copy between host and device memory (CPU offload): over the host link (PCIe)
+  bool recompute = false;         // activation checkpointing's second forward: hardware FLOPs, not model FLOPs (HFU, not MFU)
   // collectives and waits
   std::string op;             // all_reduce | reduce_scatter | all_gather | broadcast | send | recv | barrier
   int64_t payload_bytes = 0;  // S in the α-β formulas: the full tensor's bytes (all_reduce), the gathered output (all_gather)
@@ -52,23 +53,41 @@ class Trace {
   // copies synchronously), and compute recorded while on_host is set runs on the host's CPU.
   void record_copy(const char* name, double bytes);
   void set_on_host(bool on) { on_host_ = on; }
+  // Activation checkpointing: compute recorded while set is a recompute (RecomputeScope sets it).
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recomputing() const { return recompute_; }
   void keep_events(bool on) { keep_events_ = on; }
   bool keeping_events() const { return keep_events_; }
   const std::vector<TraceEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   // running totals since the last reset_totals()
   double flops() const { return flops_; }
+  double recompute_flops() const { return recompute_flops_; }  // the part of flops() that recomputed a forward
   double bytes() const { return bytes_; }
   int64_t count() const { return count_; }
-  void reset_totals() { flops_ = bytes_ = 0; count_ = 0; }
+  void reset_totals() { flops_ = bytes_ = recompute_flops_ = 0; count_ = 0; }
 
  private:
   std::chrono::steady_clock::time_point epoch_;
   bool keep_events_ = false;
   bool on_host_ = false;
+  bool recompute_ = false;
   std::vector<TraceEvent> events_;
-  double flops_ = 0, bytes_ = 0;
+  double flops_ = 0, bytes_ = 0, recompute_flops_ = 0;
   int64_t count_ = 0;
+};
+
+// Marks the kernels run in its lifetime as a recompute (nested scopes keep the outer one's mark).
+class RecomputeScope {
+ public:
+  explicit RecomputeScope(Trace& t) : t_(t), was_(t.recomputing()) { t_.set_recompute(true); }
+  ~RecomputeScope() { t_.set_recompute(was_); }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  Trace& t_;
+  bool was_;
 };
 
 }  // namespace distlab

@@ -6,7 +6,7 @@ nlohmann::json events_to_json(const std::vector<TraceEvent>& events) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& e : events)
     a.push_back({e.name, int(e.kind), int(e.stream), e.flops, e.bytes, e.t_begin_us, e.t_end_us, e.scales_with_batch, e.op,
-                 e.payload_bytes, e.group_size, e.seq, e.group, e.low_precision, e.on_host, e.link_bytes});
+                 e.payload_bytes, e.group_size, e.seq, e.group, e.low_precision, e.on_host, e.link_bytes, e.recompute});
   return a;
 }
 
@@ -30,6 +30,7 @@ std::vector<TraceEvent> events_from_json(const nlohmann::json& j) {
     e.low_precision = x.size() > 13 && x[13].get<bool>();
     e.on_host = x.size() > 14 && x[14].get<bool>();
     e.link_bytes = x.size() > 15 ? x[15].get<double>() : 0.0;
+    e.recompute = x.size() > 16 && x[16].get<bool>();
     out.push_back(std::move(e));
   }
   return out;

@@ -24,7 +24,7 @@ const char* category_name(Category c) {
   return "?";
 }
 
-void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& what) {
+int64_t MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& what) {
   const bool on_device = c != Category::host;
   if (on_device && capacity_ >= 0 && stats_.current_total + bytes > capacity_) {
     int64_t free_bytes = capacity_ - stats_.current_total;
@@ -40,21 +40,29 @@ void MemoryAccountant::allocate(int64_t bytes, Category c, const std::string& wh
   int i = int(c);
   stats_.current[i] += bytes;
   if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
-  if (!on_device) return;
+  if (!on_device) return -1;
   stats_.current_total += bytes;
   if (stats_.current_total > stats_.peak_total) {
     stats_.peak_total = stats_.current_total;
     stats_.at_peak = stats_.current;
   }
+  if (bytes == 0) return -1;  // PyTorch hands out no block for an empty tensor
+  const int64_t id = model_.allocate(bytes, c == Category::comm_buffers ? CachingAllocatorModel::StreamId::comm : CachingAllocatorModel::StreamId::compute,
+                                     capacity_);
+  stats_.reserved_current = model_.reserved();
+  stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved_current);
+  return id;
 }
 
-void MemoryAccountant::release(int64_t bytes, Category c) {
+void MemoryAccountant::release(int64_t bytes, Category c, int64_t model_block) {
   stats_.current[int(c)] -= bytes;
   if (c != Category::host) stats_.current_total -= bytes;
+  if (model_block >= 0) model_.free(model_block);
   DL_ASSERT(stats_.current[int(c)] >= 0, "memory accounting went negative");
 }
 
 void MemoryAccountant::reset_peaks() {
+  stats_.reserved_peak = stats_.reserved_current;  // segments are kept: what is reserved now stays reserved
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
   stats_.at_peak = stats_.current;
@@ -108,6 +116,8 @@ void MemoryAccountant::host_free(void* p, int64_t bytes) {
 }
 
 void MemoryAccountant::empty_cache() {
+  model_.empty_cache();
+  stats_.reserved_current = model_.reserved();
   for (auto& [size, blocks] : free_blocks_) {
     for (void* p : blocks) unmap_block(p, size);
     reserved_ -= size * int64_t(blocks.size());

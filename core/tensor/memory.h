@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor/allocator_model.h"
 #include "core/tensor/dtype.h"
 
 namespace distlab {
@@ -26,6 +27,9 @@ struct MemoryStats {
   int64_t current_total = 0;                   // the device's: every category but host
   int64_t peak_total = 0;                      // high-water mark of the sum (not the sum of peaks)
   std::array<int64_t, kNumCategories> at_peak{};  // breakdown at the moment of peak_total
+  // what PyTorch's caching allocator would reserve for the same allocations (CachingAllocatorModel)
+  int64_t reserved_current = 0;
+  int64_t reserved_peak = 0;
 };
 
 // A device with memory of its own, as the tensor layer sees it: core/cuda/device_memory.h implements it
@@ -58,8 +62,10 @@ class MemoryAccountant {
   MemoryAccountant& operator=(const MemoryAccountant&) = delete;
 
   // Counts `bytes` in `category`; throws OutOfMemoryError (nothing counted) if it would exceed capacity.
-  void allocate(int64_t bytes, Category category, const std::string& what);
-  void release(int64_t bytes, Category category);
+  // Returns the block's id in the caching allocator's model (-1 for host memory and empty tensors), which
+  // release() takes back.
+  int64_t allocate(int64_t bytes, Category category, const std::string& what);
+  void release(int64_t bytes, Category category, int64_t model_block = -1);
 
   const MemoryStats& stats() const { return stats_; }
   int64_t current(Category c) const { return stats_.current[int(c)]; }
@@ -91,6 +97,7 @@ class MemoryAccountant {
   std::string device_;
   int64_t capacity_;
   MemoryStats stats_;
+  CachingAllocatorModel model_;  // the device categories' allocations, as PyTorch would reserve them
   std::map<int64_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
   int64_t reserved_ = 0;                               // bytes held: in use + cached
   DeviceMemory* device_memory_ = nullptr;

@@ -27,7 +27,7 @@ Storage::~Storage() {
   if (device) device->free(data, bytes);
   else if (pinned_by) pinned_by->pinned_free(data, bytes);
   else accountant->host_free(data, bytes);
-  accountant->release(bytes, category);
+  accountant->release(bytes, category, model_block);
 }
 
 Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind device, Category cat, DType dtype,
@@ -39,8 +39,9 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
   t.dtype_ = dtype;
   t.device_ = device;
   int64_t bytes = shape_numel(shape) * dtype_size(dtype);
-  acct.allocate(bytes, cat, what);  // throws before anything is held
+  const int64_t model_block = acct.allocate(bytes, cat, what);  // throws before anything is held
   auto st = std::make_shared<Storage>();
+  st->model_block = model_block;
   st->bytes = bytes;
   st->category = cat;
   st->accountant = &acct;
@@ -54,7 +55,7 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
     }
     if (!st->data) st->data = acct.host_alloc(bytes);
     if (!st->data) {
-      acct.release(bytes, cat);
+      acct.release(bytes, cat, model_block);
       st->accountant = nullptr;
       throw OutOfMemoryError(fmt::format("host allocation of {} bytes for {} failed", bytes, what),
                              "the machine itself is out of memory: use a smaller model or batch");
@@ -63,14 +64,14 @@ Tensor Tensor::empty(const Shape& shape, MemoryAccountant& acct, DeviceKind devi
   if (device == DeviceKind::cuda) {
     st->device = acct.device_memory();
     if (!st->device) {
-      acct.release(bytes, cat);
+      acct.release(bytes, cat, model_block);
       st->accountant = nullptr;
       throw Error(fmt::format("{} is a cuda tensor, but rank {} has no GPU attached", what, acct.rank()),
                   "attach a CudaContext to the Runtime first (attach_cuda in core/cuda/device_memory.h)");
     }
     st->data = bytes > 0 ? st->device->alloc(bytes) : nullptr;
     if (bytes > 0 && !st->data) {  // the accountant's capacity allowed it, the GPU itself did not
-      acct.release(bytes, cat);
+      acct.release(bytes, cat, model_block);
       st->accountant = nullptr;
       throw OutOfMemoryError(fmt::format("the GPU could not allocate {} bytes for {} on rank {} ({} free on the device; counted: {})",
                                          bytes, what, acct.rank(), st->device->free_bytes(), acct.breakdown()),

@@ -25,6 +25,7 @@ struct Storage {
   MemoryAccountant* accountant = nullptr;
   DeviceMemory* device = nullptr;  // where data lives when it is not the host's
   DeviceMemory* pinned_by = nullptr;  // host memory page-locked by this device (CPU offload's, on a cuda rank)
+  int64_t model_block = -1;           // its block in the accountant's caching-allocator model
   ~Storage();
 };
 

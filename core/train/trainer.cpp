@@ -141,10 +141,12 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   if (rt_.attached) rt_.attached->synchronize();  // a GPU's queued kernels (the optimizer's) belong to the step's time
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   last_step_flops_ = rt_.trace.flops();
+  last_step_recompute_flops_ = rt_.trace.recompute_flops();
   const MemoryStats& m = rt_.memory.stats();
   for (int i = 0; i < kNumCategories; i++) peak_[size_t(i)] = std::max(peak_[size_t(i)], m.peak[size_t(i)]);
   if (m.peak_total > peak_total_) peak_at_ = m.at_peak;
   peak_total_ = std::max(peak_total_, m.peak_total);
+  peak_reserved_ = std::max(peak_reserved_, m.reserved_peak);
   double loss = o.loss;
   int64_t samples = o.samples;
   const CommCounters comm = comm_totals();

@@ -152,10 +152,11 @@ class Trainer {
   int64_t micro_batch_ = 0, total_steps_ = 0, epoch_ = 0;
   std::array<int64_t, kNumCategories> peak_{};
   int64_t peak_total_ = 0;
+  int64_t peak_reserved_ = 0;  // what PyTorch's caching allocator would reserve (MemoryStats::reserved_peak)
   int64_t last_step_comm_bytes_ = 0, last_step_comm_calls_ = 0;  // the last step's collectives on this rank
   double last_step_comm_s_ = 0;                                    // and their measured time (CommCounters::seconds)
   std::array<int64_t, kNumCategories> peak_at_{};  // the categories at the moment of peak_total_ (they sum to it)
-  double last_step_flops_ = 0;
+  double last_step_flops_ = 0, last_step_recompute_flops_ = 0;  // the kernels' FLOPs; the recompute's part
   int64_t start_step_ = 0;       // steps done before this run: the resumed checkpoint's
   int64_t saved_step_ = -1;      // the step of the last checkpoint written (or resumed from)
   bool stop_agreed_ = false;     // every rank saw a stop request (SIGTERM) by the end of this step

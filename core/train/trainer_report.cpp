@@ -50,21 +50,25 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
     out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw, false, ro.kernels) + hw.step_overhead_s;
     out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
-    // MFU and HFU (Korthikanti et al. 2022, §5): the FLOPs a step needs, and the FLOPs its kernels ran
-    // (recompute included), each over what the ranks' peaks could do in the modeled step. The peak is the
-    // precision's: bf16/fp16 tensor cores under mixed precision, fp32 otherwise. An image model has no
-    // formula here: its model FLOPs are the kernels' (nothing is recomputed), so MFU = HFU.
+    // MFU and HFU (Korthikanti et al. 2022, §5), by one convention (kFlopsConvention, core/models/zoo.h):
+    // the FLOPs a step needs by PaLM's formula, and those plus what activation checkpointing recomputed
+    // (the kernels' FLOPs marked recompute), each over what the ranks' peaks could do in the modeled step.
+    // HFU ≥ MFU always. The peak is the precision's: bf16/fp16 tensor cores under mixed precision, fp32
+    // otherwise. An image model has no formula here: its model FLOPs are its kernels' (nothing recomputed).
     const double peak = rt_.dtype == DType::f32 ? hw.fp32_flops_per_s : hw.low_precision_flops_per_s;
-    double ran = 0;
+    double ran = 0, recomputed = 0;
     for (const auto& rank : ranks)
       for (const TraceEvent& e : rank)
-        if (e.kind == EventKind::compute) ran += e.flops;
+        if (e.kind == EventKind::compute) (e.recompute ? recomputed : ran) += e.flops;
     ran /= double(ranks.size());  // per rank (the fake world's one rank stands for each)
+    recomputed /= double(ranks.size());
     const double needed = is_language_model(spec_) ? model_flops_per_rank_step() : ran;
     out["model_flops_per_step"] = needed * double(world());
+    out["hardware_flops_per_step"] = (needed + recomputed) * double(world());
+    out["flops_convention"] = kFlopsConvention;
     if (is_language_model(spec_)) out["tokens_per_step"] = cfg_.data.seq_len * micro_batch_ * accum_ * dp_world();
     out["modeled_mfu"] = needed / (std::max(r.step_s, 1e-30) * peak);
-    out["modeled_hfu"] = ran / (std::max(r.step_s, 1e-30) * peak);
+    out["modeled_hfu"] = (needed + recomputed) / (std::max(r.step_s, 1e-30) * peak);
     if (pipeline_) {  // each stage's idle share of the pipeline's span, against the formula for balanced stages
       const PipelineTimeline t = pipeline_timeline(r);
       const int p = pipeline_->stages(), m = int(accum_);
@@ -175,12 +179,18 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             {"synthetic_data", data_.synthetic},
                             {"peak_memory", memory_json(peak_)},
                             {"peak_memory_total", peak_total_},
+                            // the same allocations as PyTorch's caching allocator would reserve them (block rounding,
+                            // segments, a pool per stream: core/tensor/allocator_model.h): torch.cuda.max_memory_reserved
+                            {"peak_memory_reserved", peak_reserved_},
                             {"peak_memory_breakdown", memory_json(peak_at_)},  // by category at the moment of the peak
                             {"precision", cfg_.precision.mode},
                             {"skipped_steps", skipped_steps_},
                             {"final_loss_scale", loss_scale_},
                             {"flops_per_step", last_step_flops_},
                             {"model_flops_per_step", model_flops_per_rank_step() * double(world())},
+                            {"hardware_flops_per_step", (model_flops_per_rank_step() + last_step_recompute_flops_) * double(world())},
+                            {"recompute_flops_per_step", last_step_recompute_flops_ * double(world())},
+                            {"flops_convention", kFlopsConvention},
                             {"world_size", world()},
                             {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
@@ -246,14 +256,14 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
 // The progress: every train.log_every steps (and the last) a line; between them, on a terminal, a bar
 // rewritten in place (tqdm's way), cleared before the next line. `el`: seconds since the run started.
 double Trainer::model_flops_per_rank_step() const {
-  if (!is_language_model(spec_)) return last_step_flops_;
+  if (!is_language_model(spec_)) return last_step_flops_ - last_step_recompute_flops_;
   return gpt_model_flops_per_token(spec_, cfg_.data.seq_len) * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) / double(world());
 }
 
 std::pair<double, double> Trainer::live_mfu_hfu(double steps, double el) const {
   if (live_peak_ <= 0 || el <= 0 || steps <= 0) return {0, 0};
   const double per_s = steps / el / live_peak_;
-  return {model_flops_per_rank_step() * per_s, last_step_flops_ * per_s};
+  return {model_flops_per_rank_step() * per_s, (model_flops_per_rank_step() + last_step_recompute_flops_) * per_s};
 }
 
 void Trainer::log_progress(int64_t step, double loss, double samples, double el, bool last) {
@@ -300,6 +310,7 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
       log_ << fmt::format("  {:<13} {:>12}  {:6.2f} bytes/param\n", category_name(Category(i)), format_bytes(double(peak_[size_t(i)])),
                           double(peak_[size_t(i)]) / double(nparams));
   log_ << fmt::format("  {:<13} {:>12}\n", "peak total", format_bytes(double(peak_total_)));
+  log_ << fmt::format("  {:<13} {:>12}  (PyTorch's caching allocator, modeled)\n", "reserved", format_bytes(double(peak_reserved_)));
   log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
   if (pg_ && last_step_comm_calls_ > 0)  // what the step put on the wire: the number the course's "14 GB per step" is about
     log_ << fmt::format("communication in the last step (rank 0): {} sent in {} collective call(s){}\n", format_bytes(double(last_step_comm_bytes_)),
