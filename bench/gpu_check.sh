@@ -10,6 +10,8 @@
 #      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the cpu;
 #      with 2 or more GPUs, DDP and FSDP over NCCL too, and GPT split over 2 GPUs (tp 2, pp 2) against the cpu.
 #   6. every lab's solution graded on the GPU (distlab grade NN --solution --device cuda): points and seconds.
+#   7. the cost model calibrated on this GPU (distlab bench calibrate): GPT-2 124M and Llama 3 8B cut to 2
+#      blocks, each modeled from its calibrated profile against the same run measured here.
 # Without the toolkit or without a GPU each step says why it is
 # skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
 #   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
@@ -195,4 +197,31 @@ else
 fi
 
 say "done in $((SECONDS - t0)) s, status ${status}"
+say "7. the cost model calibrated here: modeled from the calibrated profile against the measured step"
+# bench calibrate times every GEMM shape of the model's step, flash attention and a streaming kernel on this
+# GPU (with 2+ GPUs, NCCL's table of step 4 too); the same run is then trained here with that profile, and
+# its summary holds both the modeled and the measured step (the target: within ±10 %).
+if [ $gpu -eq 1 ]; then
+  M=${OUT:-/tmp}
+  comm=""
+  [ "${ngpu:-1}" -ge 2 ] && [ -f bench/results/comm_nccl_n"$ngpu".json ] && comm="--comm bench/results/comm_nccl_n$ngpu.json"
+  for spec in "configs/gpt2-124m.toml|--set precision.mode=bf16" \
+              "configs/llama3-8b.toml|--set model.n_layer=2 --set train.micro_batch=2 --set model.attention=flash --set precision.mode=bf16"; do
+    cfg=${spec%%|*}; sets=${spec#*|}
+    rm -f "$M/calibrated.json" "$M/calibrated_run.jsonl"
+    # shellcheck disable=SC2086
+    "$DISTLAB" bench calibrate "$cfg" $sets --device cuda $comm -o "$M/calibrated.json" 2>&1 | tail -4 || status=1
+    # shellcheck disable=SC2086
+    "$DISTLAB" train "$cfg" $sets --device cuda --set train.steps=12 --set log.trace_step=10 --set train.eval_every=0 \
+      --set log.profile="$M/calibrated.json" --metrics "$M/calibrated_run.jsonl" >/dev/null 2>&1 || status=1
+    [ -f "$M/calibrated_run.jsonl" ] && python3 - "$cfg" "$M/calibrated_run.jsonl" <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[2]) if '"kind":"summary"' in l][-1]
+m, r = s.get("modeled_step_s", 0), s.get("measured_step_s", 0)
+print(f"{sys.argv[1]}: modeled {1e3 * m:.1f} ms a step from the calibrated profile, measured {1e3 * r:.1f} ms: ratio {m / r if r else float('nan'):.2f}")
+PY
+  done
+else
+  echo "(skipped: no GPU)"
+fi
 exit $status

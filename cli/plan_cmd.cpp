@@ -196,13 +196,7 @@ nlohmann::json run_row(const std::string& toml, const std::string& name, const P
   if (a.seq > 0) sets.push_back(fmt::format("data.seq_len={}", a.seq));
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   sets.insert(sets.end(), row.sets.begin(), row.sets.end());
-  RunConfig cfg = parse_config(toml, name, sets, {}, lab_config_sections());
-  Runtime rt(DeviceKind::meta);
-  ProcessGroup pg(ProcessGroup::Fake{}, 0, a.gpus, &rt.trace);
-  std::ostringstream quiet;
-  MetricsWriter metrics("");
-  Trainer t(cfg, rt, quiet, &pg);
-  return t.run(metrics);
+  return run_planned(parse_config(toml, name, sets, {}, lab_config_sections()));
 }
 
 int run_plan(const PlanArgs& a) {
@@ -387,7 +381,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--nodes", a->nodes, "nodes the GPUs are spread over (collectives across nodes use the inter-node bandwidth)");
   sub->add_option("--gpu-mem", a->gpu_mem, "memory per GPU: a size (16GiB) or a profile (t4, a100-40g, a100-80g, h100, h200)");
   sub->add_option("--host-mem", a->host_mem, "host memory per node, for the offload rows (default: the profile's node, e.g. 2 TB for a DGX H100)");
-  sub->add_option("--profile", a->profile, "hardware profile for the step time (default: from --gpu-mem)");
+  sub->add_option("--profile", a->profile, "hardware profile for the step time (default: from --gpu-mem), or a profile file of distlab bench calibrate (.json)");
   sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
   sub->add_option("--optimizer", a->optimizer, "adamw | sgd");
   sub->add_option("--micro-batch", a->micro_batch, "sequences per GPU per micro-step");

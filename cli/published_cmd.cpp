@@ -170,13 +170,7 @@ nlohmann::json model_run(const PublishedRun& p, const std::string& root) {
   sets.insert(sets.end(), {"train.device=meta", "train.steps=2", "log.trace_step=2", "train.eval_every=0", "checkpoint.dir="});
   RunConfig cfg = parse_config(std::string(bytes.begin(), bytes.end()), p.config, sets, {}, lab_config_sections());
   if (cfg.log.profile.empty()) throw ConfigError("run " + p.id + ": no log.profile", "name the hardware the run was published on");
-  const int world = int(std::max<int64_t>(1, cfg.dist.fake_world_size));
-  Runtime rt(DeviceKind::meta);
-  ProcessGroup pg(ProcessGroup::Fake{}, 0, world, &rt.trace);
-  std::ostringstream quiet;
-  MetricsWriter metrics("");
-  Trainer t(cfg, rt, quiet, &pg);
-  return t.run(metrics);
+  return run_planned(cfg);
 }
 
 std::string ratio_text(std::optional<double> r) { return r ? fmt::format("{:.2f}", *r) : "-"; }

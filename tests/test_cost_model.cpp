@@ -540,3 +540,80 @@ TEST_CASE("allocator model: a training step's reserved bytes are never below its
   CHECK(acct.stats().reserved_current == 2 * (int64_t(1) << 20));
   CHECK(acct.stats().reserved_peak == 22 * (int64_t(1) << 20));
 }
+
+// GEMMs by shape: tile and wave quantization worked out by hand, and a calibrated profile's measured rate
+// for a shape in place of the model's; a profile file that is not one is an error naming the file and key.
+TEST_CASE("GEMMs by shape: quantization by hand, measured shapes from a profile file, and its errors", "[costmodel][calibrate]") {
+  const HardwareProfile h100 = *find_profile("h100-nvlink");  // 132 SMs, 128×256 tiles
+  // 16384×4096: 128 × 16 = 2048 tiles, 16 waves of 132 (the last 68 % full): 2048 / 2112
+  CHECK(gemm_quantization({16384, 4096, 4096}, h100) == Approx(2048.0 / 2112.0));
+  // 8192×1000: 64 × 4 tiles of 128×256, the last column 232 of 256 wide; 256 tiles in 2 waves of 132
+  CHECK(gemm_quantization({8192, 1000, 64}, h100) == Approx((8192.0 * 1000.0) / (256.0 * 128 * 256) * (256.0 / 264.0)));
+  // one tile, partly filled, on one SM of 132
+  CHECK(gemm_quantization({100, 100, 64}, h100) == Approx(10000.0 / 32768.0 / 132.0));
+  CHECK(gemm_quantization({100, 100, 64}, *find_profile("cpu")) == 1);  // a CPU: no tiles
+  // fewer tiles than SMs: K split among them, in pieces of 256 or deeper. GPT-2's weight gradients on an
+  // A100 (108 SMs): a 768×768 output is 18 tiles; K = 65,536 splits 6 ways, 108 pieces, one full wave;
+  // K = 512 only 2 ways: 36 of 108 SMs busy
+  const HardwareProfile a100 = *find_profile("a100-nvlink");
+  CHECK(gemm_quantization({768, 768, 65536}, a100) == Approx(1.0));
+  CHECK(gemm_quantization({768, 768, 512}, a100) == Approx(36.0 / 108.0));
+  CHECK(gemm_quantization({16384, 4096, 4096}, at_peak(h100)) == 1);   // the data sheet's roofline
+
+  // a GEMM event's time: its shape's rate; a measured rate for the same shape replaces the model
+  TraceEvent e;
+  e.name = "matmul_forward";
+  e.flops = 2.0 * 16384 * 4096 * 4096;
+  e.bytes = 2.0 * (16384.0 * 4096 + 4096.0 * 4096 + 16384.0 * 4096);
+  e.low_precision = true;
+  e.shape.gemm[0] = {16384, 4096, 4096};
+  const double modeled = e.flops / (h100.low_precision_flops_per_s * h100.gemm_efficiency * 2048.0 / 2112.0) + h100.launch_overhead_s;
+  CHECK(compute_time(e, h100) == Approx(modeled));
+  HardwareProfile measured = h100;
+  measured.measured_gemms.push_back({{16384, 4096, 4096}, true, 500e12});
+  CHECK(compute_time(e, measured) == Approx(e.flops / 500e12 + h100.launch_overhead_s));
+  measured.measured_gemms.back().low_precision = false;  // measured in f32: not this bf16 GEMM's rate
+  CHECK(compute_time(e, measured) == Approx(modeled));
+
+  // a profile file: the base's numbers, with what the file says in their place; written and read back
+  const std::string dir = (std::filesystem::temp_directory_path() / ("distlab-profile-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  HardwareProfile mine = h100;
+  mine.name = "my-h100";
+  mine.gemm_efficiency = 0.7;
+  mine.measured_gemms = {{{16384, 4096, 4096}, true, 600e12}};
+  mine.measured_attention = {{8192, 128, true, 250e12}};
+  {
+    std::ofstream(dir + "/mine.json") << profile_file_json(mine, "h100-nvlink");
+  }
+  const HardwareProfile back = *find_profile(dir + "/mine.json");
+  CHECK(back.name == "my-h100");
+  CHECK(back.file == dir + "/mine.json");
+  CHECK(back.gemm_efficiency == 0.7);
+  CHECK(back.low_precision_flops_per_s == h100.low_precision_flops_per_s);
+  REQUIRE(back.measured_gemms.size() == 1);
+  CHECK(back.measured_gemms[0].shape == GemmShape{16384, 4096, 4096});
+  CHECK(back.measured_gemms[0].flops_per_s == 600e12);
+  REQUIRE(back.measured_attention.size() == 1);
+  CHECK(back.measured_attention[0].backward);
+  CHECK(compute_time(e, back) == Approx(e.flops / 600e12 + h100.launch_overhead_s));
+  auto bad = [&](const std::string& text, const std::string& says) {
+    std::ofstream(dir + "/bad.json") << text;
+    try {
+      find_profile(dir + "/bad.json");
+      FAIL("no error for " << text);
+    } catch (const ConfigError& err) {
+      CHECK_THAT(std::string(err.what()), Catch::Contains(dir + "/bad.json") && Catch::Contains(says));
+    }
+  };
+  bad("{\"base\": \"h100-nvlink\", \"gemm_efficency\": 0.7}", "unknown key \"gemm_efficency\"");
+  bad("{\"gemm_efficiency\": 0.7}", "no \"base\"");
+  bad("{\"base\": \"h900\"}", "base \"h900\" is no built-in profile");
+  bad("{\"base\": \"h100-nvlink\", \"mem_bw_bytes_per_s\": -1}", "mem_bw_bytes_per_s is -1");
+  bad("{\"base\": \"h100-nvlink\", \"mem_bw_bytes_per_s\": 0}", "a rate is 0");
+  bad("{\"base\": \"h100-nvlink\", \"measured_gemms\": [{\"m\": 1, \"n\": 2}]}", "has no k");
+  bad("not json", "not a JSON object");
+  CHECK_THROWS_AS(find_profile(dir + "/missing.json"), ConfigError);
+  CHECK_FALSE(find_profile("h900").has_value());
+  std::filesystem::remove_all(dir);
+}

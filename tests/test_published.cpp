@@ -9,7 +9,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "shell.h"
+#include <set>
+#include <tuple>
+
+#include "core/perf/hardware.h"
+#include "grader/bridge/lab_extension.h"
+#include "train_harness.h"
 
 using namespace std::string_literals;
 namespace fs = std::filesystem;
@@ -79,9 +84,10 @@ TEST_CASE("bench published: every run of bench/published.toml is modeled, and ea
 
 TEST_CASE("bench published: a [[gain]] compares two runs' speed-ups, and names runs the table has", "[costmodel][published]") {
   const std::string table = table_tmp("gain.toml");
-  // two rows of the same configuration: the modeled gain is exactly 1; a published gain of 1.5 is outside
+  // two rows of the same configuration (published at twice the modeled step: each outside the band, with
+  // its reason): the modeled gain is exactly 1; a published gain of 1.5 is outside
   auto two = [](double second_step_s, const std::string& gain_outside) {
-    std::string t = gpt2_run(0.3, "known");
+    std::string t = gpt2_run(0.6, "known");
     std::string second = gpt2_run(second_step_s, "known");
     second = second.substr(second.find("[[run]]"));
     second.replace(second.find("id = \"gpt2\""), 11, "id = \"gpt2-b\"");
@@ -89,21 +95,21 @@ TEST_CASE("bench published: a [[gain]] compares two runs' speed-ups, and names r
     if (!gain_outside.empty()) t += "outside = \"" + gain_outside + "\"\n";
     return t;
   };
-  write(table, two(0.3, ""));  // published gain 1.0, modeled 1.0
+  write(table, two(0.6, ""));  // published gain 1.0, modeled 1.0
   auto [code0, out0] = published(table);
   INFO(out0);
   CHECK(code0 == 0);
   CHECK_THAT(out0, Catch::Contains("within the band"));
-  write(table, two(0.2, ""));  // published gain 1.5: the model says 1.0
+  write(table, two(0.4, ""));  // published gain 1.5: the model says 1.0
   auto [code1, out1] = published(table);
   INFO(out1);
   CHECK(code1 == 1);
   CHECK_THAT(out1, Catch::Contains("OUTSIDE the band, and the table does not say why"));
-  write(table, two(0.2, "the second run had a faster network"));
+  write(table, two(0.4, "the second run had a faster network"));
   CHECK(published(table).first == 0);
-  write(table, two(0.3, "stale"));
+  write(table, two(0.6, "stale"));
   CHECK(published(table).first == 1);
-  write(table, gpt2_run(0.3, "known") + "[[gain]]\nid = \"g\"\nwhat = \"w\"\nrun = \"nope\"\nover = \"gpt2\"\n");
+  write(table, gpt2_run(0.6, "known") + "[[gain]]\nid = \"g\"\nwhat = \"w\"\nrun = \"nope\"\nover = \"gpt2\"\n");
   auto [code2, out2] = published(table);
   CHECK(code2 != 0);
   CHECK_THAT(out2, Catch::Contains("names run 'nope', which the table does not have"));
@@ -114,7 +120,7 @@ TEST_CASE("bench published: a run outside the band without a reason, or inside w
   const std::string table = table_tmp("table.toml");
   // the modeled step first, from the real table's row for the same configuration
   const std::string json = table_tmp("one.json");
-  write(table, gpt2_run(0.3, "known"));
+  write(table, gpt2_run(0.6, "known"));  // twice the modeled step: outside, with a reason
   auto [code0, out0] = published(table, "--json " + json);
   INFO(out0);
   REQUIRE(code0 == 0);
@@ -151,4 +157,70 @@ TEST_CASE("bench published: a malformed table is an error naming its line and ke
   CHECK(code3 != 0);
   CHECK_THAT(out3, Catch::Contains("published_step_s is not a positive number"));
   fs::remove(table);
+}
+
+// `distlab bench calibrate`: one traced step of the model on the meta device says which GEMMs and attention
+// calls it makes; each is timed on the device and written into a profile file that train and plan take.
+// On the CPU and on cuda-sim here (the kernels are the CPU's); on a GPU, bench/gpu_check.sh.
+TEST_CASE("bench calibrate: every GEMM shape of the model's step measured on the device, into a profile file that train and plan take", "[costmodel][calibrate][cli]") {
+  const std::string dir = table_tmp("calibrate");
+  fs::create_directories(dir);
+  for (const char* device : {"cpu", "cuda-sim"}) {
+    INFO(device);
+    const std::string file = dir + "/" + device + ".json";
+    auto [code, out] = shell_in_source("timeout 300 "s + DISTLAB_BINARY + " bench calibrate configs/llama-tiny.toml --set model.attention=flash --device " +
+                                       device + " --seconds 0.01 -o " + file + " 2>&1");
+    INFO(out);
+    REQUIRE(code == 0);
+    CHECK_THAT(out, Catch::Contains("GEMM shapes and 2 attention calls of one step") && Catch::Contains("wrote " + file));
+    const distlab::HardwareProfile hw = distlab::load_profile_file(file);
+    CHECK(hw.name == "calibrated-cpu");  // a CPU device: the cpu profile is the base
+    CHECK_THAT(hw.calibration_source, Catch::Contains("measured on") && Catch::Contains("configs/llama-tiny.toml"));
+    // the shapes: what a meta run of the same config traces, every one measured
+    auto trace = [](const std::vector<std::string>& sets) {
+      std::vector<std::string> all = {"train.device=meta", "train.steps=2", "log.trace_step=2", "train.eval_every=0", "log.profile=cpu",
+                                      "model.attention=flash"};
+      all.insert(all.end(), sets.begin(), sets.end());
+      const std::string toml = distlab::testing::file_text("configs/llama-tiny.toml");
+      std::vector<distlab::TraceEvent> events;
+      distlab::run_planned(distlab::parse_config(toml, "configs/llama-tiny.toml", all, {}, distlab::lab_config_sections()), &events);
+      return events;
+    };
+    std::set<std::tuple<int64_t, int64_t, int64_t>> shapes;
+    for (const auto& e : trace({}))
+      for (const auto& g : e.shape.gemm)
+        if (g.m > 0) shapes.insert({g.m, g.n, g.k});
+    REQUIRE(shapes.size() >= 5);
+    CHECK(hw.measured_gemms.size() == shapes.size());
+    for (const auto& [m, n, k] : shapes) {
+      bool found = false;
+      for (const auto& g : hw.measured_gemms) found |= g.shape == distlab::GemmShape{m, n, k} && g.flops_per_s > 0;
+      CHECK(found);
+    }
+    REQUIRE(hw.measured_attention.size() == 2);  // forward and backward at T 64, head size 16
+    CHECK(hw.measured_attention[0].seq == 64);
+    CHECK(hw.measured_attention[0].head_dim == 16);
+    CHECK(hw.mem_bw_efficiency > 0);
+    // train models its step on it (the summary names it), and plan takes it
+    auto [tcode, tout] = shell_in_source("timeout 120 "s + DISTLAB_BINARY + " train configs/llama-tiny.toml --device meta --set train.steps=2 "
+                                         "--set log.profile=" + file + " 2>&1");
+    INFO(tout);
+    CHECK(tcode == 0);
+    CHECK_THAT(tout, Catch::Contains("modeled on calibrated-cpu"));
+    auto [pcode, pout] = shell_in_source("timeout 120 "s + DISTLAB_BINARY + " plan --model configs/llama-tiny.toml --gpus 2 --gpu-mem 8GiB --profile " + file +
+                                         " --json 2>&1");
+    INFO(pout);
+    CHECK(pcode == 0);
+    CHECK(nlohmann::json::parse(pout)["profile"] == file);
+  }
+  // what is not a profile file is an error naming the key
+  std::ofstream(dir + "/bad.json") << "{\"base\": \"cpu\", \"gemm_eficiency\": 1}";
+  auto [bcode, bout] = shell_in_source(std::string(DISTLAB_BINARY) + " train configs/llama-tiny.toml --device meta --set train.steps=1 --set log.profile=" +
+                                       dir + "/bad.json 2>&1");
+  CHECK(bcode != 0);
+  CHECK_THAT(bout, Catch::Contains("log.profile") && Catch::Contains("unknown key \"gemm_eficiency\""));
+  auto [ocode, oout] = shell_in_source(std::string(DISTLAB_BINARY) + " bench calibrate configs/llama-tiny.toml --device cpu -o " + dir + "/x.txt 2>&1");
+  CHECK(ocode != 0);
+  CHECK_THAT(oout, Catch::Contains("ends in .json"));
+  fs::remove_all(dir);
 }

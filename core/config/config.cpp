@@ -192,7 +192,7 @@ const std::vector<Key>& keys() {
       KEY("precision.hysteresis", Kind::integer, int64_t, precision.hysteresis, "dynamic: overflows skipped before the scale backs off (DeepSpeed)"),
       KEY("precision.min_scale", Kind::real, double, precision.min_scale, "dynamic: an overflow at this scale stops the run"),
       KEY("log.metrics", Kind::string, std::string, log.metrics, "JSON Lines metrics file (\"\" = none)"),
-      KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu"),
+      KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu, or a profile file (.json) of distlab bench calibrate"),
       KEY("log.calibrated", Kind::boolean, bool, log.calibrated, "false: model every kernel at the data sheet's peak (no calibration, no step overhead)"),
       CHOICE("log.kernels", log.kernels,
              "modeled kernels: fused (distlab's, one pass per op; what torch.compile gives) | eager (PyTorch's op-by-op chains, and what their autograd keeps)", ""),
@@ -505,9 +505,16 @@ void validate(const RunConfig& c) {
           "it bounds every collective and the rendezvous itself: below a second a healthy run fails (its default is 300)");
   require(c.log.trace_step >= 1, c, "log.trace_step", "must be at least 1", "");
   if (!c.log.profile.empty()) {
-    auto hw = find_profile(c.log.profile);
-    require(hw && hw->has_cost_model(), c, "log.profile", "is '" + c.log.profile + "', not a profile with a cost model",
-            "use one of: " + profile_names(true));
+    std::optional<HardwareProfile> hw;
+    std::string bad_file;  // a profile file that could not be read or holds a bad key
+    try {
+      hw = find_profile(c.log.profile);
+    } catch (const ConfigError& e) {
+      bad_file = e.what();
+    }
+    require(hw && hw->has_cost_model(), c, "log.profile",
+            bad_file.empty() ? "is '" + c.log.profile + "', not a profile with a cost model" : "is '" + c.log.profile + "': " + bad_file,
+            "use one of: " + profile_names(true) + ", or a file of distlab bench calibrate (.json)");
   }
   require(c.parallel.bucket_mb * (1 << 20) >= 4, c, "parallel.bucket_mb", fmt::format("is {:g} MiB, less than one float (4 bytes)", c.parallel.bucket_mb),
           "DDP's default is 25 (MiB); a bucket holds at least one gradient element");

@@ -20,7 +20,10 @@ class OpScope {
       low_ = autocast_rule(name) == RunsIn::low;
     }
   }
-  ~OpScope() { rt_.trace.record(name_, Stream::compute, flops_, bytes_, t0_, rt_.trace.now_us(), scales_, low_); }
+  ~OpScope() { rt_.trace.record(name_, Stream::compute, flops_, bytes_, t0_, rt_.trace.now_us(), scales_, low_, &shape_); }
+  // The kernel's shapes, for the cost model: its i-th GEMM (C m×n = A m×k · B k×n), its attention
+  void gemm(int i, int64_t m, int64_t n, int64_t k) { shape_.gemm[i] = {m, n, k}; }
+  void attention(int64_t heads, int64_t seq, int64_t head_dim) { shape_.heads = heads, shape_.seq = seq, shape_.head_dim = head_dim; }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
@@ -31,6 +34,7 @@ class OpScope {
   bool scales_;
   bool low_ = false;
   double t0_;
+  KernelShape shape_;
 };
 
 }  // namespace distlab

@@ -28,11 +28,31 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
   // CPU offload: a host<->device copy crosses the host link; the host's own compute has the host's rates
   if (e.link_bytes > 0) return e.link_bytes / hw.host_link_bytes_per_s + hw.launch_overhead_s;
   if (e.on_host) return std::max(e.flops / hw.host_flops_per_s, e.bytes / hw.host_mem_bw_bytes_per_s);
-  // Neither roof is reached: a GEMM gets the profile's measured share of the peak, a flash-attention kernel
-  // its own (lower) share, a streaming kernel ~90 % of the data sheet's bandwidth (hardware.cpp's sources).
-  const double peak_flops_per_s = low_precision || e.low_precision ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
+  // Neither roof is reached: a GEMM gets the profile's measured share of the peak times what its shape
+  // leaves busy (gemm_quantization), or the rate measured for its very shape on the user's GPU (a
+  // calibrated profile); a flash-attention kernel its own (lower) share or its measured rate; a streaming
+  // kernel ~90 % of the data sheet's bandwidth (hardware.cpp's sources).
+  const bool low = low_precision || e.low_precision;
+  const double peak_flops_per_s = low ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
   const bool flash = e.name.rfind("flash_attention", 0) == 0;
-  const double math_s = e.flops / (peak_flops_per_s * (flash ? hw.attention_efficiency : hw.gemm_efficiency));
+  double math_s = 0;
+  if (e.shape.gemm[0].m > 0) {
+    for (const GemmShape& g : e.shape.gemm) {
+      if (g.m <= 0) continue;
+      const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+      double rate = peak_flops_per_s * hw.gemm_efficiency * gemm_quantization(g, hw);
+      for (const MeasuredGemm& m : hw.measured_gemms)
+        if (m.shape == g && m.low_precision == low && m.flops_per_s > 0) rate = m.flops_per_s;
+      math_s += flops / rate;
+    }
+  } else {
+    double rate = peak_flops_per_s * (flash ? hw.attention_efficiency : hw.gemm_efficiency);
+    if (flash)
+      for (const MeasuredAttention& m : hw.measured_attention)
+        if (m.seq == e.shape.seq && m.head_dim == e.shape.head_dim && m.backward == (e.name == "flash_attention_backward") && m.flops_per_s > 0)
+          rate = m.flops_per_s;
+    math_s = e.flops / rate;
+  }
   // Eager PyTorch (log.kernels = "eager"): the same math as a chain of kernels, each writing its result to
   // memory for the next to read (core/perf/eager.cpp); they are memory-bound, so only bytes and launches change.
   const KernelChain chain = kernels.eager ? eager_chain(e.name, e.bytes, kernels.activation_bytes) : KernelChain{e.bytes, 1};

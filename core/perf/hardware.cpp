@@ -1,8 +1,13 @@
 #include "core/perf/hardware.h"
 
 #include <cctype>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
+#include "core/util/read_file.h"
 #include "core/util/units.h"
 
 namespace distlab {
@@ -27,9 +32,19 @@ constexpr double kAlphaPcie2_s = 4.4e-6;
 constexpr double kGemmA100 = 271.2 / 312.0;
 constexpr double kGemmH100 = 794.5 / 989.0;
 constexpr double kFlashA100 = 0.60;  // the FA2 paper's 50–73 % range, toward its low end (causal, head dim 128)
-constexpr double kFlashH100 = 0.35;  // FA3 paper: FA2 on H100
+// FlashAttention-2 on Hopper: measured on one H200 (the H100's compute die, 700 W) through SDPA at Llama 3
+// 8B's shapes (T 8192, head size 128, causal), forward and backward: 0.30 of the bf16 peak
+// (bench/peer_torch_llama.py, 2026-12-04; bench/published.toml's measured row). The FA3 paper gives FA2
+// about 35 % on H100 for the forward alone.
+constexpr double kFlashH100 = 0.30;
 constexpr double kHbmEfficiency = 0.90;
 constexpr double kStepOverheadGpu_s = 100e-6;
+// CUTLASS's default threadblock tile for tensor-core GEMMs on sm75-sm90 (128×256; cuBLAS's large kernels
+// use the same), and the SM counts of the data sheets: T4 40, A100 108, H100 SXM 132, H100 PCIe 114.
+constexpr int kTileM = 128, kTileN = 256;
+// the shallowest piece of K a split-K GEMM gives one tile (four of CUTLASS's 64-deep k-blocks: a piece
+// shallower than that spends its time filling and draining its pipeline)
+constexpr double kSplitK = 256;
 
 std::vector<HardwareProfile> make_profiles() {
   std::vector<HardwareProfile> p;
@@ -61,6 +76,7 @@ std::vector<HardwareProfile> make_profiles() {
       .mem_bw_efficiency = kHbmEfficiency,
       .step_overhead_s = kStepOverheadGpu_s,
       .calibration_source = "estimates (no published T4 MAMF); streaming ~90 % of GDDR6; one host sync per step",
+      .sm_count = 40, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN,
   });
   // One DGX/HGX A100 node: 8× A100 SXM4 80GB on NVLink3 / NVSwitch, 8× HDR InfiniBand NICs.
   p.push_back({
@@ -84,6 +100,7 @@ std::vector<HardwareProfile> make_profiles() {
       .mem_bw_efficiency = kHbmEfficiency,
       .step_overhead_s = kStepOverheadGpu_s,
       .calibration_source = "Bekman's MAMF table (A100 SXM bf16 86.9 %); FlashAttention-2 paper; STREAM-style ~90 % of HBM",
+      .sm_count = 108, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN,
   });
   // One HGX H100 node: 8× H100 SXM5 on NVLink4 / NVSwitch, 8× NDR 400 Gb/s NICs.
   HardwareProfile h100{
@@ -103,10 +120,11 @@ std::vector<HardwareProfile> make_profiles() {
       .host_mem_bw_bytes_per_s = 77e9,           // 16 × 38.4 GB/s = 614 GB/s, / 8 GPUs
       .host_memory_per_node_bytes = 2000000000000LL,  // DGX H100 data sheet: 2 TB system memory (DGX H200: the same)
       .gemm_efficiency = kGemmH100,              // MAMF: 794.5 of 989 TFLOPS
-      .attention_efficiency = kFlashH100,        // FlashAttention-3 paper: FlashAttention-2 reaches 35 % on H100
+      .attention_efficiency = kFlashH100,        // FlashAttention-2 forward + backward, measured on an H200: 0.30
       .mem_bw_efficiency = kHbmEfficiency,       // STREAM triad on H100 80GB HBM3: 3.09 of 3.35 TB/s
       .step_overhead_s = kStepOverheadGpu_s,
-      .calibration_source = "Bekman's MAMF table (H100 SXM bf16 80.3 %); FlashAttention-3 paper (FA2 at 35 %); STREAM triad 92 % of HBM3",
+      .calibration_source = "Bekman's MAMF table (H100 SXM bf16 80.3 %); FA2 measured at 0.30 on an H200 (the FA3 paper: 35 % forward); STREAM triad 92 % of HBM3",
+      .sm_count = 132, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN,
   };
   p.push_back(h100);
   // H200: the H100's compute and links with bigger, faster memory.
@@ -135,6 +153,7 @@ std::vector<HardwareProfile> make_profiles() {
   h100_pcie.intra_node_busbw_bytes_per_s = 40e9; // estimate: a ring through PCIe gen5 switches (x16 ≈ 50 GB/s a direction)
   h100_pcie.inter_node_busbw_bytes_per_s = 40e9; // estimate: 400 Gb/s per GPU, bounded by the PCIe ring
   h100_pcie.collective_latency_s = kAlphaPcie2_s;
+  h100_pcie.sm_count = 114;                      // H100 PCIe data sheet: 114 SMs
   h100_pcie.host_memory_per_node_bytes = 1000000000000LL;  // estimate: a 2-socket PCIe server with 1 TB
   h100_pcie.source = "H100 PCIe data sheet; PCIe gen5 busbw estimated; host as h100-nvlink";
   h100_pcie.calibration_source = h100.calibration_source + "; the PCIe card is assumed to reach the same shares";
@@ -179,6 +198,9 @@ const std::vector<HardwareProfile>& hardware_profiles() {
 HardwareProfile at_peak(HardwareProfile hw) {
   hw.gemm_efficiency = hw.attention_efficiency = hw.mem_bw_efficiency = 1;
   hw.step_overhead_s = 0;
+  hw.sm_count = 0;  // no tile or wave quantization
+  hw.measured_gemms.clear();
+  hw.measured_attention.clear();
   hw.calibration_source = "none: the data sheet's peaks (log.calibrated = false)";
   return hw;
 }
@@ -186,7 +208,135 @@ HardwareProfile at_peak(HardwareProfile hw) {
 std::optional<HardwareProfile> find_profile(const std::string& name) {
   for (const auto& p : hardware_profiles())
     if (p.name == name) return p;
+  if (name.size() > 5 && name.ends_with(".json")) return load_profile_file(name);
   return std::nullopt;
+}
+
+double gemm_quantization(const GemmShape& g, const HardwareProfile& hw) {
+  if (hw.sm_count <= 0 || hw.gemm_tile_m <= 0 || hw.gemm_tile_n <= 0 || g.m <= 0 || g.n <= 0) return 1;
+  double best = 0;
+  for (const auto [tm, tn] : {std::pair{hw.gemm_tile_m, hw.gemm_tile_n}, std::pair{hw.gemm_tile_n, hw.gemm_tile_m}}) {
+    const double rows = std::ceil(double(g.m) / tm), cols = std::ceil(double(g.n) / tn), tiles = rows * cols;
+    const double tile_use = double(g.m) * double(g.n) / (tiles * tm * tn);  // the tiles' filled share
+    // Fewer tiles than SMs: the kernels split K too (cuBLAS's split-K, CUTLASS's stream-K), each piece of
+    // K ≥ kSplitK deep, so a small output with a long K (a weight's gradient) still fills the GPU
+    const double split = tiles >= hw.sm_count ? 1 : std::max(1.0, std::min(std::floor(hw.sm_count / tiles), std::floor(double(g.k) / kSplitK)));
+    const double units = tiles * split;
+    const double wave_use = units / (std::ceil(units / hw.sm_count) * hw.sm_count);  // the waves' busy SMs
+    best = std::max(best, tile_use * wave_use);
+  }
+  return best;
+}
+
+namespace {
+
+// The numeric fields a profile file may set, by name
+struct NumberField {
+  const char* key;
+  double HardwareProfile::*d = nullptr;
+  int64_t HardwareProfile::*i = nullptr;
+  int HardwareProfile::*n = nullptr;
+};
+const NumberField kNumberFields[] = {
+    {"memory_bytes", nullptr, &HardwareProfile::memory_bytes},
+    {"fp32_flops_per_s", &HardwareProfile::fp32_flops_per_s},
+    {"low_precision_flops_per_s", &HardwareProfile::low_precision_flops_per_s},
+    {"mem_bw_bytes_per_s", &HardwareProfile::mem_bw_bytes_per_s},
+    {"intra_node_busbw_bytes_per_s", &HardwareProfile::intra_node_busbw_bytes_per_s},
+    {"inter_node_busbw_bytes_per_s", &HardwareProfile::inter_node_busbw_bytes_per_s},
+    {"collective_latency_s", &HardwareProfile::collective_latency_s},
+    {"launch_overhead_s", &HardwareProfile::launch_overhead_s},
+    {"host_link_bytes_per_s", &HardwareProfile::host_link_bytes_per_s},
+    {"host_flops_per_s", &HardwareProfile::host_flops_per_s},
+    {"host_mem_bw_bytes_per_s", &HardwareProfile::host_mem_bw_bytes_per_s},
+    {"host_memory_per_node_bytes", nullptr, &HardwareProfile::host_memory_per_node_bytes},
+    {"gemm_efficiency", &HardwareProfile::gemm_efficiency},
+    {"attention_efficiency", &HardwareProfile::attention_efficiency},
+    {"mem_bw_efficiency", &HardwareProfile::mem_bw_efficiency},
+    {"step_overhead_s", &HardwareProfile::step_overhead_s},
+    {"sm_count", nullptr, nullptr, &HardwareProfile::sm_count},
+    {"gemm_tile_m", nullptr, nullptr, &HardwareProfile::gemm_tile_m},
+    {"gemm_tile_n", nullptr, nullptr, &HardwareProfile::gemm_tile_n},
+};
+
+double number_at(const nlohmann::json& v, const std::string& key, const std::string& path) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+    throw ConfigError(fmt::format("profile file {}: {} is {}, not a number ≥ 0", path, key, v.dump()),
+                      "rates in bytes or FLOPs per second, times in seconds, efficiencies as shares (0.8)");
+  return v.get<double>();
+}
+
+}  // namespace
+
+HardwareProfile load_profile_file(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_regular_file(path, 16 << 20, "the profile file");
+  } catch (const IoError& e) {
+    throw ConfigError(fmt::format("profile file {}: {}", path, e.what()), "a file written by `distlab bench calibrate`, or a built-in: " + profile_names(true));
+  }
+  const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (!j.is_object()) throw ConfigError(fmt::format("profile file {}: not a JSON object", path), "a file written by `distlab bench calibrate`");
+  auto text = [&](const char* key) -> std::string {
+    if (!j.contains(key)) return "";
+    if (!j[key].is_string()) throw ConfigError(fmt::format("profile file {}: {} is not a string", path, key));
+    return j[key].get<std::string>();
+  };
+  const std::string base = text("base");
+  if (base.empty()) throw ConfigError(fmt::format("profile file {}: no \"base\"", path), "the built-in profile it refines: " + profile_names(true));
+  std::optional<HardwareProfile> from;
+  for (const auto& p : hardware_profiles())
+    if (p.name == base) from = p;
+  if (!from) throw ConfigError(fmt::format("profile file {}: base \"{}\" is no built-in profile", path, base), "one of: " + profile_names(true));
+  HardwareProfile hw = *from;
+  hw.file = path;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "base") continue;
+    if (key == "name" || key == "source" || key == "calibration_source") {
+      (key == "name" ? hw.name : key == "source" ? hw.source : hw.calibration_source) = text(key.c_str());
+      continue;
+    }
+    if (key == "measured_gemms" || key == "measured_attention") {
+      if (!v.is_array()) throw ConfigError(fmt::format("profile file {}: {} is not a list", path, key));
+      for (const auto& m : v) {
+        if (!m.is_object()) throw ConfigError(fmt::format("profile file {}: an entry of {} is not an object", path, key));
+        auto num = [&](const char* k) {
+          if (!m.contains(k)) throw ConfigError(fmt::format("profile file {}: an entry of {} has no {}", path, key, k));
+          return number_at(m[k], key + "." + k, path);
+        };
+        auto flag = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
+        if (key == "measured_gemms")
+          hw.measured_gemms.push_back({{int64_t(num("m")), int64_t(num("n")), int64_t(num("k"))}, flag("low_precision"), num("flops_per_s")});
+        else
+          hw.measured_attention.push_back({int64_t(num("seq")), int64_t(num("head_dim")), flag("backward"), num("flops_per_s")});
+      }
+      continue;
+    }
+    const NumberField* f = nullptr;
+    for (const NumberField& c : kNumberFields)
+      if (key == c.key) f = &c;
+    if (!f) throw ConfigError(fmt::format("profile file {}: unknown key \"{}\"", path, key), "the keys are HardwareProfile's fields (core/perf/hardware.h)");
+    const double x = number_at(v, key, path);
+    if (f->d) hw.*(f->d) = x;
+    else if (f->i) hw.*(f->i) = int64_t(x);
+    else hw.*(f->n) = int(x);
+  }
+  if (!hw.has_cost_model())
+    throw ConfigError(fmt::format("profile file {}: a rate is 0, so no step can be modeled", path), "leave out the keys it did not measure: the base's stay");
+  return hw;
+}
+
+std::string profile_file_json(const HardwareProfile& hw, const std::string& base) {
+  nlohmann::json j = {{"name", hw.name}, {"base", base}, {"source", hw.source}, {"calibration_source", hw.calibration_source}};
+  for (const NumberField& f : kNumberFields)
+    j[f.key] = f.d ? nlohmann::json(hw.*(f.d)) : f.i ? nlohmann::json(hw.*(f.i)) : nlohmann::json(hw.*(f.n));
+  j["measured_gemms"] = nlohmann::json::array();
+  for (const MeasuredGemm& g : hw.measured_gemms)
+    j["measured_gemms"].push_back({{"m", g.shape.m}, {"n", g.shape.n}, {"k", g.shape.k}, {"low_precision", g.low_precision}, {"flops_per_s", g.flops_per_s}});
+  j["measured_attention"] = nlohmann::json::array();
+  for (const MeasuredAttention& a : hw.measured_attention)
+    j["measured_attention"].push_back({{"seq", a.seq}, {"head_dim", a.head_dim}, {"backward", a.backward}, {"flops_per_s", a.flops_per_s}});
+  return j.dump(2) + "\n";
 }
 
 std::optional<HardwareProfile> profile_for_gpu(const std::string& gpu_name) {

@@ -16,7 +16,21 @@
 #include <string>
 #include <vector>
 
+#include "core/perf/trace.h"
+
 namespace distlab {
+
+// What `distlab bench calibrate` measured on the user's GPU, per shape of the model it was given.
+struct MeasuredGemm {
+  GemmShape shape;
+  bool low_precision = true;  // bf16/fp16 inputs (tensor cores); false: f32
+  double flops_per_s = 0;
+};
+struct MeasuredAttention {
+  int64_t seq = 0, head_dim = 0;
+  bool backward = false;
+  double flops_per_s = 0;  // the kernel's FLOPs (the causal tiles') per second
+};
 
 struct HardwareProfile {
   std::string name;
@@ -47,6 +61,15 @@ struct HardwareProfile {
   double step_overhead_s = 0;        // once per optimizer step: the host's work the device waits for
   std::string calibration_source{};  // where the four numbers above come from
 
+  // --- GEMMs by shape (data sheet; CUTLASS's tiles): see gemm_quantization() ---
+  int sm_count = 0;                      // streaming multiprocessors: a GEMM's output tiles run in waves of this many
+  int gemm_tile_m = 0, gemm_tile_n = 0;  // the output tile of the large tensor-core kernels; 0: no quantization (CPU)
+
+  // --- measured on the user's own GPU (a profile file from `distlab bench calibrate`) ---
+  std::vector<MeasuredGemm> measured_gemms;          // a GEMM of one of these shapes takes its measured rate
+  std::vector<MeasuredAttention> measured_attention;  // flash attention at these (T, head size)
+  std::string file;                                   // the profile file it was read from ("" for the built-in ones)
+
   bool has_cost_model() const {
     return fp32_flops_per_s > 0 && mem_bw_bytes_per_s > 0 && intra_node_busbw_bytes_per_s > 0 && host_link_bytes_per_s > 0 &&
            host_flops_per_s > 0 && host_mem_bw_bytes_per_s > 0;
@@ -54,12 +77,25 @@ struct HardwareProfile {
 };
 
 const std::vector<HardwareProfile>& hardware_profiles();
+// The share of the tensor cores a GEMM's shape leaves busy: its output (m × n) is cut into tiles of
+// gemm_tile_m × gemm_tile_n (either way round, whichever wastes less), the last row and column of tiles
+// partly empty (tile quantization), and the tiles run sm_count at a time, the last wave partly idle (wave
+// quantization); with fewer tiles than SMs, K is split among them (split-K) in pieces at least 256 deep.
+// 1 for a profile without tiles. NVIDIA's "Matrix Multiplication Background" guide.
+double gemm_quantization(const GemmShape& g, const HardwareProfile& hw);
 // The same profile with its calibration switched off: every kernel at the data sheet's peak, no per-step
 // overhead (log.calibrated = false) — the roofline a hand calculation gives.
 HardwareProfile at_peak(HardwareProfile hw);
 // "t4, a100-40g, ..." — every profile's name, or only those with a cost model, for hints
 std::string profile_names(bool with_cost_model_only);
+// A built-in profile by name, or a profile file (a name ending in ".json": what `distlab bench calibrate`
+// writes); a file that cannot be read or holds a bad key throws ConfigError naming it.
 std::optional<HardwareProfile> find_profile(const std::string& name);
+// A profile file: {"name", "base" (a built-in profile it starts from), "source", and any of the rates and
+// calibration numbers of HardwareProfile by their field names, "measured_gemms", "measured_attention"}.
+HardwareProfile load_profile_file(const std::string& path);
+// The file's JSON for a profile (what load_profile_file reads back); `base` names the built-in it started from.
+std::string profile_file_json(const HardwareProfile& hw, const std::string& base);
 // The profile of a GPU by the name CUDA gives it ("NVIDIA H100 80GB HBM3" -> h100-nvlink, "... PCIe" ->
 // h100-pcie, "H100 NVL" -> h100-96g, H200, A100, T4), for the live MFU of a run on it; nullopt when unknown.
 std::optional<HardwareProfile> profile_for_gpu(const std::string& gpu_name);

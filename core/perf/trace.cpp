@@ -2,7 +2,8 @@
 
 namespace distlab {
 
-void Trace::record(const char* name, Stream s, double flops, double bytes, double t0, double t1, bool scales, bool low) {
+void Trace::record(const char* name, Stream s, double flops, double bytes, double t0, double t1, bool scales, bool low,
+                   const KernelShape* shape) {
   flops_ += flops;
   if (recompute_) recompute_flops_ += flops;
   bytes_ += bytes;
@@ -19,6 +20,7 @@ void Trace::record(const char* name, Stream s, double flops, double bytes, doubl
   e.low_precision = low;
   e.on_host = on_host_;
   e.recompute = recompute_;
+  if (shape) e.shape = *shape;
   events_.push_back(std::move(e));
 }
 

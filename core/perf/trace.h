@@ -18,6 +18,18 @@ enum class EventKind {
   marker,      // the start (name "+F3") or end ("-F3") of a span of compute: a pipeline's forward or backward
 };
 
+// The shape of a kernel's work, where the cost model needs more than its FLOPs and bytes: a GEMM loses to
+// tile and wave quantization by its (M, N, K), and a calibrated profile holds measured rates per shape
+// (core/perf/hardware.h); attention's rate depends on its sequence and head size.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // C (m×n) = A (m×k) · B (k×n); m = 0: no GEMM
+  bool operator==(const GemmShape&) const = default;
+};
+struct KernelShape {
+  GemmShape gemm[2];  // up to two GEMMs in one kernel (matmul_backward: dX, then dW)
+  int64_t heads = 0, seq = 0, head_dim = 0;  // attention: batch × heads, T, head size (heads = 0: none)
+};
+
 struct TraceEvent {
   std::string name;  // "matmul_forward", "conv2d_backward", "all_reduce", ...
   EventKind kind = EventKind::compute;
@@ -31,6 +43,7 @@ struct TraceEvent {
   bool on_host = false;           // ran on the host's CPU (CPU offload's optimizer step): the profile's host rates
   double link_bytes = 0;          // a copy between host and device memory (CPU offload): over the host link (PCIe)
   bool recompute = false;         // activation checkpointing's second forward: hardware FLOPs, not model FLOPs (HFU, not MFU)
+  KernelShape shape;              // GEMMs and attention: their shapes (OpScope::gemm, OpScope::attention)
   // collectives and waits
   std::string op;             // all_reduce | reduce_scatter | all_gather | broadcast | send | recv | barrier
   int64_t payload_bytes = 0;  // S in the α-β formulas: the full tensor's bytes (all_reduce), the gathered output (all_gather)
@@ -46,7 +59,7 @@ class Trace {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
   }
   void record(const char* name, Stream s, double flops, double bytes, double t_begin_us, double t_end_us,
-              bool scales_with_batch = true, bool low_precision = false);
+              bool scales_with_batch = true, bool low_precision = false, const KernelShape* shape = nullptr);
   void record(TraceEvent e);  // collectives and waits
   void mark(const std::string& name, bool begin);  // a marker event, when events are kept
   // CPU offload: a copy of `bytes` between host and device memory, on the compute stream (FSDP's CPUOffload

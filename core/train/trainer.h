@@ -184,4 +184,9 @@ class Trainer::Calls : public TrainerCalls {
   Trainer& t_;
 };
 
+// One rank of a planned job on the meta device: rank 0 of the fake world of cfg.dist.fake_world_size ranks
+// (or 1), what `distlab plan` runs for a row, `bench published` for a run and `bench calibrate` for its
+// shapes. Returns the summary record; `events`, when given, gets the traced step's events (log.trace_step).
+nlohmann::json run_planned(const RunConfig& cfg, std::vector<TraceEvent>* events = nullptr);
+
 }  // namespace distlab

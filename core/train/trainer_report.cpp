@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <sstream>
+
 #include "core/perf/chrome_trace.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
@@ -329,6 +331,17 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
                         100 * modeled_["modeled_mfu"].get<double>(), 100 * modeled_["modeled_hfu"].get<double>(),
                         1e3 * summary.value("measured_step_s", 0.0));
+}
+
+nlohmann::json run_planned(const RunConfig& cfg, std::vector<TraceEvent>* events) {
+  Runtime rt(DeviceKind::meta);
+  ProcessGroup pg(ProcessGroup::Fake{}, 0, int(std::max<int64_t>(1, cfg.dist.fake_world_size)), &rt.trace);
+  std::ostringstream quiet;
+  MetricsWriter metrics("");
+  Trainer t(cfg, rt, quiet, &pg);
+  nlohmann::json summary = t.run(metrics);
+  if (events) *events = rt.trace.events();
+  return summary;
 }
 
 }  // namespace distlab

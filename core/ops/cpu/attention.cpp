@@ -116,6 +116,7 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
   }
   const int64_t hs = C / NH, C3 = 3 * C, Bt = kFlashTile;
   OpScope op(rt, "flash_attention_forward", flash_attention_flops(B, T, C, NH, false), 4.0 * (B * T * C3 + B * T * C + B * NH * T));
+  op.attention(B * NH, T, hs);
   Tensor work = rt.empty({Bt * Bt + Bt * hs + 2 * Bt}, Category::other, "flash attention tiles");
   if (rt.is_meta()) return;
   const float scale = 1.0f / std::sqrt(float(hs)), ninf = -std::numeric_limits<float>::infinity();
@@ -179,6 +180,7 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
   const int64_t hs = C / NH, C3 = 3 * C, Bt = kFlashTile;
   OpScope op(rt, "flash_attention_backward", flash_attention_flops(B, T, C, NH, true),
              4.0 * (2 * B * T * C3 + 2 * B * T * C + B * NH * T));
+  op.attention(B * NH, T, hs);
   Tensor work = rt.empty({2 * Bt * Bt + T}, Category::other, "flash attention backward tiles");
   if (rt.is_meta()) return;
   std::memset(dqkv, 0, sizeof(float) * size_t(B * T * C3));

@@ -51,6 +51,7 @@ void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (rt.kernels) return rt.kernels->gemm(rt, name, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   OpScope op(rt, name, 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
+  op.gemm(0, M, N, K);
   if (rt.is_meta()) return;
   blas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -59,6 +60,7 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
                     int64_t C, int64_t OC) {
   if (rt.kernels) return rt.kernels->matmul_forward(rt, out, inp, w, bias, N, C, OC);
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
+  op.gemm(0, N, OC, C);  // (N, C) @ (C, OC)
   if (rt.is_meta()) return;
   if (bias) {  // start from the broadcast bias, then C = 1 * inp @ w^T + 1 * C
     for (int64_t n = 0; n < N; n++)
@@ -83,6 +85,8 @@ void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
   if (rt.kernels) return rt.kernels->matmul_backward(rt, dinp, dw, dbias, dout, inp, w, N, C, OC, need_dinp);
   double flops = 2.0 * N * C * OC * (need_dinp ? 2 : 1);
   OpScope op(rt, "matmul_backward", flops, 4.0 * (2 * N * C + 2 * OC * C + N * OC));
+  op.gemm(0, OC, C, N);                    // dW = dYᵀ X: (OC, N) @ (N, C)
+  if (need_dinp) op.gemm(1, N, C, OC);     // dX = dY W: (N, OC) @ (OC, C)
   if (rt.is_meta()) return;
   if (need_dinp) blas_sgemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);   // (N,OC)@(OC,C)
   if (dw) blas_sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);       // (OC,N)@(N,C)

@@ -188,12 +188,14 @@ void gemm_ex(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t
              GemmMath math) {
   const double e = double(dtype_size(at));
   OpScope op(rt, name, 2.0 * M * N * K, e * (M * K + K * N) + 2.0 * dtype_size(ct) * M * N);
+  op.gemm(0, M, N, K);
   blas(rt, ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, math);
 }
 
 void gemm(Runtime& rt, const char* name, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   OpScope op(rt, name, 2.0 * M * N * K, 4.0 * (M * K + K * N + 2 * M * N));
+  op.gemm(0, M, N, K);
   blas_f32(rt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -211,6 +213,7 @@ void gemm_naive(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                     int64_t OC) {
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
+  op.gemm(0, N, OC, C);  // (N, C) @ (C, OC)
   if (bias) {  // start from the broadcast bias, then out = 1 * inp @ w^T + 1 * out
     broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);
     DL_CUDA_LAUNCHED("matmul_forward bias");
@@ -221,6 +224,8 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                      int64_t N, int64_t C, int64_t OC, bool need_dinp) {
   OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * (need_dinp ? 2 : 1), 4.0 * (2 * N * C + 2 * OC * C + N * OC));
+  op.gemm(0, OC, C, N);                 // dW = dYᵀ X: (OC, N) @ (N, C)
+  if (need_dinp) op.gemm(1, N, C, OC);  // dX = dY W: (N, OC) @ (OC, C)
   if (need_dinp) blas_f32(rt, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);  // (N,OC)@(OC,C)
   if (dw) blas_f32(rt, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);           // (OC,N)@(N,C)
   if (dbias) add_column_sums(rt, dbias, dout, N, OC, "matmul_backward bias");
