@@ -303,6 +303,9 @@ int run_plan(const PlanArgs& a) {
     pick = "none fits";
     reason = "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";
   }
+  // what "needs" was held against: the card less the margin (a student's hand estimate compares with this)
+  reason += fmt::format(" (a row fits in {} reserved: {} less {})", format_bytes(fit.device_limit), format_bytes(double(capacity)),
+                        format_bytes(fit.margin));
 
   // the recommendation: the fastest row that fits; rows within 1 % of it are a tie, which the one holding the
   // least memory wins

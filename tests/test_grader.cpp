@@ -1320,7 +1320,8 @@ TEST_CASE("lab 09: solution, skeleton, a wrong field, a memory guess 20 % off, a
   CHECK(rows["linked"].total == 0);
   const std::string fb = read(subs.parent_path() / "feedback" / "wrong_field.txt");
   CHECK_THAT(fb, Catch::Contains("zero_optimization.stage: you wrote 'parallel.offload'; it sets parallel.strategy"));
-  CHECK_THAT(read(subs.parent_path() / "feedback" / "all_ddp.txt"), Catch::Contains("7b-8x24") && Catch::Contains("the tree gives fsdp+full"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "all_ddp.txt"), Catch::Contains("7b-8x24") && Catch::Contains("the tree gives fsdp+full") &&
+                                                                                      Catch::Contains("(a row fits in 21.80 GiB reserved: 24.00 GiB less 2.20 GiB)"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "memory_off.txt"), Catch::Contains("ds_zero3.json: predicted 5.44 GiB, measured 4.52 GiB"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "not_toml.txt"), Catch::Contains("student/annotations.toml:1"));
   fs::remove_all(subs);
