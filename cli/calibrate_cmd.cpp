@@ -144,7 +144,7 @@ int run_calibrate(const CalibrateArgs& a) {
   std::cout << fmt::format("{:<9} {:>8} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>7}\n", "kernel", "M", "N", "K", "bf16", "GFLOP/step",
                            "measured TF/s", "base TF/s", "ratio");
   HardwareProfile out = hw;
-  double gemm_weighted = 0, gemm_total = 0;
+  double gemm_total = 0;  // the step's GEMM FLOPs
   for (const auto& [key, step_flops] : gemm_flops) {
     const auto [m, n, k, low] = key;
     rt.dtype = low ? dtype : DType::f32;
@@ -157,7 +157,6 @@ int run_calibrate(const CalibrateArgs& a) {
     const double peak = low ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
     const double modeled = peak * hw.gemm_efficiency * gemm_quantization(g, hw);
     out.measured_gemms.push_back({g, low, rate});
-    gemm_weighted += step_flops * (rate / (peak * gemm_quantization(g, hw)));
     gemm_total += step_flops;
     std::cout << fmt::format("{:<9} {:>8} {:>8} {:>8} {:>6} {:>12.2f} {:>14.3f} {:>14.3f} {:>7.2f}\n", "gemm", m, n, k, low ? "yes" : "no",
                              step_flops / 1e9, rate / 1e12, modeled / 1e12, rate / modeled);
@@ -177,7 +176,7 @@ int run_calibrate(const CalibrateArgs& a) {
     raised += fmt::format("; the 16-bit peak raised from the base's {:.3g} to the best measured {:.3g} FLOP/s", out.low_precision_flops_per_s, best_low);
     out.low_precision_flops_per_s = best_low;
   }
-  gemm_weighted = 0;
+  double gemm_weighted = 0;
   for (const MeasuredGemm& g : out.measured_gemms)
     gemm_weighted += gemm_flops.at({g.shape.m, g.shape.n, g.shape.k, g.low_precision}) * g.flops_per_s /
                      ((g.low_precision ? out.low_precision_flops_per_s : out.fp32_flops_per_s) * gemm_quantization(g.shape, out));
