@@ -14,6 +14,11 @@ small parser of the format, so no extra package is needed.
       rotate_half RoPE, repeat_kv, SwiGLU, untied lm_head), loads our file strictly; prints its logits on
       tokens 0..T-1 (mod VOCAB) and saves every parameter's gradient of the mean cross-entropy against the
       next token (targets t+1 mod VOCAB)
+  torch_peer.py lora IN.safetensors OUT.safetensors LOSSES.txt N_LAYER N_HEAD N_KV_HEAD N_EMBD INTER VOCAB B T THETA EPS R ALPHA TARGETS STEPS LR [rslora]
+      PEFT's LoRA on that LlamaForCausalLM, written out here as peft/tuners/lora/layer.py computes it
+      (result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling, every base weight frozen): loads our
+      base and adapters (strictly), trains STEPS AdamW steps on the batches of lora_batch(), prints the
+      losses and saves every parameter
 """
 import json, struct, sys
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -138,6 +143,17 @@ class LlamaForCausalLM(nn.Module):
         for l in self.model.layers: x = l(x)
         return self.lm_head(self.model.norm(x))
 
+class LoraLinear(nn.Module):  # peft.tuners.lora.Linear with one adapter, bias "none", no dropout
+    def __init__(self, base, r, alpha, rslora):
+        super().__init__(); self.base_layer = base; self.scaling = alpha / (r ** 0.5 if rslora else r)
+        self.lora_A = nn.Linear(base.in_features, r, bias=False); self.lora_B = nn.Linear(r, base.out_features, bias=False)
+    def forward(self, x): return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+def lora_batch(step, B, T, V):  # the same formula as tests/test_lora.cpp
+    idx = [[(step * 7 + b * 13 + t * 5 + (t * t) % 11) % V for t in range(T + 1)] for b in range(B)]
+    x = torch.tensor(idx, dtype=torch.int64)
+    return x[:, :T], x[:, 1:]
+
 def fixed_input(n):  # the same formula as the C++ side
     return torch.arange(n * 3 * 32 * 32, dtype=torch.float32).reshape(n, 3, 32, 32) / 3000.0 - 1.0
 
@@ -180,3 +196,28 @@ elif mode == 'llama':
     F.cross_entropy(logits.view(T, V), tgt).backward()
     print(' '.join('%.6f' % v for v in logits.detach().flatten().tolist()), file=open(txt, 'w'))
     save({k: p.grad for k, p in m.named_parameters()}, dst)
+elif mode == 'lora':
+    L, H, KV, C, I, V, B, T = (int(a) for a in sys.argv[5:13]); theta, eps = float(sys.argv[13]), float(sys.argv[14])
+    r, alpha, targets, steps, lr = int(sys.argv[15]), float(sys.argv[16]), sys.argv[17].split(','), int(sys.argv[18]), float(sys.argv[19])
+    rslora = len(sys.argv) > 20 and sys.argv[20] == 'rslora'  # use_rslora: alpha / sqrt(r)
+    m = LlamaForCausalLM(L, H, KV, C, I, V, theta, eps)
+    for p in m.parameters(): p.requires_grad_(False)  # get_peft_model: the base frozen
+    for name, mod in list(m.named_modules()):
+        for child, sub in list(mod.named_children()):
+            if child in targets and isinstance(sub, nn.Linear): setattr(mod, child, LoraLinear(sub, r, alpha, rslora))
+    sd = load(src)
+    theirs = {}
+    for k, v in ((k, v.float()) for k, v in sd.items()):  # PEFT keeps the base weight under base_layer
+        if '.lora_' not in k and any(k.endswith('.' + t + '.weight') for t in targets): k = k[:-len('weight')] + 'base_layer.weight'
+        theirs[k] = v
+    m.load_state_dict(theirs, strict=True)
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        x, y = lora_batch(step, B, T, V)
+        opt.zero_grad(); loss = F.cross_entropy(m(x).view(B * T, V), y.reshape(B * T)); loss.backward(); opt.step()
+        losses.append(loss.item())
+    print(' '.join('%.9g' % v for v in losses), file=open(txt, 'w'))
+    out = {}
+    for k, v in m.state_dict().items(): out[k.replace('.base_layer.', '.')] = v
+    save(out, dst)

@@ -187,9 +187,15 @@ void load_model(Model& model, const std::string& path) {
   for (auto* p : model.parameters()) want.push_back({p->name, &p->data});
   for (auto* b : model.buffers()) want.push_back({b->name, &b->data});
   std::string missing, mismatched;
+  // a base model's file under LoRA: it has no adapters, which keep their fresh values (PEFT loads the base,
+  // then adds them); a file with some adapters must have them all
+  auto is_adapter = [](const std::string& n) { return n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos; };
+  bool file_has_adapters = false;
+  for (const auto& [name, s] : f.tensors) file_has_adapters = file_has_adapters || is_adapter(name);
   for (auto& [name, dst] : want) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end()) {
+      if (!file_has_adapters && is_adapter(name)) continue;
       missing += (missing.empty() ? "" : ", ") + name;
       continue;
     }

@@ -20,7 +20,7 @@ namespace distlab {
 
 namespace {
 
-enum class Kind { integer, real, boolean, string, int_list, string_or_number };
+enum class Kind { integer, real, boolean, string, int_list, string_list, string_or_number };
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::string_or_number: return "string or number";
@@ -29,6 +29,7 @@ const char* kind_name(Kind k) {
     case Kind::boolean: return "boolean";
     case Kind::string: return "string";
     case Kind::int_list: return "list of integers";
+    case Kind::string_list: return "list of strings (or one string, comma-separated)";
   }
   return "?";
 }
@@ -66,12 +67,39 @@ std::vector<int64_t> get_as(const toml::node& n) {
   return v;
 }
 
+// a list of names, or one string of them comma-separated (LLaMA-Factory's lora_target = "q_proj,v_proj")
+template <>
+std::vector<std::string> get_as(const toml::node& n) {
+  std::vector<std::string> v;
+  auto add = [&](const std::string& s) {
+    size_t a = 0;
+    while (a <= s.size()) {
+      size_t b = s.find(',', a);
+      if (b == std::string::npos) b = s.size();
+      std::string w = s.substr(a, b - a);
+      w.erase(0, w.find_first_not_of(" \t"));
+      w.erase(w.find_last_not_of(" \t") + 1);
+      if (!w.empty()) v.push_back(w);
+      a = b + 1;
+    }
+  };
+  if (n.is_string()) add(*n.value<std::string>());
+  else
+    for (const auto& e : *n.as_array()) add(*e.value<std::string>());
+  return v;
+}
+
 std::string show(int64_t v) { return std::to_string(v); }
 std::string show(uint64_t v) { return std::to_string(v); }
 std::string show(double v) { return fmt::format("{}", v); }
 std::string show(float v) { return fmt::format("{}", v); }
 std::string show(bool v) { return v ? "true" : "false"; }
 std::string show(const std::string& v) { return "\"" + v + "\""; }
+std::string show(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); i++) s += (i ? ", \"" : "\"") + v[i] + "\"";
+  return s + "]";
+}
 std::string show(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -203,6 +231,12 @@ const std::vector<Key>& keys() {
       KEY("checkpoint.resume", Kind::string, std::string, checkpoint.resume, "auto (latest complete in dir) | never | a step folder"),
       KEY("checkpoint.disk_gbps", Kind::real, double, checkpoint.disk_gbps, "storage write bandwidth (GB/s per node) for the modeled save time"),
       KEY("log.trace_step", Kind::integer, int64_t, log.trace_step, "the step (1-based) that is traced and modeled"),
+      KEY("lora.r", Kind::integer, int64_t, lora.r, "LoRA's rank: adapters on lora.target_modules, every other weight frozen (0 = off: full fine-tuning)"),
+      KEY("lora.alpha", Kind::real, double, lora.alpha, "LoRA's lora_alpha: the adapter's output scaled by alpha / r (PEFT's default 8)"),
+      KEY("lora.dropout", Kind::real, double, lora.dropout, "LoRA's lora_dropout on the adapter's input"),
+      KEY("lora.target_modules", Kind::string_list, std::vector<std::string>, lora.target_modules,
+          "Linear modules adapted, by name or last part: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (llama); c_attn, c_proj, c_fc (gpt); \"all-linear\" (empty: PEFT's default for the model)"),
+      KEY("lora.use_rslora", Kind::boolean, bool, lora.use_rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r"),
   };
   return k;
 }
@@ -252,6 +286,13 @@ bool kind_matches(Kind k, const toml::node& n) {
       if (!n.is_array()) return false;
       for (const auto& e : *n.as_array())
         if (!e.is_integer()) return false;
+      return true;
+    }
+    case Kind::string_list: {
+      if (n.is_string()) return true;
+      if (!n.is_array()) return false;
+      for (const auto& e : *n.as_array())
+        if (!e.is_string()) return false;
       return true;
     }
   }
@@ -384,6 +425,7 @@ void at_most(const RunConfig& c, const std::string& key, double v, double max, c
 void validate_bounds(const RunConfig& c) {
   for (auto h : c.model.hidden) at_most(c, "model.hidden", double(h), 1 << 20, "a hidden size over a million is a typo");
   at_most(c, "model.n_layer", double(c.model.n_layer), 4096, "");
+  at_most(c, "lora.r", double(c.lora.r), 1 << 16, "LoRA's ranks are 4 to 256");
   at_most(c, "model.n_embd", double(c.model.n_embd), 1 << 16, "");
   at_most(c, "model.block_size", double(c.model.block_size), 1 << 20, "");
   at_most(c, "model.vocab_size", double(c.model.vocab_size), 1 << 24, "");
@@ -427,6 +469,9 @@ void validate(const RunConfig& c) {
           "the head size n_embd / n_head must be a whole number");
   require(c.model.block_size >= 1, c, "model.block_size", "must be at least 1", "");
   require(c.model.dropout >= 0 && c.model.dropout < 1, c, "model.dropout", "must be in [0, 1)", "");
+  require(c.lora.r >= 0, c, "lora.r", "must not be negative", "0 turns LoRA off; PEFT's usual ranks are 8 to 64");
+  require(c.lora.alpha > 0, c, "lora.alpha", "must be positive", "PEFT's default is 8; alpha = 2r is common");
+  require(c.lora.dropout >= 0 && c.lora.dropout < 1, c, "lora.dropout", "must be in [0, 1)", "");
   require(c.data.fallback == "synthetic" || c.data.fallback == "error", c, "data.fallback",
           "is '" + c.data.fallback + "'", "use synthetic or error");
   require(c.data.seq_len >= 1, c, "data.seq_len", "must be at least 1", "");

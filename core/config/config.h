@@ -13,6 +13,7 @@
 #include "core/comm/device_group.h"
 #include "core/data/registry.h"
 #include "core/models/zoo.h"
+#include "core/nn/lora.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/parallel/ddp.h"
@@ -144,6 +145,7 @@ struct RunConfig {
   DistOptions dist;
   PrecisionOptions precision;
   LogOptions log;
+  LoraSpec lora;  // [lora]: adapters and a frozen base (core/nn/lora.h)
   CheckpointOptions checkpoint;
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };

@@ -98,14 +98,23 @@ void Block::init(Rng& rng, int64_t n_layer) {
 void Block::set_training(bool on) {
   drop_attn.set_training(on);
   drop_mlp.set_training(on);
+  for (Layer* l : {attn.get(), c_fc.get(), c_proj.get()}) {  // LoRA's dropout inside the linears
+    l->set_training(on);
+    for (Layer* c : l->children()) c->set_training(on);
+  }
 }
 
 void Block::swap_saved(SavedState& s) {
   for (Layer* l : std::initializer_list<Layer*>{&ln_1, attn.get(), &ln_2, c_fc.get(), &gelu, c_proj.get(), &drop_attn, &drop_mlp})
     l->swap_saved(s);
   s.swap(x_);
-  s.swap(drop_at_[0]);
-  s.swap(drop_at_[1]);
+  s.swap(drop_at_);
+}
+
+std::vector<uint64_t*> Block::streams() {
+  std::vector<uint64_t*> v = {drop_attn.rng_calls(), drop_mlp.rng_calls()};
+  for (uint64_t* c : lora_streams({attn.get(), c_fc.get(), c_proj.get()})) v.push_back(c);
+  return v;
 }
 
 void Block::drop_saved() {
@@ -117,8 +126,8 @@ void Block::drop_saved() {
 
 Tensor Block::forward(Runtime& rt, const Tensor& x) {
   if (!full_) return run_forward(rt, x);
-  drop_at_[0] = int64_t(*drop_attn.rng_calls());
-  drop_at_[1] = int64_t(*drop_mlp.rng_calls());
+  drop_at_.clear();
+  for (uint64_t* c : streams()) drop_at_.push_back(int64_t(*c));
   Tensor y = run_forward(rt, x);
   drop_saved();
   x_ = x;
@@ -137,15 +146,18 @@ Tensor Block::backward(Runtime& rt, const Tensor& dout) {
     DL_ASSERT(x_.defined(), "Block::backward under full checkpointing without a forward");
     // the recompute: the same input and the same dropout draws as the first forward; the streams then go
     // back to where they are now (other micro-batches may have drawn since: a pipeline keeps several in flight)
-    const uint64_t now[2] = {*drop_attn.rng_calls(), *drop_mlp.rng_calls()};
-    *drop_attn.rng_calls() = uint64_t(drop_at_[0]);
-    *drop_mlp.rng_calls() = uint64_t(drop_at_[1]);
+    const std::vector<uint64_t*> s = streams();
+    DL_ASSERT(s.size() == drop_at_.size(), "Block::backward: the dropout streams changed since the forward");
+    std::vector<uint64_t> now;
+    for (size_t i = 0; i < s.size(); i++) {
+      now.push_back(*s[i]);
+      *s[i] = uint64_t(drop_at_[i]);
+    }
     {
       RecomputeScope recompute(rt.trace);  // hardware FLOPs (HFU), not model FLOPs
       run_forward(rt, x_);  // its output is dropped: what matters is what the layers saved
     }
-    *drop_attn.rng_calls() = now[0];
-    *drop_mlp.rng_calls() = now[1];
+    for (size_t i = 0; i < s.size(); i++) *s[i] = now[i];
     x_ = Tensor();
   }
   // the residual passes dout through unchanged; the branch's gradient is added to it
@@ -247,6 +259,12 @@ std::vector<std::vector<Parameter*>> GPT::units() {
   return u;
 }
 
+std::vector<Layer*> GPT::layers() {
+  std::vector<Layer*> v;
+  for (auto& b : h_) v.insert(v.end(), {b->attn.get(), b->c_fc.get(), b->c_proj.get()});
+  return v;
+}
+
 Parameter* GPT::tied_embedding() {
   if (stages_ == 1) return nullptr;
   if (first_stage()) return &emb_->wte;
@@ -259,6 +277,7 @@ std::vector<uint64_t*> GPT::rng_streams() {
   for (auto& b : h_) {
     v.push_back(b->drop_attn.rng_calls());
     v.push_back(b->drop_mlp.rng_calls());
+    for (uint64_t* c : lora_streams({b->attn.get(), b->c_fc.get(), b->c_proj.get()})) v.push_back(c);
   }
   return v;
 }
@@ -345,9 +364,10 @@ Tensor GPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) 
     if (hook) hook->before_layer_backward(first_stage() ? 0 : unit);  // one stage: the lm_head's weight is wte (unit 0)
     Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
     {
-      AsF32 dx(rt, dxf, AsF32::out), dw(rt, head().grad_for_accumulate(), AsF32::inout);
+      const bool trains = head().requires_grad;  // frozen under LoRA: dW's GEMM skipped
+      AsF32 dx(rt, dxf, AsF32::out), dw(rt, trains ? head().grad_for_accumulate() : Tensor(), AsF32::inout);
       AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, head().data);
-      matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt);
+      matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt, true, trains);
       dx.store();
       dw.store();
     }

@@ -75,7 +75,8 @@ struct Block {
   void drop_saved();                                 // frees what the layers saved
   bool full_;                  // full checkpointing
   Tensor x_;                   // full: the block's input, all it keeps for backward
-  int64_t drop_at_[2] = {};    // full: drop_attn's and drop_mlp's draws before the forward
+  std::vector<uint64_t*> streams();  // drop_attn's, drop_mlp's and the LoRA adapters' dropout draws
+  std::vector<int64_t> drop_at_;     // full: each stream's draws before the forward
 };
 
 class GPT : public Model {
@@ -87,6 +88,7 @@ class GPT : public Model {
   std::vector<Parameter*> parameters() override;
   // this stage's: the embeddings, its blocks, ln_f (+ the lm_head's copy of wte on a last stage that is not the first)
   std::vector<std::vector<Parameter*>> units() override;
+  std::vector<Layer*> layers() override;  // each block's attn (c_attn, c_proj), mlp.c_fc, mlp.c_proj
   Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;  // tokens (B*T) -> logits (B*T, V/t)
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   // One stage: (B, T, C) from the stage before (the tokens of `batch` on the first) -> (B, T, C), or the

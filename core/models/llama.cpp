@@ -75,8 +75,10 @@ Tensor LlamaBlock::run_forward(Runtime& rt, const Tensor& x) {
 }
 
 Tensor LlamaBlock::forward(Runtime& rt, const Tensor& x) {
+  drop_at_.clear();  // LoRA's dropout (Llama itself has none): where its streams were, for the replay
+  for (uint64_t* c : lora_streams({self_attn.get(), mlp.get()})) drop_at_.push_back(*c);
   Tensor y = run_forward(rt, x);
-  if (full_) {  // keep the input only (no dropout: nothing random to replay)
+  if (full_) {  // keep the input only
     SavedState gone;
     gone.begin();
     for (Layer* l : std::initializer_list<Layer*>{&input_layernorm, self_attn.get(), &post_attention_layernorm, mlp.get()}) l->swap_saved(gone);
@@ -97,10 +99,17 @@ Tensor LlamaBlock::forward(Runtime& rt, const Tensor& x) {
 Tensor LlamaBlock::backward(Runtime& rt, const Tensor& dout) {
   if (full_) {
     DL_ASSERT(x_.defined(), "LlamaBlock::backward under full checkpointing without a forward");
+    const std::vector<uint64_t*> s = lora_streams({self_attn.get(), mlp.get()});
+    std::vector<uint64_t> now;
+    for (size_t i = 0; i < s.size(); i++) {
+      now.push_back(*s[i]);
+      *s[i] = drop_at_[i];
+    }
     {
       RecomputeScope recompute(rt.trace);  // hardware FLOPs (HFU), not model FLOPs
       run_forward(rt, x_);  // the recompute: the layers save what their backward needs again
     }
+    for (size_t i = 0; i < s.size(); i++) *s[i] = now[i];
     x_ = Tensor();
   }
   if (op_) {  // the recompute around the kept outputs: the norms, the residual stream and what was dropped
@@ -176,8 +185,25 @@ std::vector<std::vector<Parameter*>> Llama::units() {
   std::vector<std::vector<Parameter*>> u;
   if (first_stage()) u.push_back({&embed_tokens_});
   for (auto& l : blocks_) u.push_back(l->parameters());
-  if (last_stage()) u.push_back({&norm_->weight, &lm_head_->weight});
+  if (last_stage()) {
+    u.push_back({&norm_->weight});
+    for (Parameter* p : lm_head_->parameters()) u.back().push_back(p);
+  }
   return u;
+}
+
+void Llama::set_training(bool on) {
+  for (Layer* l : layers()) {
+    l->set_training(on);
+    for (Layer* c : l->children()) c->set_training(on);
+  }
+}
+
+std::vector<Layer*> Llama::layers() {
+  std::vector<Layer*> v;
+  for (auto& b : blocks_) v.insert(v.end(), {b->self_attn.get(), b->mlp.get()});
+  if (last_stage()) v.push_back(lm_head_.get());
+  return v;
 }
 
 std::vector<Parameter*> Llama::parameters() {
@@ -295,7 +321,7 @@ Tensor Llama::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook
   }
   if (!first_stage()) return d;
   if (hook) hook->before_layer_backward(0);
-  {
+  if (embed_tokens_.requires_grad) {  // frozen under LoRA: nothing to compute
     AsF32 de(rt, embed_tokens_.grad_for_accumulate(), AsF32::inout), dy(rt, d);
     Indices ids(rt, tokens_);
     embedding_backward(rt, de.p, nullptr, dy.p, ids.p, B_, T_, spec_.n_embd);

@@ -57,6 +57,7 @@ struct LlamaBlock {
   Tensor run_forward(Runtime& rt, const Tensor& x);
   bool full_, op_;
   Tensor x_;  // full and op-level checkpointing: the input
+  std::vector<uint64_t> drop_at_;  // full: the LoRA adapters' dropout draws before the forward
 };
 
 class Llama : public Model {
@@ -68,6 +69,7 @@ class Llama : public Model {
   std::vector<Parameter*> parameters() override;
   // this stage's: embed_tokens, each layer, then model.norm with lm_head
   std::vector<std::vector<Parameter*>> units() override;
+  std::vector<Layer*> layers() override;  // each block's self_attn and mlp, the lm_head
   Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;  // tokens (B*T) -> logits (B*T, V)
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) override;
@@ -75,7 +77,8 @@ class Llama : public Model {
   void swap_saved(SavedState& s) override;
   Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
   Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
-  void set_training(bool on) override {}  // nothing differs: no dropout
+  void set_training(bool on) override;  // LoRA's dropout only: Llama has none of its own
+  std::vector<uint64_t*> rng_streams() override { return lora_streams(layers()); }
   // Hugging Face's _init_weights: every Linear and the embedding N(0, 0.02), the RMSNorms 1. A stage takes
   // its part of the whole model's (built whole on the side), so every split starts from the same weights.
   void init(uint64_t seed) override;

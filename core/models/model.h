@@ -71,6 +71,9 @@ class Model {
   // The shapes crossing a stage's boundaries for `batch`: what it receives, what it sends on.
   virtual Shape stage_input_shape(const Batch& batch);
   virtual Shape stage_output_shape(const Batch& batch);
+  // The model's layers (nn.Module's top-level children; Layer::children() goes deeper): how LoRA finds the
+  // Linears to adapt (core/nn/lora.h)
+  virtual std::vector<Layer*> layers() { return {}; }
   int64_t num_parameters();
   void zero_grad();                      // releases gradients (set_to_none=True)
 };

@@ -32,6 +32,12 @@ std::vector<Buffer*> Sequential::buffers() {
   return bs;
 }
 
+std::vector<Layer*> Sequential::layers() {
+  std::vector<Layer*> v;
+  for (auto& l : layers_) v.push_back(l.get());
+  return v;
+}
+
 std::vector<std::vector<Parameter*>> Sequential::units() {
   std::vector<std::vector<Parameter*>> u;
   for (auto& l : layers_)

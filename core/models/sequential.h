@@ -13,6 +13,7 @@ class Sequential : public Model {
   std::vector<Parameter*> parameters() override;
   std::vector<Buffer*> buffers() override;
   std::vector<std::vector<Parameter*>> units() override;  // one per layer that has parameters
+  std::vector<Layer*> layers() override;
   Tensor forward(Runtime& rt, const Batch& batch, ForwardHook* hook = nullptr) override;  // batch.x (B, ...) -> (B, classes)
   void backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) override;
   void set_training(bool on) override;

@@ -47,6 +47,7 @@ class CausalSelfAttention : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override {}  // the GPT model initializes its linears (GPT-2's scheme)
+  std::vector<Layer*> children() override { return {&c_attn, &c_proj}; }
   void swap_saved(SavedState& s) override {
     c_attn.swap_saved(s);
     c_proj.swap_saved(s);

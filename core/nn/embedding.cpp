@@ -42,6 +42,10 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
 }
 
 void Embedding::backward(Runtime& rt, const Tensor& dout) {
+  if (!wte.requires_grad && !wpe.requires_grad) {  // frozen (LoRA): the first layer has nothing else to compute
+    saved_tokens_.clear();
+    return;
+  }
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
   Indices ids(rt, saved_tokens_);
   embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);

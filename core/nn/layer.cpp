@@ -25,6 +25,11 @@ static void init_with(Tensor& t, Draw draw) {
   h.store();
 }
 
+Tensor grad_or_scratch(Runtime& rt, Parameter& p) {
+  if (p.requires_grad) return p.grad_for_accumulate();
+  return rt.zeros(p.data.shape(), Category::activations, "the frozen " + p.name + "'s gradient (dropped)", p.data.dtype());
+}
+
 void init_uniform(Tensor& t, Rng& rng, float bound) { init_with(t, [&] { return rng.uniform(-bound, bound); }); }
 
 void init_normal(Tensor& t, Rng& rng, float std) { init_with(t, [&] { return rng.normal() * std; }); }

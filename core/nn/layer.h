@@ -67,12 +67,18 @@ class Layer {
   // Op-level selective checkpointing (core/models/llama.h): the recompute already has this layer's output
   // (it was kept), so the layer takes back only the input its backward reads, without running forward.
   virtual void keep_input(Runtime& rt, const Tensor& x);
+  // The layers inside this one (nn.Module's children): an attention's projections, an MLP's linears.
+  // Model::layers() and this reach every Linear, as PEFT's target_modules matching walks named_modules().
+  virtual std::vector<Layer*> children() { return {}; }
 
  protected:
   bool training_ = true;
   bool needs_input_grad_ = true;
 };
 
+// Where a backward accumulates p's gradient: p.grad, or — p frozen (LoRA's base) — a zeroed scratch tensor
+// that is dropped (a norm's weight: C values; the layers whose frozen weight costs a GEMM skip it instead)
+Tensor grad_or_scratch(Runtime& rt, Parameter& p);
 // Creates a parameter tensor on the rank's device.
 Parameter make_parameter(Runtime& rt, const std::string& name, const Shape& shape, bool decay = true);
 // U(-bound, bound) and N(0, std) fills (no-ops on meta).

@@ -6,6 +6,7 @@
 
 #include "core/ops/cpu/matmul.h"
 #include "core/tensor/as_f32.h"
+#include "core/util/error.h"
 
 namespace distlab {
 
@@ -18,9 +19,18 @@ Linear::Linear(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, 
 
 std::string Linear::describe() const { return fmt::format("Linear({} -> {})", in_features, out_features); }
 
-std::vector<Parameter*> Linear::parameters() {
-  if (has_bias_) return {&weight, &bias};
-  return {&weight};
+std::vector<Parameter*> Linear::parameters() {  // PEFT's order: base_layer's, then lora_A's, lora_B's
+  std::vector<Parameter*> p = {&weight};
+  if (has_bias_) p.push_back(&bias);
+  if (lora) p.insert(p.end(), {&lora->lora_A, &lora->lora_B});
+  return p;
+}
+
+void Linear::add_lora(Runtime& rt, const std::string& name, const LoraSpec& spec, uint64_t dropout_seed) {
+  DL_ASSERT(!lora, "Linear::add_lora twice on " + name);
+  lora = std::make_unique<LoraAdapter>(rt, name, in_features, out_features, spec, dropout_seed);
+  weight.requires_grad = false;  // bias "none": the bias stays frozen too
+  bias.requires_grad = false;
 }
 
 void Linear::init(Rng& rng) {
@@ -36,29 +46,38 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   out_shape.back() = out_features;
   Tensor out = rt.empty(out_shape, Category::activations, "output of " + weight.name, rt.dtype);
   // a 16-bit GEMM (autocast's low list): x rounded to rt.dtype if it came in wider; saved as it was read
-  keep_input(rt, x);
+  save_input(rt, x);
   AsF32 xf(rt, saved_x_), w(rt, weight.data), b(rt, bias.data), y(rt, out, AsF32::out);
   matmul_forward(rt, y.p, xf.p, w.p, has_bias_ ? b.p : nullptr, N, in_features, out_features);
   y.store();
+  if (lora && !merged) lora->forward(rt, saved_x_.view({N, in_features}), out, training_);
   return out;
 }
 
-void Linear::keep_input(Runtime& rt, const Tensor& x) {
+void Linear::save_input(Runtime& rt, const Tensor& x) {
   expect_shape(describe() + " " + weight.name, x, {in_features});
   saved_x_ = x.dtype() == rt.dtype ? x : x.clone(Category::activations, rt.dtype);
+}
+
+void Linear::keep_input(Runtime& rt, const Tensor& x) {
+  save_input(rt, x);
+  if (lora && !merged) lora->keep(rt, saved_x_.view({x.numel() / in_features, in_features}));  // its x·Aᵀ again
 }
 
 Tensor Linear::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / in_features;
   Tensor dx = needs_input_grad_ ? rt.empty(saved_x_.shape(), Category::activations, "grad of input of " + weight.name, rt.dtype)
                               : Tensor();
-  AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout);
-  AsF32 db(rt, has_bias_ ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
-  AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.data);
-  matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_);
-  dxf.store();
-  dw.store();
-  db.store();
+  {  // a frozen weight (under LoRA) gets no gradient: dW's GEMM is skipped, as autograd skips it
+    AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.requires_grad ? weight.grad_for_accumulate() : Tensor(), AsF32::inout);
+    AsF32 db(rt, has_bias_ && bias.requires_grad ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
+    AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.data);
+    matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_, weight.requires_grad);
+    dxf.store();
+    dw.store();
+    db.store();
+  }
+  if (lora && !merged) lora->backward(rt, dout.view({N, out_features}), dx);
   saved_x_ = Tensor();
   return dx;
 }

@@ -1,6 +1,10 @@
-// nn.Linear: y = x @ W^T + b with W (out, in), as PyTorch stores it.
+// nn.Linear: y = x @ W^T + b with W (out, in), as PyTorch stores it. With a LoRA adapter (add_lora,
+// core/nn/lora.h) the weight and bias are frozen and y gains the adapter's low-rank term.
 #pragma once
+#include <memory>
+
 #include "core/nn/layer.h"
+#include "core/nn/lora.h"
 
 namespace distlab {
 
@@ -13,14 +17,23 @@ class Linear : public Layer {
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   void init(Rng& rng) override;  // kaiming_uniform(a=sqrt(5)): U(±1/sqrt(in)), bias the same
-  void swap_saved(SavedState& s) override { s.swap(saved_x_); }
+  void swap_saved(SavedState& s) override {
+    s.swap(saved_x_);
+    if (lora) lora->swap_saved(s);
+  }
   void keep_input(Runtime& rt, const Tensor& x) override;  // saves x as forward would, computes nothing
+  uint64_t* rng_calls() override { return lora ? lora->rng_calls() : nullptr; }  // the adapter's dropout
+  // PEFT's LoraLayer: an adapter on this layer, the weight and bias frozen; `name` is the module's
+  void add_lora(Runtime& rt, const std::string& name, const LoraSpec& spec, uint64_t dropout_seed);
   Parameter weight, bias;        // (out, in), (out)
+  std::unique_ptr<LoraAdapter> lora;  // nullptr: a plain Linear
+  bool merged = false;           // the adapter is folded into weight (merge_lora): forward skips it
   // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
   bool has_bias_ = false;
   int64_t in_features, out_features;
 
  private:
+  void save_input(Runtime& rt, const Tensor& x);  // x in rt.dtype, as the 16-bit GEMM reads it
   Tensor saved_x_;
 };
 

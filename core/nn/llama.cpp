@@ -34,7 +34,7 @@ Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
 Tensor RMSNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
   Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
-  AsF32 d(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout), dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
+  AsF32 d(rt, dx, AsF32::out), dw(rt, grad_or_scratch(rt, weight), AsF32::inout), dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
   rmsnorm_backward(rt, d.p, dw.p, dy.p, xf.p, w.p, rstd_.f32(), N, C_);
   d.store();
   dw.store();
@@ -83,8 +83,9 @@ LlamaAttention::LlamaAttention(Runtime& rt, const std::string& p, int64_t c, int
 }
 
 std::vector<Parameter*> LlamaAttention::parameters() {
-  std::vector<Parameter*> p = {&q_proj.weight, &k_proj.weight, &v_proj.weight};
-  for (Parameter* q : o_proj->parameters()) p.push_back(q);
+  std::vector<Parameter*> p;
+  for (Layer* l : children())
+    for (Parameter* q : l->parameters()) p.push_back(q);
   return p;
 }
 
@@ -182,8 +183,9 @@ LlamaMLP::LlamaMLP(Runtime& rt, const std::string& p, int64_t C, int64_t I, int 
 }
 
 std::vector<Parameter*> LlamaMLP::parameters() {
-  std::vector<Parameter*> p = {&gate_proj.weight, &up_proj.weight};
-  for (Parameter* q : down_proj->parameters()) p.push_back(q);
+  std::vector<Parameter*> p;
+  for (Layer* l : children())
+    for (Parameter* q : l->parameters()) p.push_back(q);
   return p;
 }
 

@@ -52,6 +52,7 @@ class LlamaAttention : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
+  std::vector<Layer*> children() override { return {&q_proj, &k_proj, &v_proj, o_proj.get()}; }
   void swap_saved(SavedState& s) override {
     for (Layer* l : std::initializer_list<Layer*>{&q_proj, &k_proj, &v_proj, o_proj.get()}) l->swap_saved(s);
     s.swap(qkv_);
@@ -93,6 +94,7 @@ class LlamaMLP : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
+  std::vector<Layer*> children() override { return {&gate_proj, &up_proj, down_proj.get()}; }
   void swap_saved(SavedState& s) override {
     for (Layer* l : std::initializer_list<Layer*>{&gate_proj, &up_proj, down_proj.get()}) l->swap_saved(s);
     s.swap(gate_);

@@ -40,7 +40,7 @@ Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
 Tensor LayerNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
   Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
-  AsF32 d(rt, dx, AsF32::out), dw(rt, weight.grad_for_accumulate(), AsF32::inout), db(rt, bias.grad_for_accumulate(), AsF32::inout);
+  AsF32 d(rt, dx, AsF32::out), dw(rt, grad_or_scratch(rt, weight), AsF32::inout), db(rt, grad_or_scratch(rt, bias), AsF32::inout);
   AsF32 dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
   layernorm_backward(rt, d.p, dw.p, db.p, dy.p, xf.p, w.p, mean_.f32(), rstd_.f32(), N, C_);
   d.store();

@@ -53,7 +53,7 @@ struct Kernels {
   void (*matmul_forward)(Runtime&, float* out, const float* inp, const float* w, const float* bias, int64_t N,
                          int64_t C, int64_t OC);
   void (*matmul_backward)(Runtime&, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                          const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp);
+                          const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
   void (*bias_forward)(Runtime&, float* out, const float* bias, int64_t N, int64_t OC);
   void (*bias_backward)(Runtime&, float* dbias, const float* dout, int64_t N, int64_t OC);
   void (*gemm)(Runtime&, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -141,9 +141,9 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
   distlab::matmul_forward(rt, dev(out, "matmul_forward"), dev(inp, "matmul_forward"), dev(w, "matmul_forward"), dev(bias, "matmul_forward"), N, C, OC);
 }
 
-void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp) {
+void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
   HostKernels cpu(rt);
-  distlab::matmul_backward(rt, dev(dinp, "matmul_backward"), dev(dw, "matmul_backward"), dev(dbias, "matmul_backward"), dev(dout, "matmul_backward"), dev(inp, "matmul_backward"), dev(w, "matmul_backward"), N, C, OC, need_dinp);
+  distlab::matmul_backward(rt, dev(dinp, "matmul_backward"), dev(dw, "matmul_backward"), dev(dbias, "matmul_backward"), dev(dout, "matmul_backward"), dev(inp, "matmul_backward"), dev(w, "matmul_backward"), N, C, OC, need_dinp, need_dw);
 }
 
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC) {

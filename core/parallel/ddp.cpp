@@ -28,7 +28,8 @@ void broadcast_model(ProcessGroup& pg, Model& model) {
 // A parameter that got no gradient this step (unused) contributes zeros, as DDP's find_unused_parameters.
 static Tensor& grad_or_zeros(Parameter& p) { return p.grad_for_accumulate(); }
 
-NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(model.parameters()) { broadcast_model(pg, model); }
+// the trainable parameters only: a frozen one (LoRA's base) has no gradient to average
+NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(trainable(model.parameters())) { broadcast_model(pg, model); }
 
 void NaiveDDP::finish_backward(Runtime& rt) {
   if (!sync_) return;
@@ -40,7 +41,7 @@ void NaiveDDP::finish_backward(Runtime& rt) {
 }
 
 BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
-    : pg_(pg), rt_(rt), params_(model.parameters()) {
+    : pg_(pg), rt_(rt), params_(trainable(model.parameters())) {
   broadcast_model(pg, model);
   const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
   where_.resize(params_.size());

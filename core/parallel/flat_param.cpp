@@ -71,7 +71,7 @@ FlatParams::FlatParams(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
     : rt_(rt), pg_(pg), who_(who) {
   std::vector<std::vector<Parameter*>> groups;
   if (wrap == Wrap::whole_model) {
-    groups.push_back(model.parameters());  // in the model's order: ZeRO-1's one vector per decay group
+    groups.push_back(trainable(model.parameters()));  // in the model's order: ZeRO-1's one vector per decay group
     first_unit_.push_back(0);
     group_of_.assign(model.units().size(), 0);
   } else {
@@ -79,13 +79,14 @@ FlatParams::FlatParams(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
     int64_t in_group = 0;
     for (size_t u = 0; u < units.size(); u++) {
       int64_t numel = 0;
-      for (Parameter* p : units[u]) numel += p->data.numel();
+      const std::vector<Parameter*> mine = trainable(units[u]);  // frozen ones stay whole on every rank
+      for (Parameter* p : mine) numel += p->data.numel();
       if (u <= 1 || min_params <= 0 || in_group >= min_params) {  // a new group starts
         groups.emplace_back();
         first_unit_.push_back(int(u));
         in_group = 0;
       }
-      groups.back().insert(groups.back().end(), units[u].begin(), units[u].end());
+      groups.back().insert(groups.back().end(), mine.begin(), mine.end());
       in_group += numel;
       group_of_.push_back(int(groups.size()) - 1);
     }

@@ -88,7 +88,7 @@ class StrategyState {
   // per category of the whole run; this is what only the strategy knows.
   virtual nlohmann::json report() const { return {{"name", describe()}}; }
   // What the optimizer steps: the model's parameters (none, DDP) or this rank's slices of them (ZeRO).
-  virtual std::vector<Parameter*> optimizer_parameters(Model& model) { return model.parameters(); }
+  virtual std::vector<Parameter*> optimizer_parameters(Model& model) { return trainable(model.parameters()); }
   // Where the optimizer keeps its state: on the device, or in host memory under CPU offload.
   virtual Category optimizer_state_category() const { return Category::optim_state; }
 
@@ -116,7 +116,7 @@ class StrategyState {
   };
   virtual std::vector<std::vector<Slice>> optimizer_slices(Model& model) {
     std::vector<std::vector<Slice>> v;
-    for (Parameter* p : model.parameters()) v.push_back({Slice{p, 0, 0, p->data.numel()}});
+    for (Parameter* p : trainable(model.parameters())) v.push_back({Slice{p, 0, 0, p->data.numel()}});
     return v;
   }
   // true: every rank holds the same optimizer state (none, DDP), which rank 0 alone writes; false: each

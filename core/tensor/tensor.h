@@ -100,6 +100,9 @@ struct Parameter {
   Tensor data;       // category params; bf16/f16 under mixed precision (the optimizer holds the f32 master)
   Tensor grad;       // category grads, the data's dtype; undefined until the first backward
   bool decay = true; // AdamW weight decay applies (false for biases and norms in GPT configs)
+  // false: frozen (a LoRA base weight, core/nn/lora.h): no gradient, no optimizer state, no master copy;
+  // DDP, ZeRO and the optimizer hold only the trainable ones (trainable() below)
+  bool requires_grad = true;
   // Tensor parallel (core/parallel/tensor_parallel.h): the dimension of the whole tensor this rank holds a
   // 1/t slice of (0 rows, 1 columns; -1: whole on every rank), and into how many equal blocks that
   // dimension falls first (c_attn's q, k and v: 3; a rank takes its share of each block).
@@ -109,6 +112,14 @@ struct Parameter {
   std::string tied;
   Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
 };
+
+// The parameters that train (requires_grad), in order: what PyTorch's optimizer is given under PEFT
+inline std::vector<Parameter*> trainable(const std::vector<Parameter*>& params) {
+  std::vector<Parameter*> v;
+  for (Parameter* p : params)
+    if (p->requires_grad) v.push_back(p);
+  return v;
+}
 
 // A named non-trainable tensor that is part of the model's state (BatchNorm running statistics).
 struct Buffer {

@@ -130,6 +130,7 @@ class Trainer {
   DataSets data_;
   ModelSpec spec_;
   std::unique_ptr<Model> model_;
+  std::vector<std::string> lora_modules_;  // [lora]: the adapted Linears' module names
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;

@@ -12,6 +12,7 @@
 #include "core/data/registry.h"
 #include "core/comm/device_group.h"
 #include "core/parallel/gpt_parallel.h"
+#include "core/models/peft.h"
 #include "core/models/zoo.h"
 #include "core/perf/hardware.h"
 #include "core/train/strategies.h"
@@ -20,6 +21,34 @@
 #include "core/util/units.h"
 
 namespace distlab {
+
+// [lora] as it applies to this run: what composes with it so far, and PEFT's default targets
+static LoraSpec lora_spec(const RunConfig& cfg, const MeshShape& shape) {
+  LoraSpec s = cfg.lora;
+  const std::string at = cfg.origin.count("lora.r") ? cfg.origin.at("lora.r") : "lora.r";
+  const StrategyKind k = cfg.parallel.strategy;
+  if (k == StrategyKind::zero3 || k == StrategyKind::fsdp)
+    throw ConfigError(fmt::format("{}: LoRA (lora.r = {}) under parallel.strategy = {}: sharding the frozen base with its adapters is not in "
+                                  "this engine yet", at, s.r, name_of(k)),
+                      "use none, ddp, zero1 or zero2: every rank then holds the frozen base whole, in 16 bits under bf16/fp16");
+  if (shape.tp > 1 || shape.pp > 1)
+    throw ConfigError(fmt::format("{}: LoRA with parallel.tp = {} and parallel.pp = {}: split adapters are not in this engine yet", at, shape.tp,
+                                  shape.pp),
+                      "LoRA runs over data parallelism here (none, ddp, zero1, zero2)");
+  if (s.dropout > 0 && cfg.model.checkpointing == Checkpointing::selective_op)
+    throw ConfigError(fmt::format("lora.dropout {} with train.activation_checkpointing = selective_op: the op-level recompute keeps no dropout "
+                                  "masks",
+                                  s.dropout),
+                      "set lora.dropout = 0, or use full checkpointing (its replay draws the same masks)");
+  if (s.target_modules.empty()) {  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    if (cfg.model.name == "llama") s.target_modules = {"q_proj", "v_proj"};
+    else if (cfg.model.name == "gpt") s.target_modules = {"c_attn"};
+    else
+      throw ConfigError(fmt::format("lora.target_modules is empty for model.name = \"{}\": PEFT has no default for it", cfg.model.name),
+                        "name the Linear layers, e.g. lora.target_modules = [\"fc1\", \"fc2\"], or \"all-linear\"");
+  }
+  return s;
+}
 
 static int default_threads() {
   if (const char* v = std::getenv("OMP_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);  // set by distlab run
@@ -92,6 +121,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_ = build_split_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                              cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
+  if (cfg.lora.on()) lora_modules_ = apply_lora(rt, *model_, lora_spec(cfg, shape), cfg.train.seed);  // PEFT's get_peft_model
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
     if (auto* gpt = dynamic_cast<GPT*>(model_.get())) tied_ = gpt->tied_embedding();

@@ -273,6 +273,13 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
         }
     }
   }
+  // frozen parameters (LoRA's base) are in no optimizer slice: the first replica writes them whole, f32
+  if (mesh_ ? mesh_->coord().dp == 0 : rank == 0)
+    for (Parameter* p : model_->parameters())
+      if (!p->requires_grad) {
+        OnHost h(p->data);
+        w.add(p->name, p->data.shape(), 0, h.p, p->data.numel(), "weights");
+      }
   for (auto* b : model_->buffers()) {
     OnHost h(b->data);
     w.add(b->name, b->data.shape(), 0, h.p, b->data.numel(), "buffers");

@@ -8,6 +8,7 @@
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
 #include "core/perf/trace_io.h"
+#include "core/models/peft.h"
 #include "core/models/zoo.h"
 #include "core/nn/loss.h"
 #include "core/ops/attach.h"
@@ -150,7 +151,13 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
                                                                         mesh_->shape().tp)
                                                           : ""),
                       model_->describe());
-  if (spec_.name == "gpt")
+  if (cfg_.lora.on()) {  // PEFT's print_trainable_parameters
+    const ParamCount c = count_parameters(*model_);
+    log_ << fmt::format("LoRA r {} alpha {}{} on {} Linear(s) ({}{}) | trainable params: {} || all params: {} || trainable%: {:.4f}\n", cfg_.lora.r,
+                        cfg_.lora.alpha, cfg_.lora.use_rslora ? " (rsLoRA)" : "", lora_modules_.size(), lora_modules_.front(),
+                        lora_modules_.size() > 1 ? ", ..." : "", c.trainable, c.all, 100.0 * double(c.trainable) / double(std::max<int64_t>(c.all, 1)));
+  }
+  if (spec_.name == "gpt" && !cfg_.lora.on())
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
                         gpt_params_closed_form(spec_), 100.0 * double(whole_params - gpt_params_closed_form(spec_)) / double(whole_params));
   log_ << fmt::format("optimizer {} | lr {} ({}) | micro_batch {} x {} rank(s) x accum {} = {} per step | {} steps\n",
@@ -203,6 +210,11 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             {"resumed_from_step", start_step_},
                             {"checkpoint", ckpt_report_},
                             {"strategy_report", strategy_->report()}};
+  if (cfg_.lora.on()) {
+    const ParamCount c = count_parameters(*model_);
+    summary["lora"] = {{"r", cfg_.lora.r}, {"alpha", cfg_.lora.alpha}, {"scaling", cfg_.lora.scaling()}, {"dropout", cfg_.lora.dropout},
+                       {"use_rslora", cfg_.lora.use_rslora}, {"modules", lora_modules_}, {"trainable_params", c.trainable}, {"all_params", c.all}};
+  }
   if (pipeline_) {  // every rank's peak of micro-batches in flight, through the store (rank 0 writes the summary)
     const std::string key = "pipeline/peak/";
     const nlohmann::json mine{pipe_peak_.peak_in_flight, pipe_peak_.peak_held_bytes, peak_[size_t(Category::activations)]};

@@ -81,15 +81,16 @@ void matmul_forward_naive(float* out, const float* inp, const float* w, const fl
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp) {
-  if (rt.kernels) return rt.kernels->matmul_backward(rt, dinp, dw, dbias, dout, inp, w, N, C, OC, need_dinp);
-  double flops = 2.0 * N * C * OC * (need_dinp ? 2 : 1);
-  OpScope op(rt, "matmul_backward", flops, 4.0 * (2 * N * C + 2 * OC * C + N * OC));
-  op.gemm(0, OC, C, N);                    // dW = dYᵀ X: (OC, N) @ (N, C)
-  if (need_dinp) op.gemm(1, N, C, OC);     // dX = dY W: (N, OC) @ (OC, C)
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
+  if (rt.kernels) return rt.kernels->matmul_backward(rt, dinp, dw, dbias, dout, inp, w, N, C, OC, need_dinp, need_dw);
+  double flops = 2.0 * N * C * OC * ((need_dinp ? 1 : 0) + (need_dw ? 1 : 0));
+  OpScope op(rt, "matmul_backward", flops, 4.0 * ((need_dinp ? N * C : 0) + (need_dw ? N * C + 2 * OC * C : OC * C) + N * OC));
+  int g = 0;
+  if (need_dw) op.gemm(g++, OC, C, N);     // dW = dYᵀ X: (OC, N) @ (N, C)
+  if (need_dinp) op.gemm(g++, N, C, OC);   // dX = dY W: (N, OC) @ (OC, C)
   if (rt.is_meta()) return;
   if (need_dinp) blas_sgemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);   // (N,OC)@(OC,C)
-  if (dw) blas_sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);       // (OC,N)@(N,C)
+  if (dw && need_dw) blas_sgemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);       // (OC,N)@(N,C)
   if (dbias) {
     for (int64_t n = 0; n < N; n++)
       for (int64_t o = 0; o < OC; o++) dbias[o] += dout[n * OC + o];

@@ -13,11 +13,12 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                           int64_t OC);
 // dinp (N, C) = dout @ w   (overwritten; skipped unless need_dinp)
-// dw (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout (skipped when nullptr)
+// dw (OC, C) += dout^T @ inp (skipped unless need_dw: a frozen weight under LoRA); dbias (OC) += column
+// sums of dout (skipped when nullptr)
 // FLOPs count the matrix products only (the convention of MFU tables), so they don't depend on pointers
 // and a meta run records exactly what a cpu run does.
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true, bool need_dw = true);
 
 // out (N, OC) += bias (OC) on every row: a bias added on its own, after the product (a row-parallel layer
 // adds it once, after the all-reduce of its ranks' partial products; core/parallel/tensor_parallel.h)

@@ -222,12 +222,14 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                     int64_t N, int64_t C, int64_t OC, bool need_dinp) {
-  OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * (need_dinp ? 2 : 1), 4.0 * (2 * N * C + 2 * OC * C + N * OC));
-  op.gemm(0, OC, C, N);                 // dW = dYᵀ X: (OC, N) @ (N, C)
-  if (need_dinp) op.gemm(1, N, C, OC);  // dX = dY W: (N, OC) @ (OC, C)
+                     int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
+  OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * ((need_dinp ? 1 : 0) + (need_dw ? 1 : 0)),
+             4.0 * ((need_dinp ? N * C : 0) + (need_dw ? N * C + 2 * OC * C : OC * C) + N * OC));
+  int g = 0;
+  if (need_dw) op.gemm(g++, OC, C, N);    // dW = dYᵀ X: (OC, N) @ (N, C)
+  if (need_dinp) op.gemm(g++, N, C, OC);  // dX = dY W: (N, OC) @ (OC, C)
   if (need_dinp) blas_f32(rt, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);  // (N,OC)@(OC,C)
-  if (dw) blas_f32(rt, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);           // (OC,N)@(N,C)
+  if (dw && need_dw) blas_f32(rt, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);           // (OC,N)@(N,C)
   if (dbias) add_column_sums(rt, dbias, dout, N, OC, "matmul_backward bias");
 }
 

@@ -42,7 +42,7 @@ void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t C, int64_t OC);
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true);
+                     const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true, bool need_dw = true);
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
 // the column sums in matmul_backward's two deterministic passes (the same bits every run; not the cpu's order)
 void bias_backward(Runtime& rt, float* dbias, const float* dout, int64_t N, int64_t OC);

@@ -1,0 +1,312 @@
+// LoRA (core/nn/lora.h, core/models/peft.h): an adapter's forward and backward against the formula, PEFT's
+// LoRA in PyTorch (tests/torch_peer.py lora) against distlab over 20 AdamW steps, merge and unmerge, the
+// [lora] section through the trainer (what trains, what it holds, DDP and ZeRO over real ranks, a resume),
+// and what it refuses.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/ckpt/safetensors.h"
+#include "core/models/peft.h"
+#include "core/nn/loss.h"
+#include "core/optim/optimizer.h"
+#include "shell.h"
+#include "train_harness.h"
+
+using namespace distlab;
+using namespace distlab::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelSpec tiny_llama() {
+  ModelSpec s;
+  s.name = "llama";
+  s.vocab_size = 64, s.block_size = 16, s.n_layer = 2, s.n_head = 4, s.n_kv_head = 2, s.n_embd = 32;
+  s.intermediate_size = 48, s.rope_theta = 10000.0f;
+  return s;
+}
+
+// the batches of torch_peer.py's lora_batch()
+Batch lora_batch(int step, int64_t B, int64_t T, int64_t V) {
+  Batch b;
+  b.B = B, b.T = T;
+  for (int64_t i = 0; i < B; i++) {
+    std::vector<int32_t> row;
+    for (int64_t t = 0; t <= T; t++) row.push_back(int32_t((step * 7 + i * 13 + t * 5 + (t * t) % 11) % V));
+    for (int64_t t = 0; t < T; t++) b.tokens.push_back(row[size_t(t)]), b.targets.push_back(row[size_t(t + 1)]);
+  }
+  return b;
+}
+
+std::vector<float> values(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a LoRA adapter computes PEFT's formula: y = xWᵀ + s·(xAᵀ)Bᵀ, gradients of A, B and x, none for the frozen W",
+          "[lora]") {
+  Runtime rt;
+  const int64_t N = 5, in = 6, out = 4, r = 2;
+  Linear l(rt, "proj", in, out, true);
+  Rng rng(3);
+  l.init(rng);
+  LoraSpec spec;
+  spec.r = r, spec.alpha = 6;  // scaling 3
+  l.add_lora(rt, "proj", spec, 1);
+  Rng rng2(4);
+  l.lora->init(rng2);
+  CHECK_FALSE(l.weight.requires_grad);
+  CHECK_FALSE(l.bias.requires_grad);
+  CHECK(l.parameters().size() == 4);
+  CHECK(l.parameters()[2]->name == "proj.lora_A.weight");
+  CHECK(l.parameters()[3]->name == "proj.lora_B.weight");
+  const float bound = 1.0f / std::sqrt(float(in));  // kaiming_uniform_(a=√5)
+  for (float a : values(l.lora->lora_A.data)) CHECK(std::abs(a) <= bound);
+  for (float b : values(l.lora->lora_B.data)) CHECK(b == 0.0f);
+
+  Tensor x = rt.empty({N, in}, Category::activations);
+  for (int64_t i = 0; i < N * in; i++) x.f32()[i] = std::sin(0.7f * float(i));
+  // B = 0: the adapter adds nothing
+  Tensor y0 = l.forward(rt, x);
+  const std::vector<float> base = values(y0);
+  l.backward(rt, rt.zeros({N, out}, Category::activations));
+  for (int64_t i = 0; i < out * r; i++) l.lora->lora_B.data.f32()[i] = 0.1f * float(i + 1) - 0.35f;
+  l.lora->lora_A.grad = Tensor(), l.lora->lora_B.grad = Tensor();
+
+  Tensor y = l.forward(rt, x);
+  const float* A = l.lora->lora_A.data.f32();
+  const float* Bw = l.lora->lora_B.data.f32();
+  std::vector<double> h(static_cast<size_t>(N * r), 0.0);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t i = 0; i < in; i++) h[size_t(n * r + k)] += double(x.f32()[n * in + i]) * A[k * in + i];
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < out; o++) {
+      double z = 0;
+      for (int64_t k = 0; k < r; k++) z += h[size_t(n * r + k)] * Bw[o * r + k];
+      CHECK(y.f32()[n * out + o] == Approx(base[size_t(n * out + o)] + 3.0 * z).margin(1e-5));
+    }
+  Tensor dy = rt.empty({N, out}, Category::activations);
+  for (int64_t i = 0; i < N * out; i++) dy.f32()[i] = std::cos(0.3f * float(i));
+  Tensor dx = l.backward(rt, dy);
+  CHECK_FALSE(l.weight.grad.defined());  // frozen: no gradient at all
+  CHECK_FALSE(l.bias.grad.defined());
+  // dB = s · dyᵀ h, dA = s · (dy B)ᵀ x, dx = dy W + s · (dy B) A
+  for (int64_t o = 0; o < out; o++)
+    for (int64_t k = 0; k < r; k++) {
+      double g = 0;
+      for (int64_t n = 0; n < N; n++) g += double(dy.f32()[n * out + o]) * h[size_t(n * r + k)];
+      CHECK(l.lora->lora_B.grad.f32()[o * r + k] == Approx(3.0 * g).margin(1e-5));
+    }
+  std::vector<double> dh(static_cast<size_t>(N * r), 0.0);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t o = 0; o < out; o++) dh[size_t(n * r + k)] += 3.0 * dy.f32()[n * out + o] * Bw[o * r + k];
+  for (int64_t k = 0; k < r; k++)
+    for (int64_t i = 0; i < in; i++) {
+      double g = 0;
+      for (int64_t n = 0; n < N; n++) g += dh[size_t(n * r + k)] * x.f32()[n * in + i];
+      CHECK(l.lora->lora_A.grad.f32()[k * in + i] == Approx(g).margin(1e-5));
+    }
+  const float* W = l.weight.data.f32();
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t i = 0; i < in; i++) {
+      double g = 0;
+      for (int64_t o = 0; o < out; o++) g += double(dy.f32()[n * out + o]) * W[o * in + i];
+      for (int64_t k = 0; k < r; k++) g += dh[size_t(n * r + k)] * A[k * in + i];
+      CHECK(dx.f32()[n * in + i] == Approx(g).margin(1e-5));
+    }
+}
+
+TEST_CASE("PEFT's LoRA in PyTorch trains as distlab's LoRA: 20 AdamW steps within fp32 rounding, the frozen base bitwise unchanged",
+          "[lora][torch]") {
+  INFO("Debian's python3-torch is not installed: run scripts/setup.sh --tests (apt-get install python3-torch)");
+  REQUIRE(torch_installed());
+  const ModelSpec spec = tiny_llama();
+  const int64_t B = 2, T = 16, V = spec.vocab_size, steps = 20;
+  const float lr = 3e-3f;
+  for (const bool rs : {false, true}) {
+    Runtime rt;
+    auto m = build_model(rt, spec);
+    m->init(5);
+    LoraSpec lora;
+    lora.r = 4, lora.alpha = 8, lora.use_rslora = rs;
+    lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+    const auto adapted = apply_lora(rt, *m, lora, 5);
+    REQUIRE(adapted.size() == 6);
+    CHECK(adapted[0] == "model.layers.0.self_attn.q_proj");
+    const fs::path dir = fs::temp_directory_path() / ("distlab-lora-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string init = (dir / "init.safetensors").string(), theirs = (dir / "theirs.safetensors").string(),
+                      losses_txt = (dir / "losses.txt").string();
+    save_model(*m, init, DType::f32);
+    std::vector<std::vector<float>> before;
+    for (Parameter* p : m->parameters()) before.push_back(values(p->data));
+
+    AdamW opt(trainable(m->parameters()), AdamWOptions{0.9f, 0.999f, 1e-8f, 0.01f});
+    CHECK(opt.size() == 12);  // A and B of six modules: nothing else is stepped
+    std::vector<double> ours;
+    for (int s = 0; s < steps; s++) {
+      m->zero_grad();
+      Batch b = lora_batch(s, B, T, V);
+      Tensor logits = m->forward(rt, b);
+      CrossEntropyLoss ce;
+      ours.push_back(ce.forward(rt, logits, b.targets));
+      m->backward(rt, ce.backward(rt), nullptr);
+      opt.step(rt, lr, 1.0f);
+    }
+    const int rc = std::system(fmt::format("/usr/bin/python3 {}/tests/torch_peer.py lora {} {} {} 2 4 2 32 48 64 {} {} 10000 1e-5 4 8 {} {} {}{}",
+                                           DISTLAB_SOURCE_DIR, init, theirs, losses_txt, B, T, "q_proj,v_proj,down_proj", steps, lr,
+                                           rs ? " rslora" : "")
+                                   .c_str());
+    REQUIRE(rc == 0);
+    std::ifstream in(losses_txt);
+    std::vector<double> twin;
+    for (double v; in >> v;) twin.push_back(v);
+    REQUIRE(twin.size() == size_t(steps));
+    INFO("rsLoRA " << rs);
+    CHECK(max_rel_diff(ours, twin) < 2e-5);
+    StFile t = read_safetensors(theirs);
+    size_t i = 0;
+    for (Parameter* p : m->parameters()) {
+      INFO(p->name);
+      REQUIRE(t.tensors.count(p->name));
+      const float* w = reinterpret_cast<const float*>(t.tensors.at(p->name).bytes.data());
+      const std::vector<float> now = values(p->data);
+      if (!p->requires_grad) {
+        CHECK(now == before[i]);  // frozen: bitwise as it started, here and in PyTorch
+        CHECK(std::equal(now.begin(), now.end(), w));
+      } else {
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < now.size(); k++) diff = std::max(diff, double(std::abs(now[k] - w[k]))), scale = std::max(scale, double(std::abs(w[k])));
+        CHECK(scale > 0);
+        CHECK(diff <= 2e-5 * scale + 1e-7);
+      }
+      i++;
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("merge folds s·BA into the base weight and unmerge takes it out: the same logits, one Linear again", "[lora]") {
+  const ModelSpec spec = tiny_llama();
+  Runtime rt;
+  auto m = build_model(rt, spec);
+  m->init(2);
+  LoraSpec lora;
+  lora.r = 4, lora.alpha = 16;
+  lora.target_modules = {"all-linear"};
+  const auto adapted = apply_lora(rt, *m, lora, 2);
+  CHECK(adapted.size() == 14);  // seven projections a block; the lm_head is left out, as PEFT's all-linear does
+  Rng rng(7);
+  for (auto& [name, l] : named_linears(*m))
+    if (l->lora) init_normal(l->lora->lora_B.data, rng, 0.05f);  // a trained-looking B
+  const Batch b = lora_batch(0, 1, 16, spec.vocab_size);
+  const std::vector<float> with_adapters = values(m->forward(rt, b));
+  const std::vector<float> w0 = values(named_linears(*m)[0].second->weight.data);
+  merge_lora(*m);
+  const std::vector<float> merged = values(m->forward(rt, b));
+  double diff = 0;
+  for (size_t i = 0; i < merged.size(); i++) diff = std::max(diff, double(std::abs(merged[i] - with_adapters[i])));
+  CHECK(diff < 1e-5);
+  CHECK(values(named_linears(*m)[0].second->weight.data) != w0);
+  unmerge_lora(*m);
+  const std::vector<float> w1 = values(named_linears(*m)[0].second->weight.data);
+  for (size_t i = 0; i < w0.size(); i++) CHECK(w1[i] == Approx(w0[i]).margin(1e-6));
+}
+
+TEST_CASE("[lora] through the trainer: what trains and what it holds, DDP and ZeRO-1/2 over real ranks as one rank, a resume, the refusals",
+          "[lora][train][dist]") {
+  const std::string cfg = "configs/llama-tiny.toml";
+  const std::string lora = "--set lora.r=8 --set lora.alpha=16 --set lora.target_modules=q_proj,v_proj,o_proj --set train.steps=8 "
+                           "--set train.eval_batches=2 --set optim.warmup_steps=2 ";
+  TrainRun one = train_ranks(1, cfg, lora);
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  REQUIRE(one.losses.size() == 8);
+  CHECK(one.out.find("trainable params: 5632 || all params: 130880 ") != std::string::npos);
+  const nlohmann::json& s = one.summary;
+  CHECK(s["lora"]["trainable_params"] == 5632);  // per block: q, o 8·(64 + 64), v 8·(64 + 32)
+  CHECK(s["lora"]["modules"].size() == 6);
+  // what it holds: gradients of the adapters only, AdamW's two moments of them, the whole base in params
+  CHECK(s["peak_memory"]["grads"] == 5632 * 4);
+  CHECK(s["peak_memory"]["optim_state"] == 2 * 5632 * 4);
+  CHECK(s["peak_memory"]["params"] == int64_t(s["lora"]["all_params"]) * 4);
+  for (const char* strategy : {"ddp", "zero1", "zero2"}) {
+    TrainRun r = train_ranks(2, cfg, lora + "--set train.micro_batch=8 --set parallel.strategy=" + strategy);
+    INFO(strategy << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
+  }
+  // torchtitan's op-level checkpointing: the adapters' x·Aᵀ rebuilt with the kept outputs, the same losses
+  TrainRun op = train_ranks(1, cfg, lora + "--set train.activation_checkpointing=selective_op");
+  REQUIRE(op.code == 0);
+  CHECK(op.losses == one.losses);
+  // bf16: the frozen base in 16 bits (2 bytes a parameter), the adapters with f32 masters and moments
+  TrainRun bf16 = train_ranks(1, cfg, lora + "--set precision.mode=bf16");
+  REQUIRE(bf16.code == 0);
+  CHECK(bf16.summary["peak_memory"]["params"] == int64_t(s["lora"]["all_params"]) * 2);
+  CHECK(bf16.summary["peak_memory"]["grads"] == 5632 * 2);
+  CHECK(bf16.summary["peak_memory"]["optim_state"] == 3 * 5632 * 4);
+  CHECK(max_rel_diff(bf16.losses, one.losses) < 1e-2);
+  // full activation checkpointing with LoRA's dropout: the replay draws the same masks (bitwise)
+  const std::string drop = lora + "--set lora.dropout=0.1 ";
+  TrainRun plain = train_ranks(1, cfg, drop);
+  TrainRun full = train_ranks(1, cfg, drop + "--set train.activation_checkpointing=full");
+  REQUIRE(full.code == 0);
+  CHECK(full.losses == plain.losses);
+  CHECK(plain.losses != one.losses);  // the dropout did something
+  // a resume: the frozen base comes back from the checkpoint, the losses bitwise the uninterrupted run's
+  const std::string dir = scratch_path("lora", "ckpt");
+  TrainRun first = train_ranks(1, cfg, drop + "--set train.steps=4 --set optim.schedule=constant --set checkpoint.dir=" + dir);
+  TrainRun rest = train_ranks(1, cfg, drop + "--set optim.schedule=constant --set checkpoint.dir=" + dir);
+  TrainRun straight = train_ranks(1, cfg, drop + "--set optim.schedule=constant");
+  INFO(rest.out);
+  REQUIRE(first.code == 0);
+  REQUIRE(rest.code == 0);
+  REQUIRE(rest.losses.size() == 4);
+  CHECK(std::vector<double>(straight.losses.begin() + 4, straight.losses.end()) == rest.losses);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("[lora] refuses what it cannot do, naming the key", "[lora][config]") {
+  const std::string toml = file_text("configs/llama-tiny.toml");
+  auto fails = [&](std::vector<std::string> sets, const std::string& needle) {
+    sets.push_back("train.steps=1");
+    try {
+      train_in_process(toml, sets, DeviceKind::meta);
+      FAIL("no error for " << needle);
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+  };
+  fails({"lora.r=8", "lora.target_modules=q_proj,qq_proj"}, "lora.target_modules: qq_proj not found");
+  fails({"lora.r=8", "parallel.strategy=fsdp", "dist.fake_world_size=2"}, "parallel.strategy = fsdp");
+  fails({"lora.r=8", "parallel.tp=2", "dist.fake_world_size=2"}, "parallel.tp = 2");
+  fails({"lora.r=-1"}, "lora.r must not be negative");
+  fails({"lora.r=8", "lora.dropout=0.1", "train.activation_checkpointing=selective_op"}, "selective_op");
+}
+
+TEST_CASE("Llama 3 8B with LoRA r 16 on every Linear but the head: PEFT's count, and one 24 GB card instead of 121 GiB", "[lora][meta]") {
+  const std::string toml = file_text("configs/llama3-8b.toml");
+  const std::vector<std::string> sets = {"train.micro_batch=1", "data.seq_len=2048", "model.attention=flash", "train.activation_checkpointing=full"};
+  std::vector<std::string> lora = sets;
+  for (const char* s : {"lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear"}) lora.push_back(s);
+  TrainRun r = train_in_process(toml, lora, DeviceKind::meta);
+  // print_trainable_parameters() of PEFT on meta-llama/Meta-Llama-3-8B, r = 16, target_modules = "all-linear"
+  CHECK(r.summary["lora"]["trainable_params"] == 41943040);
+  CHECK(r.summary["lora"]["all_params"] == 8072204288LL);
+  CHECK(r.summary["lora"]["modules"].size() == 224);
+  CHECK(r.summary["peak_memory"]["params"] == 2 * 8072204288LL);  // bf16 base, bf16 adapters
+  CHECK(r.summary["peak_memory"]["optim_state"] == 3 * 4 * 41943040LL);  // f32 master + two moments
+  const double gib = 1024.0 * 1024 * 1024;
+  CHECK(r.summary["peak_memory_reserved"].get<double>() < 21.8 * gib);  // a 24 GiB card less 1 GiB and 5 %
+  TrainRun full = train_in_process(toml, sets, DeviceKind::meta);
+  CHECK(full.summary["peak_memory_reserved"].get<double>() > 100 * gib);
+}
