@@ -30,17 +30,19 @@ void add_ckpt_commands(CLI::App& app, int& exit_code) {
 
   struct ExportArgs {
     std::string path, out, dtype = "f32";
+    bool merge = false;
   };
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand("export", "the full model weights as one safetensors file (PyTorch names and layouts)");
   exp->add_option("dir", ea->path, "a step folder or a checkpoint.dir")->required();
   exp->add_option("--out", ea->out, "the .safetensors file to write")->required();
   exp->add_option("--dtype", ea->dtype, "f32 (default), bf16 or f16");
+  exp->add_flag("--merge", ea->merge, "a LoRA run's adapters folded into their base weights: the plain model under its Hugging Face names");
   exp->callback([ea, &exit_code]() {
     const DType d = parse_dtype(ea->dtype);
     check_output_path(ea->out, "--out");
-    export_checkpoint(ea->path, ea->out, d);
-    std::cout << "wrote " << ea->out << " (" << ea->dtype << ") from " << resolve_checkpoint_path(ea->path) << "\n";
+    export_checkpoint(ea->path, ea->out, d, ea->merge);
+    std::cout << "wrote " << ea->out << " (" << ea->dtype << (ea->merge ? ", LoRA merged" : "") << ") from " << resolve_checkpoint_path(ea->path) << "\n";
     exit_code = 0;
   });
 }

@@ -35,7 +35,7 @@ namespace {
 struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
-  std::string metrics, init, save, save_dtype = "f32", device, device_mem, deepspeed, fsdp_config;
+  std::string metrics, init, save, save_dtype = "f32", device, device_mem, deepspeed, fsdp_config, init_adapter, save_adapter;
   bool help_config = false;
 };
 
@@ -74,6 +74,12 @@ int run_train(const TrainArgs& a) {
   check_output_path(cfg.log.metrics, "log.metrics (--metrics)");
   check_output_path(cfg.log.trace, "log.trace");
   check_output_path(a.save, "--save");
+  if (!a.save_adapter.empty()) {  // a folder, made now: a run must not fail at its end on this
+    std::error_code ec;
+    std::filesystem::create_directories(a.save_adapter, ec);
+    if (ec) throw IoError(fmt::format("--save-adapter: cannot create '{}': {}", a.save_adapter, ec.message()), "is its parent folder writable?");
+    check_output_path((std::filesystem::path(a.save_adapter) / "adapter_config.json").string(), "--save-adapter");
+  }
   // under `distlab run`: join the other ranks (rank 0 of 1 otherwise)
   const LaunchEnv env = read_launch_env();
   for (const EcosystemConfig& e : eco) {
@@ -141,7 +147,7 @@ int run_train(const TrainArgs& a) {
       const bool low = rt.dtype != DType::f32;
       trainer.set_live_peak(low ? hw->low_precision_flops_per_s : hw->fp32_flops_per_s, hw->name + (low ? " 16-bit" : " fp32"));
     }
-    const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype});
+    const nlohmann::json summary = trainer.run(metrics, TrainOutputs{a.init, a.save, a.save_dtype, a.init_adapter, a.save_adapter});
     if (summary.value("interrupted", false)) {  // the metrics stay .partial: the run is not over
       // for the launcher: the rank that was sent SIGTERM is the one to name, the others stopped with it
       const int sent_to = summary.value("stop_rank", -1);
@@ -171,7 +177,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
   sub->add_option("--metrics", args->metrics, "write JSON Lines metrics to FILE (same as --set log.metrics=FILE)");
   sub->add_option("--init", args->init, "load model weights from FILE.safetensors before training");
   sub->add_option("--save", args->save, "write model weights to FILE.safetensors after training");
-  sub->add_option("--save-dtype", args->save_dtype, "dtype of --save: f32 (default), bf16 or f16");
+  sub->add_option("--save-dtype", args->save_dtype, "dtype of --save and --save-adapter: f32 (default), bf16 or f16");
+  sub->add_option("--init-adapter", args->init_adapter, "load LoRA adapters from PEFT's folder DIR (adapter_config.json, adapter_model.safetensors)");
+  sub->add_option("--save-adapter", args->save_adapter, "write the LoRA adapters as PEFT's folder DIR after training (PeftModel.from_pretrained reads it)");
   sub->add_option("--device", args->device, "cpu (default), meta (shapes, FLOPs and memory only), cuda (a GPU per rank) or cuda-sim (the GPU path on the CPU)");
   sub->add_option("--device-mem", args->device_mem, "simulated device memory: a size (16GiB) or a profile (t4, a100-80g, h100, ...)");
   sub->add_option("--deepspeed", args->deepspeed, "read a DeepSpeed JSON config: zero_optimization, fp16/bf16, batch sizes, ... mapped to distlab's keys");

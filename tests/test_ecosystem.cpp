@@ -241,7 +241,8 @@ fsdp_config:
   CHECK(d.optim.lr == 1e-5);
   CHECK(d.optim.schedule == LrSchedule::cosine);
   CHECK(d.precision.mode == "bf16");
-  CHECK_THAT(field(lf, "finetuning_type")->setting, Catch::Contains("decision tree"));
+  CHECK(field(lf, "finetuning_type")->key == "lora.r");  // full: no adapters
+  CHECK(d.lora.r == 0);
   CHECK(lf.world_size == 0);
 
   auto error_of = [](const std::string& text) {
@@ -294,4 +295,42 @@ url: "http://h:29500"
   CHECK(y["top"]["nothing"].is_null());
   CHECK(y["flag"] == false);
   CHECK(y["url"] == "http://h:29500");
+}
+
+TEST_CASE("LLaMA-Factory's LoRA fields map onto [lora] field by field, with its defaults; quantization_bit is refused", "[config][ecosystem][lora]") {
+  const EcosystemConfig lf = map_fsdp(R"(
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+stage: sft
+finetuning_type: lora
+lora_target: q_proj,v_proj
+lora_rank: 16
+lora_dropout: 0.05
+per_device_train_batch_size: 1
+bf16: true
+)", "lf.yaml");
+  const RunConfig c = with(lf);
+  CHECK(c.lora.r == 16);
+  CHECK(c.lora.alpha == 32.0);  // LLaMA-Factory: lora_alpha defaults to twice the rank
+  CHECK(c.lora.dropout == 0.05);
+  CHECK(c.lora.target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(c.origin.at("lora.r") == "lf.yaml: lora_rank");
+  CHECK(field(lf, "lora_alpha")->value == "(absent: twice lora_rank)");
+  // a recipe without finetuning_type is LoRA (LLaMA-Factory's default): rank 8, alpha 16, every linear layer
+  const RunConfig d = with(map_fsdp("stage: sft\nlearning_rate: 1.0e-4\n", "d.yaml"));
+  CHECK(d.lora.r == 8);
+  CHECK(d.lora.alpha == 16.0);
+  CHECK(d.lora.target_modules == std::vector<std::string>{"all-linear"});
+  // a plain accelerate file is no recipe: nothing of [lora] is set
+  CHECK(with(map_fsdp("distributed_type: FSDP\n", "a.yaml")).lora.r == 0);
+  auto error_of = [](const std::string& text) {
+    try {
+      map_fsdp(text, "q.yaml");
+    } catch (const ConfigError& e) {
+      return e.full();
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error_of("finetuning_type: lora\nquantization_bit: 4\n"), Catch::Contains("quantization_bit = 4 is not supported"));
+  CHECK_THAT(error_of("finetuning_type: freeze\n"), Catch::Contains("finetuning_type = freeze is not supported"));
+  CHECK_THAT(error_of("finetuning_type: lora\nlora_rank: 0\n"), Catch::Contains("lora_rank = 0 is not a positive whole number"));
 }

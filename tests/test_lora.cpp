@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/ckpt/peft_adapter.h"
 #include "core/ckpt/safetensors.h"
 #include "core/models/peft.h"
 #include "core/nn/loss.h"
@@ -38,6 +39,11 @@ Batch lora_batch(int step, int64_t B, int64_t T, int64_t V) {
     for (int64_t t = 0; t < T; t++) b.tokens.push_back(row[size_t(t)]), b.targets.push_back(row[size_t(t + 1)]);
   }
   return b;
+}
+
+std::string file_text_abs(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<float> values(const Tensor& t) {
@@ -309,4 +315,125 @@ TEST_CASE("Llama 3 8B with LoRA r 16 on every Linear but the head: PEFT's count,
   CHECK(r.summary["peak_memory_reserved"].get<double>() < 21.8 * gib);  // a 24 GiB card less 1 GiB and 5 %
   TrainRun full = train_in_process(toml, sets, DeviceKind::meta);
   CHECK(full.summary["peak_memory_reserved"].get<double>() > 100 * gib);
+}
+
+TEST_CASE("PEFT's adapter folder: distlab writes what PeftModel.from_pretrained reads (the twin's logits are ours), and reads what it writes",
+          "[lora][torch][safetensors]") {
+  REQUIRE(torch_installed());
+  const ModelSpec spec = tiny_llama();
+  Runtime rt;
+  auto m = build_model(rt, spec);
+  m->init(9);
+  LoraSpec lora;
+  lora.r = 4, lora.alpha = 12, lora.use_rslora = true;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  apply_lora(rt, *m, lora, 9);
+  Rng rng(11);
+  for (auto& [name, l] : named_linears(*m))
+    if (l->lora) init_normal(l->lora->lora_B.data, rng, 0.05f);
+  const fs::path dir = fs::temp_directory_path() / ("distlab-peft-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string base = (dir / "base.safetensors").string(), adapter = (dir / "adapter").string(), theirs = (dir / "theirs").string(),
+                    logits_txt = (dir / "logits.txt").string();
+  save_model(*m, base, DType::f32);
+  save_adapter(*m, lora, adapter, DType::f32, nullptr, "");
+  // PEFT's names and config
+  StFile f = read_safetensors(adapter + "/adapter_model.safetensors");
+  CHECK(f.tensors.size() == 12);
+  CHECK(f.tensors.count("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  CHECK(f.tensors.count("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  const nlohmann::json c = nlohmann::json::parse(file_text_abs(adapter + "/adapter_config.json"));
+  CHECK(c["peft_type"] == "LORA");
+  CHECK(c["r"] == 4);
+  CHECK(c["lora_alpha"] == 12.0);
+  CHECK(c["use_rslora"] == true);
+  CHECK(c["target_modules"] == nlohmann::json({"down_proj", "q_proj", "v_proj"}));
+
+  const int64_t T = 16;
+  Batch b;
+  b.B = 1, b.T = T;
+  for (int64_t t = 0; t < T; t++) b.tokens.push_back(int32_t(t % spec.vocab_size)), b.targets.push_back(0);
+  const std::vector<float> ours = values(m->forward(rt, b));
+  const int rc = std::system(fmt::format("/usr/bin/python3 {}/tests/torch_peer.py peft {} {} {} 2 4 2 32 48 64 {} 10000 1e-5 {}", DISTLAB_SOURCE_DIR, base,
+                                         adapter, logits_txt, T, theirs)
+                                 .c_str());
+  REQUIRE(rc == 0);
+  std::ifstream in(logits_txt);
+  for (size_t i = 0; i < ours.size(); i++) {
+    double v;
+    REQUIRE(in >> v);
+    INFO("logit " << i);
+    CHECK(ours[i] == Approx(v).margin(2e-5));
+  }
+  // and back: the folder PyTorch wrote (every B doubled) loads into a fresh model of the same LoRA
+  auto back = build_model(rt, spec);
+  back->init(9);
+  apply_lora(rt, *back, lora, 9);
+  load_adapter(*back, lora, theirs);
+  auto mine = named_linears(*m), loaded = named_linears(*back);
+  for (size_t i = 0; i < mine.size(); i++)
+    if (mine[i].second->lora) {
+      INFO(mine[i].first);
+      const std::vector<float> b0 = values(mine[i].second->lora->lora_B.data), b1 = values(loaded[i].second->lora->lora_B.data);
+      for (size_t k = 0; k < b0.size(); k++) CHECK(b1[k] == 2 * b0[k]);
+      CHECK(values(mine[i].second->lora->lora_A.data) == values(loaded[i].second->lora->lora_A.data));
+    }
+  // what does not fit is refused, naming the key
+  LoraSpec other = lora;
+  other.r = 8;
+  auto wrong = build_model(rt, spec);
+  apply_lora(rt, *wrong, other, 9);
+  CHECK_THROWS_WITH(load_adapter(*wrong, other, theirs), Catch::Contains("r is 4, the run's lora.r is 8"));
+  LoraSpec fewer = lora;
+  fewer.target_modules = {"q_proj", "v_proj"};
+  auto less = build_model(rt, spec);
+  apply_lora(rt, *less, fewer, 9);
+  CHECK_THROWS_WITH(load_adapter(*less, fewer, theirs), Catch::Contains("not in the model: base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("ckpt export --merge folds a LoRA checkpoint's adapters into the plain model's weights; --save-adapter and --init-adapter round trip",
+          "[lora][ckpt][cli]") {
+  const std::string cfg = "configs/llama-tiny.toml", dir = scratch_path("lora-export", "d") + "/";
+  fs::create_directories(dir);
+  const std::string lora = "--set lora.r=4 --set lora.alpha=8 --set lora.target_modules=all-linear --set train.steps=3 --set train.eval_batches=1 ";
+  TrainRun r = train_ranks(1, cfg, lora + "--set checkpoint.dir=" + dir + "ckpt --save " + dir + "lora.safetensors --save-adapter " + dir + "adapter");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " ckpt export " + dir + "ckpt --out " + dir + "merged.safetensors --merge");
+  INFO(out);
+  REQUIRE(code == 0);
+  StFile merged = read_safetensors(dir + "merged.safetensors");
+  for (const auto& [name, t] : merged.tensors) CHECK(name.find("lora_") == std::string::npos);
+  // the merged file is the plain model (loaded strictly); its logits are the adapted model's
+  ModelSpec spec;
+  spec.name = "llama", spec.vocab_size = 256, spec.block_size = 64, spec.n_layer = 2, spec.n_head = 4, spec.n_kv_head = 2, spec.n_embd = 64;
+  spec.intermediate_size = 176;
+  Runtime rt;
+  auto plain = build_model(rt, spec);
+  load_model(*plain, dir + "merged.safetensors");
+  auto adapted = build_model(rt, spec);
+  LoraSpec l;
+  l.r = 4, l.alpha = 8, l.target_modules = {"all-linear"};
+  apply_lora(rt, *adapted, l, 0);
+  load_model(*adapted, dir + "lora.safetensors");
+  Batch b;
+  b.B = 1, b.T = 32;
+  for (int t = 0; t < 32; t++) b.tokens.push_back((t * 37) % 256), b.targets.push_back(0);
+  const std::vector<float> a = values(adapted->forward(rt, b)), p = values(plain->forward(rt, b));
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); i++) diff = std::max(diff, double(std::abs(a[i] - p[i])));
+  CHECK(diff < 1e-4);
+  // --init-adapter: a run that starts from the saved adapters holds them (a zero learning rate keeps them)
+  TrainRun again = train_ranks(1, cfg, lora + "--set optim.lr=0 --set optim.min_lr=0 --set train.steps=1 --init-adapter " + dir + "adapter --save-adapter " + dir + "again");
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  CHECK(max_weight_diff(dir + "adapter/adapter_model.safetensors", dir + "again/adapter_model.safetensors") == 0.0);
+  // without LoRA, or a folder that is not PEFT's: an error naming it
+  TrainRun no_lora = train_ranks(1, cfg, "--set train.steps=1 --init-adapter " + dir + "adapter");
+  CHECK(no_lora.code != 0);
+  CHECK(no_lora.out.find("--init-adapter without LoRA") != std::string::npos);
+  auto [c2, o2] = shell_in_source(std::string(DISTLAB_BINARY) + " ckpt export " + dir + "ckpt --out " + dir + "m2.safetensors --merge --dtype bf16");
+  CHECK(c2 == 0);
+  fs::remove_all(dir);
 }

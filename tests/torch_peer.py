@@ -19,6 +19,11 @@ small parser of the format, so no extra package is needed.
       (result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling, every base weight frozen): loads our
       base and adapters (strictly), trains STEPS AdamW steps on the batches of lora_batch(), prints the
       losses and saves every parameter
+  torch_peer.py peft BASE.safetensors ADAPTER_DIR LOGITS.txt N_LAYER N_HEAD N_KV_HEAD N_EMBD INTER VOCAB T THETA EPS OUT_DIR
+      PeftModel.from_pretrained's reading of an adapter folder, written out: the base loaded strictly (its
+      adapters left out), adapter_config.json's r, lora_alpha, target_modules and use_rslora applied,
+      adapter_model.safetensors' base_model.model.* tensors loaded strictly; prints the logits on tokens
+      0..T-1 (mod VOCAB), and writes OUT_DIR as save_pretrained would, every lora_B doubled
 """
 import json, struct, sys
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -221,3 +226,27 @@ elif mode == 'lora':
     out = {}
     for k, v in m.state_dict().items(): out[k.replace('.base_layer.', '.')] = v
     save(out, dst)
+elif mode == 'peft':
+    L, H, KV, C, I, V, T = (int(a) for a in sys.argv[5:12]); theta, eps, out_dir = float(sys.argv[12]), float(sys.argv[13]), sys.argv[14]
+    cfg = json.load(open(dst + '/adapter_config.json'))
+    assert cfg['peft_type'] == 'LORA' and cfg['bias'] == 'none', cfg
+    targets, r, alpha, rslora = cfg['target_modules'], cfg['r'], cfg['lora_alpha'], cfg.get('use_rslora', False)
+    m = LlamaForCausalLM(L, H, KV, C, I, V, theta, eps)
+    m.load_state_dict({k: v.float() for k, v in load(src).items() if '.lora_' not in k}, strict=True)
+    for name, mod in list(m.named_modules()):
+        for child, sub in list(mod.named_children()):
+            if child in targets and isinstance(sub, nn.Linear): setattr(mod, child, LoraLinear(sub, r, alpha, rslora))
+    adapters = load(dst + '/adapter_model.safetensors')
+    want = {k: p for k, p in m.named_parameters() if '.lora_' in k}
+    got = {}
+    for k, v in adapters.items():
+        assert k.startswith('base_model.model.'), k
+        got[k[len('base_model.model.'):]] = v.float()
+    assert set(got) == set(want), (sorted(set(got) ^ set(want)))
+    with torch.no_grad():
+        for k, p in want.items(): p.copy_(got[k])
+        logits = m(torch.arange(T).remainder(V).view(1, T))
+    print(' '.join('%.7f' % v for v in logits.flatten().tolist()), file=open(txt, 'w'))
+    import os; os.makedirs(out_dir, exist_ok=True)
+    save({'base_model.model.' + k: (2 * v if '.lora_B.' in k else v) for k, v in got.items()}, out_dir + '/adapter_model.safetensors')
+    json.dump(cfg, open(out_dir + '/adapter_config.json', 'w'))

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/ckpt/peft_adapter.h"
 #include "core/util/atomic_file.h"
 #include "core/util/read_file.h"
 
@@ -422,15 +423,40 @@ std::string inspect_checkpoint(const std::string& path, nlohmann::json* json) {
   return s;
 }
 
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
-  Checkpoint c(resolve_checkpoint_path(path));
-  StFile f;
+// the run's LoRA scaling from the manifest's config (alpha / r, or alpha / sqrt(r) under rsLoRA)
+static float manifest_lora_scaling(const Checkpoint& c, const std::string& path) {
+  const nlohmann::json& m = c.manifest();
+  auto value = [&](const char* key) -> std::string {
+    if (!m.contains("config") || !m.at("config").contains(key))
+      throw CheckpointError(fmt::format("{}: its manifest has no {} (written before LoRA)", path, key), "export it without --merge");
+    return m.at("config").at(key).get<std::string>();
+  };
+  const double r = std::stod(value("lora.r")), alpha = std::stod(value("lora.alpha"));
+  if (r <= 0) throw CheckpointError(fmt::format("{}: the run had no LoRA adapters (lora.r = 0): nothing to merge", path), "export it without --merge");
+  return float(value("lora.use_rslora") == "true" ? alpha / std::sqrt(r) : alpha / r);
+}
+
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype, bool merge) {
+  const std::string dir = resolve_checkpoint_path(path);
+  Checkpoint c(dir);
+  std::map<std::string, F32Tensor> all;
+  std::map<std::string, std::string> category;
   for (auto& [name, t] : c.manifest().at("tensors").items()) {
     const std::string cat = t.at("category");
     if (cat != "weights" && cat != "buffers") continue;
-    const Shape shape = t.at("shape").get<Shape>();
-    std::vector<float> v(size_t(shape_numel(shape)));
-    c.read(name, 0, int64_t(v.size()), v.data(), 0);
+    F32Tensor& x = all[name];
+    x.shape = t.at("shape").get<Shape>();
+    x.v.resize(size_t(shape_numel(x.shape)));
+    c.read(name, 0, int64_t(x.v.size()), x.v.data(), 0);
+    category[name] = cat;
+  }
+  if (merge && merge_lora_tensors(all, manifest_lora_scaling(c, dir)) == 0)
+    throw CheckpointError(fmt::format("{}: no LoRA adapters to merge", dir), "export it without --merge");
+  StFile f;
+  for (auto& [name, x] : all) {
+    const std::string& cat = category.at(name);
+    const Shape& shape = x.shape;
+    std::vector<float>& v = x.v;
     StTensor st;
     st.shape = shape;
     if (name.ends_with(".num_batches_tracked")) {  // PyTorch keeps BatchNorm's counter as int64

@@ -122,8 +122,11 @@ std::vector<std::string> rank_state_problems(const nlohmann::json& state, int64_
 // distlab ckpt inspect: what is inside, as text (and the same as JSON into `json`).
 std::string inspect_checkpoint(const std::string& path, nlohmann::json* json = nullptr);
 // distlab ckpt export: the full model weights (not the optimizer state) as one safetensors file PyTorch
-// loads (model.load_state_dict(safetensors.torch.load_file(out))), in `dtype`.
-void export_checkpoint(const std::string& path, const std::string& out, DType dtype);
+// loads (model.load_state_dict(safetensors.torch.load_file(out))), in `dtype`. merge: a LoRA run's adapters
+// folded into their base weights (W + scaling · B A, the scaling from the run's [lora]), the file then the
+// plain model's under its Hugging Face names (PEFT's merge_and_unload); a checkpoint without adapters is an
+// error then.
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype, bool merge = false);
 // A folder that is a step folder, or a checkpoint.dir whose newest complete checkpoint is meant.
 std::string resolve_checkpoint_path(const std::string& path);
 

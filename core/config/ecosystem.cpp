@@ -1,5 +1,7 @@
 #include "core/config/ecosystem.h"
 
+#include "core/config/llamafactory.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -587,8 +589,9 @@ Table fsdp_top_table() {
        }},
   };
   // the model, data and logging fields of a fine-tuning recipe: distlab trains the TOML's model and data
-  for (const char* name : {"model_name_or_path", "trust_remote_code", "stage", "do_train", "finetuning_type", "lora_target", "lora_rank",
-                           "lora_alpha", "lora_dropout", "quantization_bit", "dataset", "template", "cutoff_len", "max_samples",
+  // LLaMA-Factory's finetuning fields: map_llamafactory_finetuning maps them once the file is walked
+  for (const char* name : kLlamaFactoryFinetuningFields) t[name] = [](Mapper&, const std::string&, const json&) {};
+  for (const char* name : {"model_name_or_path", "trust_remote_code", "stage", "do_train", "dataset", "template", "cutoff_len", "max_samples",
                            "overwrite_cache", "preprocessing_num_workers", "dataloader_num_workers", "overwrite_output_dir", "plot_loss",
                            "report_to", "val_size", "per_device_eval_batch_size", "eval_strategy", "evaluation_strategy",
                            "save_strategy", "logging_dir", "run_name", "flash_attn", "gradient_checkpointing", "gradient_checkpointing_kwargs"})
@@ -601,9 +604,7 @@ Table fsdp_top_table() {
         m.note(f, v, "use_reentrant and the rest are PyTorch's autograd: distlab's recompute is explicit (core/models/gpt.h's Block)");
         return;
       }
-      m.note(f, v, name == "finetuning_type" || name.rfind("lora", 0) == 0 || name == "quantization_bit"
-                       ? "adapters and quantization are the decision tree's first branch (chapter 11): distlab trains every parameter"
-                       : "the model and data are the TOML's [model] and [data]");
+      m.note(f, v, "the model and data are the TOML's [model] and [data]");
     };
   return t;
 }
@@ -649,6 +650,7 @@ EcosystemConfig map_fsdp(const std::string& text, const std::string& name) {
   m.out.file = name;
   m.out.format = "fsdp";
   walk_json(m, doc, fsdp_top_table(), "");
+  map_llamafactory_finetuning(m.out, doc);  // finetuning_type, lora_*: onto [lora] (core/config/llamafactory.h)
   const bool deepspeed = doc.contains("distributed_type") && doc["distributed_type"].is_string() && doc["distributed_type"] == "DEEPSPEED";
   if (deepspeed && !doc.contains("deepspeed_config"))
     throw ConfigError(fmt::format("{}: distributed_type DEEPSPEED without a deepspeed_config section", name),

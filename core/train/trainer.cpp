@@ -201,6 +201,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const bool checkpoints = !cfg_.checkpoint.dir.empty();
   resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
   if (!out.init_path.empty()) load_init(out.init_path);  // --init (trainer_weights.cpp)
+  if (!out.init_adapter.empty()) load_adapter_dir(out.init_adapter);
   // after a resume each rank has its own BatchNorm statistics (DDP does not average them) and the data
   // position; the weights must still agree
   if (replicas) check_replicas("at the start", resumed_from_.empty());
@@ -272,6 +273,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
   const double wall = (rt_.trace.now_us() - t_start) * 1e-6;
   if (replicas) check_replicas("at the end", false, &metrics);  // throws: ranks that differ fail the run
   if (!out.save_path.empty()) save_weights(out.save_path, out.save_dtype);  // --save (trainer_weights.cpp)
+  if (!out.save_adapter.empty()) save_adapter_dir(out.save_adapter, out.save_dtype);
   nlohmann::json summary = summary_record({loss, steady_samples, steady_s, wall, steady_steps, whole_params, nparams, last_eval});
   metrics.write(summary);
   log_report(summary, nparams, wall);

@@ -31,6 +31,8 @@ struct TrainOutputs {
   std::string init_path;  // --init FILE.safetensors
   std::string save_path;  // --save FILE.safetensors
   std::string save_dtype = "f32";
+  std::string init_adapter;  // --init-adapter DIR: PEFT's adapter folder
+  std::string save_adapter;  // --save-adapter DIR
 };
 
 // The model the config describes, with the sizes the data implies (image shape, classes, vocabulary);
@@ -112,6 +114,8 @@ class Trainer {
   // on the side (load_whole_model, save_whole_model)
   void load_init(const std::string& path);
   void save_weights(const std::string& path, const std::string& dtype);
+  void load_adapter_dir(const std::string& dir);  // --init-adapter
+  void save_adapter_dir(const std::string& dir, const std::string& dtype);  // --save-adapter
   void load_whole_model(const std::string& path);
   void save_whole_model(const std::string& path, DType dtype);
 

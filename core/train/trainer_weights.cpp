@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/ckpt/peft_adapter.h"
 #include "core/ckpt/safetensors.h"
 #include "core/models/zoo.h"
 #include "core/parallel/tensor_parallel.h"
@@ -39,6 +40,28 @@ void Trainer::save_weights(const std::string& path, const std::string& dtype) {
   } else if (is_rank0()) {
     save_model(*model_, path, parse_dtype(dtype), opt_.get());  // 16-bit params: their f32 masters
     log_ << "saved weights to " << path << " (" << dtype << ")\n";
+  }
+  strategy_->release_full_params(rt_, false);
+}
+
+// --init-adapter and --save-adapter: PEFT's adapter folder (core/ckpt/peft_adapter.h). LoRA runs over data
+// parallelism, where every rank holds the adapters whole: each loads the folder, rank 0 writes it.
+void Trainer::load_adapter_dir(const std::string& dir) {
+  if (!cfg_.lora.on()) throw ConfigError("--init-adapter without LoRA: lora.r is 0", "set lora.r, lora.alpha and lora.target_modules as the adapter's adapter_config.json says");
+  if (!resumed_from_.empty()) {
+    log_ << "--init-adapter " << dir << " ignored: the run resumes from its checkpoint\n";
+    return;
+  }
+  load_adapter(*model_, cfg_.lora, dir);
+  log_ << "loaded LoRA adapters from " << dir << "\n";
+}
+
+void Trainer::save_adapter_dir(const std::string& dir, const std::string& dtype) {
+  if (!cfg_.lora.on()) throw ConfigError("--save-adapter without LoRA: lora.r is 0", "set lora.r to train adapters, or --save the whole model");
+  strategy_->gather_full_params(rt_, opt_.get());
+  if (is_rank0()) {
+    save_adapter(*model_, cfg_.lora, dir, parse_dtype(dtype), opt_.get(), "");
+    log_ << "saved LoRA adapters to " << dir << " (PEFT's adapter_config.json and adapter_model.safetensors, " << dtype << ")\n";
   }
   strategy_->release_full_params(rt_, false);
 }
