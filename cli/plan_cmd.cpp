@@ -6,12 +6,15 @@
 // recommendation is the fastest row that fits (a tie within 1 %: the one holding less memory), with why.
 // Beside it, the course's decision tree: the cheapest rung that fits — DDP, else ZeRO-2, else ZeRO-3/FSDP,
 // else + activation checkpointing (selective, then full), else + CPU offload (then with full checkpointing
-// too) — which lab 09 asks students to apply by hand.
+// too) — which lab 09 asks students to apply by hand. --finetune lora adds the tree's first answer: LoRA rows
+// (the engine's own adapters, core/nn/lora.h: a frozen 16-bit base) on one GPU and over all of them, and the
+// tree asks after "does a full replica fit?" whether LoRA fits one card: then no distributed training.
 // Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
 #include "cli/plan_cmd.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,8 +33,9 @@ namespace distlab {
 namespace {
 
 struct PlanArgs {
-  std::string model = "gpt-7b", gpu_mem = "a100-80g", profile, precision = "bf16", optimizer = "adamw", host_mem;
+  std::string model = "gpt-7b", gpu_mem = "a100-80g", profile, precision = "bf16", optimizer = "adamw", host_mem, finetune = "full";
   int gpus = 8, nodes = 1;
+  int64_t lora_r = 16;
   int64_t micro_batch = 1, seq = 0;
   bool json = false;
   std::vector<std::string> sets;
@@ -121,6 +125,7 @@ std::string profile_for(const PlanArgs& a) {
 struct PlanRow {
   std::string label, strategy;
   std::vector<std::string> sets;
+  bool lora = false;  // a LoRA row (--finetune lora): adapters on a frozen base
   nlohmann::json summary;
   double device_bytes = 0;         // reserved by the caching allocator at the peak, per GPU
   double host_bytes_per_node = 0;  // what offload keeps in host memory, all the node's ranks together
@@ -231,6 +236,31 @@ int run_plan(const PlanArgs& a) {
   // activation checkpointing is a language model's (its blocks): other models have no such rows; the op-level
   // policy (torchtitan's) is written for Llama's block alone
   const ModelSpec spec = parse_config(toml, label, a.sets, {}, lab_config_sections()).model;
+  if (a.finetune == "qlora")
+    throw ConfigError("--finetune qlora: the engine's 4-bit (NF4) base weights are not in it yet, so there is no run to plan them from",
+                      "--finetune lora plans LoRA on a 16-bit base; QLoRA's base is 4.127 bits a weight (chapter 11) where bf16's is 16");
+  if (a.finetune != "full" && a.finetune != "lora")
+    throw ConfigError(fmt::format("--finetune {}: not full, lora or qlora", a.finetune), "use --finetune full (every parameter) or lora");
+  if (a.finetune == "lora") {  // PEFT's usual setting: rank r on every Linear but the head, alpha 2r
+    if (a.lora_r < 1) throw ConfigError(fmt::format("--lora-r {}: a rank is at least 1", a.lora_r), "16 is common");
+    const std::vector<std::string> lora = {fmt::format("lora.r={}", a.lora_r), fmt::format("lora.alpha={}", 2 * a.lora_r),
+                                           "lora.target_modules=all-linear"};
+    auto with = [&](std::vector<std::string> s) {
+      s.insert(s.end(), lora.begin(), lora.end());
+      return s;
+    };
+    const std::vector<std::string> one = {"dist.fake_world_size=0", "dist.fake_ranks_per_node=0", "parallel.strategy=none"};
+    std::vector<PlanRow> l = {{"LoRA, 1 GPU", "lora+one", with(one), true}};
+    std::vector<std::string> one_ac = one;
+    one_ac.push_back("train.activation_checkpointing=full");
+    if (is_language_model(spec)) l.push_back({"LoRA, 1 GPU + AC", "lora+one+full", with(one_ac), true});
+    if (a.gpus > 1) {  // for speed (the adapters' gradients are all that travels): DDP, with checkpointing if need be
+      l.push_back({"LoRA + DDP", "lora+ddp", with({"parallel.strategy=ddp"}), true});
+      if (is_language_model(spec))
+        l.push_back({"LoRA + DDP + AC", "lora+ddp+full", with({"parallel.strategy=ddp", "train.activation_checkpointing=full"}), true});
+    }
+    rows.insert(rows.begin(), l.begin(), l.end());
+  }
   if (!is_language_model(spec))
     std::erase_if(rows, [](const PlanRow& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
   if (spec.name != "llama") std::erase_if(rows, [](const PlanRow& r) { return r.strategy.ends_with("selective_op"); });
@@ -246,16 +276,18 @@ int run_plan(const PlanArgs& a) {
     r.fits_host = r.host_bytes_per_node <= fit.host_limit;
     r.fits = r.fits_device && r.fits_host;
   }
-  const double psi = rows[0].summary["params"].get<double>();
-  const auto& pm0 = rows[0].summary["peak_memory"];
-  const double replica = rows[0].strategy == "ddp" || rows[0].strategy == "none"
+  const PlanRow& first_full = *std::find_if(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.lora; });
+  const double psi = first_full.summary["params"].get<double>();
+  const auto& pm0 = first_full.summary["peak_memory"];
+  const double replica = first_full.strategy == "ddp" || first_full.strategy == "none"
                              ? pm0["params"].get<double>() + pm0["grads"].get<double>() + pm0["optim_state"].get<double>()
                              : 0;
   // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
   // as a rung because ZeRO-2 saves more for the same traffic)
   std::string pick, reason;  // the decision tree's rung and why
-  for (const char* rung : {"ddp", "none", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp", "fsdp+selective",
-                           "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
+  // (--finetune lora) after a full replica, the tree's second question: does LoRA fit one card?
+  for (const char* rung : {"ddp", "none", "lora+one", "lora+one+full", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp",
+                           "fsdp+selective", "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
     for (const PlanRow& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
   auto row = [&](const std::string& s) -> const PlanRow* {
@@ -270,6 +302,15 @@ int run_plan(const PlanArgs& a) {
   };
   if (pick == "DDP" || pick == "one GPU") {
     reason = "a whole replica fits: no sharding needed, the least communication";
+  } else if (pick == "LoRA, 1 GPU" || pick == "LoRA, 1 GPU + AC") {
+    const PlanRow* l = row(pick == "LoRA, 1 GPU" ? "lora+one" : "lora+one+full");
+    const nlohmann::json& lo = l->summary["lora"];
+    reason = fmt::format("full fine-tuning needs {} per GPU for a whole replica; LoRA r {} trains {:.1f} M of {:.2f} B parameters ({:.2f} %): the "
+                         "base frozen in 16 bits, the adapters' gradients and Adam state {} — {} on one GPU{}: no distributed training needed",
+                         need(row(a.gpus > 1 ? "ddp" : "none")), a.lora_r, lo["trainable_params"].get<double>() / 1e6,
+                         lo["all_params"].get<double>() / 1e9, 100.0 * lo["trainable_params"].get<double>() / lo["all_params"].get<double>(),
+                         format_bytes(l->summary["peak_memory"]["grads"].get<double>() + l->summary["peak_memory"]["optim_state"].get<double>()),
+                         need(l), pick == "LoRA, 1 GPU" ? "" : " with full activation checkpointing");
   } else if (pick == "one GPU + sel. AC" || pick == "one GPU + op AC" || pick == "one GPU + AC") {
     reason = fmt::format("one GPU needs {}, {} of it activations; activation checkpointing trades them for recompute",
                          need(row("none")), format_bytes(row("none")->summary["peak_memory"]["activations"].get<double>()));
@@ -309,8 +350,12 @@ int run_plan(const PlanArgs& a) {
 
   // the recommendation: the fastest row that fits; rows within 1 % of it are a tie, which the one holding the
   // least memory wins
+  // the job as asked: --finetune's method, over every GPU (a one-GPU LoRA row trains 1/N of the tokens a step)
+  std::vector<PlanRow> asked;
+  for (const PlanRow& r : rows)
+    if (r.lora == (a.finetune == "lora") && !(r.lora && r.strategy.starts_with("lora+one") && a.gpus > 1)) asked.push_back(r);
   const PlanRow* best = nullptr;
-  for (const PlanRow& r : rows) {
+  for (const PlanRow& r : asked) {
     if (!r.fits) continue;
     if (!best || step_s(r) < step_s(*best) * (1 - kTie) ||
         (step_s(r) <= step_s(*best) * (1 + kTie) && r.device_bytes < best->device_bytes))
@@ -319,7 +364,7 @@ int run_plan(const PlanArgs& a) {
   std::string recommendation = "none fits", why = "more GPUs, a smaller micro-batch, or tensor/pipeline parallelism (3D, lab 06)";
   if (best) {
     recommendation = best->label;
-    why = fastest_reason(rows, *best, fit);
+    why = fastest_reason(asked, *best, fit);
   }
   if (a.nodes > 1 && best) why += "; across nodes keep the heavy traffic inside a node (shard within a node, replicate across: HSDP)";
   if (!best) {
@@ -333,7 +378,7 @@ int run_plan(const PlanArgs& a) {
 
   if (a.json) {
     nlohmann::json out = {{"model", label}, {"params", psi}, {"gpus", a.gpus}, {"nodes", a.nodes}, {"gpu_mem", capacity},
-                          {"precision", a.precision}, {"profile", profile}, {"replica_model_state_bytes", replica},
+                          {"precision", a.precision}, {"profile", profile}, {"replica_model_state_bytes", replica}, {"finetune", a.finetune},
                           {"fit_rule", {{"device_limit", fit.device_limit}, {"margin", fit.margin}, {"margin_why", fit.margin_why},
                                         {"host_mem_per_node", host_mem_per_node}, {"host_limit_per_node", fit.host_limit},
                                         {"host_why", fit.host_why}}},
@@ -341,7 +386,7 @@ int run_plan(const PlanArgs& a) {
                           {"decision_tree", pick}, {"decision_tree_reason", reason},
                           {"flops_convention", rows[0].summary.value("flops_convention", "")}, {"rows", nlohmann::json::array()}};
     for (const PlanRow& r : rows)
-      out["rows"].push_back({{"strategy", r.label}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
+      out["rows"].push_back({{"strategy", r.label}, {"finetune", r.lora ? "lora" : "full"}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
                              {"peak_memory_reserved", r.device_bytes}, {"host_bytes_per_node", r.host_bytes_per_node},
                              {"fits", r.fits}, {"fits_device", r.fits_device}, {"fits_host", r.fits_host},
                              {"modeled_step_s", step_s(r)},
@@ -388,6 +433,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
   sub->add_option("--optimizer", a->optimizer, "adamw | sgd");
   sub->add_option("--micro-batch", a->micro_batch, "sequences per GPU per micro-step");
+  sub->add_option("--finetune", a->finetune, "full (every parameter trains) | lora (+ LoRA rows: adapters on a frozen 16-bit base, one GPU and all) | qlora (not yet: 4-bit base)");
+  sub->add_option("--lora-r", a->lora_r, "--finetune lora: the adapters' rank (alpha 2r, every Linear but the head)");
   sub->add_option("--seq", a->seq, "sequence length (default: the model's block size)")->check(CLI::PositiveNumber);
   sub->add_option("--set", a->sets, "any other config key, as for train (repeatable)");
   sub->add_flag("--json", a->json, "the table as JSON");

@@ -297,7 +297,7 @@ url: "http://h:29500"
   CHECK(y["url"] == "http://h:29500");
 }
 
-TEST_CASE("LLaMA-Factory's LoRA fields map onto [lora] field by field, with its defaults; quantization_bit is refused", "[config][ecosystem][lora]") {
+TEST_CASE("LLaMA-Factory's LoRA fields map onto [lora] field by field, with its defaults, and quantization_bit is refused", "[config][ecosystem][lora]") {
   const EcosystemConfig lf = map_fsdp(R"(
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 stage: sft

@@ -392,7 +392,7 @@ TEST_CASE("PEFT's adapter folder: distlab writes what PeftModel.from_pretrained 
   fs::remove_all(dir);
 }
 
-TEST_CASE("ckpt export --merge folds a LoRA checkpoint's adapters into the plain model's weights; --save-adapter and --init-adapter round trip",
+TEST_CASE("ckpt export --merge folds a LoRA checkpoint's adapters into the plain model's weights, and --save-adapter and --init-adapter round trip",
           "[lora][ckpt][cli]") {
   const std::string cfg = "configs/llama-tiny.toml", dir = scratch_path("lora-export", "d") + "/";
   fs::create_directories(dir);

@@ -487,6 +487,35 @@ TEST_CASE("distlab plan: an offload row must fit the node's host memory (--host-
   CHECK_THAT(bout, Catch::Contains("--host-mem"));
 }
 
+TEST_CASE("distlab plan --finetune lora: the tree's first answer from the engine's LoRA runs, full fine-tuning's rows beside", "[plan][cli][lora]") {
+  auto plan_json = [](const std::string& args) {
+    auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --json " + args + " 2>&1");
+    INFO(out);
+    REQUIRE(code == 0);
+    return nlohmann::json::parse(out);
+  };
+  // Llama 3 8B on eight 24 GB cards at 2,048 tokens: no full replica fits one card, LoRA on one card does
+  const nlohmann::json p = plan_json("--model llama3-8b --gpus 8 --gpu-mem 24GiB --seq 2048 --finetune lora");
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : p["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  REQUIRE(rows.count("LoRA, 1 GPU + AC"));
+  REQUIRE(rows.count("DDP"));  // full fine-tuning's rows beside
+  CHECK(rows.at("DDP")["finetune"] == "full");
+  CHECK(rows.at("DDP")["fits"] == false);
+  CHECK(rows.at("LoRA, 1 GPU + AC")["fits"] == true);
+  CHECK(rows.at("LoRA, 1 GPU + AC")["peak_memory"]["grads"].get<double>() == 2 * 41943040.0);  // the adapters' alone, bf16
+  CHECK(p["decision_tree"].get<std::string>().starts_with("LoRA, 1 GPU"));
+  CHECK_THAT(p["decision_tree_reason"].get<std::string>(), Catch::Contains("no distributed training needed") && Catch::Contains("41.9 M of 8.07 B"));
+  // the recommendation is the job as asked: LoRA over all eight GPUs
+  CHECK(p["recommendation"].get<std::string>().starts_with("LoRA + "));
+  // a full replica that fits one card still comes first (the tree's first question)
+  const nlohmann::json small = plan_json("--model gpt-1b --gpus 2 --gpu-mem a100-80g --finetune lora");
+  CHECK(small["decision_tree"] == "DDP");
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model llama3-8b --gpus 1 --gpu-mem 24GiB --finetune qlora 2>&1");
+  CHECK(code != 0);
+  CHECK_THAT(out, Catch::Contains("--finetune qlora") && Catch::Contains("NF4"));
+}
+
 TEST_CASE("distlab plan refuses what is no model or no size: a FIFO, /dev/zero, a folder, an empty file, --gpu-mem 1e30GiB, --seq 0 and -1", "[plan][cli]") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("distlab-plan-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

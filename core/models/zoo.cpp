@@ -81,6 +81,7 @@ double gpt_model_flops_per_token(const ModelSpec& s, int64_t T) {
 
 const char* const kFlopsConvention =
     "MFU = (6·N + 12·L·H·Q·T) FLOPs a token, N every parameter (embeddings included, as torchtitan counts), "
-    "over the step's time at the precision's peak; HFU adds the activation checkpointing's recompute";
+    "over the step's time at the precision's peak; HFU adds the activation checkpointing's recompute; under LoRA a frozen "
+    "parameter counts 4 (no weight gradient)";
 
 }  // namespace distlab

@@ -271,7 +271,12 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
 // rewritten in place (tqdm's way), cleared before the next line. `el`: seconds since the run started.
 double Trainer::model_flops_per_rank_step() const {
   if (!is_language_model(spec_)) return last_step_flops_ - last_step_recompute_flops_;
-  return gpt_model_flops_per_token(spec_, cfg_.data.seq_len) * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) / double(world());
+  double per_token = gpt_model_flops_per_token(spec_, cfg_.data.seq_len);
+  if (cfg_.lora.on()) {  // the adapters at 6 a parameter; a frozen parameter at 4 (forward and dX: no weight gradient)
+    const ParamCount c = count_parameters(*model_);
+    per_token += 6.0 * double(c.trainable) - 2.0 * double(c.all - c.trainable);
+  }
+  return per_token * double(cfg_.data.seq_len * micro_batch_ * accum_ * dp_world()) / double(world());
 }
 
 std::pair<double, double> Trainer::live_mfu_hfu(double steps, double el) const {
