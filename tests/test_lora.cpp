@@ -249,6 +249,11 @@ TEST_CASE("[lora] through the trainer: what trains and what it holds, DDP and Ze
     REQUIRE(r.code == 0);
     CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
   }
+  // the GPU path on the CPU (the kernel table: the frozen dW skipped, the adapter's scale): the cpu's bits
+  TrainRun sim = train_ranks(1, cfg, lora + "--device cuda-sim");
+  INFO(sim.out);
+  REQUIRE(sim.code == 0);
+  CHECK(sim.losses == one.losses);
   // torchtitan's op-level checkpointing: the adapters' x·Aᵀ rebuilt with the kept outputs, the same losses
   TrainRun op = train_ranks(1, cfg, lora + "--set train.activation_checkpointing=selective_op");
   REQUIRE(op.code == 0);
