@@ -168,13 +168,18 @@ nlohmann::json Trainer::checkpoint_estimate() {
   const int64_t optim = weights * int64_t(opt_->state_names().size());
   int64_t buffers = 0;
   for (auto* b : model_->buffers()) buffers += 4 * b->data.numel();
+  int64_t frozen = 0;  // LoRA's frozen base: written whole, f32, by the first replica (write_checkpoint)
+  if (mesh_ ? mesh_->coord().dp == 0 : is_rank0())
+    for (Parameter* p : model_->parameters())
+      if (!p->requires_grad) frozen += 4 * p->data.numel();
   const int64_t rank_bytes = weights + optim + buffers;
   const int n = world();
-  // what one node writes: every rank's part under ZeRO/FSDP; rank 0's whole copy under DDP
+  // what one node writes: every rank's part under ZeRO/FSDP; rank 0's whole copy under DDP (and the frozen base, once)
   const int per_node = pg_ && pg_->is_fake() && cfg_.dist.fake_ranks_per_node > 0 ? int(cfg_.dist.fake_ranks_per_node) : n;
-  const double node_bytes = strategy_->replicates_optimizer() ? double(weights + optim + buffers * per_node) : double(rank_bytes) * per_node;
-  const double total = strategy_->replicates_optimizer() ? double(weights + optim + buffers * n) : double(rank_bytes) * n;
-  return {{"bytes_per_rank", {{"weights", weights}, {"optim_state", optim}, {"buffers", buffers}, {"total", rank_bytes}}},
+  const double node_bytes =
+      double(frozen) + (strategy_->replicates_optimizer() ? double(weights + optim + buffers * per_node) : double(rank_bytes) * per_node);
+  const double total = double(frozen) + (strategy_->replicates_optimizer() ? double(weights + optim + buffers * n) : double(rank_bytes) * n);
+  return {{"bytes_per_rank", {{"weights", weights + frozen}, {"optim_state", optim}, {"buffers", buffers}, {"total", rank_bytes + frozen}}},
           {"bytes_total", total},
           {"disk_gbps", cfg_.checkpoint.disk_gbps},
           {"modeled_write_s", node_bytes / (cfg_.checkpoint.disk_gbps * 1e9)}};
