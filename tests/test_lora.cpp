@@ -41,6 +41,15 @@ Batch lora_batch(int step, int64_t B, int64_t T, int64_t V) {
   return b;
 }
 
+// the tiny Llama with `seed`'s weights and adapters on q_proj, v_proj and down_proj
+std::unique_ptr<Model> adapted_llama(Runtime& rt, uint64_t seed, LoraSpec& lora) {
+  auto m = build_model(rt, tiny_llama());
+  m->init(seed);
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  apply_lora(rt, *m, lora, seed);
+  return m;
+}
+
 std::string file_text_abs(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -327,12 +336,9 @@ TEST_CASE("PEFT's adapter folder: distlab writes what PeftModel.from_pretrained 
   REQUIRE(torch_installed());
   const ModelSpec spec = tiny_llama();
   Runtime rt;
-  auto m = build_model(rt, spec);
-  m->init(9);
   LoraSpec lora;
   lora.r = 4, lora.alpha = 12, lora.use_rslora = true;
-  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
-  apply_lora(rt, *m, lora, 9);
+  auto m = adapted_llama(rt, 9, lora);
   Rng rng(11);
   for (auto& [name, l] : named_linears(*m))
     if (l->lora) init_normal(l->lora->lora_B.data, rng, 0.05f);
@@ -371,9 +377,7 @@ TEST_CASE("PEFT's adapter folder: distlab writes what PeftModel.from_pretrained 
     CHECK(ours[i] == Approx(v).margin(2e-5));
   }
   // and back: the folder PyTorch wrote (every B doubled) loads into a fresh model of the same LoRA
-  auto back = build_model(rt, spec);
-  back->init(9);
-  apply_lora(rt, *back, lora, 9);
+  auto back = adapted_llama(rt, 9, lora);
   load_adapter(*back, lora, theirs);
   auto mine = named_linears(*m), loaded = named_linears(*back);
   for (size_t i = 0; i < mine.size(); i++)

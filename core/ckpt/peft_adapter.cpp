@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "core/ops/cpu/matmul.h"
 #include "core/tensor/on_host.h"
 #include "core/util/atomic_file.h"
 #include "core/util/error.h"
@@ -159,8 +158,7 @@ int merge_lora_tensors(std::map<std::string, F32Tensor>& t, float scaling) {
       throw DataError(fmt::format("{}: lora_A {} and lora_B {} do not fit the weight {}", module, shape_str(a.shape), shape_str(b->second.shape),
                                   shape_str(w->second.shape)),
                       "the checkpoint is damaged");
-    // W (out, in) += scaling · B (out, r) @ A (r, in)
-    blas_sgemm(false, false, out, in, r, scaling, b->second.v.data(), r, a.v.data(), in, 1.0f, w->second.v.data(), in);
+    lora_fold(w->second.v.data(), a.v.data(), b->second.v.data(), out, in, r, scaling);
     gone.push_back(name);
     gone.push_back(b->first);
     folded++;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "core/ops/cpu/matmul.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
 
@@ -64,7 +63,7 @@ static void fold(Linear& l, float sign) {
   const int64_t out = l.out_features, in = l.in_features, r = a.lora_A.data.size(0);
   OnHost w(l.weight.data, OnHost::inout), A(a.lora_A.data), B(a.lora_B.data);
   if (!w.p) return;  // meta
-  blas_sgemm(false, false, out, in, r, sign * a.scaling, B.p, r, A.p, in, 1.0f, w.p, in);
+  lora_fold(w.p, A.p, B.p, out, in, r, sign * a.scaling);
   w.store();
 }
 

@@ -100,6 +100,10 @@ void LoraAdapter::swap_saved(SavedState& s) {
   s.swap(hs_);
 }
 
+void lora_fold(float* w, const float* A, const float* B, int64_t out, int64_t in, int64_t r, float scale) {
+  blas_sgemm(false, false, out, in, r, scale, B, r, A, in, 1.0f, w, in);
+}
+
 // ---- the Linears under a layer ----
 
 static std::string linear_module(const Linear& l) {

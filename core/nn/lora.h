@@ -66,6 +66,9 @@ class LoraAdapter {
   Tensor xd_, mask_, hs_;  // dropout(x) (x itself when p = 0), its mask, scaling · x_d Aᵀ
 };
 
+// W (out, in) += scale · B (out, r) @ A (r, in), host f32 memory: merge (scale = scaling) and unmerge (−scaling)
+// of a model's adapters (core/models/peft.h) and of a checkpoint's (core/ckpt/peft_adapter.h)
+void lora_fold(float* w, const float* A, const float* B, int64_t out, int64_t in, int64_t r, float scale);
 // Every Linear under `layer` (itself included) with its module name, in order (nn.Module.named_modules())
 void collect_linears(Layer* layer, std::vector<std::pair<std::string, Linear*>>& out);
 // The adapters' dropout streams under these layers, in order: what a full recompute replays and a

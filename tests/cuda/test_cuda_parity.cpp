@@ -313,6 +313,11 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
     CHECK(rel(gx.get(), cdx) < kF32);
     CHECK(rel(gw.get(), cdw) < kF32);
     CHECK(rel(gb.get(), cdb) < kF32);
+    // a frozen weight (LoRA's base): dX only, dW left as it was
+    Dev<float> fx(N * C), fw(dw0);
+    cuda::matmul_backward(g.gpu, fx.p, fw.p, nullptr, ddy.p, dx.p, dw.p, N, C, OC, true, false);
+    CHECK(rel(fx.get(), cdx) < kF32);
+    CHECK(bitwise(fw.get(), dw0));
     // the bias on its own (a row-parallel layer's, after its all-reduce): added exactly, summed in chunks
     std::vector<float> cy = co, cb2 = db0;
     bias_forward(g.cpu, cy.data(), b.data(), N, OC);
