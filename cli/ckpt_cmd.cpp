@@ -39,7 +39,7 @@ void add_ckpt_commands(CLI::App& app, int& exit_code) {
   exp->add_option("--dtype", ea->dtype, "f32 (default), bf16 or f16");
   exp->add_flag("--merge", ea->merge, "a LoRA run's adapters folded into their base weights: the plain model under its Hugging Face names");
   exp->callback([ea, &exit_code]() {
-    const DType d = parse_dtype(ea->dtype);
+    const DType d = parse_float_dtype(ea->dtype);
     check_output_path(ea->out, "--out");
     export_checkpoint(ea->path, ea->out, d, ea->merge);
     std::cout << "wrote " << ea->out << " (" << ea->dtype << (ea->merge ? ", LoRA merged" : "") << ") from " << resolve_checkpoint_path(ea->path) << "\n";

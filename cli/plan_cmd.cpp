@@ -9,6 +9,8 @@
 // too) — which lab 09 asks students to apply by hand. --finetune lora adds the tree's first answer: LoRA rows
 // (the engine's own adapters, core/nn/lora.h: a frozen 16-bit base) on one GPU and over all of them, and the
 // tree asks after "does a full replica fit?" whether LoRA fits one card: then no distributed training.
+// --finetune qlora adds QLoRA's rows beside LoRA's (the same adapters on an NF4 base, core/nn/qlora.h: 4.127
+// bits a frozen weight) and the tree's next question: does it fit in 4 bits?
 // Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
 #include "cli/plan_cmd.h"
 
@@ -125,7 +127,7 @@ std::string profile_for(const PlanArgs& a) {
 struct PlanRow {
   std::string label, strategy;
   std::vector<std::string> sets;
-  bool lora = false;  // a LoRA row (--finetune lora): adapters on a frozen base
+  std::string finetune = "full";  // lora: adapters on a frozen 16-bit base; qlora: on a 4-bit one
   nlohmann::json summary;
   double device_bytes = 0;         // reserved by the caching allocator at the peak, per GPU
   double host_bytes_per_node = 0;  // what offload keeps in host memory, all the node's ranks together
@@ -236,28 +238,34 @@ int run_plan(const PlanArgs& a) {
   // activation checkpointing is a language model's (its blocks): other models have no such rows; the op-level
   // policy (torchtitan's) is written for Llama's block alone
   const ModelSpec spec = parse_config(toml, label, a.sets, {}, lab_config_sections()).model;
-  if (a.finetune == "qlora")
-    throw ConfigError("--finetune qlora: the engine's 4-bit (NF4) base weights are not in it yet, so there is no run to plan them from",
-                      "--finetune lora plans LoRA on a 16-bit base; QLoRA's base is 4.127 bits a weight (chapter 11) where bf16's is 16");
-  if (a.finetune != "full" && a.finetune != "lora")
-    throw ConfigError(fmt::format("--finetune {}: not full, lora or qlora", a.finetune), "use --finetune full (every parameter) or lora");
-  if (a.finetune == "lora") {  // PEFT's usual setting: rank r on every Linear but the head, alpha 2r
+  if (a.finetune != "full" && a.finetune != "lora" && a.finetune != "qlora")
+    throw ConfigError(fmt::format("--finetune {}: not full, lora or qlora", a.finetune),
+                      "use --finetune full (every parameter), lora (adapters on a 16-bit base) or qlora (on a 4-bit one)");
+  if (a.finetune != "full") {  // PEFT's usual setting: rank r on every Linear but the head, alpha 2r
     if (a.lora_r < 1) throw ConfigError(fmt::format("--lora-r {}: a rank is at least 1", a.lora_r), "16 is common");
-    const std::vector<std::string> lora = {fmt::format("lora.r={}", a.lora_r), fmt::format("lora.alpha={}", 2 * a.lora_r),
+    std::vector<PlanRow> l;
+    // LoRA's rows, then (qlora) the same with the base in NF4: one GPU, with checkpointing, and DDP for speed
+    // (the adapters' gradients are all that travels)
+    for (const std::string method : {"lora", "qlora"}) {
+      if (method == "qlora" && a.finetune != "qlora") continue;
+      std::vector<std::string> adapters = {fmt::format("lora.r={}", a.lora_r), fmt::format("lora.alpha={}", 2 * a.lora_r),
                                            "lora.target_modules=all-linear"};
-    auto with = [&](std::vector<std::string> s) {
-      s.insert(s.end(), lora.begin(), lora.end());
-      return s;
-    };
-    const std::vector<std::string> one = {"dist.fake_world_size=0", "dist.fake_ranks_per_node=0", "parallel.strategy=none"};
-    std::vector<PlanRow> l = {{"LoRA, 1 GPU", "lora+one", with(one), true}};
-    std::vector<std::string> one_ac = one;
-    one_ac.push_back("train.activation_checkpointing=full");
-    if (is_language_model(spec)) l.push_back({"LoRA, 1 GPU + AC", "lora+one+full", with(one_ac), true});
-    if (a.gpus > 1) {  // for speed (the adapters' gradients are all that travels): DDP, with checkpointing if need be
-      l.push_back({"LoRA + DDP", "lora+ddp", with({"parallel.strategy=ddp"}), true});
-      if (is_language_model(spec))
-        l.push_back({"LoRA + DDP + AC", "lora+ddp+full", with({"parallel.strategy=ddp", "train.activation_checkpointing=full"}), true});
+      if (method == "qlora") adapters.push_back("quantization.bits=4");
+      auto with = [&](std::vector<std::string> s) {
+        s.insert(s.end(), adapters.begin(), adapters.end());
+        return s;
+      };
+      const std::string name = method == "lora" ? "LoRA" : "QLoRA";
+      const std::vector<std::string> one = {"dist.fake_world_size=0", "dist.fake_ranks_per_node=0", "parallel.strategy=none"};
+      std::vector<std::string> one_ac = one;
+      one_ac.push_back("train.activation_checkpointing=full");
+      l.push_back({name + ", 1 GPU", method + "+one", with(one), method});
+      if (is_language_model(spec)) l.push_back({name + ", 1 GPU + AC", method + "+one+full", with(one_ac), method});
+      if (a.gpus > 1) {
+        l.push_back({name + " + DDP", method + "+ddp", with({"parallel.strategy=ddp"}), method});
+        if (is_language_model(spec))
+          l.push_back({name + " + DDP + AC", method + "+ddp+full", with({"parallel.strategy=ddp", "train.activation_checkpointing=full"}), method});
+      }
     }
     rows.insert(rows.begin(), l.begin(), l.end());
   }
@@ -276,7 +284,7 @@ int run_plan(const PlanArgs& a) {
     r.fits_host = r.host_bytes_per_node <= fit.host_limit;
     r.fits = r.fits_device && r.fits_host;
   }
-  const PlanRow& first_full = *std::find_if(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.lora; });
+  const PlanRow& first_full = *std::find_if(rows.begin(), rows.end(), [](const PlanRow& r) { return r.finetune == "full"; });
   const double psi = first_full.summary["params"].get<double>();
   const auto& pm0 = first_full.summary["peak_memory"];
   const double replica = first_full.strategy == "ddp" || first_full.strategy == "none"
@@ -285,8 +293,8 @@ int run_plan(const PlanArgs& a) {
   // the decision tree: the first rung that fits (ZeRO-1 and 2 cost DDP's bytes on the wire; ZeRO-1 is skipped
   // as a rung because ZeRO-2 saves more for the same traffic)
   std::string pick, reason;  // the decision tree's rung and why
-  // (--finetune lora) after a full replica, the tree's second question: does LoRA fit one card?
-  for (const char* rung : {"ddp", "none", "lora+one", "lora+one+full", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp",
+  // (--finetune lora, qlora) after a full replica, the tree's second question: does LoRA fit one card, or in 4 bits?
+  for (const char* rung : {"ddp", "none", "lora+one", "lora+one+full", "qlora+one", "qlora+one+full", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp",
                            "fsdp+selective", "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
     for (const PlanRow& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
@@ -311,6 +319,14 @@ int run_plan(const PlanArgs& a) {
                          lo["all_params"].get<double>() / 1e9, 100.0 * lo["trainable_params"].get<double>() / lo["all_params"].get<double>(),
                          format_bytes(l->summary["peak_memory"]["grads"].get<double>() + l->summary["peak_memory"]["optim_state"].get<double>()),
                          need(l), pick == "LoRA, 1 GPU" ? "" : " with full activation checkpointing");
+  } else if (pick == "QLoRA, 1 GPU" || pick == "QLoRA, 1 GPU + AC") {
+    const PlanRow* q = row(pick == "QLoRA, 1 GPU" ? "qlora+one" : "qlora+one+full");
+    const PlanRow* l = row(pick == "QLoRA, 1 GPU" ? "lora+one" : "lora+one+full");
+    reason = fmt::format("full fine-tuning needs {} per GPU and LoRA on a 16-bit base {}; QLoRA keeps the frozen base in NF4 (4.127 bits a "
+                         "weight: {} of parameters against {}) — {} on one GPU{}: no distributed training needed",
+                         need(row(a.gpus > 1 ? "ddp" : "none")), need(l), format_bytes(q->summary["peak_memory"]["params"].get<double>()),
+                         format_bytes(l->summary["peak_memory"]["params"].get<double>()), need(q),
+                         pick == "QLoRA, 1 GPU" ? "" : " with full activation checkpointing");
   } else if (pick == "one GPU + sel. AC" || pick == "one GPU + op AC" || pick == "one GPU + AC") {
     reason = fmt::format("one GPU needs {}, {} of it activations; activation checkpointing trades them for recompute",
                          need(row("none")), format_bytes(row("none")->summary["peak_memory"]["activations"].get<double>()));
@@ -353,7 +369,7 @@ int run_plan(const PlanArgs& a) {
   // the job as asked: --finetune's method, over every GPU (a one-GPU LoRA row trains 1/N of the tokens a step)
   std::vector<PlanRow> asked;
   for (const PlanRow& r : rows)
-    if (r.lora == (a.finetune == "lora") && !(r.lora && r.strategy.starts_with("lora+one") && a.gpus > 1)) asked.push_back(r);
+    if (r.finetune == a.finetune && !(r.finetune != "full" && r.strategy.find("+one") != std::string::npos && a.gpus > 1)) asked.push_back(r);
   const PlanRow* best = nullptr;
   for (const PlanRow& r : asked) {
     if (!r.fits) continue;
@@ -386,7 +402,7 @@ int run_plan(const PlanArgs& a) {
                           {"decision_tree", pick}, {"decision_tree_reason", reason},
                           {"flops_convention", rows[0].summary.value("flops_convention", "")}, {"rows", nlohmann::json::array()}};
     for (const PlanRow& r : rows)
-      out["rows"].push_back({{"strategy", r.label}, {"finetune", r.lora ? "lora" : "full"}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
+      out["rows"].push_back({{"strategy", r.label}, {"finetune", r.finetune}, {"peak_memory", r.summary["peak_memory"]}, {"peak_memory_total", r.summary["peak_memory_total"]},
                              {"peak_memory_reserved", r.device_bytes}, {"host_bytes_per_node", r.host_bytes_per_node},
                              {"fits", r.fits}, {"fits_device", r.fits_device}, {"fits_host", r.fits_host},
                              {"modeled_step_s", step_s(r)},
@@ -433,7 +449,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--precision", a->precision, "fp32 | bf16 | fp16");
   sub->add_option("--optimizer", a->optimizer, "adamw | sgd");
   sub->add_option("--micro-batch", a->micro_batch, "sequences per GPU per micro-step");
-  sub->add_option("--finetune", a->finetune, "full (every parameter trains) | lora (+ LoRA rows: adapters on a frozen 16-bit base, one GPU and all) | qlora (not yet: 4-bit base)");
+  sub->add_option("--finetune", a->finetune, "full (every parameter trains) | lora (+ LoRA rows: adapters on a frozen 16-bit base, one GPU and all) | qlora (+ LoRA's and QLoRA's rows: the base in NF4)");
   sub->add_option("--lora-r", a->lora_r, "--finetune lora: the adapters' rank (alpha 2r, every Linear but the head)");
   sub->add_option("--seq", a->seq, "sequence length (default: the model's block size)")->check(CLI::PositiveNumber);
   sub->add_option("--set", a->sets, "any other config key, as for train (repeatable)");

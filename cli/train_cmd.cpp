@@ -69,7 +69,7 @@ int run_train(const TrainArgs& a) {
   std::vector<SourcedSetting> from_files;
   for (const EcosystemConfig& e : eco) from_files.insert(from_files.end(), e.settings.begin(), e.settings.end());
   RunConfig cfg = load_config(a.config, sets, from_files, lab_config_sections());  // a lab's lab.toml too
-  parse_dtype(a.save_dtype);
+  parse_float_dtype(a.save_dtype);
   // where the run will write, checked now rather than after the training
   check_output_path(cfg.log.metrics, "log.metrics (--metrics)");
   check_output_path(cfg.log.trace, "log.trace");

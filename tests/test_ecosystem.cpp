@@ -297,7 +297,7 @@ url: "http://h:29500"
   CHECK(y["url"] == "http://h:29500");
 }
 
-TEST_CASE("LLaMA-Factory's LoRA fields map onto [lora] field by field, with its defaults, and quantization_bit is refused", "[config][ecosystem][lora]") {
+TEST_CASE("LLaMA-Factory's LoRA fields map onto [lora] field by field, with its defaults, and quantization_bit onto [quantization]", "[config][ecosystem][lora]") {
   const EcosystemConfig lf = map_fsdp(R"(
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 stage: sft
@@ -330,7 +330,19 @@ bf16: true
     }
     return std::string("no error");
   };
-  CHECK_THAT(error_of("finetuning_type: lora\nquantization_bit: 4\n"), Catch::Contains("quantization_bit = 4 is not supported"));
+  // QLoRA: quantization_bit 4 (bitsandbytes' NF4, double quantization by default)
+  const EcosystemConfig q = map_fsdp("finetuning_type: lora\nlora_rank: 16\nquantization_bit: 4\n", "q4.yaml");
+  const RunConfig qc = with(q);
+  CHECK(qc.quantization.bits == 4);
+  CHECK(qc.quantization.type == "nf4");
+  CHECK(qc.quantization.double_quant);
+  CHECK(qc.origin.at("quantization.bits") == "q4.yaml: quantization_bit");
+  CHECK(field(q, "double_quantization")->value == "(absent: true)");
+  CHECK_FALSE(with(map_fsdp("finetuning_type: lora\nquantization_bit: 4\ndouble_quantization: false\n", "q.yaml")).quantization.double_quant);
+  CHECK_THAT(error_of("finetuning_type: lora\nquantization_bit: 8\n"), Catch::Contains("quantization_bit = 8 is not supported"));
+  CHECK_THAT(error_of("finetuning_type: lora\nquantization_bit: 4\nquantization_type: fp4\n"), Catch::Contains("quantization_type = fp4"));
+  CHECK_THAT(error_of("finetuning_type: lora\nquantization_bit: 4\nquantization_method: gptq\n"), Catch::Contains("quantization_method = gptq"));
+  CHECK_THAT(error_of("finetuning_type: full\nquantization_bit: 4\n"), Catch::Contains("nothing would train"));
   CHECK_THAT(error_of("finetuning_type: freeze\n"), Catch::Contains("finetuning_type = freeze is not supported"));
   CHECK_THAT(error_of("finetuning_type: lora\nlora_rank: 0\n"), Catch::Contains("lora_rank = 0 is not a positive whole number"));
 }

@@ -12,6 +12,7 @@
 #include "core/models/peft.h"
 #include "core/nn/loss.h"
 #include "core/optim/optimizer.h"
+#include "lora_fixtures.h"
 #include "shell.h"
 #include "train_harness.h"
 
@@ -20,26 +21,6 @@ using namespace distlab::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-ModelSpec tiny_llama() {
-  ModelSpec s;
-  s.name = "llama";
-  s.vocab_size = 64, s.block_size = 16, s.n_layer = 2, s.n_head = 4, s.n_kv_head = 2, s.n_embd = 32;
-  s.intermediate_size = 48, s.rope_theta = 10000.0f;
-  return s;
-}
-
-// the batches of torch_peer.py's lora_batch()
-Batch lora_batch(int step, int64_t B, int64_t T, int64_t V) {
-  Batch b;
-  b.B = B, b.T = T;
-  for (int64_t i = 0; i < B; i++) {
-    std::vector<int32_t> row;
-    for (int64_t t = 0; t <= T; t++) row.push_back(int32_t((step * 7 + i * 13 + t * 5 + (t * t) % 11) % V));
-    for (int64_t t = 0; t < T; t++) b.tokens.push_back(row[size_t(t)]), b.targets.push_back(row[size_t(t + 1)]);
-  }
-  return b;
-}
 
 // the tiny Llama with `seed`'s weights and adapters on q_proj, v_proj and down_proj
 std::unique_ptr<Model> adapted_llama(Runtime& rt, uint64_t seed, LoraSpec& lora) {
@@ -55,11 +36,6 @@ std::string file_text_abs(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-std::vector<float> values(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
-  return v;
-}
 
 }  // namespace
 

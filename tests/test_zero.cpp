@@ -487,7 +487,7 @@ TEST_CASE("distlab plan: an offload row must fit the node's host memory (--host-
   CHECK_THAT(bout, Catch::Contains("--host-mem"));
 }
 
-TEST_CASE("distlab plan --finetune lora: the tree's first answer from the engine's LoRA runs, full fine-tuning's rows beside", "[plan][cli][lora]") {
+TEST_CASE("distlab plan --finetune lora and qlora: the tree's first answer from the engine's LoRA and QLoRA runs, full fine-tuning's rows beside", "[plan][cli][lora]") {
   auto plan_json = [](const std::string& args) {
     auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --json " + args + " 2>&1");
     INFO(out);
@@ -511,9 +511,25 @@ TEST_CASE("distlab plan --finetune lora: the tree's first answer from the engine
   // a full replica that fits one card still comes first (the tree's first question)
   const nlohmann::json small = plan_json("--model gpt-1b --gpus 2 --gpu-mem a100-80g --finetune lora");
   CHECK(small["decision_tree"] == "DDP");
-  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model llama3-8b --gpus 1 --gpu-mem 24GiB --finetune qlora 2>&1");
+  // --finetune qlora: QLoRA's rows beside LoRA's. Llama 3 70B on one 80 GB card: LoRA's 16-bit base alone is
+  // 131.8 GiB; in NF4 it is 37.2 GiB, and QLoRA with full checkpointing fits: the tree's "does it fit in 4 bits?"
+  const nlohmann::json q = plan_json("--model llama3-70b --gpus 1 --gpu-mem 80GiB --seq 2048 --finetune qlora");
+  std::map<std::string, nlohmann::json> qrows;
+  for (const auto& r : q["rows"]) qrows[r["strategy"].get<std::string>()] = r;
+  REQUIRE(qrows.count("QLoRA, 1 GPU + AC"));
+  CHECK(qrows.at("QLoRA, 1 GPU + AC")["finetune"] == "qlora");
+  CHECK(qrows.at("LoRA, 1 GPU + AC")["fits"] == false);
+  CHECK(qrows.at("QLoRA, 1 GPU + AC")["fits"] == true);
+  const double nf4 = qrows.at("QLoRA, 1 GPU + AC")["peak_memory"]["params"], bf16 = qrows.at("LoRA, 1 GPU + AC")["peak_memory"]["params"];
+  CHECK(nf4 < 0.3 * bf16);
+  CHECK(q["decision_tree"] == "QLoRA, 1 GPU + AC");
+  CHECK_THAT(q["decision_tree_reason"].get<std::string>(), Catch::Contains("NF4") && Catch::Contains("no distributed training needed"));
+  CHECK(q["recommendation"] == "QLoRA, 1 GPU + AC");
+  // where LoRA on a 16-bit base fits, the tree takes it first (no 4-bit rounding of the base)
+  CHECK(plan_json("--model llama3-8b --gpus 1 --gpu-mem 24GiB --seq 2048 --finetune qlora")["decision_tree"] == "LoRA, 1 GPU + AC");
+  auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model llama3-8b --gpus 1 --finetune qqlora 2>&1");
   CHECK(code != 0);
-  CHECK_THAT(out, Catch::Contains("--finetune qlora") && Catch::Contains("NF4"));
+  CHECK_THAT(out, Catch::Contains("--finetune qqlora"));
 }
 
 TEST_CASE("distlab plan refuses what is no model or no size: a FIFO, /dev/zero, a folder, an empty file, --gpu-mem 1e30GiB, --seq 0 and -1", "[plan][cli]") {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/ckpt/peft_adapter.h"
+#include "core/ops/cpu/nf4.h"
 #include "core/util/atomic_file.h"
 #include "core/util/read_file.h"
 
@@ -436,6 +437,56 @@ static float manifest_lora_scaling(const Checkpoint& c, const std::string& path)
   return float(value("lora.use_rslora") == "true" ? alpha / std::sqrt(r) : alpha / r);
 }
 
+// QLoRA's 4-bit weights in a checkpoint (core/nn/qlora.h): each held as its bytes (as f32 values) beside its
+// quant state. The names of those that are bytes in a file (U8): the weight, its JSON, and its absmax when
+// double-quantized.
+static const std::string kQuantJson = ".quant_state.bitsandbytes__nf4";
+
+static bool is_bytes(const std::map<std::string, F32Tensor>& all, const std::string& name) {
+  if (name.ends_with(kQuantJson) || all.count(name + kQuantJson)) return true;
+  return name.ends_with(".absmax") && all.count(name.substr(0, name.size() - 7) + ".nested_absmax");
+}
+
+// Each 4-bit weight replaced by its f32 values (bitsandbytes' dequantize_4bit), its quant state dropped:
+// what --merge folds the adapters into
+static void dequantize_4bit(std::map<std::string, F32Tensor>& all, const std::string& dir) {
+  std::vector<std::string> names;
+  for (auto& [name, t] : all)
+    if (name.ends_with(kQuantJson)) names.push_back(name.substr(0, name.size() - kQuantJson.size()));
+  for (const std::string& w : names) {
+    auto bytes = [&](const std::string& n) {
+      const F32Tensor& t = all.at(n);
+      return std::vector<uint8_t>(t.v.begin(), t.v.end());
+    };
+    const std::vector<uint8_t> text = bytes(w + kQuantJson);
+    nlohmann::json js;
+    try {
+      js = nlohmann::json::parse(std::string(text.begin(), text.end()));
+      Nf4Weights q;
+      const Shape shape = js.at("shape").get<Shape>();
+      q.numel = shape_numel(shape);
+      q.block = js.at("blocksize").get<int64_t>();
+      q.double_quant = js.contains("nested_offset");
+      q.packed = bytes(w);
+      if (q.double_quant) {
+        q.block2 = js.at("nested_blocksize").get<int64_t>();
+        q.offset = float(js.at("nested_offset").get<double>());
+        q.absmax_q = bytes(w + ".absmax");
+        q.absmax2 = all.at(w + ".nested_absmax").v;
+      } else {
+        q.absmax = all.at(w + ".absmax").v;
+      }
+      F32Tensor out{shape, std::vector<float>(size_t(q.numel))};
+      nf4_dequantize_weights(q, out.v.data());
+      for (const char* suffix : {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"})
+        all.erase(w + suffix);
+      all[w] = std::move(out);
+    } catch (const std::exception& e) {
+      throw CheckpointError(fmt::format("{}: the 4-bit weight {} cannot be dequantized: {}", dir, w, e.what()), "the checkpoint is damaged; export it without --merge");
+    }
+  }
+}
+
 void export_checkpoint(const std::string& path, const std::string& out, DType dtype, bool merge) {
   const std::string dir = resolve_checkpoint_path(path);
   Checkpoint c(dir);
@@ -450,6 +501,7 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
     c.read(name, 0, int64_t(x.v.size()), x.v.data(), 0);
     category[name] = cat;
   }
+  if (merge) dequantize_4bit(all, dir);  // QLoRA: the sum W + s·BA is not 4-bit; the merged model is 16 or 32-bit
   if (merge && merge_lora_tensors(all, manifest_lora_scaling(c, dir)) == 0)
     throw CheckpointError(fmt::format("{}: no LoRA adapters to merge", dir), "export it without --merge");
   StFile f;
@@ -465,7 +517,8 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
       const int64_t n = int64_t(v.at(0));
       std::memcpy(st.bytes.data(), &n, 8);
     } else {
-      const DType d = cat == "buffers" ? DType::f32 : dtype;  // running statistics stay f32
+      // running statistics stay f32; a 4-bit weight and its quant state keep their bytes (bitsandbytes' file)
+      const DType d = is_bytes(all, name) ? DType::u8 : cat == "buffers" ? DType::f32 : dtype;
       st.dtype = dtype_safetensors_name(d);
       st.bytes.resize(v.size() * size_t(dtype_size(d)));
       convert(v.data(), DType::f32, st.bytes.data(), d, int64_t(v.size()));

@@ -2,6 +2,8 @@
 #include "core/ckpt/safetensors.h"
 
 #include <algorithm>
+#include <set>
+#include <map>
 #include <tuple>
 #include <fmt/format.h>
 
@@ -11,6 +13,7 @@
 
 #include "core/util/atomic_file.h"
 #include "core/ckpt/checkpoint.h"
+#include "core/nn/qlora.h"
 #include "core/util/error.h"
 #include "core/util/read_file.h"
 
@@ -153,7 +156,8 @@ void save_model(Model& model, const std::string& path, DType dtype, const Optimi
     if (p->data.is_meta())
       throw IoError("cannot save a model that lives on the meta device: it has no values", "run on --device cpu to --save");
     const Tensor* master = masters ? masters->master(p) : nullptr;
-    f.tensors[p->name] = to_st(master ? *master : p->data, dtype);
+    // a 4-bit weight (QLoRA) as bitsandbytes saves it: its bytes, the constants among the buffers
+    f.tensors[p->name] = to_st(master ? *master : p->data, p->data.dtype() == DType::u8 ? DType::u8 : dtype);
   }
   for (auto* b : model.buffers()) {
     if (b->name.size() >= 20 && b->name.compare(b->name.size() - 20, 20, ".num_batches_tracked") == 0) {
@@ -163,7 +167,7 @@ void save_model(Model& model, const std::string& path, DType dtype, const Optimi
       std::memcpy(s.bytes.data(), &v, 8);
       f.tensors[b->name] = s;
     } else {
-      f.tensors[b->name] = to_st(b->data, DType::f32);  // running statistics stay f32
+      f.tensors[b->name] = to_st(b->data, b->data.dtype() == DType::u8 ? DType::u8 : DType::f32);  // running statistics stay f32
     }
   }
   add_tied_lm_head(f);
@@ -183,9 +187,22 @@ void add_tied_lm_head(StFile& f) {
 
 void load_model(Model& model, const std::string& path) {
   StFile f = read_safetensors(path);
+  // QLoRA's 4-bit weights come as the file holds them: their NF4 bytes and constants (a quantized model), or
+  // their 16/32-bit values at their own shape (the base model: quantized as it loads, as transformers does;
+  // the constants then are not in the file)
+  std::map<std::string, Parameter*> quantize_on_load;
+  std::set<std::string> computed;
+  for (auto* p : model.parameters()) {
+    if (!p->quant) continue;
+    const auto it = f.tensors.find(p->name);
+    if (it == f.tensors.end() || it->second.shape != p->quant->shape || it->second.dtype == "U8") continue;
+    quantize_on_load[p->name] = p;
+    for (Buffer* b : p->quant->buffers()) computed.insert(b->name);
+  }
   std::vector<std::pair<std::string, Tensor*>> want;
   for (auto* p : model.parameters()) want.push_back({p->name, &p->data});
-  for (auto* b : model.buffers()) want.push_back({b->name, &b->data});
+  for (auto* b : model.buffers())
+    if (!computed.count(b->name)) want.push_back({b->name, &b->data});
   std::string missing, mismatched;
   // a base model's file under LoRA: it has no adapters, which keep their fresh values (PEFT loads the base,
   // then adds them); a file with some adapters must have them all
@@ -200,6 +217,12 @@ void load_model(Model& model, const std::string& path) {
       continue;
     }
     const StTensor& s = it->second;
+    if (quantize_on_load.count(name) && (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16")) {
+      std::vector<float> v(size_t(shape_numel(s.shape)));
+      convert(s.bytes.data(), parse_dtype(s.dtype), v.data(), DType::f32, int64_t(v.size()));
+      if (dst->data()) requantize_parameter(*quantize_on_load.at(name), v.data());
+      continue;
+    }
     if (s.shape != dst->shape()) {
       mismatched += fmt::format("{}{} is {} in the file, {} in the model", mismatched.empty() ? "" : "; ", name,
                                 shape_str(s.shape), shape_str(dst->shape()));
@@ -212,9 +235,12 @@ void load_model(Model& model, const std::string& path) {
       OnHost h(*dst, OnHost::out);
       h.p[0] = float(v);
       h.store();
-    } else if ((s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") && dst->device() != DeviceKind::cuda) {
+    } else if ((s.dtype == "U8") != (dst->dtype() == DType::u8)) {  // bytes (a 4-bit weight, its constants) against values
+      mismatched += fmt::format("{}{} has dtype {} ({} expected)", mismatched.empty() ? "" : "; ", name, s.dtype,
+                                dst->dtype() == DType::u8 ? "U8: the model holds it in 4 bits" : "F32, BF16 or F16");
+    } else if ((s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16" || s.dtype == "U8") && dst->device() != DeviceKind::cuda) {
       convert(s.bytes.data(), parse_dtype(s.dtype), dst->data(), dst->dtype(), dst->numel());
-    } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16") {  // a GPU's tensor: converted here, then up
+    } else if (s.dtype == "F32" || s.dtype == "BF16" || s.dtype == "F16" || s.dtype == "U8") {  // a GPU's tensor: converted here, then up
       std::vector<uint8_t> raw(size_t(dst->nbytes()));
       convert(s.bytes.data(), parse_dtype(s.dtype), raw.data(), dst->dtype(), dst->numel());
       dst->from_host(raw.data());
@@ -246,6 +272,8 @@ void load_model(Model& model, const std::string& path) {
                                 unexpected.empty() ? "" : "\n  not in the model: " + unexpected,
                                 mismatched.empty() ? "" : "\n  mismatched: " + mismatched),
                     "was it saved from a model with the same config (model.* keys)?");
+  for (auto* p : model.parameters())
+    if (p->quant && !quantize_on_load.count(p->name)) quant_state_loaded(*p, path);
 }
 
 }  // namespace distlab

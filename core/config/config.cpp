@@ -237,6 +237,9 @@ const std::vector<Key>& keys() {
       KEY("lora.target_modules", Kind::string_list, std::vector<std::string>, lora.target_modules,
           "Linear modules adapted, by name or last part: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (llama); c_attn, c_proj, c_fc (gpt); \"all-linear\" (empty: PEFT's default for the model)"),
       KEY("lora.use_rslora", Kind::boolean, bool, lora.use_rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r) instead of alpha / r"),
+      KEY("quantization.bits", Kind::integer, int64_t, quantization.bits, "the frozen base's bits: 0 (the compute dtype) | 4 (NF4: QLoRA, with lora.r > 0)"),
+      KEY("quantization.type", Kind::string, std::string, quantization.type, "bnb_4bit_quant_type: nf4 (QLoRA's NormalFloat4)"),
+      KEY("quantization.double_quant", Kind::boolean, bool, quantization.double_quant, "bnb_4bit_use_double_quant: the absmax constants quantized to 8 bits too (4.127 bits a weight, else 4.5)"),
   };
   return k;
 }
@@ -472,6 +475,11 @@ void validate(const RunConfig& c) {
   require(c.lora.r >= 0, c, "lora.r", "must not be negative", "0 turns LoRA off; PEFT's usual ranks are 8 to 64");
   require(c.lora.alpha > 0, c, "lora.alpha", "must be positive", "PEFT's default is 8; alpha = 2r is common");
   require(c.lora.dropout >= 0 && c.lora.dropout < 1, c, "lora.dropout", "must be in [0, 1)", "");
+  require(c.quantization.bits == 0 || c.quantization.bits == 4, c, "quantization.bits", fmt::format("= {}: 0 or 4", c.quantization.bits),
+          "4 stores the frozen base in NF4 (QLoRA); bitsandbytes' 8-bit LLM.int8() is not in the engine");
+  require(c.quantization.type == "nf4", c, "quantization.type", "is '" + c.quantization.type + "'", "nf4 is the one 4-bit type here (QLoRA's); bitsandbytes' fp4 is not");
+  require(!c.quantization.on() || c.lora.on(), c, "quantization.bits", "= 4 with lora.r = 0: a 4-bit base is frozen, so nothing would train",
+          "set lora.r (QLoRA: 4-bit base, 16-bit adapters), or quantization.bits = 0 for full fine-tuning");
   require(c.data.fallback == "synthetic" || c.data.fallback == "error", c, "data.fallback",
           "is '" + c.data.fallback + "'", "use synthetic or error");
   require(c.data.seq_len >= 1, c, "data.seq_len", "must be at least 1", "");

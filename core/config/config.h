@@ -14,6 +14,7 @@
 #include "core/data/registry.h"
 #include "core/models/zoo.h"
 #include "core/nn/lora.h"
+#include "core/nn/qlora.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/parallel/ddp.h"
@@ -146,6 +147,7 @@ struct RunConfig {
   PrecisionOptions precision;
   LogOptions log;
   LoraSpec lora;  // [lora]: adapters and a frozen base (core/nn/lora.h)
+  QuantSpec quantization;  // [quantization]: the frozen base in 4 bits, QLoRA (core/nn/qlora.h)
   CheckpointOptions checkpoint;
   std::map<std::string, std::string> origin;  // key -> "file:line" / "--set" / "default"
 };

@@ -54,6 +54,7 @@ const Kernels& kernel_table() {
     t.sum_squares = &cuda::sum_squares;
     t.scale = &cuda::scale;
     t.all_finite = &cuda::all_finite;
+    t.dequantize_nf4 = &cuda::dequantize_nf4;
     return t;
   }();
   return k;

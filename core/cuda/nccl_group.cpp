@@ -28,6 +28,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::f32: return ncclFloat32;
     case DType::bf16: return ncclBfloat16;
     case DType::f16: return ncclFloat16;
+    case DType::u8: return ncclUint8;
   }
   return ncclFloat32;
 }

@@ -1,13 +1,25 @@
 #include "core/models/model.h"
 
+#include "core/nn/qlora.h"
 #include "core/util/error.h"
 
 namespace distlab {
 
 int64_t Model::num_parameters() {
   int64_t n = 0;
-  for (auto* p : parameters()) n += p->data.numel();
+  for (auto* p : parameters()) n += parameter_count(*p);
   return n;
+}
+
+static void collect_buffers(Layer* l, std::vector<Buffer*>& out) {
+  for (Buffer* b : l->buffers()) out.push_back(b);
+  for (Layer* c : l->children()) collect_buffers(c, out);
+}
+
+std::vector<Buffer*> Model::buffers() {
+  std::vector<Buffer*> out;
+  for (Layer* l : layers()) collect_buffers(l, out);
+  return out;
 }
 
 void Model::zero_grad() {

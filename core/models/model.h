@@ -41,7 +41,8 @@ class Model {
   virtual ~Model() = default;
   virtual std::string describe() const = 0;              // one line per layer
   virtual std::vector<Parameter*> parameters() = 0;      // PyTorch's order (model.named_parameters())
-  virtual std::vector<Buffer*> buffers() { return {}; }  // BatchNorm statistics
+  // BatchNorm statistics, QLoRA's 4-bit constants: every layer's (layers(), then Layer::children()), in order
+  virtual std::vector<Buffer*> buffers();
   // Units in forward order: the parameter groups that become ready together during backward.
   virtual std::vector<std::vector<Parameter*>> units() = 0;
   // logits (N, classes); `hook` (a parallel strategy) hears before each unit (units(), in order)
@@ -74,7 +75,7 @@ class Model {
   // The model's layers (nn.Module's top-level children; Layer::children() goes deeper): how LoRA finds the
   // Linears to adapt (core/nn/lora.h)
   virtual std::vector<Layer*> layers() { return {}; }
-  int64_t num_parameters();
+  int64_t num_parameters();  // a 4-bit weight counts its own shape (core/nn/qlora.h: parameter_count)
   void zero_grad();                      // releases gradients (set_to_none=True)
 };
 

@@ -57,9 +57,24 @@ std::vector<std::string> apply_lora(Runtime& rt, Model& model, const LoraSpec& s
   return adapted;
 }
 
+int64_t quantize_base(Runtime& rt, Model& model, const QuantSpec& spec) {
+  int64_t n = 0;
+  for (auto& [name, lin] : named_linears(model)) {
+    if (is_output_head(name)) continue;  // transformers keeps the lm_head in 16 bits (llm_int8_skip_modules)
+    DL_ASSERT(!lin->weight.requires_grad, "quantize_base before apply_lora: " + name);
+    quantize_parameter(rt, lin->weight, spec);
+    n++;
+  }
+  if (n == 0) throw ConfigError("quantization.bits = 4: the model has no Linear layers to quantize", "QLoRA quantizes the transformer's Linears (model.name = llama or gpt)");
+  return n;
+}
+
 // W (out, in) += sign · scaling · B (out, r) @ A (r, in), in f32 and rounded once into W's dtype
 static void fold(Linear& l, float sign) {
   LoraAdapter& a = *l.lora;
+  if (l.weight.quant)
+    throw ConfigError(fmt::format("merging LoRA into {}: its base weight is 4-bit (QLoRA), and W + s·BA is not", l.weight.name),
+                      "write the merged model in 16 or 32 bits from a checkpoint: distlab ckpt export DIR --out F --merge");
   const int64_t out = l.out_features, in = l.in_features, r = a.lora_A.data.size(0);
   OnHost w(l.weight.data, OnHost::inout), A(a.lora_A.data), B(a.lora_B.data);
   if (!w.p) return;  // meta
@@ -86,8 +101,8 @@ void unmerge_lora(Model& model) {
 ParamCount count_parameters(Model& model) {
   ParamCount c;
   for (Parameter* p : model.parameters()) {
-    c.all += p->data.numel();
-    if (p->requires_grad) c.trainable += p->data.numel();
+    c.all += parameter_count(*p);
+    if (p->requires_grad) c.trainable += parameter_count(*p);
   }
   return c;
 }

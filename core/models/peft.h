@@ -7,6 +7,7 @@
 
 #include "core/models/model.h"
 #include "core/nn/linear.h"
+#include "core/nn/qlora.h"
 
 namespace distlab {
 
@@ -15,9 +16,14 @@ namespace distlab {
 // Returns the adapted module names. A target that matches nothing is a ConfigError naming it and listing
 // the model's Linears.
 std::vector<std::string> apply_lora(Runtime& rt, Model& model, const LoraSpec& spec, uint64_t seed);
+// QLoRA's base (transformers' load_in_4bit): every Linear but the output head stores its frozen weight in
+// NF4 (core/nn/qlora.h), adapted or not; the embeddings and norms stay in the compute dtype. After
+// apply_lora. Returns how many weights were quantized.
+int64_t quantize_base(Runtime& rt, Model& model, const QuantSpec& spec);
 // Every Linear of a model with its module name, in the model's order
 std::vector<std::pair<std::string, Linear*>> named_linears(Model& model);
-// PEFT's merge_and_unload / unmerge_adapter on every adapted Linear: W += (or -=) scaling · B A
+// PEFT's merge_and_unload / unmerge_adapter on every adapted Linear: W += (or -=) scaling · B A. A 4-bit base
+// is refused (the sum is not 4-bit): `distlab ckpt export --merge` writes the merged model in 16 or 32 bits.
 void merge_lora(Model& model);
 void unmerge_lora(Model& model);
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/nn/qlora.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
@@ -18,6 +19,8 @@ Linear::Linear(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, 
 }
 
 std::string Linear::describe() const { return fmt::format("Linear({} -> {})", in_features, out_features); }
+
+std::vector<Buffer*> Linear::buffers() { return weight.quant ? weight.quant->buffers() : std::vector<Buffer*>{}; }
 
 std::vector<Parameter*> Linear::parameters() {  // PEFT's order: base_layer's, then lora_A's, lora_B's
   std::vector<Parameter*> p = {&weight};
@@ -47,7 +50,8 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   Tensor out = rt.empty(out_shape, Category::activations, "output of " + weight.name, rt.dtype);
   // a 16-bit GEMM (autocast's low list): x rounded to rt.dtype if it came in wider; saved as it was read
   save_input(rt, x);
-  AsF32 xf(rt, saved_x_), w(rt, weight.data), b(rt, bias.data), y(rt, out, AsF32::out);
+  const Tensor wt = weight.quant ? dequantize_parameter(rt, weight) : weight.data;  // QLoRA: the 4-bit base, dequantized for this GEMM
+  AsF32 xf(rt, saved_x_), w(rt, wt), b(rt, bias.data), y(rt, out, AsF32::out);
   matmul_forward(rt, y.p, xf.p, w.p, has_bias_ ? b.p : nullptr, N, in_features, out_features);
   y.store();
   if (lora && !merged) lora->forward(rt, saved_x_.view({N, in_features}), out, training_);
@@ -69,9 +73,11 @@ Tensor Linear::backward(Runtime& rt, const Tensor& dout) {
   Tensor dx = needs_input_grad_ ? rt.empty(saved_x_.shape(), Category::activations, "grad of input of " + weight.name, rt.dtype)
                               : Tensor();
   {  // a frozen weight (under LoRA) gets no gradient: dW's GEMM is skipped, as autograd skips it
+    // QLoRA dequantizes the base again for dX (bitsandbytes' MatMul4Bit.backward): nothing 16-bit was kept
+    const Tensor wt = weight.quant && needs_input_grad_ ? dequantize_parameter(rt, weight) : weight.data;
     AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.requires_grad ? weight.grad_for_accumulate() : Tensor(), AsF32::inout);
     AsF32 db(rt, has_bias_ && bias.requires_grad ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
-    AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.data);
+    AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.quant && !needs_input_grad_ ? Tensor() : wt);
     matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_, weight.requires_grad);
     dxf.store();
     dw.store();

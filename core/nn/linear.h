@@ -1,5 +1,6 @@
 // nn.Linear: y = x @ W^T + b with W (out, in), as PyTorch stores it. With a LoRA adapter (add_lora,
-// core/nn/lora.h) the weight and bias are frozen and y gains the adapter's low-rank term.
+// core/nn/lora.h) the weight and bias are frozen and y gains the adapter's low-rank term; under QLoRA the
+// frozen weight is held in 4 bits (weight.quant, core/nn/qlora.h) and dequantized for each GEMM.
 #pragma once
 #include <memory>
 
@@ -16,6 +17,7 @@ class Linear : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;   // x (..., in) -> (..., out)
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
+  std::vector<Buffer*> buffers() override;  // a 4-bit weight's constants (core/nn/qlora.h); none otherwise
   void init(Rng& rng) override;  // kaiming_uniform(a=sqrt(5)): U(±1/sqrt(in)), bias the same
   void swap_saved(SavedState& s) override {
     s.swap(saved_x_);

@@ -110,6 +110,9 @@ struct Kernels {
                             int64_t KV, int64_t hd);
   void (*repeat_kv_backward)(Runtime&, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t hd);
+  // ---- nf4.h ----
+  void (*dequantize_nf4)(Runtime&, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
+                         int64_t n, int64_t block, int64_t block2);
   // ---- optim.h ----
   void (*sgd_update)(Runtime&, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
   void (*adamw_update)(Runtime&, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);

@@ -10,6 +10,7 @@
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/cpu/nf4.h"
 #include "core/ops/cpu/norm.h"
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
@@ -323,6 +324,13 @@ void scale(Runtime& rt, float* x, int64_t n, float s) {
   distlab::scale(rt, dev(x, "scale"), n, s);
 }
 
+void dequantize_nf4(Runtime& rt, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
+                    int64_t n, int64_t block, int64_t block2) {
+  HostKernels cpu(rt);
+  distlab::dequantize_nf4(rt, dev(out, "dequantize_nf4"), dev(packed, "dequantize_nf4"), dev(absmax_q, "dequantize_nf4"),
+                          dev(absmax, "dequantize_nf4"), offset, n, block, block2);
+}
+
 bool all_finite(Runtime& rt, const float* x, int64_t n) {
   HostKernels cpu(rt);
   return distlab::all_finite(rt, dev(x, "all_finite"), n);
@@ -382,6 +390,7 @@ const Kernels& sim_kernels() {
     t.sum_squares = sim::sum_squares;
     t.scale = sim::scale;
     t.all_finite = sim::all_finite;
+    t.dequantize_nf4 = sim::dequantize_nf4;
     return t;
   }();
   return k;

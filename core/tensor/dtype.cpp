@@ -1,6 +1,7 @@
 #include "core/tensor/dtype.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -11,13 +12,14 @@
 
 namespace distlab {
 
-int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+int dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::u8 ? 1 : 2; }
 
 const char* dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -27,6 +29,7 @@ const char* dtype_safetensors_name(DType t) {
     case DType::f32: return "F32";
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
+    case DType::u8: return "U8";
   }
   return "?";
 }
@@ -35,7 +38,14 @@ DType parse_dtype(const std::string& s) {
   if (s == "f32" || s == "fp32" || s == "float32" || s == "F32") return DType::f32;
   if (s == "bf16" || s == "bfloat16" || s == "BF16") return DType::bf16;
   if (s == "f16" || s == "fp16" || s == "float16" || s == "F16") return DType::f16;
+  if (s == "u8" || s == "uint8" || s == "U8") return DType::u8;
   throw Error("unknown dtype '" + s + "'", "use one of f32, bf16, f16");
+}
+
+DType parse_float_dtype(const std::string& s) {
+  const DType t = parse_dtype(s);
+  if (t == DType::u8) throw Error("dtype '" + s + "' holds bytes, not values to compute with", "use one of f32, bf16, f16");
+  return t;
 }
 
 static uint32_t bits_of(float f) {
@@ -136,6 +146,16 @@ void convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
     std::memcpy(dst, src, size_t(n) * dtype_size(st));
     return;
   }
+  if (st == DType::u8 || dt == DType::u8) {  // bytes as the integers 0..255 (QLoRA's indices and constants)
+    for (int64_t i = 0; i < n; i++) {
+      float v = 0;
+      if (st == DType::u8) v = float(static_cast<const uint8_t*>(src)[i]);
+      else convert(static_cast<const char*>(src) + i * dtype_size(st), st, &v, DType::f32, 1);
+      if (dt == DType::u8) static_cast<uint8_t*>(dst)[i] = uint8_t(std::clamp(std::nearbyint(v), 0.0f, 255.0f));
+      else convert(&v, DType::f32, static_cast<char*>(dst) + i * dtype_size(dt), dt, 1);
+    }
+    return;
+  }
   // one loop per pair: mixed precision converts at every op's boundary, so these run over every activation
   const auto* f = static_cast<const float*>(src);
   const auto* h = static_cast<const uint16_t*>(src);
@@ -164,6 +184,7 @@ float round_to(float v, DType t) {
     case DType::f32: return v;
     case DType::bf16: return from_bf16(to_bf16(v));
     case DType::f16: return from_f16(to_f16(v));
+    case DType::u8: return std::clamp(std::nearbyint(v), 0.0f, 255.0f);
   }
   return v;
 }
@@ -186,6 +207,7 @@ float dtype_max(DType t) {
     case DType::f32: return 3.40282347e38f;
     case DType::bf16: return from_bf16(0x7f7fu);  // 3.3895e38
     case DType::f16: return 65504.0f;
+    case DType::u8: return 255.0f;
   }
   return 0;
 }
@@ -195,6 +217,7 @@ float dtype_min_subnormal(DType t) {
     case DType::f32: return float_of(1u);       // 2^-149
     case DType::bf16: return from_bf16(1u);   // 2^-133
     case DType::f16: return from_f16(1u);     // 2^-24
+    case DType::u8: return 1.0f;
   }
   return 0;
 }

@@ -93,6 +93,8 @@ class Tensor {
   int64_t offset_ = 0;  // bytes into the storage where element 0 is (a slice)
 };
 
+struct QuantState;  // core/nn/qlora.h
+
 // A named trainable tensor and its gradient. The gradient is allocated (zeroed) on the first backward
 // that needs it and released by zero_grad, as PyTorch does with set_to_none=True.
 struct Parameter {
@@ -110,6 +112,9 @@ struct Parameter {
   // Pipeline parallel: the name of the parameter this one is a copy of on another stage ("lm_head.weight"
   // on the last stage is tied to the first stage's "transformer.wte.weight"); "" for the original.
   std::string tied;
+  // QLoRA (core/nn/qlora.h): data holds the frozen weight's NF4 indices, two a byte, (numel/2, 1) as
+  // bitsandbytes' Params4bit; `quant` its constants and its own shape. nullptr: data is the weight.
+  std::shared_ptr<QuantState> quant;
   Tensor& grad_for_accumulate();  // allocates the zeroed gradient if needed
 };
 

@@ -135,6 +135,7 @@ class Trainer {
   ModelSpec spec_;
   std::unique_ptr<Model> model_;
   std::vector<std::string> lora_modules_;  // [lora]: the adapted Linears' module names
+  int64_t quantized_ = 0;                  // [quantization]: the Linears whose frozen weight is NF4 (QLoRA)
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;

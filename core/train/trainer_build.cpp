@@ -115,13 +115,20 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     total_steps_ = cfg.train.epochs * per_epoch;
   }
 
-  rt.dtype = parse_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
-  rt.reduce_dtype = parse_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
+  rt.dtype = parse_float_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
+  rt.reduce_dtype = parse_float_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
   rt.eager_saved = cfg.log.kernels == ModeledKernels::eager;  // eager PyTorch's saved tensors in the count
   model_ = build_split_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                              cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
   if (cfg.lora.on()) lora_modules_ = apply_lora(rt, *model_, lora_spec(cfg, shape), cfg.train.seed);  // PEFT's get_peft_model
+  // QLoRA: the frozen base in 4 bits (load_in_4bit), each Linear's 16-bit weight freed as it is quantized
+  if (cfg.quantization.on()) {
+    quantized_ = quantize_base(rt, *model_, cfg.quantization);
+    // transformers quantizes each weight as it loads it: the whole 16-bit base never sits on the card. It was
+    // built whole here, so the caching allocator hands its segments back (else they stay reserved)
+    rt.memory.empty_cache();
+  }
   if (shape.pp > 1) {
     pipeline_ = std::make_unique<Pipeline>(mesh_->group(MeshAxis::pp), *model_, cfg.parallel.schedule, int(accum_));
     if (auto* gpt = dynamic_cast<GPT*>(model_.get())) tied_ = gpt->tied_embedding();

@@ -33,6 +33,7 @@
 #include <set>
 
 #include "core/ckpt/checkpoint.h"
+#include "core/nn/qlora.h"
 #include "core/tensor/on_host.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/train/trainer.h"
@@ -171,7 +172,7 @@ nlohmann::json Trainer::checkpoint_estimate() {
   int64_t frozen = 0;  // LoRA's frozen base: written whole, f32, by the first replica (write_checkpoint)
   if (mesh_ ? mesh_->coord().dp == 0 : is_rank0())
     for (Parameter* p : model_->parameters())
-      if (!p->requires_grad) frozen += 4 * p->data.numel();
+      if (!p->requires_grad) frozen += 4 * p->data.numel();  // a 4-bit weight: its bytes as f32 values, 2 bytes a weight
   const int64_t rank_bytes = weights + optim + buffers;
   const int n = world();
   // what one node writes: every rank's part under ZeRO/FSDP; rank 0's whole copy under DDP (and the frozen base, once)
@@ -384,6 +385,8 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     c.read(b->name, 0, b->data.numel(), h.p, mine);
     h.store();
   }
+  for (Parameter* p : model_->parameters())  // QLoRA: the 4-bit weights' state read back from its constants
+    if (p->quant) quant_state_loaded(*p, step_dir);
   strategy_->checkpoint_loaded();
 
   // counters: this rank's own (or rank 0's on another world); AdamW's t per parameter from whichever

@@ -156,6 +156,10 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
     log_ << fmt::format("LoRA r {} alpha {}{} on {} Linear(s) ({}{}) | trainable params: {} || all params: {} || trainable%: {:.4f}\n", cfg_.lora.r,
                         cfg_.lora.alpha, cfg_.lora.use_rslora ? " (rsLoRA)" : "", lora_modules_.size(), lora_modules_.front(),
                         lora_modules_.size() > 1 ? ", ..." : "", c.trainable, c.all, 100.0 * double(c.trainable) / double(std::max<int64_t>(c.all, 1)));
+    if (quantized_ > 0)  // bitsandbytes' load_in_4bit
+      log_ << fmt::format("QLoRA: {} Linear weight(s) in NF4{} (4 bits + {:.3f} of constants a weight), dequantized to {} for each GEMM\n", quantized_,
+                          cfg_.quantization.double_quant ? ", double-quantized" : "", cfg_.quantization.double_quant ? 0.127 : 0.5,
+                          dtype_name(rt_.dtype));
   }
   if (spec_.name == "gpt" && !cfg_.lora.on())
     log_ << fmt::format("  closed form 12·L·C² + V·C + T·C = {} ({:+.3f} % from the count; the rest is biases and norms)\n",
@@ -214,6 +218,8 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
     const ParamCount c = count_parameters(*model_);
     summary["lora"] = {{"r", cfg_.lora.r}, {"alpha", cfg_.lora.alpha}, {"scaling", cfg_.lora.scaling()}, {"dropout", cfg_.lora.dropout},
                        {"use_rslora", cfg_.lora.use_rslora}, {"modules", lora_modules_}, {"trainable_params", c.trainable}, {"all_params", c.all}};
+    if (quantized_ > 0)
+      summary["lora"]["quantization"] = {{"bits", 4}, {"type", "nf4"}, {"double_quant", cfg_.quantization.double_quant}, {"linears", quantized_}};
   }
   if (pipeline_) {  // every rank's peak of micro-batches in flight, through the store (rank 0 writes the summary)
     const std::string key = "pipeline/peak/";

@@ -36,9 +36,9 @@ void Trainer::save_weights(const std::string& path, const std::string& dtype) {
   // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
   strategy_->gather_full_params(rt_, opt_.get());
   if (mesh_) {
-    save_whole_model(path, parse_dtype(dtype));
+    save_whole_model(path, parse_float_dtype(dtype));
   } else if (is_rank0()) {
-    save_model(*model_, path, parse_dtype(dtype), opt_.get());  // 16-bit params: their f32 masters
+    save_model(*model_, path, parse_float_dtype(dtype), opt_.get());  // 16-bit params: their f32 masters
     log_ << "saved weights to " << path << " (" << dtype << ")\n";
   }
   strategy_->release_full_params(rt_, false);
@@ -60,7 +60,7 @@ void Trainer::save_adapter_dir(const std::string& dir, const std::string& dtype)
   if (!cfg_.lora.on()) throw ConfigError("--save-adapter without LoRA: lora.r is 0", "set lora.r to train adapters, or --save the whole model");
   strategy_->gather_full_params(rt_, opt_.get());
   if (is_rank0()) {
-    save_adapter(*model_, cfg_.lora, dir, parse_dtype(dtype), opt_.get(), "");
+    save_adapter(*model_, cfg_.lora, dir, parse_float_dtype(dtype), opt_.get(), "");
     log_ << "saved LoRA adapters to " << dir << " (PEFT's adapter_config.json and adapter_model.safetensors, " << dtype << ")\n";
   }
   strategy_->release_full_params(rt_, false);

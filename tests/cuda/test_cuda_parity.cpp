@@ -24,6 +24,7 @@
 #include "core/ops/cpu/conv.h"
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/cpu/nf4.h"
 #include "core/ops/cpu/norm.h"
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
@@ -500,6 +501,25 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
   CHECK(bitwise(oq.get(), cdq));
   CHECK(bitwise(ok.get(), cdk));
   CHECK(bitwise(ov.get(), cdv));
+}
+
+TEST_CASE("QLoRA's dequantize: NF4 with and without double quantization, bit for bit the cpu's (no fused multiply-add)", "[cuda][qlora]") {
+  Pair g;
+  const int64_t n = 64 * 600 + 2;  // 601 blocks of 64 (the last short), 3 blocks of 256 constants (the last short)
+  const auto w = randn(n, 60, 0.02f);
+  for (const bool dq : {true, false}) {
+    INFO("double quantization " << dq);
+    const Nf4Weights q = nf4_quantize_weights(w.data(), n, dq);
+    std::vector<float> cpu(static_cast<size_t>(n)), host(static_cast<size_t>(n));
+    dequantize_nf4(g.cpu, cpu.data(), q.packed.data(), dq ? q.absmax_q.data() : nullptr, dq ? q.absmax2.data() : q.absmax.data(), q.offset, n,
+                   q.block, q.block2);
+    nf4_dequantize_weights(q, host.data());
+    CHECK(bitwise(cpu, host));  // the kernel and the reference path agree
+    Dev<uint8_t> packed(q.packed), absmax_q(dq ? q.absmax_q : std::vector<uint8_t>(1));
+    Dev<float> absmax(dq ? q.absmax2 : q.absmax), out(n);
+    cuda::dequantize_nf4(g.gpu, out.p, packed.p, dq ? absmax_q.p : nullptr, absmax.p, q.offset, n, q.block, q.block2);
+    CHECK(bitwise(out.get(), cpu));
+  }
 }
 
 TEST_CASE("flash attention on the GPU equals the cpu's flash kernels (and the naive ones), head sizes 12 to 200, repeatable bit for bit", "[cuda][flash]") {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops/kernels.h"
+#include "core/ops/op_scope.h"
 #include "core/util/error.h"
 
 namespace distlab {
@@ -193,6 +195,29 @@ std::vector<float> nf4_absmax(const Nf4Weights& q) {
 void nf4_dequantize_weights(const Nf4Weights& q, float* out) {
   const std::vector<float> absmax = nf4_absmax(q);
   nf4_dequantize(q.packed.data(), absmax.data(), q.numel, q.block, out);
+}
+
+void dequantize_nf4(Runtime& rt, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
+                    int64_t n, int64_t block, int64_t block2) {
+  if (rt.kernels) return rt.kernels->dequantize_nf4(rt, out, packed, absmax_q, absmax, offset, n, block, block2);
+  // reads half a byte a weight and a byte a block, writes the weight in the compute dtype; not batch-sized
+  OpScope op(rt, "dequantize_nf4", 2.0 * double(n), 0.5 * double(n) + double(blocks_of(n, block)) + double(n) * dtype_size(rt.dtype), false);
+  if (rt.is_meta()) return;
+  check_block(n, block, "dequantize_nf4");
+  const float* code = nf4_code().data();
+  const float* code8 = dynamic8_code().data();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t b = 0; b < blocks_of(n, block); b++) {
+    float c = absmax[absmax_q ? b / block2 : b];
+    if (absmax_q) {
+      c = code8[absmax_q[b]] * c;  // two statements: no fused multiply-add, the bits of nf4_absmax
+      c = c + offset;
+    }
+    for (int64_t i = b * block; i < std::min(n, (b + 1) * block); i++) {
+      const int level = i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0xF;
+      out[i] = code[level] * c;
+    }
+  }
 }
 
 }  // namespace distlab

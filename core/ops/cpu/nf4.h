@@ -11,13 +11,15 @@
 // A weight then costs 4 + 8/64 + 32/(64·256) = 4.127 bits (the paper's 0.127 bits of constants).
 // Dequantizing gives back level × absmax: the error of a weight is at most half the gap between the two
 // levels around it, times its block's absmax.
-// Read next: core/nn/ (where a QLoRA layer dequantizes its base weight for forward and backward).
+// Read next: core/nn/qlora.h (a QLoRA layer's base weight: quantized once, dequantized for each GEMM).
 #pragma once
 #include <array>
 #include <cstdint>
 #include <vector>
 
 namespace distlab {
+
+struct Runtime;
 
 const std::array<float, 16>& nf4_code();        // ascending, nf4_code()[7] == 0, [0] == -1, [15] == 1
 const std::array<float, 256>& dynamic8_code();  // bitsandbytes' signed dynamic map, ascending, in [-1, 1]
@@ -46,5 +48,13 @@ struct Nf4Weights {
 Nf4Weights nf4_quantize_weights(const float* w, int64_t n, bool double_quant = true, int64_t block = 64);
 void nf4_dequantize_weights(const Nf4Weights& q, float* out);  // numel values
 std::vector<float> nf4_absmax(const Nf4Weights& q);             // the block constants, double quantization undone
+
+// The kernel a QLoRA layer runs before each GEMM (bitsandbytes' dequantize_4bit), on the rank's device:
+//   out[i] = nf4[level i] × c[i / block],  c[b] = absmax[b]                                (absmax_q null)
+//                                          c[b] = dynamic8[absmax_q[b]] × absmax[b / block2] + offset
+// n values (out in f32; the layer rounds them to the compute dtype). The same products in the same order as
+// nf4_dequantize_weights, so every device gives the same bits.
+void dequantize_nf4(Runtime& rt, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
+                    int64_t n, int64_t block, int64_t block2);
 
 }  // namespace distlab

@@ -15,6 +15,7 @@ __device__ inline float load(const void* p, DType t, int64_t i) {
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::u8: return float(static_cast<const uint8_t*>(p)[i]);
   }
   return 0.0f;
 }
@@ -23,6 +24,7 @@ __device__ inline void store(void* p, DType t, int64_t i, float v) {
     case DType::f32: static_cast<float*>(p)[i] = v; break;
     case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
     case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = uint8_t(fminf(fmaxf(rintf(v), 0.0f), 255.0f)); break;
   }
 }
 

@@ -20,6 +20,7 @@ cudaDataType cuda_type(DType t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
+    case DType::u8: return CUDA_R_8U;
   }
   return CUDA_R_32F;
 }

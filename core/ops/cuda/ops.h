@@ -9,7 +9,7 @@
 // Files: pointwise.cu (activations, dropout, add, max-pool), matmul.cu (cuBLAS GEMM in f32, TF32, bf16,
 // fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding, flash attention), llama.cu
 // (RMSNorm, RoPE, SwiGLU, repeat_kv), convert.cu (dtypes, fill),
-// optim.cu (SGD, AdamW, the norm and overflow reductions); core/cuda/kernel_table.cpp lists them for rt.kernels.
+// optim.cu (SGD, AdamW, the norm and overflow reductions), nf4.cu (QLoRA's dequantize); core/cuda/kernel_table.cpp lists them for rt.kernels.
 // tests/cuda/test_cuda_parity.cpp runs each against the cpu kernel on random inputs.
 #pragma once
 #include <cstdint>
@@ -130,6 +130,10 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
 double sum_squares(Runtime& rt, const float* x, int64_t n);
 bool all_finite(Runtime& rt, const float* x, int64_t n);
 void scale(Runtime& rt, float* x, int64_t n, float s);
+
+// ---- nf4.cu ----
+void dequantize_nf4(Runtime& rt, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
+                    int64_t n, int64_t block, int64_t block2);
 
 // The table of these kernels that a cuda rank's Runtime points at (rt.kernels; core/ops/kernels.h).
 const Kernels& kernel_table();
