@@ -57,7 +57,8 @@ std::vector<std::pair<std::string, std::string>> lab_plans(int gpus) {
           {"06-tp-pp", jobs},
           {"07-checkpoint", jobs},
           {"08-clinic", "each case on its lab's device; the OOM story on the meta device"},
-          {"09-configs-plan", "the meta device: planned, nothing allocated"}};
+          {"09-configs-plan", "the meta device: planned, nothing allocated"},
+          {"10-lora-qlora", "the plugin's layers on the CPU, the engine's QLoRA beside them; Llama 3 8B planned on the meta device"}};
 }
 
 }  // namespace

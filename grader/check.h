@@ -148,5 +148,6 @@ std::map<std::string, CheckDef> lab04_checks();
 std::map<std::string, CheckDef> lab05_checks();
 std::map<std::string, CheckDef> lab06_checks();
 std::map<std::string, CheckDef> lab07_checks();
+std::map<std::string, CheckDef> lab10_checks();
 
 }  // namespace distlab::grader

@@ -332,6 +332,7 @@ std::map<std::string, CheckDef> checks_for_lab(const std::string& id) {
   if (id == "06") return lab06_checks();
   if (id == "07") return lab07_checks();
   if (id == "09") return lab09_checks();
+  if (id == "10") return lab10_checks();
   return {};
 }
 

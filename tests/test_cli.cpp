@@ -875,7 +875,7 @@ TEST_CASE("distlab doctor prints the CPU, the GPUs or why there are none, the ve
   const auto j = nlohmann::json::parse(jout);
   REQUIRE(j["cuda"].is_object());
   CHECK(j["cuda"].contains("usable"));
-  CHECK(j["labs"].size() == 9);
+  CHECK(j["labs"].size() == 10);
   CHECK(j["labs"].value("09-configs-plan", "").find("meta") != std::string::npos);
   const bool usable = j["cuda"].value("usable", false);
   auto [tc, tout] = shell_in_source(std::string(DISTLAB_BINARY) + " doctor");

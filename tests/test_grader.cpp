@@ -1238,6 +1238,63 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
 // The HTML report as a browser sees it: Debian's Chromium, headless, loads the page (no network, no
 // scripts of ours), and the DOM it built holds the grade table and the three figures; the page logged
 // nothing to the console.
+TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that keeps a 32-bit copy, the originals kept, a base that trains, the nibbles swapped, no offset", "[grader][lab10]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/10-lora-qlora/qlora.cpp");
+  const fs::path subs = fs::temp_directory_path() / ("distlab-subs10-" + std::to_string(getpid()));
+  const std::string dequant_sig = "void dequantize(const Nf4& q, int64_t n, float* out) {\n";
+  std::map<std::string, std::string> files = {
+      {"solution", solution},
+      // another correct one, written apart from the reference (tests/solutions_alt/): a linear scan in
+      // double, the offset in long double, LoRA through the merged weight W + s·BA
+      {"alt_merged_delta", read(src / "tests/solutions_alt/10-merged_delta.cpp")},
+      {"skeleton", read(src / "labs/10-lora-qlora/student/qlora.cpp")},
+      // a dequantize that keeps what it made: every layer's f32 weight stays in the process
+      {"keeps_f32_copy", replace(solution, "      out[i] = code[size_t(level)] * c;\n    }\n  }\n",
+                                 "      out[i] = code[size_t(level)] * c;\n    }\n  }\n  static std::vector<std::vector<float>> cache;\n"
+                                 "  if (n > 4096) cache.emplace_back(out, out + n);\n")},
+      // the 32-bit originals kept beside their 4-bit form, and the layer computes with them when it has them
+      {"keeps_originals",
+       replace(replace(solution, "Nf4 quantize(const float* w, int64_t n) {\n",
+                       "static std::vector<std::vector<float>> originals;\nNf4 quantize(const float* w, int64_t n) {\n  originals.emplace_back(w, w + n);\n"),
+               "  dequantize(*base.weight, base.out * base.in, w.data());\n  for (int64_t i = 0; i < N; i++)\n",
+               "  dequantize(*base.weight, base.out * base.in, w.data());\n  for (const auto& o : originals)\n"
+               "    if (int64_t(o.size()) == base.out * base.in) w = o;\n  for (int64_t i = 0; i < N; i++)\n")},
+      // adapters that train the base: backward nudges W's bytes too
+      {"trains_the_base", replace(solution, "  if (!dx) return;\n  // dx = dy W",
+                                  "  const_cast<Nf4*>(base.weight)->packed[0] ^= 0x11;\n  if (!dx) return;\n  // dx = dy W")},
+      // the low nibble first, in quantize and dequantize alike: its own round trip works, bitsandbytes' bytes don't
+      {"nibbles_swapped", replace(replace(solution, "i % 2 == 0 ? level << 4 : level", "i % 2 == 1 ? level << 4 : level"),
+                                  "const int level = i % 2 == 0 ? q.packed", "const int level = i % 2 == 1 ? q.packed")},
+      {"no_offset", replace(solution, "  q.offset = blocks ? float(sum / double(blocks)) : 0.0f;", "  q.offset = 0.0f;\n  (void)sum;")},
+      // a global constructor that prints a forged verdict and exits before anything runs
+      {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/10-lora-qlora/student/qlora.cpp") +
+                          "\nstatic int forged = [] { std::puts(\"17/17 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+  };
+  auto rows = grade_batch("10", subs, files, "qlora.cpp", nullptr, "--seed 5");
+  CHECK(rows["solution"].total == 17);
+  CHECK(rows["alt_merged_delta"].total == 17);
+  CHECK(rows["skeleton"].total == 0);
+  CHECK(rows["forged_exit"].total == 0);
+  CHECK(rows["keeps_f32_copy"].points["qlora_8b_on_24gb"] == 0);
+  CHECK(rows["keeps_f32_copy"].points["qlora_trains_as_engine"] == 3);
+  CHECK(rows["keeps_f32_copy"].points["dequantize"] == 2);
+  CHECK(rows["keeps_originals"].points["lora_forward"] == 2);  // the grader's bases never passed through its quantize
+  CHECK(rows["keeps_originals"].points["qlora_8b_on_24gb"] == 0);
+  CHECK(rows["keeps_originals"].points["nf4_indices"] == 2);
+  CHECK(rows["trains_the_base"].points["lora_backward"] == 0);
+  CHECK(rows["trains_the_base"].points["qlora_trains_as_engine"] == 0);
+  CHECK(rows["trains_the_base"].points["lora_forward"] == 2);
+  CHECK(rows["nibbles_swapped"].points["nf4_indices"] == 0);
+  CHECK(rows["nibbles_swapped"].points["dequantize"] == 0);
+  CHECK(rows["nibbles_swapped"].points["double_quant"] == 2);
+  CHECK(rows["no_offset"].points["double_quant"] == 0);
+  CHECK(rows["no_offset"].points["nf4_indices"] == 2);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "nibbles_swapped.txt"), Catch::Contains("HIGH nibble"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "keeps_f32_copy.txt"), Catch::Contains("bytes a weight"));
+  fs::remove_all(subs);
+}
+
 TEST_CASE("grade --html: the report renders in headless Chromium with the table, loss, memory and timeline", "[grader][lab02][html]") {
   const fs::path dir = fs::temp_directory_path() / ("distlab-html-" + std::to_string(getpid()));
   fs::create_directories(dir);

@@ -258,30 +258,12 @@ TEST_CASE("[lora] through the trainer: what trains and what it holds, DDP and Ze
   CHECK(full.losses == plain.losses);
   CHECK(plain.losses != one.losses);  // the dropout did something
   // a resume: the frozen base comes back from the checkpoint, the losses bitwise the uninterrupted run's
-  const std::string dir = scratch_path("lora", "ckpt");
-  TrainRun first = train_ranks(1, cfg, drop + "--set train.steps=4 --set optim.schedule=constant --set checkpoint.dir=" + dir);
-  TrainRun rest = train_ranks(1, cfg, drop + "--set optim.schedule=constant --set checkpoint.dir=" + dir);
-  TrainRun straight = train_ranks(1, cfg, drop + "--set optim.schedule=constant");
-  INFO(rest.out);
-  REQUIRE(first.code == 0);
-  REQUIRE(rest.code == 0);
-  REQUIRE(rest.losses.size() == 4);
-  CHECK(std::vector<double>(straight.losses.begin() + 4, straight.losses.end()) == rest.losses);
-  fs::remove_all(dir);
+  check_resume_bitwise(cfg, drop, 4, "lora");
 }
 
 TEST_CASE("[lora] refuses what it cannot do, naming the key", "[lora][config]") {
   const std::string toml = file_text("configs/llama-tiny.toml");
-  auto fails = [&](std::vector<std::string> sets, const std::string& needle) {
-    sets.push_back("train.steps=1");
-    try {
-      train_in_process(toml, sets, DeviceKind::meta);
-      FAIL("no error for " << needle);
-    } catch (const Error& e) {
-      INFO(e.what());
-      CHECK(std::string(e.what()).find(needle) != std::string::npos);
-    }
-  };
+  auto fails = [&](const std::vector<std::string>& sets, const std::string& needle) { expect_train_error(toml, sets, needle); };
   fails({"lora.r=8", "lora.target_modules=q_proj,qq_proj"}, "lora.target_modules: qq_proj not found");
   fails({"lora.r=8", "parallel.strategy=fsdp", "dist.fake_world_size=2"}, "parallel.strategy = fsdp");
   fails({"lora.r=8", "parallel.tp=2", "dist.fake_world_size=2"}, "parallel.tp = 2");
@@ -391,9 +373,7 @@ TEST_CASE("ckpt export --merge folds a LoRA checkpoint's adapters into the plain
   StFile merged = read_safetensors(dir + "merged.safetensors");
   for (const auto& [name, t] : merged.tensors) CHECK(name.find("lora_") == std::string::npos);
   // the merged file is the plain model (loaded strictly); its logits are the adapted model's
-  ModelSpec spec;
-  spec.name = "llama", spec.vocab_size = 256, spec.block_size = 64, spec.n_layer = 2, spec.n_head = 4, spec.n_kv_head = 2, spec.n_embd = 64;
-  spec.intermediate_size = 176;
+  const ModelSpec spec = llama_tiny_toml();
   Runtime rt;
   auto plain = build_model(rt, spec);
   load_model(*plain, dir + "merged.safetensors");
@@ -402,13 +382,7 @@ TEST_CASE("ckpt export --merge folds a LoRA checkpoint's adapters into the plain
   l.r = 4, l.alpha = 8, l.target_modules = {"all-linear"};
   apply_lora(rt, *adapted, l, 0);
   load_model(*adapted, dir + "lora.safetensors");
-  Batch b;
-  b.B = 1, b.T = 32;
-  for (int t = 0; t < 32; t++) b.tokens.push_back((t * 37) % 256), b.targets.push_back(0);
-  const std::vector<float> a = values(adapted->forward(rt, b)), p = values(plain->forward(rt, b));
-  double diff = 0;
-  for (size_t i = 0; i < a.size(); i++) diff = std::max(diff, double(std::abs(a[i] - p[i])));
-  CHECK(diff < 1e-4);
+  CHECK(logits_diff(rt, *adapted, *plain) < 1e-4);
   // --init-adapter: a run that starts from the saved adapters holds them (a zero learning rate keeps them)
   TrainRun again = train_ranks(1, cfg, lora + "--set optim.lr=0 --set optim.min_lr=0 --set train.steps=1 --init-adapter " + dir + "adapter --save-adapter " + dir + "again");
   INFO(again.out);

@@ -254,28 +254,10 @@ TEST_CASE("[quantization] through the trainer: 4-bit base memory, cuda-sim's bit
   REQUIRE(ddp.code == 0);
   CHECK(max_rel_diff(ddp.losses, one.losses) < 1e-6);
   // a resume: the 4-bit base and its constants come back from the checkpoint
-  const std::string dir = scratch_path("qlora", "ckpt");
-  TrainRun first = train_ranks(1, cfg, qlora + "--set train.steps=3 --set optim.schedule=constant --set checkpoint.dir=" + dir);
-  TrainRun rest_run = train_ranks(1, cfg, qlora + "--set optim.schedule=constant --set checkpoint.dir=" + dir);
-  TrainRun straight = train_ranks(1, cfg, qlora + "--set optim.schedule=constant");
-  INFO(rest_run.out);
-  REQUIRE(first.code == 0);
-  REQUIRE(rest_run.code == 0);
-  REQUIRE(rest_run.losses.size() == 3);
-  CHECK(std::vector<double>(straight.losses.begin() + 3, straight.losses.end()) == rest_run.losses);
-  fs::remove_all(dir);
+  check_resume_bitwise(cfg, qlora, 3, "qlora");
 
   const std::string toml = file_text(cfg);
-  auto fails = [&](std::vector<std::string> sets, const std::string& needle) {
-    sets.push_back("train.steps=1");
-    try {
-      train_in_process(toml, sets, DeviceKind::meta);
-      FAIL("no error for " << needle);
-    } catch (const Error& e) {
-      INFO(e.what());
-      CHECK_THAT(e.what(), Catch::Contains(needle));
-    }
-  };
+  auto fails = [&](const std::vector<std::string>& sets, const std::string& needle) { expect_train_error(toml, sets, needle); };
   fails({"quantization.bits=4"}, "lora.r = 0");
   fails({"lora.r=8", "quantization.bits=8"}, "quantization.bits");
   fails({"lora.r=8", "quantization.bits=4", "quantization.type=fp4"}, "quantization.type");
@@ -319,9 +301,7 @@ TEST_CASE("ckpt export of a QLoRA checkpoint: bitsandbytes' file as it was, or -
   auto [code2, out2] = shell_in_source(std::string(DISTLAB_BINARY) + " ckpt export " + dir + "ckpt --out " + dir + "exported.safetensors");
   INFO(out2);
   REQUIRE(code2 == 0);
-  ModelSpec spec;
-  spec.name = "llama", spec.vocab_size = 256, spec.block_size = 64, spec.n_layer = 2, spec.n_head = 4, spec.n_kv_head = 2, spec.n_embd = 64;
-  spec.intermediate_size = 176;
+  const ModelSpec spec = llama_tiny_toml();
   Runtime rt;
   auto adapted = [&] {
     auto m = build_model(rt, spec);
@@ -340,12 +320,6 @@ TEST_CASE("ckpt export of a QLoRA checkpoint: bitsandbytes' file as it was, or -
   for (const auto& [name, t] : merged.tensors) CHECK((name.find("lora_") == std::string::npos && name.find("absmax") == std::string::npos));
   auto plain = build_model(rt, spec);
   load_model(*plain, dir + "merged.safetensors");
-  Batch b;
-  b.B = 1, b.T = 32;
-  for (int t = 0; t < 32; t++) b.tokens.push_back((t * 37) % 256), b.targets.push_back(0);
-  const std::vector<float> a = values(saved->forward(rt, b)), p = values(plain->forward(rt, b));
-  double diff = 0;
-  for (size_t i = 0; i < a.size(); i++) diff = std::max(diff, double(std::abs(a[i] - p[i])));
-  CHECK(diff < 1e-4);
+  CHECK(logits_diff(rt, *saved, *plain) < 1e-4);
   fs::remove_all(dir);
 }

@@ -130,6 +130,17 @@ enum Fn : int64_t {
   kTpRowForward = 62,
   kTpRowBackward = 63,
   kPipeRun = 64,  // args: stages, stage, m; the student's executor's requests are kPipe* ops below; returns nothing
+  // lab 10 (grader/host/lab10.cpp). An Nf4 on the wire: int64 #packed, #absmax_q, #absmax2, f32 offset, then
+  // the packed bytes, the absmax_q bytes, the absmax2 floats. A base is an Nf4 the host keeps by id for the
+  // layer calls (in the plugin's process: its bytes are the plugin's).
+  kNf4Code = 90,      // returns the floats
+  kQuantize = 91,     // args: n, base id (-1: do not keep); payload: n floats; returns an Nf4
+  kDequantize = 92,   // args: n; payload: an Nf4; returns n floats
+  kKeepBase = 93,     // args: base id; payload: an Nf4, kept as that base
+  kLoraForward = 94,  // args: base id, N, in, out, r, has_bias; payload: f32 scaling, x, A, B, bias; returns y (N, out)
+  kLoraBackward = 95, // args: base id, N, in, out, r, has_bias, want_dx; payload: f32 scaling, x, dy, A, B, bias, dA, dB;
+                      // returns dx (N, in; when want_dx), dA, dB
+  kBaseBytes = 96,    // args: base id; returns the base's Nf4 as the host holds it now
 };
 
 }  // namespace distlab::labproto

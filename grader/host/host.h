@@ -82,5 +82,6 @@ int serve_lab04(void* plugin);
 int serve_lab05(void* plugin);
 int serve_lab06(void* plugin);
 int serve_lab07(void* plugin);
+int serve_lab10(void* plugin);
 
 }  // namespace labhost

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   if (lab == "05") return serve_lab05(h);
   if (lab == "06") return serve_lab06(h);
   if (lab == "07") return serve_lab07(h);
+  if (lab == "10") return serve_lab10(h);
   const std::string why = "lab " + lab + " has no plugin host";
   put(distlab::labproto::kLoadFailed, why.data(), why.size());
   return 2;
