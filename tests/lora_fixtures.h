@@ -59,14 +59,14 @@ inline double logits_diff(Runtime& rt, Model& a, Model& b) {
   return diff;
 }
 
-// A run of `cfg` with `args` stopped after `at` of its steps (a checkpoint) and resumed: the resumed steps'
+// A run of `cfg` with `args` on `ranks` ranks stopped after `at` of its steps (a checkpoint) and resumed: the resumed steps'
 // losses bitwise those of the run straight through (a constant lr: the same schedule either way)
-inline void check_resume_bitwise(const std::string& cfg, const std::string& args, int at, const std::string& tag) {
+inline void check_resume_bitwise(const std::string& cfg, const std::string& args, int at, const std::string& tag, int ranks = 1) {
   const std::string dir = scratch_path(tag, "ckpt");
   const std::string run = args + "--set optim.schedule=constant ";
-  TrainRun first = train_ranks(1, cfg, run + "--set train.steps=" + std::to_string(at) + " --set checkpoint.dir=" + dir);
-  TrainRun rest = train_ranks(1, cfg, run + "--set checkpoint.dir=" + dir);
-  TrainRun straight = train_ranks(1, cfg, run);
+  TrainRun first = train_ranks(ranks, cfg, run + "--set train.steps=" + std::to_string(at) + " --set checkpoint.dir=" + dir);
+  TrainRun rest = train_ranks(ranks, cfg, run + "--set checkpoint.dir=" + dir);
+  TrainRun straight = train_ranks(ranks, cfg, run);
   INFO(rest.out);
   REQUIRE(first.code == 0);
   REQUIRE(rest.code == 0);

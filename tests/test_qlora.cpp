@@ -154,7 +154,7 @@ TEST_CASE("a QLoRA Llama trains as LoRA on its dequantized base, bit for bit, an
   }
 }
 
-TEST_CASE("a QLoRA model saved under bitsandbytes' names loads back bit for bit; a 16-bit base file is quantized as it loads",
+TEST_CASE("a QLoRA model saved under bitsandbytes' names loads back bit for bit, and a 16-bit base file is quantized as it loads",
           "[qlora][safetensors]") {
   Runtime rt;
   const fs::path dir = fs::path(scratch_path("qlora", "save"));

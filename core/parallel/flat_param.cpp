@@ -8,6 +8,7 @@
 #include "core/optim/grad_scaler.h"
 #include "core/parallel/comm_buffers.h"
 #include "core/tensor/on_host.h"
+#include "core/util/error.h"
 
 namespace distlab {
 
@@ -67,9 +68,9 @@ void unpack(Runtime& rt, FlatParam& f, int64_t a, int64_t b, const float* in, De
 }
 
 FlatParams::FlatParams(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Wrap wrap, Category local_cat, DType local_dtype,
-                       int64_t min_params)
+                       int64_t min_params, bool shard_frozen)
     : rt_(rt), pg_(pg), who_(who) {
-  std::vector<std::vector<Parameter*>> groups;
+  std::vector<std::vector<Parameter*>> groups, frozen_groups;
   if (wrap == Wrap::whole_model) {
     groups.push_back(trainable(model.parameters()));  // in the model's order: ZeRO-1's one vector per decay group
     first_unit_.push_back(0);
@@ -79,22 +80,34 @@ FlatParams::FlatParams(Runtime& rt, ProcessGroup& pg, Model& model, const std::s
     int64_t in_group = 0;
     for (size_t u = 0; u < units.size(); u++) {
       int64_t numel = 0;
-      const std::vector<Parameter*> mine = trainable(units[u]);  // frozen ones stay whole on every rank
+      const std::vector<Parameter*> mine = trainable(units[u]);  // frozen ones stay whole on every rank, unless shard_frozen
       for (Parameter* p : mine) numel += p->data.numel();
       if (u <= 1 || min_params <= 0 || in_group >= min_params) {  // a new group starts
         groups.emplace_back();
+        frozen_groups.emplace_back();
         first_unit_.push_back(int(u));
         in_group = 0;
       }
       groups.back().insert(groups.back().end(), mine.begin(), mine.end());
+      for (Parameter* p : units[u])
+        if (!p->requires_grad && shard_frozen) {
+          DL_ASSERT(!p->quant, "a 4-bit weight in a sharded flat vector: " + p->name);
+          frozen_groups.back().push_back(p);
+        }
       in_group += numel;
       group_of_.push_back(int(groups.size()) - 1);
     }
   }
   flats_ = flat_layout(groups, pg.size());
+  frozen_ = flat_layout(frozen_groups, pg.size());
   const DeviceKind where = local_cat == Category::host ? rt.host_device() : rt.device;
   for (FlatParam& f : flats_) {
     f.local.name = fmt::format("{} part {} of group {} ({})", who, pg.rank(), f.group, f.local.decay ? "decayed" : "undecayed");
+    f.local.data = Tensor::zeros({f.shard}, rt.memory, where, local_cat, local_dtype, f.local.name);
+  }
+  for (FlatParam& f : frozen_) {  // the frozen base's part: kept as the weights are (ZeRO-3's params), never stepped
+    f.local.name = fmt::format("{} part {} of group {} (frozen)", who, pg.rank(), f.group);
+    f.local.requires_grad = false;
     f.local.data = Tensor::zeros({f.shard}, rt.memory, where, local_cat, local_dtype, f.local.name);
   }
 }
@@ -104,6 +117,13 @@ bool FlatParams::parts_on_host() const { return !flats_.empty() && flats_.front(
 std::vector<FlatParam*> FlatParams::of_group(int group) {
   std::vector<FlatParam*> v;
   for (auto& f : flats_)
+    if (f.group == group) v.push_back(&f);
+  return v;
+}
+
+std::vector<FlatParam*> FlatParams::of_group_all(int group) {
+  std::vector<FlatParam*> v = of_group(group);
+  for (auto& f : frozen_)
     if (f.group == group) v.push_back(&f);
   return v;
 }

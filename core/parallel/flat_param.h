@@ -59,15 +59,21 @@ class FlatParams {
   // `local_cat`, `local_dtype`: where and how each rank keeps its part of the weights — optim_state f32 for
   // ZeRO-1 and 2 (the master copy), params in the run's dtype for ZeRO-3 (the only copy between uses), host
   // under CPU offload (on a cuda rank that is host memory, stepped with the host's kernels).
+  // `shard_frozen` (ZeRO-3, FSDP): the frozen parameters (LoRA's base) are sharded too, in flat vectors of
+  // their own beside each group's trainable ones (FSDP's use_orig_params: frozen and trainable in one
+  // unit), gathered and freed with them but never reduced or stepped. Otherwise they stay whole on every rank.
   FlatParams(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, Wrap wrap, Category local_cat, DType local_dtype,
-             int64_t min_params = 0);
+             int64_t min_params = 0, bool shard_frozen = false);
   int group_of(int unit) const { return group_of_[size_t(unit)]; }          // a model unit's group
   int first_unit_of(int group) const { return first_unit_[size_t(group)]; }  // the lowest model unit in it
   int num_groups() const { return int(first_unit_.size()); }
 
   std::vector<FlatParam>& all() { return flats_; }
   const std::vector<FlatParam>& all() const { return flats_; }
-  std::vector<FlatParam*> of_group(int group);
+  std::vector<FlatParam*> of_group(int group);  // the trainable flat vectors: what is reduced and stepped
+  // ... and the frozen ones (shard_frozen): everything a group's forward and backward read
+  std::vector<FlatParam*> of_group_all(int group);
+  std::vector<FlatParam>& frozen() { return frozen_; }
   std::vector<Parameter*> locals();
   ProcessGroup& group() { return pg_; }
 
@@ -91,6 +97,7 @@ class FlatParams {
   ProcessGroup& pg_;
   std::string who_;
   std::vector<FlatParam> flats_;
+  std::vector<FlatParam> frozen_;  // shard_frozen: the frozen parameters' flat vectors, by the same groups
   std::vector<int> group_of_, first_unit_;
 };
 

@@ -31,8 +31,8 @@ class ShardedStrategy : public Strategy {
 
  protected:
   ShardedStrategy(Runtime& rt, ProcessGroup& pg, Model& model, const std::string& who, FlatParams::Wrap wrap, Category local_cat,
-                  DType local_dtype, int64_t min_params = 0)
-      : flats_(rt, pg, model, who, wrap, local_cat, local_dtype, min_params), rank_(pg.rank()) {}
+                  DType local_dtype, int64_t min_params = 0, bool shard_frozen = false)
+      : flats_(rt, pg, model, who, wrap, local_cat, local_dtype, min_params, shard_frozen), rank_(pg.rank()) {}
   FlatParams flats_;
   int rank_;
 };

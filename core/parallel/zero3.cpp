@@ -11,7 +11,8 @@
 namespace distlab {
 
 ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std::string name)
-    : ShardedStrategy(rt, pg, model, name, FlatParams::Wrap::per_unit, Offload{o.offload}.parts(Category::params), rt.dtype, o.min_params),
+    : ShardedStrategy(rt, pg, model, name, FlatParams::Wrap::per_unit, Offload{o.offload}.parts(Category::params), rt.dtype, o.min_params,
+                      /*shard_frozen=*/true),
       pg_(pg), rt_(rt), o_(o), offload_{o.offload}, name_(std::move(name)) {
   broadcast_model(pg, model);  // every rank starts from rank 0's weights, then keeps its part of them
   whole_.assign(size_t(flats_.num_groups()), true);
@@ -43,7 +44,7 @@ nlohmann::json ZeRO3::report() const {
 // (half the bytes in 16 bits), or from the optimizer's f32 masters in f32 for a save.
 void ZeRO3::issue(int group, const Optimizer* masters) {
   InFlight& g = in_flight_[group];
-  for (FlatParam* f : flats_.of_group(group)) {
+  for (FlatParam* f : flats_.of_group_all(group)) {  // LoRA's frozen base too: the unit's forward reads it
     const Tensor* master = masters ? masters->master(&f->local) : nullptr;
     offload_.part_to_device(rt_, *f);
     g.flat.push_back(rt_.empty({f->padded}, Category::comm_buffers, name_ + " gathered group " + std::to_string(group)));
@@ -61,7 +62,7 @@ void ZeRO3::gather(int group) {
   InFlight g = std::move(in_flight_.at(group));
   in_flight_.erase(group);
   size_t i = 0;
-  for (FlatParam* f : flats_.of_group(group)) {
+  for (FlatParam* f : flats_.of_group_all(group)) {
     g.work[i]->wait();
     for (Parameter* p : f->params)
       p->data = rt_.empty(p->data.shape(), Category::params, p->name + " (gathered)", g.f32[i] ? DType::f32 : rt_.dtype);
@@ -85,7 +86,7 @@ void ZeRO3::release(int group) {
     in_flight_.erase(it);
   }
   if (!whole_[size_t(group)]) return;
-  for (FlatParam* f : flats_.of_group(group))
+  for (FlatParam* f : flats_.of_group_all(group))
     for (Parameter* p : f->params) p->data.release();  // freed; the shape stays: numel() still answers
   whole_[size_t(group)] = false;
 }
@@ -194,7 +195,7 @@ void ZeRO3::visit_full_params(Runtime&, Model&, const std::function<void(const s
     const bool was_whole = whole_[size_t(g)];
     gather(g);
     std::vector<Parameter*> params;
-    for (FlatParam* f : flats_.of_group(g)) params.insert(params.end(), f->params.begin(), f->params.end());
+    for (FlatParam* f : flats_.of_group_all(g)) params.insert(params.end(), f->params.begin(), f->params.end());
     fn(params);
     if (!was_whole) release(g);
   }
@@ -205,7 +206,7 @@ void ZeRO3::release_full_params(Runtime&, bool keep_changes) {
   waiting_.clear();
   for (int g = 0; g < flats_.num_groups(); g++) {
     if (keep_changes && whole_[size_t(g)])
-      for (FlatParam* f : flats_.of_group(g)) flats_.load_local(*f);
+      for (FlatParam* f : flats_.of_group_all(g)) flats_.load_local(*f);
     release(g);
   }
 }

@@ -27,10 +27,10 @@ static LoraSpec lora_spec(const RunConfig& cfg, const MeshShape& shape) {
   LoraSpec s = cfg.lora;
   const std::string at = cfg.origin.count("lora.r") ? cfg.origin.at("lora.r") : "lora.r";
   const StrategyKind k = cfg.parallel.strategy;
-  if (k == StrategyKind::zero3 || k == StrategyKind::fsdp)
-    throw ConfigError(fmt::format("{}: LoRA (lora.r = {}) under parallel.strategy = {}: sharding the frozen base with its adapters is not in "
-                                  "this engine yet", at, s.r, name_of(k)),
-                      "use none, ddp, zero1 or zero2: every rank then holds the frozen base whole, in 16 bits under bf16/fp16");
+  if ((k == StrategyKind::zero3 || k == StrategyKind::fsdp) && cfg.quantization.on())
+    throw ConfigError(fmt::format("{}: QLoRA (quantization.bits = 4) under parallel.strategy = {}: sharding 4-bit weights is not in this engine",
+                                  at, name_of(k)),
+                      "QLoRA runs over none, ddp, zero1 or zero2 (every rank holds the 4-bit base whole); LoRA on a 16-bit base shards under zero3 and fsdp");
   if (shape.tp > 1 || shape.pp > 1)
     throw ConfigError(fmt::format("{}: LoRA with parallel.tp = {} and parallel.pp = {}: split adapters are not in this engine yet", at, shape.tp,
                                   shape.pp),

@@ -279,13 +279,16 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
         }
     }
   }
-  // frozen parameters (LoRA's base) are in no optimizer slice: the first replica writes them whole, f32
-  if (mesh_ ? mesh_->coord().dp == 0 : rank == 0)
-    for (Parameter* p : model_->parameters())
-      if (!p->requires_grad) {
+  // frozen parameters (LoRA's base) are in no optimizer slice: the first replica writes them whole, f32.
+  // Sharded with the rest (ZeRO-3, FSDP), they are gathered a unit at a time for it: every rank takes part.
+  const bool writes_frozen = mesh_ ? mesh_->coord().dp == 0 : rank == 0;
+  strategy_->visit_full_params(rt_, *model_, [&](const std::vector<Parameter*>& ps) {
+    for (Parameter* p : ps)
+      if (!p->requires_grad && writes_frozen) {
         OnHost h(p->data);
         w.add(p->name, p->data.shape(), 0, h.p, p->data.numel(), "weights");
       }
+  });
   for (auto* b : model_->buffers()) {
     OnHost h(b->data);
     w.add(b->name, b->data.shape(), 0, h.p, b->data.numel(), "buffers");
@@ -387,6 +390,20 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
   }
   for (Parameter* p : model_->parameters())  // QLoRA: the 4-bit weights' state read back from its constants
     if (p->quant) quant_state_loaded(*p, step_dir);
+  // ZeRO-3, FSDP: LoRA's frozen base is sharded with the rest: whole for the read, then each rank keeps its part
+  const std::vector<Parameter*> params = model_->parameters();
+  if (strategy_->shards_parameters() && trainable(params).size() < params.size()) {
+    strategy_->gather_full_params(rt_, nullptr);
+    for (Parameter* p : params)
+      if (!p->requires_grad) {
+        std::vector<float> v(size_t(p->data.numel()));
+        c.read(p->name, 0, p->data.numel(), v.data());
+        OnHost h(p->data, OnHost::out);
+        if (h.p) std::copy(v.begin(), v.end(), h.p);
+        h.store();
+      }
+    strategy_->release_full_params(rt_, true);
+  }
   strategy_->checkpoint_loaded();
 
   // counters: this rank's own (or rank 0's on another world); AdamW's t per parameter from whichever
