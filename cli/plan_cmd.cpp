@@ -9,6 +9,7 @@
 // too) — which lab 09 asks students to apply by hand. --finetune lora adds the tree's first answer: LoRA rows
 // (the engine's own adapters, core/nn/lora.h: a frozen 16-bit base) on one GPU and over all of them, and the
 // tree asks after "does a full replica fit?" whether LoRA fits one card: then no distributed training.
+// Over several GPUs LoRA also gets FSDP rows: the frozen base sharded beside the adapters.
 // --finetune qlora adds QLoRA's rows beside LoRA's (the same adapters on an NF4 base, core/nn/qlora.h: 4.127
 // bits a frozen weight) and the tree's next question: does it fit in 4 bits?
 // Read next: core/parallel/zero3.h (what the sharded rows do), core/perf/cost_model.h (the step time).
@@ -265,6 +266,11 @@ int run_plan(const PlanArgs& a) {
         l.push_back({name + " + DDP", method + "+ddp", with({"parallel.strategy=ddp"}), method});
         if (is_language_model(spec))
           l.push_back({name + " + DDP + AC", method + "+ddp+full", with({"parallel.strategy=ddp", "train.activation_checkpointing=full"}), method});
+        if (method == "lora") {  // the 16-bit base too big for every card whole: sharded beside the adapters (use_orig_params)
+          l.push_back({name + " + FSDP", method + "+fsdp", with({"parallel.strategy=fsdp"}), method});
+          if (is_language_model(spec))
+            l.push_back({name + " + FSDP + AC", method + "+fsdp+full", with({"parallel.strategy=fsdp", "train.activation_checkpointing=full"}), method});
+        }
       }
     }
     rows.insert(rows.begin(), l.begin(), l.end());

@@ -525,6 +525,14 @@ TEST_CASE("distlab plan --finetune lora and qlora: the tree's first answer from 
   CHECK(q["decision_tree"] == "QLoRA, 1 GPU + AC");
   CHECK_THAT(q["decision_tree_reason"].get<std::string>(), Catch::Contains("NF4") && Catch::Contains("no distributed training needed"));
   CHECK(q["recommendation"] == "QLoRA, 1 GPU + AC");
+  // over eight 80 GB cards, LoRA's 16-bit 70B base (131.8 GiB) fits no card whole: FSDP shards it beside the adapters
+  const nlohmann::json f = plan_json("--model llama3-70b --gpus 8 --gpu-mem 80GiB --seq 2048 --finetune lora");
+  std::map<std::string, nlohmann::json> frows;
+  for (const auto& r : f["rows"]) frows[r["strategy"].get<std::string>()] = r;
+  REQUIRE(frows.count("LoRA + FSDP + AC"));
+  CHECK(frows.at("LoRA + DDP + AC")["fits"] == false);
+  CHECK(frows.at("LoRA + FSDP + AC")["fits"] == true);
+  CHECK(f["recommendation"].get<std::string>().starts_with("LoRA + FSDP"));
   // where LoRA on a 16-bit base fits, the tree takes it first (no 4-bit rounding of the base)
   CHECK(plan_json("--model llama3-8b --gpus 1 --gpu-mem 24GiB --seq 2048 --finetune qlora")["decision_tree"] == "LoRA, 1 GPU + AC");
   auto [code, out] = shell_in_source(std::string(DISTLAB_BINARY) + " plan --model llama3-8b --gpus 1 --finetune qqlora 2>&1");
