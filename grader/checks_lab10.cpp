@@ -302,6 +302,8 @@ struct LayerCase {
   std::vector<double> y, dx, dA, dB;
 };
 
+void reference(LayerCase& c, const std::vector<float>& W);
+
 LayerCase layer_case(std::mt19937_64& rng) {
   LayerCase c;
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
@@ -310,7 +312,12 @@ LayerCase layer_case(std::mt19937_64& rng) {
   c.w = drawn(rng, c.out * c.in, 0.05f), c.x = drawn(rng, c.N * c.in, 1.0f), c.A = drawn(rng, c.r * c.in, 0.1f);
   c.B = drawn(rng, c.out * c.r, 0.1f), c.b = drawn(rng, c.bias ? c.out : 0, 0.1f), c.dy = drawn(rng, c.N * c.out, 1.0f);
   c.dA0 = drawn(rng, c.r * c.in, 0.01f), c.dB0 = drawn(rng, c.out * c.r, 0.01f);
-  const std::vector<float> W = engine_dequantize(engine_nf4(c.w), c.out * c.in);
+  reference(c, engine_dequantize(engine_nf4(c.w), c.out * c.in));
+  return c;
+}
+
+// c's y, dx, dA and dB in float64, for the frozen weight W (out, in) as the layer sees it
+void reference(LayerCase& c, const std::vector<float>& W) {
   auto at = [](const std::vector<float>& v, int64_t i) { return double(v[size_t(i)]); };
   std::vector<double> h(size_t(c.N * c.r), 0.0), g(size_t(c.N * c.r), 0.0);
   for (int64_t i = 0; i < c.N; i++)
@@ -343,7 +350,6 @@ LayerCase layer_case(std::mt19937_64& rng) {
       for (int64_t k = 0; k < c.r; k++) s += g[size_t(i * c.r + k)] * at(c.A, k * c.in + j);
       c.dx[size_t(i * c.in + j)] = s;
     }
-  return c;
 }
 
 // "" when got is within 1e-5 of want (relative to want's largest magnitude), else where it is not
@@ -593,12 +599,21 @@ CheckResult qlora_8b_on_24gb(CheckContext& ctx) {
   auto rng = ctx.rng({10, 8});
   const int64_t n = kSide * kSide, N = 4, r = 8;
   const double psi = double(kLayers * n);
+  // the work is checked too: a plugin that keeps nothing because it computes nothing holds very little.
+  // Every layer's 4-bit form has its sizes; the last layer's forward and backward are held to float64 on
+  // the weight its own bytes stand for
+  Nf4Wire last;
   for (int64_t l = 0; l < kLayers; l++) {  // your quantize, kept: the base the layers run on
     std::vector<char> in;
     append(in, drawn(rng, n, 0.02f));
-    call(ctx, p, labproto::kQuantize, {n, l}, in, uint64_t(n) * 2 + 4096, fmt::format("quantize of layer {}", l));
+    const auto q = from_wire(call(ctx, p, labproto::kQuantize, {n, l}, in, uint64_t(n) * 2 + 4096, fmt::format("quantize of layer {}", l)));
+    if (!q || q->packed.size() != size_t(n / 2) || q->absmax_q.size() != size_t(n / 64) || q->absmax2.size() != size_t(n / 64 / 256))
+      return {false, fmt::format("layer {}: {} bytes of indices, {} absmax indices, {} second-level absmax", l, n / 2, n / 64, n / 64 / 256),
+              q ? fmt::format("{}, {} and {}", q->packed.size(), q->absmax_q.size(), q->absmax2.size()) : "an Nf4 that does not add up", ""};
+    if (l == kLayers - 1) last = *q;
   }
-  const float scaling = 2.0f;
+  LayerCase ref{N, kSide, kSide, r, false, 2.0f};
+  const float scaling = ref.scaling;
   const std::vector<float> A = drawn(rng, r * kSide, 0.05f), B = drawn(rng, kSide * r, 0.05f), zA(size_t(r * kSide), 0.0f), zB(size_t(kSide * r), 0.0f);
   std::vector<std::vector<float>> xs = {drawn(rng, N * kSide, 1.0f)};
   for (int64_t l = 0; l < kLayers; l++) {  // forward through the stack, then backward
@@ -607,13 +622,19 @@ CheckResult qlora_8b_on_24gb(CheckContext& ctx) {
     append(in, xs.back()), append(in, A), append(in, B);
     auto y = as_floats(call(ctx, p, labproto::kLoraForward, {l, N, kSide, kSide, r, 0, 0}, in, uint64_t(N * kSide) * 4, "lora_forward"), 0,
                        size_t(N * kSide));
+    if (l == kLayers - 1) {
+      ref.x = xs.back(), ref.A = A, ref.B = B, ref.dy = drawn(rng, N * kSide, 1.0f), ref.dA0 = zA, ref.dB0 = zB;
+      reference(ref, engine_dequantize(last, n));
+      if (const std::string bad = compare(y, 0, ref.y, "y"); !bad.empty())
+        return {false, fmt::format("layer {} of the stack: y = x Wᵀ + scaling · (x Aᵀ) Bᵀ, W what your quantize returned", l), bad, ""};
+    }
     double norm = 0;
     for (float v : y) norm += double(v) * v;
     const float s = norm > 0 ? float(std::sqrt(double(N * kSide) / norm)) : 1.0f;  // kept at unit scale
     for (float& v : y) v *= s;
     xs.push_back(std::move(y));
   }
-  std::vector<float> dy = drawn(rng, N * kSide, 1.0f);
+  std::vector<float> dy = ref.dy;
   for (int64_t l = kLayers - 1; l >= 0; l--) {
     std::vector<char> in;
     append(in, &scaling, 4);
@@ -621,6 +642,9 @@ CheckResult qlora_8b_on_24gb(CheckContext& ctx) {
     const auto b = call(ctx, p, labproto::kLoraBackward, {l, N, kSide, kSide, r, 0, l > 0 ? 1 : 0}, in, uint64_t(N * kSide + 2 * r * kSide) * 4,
                         "lora_backward");
     if (l > 0) dy = as_floats(b, 0, size_t(N * kSide));
+    if (l == kLayers - 1)
+      if (const std::string bad = compare(dy, 0, ref.dx, "dx"); !bad.empty())
+        return {false, fmt::format("layer {} of the stack: dx = dy W + scaling · (dy B) A", l), bad, ""};
   }
   const PluginMemory mem = p.memory();
   if (mem.method.empty()) return {true, "not measured here (no memory cgroup and no /proc)", "", ""};

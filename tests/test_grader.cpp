@@ -1267,6 +1267,11 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
       {"nibbles_swapped", replace(replace(solution, "i % 2 == 0 ? level << 4 : level", "i % 2 == 1 ? level << 4 : level"),
                                   "const int level = i % 2 == 0 ? q.packed", "const int level = i % 2 == 1 ? q.packed")},
       {"no_offset", replace(solution, "  q.offset = blocks ? float(sum / double(blocks)) : 0.0f;", "  q.offset = 0.0f;\n  (void)sum;")},
+      // holds nothing because it computes nothing: an empty 4-bit form, a forward that writes zeros
+      {"does_no_work", replace(replace(solution, "  const std::vector<float> code = nf4_code(), code8 = dynamic8_code();\n  Nf4 q;\n",
+                                       "  Nf4 q;\n  if (n > 100000) return q;\n  const std::vector<float> code = nf4_code(), code8 = dynamic8_code();\n"),
+                               "  // W for this GEMM only: 4 bytes a weight while it lives, then gone\n",
+                               "  if (base.in * base.out > 100000) {\n    for (int64_t i = 0; i < N * base.out; i++) y[i] = 0.0f;\n    return;\n  }\n")},
       // a global constructor that prints a forged verdict and exits before anything runs
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/10-lora-qlora/student/qlora.cpp") +
                           "\nstatic int forged = [] { std::puts(\"17/17 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -1290,6 +1295,8 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
   CHECK(rows["nibbles_swapped"].points["double_quant"] == 2);
   CHECK(rows["no_offset"].points["double_quant"] == 0);
   CHECK(rows["no_offset"].points["nf4_indices"] == 2);
+  CHECK(rows["does_no_work"].points["qlora_8b_on_24gb"] == 0);
+  CHECK(rows["does_no_work"].points["qlora_trains_as_engine"] == 3);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "nibbles_swapped.txt"), Catch::Contains("HIGH nibble"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "keeps_f32_copy.txt"), Catch::Contains("bytes a weight"));
   fs::remove_all(subs);

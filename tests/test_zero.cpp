@@ -25,6 +25,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// plan --json's rows by their label ("FSDP + AC")
+std::map<std::string, nlohmann::json> rows_by_label(const nlohmann::json& plan) {
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : plan["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  return rows;
+}
+
+
 using distlab::testing::file_text;
 using distlab::testing::max_rel_diff;
 using ZeroRunOut = distlab::testing::TrainRun;
@@ -390,8 +398,7 @@ TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, t
   REQUIRE(jcode == 0);
   const auto plan = nlohmann::json::parse(jout);
   REQUIRE(plan["rows"].size() == 9);
-  std::map<std::string, nlohmann::json> rows;
-  for (const auto& r : plan["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  const auto rows = rows_by_label(plan);
   // the rungs climb: each stage holds less per GPU than the one before
   auto total = [&](const char* s) { return rows.at(s)["peak_memory_total"].get<double>(); };
   CHECK(total("ZeRO-1") < total("DDP"));
@@ -458,8 +465,7 @@ TEST_CASE("distlab plan: an offload row must fit the node's host memory (--host-
   const nlohmann::json dgx = plan_json("");
   CHECK(dgx["fit_rule"]["host_mem_per_node"].get<double>() == 2e12);
   CHECK(dgx["fit_rule"]["host_limit_per_node"].get<double>() == Approx(1.6e12));
-  std::map<std::string, nlohmann::json> rows;
-  for (const auto& r : dgx["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  const auto rows = rows_by_label(dgx);
   const double host_need = rows.at("FSDP+offload+AC")["host_bytes_per_node"].get<double>();
   CHECK(host_need == Approx(8 * rows.at("FSDP+offload+AC")["peak_memory"]["host"].get<double>()));
   CHECK(host_need > 1e12);  // 16 bytes a parameter of 70B, over the node's 8 ranks: 1.1 TB
@@ -496,8 +502,7 @@ TEST_CASE("distlab plan --finetune lora and qlora: the tree's first answer from 
   };
   // Llama 3 8B on eight 24 GB cards at 2,048 tokens: no full replica fits one card, LoRA on one card does
   const nlohmann::json p = plan_json("--model llama3-8b --gpus 8 --gpu-mem 24GiB --seq 2048 --finetune lora");
-  std::map<std::string, nlohmann::json> rows;
-  for (const auto& r : p["rows"]) rows[r["strategy"].get<std::string>()] = r;
+  const auto rows = rows_by_label(p);
   REQUIRE(rows.count("LoRA, 1 GPU + AC"));
   REQUIRE(rows.count("DDP"));  // full fine-tuning's rows beside
   CHECK(rows.at("DDP")["finetune"] == "full");
@@ -514,8 +519,7 @@ TEST_CASE("distlab plan --finetune lora and qlora: the tree's first answer from 
   // --finetune qlora: QLoRA's rows beside LoRA's. Llama 3 70B on one 80 GB card: LoRA's 16-bit base alone is
   // 131.8 GiB; in NF4 it is 37.2 GiB, and QLoRA with full checkpointing fits: the tree's "does it fit in 4 bits?"
   const nlohmann::json q = plan_json("--model llama3-70b --gpus 1 --gpu-mem 80GiB --seq 2048 --finetune qlora");
-  std::map<std::string, nlohmann::json> qrows;
-  for (const auto& r : q["rows"]) qrows[r["strategy"].get<std::string>()] = r;
+  const auto qrows = rows_by_label(q);
   REQUIRE(qrows.count("QLoRA, 1 GPU + AC"));
   CHECK(qrows.at("QLoRA, 1 GPU + AC")["finetune"] == "qlora");
   CHECK(qrows.at("LoRA, 1 GPU + AC")["fits"] == false);
@@ -527,8 +531,7 @@ TEST_CASE("distlab plan --finetune lora and qlora: the tree's first answer from 
   CHECK(q["recommendation"] == "QLoRA, 1 GPU + AC");
   // over eight 80 GB cards, LoRA's 16-bit 70B base (131.8 GiB) fits no card whole: FSDP shards it beside the adapters
   const nlohmann::json f = plan_json("--model llama3-70b --gpus 8 --gpu-mem 80GiB --seq 2048 --finetune lora");
-  std::map<std::string, nlohmann::json> frows;
-  for (const auto& r : f["rows"]) frows[r["strategy"].get<std::string>()] = r;
+  const auto frows = rows_by_label(f);
   REQUIRE(frows.count("LoRA + FSDP + AC"));
   CHECK(frows.at("LoRA + DDP + AC")["fits"] == false);
   CHECK(frows.at("LoRA + FSDP + AC")["fits"] == true);

@@ -20,8 +20,8 @@ const char* torch_dtype_name(DType t) { return t == DType::bf16 ? "bfloat16" : t
 // bitsandbytes' packed QuantState (pack_dict_to_tensor): the non-tensor fields as JSON bytes. The offset is
 // written with a fixed width (%.9e: ten digits, enough to read back the same f32), so requantizing a weight
 // never changes the size of its buffer.
-std::string quant_json(const QuantState& q, DType dtype) {
-  std::string s = fmt::format(R"({{"quant_type": "nf4", "blocksize": {}, "dtype": "{}", "shape": [{}, {}])", q.block, torch_dtype_name(dtype),
+std::string quant_json(const QuantState& q) {
+  std::string s = fmt::format(R"({{"quant_type": "nf4", "blocksize": {}, "dtype": "{}", "shape": [{}, {}])", q.block, torch_dtype_name(q.dtype),
                               q.shape[0], q.shape[1]);
   if (q.double_quant)
     s += fmt::format(R"(, "nested_blocksize": {}, "nested_dtype": "float32", "nested_offset": {:.9e})", q.block2, double(q.offset));
@@ -32,7 +32,7 @@ std::string quant_json(const QuantState& q, DType dtype) {
 void put(Buffer& b, const void* host) { b.data.from_host(host); }
 
 // the quantized values of w into p's tensors (already sized)
-void store(Parameter& p, const Nf4Weights& w, DType dtype) {
+void store(Parameter& p, const Nf4Weights& w) {
   QuantState& q = *p.quant;
   q.offset = w.offset;
   p.data.from_host(w.packed.data());
@@ -44,7 +44,7 @@ void store(Parameter& p, const Nf4Weights& w, DType dtype) {
     put(q.absmax, w.absmax.data());
   }
   put(q.quant_map, nf4_code().data());
-  const std::string js = quant_json(q, dtype);
+  const std::string js = quant_json(q);
   DL_ASSERT(int64_t(js.size()) == q.json.data.numel(), "the quant state's JSON keeps its size");
   put(q.json, js.data());
 }
@@ -65,8 +65,8 @@ void quantize_parameter(Runtime& rt, Parameter& p, const QuantSpec& spec) {
   auto q = std::make_shared<QuantState>();
   q->shape = p.data.shape();
   q->double_quant = spec.double_quant;
+  q->dtype = p.data.dtype();
   const int64_t n = p.data.numel(), blocks = (n + q->block - 1) / q->block;
-  const DType dtype = p.data.dtype();
   auto buffer = [&](Buffer& b, const std::string& suffix, int64_t numel, DType t) {
     b.name = p.name + suffix;
     b.data = rt.empty({numel}, Category::params, b.name, t);
@@ -77,7 +77,7 @@ void quantize_parameter(Runtime& rt, Parameter& p, const QuantSpec& spec) {
     buffer(q->nested_absmax, ".nested_absmax", (blocks + q->block2 - 1) / q->block2, DType::f32);
     buffer(q->nested_quant_map, ".nested_quant_map", 256, DType::f32);
   }
-  buffer(q->json, ".quant_state.bitsandbytes__nf4", int64_t(quant_json(*q, dtype).size()), DType::u8);
+  buffer(q->json, ".quant_state.bitsandbytes__nf4", int64_t(quant_json(*q).size()), DType::u8);
   std::vector<float> w;
   if (p.data.data()) {
     OnHost h(p.data);
@@ -85,20 +85,12 @@ void quantize_parameter(Runtime& rt, Parameter& p, const QuantSpec& spec) {
   }
   p.data = rt.empty({(n + 1) / 2, 1}, Category::params, p.name + " (NF4)", DType::u8);  // the 16-bit weight is freed here
   p.quant = std::move(q);
-  if (!w.empty()) store(p, nf4_quantize_weights(w.data(), n, spec.double_quant, p.quant->block), dtype);
+  if (!w.empty()) store(p, nf4_quantize_weights(w.data(), n, spec.double_quant, p.quant->block));
 }
 
 void requantize_parameter(Parameter& p, const float* w) {
   DL_ASSERT(p.quant != nullptr, "requantize_parameter on a weight that is not 4-bit: " + p.name);
-  const QuantState& q = *p.quant;
-  // the dtype recorded in the JSON stays the one it was quantized from
-  DType dtype = DType::f32;
-  if (q.json.data.data()) {
-    std::string text(size_t(q.json.data.numel()), ' ');
-    q.json.data.to_host(text.data());
-    dtype = text.find("\"bfloat16\"") != std::string::npos ? DType::bf16 : text.find("\"float16\"") != std::string::npos ? DType::f16 : DType::f32;
-  }
-  store(p, nf4_quantize_weights(w, shape_numel(q.shape), q.double_quant, q.block), dtype);
+  store(p, nf4_quantize_weights(w, shape_numel(p.quant->shape), p.quant->double_quant, p.quant->block));
 }
 
 Tensor dequantize_parameter(Runtime& rt, const Parameter& p) {
@@ -134,6 +126,8 @@ void quant_state_loaded(Parameter& p, const std::string& source) {
     if (js.at("quant_type") != "nf4") fail("quant_type is " + js.at("quant_type").dump() + ", not \"nf4\"");
     if (js.at("blocksize") != q.block) fail("blocksize " + js.at("blocksize").dump() + ", not " + std::to_string(q.block));
     if (js.at("shape") != nlohmann::json(q.shape)) fail("shape " + js.at("shape").dump() + ", the model's is " + shape_str(q.shape));
+    const std::string dtype = js.at("dtype").get<std::string>();
+    q.dtype = dtype == "bfloat16" ? DType::bf16 : dtype == "float16" ? DType::f16 : DType::f32;  // what a requantize writes again
     if (q.double_quant) {
       if (js.at("nested_blocksize") != q.block2) fail("nested_blocksize " + js.at("nested_blocksize").dump());
       q.offset = float(js.at("nested_offset").get<double>());

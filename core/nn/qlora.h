@@ -37,6 +37,7 @@ struct QuantState {
   Shape shape;                    // the weight's own shape, (out, in)
   int64_t block = 64, block2 = 256;
   bool double_quant = true;
+  DType dtype = DType::f32;       // the weight's before quantization (bnb_4bit_compute_dtype); also in `json`
   float offset = 0;               // the constants' mean (double quantization); also in `json`
   Buffer absmax;                  // u8 indices into the dynamic map (double quantization), or the f32 constants
   Buffer nested_absmax;           // f32, one per block2 constants (double quantization)
