@@ -1,7 +1,7 @@
 // LoRA (core/nn/lora.h, core/models/peft.h): an adapter's forward and backward against the formula, PEFT's
 // LoRA in PyTorch (tests/torch_peer.py lora) against distlab over 20 AdamW steps, merge and unmerge, the
 // [lora] section through the trainer (what trains, what it holds, DDP and ZeRO over real ranks, a resume),
-// and what it refuses.
+// the adapters split with their base under tensor parallelism, and what it refuses.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -286,12 +286,93 @@ TEST_CASE("[lora] under ZeRO-3 and FSDP: the frozen base sharded beside the adap
   check_resume_bitwise(cfg, lora + "--set parallel.strategy=fsdp ", 3, "lora-fsdp", 2);
 }
 
+TEST_CASE("[lora] under tensor parallelism: A and B split with their base (PEFT's LoraParallelLinear), as one rank, dp x tp under ZeRO and FSDP, a resume bitwise",
+          "[lora][train][dist][tp]") {
+  const std::string cfg = "configs/llama-tiny.toml";
+  const std::string common = "--set train.steps=6 --set train.eval_batches=2 --set optim.warmup_steps=2 ";
+  // every Linear but the head: q, k, v, gate and up split by rows (column-parallel), o_proj and down_proj by columns
+  const std::string lora = common + "--set lora.r=8 --set lora.alpha=16 --set lora.target_modules=all-linear ";
+  TrainRun one = train_ranks(1, cfg, lora);
+  TrainRun tp2 = train_ranks(2, cfg, lora + "--set parallel.tp=2");
+  INFO(tp2.out);
+  REQUIRE(one.code == 0);
+  REQUIRE(tp2.code == 0);
+  CHECK(max_rel_diff(tp2.losses, one.losses) < 1e-6);
+  // what a rank trains: per block q, k, v, gate, up keep A whole and half of B's rows, o_proj and down_proj
+  // half of A's columns and B whole — 6464 of the 9344 numbers, not 9344 / 2; the gradients of those alone
+  CHECK(one.summary["lora"]["trainable_params"] == 2 * 9344);
+  CHECK(tp2.summary["lora"]["trainable_params"] == 2 * 6464);
+  CHECK(tp2.summary["peak_memory"]["grads"] == 2 * 6464 * 4);
+  // fp16 with its loss scale: the adapters' (N, r) sums through f32, rounded once; fp32's losses within fp16's rounding
+  TrainRun half = train_ranks(2, cfg, lora + "--set parallel.tp=2 --set precision.mode=fp16");
+  REQUIRE(half.code == 0);
+  CHECK(max_rel_diff(half.losses, one.losses) < 1e-4);
+  CHECK(half.summary["peak_memory"]["grads"] == 2 * 6464 * 2);
+  // data parallel beside it: gradients whole after the backward, so ZeRO and FSDP reduce them as any other's
+  for (const char* strategy : {"zero2", "fsdp"}) {
+    TrainRun r = train_ranks(4, cfg, lora + "--set parallel.tp=2 --set train.micro_batch=8 --set parallel.strategy=" + strategy);
+    INFO(strategy << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
+  }
+  // GPT-2: c_attn's fused q, k, v (B's rows split in three blocks, as the weight's), the two c_proj, c_fc
+  const std::string gpt = common + "--set lora.r=4 --set lora.alpha=8 --set lora.target_modules=c_attn,c_proj,c_fc ";
+  TrainRun g1 = train_ranks(1, "configs/gpt-tiny.toml", gpt), g2 = train_ranks(2, "configs/gpt-tiny.toml", gpt + "--set parallel.tp=2");
+  INFO(g2.out);
+  REQUIRE(g1.code == 0);
+  REQUIRE(g2.code == 0);
+  CHECK(max_rel_diff(g2.losses, g1.losses) < 1e-6);
+  // dropout on a whole input (the column-split layers') draws one rank's masks: one rank's losses. On a
+  // row-split input each rank draws its own (Megatron's tensor-parallel RNG): the same run twice, bitwise,
+  // and full recompute replays the masks
+  const std::string col_drop = common + "--set lora.r=8 --set lora.alpha=16 --set lora.dropout=0.1 --set lora.target_modules=q_proj,v_proj,gate_proj ";
+  CHECK(max_rel_diff(train_ranks(2, cfg, col_drop + "--set parallel.tp=2").losses, train_ranks(1, cfg, col_drop).losses) < 1e-6);
+  const std::string row_drop = lora + "--set lora.dropout=0.1 --set parallel.tp=2 ";
+  TrainRun d = train_ranks(2, cfg, row_drop), again = train_ranks(2, cfg, row_drop), full = train_ranks(2, cfg, row_drop + "--set train.activation_checkpointing=full");
+  REQUIRE(d.code == 0);
+  CHECK(again.losses == d.losses);
+  CHECK(full.losses == d.losses);
+  CHECK(d.losses != tp2.losses);
+  check_resume_bitwise(cfg, row_drop, 3, "lora-tp", 2);
+
+  // PEFT's folder and --save from the split run are one rank's (SGD: no Adam step to magnify the rounding
+  // of a near-zero moment); the frozen base bitwise one rank's
+  const std::string dir = scratch_path("lora-tp", "d") + "/";
+  fs::create_directories(dir);
+  const std::string sgd = lora + "--set optim.name=sgd --set optim.lr=0.5 ";
+  TrainRun s1 = train_ranks(1, cfg, sgd + "--save-adapter " + dir + "a1 --save " + dir + "w1.safetensors");
+  TrainRun s2 = train_ranks(2, cfg, sgd + "--set parallel.tp=2 --save-adapter " + dir + "a2 --save " + dir + "w2.safetensors");
+  INFO(s2.out);
+  REQUIRE(s1.code == 0);
+  REQUIRE(s2.code == 0);
+  CHECK(max_weight_diff(dir + "a1/adapter_model.safetensors", dir + "a2/adapter_model.safetensors") < 1e-6);
+  StFile w1 = read_safetensors(dir + "w1.safetensors"), w2 = read_safetensors(dir + "w2.safetensors");
+  REQUIRE(w1.tensors.size() == w2.tensors.size());
+  int base = 0;
+  for (const auto& [name, t] : w1.tensors)
+    if (name.find(".lora_") == std::string::npos) {
+      INFO(name);
+      REQUIRE(w2.tensors.count(name));
+      CHECK(w2.tensors.at(name).bytes == t.bytes);
+      base++;
+    }
+  CHECK(base == 2 * 9 + 3);  // per block 7 Linears and 2 norms; the embedding, the final norm, the head
+  // --init-adapter into a split run: each rank takes its slices of the folder, and trains as one rank does from it
+  TrainRun i1 = train_ranks(1, cfg, lora + "--init-adapter " + dir + "a1"), i2 = train_ranks(2, cfg, lora + "--set parallel.tp=2 --init-adapter " + dir + "a1");
+  INFO(i2.out);
+  REQUIRE(i2.code == 0);
+  CHECK(max_rel_diff(i2.losses, i1.losses) < 1e-6);
+  CHECK(i1.losses.front() != one.losses.front());  // B is no longer zero
+  fs::remove_all(dir);
+}
+
 TEST_CASE("[lora] refuses what it cannot do, naming the key", "[lora][config]") {
   const std::string toml = file_text("configs/llama-tiny.toml");
   auto fails = [&](const std::vector<std::string>& sets, const std::string& needle) { expect_train_error(toml, sets, needle); };
   fails({"lora.r=8", "lora.target_modules=q_proj,qq_proj"}, "lora.target_modules: qq_proj not found");
   fails({"lora.r=8", "quantization.bits=4", "parallel.strategy=fsdp", "dist.fake_world_size=2"}, "parallel.strategy = fsdp");
-  fails({"lora.r=8", "parallel.tp=2", "dist.fake_world_size=2"}, "parallel.tp = 2");
+  fails({"lora.r=8", "parallel.pp=2", "dist.fake_world_size=2"}, "parallel.pp = 2");
+  fails({"lora.r=8", "quantization.bits=4", "parallel.tp=2", "dist.fake_world_size=2"}, "QLoRA (quantization.bits = 4) with parallel.tp = 2");
   fails({"lora.r=-1"}, "lora.r must not be negative");
   fails({"lora.r=8", "lora.dropout=0.1", "train.activation_checkpointing=selective_op"}, "selective_op");
 }

@@ -98,10 +98,7 @@ void Block::init(Rng& rng, int64_t n_layer) {
 void Block::set_training(bool on) {
   drop_attn.set_training(on);
   drop_mlp.set_training(on);
-  for (Layer* l : {attn.get(), c_fc.get(), c_proj.get()}) {  // LoRA's dropout inside the linears
-    l->set_training(on);
-    for (Layer* c : l->children()) c->set_training(on);
-  }
+  for (Layer* l : {attn.get(), c_fc.get(), c_proj.get()}) set_training_tree(*l, on);  // LoRA's dropout inside the linears
 }
 
 void Block::swap_saved(SavedState& s) {

@@ -193,10 +193,7 @@ std::vector<std::vector<Parameter*>> Llama::units() {
 }
 
 void Llama::set_training(bool on) {
-  for (Layer* l : layers()) {
-    l->set_training(on);
-    for (Layer* c : l->children()) c->set_training(on);
-  }
+  for (Layer* l : layers()) set_training_tree(*l, on);
 }
 
 std::vector<Layer*> Llama::layers() {

@@ -76,6 +76,13 @@ class Layer {
   bool needs_input_grad_ = true;
 };
 
+// model.train() / model.eval(): the layer and every layer inside it (children(), all the way down: a split
+// attention's column-parallel layer's Linear holds LoRA's dropout)
+inline void set_training_tree(Layer& l, bool on) {
+  l.set_training(on);
+  for (Layer* c : l.children()) set_training_tree(*c, on);
+}
+
 // Where a backward accumulates p's gradient: p.grad, or — p frozen (LoRA's base) — a zeroed scratch tensor
 // that is dropped (a norm's weight: C values; the layers whose frozen weight costs a GEMM skip it instead)
 Tensor grad_or_scratch(Runtime& rt, Parameter& p);

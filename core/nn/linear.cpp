@@ -31,7 +31,7 @@ std::vector<Parameter*> Linear::parameters() {  // PEFT's order: base_layer's, t
 
 void Linear::add_lora(Runtime& rt, const std::string& name, const LoraSpec& spec, uint64_t dropout_seed) {
   DL_ASSERT(!lora, "Linear::add_lora twice on " + name);
-  lora = std::make_unique<LoraAdapter>(rt, name, in_features, out_features, spec, dropout_seed);
+  lora = std::make_unique<LoraAdapter>(rt, name, in_features, out_features, spec, dropout_seed, tp);
   weight.requires_grad = false;  // bias "none": the bias stays frozen too
   bias.requires_grad = false;
 }

@@ -29,6 +29,7 @@ class Linear : public Layer {
   void add_lora(Runtime& rt, const std::string& name, const LoraSpec& spec, uint64_t dropout_seed);
   Parameter weight, bias;        // (out, in), (out)
   std::unique_ptr<LoraAdapter> lora;  // nullptr: a plain Linear
+  TpSlice tp;                    // tensor parallel: which slice of a whole layer this is (its adapter splits alike)
   bool merged = false;           // the adapter is folded into weight (merge_lora): forward skips it
   // whether there is a bias (not bias.data.defined(): ZeRO-3 frees a parameter's data between uses)
   bool has_bias_ = false;

@@ -17,8 +17,26 @@
 // walks a model's Linears (Model::layers(), Layer::children()) as PEFT's target_modules matching does. The parallel
 // strategies see a parameter's requires_grad: DDP's buckets, ZeRO's flat buffers and the optimizer hold the
 // trainable ones only (core/parallel/strategy.h).
+//
+// Under tensor parallelism (core/parallel/tensor_parallel.h) the adapter is split with its base, as PEFT's
+// LoraParallelLinear does it for Megatron's layers, and each split adds one all-reduce of (N, r) numbers:
+//   a column-split base (W's rows: q, k, v, gate, up, c_attn, c_fc)
+//     A (r, in) whole on every rank, B (out/t, r) this rank's rows (split with W's blocks)
+//     forward   h = s·x Aᵀ (x whole: the same h everywhere), y_r += h B_rᵀ                no communication
+//     backward  dh_r = s·dy_r B_r is one term of dh: dx += dh_r A (summed with the base's dx by the layer's
+//               all-reduce), then dh = Σ_r dh_r (all-reduce), dA += dhᵀ x — the same on every rank
+//   a row-split base (W's columns: o_proj, down_proj, c_proj)
+//     A (r, in/t) this rank's columns, B (out, r) whole
+//     forward   h = Σ_r s·x_r A_rᵀ (all-reduce), and B's term h Bᵀ added by one rank to its part of y (the
+//               layer's all-reduce of y then counts it once)
+//     backward  dy is whole: dB += dyᵀ h and dh = s·dy B the same everywhere; dA_r += dhᵀ x_r, dx_r += dh A_r
+// so every gradient is whole after the backward, and DDP, ZeRO and FSDP reduce them as they do any other.
+// The adapters draw the whole A (a row-split rank keeps its columns): with the same seed a split run starts
+// from one rank's adapters. Dropout on a whole input draws one rank's masks (the same on every rank); on a
+// row-split input each rank draws its own (Megatron's tensor-parallel RNG: the same distribution, other draws).
 // Read next: core/nn/linear.cpp (forward and backward with an adapter), then tests/test_lora.cpp.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,12 +58,24 @@ struct LoraSpec {
   float scaling() const;
 };
 
+// A Linear that is one rank's slice of a whole layer under tensor parallelism (core/parallel/tensor_parallel.h):
+// which way its weight is split, and the TP group's all-reduce for its adapter. dim -1: a whole Linear.
+struct TpSlice {
+  int dim = -1;    // 0: W's rows (column-parallel), 1: W's columns (row-parallel)
+  int parts = 1;   // dim 0: the fused blocks W's rows fall into (c_attn's q, k, v: 3)
+  int rank = 0, size = 1;
+  std::function<void(Runtime&, Tensor&)> sum;  // the all-reduce (sum) over the TP group, in place
+  bool split() const { return dim >= 0 && size > 1; }
+};
+
 // One Linear's adapter: lora_A (r, in), lora_B (out, r), and what its backward reads.
 class LoraAdapter {
  public:
-  // `prefix` is the Linear's module name ("model.layers.0.self_attn.q_proj")
-  LoraAdapter(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, const LoraSpec& spec, uint64_t dropout_seed);
-  void init(Rng& rng);  // A ~ U(±1/√in) (kaiming_uniform_, a = √5), B = 0
+  // `prefix` is the Linear's module name ("model.layers.0.self_attn.q_proj"); in and out are the Linear's
+  // own (this rank's slice under tensor parallelism: `tp` says which way)
+  LoraAdapter(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, const LoraSpec& spec, uint64_t dropout_seed,
+              const TpSlice& tp = TpSlice());
+  void init(Rng& rng);  // A ~ U(±1/√in) (kaiming_uniform_, a = √5) of the whole A, B = 0
   // y (N, out) += scaling · (dropout(x) Aᵀ) Bᵀ, x (N, in) as the base GEMM read it; saves what backward reads
   void forward(Runtime& rt, const Tensor& x, Tensor& y, bool training);
   // Op-level recompute (core/models/llama.h): the base output was kept, so only what backward reads is rebuilt
@@ -63,6 +93,7 @@ class LoraAdapter {
   // the same product, one rounding apart
   void project(Runtime& rt, const Tensor& x, bool training);
   uint64_t seed_, calls_ = 0;
+  TpSlice tp_;
   Tensor xd_, mask_, hs_;  // dropout(x) (x itself when p = 0), its mask, scaling · x_d Aᵀ
 };
 

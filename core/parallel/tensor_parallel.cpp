@@ -19,6 +19,10 @@
 
 namespace distlab {
 
+TpSlice tp_slice(ProcessGroup& tp, int dim, int parts) {
+  return TpSlice{dim, parts, tp.rank(), tp.size(), [&tp](Runtime& rt, Tensor& t) { all_reduce_tensor(rt, tp, t); }};
+}
+
 void all_reduce_tensor(Runtime& rt, ProcessGroup& g, Tensor& t) {
   if (g.size() == 1) return;
   AsF32 f(rt, t, AsF32::inout);  // a cpu f32 tensor itself; 16-bit through f32, rounded once after the sum
@@ -144,6 +148,10 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
 
 static Tensor kernels_forward(Runtime& rt, TpKernels& k, bool column, ProcessGroup& tp, Linear& local, Parameter* bias, const Tensor& x,
                               Tensor& saved_x) {
+  if (local.lora)
+    throw ConfigError(fmt::format("{}: a LoRA adapter on a layer whose arithmetic is replaced (TpKernels): the kernels compute the base alone",
+                                  local.weight.name),
+                      "train LoRA with the engine's own tensor-parallel layers (lora.r = 0 with the replaced kernels)");
   const int64_t in = local.in_features, out = local.out_features;
   expect_shape(local.describe() + " " + local.weight.name, x, {in});
   Shape shape = x.shape();
@@ -196,6 +204,7 @@ ColumnParallelLinear::ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const 
     throw ConfigError(fmt::format("{}: {} blocks of {} rows do not split over {} tensor-parallel ranks", prefix, parts, out / parts, tp.size()),
                       "parallel.tp must divide model.n_embd (and the number of heads)");
   for (Parameter* p : local_.parameters()) p->split_dim = 0, p->split_parts = parts;
+  local_.tp = tp_slice(tp, 0, parts);
 }
 
 std::string ColumnParallelLinear::describe() const {
@@ -226,6 +235,7 @@ void ColumnParallelLinear::load_slice(const Linear& whole) {
 RowParallelLinear::RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool has_bias)
     : tp_(tp), local_(rt, prefix, split(in, tp, "in_features", prefix), out, false), in_(in), has_bias_(has_bias) {
   local_.weight.split_dim = 1;
+  local_.tp = tp_slice(tp, 1, 1);
   if (has_bias) bias = make_parameter(rt, prefix + ".bias", {out}, /*decay=*/false);
 }
 

@@ -80,6 +80,7 @@ class ColumnParallelLinear : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole -> (..., out/t), this rank's slice
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group
   std::vector<Parameter*> parameters() override { return local_.parameters(); }
+  std::vector<Layer*> children() override { return {&local_}; }  // what LoRA adapts (core/nn/lora.h)
   // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading): its
   // 1/t of the rows, or — fused layers — its 1/t of each of the `parts` blocks (c_attn: its heads of each).
   void load_slice(const Linear& whole);
@@ -107,6 +108,7 @@ class RowParallelLinear : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in/t), this rank's slice -> (..., out), whole
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out), whole -> dx (..., in/t)
   std::vector<Parameter*> parameters() override;
+  std::vector<Layer*> children() override { return {&local_}; }
   void load_slice(const Linear& whole);
   void swap_saved(SavedState& s) override {
     local_.swap_saved(s);
@@ -137,6 +139,7 @@ class ParallelSelfAttention : public Layer {
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C), whole on every rank
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
+  std::vector<Layer*> children() override { return {&c_attn, &c_proj}; }
   void load_slice(const CausalSelfAttention& whole);
   void swap_saved(SavedState& s) override {
     c_attn.swap_saved(s);
@@ -198,6 +201,10 @@ class VocabParallelCrossEntropy {
   std::vector<int32_t> targets_;
   int64_t first_ = 0;
 };
+
+// A Linear's place in a layer split over `tp` (core/nn/lora.h): dim 0 its rows, 1 its columns; its adapter's
+// all-reduce is all_reduce_tensor over `tp`
+TpSlice tp_slice(ProcessGroup& tp, int dim, int parts);
 
 // The all-reduce (sum) of a tensor in its dtype, over `g`: f32 in place; 16-bit through an f32 buffer,
 // rounded once after the sum.

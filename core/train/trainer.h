@@ -118,6 +118,9 @@ class Trainer {
   void save_adapter_dir(const std::string& dir, const std::string& dtype);  // --save-adapter
   void load_whole_model(const std::string& path);
   void save_whole_model(const std::string& path, DType dtype);
+  // the whole model of --init and --save under tensor and pipeline parallelism, on `side`: spec_'s layers,
+  // LoRA's adapters on the same Linears as model_'s
+  std::unique_ptr<Model> whole_model(Runtime& side);
 
   const RunConfig& cfg_;
   Runtime& rt_;
@@ -135,6 +138,7 @@ class Trainer {
   ModelSpec spec_;
   std::unique_ptr<Model> model_;
   std::vector<std::string> lora_modules_;  // [lora]: the adapted Linears' module names
+  LoraSpec lora_;                          // [lora] as this run applies it (PEFT's default targets filled in)
   int64_t quantized_ = 0;                  // [quantization]: the Linears whose frozen weight is NF4 (QLoRA)
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;

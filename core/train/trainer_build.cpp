@@ -31,10 +31,12 @@ static LoraSpec lora_spec(const RunConfig& cfg, const MeshShape& shape) {
     throw ConfigError(fmt::format("{}: QLoRA (quantization.bits = 4) under parallel.strategy = {}: sharding 4-bit weights is not in this engine",
                                   at, name_of(k)),
                       "QLoRA runs over none, ddp, zero1 or zero2 (every rank holds the 4-bit base whole); LoRA on a 16-bit base shards under zero3 and fsdp");
-  if (shape.tp > 1 || shape.pp > 1)
-    throw ConfigError(fmt::format("{}: LoRA with parallel.tp = {} and parallel.pp = {}: split adapters are not in this engine yet", at, shape.tp,
-                                  shape.pp),
-                      "LoRA runs over data parallelism here (none, ddp, zero1, zero2)");
+  if (shape.tp > 1 && cfg.quantization.on())
+    throw ConfigError(fmt::format("{}: QLoRA (quantization.bits = 4) with parallel.tp = {}: splitting 4-bit weights is not in this engine", at, shape.tp),
+                      "QLoRA runs over data parallelism (every rank holds the 4-bit base whole); LoRA on a 16-bit base splits with parallel.tp");
+  if (shape.pp > 1)
+    throw ConfigError(fmt::format("{}: LoRA with parallel.pp = {}: adapters on pipeline stages are not in this engine", at, shape.pp),
+                      "LoRA runs over data parallelism (none, ddp, zero1/2/3, fsdp) and tensor parallelism (parallel.tp)");
   if (s.dropout > 0 && cfg.model.checkpointing == Checkpointing::selective_op)
     throw ConfigError(fmt::format("lora.dropout {} with train.activation_checkpointing = selective_op: the op-level recompute keeps no dropout "
                                   "masks",
@@ -121,7 +123,10 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   model_ = build_split_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                              cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);
-  if (cfg.lora.on()) lora_modules_ = apply_lora(rt, *model_, lora_spec(cfg, shape), cfg.train.seed);  // PEFT's get_peft_model
+  if (cfg.lora.on()) {  // PEFT's get_peft_model; split with their base under tensor parallelism (core/nn/lora.h)
+    lora_ = lora_spec(cfg, shape);
+    lora_modules_ = apply_lora(rt, *model_, lora_, cfg.train.seed);
+  }
   // QLoRA: the frozen base in 4 bits (load_in_4bit), each Linear's 16-bit weight freed as it is quantized
   if (cfg.quantization.on()) {
     quantized_ = quantize_base(rt, *model_, cfg.quantization);

@@ -172,7 +172,7 @@ nlohmann::json Trainer::checkpoint_estimate() {
   int64_t frozen = 0;  // LoRA's frozen base: written whole, f32, by the first replica (write_checkpoint)
   if (mesh_ ? mesh_->coord().dp == 0 : is_rank0())
     for (Parameter* p : model_->parameters())
-      if (!p->requires_grad) frozen += 4 * p->data.numel();  // a 4-bit weight: its bytes as f32 values, 2 bytes a weight
+      if (!p->requires_grad && (!mesh_ || p->split_dim >= 0 || mesh_->coord().tp == 0)) frozen += 4 * p->data.numel();  // a 4-bit weight: its bytes as f32 values, 2 bytes a weight
   const int64_t rank_bytes = weights + optim + buffers;
   const int n = world();
   // what one node writes: every rank's part under ZeRO/FSDP; rank 0's whole copy under DDP (and the frozen base, once)
@@ -281,13 +281,15 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   }
   // frozen parameters (LoRA's base) are in no optimizer slice: the first replica writes them whole, f32.
   // Sharded with the rest (ZeRO-3, FSDP), they are gathered a unit at a time for it: every rank takes part.
+  // Split by tensor parallelism, each TP rank writes its slices of them (TP rank 0 the whole ones).
   const bool writes_frozen = mesh_ ? mesh_->coord().dp == 0 : rank == 0;
   strategy_->visit_full_params(rt_, *model_, [&](const std::vector<Parameter*>& ps) {
-    for (Parameter* p : ps)
-      if (!p->requires_grad && writes_frozen) {
-        OnHost h(p->data);
-        w.add(p->name, p->data.shape(), 0, h.p, p->data.numel(), "weights");
-      }
+    for (Parameter* p : ps) {
+      if (p->requires_grad || !writes_frozen || (mesh_ && p->split_dim < 0 && mesh_->coord().tp != 0)) continue;
+      OnHost h(p->data);
+      for (const Piece& piece : pieces_of(Strategy::Slice{p, 0, 0, p->data.numel()}, tp_group()))
+        w.add(piece.name, piece.shape, piece.whole_offset, h.p + piece.local_offset, piece.numel, "weights");
+    }
   });
   for (auto* b : model_->buffers()) {
     OnHost h(b->data);
@@ -397,7 +399,8 @@ void Trainer::load_checkpoint(const std::string& step_dir) {
     for (Parameter* p : params)
       if (!p->requires_grad) {
         std::vector<float> v(size_t(p->data.numel()));
-        c.read(p->name, 0, p->data.numel(), v.data());
+        for (const Piece& piece : pieces_of(Strategy::Slice{p, 0, 0, p->data.numel()}, tp_group()))
+          c.read(piece.name, piece.whole_offset, piece.numel, v.data() + piece.local_offset);
         OnHost h(p->data, OnHost::out);
         if (h.p) std::copy(v.begin(), v.end(), h.p);
         h.store();

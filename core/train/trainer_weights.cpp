@@ -9,11 +9,22 @@
 
 #include "core/ckpt/peft_adapter.h"
 #include "core/ckpt/safetensors.h"
+#include "core/models/peft.h"
 #include "core/models/zoo.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/train/trainer.h"
 
 namespace distlab {
+
+// The whole model of --init and --save lives on the host (f32, its own accountant, only for the call):
+// a cuda rank's split model reads and writes it through OnHost and Tensor::to_host/from_host.
+static DeviceKind whole_model_device(DeviceKind d) { return d == DeviceKind::cuda ? DeviceKind::cpu : d; }
+
+std::unique_ptr<Model> Trainer::whole_model(Runtime& side) {
+  auto whole = build_model(side, spec_);
+  if (cfg_.lora.on()) apply_lora(side, *whole, lora_, cfg_.train.seed);  // its adapters drawn as one rank's run draws them
+  return whole;
+}
 
 void Trainer::load_init(const std::string& path) {
   if (!resumed_from_.empty()) {
@@ -44,37 +55,53 @@ void Trainer::save_weights(const std::string& path, const std::string& dtype) {
   strategy_->release_full_params(rt_, false);
 }
 
-// --init-adapter and --save-adapter: PEFT's adapter folder (core/ckpt/peft_adapter.h). LoRA runs over data
-// parallelism, where every rank holds the adapters whole: each loads the folder, rank 0 writes it.
+// --init-adapter and --save-adapter: PEFT's adapter folder (core/ckpt/peft_adapter.h). Over data parallelism
+// every rank holds the adapters whole (or gathers them): each loads the folder, rank 0 writes it. Split by
+// tensor parallelism, the folder goes through the whole model on the side, as --init and --save do.
 void Trainer::load_adapter_dir(const std::string& dir) {
   if (!cfg_.lora.on()) throw ConfigError("--init-adapter without LoRA: lora.r is 0", "set lora.r, lora.alpha and lora.target_modules as the adapter's adapter_config.json says");
   if (!resumed_from_.empty()) {
     log_ << "--init-adapter " << dir << " ignored: the run resumes from its checkpoint\n";
     return;
   }
-  load_adapter(*model_, cfg_.lora, dir);
-  log_ << "loaded LoRA adapters from " << dir << "\n";
+  strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
+  if (mesh_) {
+    Runtime side(whole_model_device(rt_.device));
+    auto whole = whole_model(side);
+    load_adapter(*whole, cfg_.lora, dir);
+    ProcessGroup& tp = mesh_->group(MeshAxis::tp);
+    // the adapters alone: the base stays as --init or the seed made it
+    load_split_params(trainable(model_->parameters()), whole->parameters(), tp.rank(), tp.size());
+  } else {
+    load_adapter(*model_, cfg_.lora, dir);
+  }
+  strategy_->release_full_params(rt_, true);
+  log_ << "loaded LoRA adapters from " << dir << (mesh_ ? " (this rank's part of them)\n" : "\n");
 }
 
 void Trainer::save_adapter_dir(const std::string& dir, const std::string& dtype) {
   if (!cfg_.lora.on()) throw ConfigError("--save-adapter without LoRA: lora.r is 0", "set lora.r to train adapters, or --save the whole model");
   strategy_->gather_full_params(rt_, opt_.get());
-  if (is_rank0()) {
+  if (mesh_) {  // the TP group's slices put together (from the f32 masters), rank 0 writes
+    Runtime side(whole_model_device(rt_.device));
+    auto whole = whole_model(side);
+    gather_split_params(mesh_->group(MeshAxis::tp), trainable(model_->parameters()), whole->parameters(), opt_.get());
+    if (is_rank0()) save_adapter(*whole, cfg_.lora, dir, parse_float_dtype(dtype), nullptr, "");
+  } else if (is_rank0()) {
     save_adapter(*model_, cfg_.lora, dir, parse_float_dtype(dtype), opt_.get(), "");
-    log_ << "saved LoRA adapters to " << dir << " (PEFT's adapter_config.json and adapter_model.safetensors, " << dtype << ")\n";
   }
+  if (is_rank0())
+    log_ << "saved LoRA adapters to " << dir << " (PEFT's adapter_config.json and adapter_model.safetensors, " << dtype
+         << (mesh_ ? fmt::format(", gathered from {} tensor-parallel rank(s))\n", mesh_->shape().tp) : ")\n");
   strategy_->release_full_params(rt_, false);
 }
 
 // --init under tensor or pipeline parallelism: the file holds the whole model; each rank takes its stage's
 // parameters, and its slices of the split ones
-// The whole model of --init and --save lives on the host (f32, its own accountant, only for the call):
-// a cuda rank's split model reads and writes it through OnHost and Tensor::to_host/from_host.
-static DeviceKind whole_model_device(DeviceKind d) { return d == DeviceKind::cuda ? DeviceKind::cpu : d; }
 
 void Trainer::load_whole_model(const std::string& path) {
   Runtime side(whole_model_device(rt_.device));
-  auto whole = build_model(side, spec_);
+  auto whole = whole_model(side);
   load_model(*whole, path);
   ProcessGroup& tp = mesh_->group(MeshAxis::tp);
   load_split_params(model_->parameters(), whole->parameters(), tp.rank(), tp.size());
@@ -90,7 +117,7 @@ void Trainer::load_whole_model(const std::string& path) {
 // model — the same file a one-rank run writes, loadable by PyTorch
 void Trainer::save_whole_model(const std::string& path, DType dtype) {
   Runtime side(whole_model_device(rt_.device));
-  auto whole = build_model(side, spec_);
+  auto whole = whole_model(side);
   gather_split_params(mesh_->group(MeshAxis::tp), model_->parameters(), whole->parameters(), opt_.get());
   // every tensor of the whole model (parameters, then buffers) and whether this stage holds it
   std::vector<std::pair<std::string, Tensor*>> all;
