@@ -834,6 +834,21 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       // ZeRO-2 that waits for each reduction where it starts: right numbers and bytes, nothing overlapped
       {"zero2_blocking", replace(solution, "  in_flight.push_back(start_reduce(step, flat));  // (moving a Reduction keeps its part's buffer, where the wait writes)\n",
                                  "  Reduction p = start_reduce(step, flat);\n  finish_reduce(step, p);\n")},
+      // ZeRO-2 overlapped without release_grad: the trainer holds the whole gradient of the unit in flight
+      // until its part is kept — one unit more than the engine's working set, a correct design all the same
+      {"zero2_no_release", replace(solution, "  step.release_grad(flat);           // copied: the trainer's whole gradient can go now, before the part is kept\n", "")},
+      // ... and two units in flight, neither released: two whole gradients beyond the engine's
+      {"zero2_holds_two", replace_body(replace(solution, "  step.release_grad(flat);           // copied: the trainer's whole gradient can go now, before the part is kept\n", ""),
+                                       "void zero2_reduce(Step& step, int flat)",
+                                       "  in_flight.push_back(start_reduce(step, flat));\n"
+                                       "  std::vector<int> units;\n"
+                                       "  for (const Reduction& p : in_flight)\n"
+                                       "    if (units.empty() || units.back() != step.unit(p.flat)) units.push_back(step.unit(p.flat));\n"
+                                       "  if (units.size() > 3) {\n"
+                                       "    for (Reduction& p : in_flight)\n"
+                                       "      if (step.unit(p.flat) == units.front()) finish_reduce(step, p);\n"
+                                       "    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), [](const Reduction& p) { return p.flat < 0; }), in_flight.end());\n"
+                                       "  }")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -950,6 +965,9 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   auto rows = grade_batch("04", subs, files, "zero.cpp");
   CHECK(rows["solution"].total == 18);
   CHECK(rows["adamw_in_double"].total == 18);
+  CHECK(rows["zero2_no_release"].total == 18);
+  CHECK(rows["zero2_holds_two"].points["zero2_memory"] == 0);
+  CHECK(rows["zero2_holds_two"].points["zero2_overlaps"] > 0);
   for (const std::string bad : {"replicated_adamw", "weights_copy_in_plugin", "replicated_inflated"}) {
     INFO(bad);
     CHECK(rows[bad].points["zero1_equals_ddp"] == 3);  // right numbers and counted state: only the plugin's memory tells

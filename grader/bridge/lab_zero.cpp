@@ -5,6 +5,8 @@
 // the plugin can't reach it:
 //
 //   keep_grad(flat, begin, part)  → the part, in the run's dtype (grads), the flat's whole gradient freed
+//   release_grad(flat)            → the flat's whole gradient freed before its part is kept (packed for a
+//                                   reduction still running, as the engine's ZeRO-2 frees it into its bucket)
 //   state(flat, name, n)          → n floats of optim_state counted here for the buffer the host made
 //   set_weights(flat, begin, w)   → into the model's parameters
 //
@@ -57,6 +59,8 @@ class LabZeRO : public Strategy {
     }
     begin_.assign(flats_.size(), -1);
     kept_.assign(flats_.size(), false);
+    released_.assign(flats_.size(), false);
+    offered_.assign(flats_.size(), false);
     kept_n_.assign(flats_.size(), 0);
     shadow_.resize(flats_.size());
     for (const auto& s : flats_) {
@@ -104,6 +108,7 @@ class LabZeRO : public Strategy {
     for (size_t f = 0; f < flats_.size(); f++)
       if (flats_[f].group == unit) {
         reducing_ = int(f);
+        offered_[f] = true;
         call(labproto::kZero2Reduce, int64_t(f), "zero2_reduce");  // its reduction may still be running: kept by zero2_finish
         reducing_ = -1;
       }
@@ -146,6 +151,8 @@ class LabZeRO : public Strategy {
     model.zero_grad();
     for (auto& s : flats_) s.local.grad = Tensor();
     kept_.assign(flats_.size(), false);
+    released_.assign(flats_.size(), false);
+    offered_.assign(flats_.size(), false);
   }
 
  private:
@@ -313,6 +320,9 @@ class LabZeRO : public Strategy {
                           "zero2_reduce(step, flat) is called for each flat as soon as ITS gradient is complete");
         if (kept_[size_t(f.arg[0])])
           throw lab_error(fmt::format("grad({}) after keep_grad({}, ...): the whole gradient was released then", f.arg[0], f.arg[0]));
+        if (released_[size_t(f.arg[0])])
+          throw lab_error(fmt::format("grad({}) after release_grad({}): the whole gradient is gone", f.arg[0], f.arg[0]),
+                          "read a flat's gradient (once) before you release it");
         const auto g = packed(s, true);
         return answer(g.data(), size_t(s.numel) * 4, "grad");
       }
@@ -338,6 +348,17 @@ class LabZeRO : public Strategy {
         for (Parameter* p : s.params) p->grad = Tensor();  // the whole gradient: released, only the part stays
         kept_[size_t(f.arg[0])] = true;
         return answer(nullptr, 0, "keep_grad");
+      }
+      case labproto::kZeroRelease: {
+        FlatParam& s = flat_of(f.arg[0], "release_grad");
+        const size_t i = size_t(f.arg[0]);
+        if (reducing_ == -1) throw lab_error(fmt::format("release_grad({}) in zero_step: whole gradients exist only while they are reduced", f.arg[0]));
+        if (reducing_ != kAll && !offered_[i])
+          throw lab_error(fmt::format("release_grad({}) before zero2_reduce(step, {}): its gradient is still being computed", f.arg[0], f.arg[0]),
+                          "a flat's gradient is complete once zero2_reduce is called for it");
+        for (Parameter* p : s.params) p->grad = Tensor();  // nothing reads it any more: freed now, not at keep_grad
+        released_[i] = true;
+        return answer(nullptr, 0, "release_grad");
       }
       case labproto::kZeroKeptGrad: {
         FlatParam& s = flat_of(f.arg[0], "kept_grad");
@@ -396,6 +417,8 @@ class LabZeRO : public Strategy {
   std::vector<int64_t> begin_;    // where each part starts (-1: none kept yet)
   std::vector<int64_t> kept_n_;   // and its length
   std::vector<bool> kept_;        // this step
+  std::vector<bool> released_;    // this step: the whole gradient freed by release_grad
+  std::vector<bool> offered_;     // this step: zero2_reduce was called for it (its gradient is complete)
   std::vector<Shadow> shadow_;
   std::map<std::pair<int64_t, std::string>, Tensor> state_;  // what the student's buffers count (optim_state)
   std::vector<char> table_;       // numel, decay and name per flat, for the host

@@ -46,6 +46,7 @@ enum Op : uint32_t {
   kZeroKeptGrad = 42,      // arg0 = flat; answered by kData: the part kept this step (as the trainer holds it)
   kZeroWeights = 43,       // arg0 = flat; answered by kData: the flat's weights now (numel floats)
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
+  kZeroRelease = 45,       // arg0 = flat; answered by kData (empty): its whole gradient freed
   // lab 07: the checkpoint folder's files, through the trainer (grader/bridge/lab_checkpoint.cpp)
   kFileOpen = 50,    // payload: the name; answered by kData (an int32 handle)
   kFileWrite = 51,   // arg0 = handle; payload: the bytes; answered by kData (empty)

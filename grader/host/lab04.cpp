@@ -119,6 +119,10 @@ class RemoteStep : public lab04::Step {
     put(labproto::kZeroKeep, part, uint64_t(n) * 4, {index(flat), begin});
     expect_data(0);
   }
+  void release_grad(int flat) override {
+    put(labproto::kZeroRelease, nullptr, 0, {index(flat)});
+    expect_data(0);
+  }
   std::vector<float> kept_grad(int flat) override {
     put(labproto::kZeroKeptGrad, nullptr, 0, {index(flat)});
     return floats(expect_data(-1));

@@ -73,10 +73,13 @@ struct AdamW {
 // grader asks it directly, with its own numbers, and compares it with PyTorch's AdamW as the engine computes
 // it: in float32, from the float hyper-parameters exactly as given here (beta2 = 0.999f is 0.99900001287...,
 // not the decimal 0.999; use the values you are handed). Any precision from float up passes, in any order
-// of operations: each of w, m and v is compared within 1e-6 of the size of the terms it is the sum of
-// (|w·(1 - lr·weight_decay)| + |lr·m^/(sqrt(v^) + eps)| for w), not of the result, which two nearly
-// cancelling terms can make tiny; the update may also carry what a float beta^t's rounding does to
-// 1 - beta^t (500x at t = 2 with beta2 = 0.999).
+// of operations: each of w, m and v is compared within 1e-6 of the size of the terms it is the sum of, not
+// of the result, which two nearly cancelling terms can make tiny. With m, v and w as they were before the
+// step, gs = g·grad_scale, and m^, v^ the new moments divided by 1 - beta1^t and 1 - beta2^t:
+//   m: 1e-6 · (beta1·|m| + (1 - beta1)·|gs|)        v: 1e-6 · (beta2·v + (1 - beta2)·gs^2)
+//   w: 1e-6 · (|w|·(1 - lr·weight_decay) + u), u = lr·|m^|/(sqrt(v^) + eps); |w| alone where decay is false
+// and w may differ by a further 2^-22 · (beta1^t/(1 - beta1^t) + beta2^t/(2(1 - beta2^t))) · u: what
+// rounding beta^t to float does to 1 - beta^t (about 500 float epsilons of u at t = 2, beta2 = 0.999).
 void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m, float* v, const float* g, int64_t n);
 
 // The model as your ZeRO sees it: a list of flats. A flat is one unit's parameters (a transformer block,
@@ -98,6 +101,12 @@ class Step {
   // it) and keeps the part, counted as this rank's gradients, in the run's dtype (as a GPU would hold it).
   // Once per flat per step, in zero1_reduce, zero2_reduce or zero2_finish.
   virtual void keep_grad(int flat, int64_t begin, const float* part, int64_t n) = 0;
+  // Optional: you are done reading `flat`'s whole gradient (grad() copied it into your own vector, the one a
+  // reduction in flight sends from), and the trainer frees it now instead of at keep_grad — as the engine's
+  // ZeRO-2 frees a gradient once it is packed. After it, grad(flat) is an error this step; keep_grad is still
+  // due. In zero1_reduce, or in zero2_reduce / zero2_finish for a flat zero2_reduce was called for; again, or
+  // after keep_grad, it does nothing.
+  virtual void release_grad(int flat) = 0;
   // In zero_step: the part kept for `flat` this step (n floats, as the trainer holds it).
   virtual std::vector<float> kept_grad(int flat) = 0;
   // The flat's weights as the model holds them now (numel floats; in a bf16 run, bf16 values). A master

@@ -38,7 +38,8 @@ using Work = int;    // a collective in flight, by handle
 enum class Kind {
   weights,  // device memory in the parameters' dtype (bf16 in a bf16 run), counted as parameters
   grads,    // device memory, f32: a flat gradient and its reduced part, counted as communication buffers
-  host,     // host memory in the parameters' dtype, counted as host memory (CPU offload's side of the bus)
+  host,     // host memory in the parameters' dtype, counted as host memory (CPU offload's side of the bus):
+            // bf16 in a bf16 run, so an f32 value copied into it is rounded to bf16
 };
 
 // One rank's sharded model. A unit is a transformer block (or the embeddings with the tied lm_head, or the
@@ -56,8 +57,12 @@ class Fsdp {
   // The root unit: the embeddings, whose forward encloses every other (its after_forward comes last: the
   // lm_head uses the tied embedding) and whose backward comes first. PyTorch FSDP's root instance.
   virtual int root() const = 0;
-  // The order the previous step's forward (backward) reached the units in: before_forward (before_backward)
-  // calls, the repeated ones once. Empty during the first step — PyTorch FSDP records its order the same way.
+  // The order the run's first forward (first backward) reached the units in: one entry per before_forward
+  // (before_backward) call, in call order, except that a call for the same unit as the call just before it
+  // adds no second entry. Recorded while that first pass runs — the list then holds the units reached so
+  // far, the latest before_forward's (before_backward's) unit last, and backward_order() is empty all
+  // through the first forward — and kept unchanged for the rest of the run: PyTorch FSDP records its
+  // execution order on the first iteration the same way.
   virtual const std::vector<int>& forward_order() const = 0;
   virtual const std::vector<int>& backward_order() const = 0;
 
@@ -92,8 +97,12 @@ class Fsdp {
   // b[at, at + numel), converted to f32; the layer's gradient is released (b has it now).
   virtual void take_grad(int flat, int k, Buffer b, int64_t at) = 0;
   // b[0, shard): this rank's part of the flat's gradient, averaged over ranks — what the optimizer steps
-  // part(flat) with. Copied, once per flat per optimizer step; a host buffer under offload (the optimizer
-  // steps on the host). Every flat's part must be kept by the time finish_backward returns.
+  // part(flat) with. Copied, once per flat per optimizer step, into the trainer's gradient of part(flat),
+  // held in the parameters' dtype; a grads buffer, or under offload a host buffer (the optimizer steps on
+  // the host). A host buffer is in the parameters' dtype too: in a bf16 run, the f32 part a reduce_scatter
+  // wrote is rounded to bf16 where you copy it into the host buffer, before keep_grad — the same rounding
+  // keep_grad applies to a grads buffer, so the optimizer sees the same values either way. Every flat's
+  // part must be kept by the time finish_backward returns.
   virtual void keep_grad(int flat, Buffer b) = 0;
 };
 

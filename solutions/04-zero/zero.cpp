@@ -38,7 +38,9 @@ void adamw_step(const AdamW& h, bool decay, float grad_scale, float* w, float* m
 
 /// BEGIN SOLUTION ONLY
 // One flat's reduction: this rank's part of the average over ranks of the gradient — a reduce-scatter, half
-// an all-reduce's bytes — started now, and kept (the trainer then frees the whole gradient) once it is done.
+// an all-reduce's bytes — started now, and kept once it is done. The whole gradient is released as soon as
+// it is copied out, as the engine's ZeRO-2 frees it once packed into its bucket: a reduction in flight holds
+// only the plugin's copy.
 struct Reduction {
   int flat = -1, handle = -1;
   int64_t begin = 0;
@@ -49,6 +51,7 @@ static Reduction start_reduce(Step& step, int flat) {
   Comm& comm = step.comm();
   const Shard s = shard_of(step.numel(flat), comm.rank(), comm.size());
   std::vector<float> g = step.grad(flat);
+  step.release_grad(flat);           // copied: the trainer's whole gradient can go now, before the part is kept
   g.resize(size_t(s.padded), 0.0f);  // reduce_scatter splits size()·n: the padded length
   Reduction p;
   p.flat = flat;
