@@ -6,7 +6,9 @@
 //     the embedding and one for the lm_head's backward, three of N numbers for the vocab-parallel loss;
 //   - per-rank memory (the meta device, a fake world): parameter bytes are the split matrices / t plus
 //     the whole LayerNorms, wpe and row-parallel biases, to the byte; activations are W + S/t (the part
-//     in the split layers halves with each doubling of t, the residual stream's does not).
+//     in the split layers halves with each doubling of t, the residual stream's does not);
+//   - sequence parallel (Megatron's SP): the same losses, the collectives and bytes of the all-gathers and
+//     reduce-scatters that replace the all-reduces, and activations (W + S)/t.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -177,4 +179,97 @@ steps = 1
   fails({"dist.fake_world_size=4", "parallel.tp=3"}, "parallel.tp 3");                      // not the world
   fails({"dist.fake_world_size=2", "parallel.pp=2", "parallel.strategy=zero2"}, "before the tied embedding's two copies");  // (tp: fine)
   fails({"dist.fake_world_size=2", "parallel.tp=2", "model.vocab_size=255", "data.vocab=255"}, "vocabulary");
+  fails({"parallel.sequence_parallel=true"}, "parallel.sequence_parallel is true with parallel.tp 1");
+  fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "lora.r=4"}, "lora.r");
+  fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=1", "data.seq_len=63",
+         "model.block_size=63"},
+        "micro_batch x data.seq_len");
+}
+
+TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny trains as one rank within 1e-6 (tp 2 and 4, dp x tp under ZeRO-2 and FSDP, "
+          "tp x pp), the stream's all-reduces split in their two halves, and the activations 1/t",
+          "[tp][sp][train]") {
+  const std::string sets = "--set train.steps=12 --set train.eval_batches=2 ";
+  const std::string sp = "--set parallel.sequence_parallel=true ";
+  TrainRun one = train_ranks(1, kTpGpt, sets);
+  REQUIRE(one.code == 0);
+  const int64_t N = 16 * 64, C = 64, L = 2;
+  for (int t : {2, 4}) {
+    TrainRun r = train_ranks(t, kTpGpt, sets + sp + fmt::format("--set parallel.tp={}", t));
+    TrainRun plain = train_ranks(t, kTpGpt, sets + fmt::format("--set parallel.tp={}", t));
+    INFO("tp " << t << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    REQUIRE(plain.code == 0);
+    CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
+    CHECK(r.out.find("sequence parallel: the residual stream") != std::string::npos);
+    // a step's collectives: per block the forward's 2 all-gathers and 2 reduce-scatters; the backward's 2
+    // all-gathers of dy, 2 of the inputs again (Megatron keeps their rows only) and 2 reduce-scatters of dx;
+    // the embedding's reduce-scatter and its gradient's all-gather, the lm_head's gather (twice) and its
+    // reduce-scatter; the loss's 3 all-reduces of N numbers, the norm's one; the LayerNorms' weights and
+    // biases, 2(2L + 1) all-reduces of C numbers. Each gather or scatter sends (t-1)/t of (N, C): 10L + 5
+    // halves against plain TP's 4L + 2 all-reduces (8L + 4 halves), 1.25x the bytes for the regathers
+    const auto& s = r.steps.back();
+    const double half = double(t - 1) / t * 4.0 * N * C;
+    CHECK(s["comm_calls"].get<int64_t>() == (10 * L + 5) + 3 + 1 + 2 * (2 * L + 1));
+    CHECK(s["comm_bytes_sent"].get<double>() ==
+          Approx((10 * L + 5) * half + 3 * ring(4.0 * N, t) + ring(4.0, t) + 2 * (2 * L + 1) * ring(4.0 * C, t)).epsilon(1e-9));
+    // every activation on the stream is 1/t here; plain TP keeps it whole on every rank
+    CHECK(r.summary["peak_memory"]["activations"].get<double>() < plain.summary["peak_memory"]["activations"].get<double>());
+  }
+  // the data-parallel axis beside it (its LayerNorms' gradients summed over the rows before the strategy's
+  // reduction), pipeline stages (a stage sends its rows), and full recompute (it gathers again)
+  for (const std::string& with : {std::string("--set parallel.strategy=zero2 --set train.micro_batch=8 "),
+                                  std::string("--set parallel.strategy=fsdp --set train.micro_batch=8 "),
+                                  std::string("--set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=2 --set train.micro_batch=8 ")}) {
+    TrainRun r = train_ranks(4, kTpGpt, sets + sp + "--set parallel.tp=2 " + with);
+    INFO(with << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
+  }
+  TrainRun sp2 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2");
+  TrainRun full = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set train.activation_checkpointing=full");
+  REQUIRE(full.code == 0);
+  CHECK(full.losses == sp2.losses);
+  // dropout on the rows: each rank its own masks (Megatron's tensor-parallel RNG), the same run twice bitwise
+  TrainRun d1 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");
+  TrainRun d2 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");
+  REQUIRE(d1.code == 0);
+  CHECK(d1.losses == d2.losses);
+  CHECK(d1.losses != sp2.losses);
+}
+
+TEST_CASE("sequence parallel memory per rank: the whole stream's activations / t, where plain TP leaves W whole", "[tp][sp][memory]") {
+  const std::string toml = R"(
+[model]
+name = "gpt"
+vocab_size = 50304
+block_size = 1024
+n_layer = 18
+n_head = 16
+n_embd = 2048
+[data]
+name = "tokens"
+seq_len = 1024
+vocab = 50304
+[train]
+micro_batch = 4
+steps = 1
+[optim]
+name = "adamw"
+)";
+  std::vector<double> tp, sp;
+  for (int t : {2, 4, 8}) {
+    const std::vector<std::string> sets = {fmt::format("dist.fake_world_size={}", t), fmt::format("parallel.tp={}", t)};
+    std::vector<std::string> with_sp = sets;
+    with_sp.push_back("parallel.sequence_parallel=true");
+    TrainRun a = train_in_process(toml, sets, DeviceKind::meta), b = train_in_process(toml, with_sp, DeviceKind::meta);
+    INFO("tp " << t << "\n" << b.out);
+    CHECK(b.summary["peak_memory"]["params"] == a.summary["peak_memory"]["params"]);  // the same weights
+    tp.push_back(a.summary["peak_memory"]["activations"].get<double>());
+    sp.push_back(b.summary["peak_memory"]["activations"].get<double>());
+  }
+  // (W + S)/t: every doubling of t halves it, within what one gathered layer's input adds while it is used
+  CHECK(sp[0] / sp[1] == Approx(2.0).epsilon(0.05));
+  CHECK(sp[1] / sp[2] == Approx(2.0).epsilon(0.05));
+  for (size_t i = 0; i < 3; i++) CHECK(sp[i] < tp[i]);
 }

@@ -202,6 +202,7 @@ const std::vector<Key>& keys() {
       CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: a GPT's or Llama's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
+      KEY("parallel.sequence_parallel", Kind::boolean, bool, model.sequence_parallel, "tp > 1: Megatron's sequence parallelism: the residual stream, its LayerNorms and dropouts split by rows too (all-gather + reduce-scatter for each all-reduce)"),
       KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
       KEY("parallel.micro_batches", Kind::integer, int64_t, parallel.micro_batches, "pp > 1: micro-batches per optimizer step, m >= pp (0 = 4 x pp); the batch is micro_batch x m x dp"),
       CHOICE("parallel.schedule", parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)", ""),
@@ -543,6 +544,12 @@ void validate(const RunConfig& c) {
   require(c.parallel.tp == 1 || c.model.name == "gpt" || c.model.name == "llama", c, "parallel.tp",
           fmt::format("is {} with model.name {}", c.parallel.tp, c.model.name),
           "tensor parallel splits a language model's heads, MLP and vocabulary: use gpt or llama, or parallel.tp = 1");
+  require(!c.model.sequence_parallel || c.parallel.tp > 1, c, "parallel.sequence_parallel", "is true with parallel.tp 1",
+          "it splits by rows what tensor parallelism leaves whole on every rank: set parallel.tp > 1");
+  require(!c.model.sequence_parallel || c.model.name == "gpt", c, "parallel.sequence_parallel", "is true with model.name " + c.model.name,
+          "sequence parallelism is in the engine for GPT; for Llama use tensor parallelism alone");
+  require(!c.model.sequence_parallel || c.lora.r == 0, c, "parallel.sequence_parallel", "is true with lora.r > 0",
+          "LoRA's adapters split with tensor parallelism, not yet with sequence parallelism: set one of them off");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
   require(c.checkpoint.every >= 0, c, "checkpoint.every", "must not be negative", "0 saves at the end (and on SIGTERM) only");
   require(c.checkpoint.keep >= 0, c, "checkpoint.keep", "must not be negative", "0 keeps every checkpoint");

@@ -66,9 +66,11 @@ Block::Block(Runtime& rt, GptLayers& layers, const std::string& p, const ModelSp
       ln_2(rt, p + ".ln_2", s.n_embd),
       c_fc(layers.mlp_up(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd)),
       c_proj(layers.mlp_down(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd)),
-      drop_attn(s.dropout, seed * 2 + 1),  // the residual stream is whole on every rank: every rank draws the same mask
-      drop_mlp(s.dropout, seed * 2 + 2),
-      full_(s.checkpointing == Checkpointing::full) {}
+      // the residual stream is whole on every rank: every rank draws the same mask (sequence parallel: its rows, its own)
+      drop_attn(s.dropout, layers.stream_seed(seed * 2 + 1)),
+      drop_mlp(s.dropout, layers.stream_seed(seed * 2 + 2)),
+      full_(s.checkpointing == Checkpointing::full),
+      layers_(layers) {}
 
 std::vector<Parameter*> Block::parameters() {
   std::vector<Parameter*> p = ln_1.parameters();
@@ -158,9 +160,9 @@ Tensor Block::backward(Runtime& rt, const Tensor& dout) {
     x_ = Tensor();
   }
   // the residual passes dout through unchanged; the branch's gradient is added to it
-  Tensor dh = ln_2.backward(rt, c_fc->backward(rt, gelu.backward(rt, c_proj->backward(rt, drop_mlp.backward(rt, dout)))));
+  Tensor dh = layers_.norm_backward(rt, ln_2, c_fc->backward(rt, gelu.backward(rt, c_proj->backward(rt, drop_mlp.backward(rt, dout)))));
   residual_accumulate(rt, dh, dout);
-  Tensor dx = ln_1.backward(rt, attn->backward(rt, drop_attn.backward(rt, dh)));
+  Tensor dx = layers_.norm_backward(rt, ln_1, attn->backward(rt, drop_attn.backward(rt, dh)));
   residual_accumulate(rt, dx, dh);
   return dx;
 }
@@ -191,7 +193,7 @@ GPT::GPT(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::vect
       stages_(stages),
       split_(layers != nullptr),
       layers_(layers ? std::move(layers) : std::make_unique<GptLayers>()),
-      drop_(s.dropout, s.dropout_seed * 1000 + 7) {
+      drop_(s.dropout, layers_->stream_seed(s.dropout_seed * 1000 + 7)) {
   if (s.checkpointing == Checkpointing::selective_op)
     throw ConfigError("train.activation_checkpointing = \"selective_op\" with model.name \"gpt\": the op-level policy is written for "
                       "Llama's block (torchtitan's)",
@@ -210,6 +212,11 @@ GPT::GPT(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::vect
     lm_head_.split_dim = 0;
     lm_head_.tied = "transformer.wte.weight";
   }
+}
+
+Shape GPT::stream_shape(const Batch& b) {
+  if (layers_->sequence_parallel()) return {b.B * b.T / vocab_parts(), spec_.n_embd};  // this rank's rows
+  return {b.B, b.T, spec_.n_embd};
 }
 
 int64_t GPT::vocab_first() const {
@@ -235,6 +242,10 @@ std::string GPT::describe() const {
                      "    per block; c_attn, mlp.c_fc by rows, attn.c_proj, mlp.c_proj by columns; LayerNorms, wpe and the row-parallel biases whole\n",
                      t, layers_->vocab_group()->rank(), vocab_first(), vocab_first() + spec_.vocab_size / t, spec_.vocab_size, spec_.n_head / t,
                      spec_.n_head);
+  if (t > 1 && layers_->sequence_parallel())
+    d += fmt::format("    sequence parallel: the residual stream, LayerNorms and dropouts on this rank's 1/{} of the token rows; an all-gather\n"
+                     "    before each column-parallel layer and a reduce-scatter after each row-parallel one, in place of the all-reduces\n",
+                     t);
   return d;
 }
 
@@ -323,11 +334,12 @@ void GPT::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
 
 Tensor GPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) {
   const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, Vt = spec_.vocab_size / vocab_parts();
+  layers_->set_tokens(B, T);  // sequence parallel: the shape its gathers make
   int unit = 0;
   Tensor x;
   if (first_stage()) {  // unit 0 is wte and wpe; on one stage wte is the lm_head too: its forward ends after the logits
     if (hook) hook->before_forward(unit);
-    x = drop_.forward(rt, emb_->forward(rt, batch.tokens, B, T));  // (B, T, C), whole
+    x = drop_.forward(rt, emb_->forward(rt, batch.tokens, B, T));  // (B, T, C), whole (sequence parallel: (B·T/t, C), its rows)
     if (hook && !last_stage()) hook->after_forward(unit);
     unit++;
   } else {
@@ -344,9 +356,10 @@ Tensor GPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, 
   saved_xf_ = ln_f_->forward(rt, x);
   if (hook) hook->after_forward(unit);  // (ln_f's parameters are done with: ZeRO-3 frees them before the logits)
   // lm_head: logits (B*T, V/t) = xf (B*T, C) @ headᵀ, no bias (a 16-bit GEMM under mixed precision); split
-  // over the vocabulary, this rank's columns (Megatron's f: identity)
+  // over the vocabulary, this rank's columns (Megatron's f: identity; sequence parallel: g, the rows gathered)
   Tensor logits = rt.empty({B * T, Vt}, Category::activations, vocab_parts() > 1 ? "logits (this rank's vocabulary)" : "logits", rt.dtype);
-  AsF32 z(rt, logits, AsF32::out), xf(rt, saved_xf_), w(rt, head().data);
+  const Tensor xf_all = layers_->whole_rows(rt, saved_xf_);
+  AsF32 z(rt, logits, AsF32::out), xf(rt, xf_all), w(rt, head().data);
   matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, Vt);
   z.store();
   if (hook && first_stage()) hook->after_forward(0);
@@ -359,11 +372,12 @@ Tensor GPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) 
   if (last_stage()) {
     const int64_t BT = dout.size(0), C = spec_.n_embd, Vt = dout.size(1);
     if (hook) hook->before_layer_backward(first_stage() ? 0 : unit);  // one stage: the lm_head's weight is wte (unit 0)
-    Tensor dxf = rt.empty(saved_xf_.shape(), Category::activations, "grad of ln_f output", rt.dtype);
+    const Tensor xf_all = layers_->whole_rows(rt, saved_xf_);  // sequence parallel: gathered again
+    Tensor dxf = rt.empty(xf_all.shape(), Category::activations, "grad of ln_f output", rt.dtype);
     {
       const bool trains = head().requires_grad;  // frozen under LoRA: dW's GEMM skipped
       AsF32 dx(rt, dxf, AsF32::out), dw(rt, trains ? head().grad_for_accumulate() : Tensor(), AsF32::inout);
-      AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, saved_xf_), w(rt, head().data);
+      AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, xf_all), w(rt, head().data);
       matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt, true, trains);
       dx.store();
       dw.store();
@@ -371,7 +385,7 @@ Tensor GPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) 
     layers_->sum_over_vocab(rt, dxf);  // f's backward: each rank's vocabulary contributes a term of dxf
     saved_xf_ = Tensor();
     if (hook && first_stage()) hook->before_layer_backward(unit);
-    d = ln_f_->backward(rt, dxf);
+    d = layers_->norm_backward(rt, *ln_f_, dxf);
     if (hook) hook->after_layer_backward(unit, units().back());
     unit--;
   }

@@ -32,8 +32,20 @@ class GptLayers {
   virtual std::unique_ptr<TokenEmbedding> embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
   // The group the vocabulary is split over (nullptr: whole); the lm_head then holds V/t rows of wte.
   virtual ProcessGroup* vocab_group() { return nullptr; }
-  // The gradient of the lm_head's input, one term per rank of vocab_group(): summed here.
+  // The gradient of the lm_head's input, one term per rank of vocab_group(): summed here (sequence
+  // parallel: dx becomes this rank's rows of the sum).
   virtual void sum_over_vocab(Runtime& rt, Tensor& dx) {}
+  // Sequence parallel (core/parallel/tensor_parallel.h): the residual stream between the split layers is
+  // this rank's rows of it; the model tells the layers its micro-batch's B and T before each forward.
+  virtual bool sequence_parallel() const { return false; }
+  virtual void set_tokens(int64_t B, int64_t T) {}
+  // x as the lm_head reads it: whole (sequence parallel: every rank's rows gathered)
+  virtual Tensor whole_rows(Runtime& rt, const Tensor& x) { return x; }
+  // A LayerNorm's backward (sequence parallel: its weight's and bias's gradients summed over the rows' ranks)
+  virtual Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) { return norm.backward(rt, dout); }
+  // The dropout stream a layer on the residual stream draws from (sequence parallel: each rank's own rows,
+  // each rank its own stream, as Megatron's tensor-parallel RNG)
+  virtual uint64_t stream_seed(uint64_t seed) { return seed; }
   // This rank's part of every parameter, taken from a whole model's (by name): how a split model starts
   // from the whole one's initial weights. The default copies whole parameters.
   virtual void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole);
@@ -77,6 +89,7 @@ struct Block {
   Tensor x_;                   // full: the block's input, all it keeps for backward
   std::vector<uint64_t*> streams();  // drop_attn's, drop_mlp's and the LoRA adapters' dropout draws
   std::vector<int64_t> drop_at_;     // full: each stream's draws before the forward
+  GptLayers& layers_;                // the norms' backward (sequence parallel sums their gradients)
 };
 
 class GPT : public Model {
@@ -96,8 +109,8 @@ class GPT : public Model {
   Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) override;
   Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) override;
   void swap_saved(SavedState& s) override;
-  Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
-  Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
+  Shape stage_input_shape(const Batch& b) override { return stream_shape(b); }
+  Shape stage_output_shape(const Batch& b) override { return stream_shape(b); }
   void set_training(bool on) override;
   // GPT-2's initialisation; a split model takes its part of the whole model's (built whole on the side)
   void init(uint64_t seed) override;
@@ -113,6 +126,8 @@ class GPT : public Model {
 
  private:
   Parameter& head() { return first_stage() ? emb_->wte : lm_head_; }
+  // the residual stream a rank holds: (B, T, C), or its rows under sequence parallel
+  Shape stream_shape(const Batch& b);
   int vocab_parts() const { return layers_->vocab_group() ? layers_->vocab_group()->size() : 1; }
   ModelSpec spec_;
   DeviceKind device_;
@@ -125,7 +140,7 @@ class GPT : public Model {
   std::vector<std::unique_ptr<Block>> h_;
   std::unique_ptr<LayerNorm> ln_f_;  // the last stage's
   Parameter lm_head_;                // the last stage's copy of wte (when it is not also the first)
-  Tensor saved_xf_;                  // ln_f output (B, T, C), the lm_head's input
+  Tensor saved_xf_;                  // ln_f output (B, T, C), the lm_head's input (sequence parallel: this rank's rows)
 };
 
 }  // namespace distlab

@@ -51,6 +51,7 @@ struct ModelSpec {
   uint64_t dropout_seed = 0;
   Checkpointing checkpointing = Checkpointing::none;  // gpt: train.activation_checkpointing
   AttentionKernel attention = AttentionKernel::naive;  // gpt: model.attention
+  bool sequence_parallel = false;  // parallel.sequence_parallel: with tensor parallel, the stream's rows split too
 };
 
 // The whole model, on one rank (a split one: build_split_model in core/parallel/gpt_parallel.h).

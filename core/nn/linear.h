@@ -24,6 +24,7 @@ class Linear : public Layer {
     if (lora) lora->swap_saved(s);
   }
   void keep_input(Runtime& rt, const Tensor& x) override;  // saves x as forward would, computes nothing
+  void release_input() { saved_x_ = Tensor(); }  // forgets the saved x (sequence parallel gathers it again: keep_input)
   uint64_t* rng_calls() override { return lora ? lora->rng_calls() : nullptr; }  // the adapter's dropout
   // PEFT's LoraLayer: an adapter on this layer, the weight and bias frozen; `name` is the module's
   void add_lora(Runtime& rt, const std::string& name, const LoraSpec& spec, uint64_t dropout_seed);

@@ -9,16 +9,16 @@
 namespace distlab {
 
 std::unique_ptr<Layer> TensorParallelLayers::attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core) {
-  return std::make_unique<ParallelSelfAttention>(rt, tp_, prefix, C, n_head, core);
+  return std::make_unique<ParallelSelfAttention>(rt, tp_, prefix, C, n_head, core, sp());
 }
 std::unique_ptr<Layer> TensorParallelLayers::mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) {
-  return std::make_unique<ColumnParallelLinear>(rt, tp_, prefix, C, hidden);
+  return std::make_unique<ColumnParallelLinear>(rt, tp_, prefix, C, hidden, true, 1, sp());
 }
 std::unique_ptr<Layer> TensorParallelLayers::mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) {
-  return std::make_unique<RowParallelLinear>(rt, tp_, prefix, hidden, C);
+  return std::make_unique<RowParallelLinear>(rt, tp_, prefix, hidden, C, true, sp());
 }
 std::unique_ptr<TokenEmbedding> TensorParallelLayers::embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) {
-  return std::make_unique<VocabParallelEmbedding>(rt, tp_, prefix, vocab, block, C);
+  return std::make_unique<VocabParallelEmbedding>(rt, tp_, prefix, vocab, block, C, sp());
 }
 
 void set_tp_kernels(GPT& gpt, TpKernels* k) {
@@ -39,7 +39,8 @@ std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, Proces
   if (stages > 1 && (s.name == "mlp" || s.name == "cifar_cnn")) return build_sequential_stage(rt, s, stage, stages, layers);
   if ((tp && tp->size() > 1) || stages > 1) {
     DL_ASSERT(tp, "build_split_model: a split model needs its (tensor-parallel) group, even of one rank");
-    if (s.name == "gpt") return std::make_unique<GPT>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLayers>(*tp));
+    if (s.name == "gpt")
+      return std::make_unique<GPT>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLayers>(*tp, s.sequence_parallel));
     if (s.name == "llama") return std::make_unique<Llama>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLlamaLayers>(*tp));
     throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
                                   tp->size(), s.name),

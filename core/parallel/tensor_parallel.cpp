@@ -11,6 +11,7 @@
 #include "core/ops/cpu/attention.h"
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/cpu/pointwise.h"
 #include "core/ops/op_scope.h"
 #include "core/parallel/comm_buffers.h"
 #include "core/tensor/as_f32.h"
@@ -28,6 +29,58 @@ void all_reduce_tensor(Runtime& rt, ProcessGroup& g, Tensor& t) {
   AsF32 f(rt, t, AsF32::inout);  // a cpu f32 tensor itself; 16-bit through f32, rounded once after the sum
   staged_all_reduce(rt, g, f.p, t.numel(), ReduceOp::sum, DType::f32);  // on the device where it lives; nullptr (meta): traced
   f.store();
+}
+
+// ---- sequence parallel: the all-reduce's two halves, and a norm's gradients ----
+
+Tensor sp_gather(Runtime& rt, ProcessGroup& tp, const Tensor& rows, const SeqParallel& sp, const std::string& what) {
+  const int64_t C = rows.size(-1), N = sp.B * sp.T, t = tp.size();
+  if (N % t != 0 || rows.numel() != N / t * C)
+    throw ShapeError(fmt::format("sequence parallel: {} has {} rows here, not 1/{} of the micro-batch's {} x {} tokens", what, rows.numel() / C, t,
+                                 sp.B, sp.T),
+                     "parallel.tp must divide train.micro_batch x data.seq_len");
+  Tensor out = rt.empty({sp.B, sp.T, C}, Category::activations, what + " (gathered)", rows.dtype());
+  AsF32 o(rt, out, AsF32::out), r(rt, rows);
+  staged_all_gather(rt, tp, o.p, r.p, rows.numel(), DType::f32);  // rank r's rows land at r·N/t: the stream in order
+  o.store();
+  return out;
+}
+
+Tensor sp_reduce_scatter(Runtime& rt, ProcessGroup& tp, const Tensor& terms, const std::string& what) {
+  const int64_t C = terms.size(-1), N = terms.numel() / C, t = tp.size();
+  if (N % t != 0)
+    throw ShapeError(fmt::format("sequence parallel: {} has {} rows, which do not split over {} tensor-parallel ranks", what, N, t),
+                     "parallel.tp must divide train.micro_batch x data.seq_len");
+  Tensor out = rt.empty({N / t, C}, Category::activations, what + " (this rank's rows)", terms.dtype());
+  AsF32 o(rt, out, AsF32::out), in(rt, terms);
+  staged_reduce_scatter(rt, tp, o.p, in.p, out.numel(), ReduceOp::sum, DType::f32);
+  o.store();
+  return out;
+}
+
+Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout) {
+  std::vector<Parameter*> ps = norm.parameters();
+  std::vector<Tensor> before;
+  for (Parameter* p : ps) {  // this micro-batch's gradients alone, then summed over the ranks' rows
+    before.push_back(p->grad);
+    p->grad = Tensor();
+  }
+  Tensor dx = norm.backward(rt, dout);
+  for (size_t i = 0; i < ps.size(); i++) {
+    Parameter& p = *ps[i];
+    if (!p.grad.defined()) {
+      p.grad = before[i];
+      continue;
+    }
+    all_reduce_tensor(rt, tp, p.grad);
+    if (before[i].defined()) {  // what earlier micro-batches left, plus this one's
+      AsF32 acc(rt, before[i], AsF32::inout), g(rt, p.grad);
+      accumulate(rt, acc.p, g.p, p.grad.numel());
+      acc.store();
+      p.grad = before[i];
+    }
+  }
+  return dx;
 }
 
 static int64_t split(int64_t n, ProcessGroup& g, const std::string& what, const std::string& prefix) {
@@ -198,8 +251,8 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
 // ---- column-parallel: this rank's rows of W (its outputs) ----
 
 ColumnParallelLinear::ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias,
-                                           int parts)
-    : tp_(tp), local_(rt, prefix, in, split(out, tp, "out_features", prefix), bias), out_(out) {
+                                           int parts, const SeqParallel* sp)
+    : tp_(tp), local_(rt, prefix, in, split(out, tp, "out_features", prefix), bias), out_(out), sp_(sp) {
   if (out % (int64_t(parts) * tp.size()) != 0)
     throw ConfigError(fmt::format("{}: {} blocks of {} rows do not split over {} tensor-parallel ranks", prefix, parts, out / parts, tp.size()),
                       "parallel.tp must divide model.n_embd (and the number of heads)");
@@ -213,12 +266,24 @@ std::string ColumnParallelLinear::describe() const {
 }
 
 Tensor ColumnParallelLinear::forward(Runtime& rt, const Tensor& x) {
+  if (kernels_ && sp_) throw ConfigError(describe() + ": sequence parallel with replaced kernels", "set parallel.sequence_parallel = false");
   if (kernels_) return kernels_forward(rt, *kernels_, true, tp_, local_, local_.has_bias_ ? &local_.bias : nullptr, x, saved_x_);
-  return local_.forward(rt, x);  // f: identity
+  if (!sp_) return local_.forward(rt, x);  // f: identity
+  rows_ = x;                                                                            // (N/t, in): kept
+  Tensor y = local_.forward(rt, sp_gather(rt, tp_, x, *sp_, local_.weight.name + "'s input"));  // g: (B, T, in) -> (B, T, out/t)
+  local_.release_input();  // the gathered x is not kept: backward gathers it again
+  return y;
 }
 
 Tensor ColumnParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   if (kernels_) return kernels_backward(rt, *kernels_, true, tp_, local_, local_.has_bias_ ? &local_.bias : nullptr, dout, saved_x_);
+  if (sp_) {
+    DL_ASSERT(rows_.defined(), "ColumnParallelLinear::backward (sequence parallel) without a forward");
+    local_.keep_input(rt, sp_gather(rt, tp_, rows_, *sp_, local_.weight.name + "'s input, again"));
+    rows_ = Tensor();
+    Tensor dx = local_.backward(rt, dout);  // this rank's term of dx, every row
+    return dx.defined() ? sp_reduce_scatter(rt, tp_, dx, "grad of " + local_.weight.name + "'s input") : dx;  // g's backward
+  }
   Tensor dx = local_.backward(rt, dout);        // this rank's term of dx = Σ_r dy_r·W_r
   if (dx.defined()) all_reduce_tensor(rt, tp_, dx);  // f's backward
   return dx;
@@ -232,8 +297,9 @@ void ColumnParallelLinear::load_slice(const Linear& whole) {
 
 // ---- row-parallel: this rank's columns of W (its inputs) ----
 
-RowParallelLinear::RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool has_bias)
-    : tp_(tp), local_(rt, prefix, split(in, tp, "in_features", prefix), out, false), in_(in), has_bias_(has_bias) {
+RowParallelLinear::RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool has_bias,
+                                     const SeqParallel* sp)
+    : tp_(tp), local_(rt, prefix, split(in, tp, "in_features", prefix), out, false), in_(in), has_bias_(has_bias), sp_(sp) {
   local_.weight.split_dim = 1;
   local_.tp = tp_slice(tp, 1, 1);
   if (has_bias) bias = make_parameter(rt, prefix + ".bias", {out}, /*decay=*/false);
@@ -251,9 +317,11 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
 }
 
 Tensor RowParallelLinear::forward(Runtime& rt, const Tensor& x) {
+  if (kernels_ && sp_) throw ConfigError(describe() + ": sequence parallel with replaced kernels", "set parallel.sequence_parallel = false");
   if (kernels_) return kernels_forward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, x, saved_x_);
   Tensor y = local_.forward(rt, x);  // this rank's term of Σ_r x_r·W_rᵀ
-  all_reduce_tensor(rt, tp_, y);     // g
+  if (sp_) y = sp_reduce_scatter(rt, tp_, y, "output of " + local_.weight.name);  // ḡ: this rank's rows of the sum
+  else all_reduce_tensor(rt, tp_, y);  // g
   if (has_bias_) {                   // the bias once, after the sum
     const int64_t out = local_.out_features;
     AsF32 yf(rt, y, AsF32::inout), b(rt, bias.data);
@@ -270,13 +338,15 @@ void RowParallelLinear::keep_input(Runtime& rt, const Tensor& x) {
 
 Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   if (kernels_) return kernels_backward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, dout, saved_x_);
+  // ḡ's backward: every rank's rows of dy, gathered (sequence parallel); g's is the identity
+  const Tensor dy_all = sp_ ? sp_gather(rt, tp_, dout, *sp_, "grad of " + local_.weight.name + "'s output") : dout;
   if (has_bias_) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient
     const int64_t out = local_.out_features;
-    AsF32 db(rt, bias.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-    bias_backward(rt, db.p, dy.p, dout.numel() / out, out);
+    AsF32 db(rt, bias.grad_for_accumulate(), AsF32::inout), dy(rt, dy_all);
+    bias_backward(rt, db.p, dy.p, dy_all.numel() / out, out);
     db.store();
   }
-  return local_.backward(rt, dout);  // g's backward is the identity: dx_r = dy·W_r, dW_r = dyᵀ·x_r
+  return local_.backward(rt, dy_all);  // dx_r = dy·W_r, dW_r = dyᵀ·x_r
 }
 
 void RowParallelLinear::load_slice(const Linear& whole) {
@@ -288,9 +358,9 @@ void RowParallelLinear::load_slice(const Linear& whole) {
 // ---- attention, heads split ----
 
 ParallelSelfAttention::ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head,
-                                             AttentionCore core)
-    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C, true, 3),
-      c_proj(rt, tp, prefix + ".c_proj", C, C),
+                                             AttentionCore core, const SeqParallel* sp)
+    : c_attn(rt, tp, prefix + ".c_attn", C, 3 * C, true, 3, sp),
+      c_proj(rt, tp, prefix + ".c_proj", C, C, true, sp),
       C_(C),
       local_heads_(n_head / tp.size()),
       core_(core) {
@@ -330,8 +400,9 @@ Tensor ParallelSelfAttention::backward(Runtime& rt, const Tensor& dout) {
 
 // ---- the vocabulary split: embedding and cross-entropy ----
 
-VocabParallelEmbedding::VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t v, int64_t b, int64_t c)
-    : vocab(v), block(b), C(c), first(tp.rank() * split_vocab(v, tp, prefix + "wte")), tp_(tp) {
+VocabParallelEmbedding::VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t v, int64_t b, int64_t c,
+                                               const SeqParallel* sp)
+    : vocab(v), block(b), C(c), first(tp.rank() * split_vocab(v, tp, prefix + "wte")), tp_(tp), sp_(sp) {
   wte = make_parameter(rt, prefix + "wte.weight", {v / tp.size(), c});
   wte.split_dim = 0;
   wpe = make_parameter(rt, prefix + "wpe.weight", {b, c});
@@ -360,16 +431,18 @@ Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& 
     embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);  // wte row + wpe for this rank's tokens, zeros for the others
     o.store();
   }
-  all_reduce_tensor(rt, tp_, out);  // each token: exactly one rank's row, plus zeros — the row itself
   B_ = B;
   T_ = T;
+  if (sp_) return sp_reduce_scatter(rt, tp_, out, "output of embedding");  // this rank's rows of the stream
+  all_reduce_tensor(rt, tp_, out);  // each token: exactly one rank's row, plus zeros — the row itself
   return out;
 }
 
 void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
-  // dout is whole on every rank: each adds it into its own tokens' rows, and every rank into all of dwpe
-  // (the same sums in the same order as the whole embedding's)
-  AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
+  // dout is whole on every rank (sequence parallel: gathered from the rows): each adds it into its own
+  // tokens' rows, and every rank into all of dwpe (the same sums in the same order as the whole embedding's)
+  const Tensor d = sp_ ? sp_gather(rt, tp_, dout, *sp_, "grad of embedding output") : dout;
+  AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, d);
   {
     Indices ids(rt, saved_local_);
     embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);

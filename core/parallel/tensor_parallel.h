@@ -52,6 +52,30 @@ int gather_split_params(ProcessGroup& tp, const std::vector<Parameter*>& local, 
 // the stages' sums added over the PP group (a tied copy counted once). Either group may be nullptr.
 double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* tp, ProcessGroup* pp);
 
+// ---- sequence parallelism (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer
+// Models"; Megatron-LM's --sequence-parallel) ----
+// Between the split layers a TP group computes the same thing t times: the LayerNorms, the dropouts and the
+// residual adds run on the whole (B, T, C) stream on every rank. Sequence parallelism splits that stream too:
+// rank r holds rows [r·N/t, (r+1)·N/t) of its N = B·T token rows, (N/t, C). Megatron lays activations out
+// (T, B, C), so its split is a slice of the sequence; in distlab's (B, T, C) the same rows a rank are a
+// contiguous block of B·T — the same count and bytes, and the ops there work a row at a time. Each
+// all-reduce of the activations becomes its two halves, the same bytes:
+//   g  before a column-parallel layer: all-gather of the rows     its backward: reduce-scatter
+//   ḡ  after a row-parallel layer:     reduce-scatter of the sum  its backward: all-gather
+// A LayerNorm's weight and bias see only this rank's rows: their gradients are summed over the group.
+// The gathered input of a column-parallel layer is not kept: its backward gathers the rows again (as
+// Megatron does), so what a rank keeps between the split layers is 1/t of it.
+struct SeqParallel {
+  int64_t B = 0, T = 0;  // this micro-batch's tokens: the shape a gather makes (the model sets it before each forward)
+};
+// (N/t, C) this rank's rows -> (B, T, C) every rank's, in order: an all-gather over tp
+Tensor sp_gather(Runtime& rt, ProcessGroup& tp, const Tensor& rows, const SeqParallel& sp, const std::string& what);
+// (..., C) one term of a sum on every rank -> (N/t, C) this rank's rows of the sum: a reduce-scatter over tp
+Tensor sp_reduce_scatter(Runtime& rt, ProcessGroup& tp, const Tensor& terms, const std::string& what);
+// A norm's backward on this rank's rows: its parameters' gradients from this micro-batch summed over tp (the
+// whole batch's), then added to what they held. Returns dx (N/t, C).
+Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout);
+
 // The two layers' arithmetic and their collectives, replaceable (gpt_parallel.h's set_tp_kernels): host code
 // that may run elsewhere, even in a process of its own (the grader's bridge does). Every array is f32, row-major, in
 // PyTorch's layout: x (rows, in), w (out, in) — this rank's slice, as the layer holds it — b (out) or
@@ -74,11 +98,13 @@ class ColumnParallelLinear : public Layer {
   // `tp` the TP group (its size t must divide out). Parameters keep PyTorch's names and hold this rank's
   // rows: "mlp.c_fc.weight" is (out/t, in) here. `parts`: the rows are that many fused layers (c_attn's
   // q, k and v: 3), and a rank holds its 1/t of each.
+  // `sp`: sequence parallel (above) — x comes in as this rank's rows and is gathered here; dx goes back as
+  // this rank's rows of the sum (nullptr: x whole, dx all-reduced).
   ColumnParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true,
-                       int parts = 1);
+                       int parts = 1, const SeqParallel* sp = nullptr);
   std::string describe() const override;
-  Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole -> (..., out/t), this rank's slice
-  Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group
+  Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in), whole (sp: (N/t, in)) -> (..., out/t), this rank's slice
+  Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out/t) -> dx (..., in), summed over the group (sp: its rows)
   std::vector<Parameter*> parameters() override { return local_.parameters(); }
   std::vector<Layer*> children() override { return {&local_}; }  // what LoRA adapts (core/nn/lora.h)
   // This rank's rows of a whole layer's weights (for the equivalence with t = 1, and for loading): its
@@ -88,6 +114,7 @@ class ColumnParallelLinear : public Layer {
   void swap_saved(SavedState& s) override {
     local_.swap_saved(s);
     s.swap(saved_x_);
+    s.swap(rows_);
   }
   // Forward and backward through `k` instead of the layer's own arithmetic (nullptr: its own).
   void set_kernels(TpKernels* k) { kernels_ = k; }
@@ -96,14 +123,18 @@ class ColumnParallelLinear : public Layer {
   ProcessGroup& tp_;
   Linear local_;  // in -> out/t
   int64_t out_;
+  const SeqParallel* sp_;
   TpKernels* kernels_ = nullptr;
   Tensor saved_x_;  // the input, under kernels_ (local_ keeps its own otherwise)
+  Tensor rows_;     // sp: this rank's rows of the input, gathered again in backward
 };
 
 class RowParallelLinear : public Layer {
  public:
-  // t must divide in. "attn.c_proj.weight" is (out, in/t) here; the bias is whole.
-  RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  // t must divide in. "attn.c_proj.weight" is (out, in/t) here; the bias is whole. `sp`: sequence parallel —
+  // the sum is reduce-scattered (y comes out as this rank's rows, (N/t, out)) and dy comes in as them.
+  RowParallelLinear(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t in, int64_t out, bool bias = true,
+                    const SeqParallel* sp = nullptr);
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;      // x (..., in/t), this rank's slice -> (..., out), whole
   Tensor backward(Runtime& rt, const Tensor& dout) override;  // dout (..., out), whole -> dx (..., in/t)
@@ -123,6 +154,7 @@ class RowParallelLinear : public Layer {
   Linear local_;  // in/t -> out, no bias: the bias is added once, after the sum
   int64_t in_;
   bool has_bias_;
+  const SeqParallel* sp_;
   TpKernels* kernels_ = nullptr;
   Tensor saved_x_;
 };
@@ -134,7 +166,7 @@ class RowParallelLinear : public Layer {
 class ParallelSelfAttention : public Layer {
  public:
   ParallelSelfAttention(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t C, int64_t n_head,
-                        AttentionCore core = AttentionCore());
+                        AttentionCore core = AttentionCore(), const SeqParallel* sp = nullptr);
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C), whole on every rank
   Tensor backward(Runtime& rt, const Tensor& dout) override;
@@ -162,7 +194,10 @@ class ParallelSelfAttention : public Layer {
 //   backward  each rank adds dout into the rows of its own tokens (no communication); dwpe everywhere alike
 class VocabParallelEmbedding : public TokenEmbedding {
  public:
-  VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t vocab, int64_t block, int64_t C);
+  // `sp`: sequence parallel — the rows are reduce-scattered instead of all-reduced (out: this rank's (N/t, C)),
+  // and the gradient comes in as them
+  VocabParallelEmbedding(Runtime& rt, ProcessGroup& tp, const std::string& prefix, int64_t vocab, int64_t block, int64_t C,
+                         const SeqParallel* sp = nullptr);
   Tensor forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) override;  // (B*T) -> (B, T, C), whole
   void backward(Runtime& rt, const Tensor& dout) override;
   void load_slice(const Embedding& whole);
@@ -176,6 +211,7 @@ class VocabParallelEmbedding : public TokenEmbedding {
 
  private:
   ProcessGroup& tp_;
+  const SeqParallel* sp_;
   std::vector<int32_t> saved_local_;  // the tokens as rows of this rank's slice, -1 for the others' (core/ops/cpu/attention.h)
   int64_t B_ = 0, T_ = 0;
 };
