@@ -29,6 +29,26 @@ const std::string kSets = "--set train.steps=50 --set train.eval_batches=2 ";
 
 std::string tp_scratch(const std::string& name) { return scratch_path("tp", name); }
 
+// GPT-1B's shape (vocab padded to 50304, as Megatron pads it to a multiple of 128·t), one step on meta
+const std::string kGpt1b = R"(
+[model]
+name = "gpt"
+vocab_size = 50304
+block_size = 1024
+n_layer = 18
+n_head = 16
+n_embd = 2048
+[data]
+name = "tokens"
+seq_len = 1024
+vocab = 50304
+[train]
+micro_batch = 4
+steps = 1
+[optim]
+name = "adamw"
+)";
+
 // a ring all-reduce of `bytes` sends 2(t-1)/t of them from each rank
 double ring(double bytes, int t) { return 2.0 * (t - 1) / t * bytes; }
 
@@ -109,33 +129,14 @@ TEST_CASE("ZeRO on the data-parallel axis of a split model: ZeRO-1 with tp and p
 }
 
 TEST_CASE("tensor parallel memory per rank: split weights / t plus the whole small ones, activations W + S/t", "[tp][memory]") {
-  // GPT-1B's shape (vocab padded to 50304, as Megatron pads it to a multiple of 128·t), one step on meta
   const int64_t V = 50304, Tb = 1024, C = 2048, L = 18;
-  const std::string toml = R"(
-[model]
-name = "gpt"
-vocab_size = 50304
-block_size = 1024
-n_layer = 18
-n_head = 16
-n_embd = 2048
-[data]
-name = "tokens"
-seq_len = 1024
-vocab = 50304
-[train]
-micro_batch = 4
-steps = 1
-[optim]
-name = "adamw"
-)";
   // split: wte, c_attn (w, b), attn.c_proj.weight, c_fc (w, b), mlp.c_proj.weight; whole: wpe, the norms, the
   // row-parallel biases
   const double split = double(V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C));
   const double whole = double(Tb * C + L * (2 * C + C + 2 * C + C) + 2 * C);
   std::vector<double> act;
   for (int t : {1, 2, 4, 8}) {
-    TrainRun r = train_in_process(toml, {fmt::format("dist.fake_world_size={}", t), fmt::format("parallel.tp={}", t)}, DeviceKind::meta);
+    TrainRun r = train_in_process(kGpt1b, {fmt::format("dist.fake_world_size={}", t), fmt::format("parallel.tp={}", t)}, DeviceKind::meta);
     INFO("tp " << t << "\n" << r.out);
     CHECK(r.summary["params"].get<double>() == split + whole);
     CHECK(r.summary["peak_memory"]["params"].get<double>() == 4.0 * (split / t + whole));
@@ -181,13 +182,15 @@ steps = 1
   fails({"dist.fake_world_size=2", "parallel.tp=2", "model.vocab_size=255", "data.vocab=255"}, "vocabulary");
   fails({"parallel.sequence_parallel=true"}, "parallel.sequence_parallel is true with parallel.tp 1");
   fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "lora.r=4"}, "lora.r");
+  fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.activation_checkpointing=selective_op"},
+        "is true with train.activation_checkpointing = selective_op");
   fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=1", "data.seq_len=63",
          "model.block_size=63"},
         "micro_batch x data.seq_len");
 }
 
-TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny trains as one rank within 1e-6 (tp 2 and 4, dp x tp under ZeRO-2 and FSDP, "
-          "tp x pp), the stream's all-reduces split in their two halves, and the activations 1/t",
+TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny and Llama-tiny train as one rank within 1e-6 (tp 2 and 4, dp x tp under ZeRO-2 and "
+          "FSDP, tp x pp), the stream's all-reduces split in their two halves, and the activations 1/t",
           "[tp][sp][train]") {
   const std::string sets = "--set train.steps=12 --set train.eval_batches=2 ";
   const std::string sp = "--set parallel.sequence_parallel=true ";
@@ -230,6 +233,17 @@ TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny trains as one rank 
   TrainRun full = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set train.activation_checkpointing=full");
   REQUIRE(full.code == 0);
   CHECK(full.losses == sp2.losses);
+  // Llama: its RMSNorms on the rows, q, k, v and gate, up reading them gathered, o_proj and down_proj scattering
+  const std::string llama = "configs/llama-tiny.toml";
+  TrainRun l1 = train_ranks(1, llama, sets);
+  REQUIRE(l1.code == 0);
+  for (const std::string& with : {std::string("--set parallel.tp=2 "), std::string("--set parallel.tp=2 --set train.activation_checkpointing=full "),
+                                  std::string("--set parallel.tp=2 --set parallel.strategy=fsdp --set train.micro_batch=8 ")}) {
+    TrainRun r = train_ranks(with.find("fsdp") != std::string::npos ? 4 : 2, llama, sets + sp + with);
+    INFO(with << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    CHECK(max_rel_diff(r.losses, l1.losses) < 1e-6);
+  }
   // dropout on the rows: each rank its own masks (Megatron's tensor-parallel RNG), the same run twice bitwise
   TrainRun d1 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");
   TrainRun d2 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");
@@ -239,30 +253,12 @@ TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny trains as one rank 
 }
 
 TEST_CASE("sequence parallel memory per rank: the whole stream's activations / t, where plain TP leaves W whole", "[tp][sp][memory]") {
-  const std::string toml = R"(
-[model]
-name = "gpt"
-vocab_size = 50304
-block_size = 1024
-n_layer = 18
-n_head = 16
-n_embd = 2048
-[data]
-name = "tokens"
-seq_len = 1024
-vocab = 50304
-[train]
-micro_batch = 4
-steps = 1
-[optim]
-name = "adamw"
-)";
   std::vector<double> tp, sp;
   for (int t : {2, 4, 8}) {
     const std::vector<std::string> sets = {fmt::format("dist.fake_world_size={}", t), fmt::format("parallel.tp={}", t)};
     std::vector<std::string> with_sp = sets;
     with_sp.push_back("parallel.sequence_parallel=true");
-    TrainRun a = train_in_process(toml, sets, DeviceKind::meta), b = train_in_process(toml, with_sp, DeviceKind::meta);
+    TrainRun a = train_in_process(kGpt1b, sets, DeviceKind::meta), b = train_in_process(kGpt1b, with_sp, DeviceKind::meta);
     INFO("tp " << t << "\n" << b.out);
     CHECK(b.summary["peak_memory"]["params"] == a.summary["peak_memory"]["params"]);  // the same weights
     tp.push_back(a.summary["peak_memory"]["activations"].get<double>());

@@ -546,8 +546,9 @@ void validate(const RunConfig& c) {
           "tensor parallel splits a language model's heads, MLP and vocabulary: use gpt or llama, or parallel.tp = 1");
   require(!c.model.sequence_parallel || c.parallel.tp > 1, c, "parallel.sequence_parallel", "is true with parallel.tp 1",
           "it splits by rows what tensor parallelism leaves whole on every rank: set parallel.tp > 1");
-  require(!c.model.sequence_parallel || c.model.name == "gpt", c, "parallel.sequence_parallel", "is true with model.name " + c.model.name,
-          "sequence parallelism is in the engine for GPT; for Llama use tensor parallelism alone");
+  require(!c.model.sequence_parallel || c.model.checkpointing != Checkpointing::selective_op, c, "parallel.sequence_parallel",
+          "is true with train.activation_checkpointing = selective_op",
+          "the op-level recompute reads the gathered inputs it no longer keeps: use full or selective checkpointing with sequence parallelism");
   require(!c.model.sequence_parallel || c.lora.r == 0, c, "parallel.sequence_parallel", "is true with lora.r > 0",
           "LoRA's adapters split with tensor parallelism, not yet with sequence parallelism: set one of them off");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");

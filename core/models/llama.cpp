@@ -52,7 +52,8 @@ LlamaBlock::LlamaBlock(Runtime& rt, LlamaLayers& layers, const std::string& p, c
       post_attention_layernorm(rt, p + ".post_attention_layernorm", s.n_embd, s.rms_norm_eps),
       mlp(layers.mlp(rt, p + ".mlp", s)),
       full_(s.checkpointing == Checkpointing::full),
-      op_(s.checkpointing == Checkpointing::selective_op) {
+      op_(s.checkpointing == Checkpointing::selective_op),
+      layers_(layers) {
   self_attn->set_op_checkpointing(op_);
   mlp->set_op_checkpointing(op_);
 }
@@ -119,14 +120,19 @@ Tensor LlamaBlock::backward(Runtime& rt, const Tensor& dout) {
     mlp->recompute(rt, post_attention_layernorm.forward(rt, h));
     x_ = Tensor();
   }
-  Tensor dh = post_attention_layernorm.backward(rt, mlp->backward(rt, dout));
+  Tensor dh = layers_.norm_backward(rt, post_attention_layernorm, mlp->backward(rt, dout));
   Block::residual_accumulate(rt, dh, dout);
-  Tensor dx = input_layernorm.backward(rt, self_attn->backward(rt, dh));
+  Tensor dx = layers_.norm_backward(rt, input_layernorm, self_attn->backward(rt, dh));
   Block::residual_accumulate(rt, dx, dh);
   return dx;
 }
 
 // ---- the model ----
+
+Shape Llama::stream_shape(const Batch& b) const {
+  if (layers_->sequence_parallel()) return {b.B * b.T / vocab_parts(), spec_.n_embd};  // this rank's rows
+  return {b.B, b.T, spec_.n_embd};
+}
 
 Llama::Llama(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::vector<int64_t>& layers_per_stage,
              std::unique_ptr<LlamaLayers> layers)
@@ -175,6 +181,10 @@ std::string Llama::describe() const {
     d += fmt::format("    tensor parallel over {} ranks: {} query and {} kv heads per layer here, embed_tokens and lm_head rows {}..{}\n",
                      vocab_parts(), spec_.n_head / vocab_parts(), llama_kv_heads(spec_) / vocab_parts(), vocab_first(),
                      vocab_first() + spec_.vocab_size / vocab_parts());
+  if (vocab_parts() > 1 && layers_->sequence_parallel())
+    d += fmt::format("    sequence parallel: the residual stream and RMSNorms on this rank's 1/{} of the token rows; an all-gather before\n"
+                     "    q, k, v and gate, up, a reduce-scatter after o_proj and down_proj, in place of the all-reduces\n",
+                     vocab_parts());
   if (stages_ > 1)
     d += fmt::format("    pipeline stage {} of {}: {}layers {}..{}{}\n", stage_, stages_, first_stage() ? "embed_tokens, " : "", first_layer_,
                      last_layer_ - 1, last_stage() ? ", model.norm, lm_head" : "");
@@ -239,6 +249,7 @@ void Llama::swap_saved(SavedState& s) {
   if (norm_) {
     norm_->swap_saved(s);
     lm_head_->swap_saved(s);
+    s.swap(xf_rows_);
   }
 }
 
@@ -254,6 +265,7 @@ void Llama::backward(Runtime& rt, const Tensor& dlogits, BackwardHook* hook) {
 
 Tensor Llama::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) {
   const int64_t B = batch.B, T = batch.T, C = spec_.n_embd, V = spec_.vocab_size;
+  layers_->set_tokens(B, T);  // sequence parallel: the shape its gathers make
   int unit = 0;
   Tensor x;
   if (first_stage()) {
@@ -277,7 +289,7 @@ Tensor Llama::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input
       embedding_forward(rt, o.p, ids.p, e.p, nullptr, B, T, C);
       o.store();
     }
-    layers_->sum(rt, x);
+    layers_->sum(rt, x);  // (sequence parallel: this rank's rows of it)
     B_ = B;
     T_ = T;
     if (hook) hook->after_forward(unit);
@@ -293,8 +305,13 @@ Tensor Llama::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input
   }
   if (!last_stage()) return x;
   if (hook) hook->before_forward(unit);
-  Tensor xf = norm_->forward(rt, x);                             // (B, T, C)
-  Tensor logits = lm_head_->forward(rt, xf.view({B * T, C}));    // (B*T, V/t), in rt.dtype: this rank's vocabulary
+  Tensor xf = norm_->forward(rt, x);                             // (B, T, C) (sequence parallel: its rows)
+  const Tensor xf_all = layers_->whole_rows(rt, xf);             // sequence parallel: gathered
+  Tensor logits = lm_head_->forward(rt, xf_all.view({B * T, C}));  // (B*T, V/t), in rt.dtype: this rank's vocabulary
+  if (layers_->sequence_parallel()) {  // the rows are kept, not the gathered input: backward gathers it again
+    xf_rows_ = xf;
+    lm_head_->release_input();
+  }
   if (hook) hook->after_forward(unit);
   return logits;
 }
@@ -304,9 +321,13 @@ Tensor Llama::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook
   Tensor d = dout;
   if (last_stage()) {
     if (hook) hook->before_layer_backward(unit);
+    if (layers_->sequence_parallel()) {
+      lm_head_->keep_input(rt, layers_->whole_rows(rt, xf_rows_).view({dout.size(0), spec_.n_embd}));
+      xf_rows_ = Tensor();
+    }
     Tensor dxf = lm_head_->backward(rt, dout);  // (B*T, C): this rank's vocabulary's term
-    layers_->sum(rt, dxf);                      // every rank's (Megatron's f before the head)
-    d = norm_->backward(rt, dxf);               // (B, T, C)
+    layers_->sum(rt, dxf);                      // every rank's (Megatron's f before the head; sequence parallel: its rows)
+    d = layers_->norm_backward(rt, *norm_, dxf);  // (B, T, C)
     if (hook) hook->after_layer_backward(unit, units().back());
     unit--;
   }
@@ -318,6 +339,7 @@ Tensor Llama::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook
   }
   if (!first_stage()) return d;
   if (hook) hook->before_layer_backward(0);
+  d = layers_->whole_rows(rt, d);     // sequence parallel: every rank's rows, as each rank's lookup read them all
   if (embed_tokens_.requires_grad) {  // frozen under LoRA: nothing to compute
     AsF32 de(rt, embed_tokens_.grad_for_accumulate(), AsF32::inout), dy(rt, d);
     Indices ids(rt, tokens_);

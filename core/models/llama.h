@@ -31,7 +31,15 @@ class LlamaLayers {
   // The group the vocabulary is split over (nullptr: whole): embed_tokens and lm_head then hold V/t rows
   virtual ProcessGroup* vocab_group() { return nullptr; }
   // Sums x over vocab_group() (an all-reduce): the embedding's output, the lm_head's input gradient
+  // (sequence parallel: a reduce-scatter, x becomes this rank's rows of the sum)
   virtual void sum(Runtime& rt, Tensor& x) {}
+  // Sequence parallel (core/parallel/tensor_parallel.h), as GptLayers': the stream between the split layers
+  // is this rank's rows; the model says its micro-batch's B and T before each forward; the lm_head reads the
+  // rows gathered whole; the RMSNorms' gradients are summed over the rows' ranks.
+  virtual bool sequence_parallel() const { return false; }
+  virtual void set_tokens(int64_t B, int64_t T) {}
+  virtual Tensor whole_rows(Runtime& rt, const Tensor& x) { return x; }
+  virtual Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) { return norm.backward(rt, dout); }
   // This rank's part of every parameter, from a whole model's (by name); the default copies
   virtual void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole);
 };
@@ -56,6 +64,7 @@ struct LlamaBlock {
  private:
   Tensor run_forward(Runtime& rt, const Tensor& x);
   bool full_, op_;
+  LlamaLayers& layers_;  // the norms' backward (sequence parallel sums their gradients)
   Tensor x_;  // full and op-level checkpointing: the input
   std::vector<uint64_t> drop_at_;  // full: the LoRA adapters' dropout draws before the forward
 };
@@ -75,8 +84,8 @@ class Llama : public Model {
   Tensor forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, ForwardHook* hook) override;
   Tensor backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) override;
   void swap_saved(SavedState& s) override;
-  Shape stage_input_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
-  Shape stage_output_shape(const Batch& b) override { return {b.B, b.T, spec_.n_embd}; }
+  Shape stage_input_shape(const Batch& b) override { return stream_shape(b); }
+  Shape stage_output_shape(const Batch& b) override { return stream_shape(b); }
   void set_training(bool on) override;  // LoRA's dropout only: Llama has none of its own
   std::vector<uint64_t*> rng_streams() override { return lora_streams(layers()); }
   // Hugging Face's _init_weights: every Linear and the embedding N(0, 0.02), the RMSNorms 1. A stage takes
@@ -89,6 +98,7 @@ class Llama : public Model {
 
  private:
   int vocab_parts() const;
+  Shape stream_shape(const Batch& b) const;  // (B, T, C), or this rank's rows of it under sequence parallel
   ModelSpec spec_;
   DeviceKind device_;
   int stage_, stages_;
@@ -101,6 +111,7 @@ class Llama : public Model {
   std::vector<std::unique_ptr<LlamaBlock>> blocks_;
   std::unique_ptr<RMSNorm> norm_;                // the last stage's
   std::unique_ptr<Linear> lm_head_;              // the last stage's (V/t rows when the vocabulary is split)
+  Tensor xf_rows_;                               // sequence parallel: model.norm's output rows, gathered again for lm_head's backward
 };
 
 // Hugging Face's LlamaConfig defaults where a spec leaves them 0: n_kv_head = n_head; intermediate size

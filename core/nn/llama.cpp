@@ -61,7 +61,7 @@ void rows_split(Linear& l, int tp) {
 }  // namespace
 
 LlamaAttention::LlamaAttention(Runtime& rt, const std::string& p, int64_t c, int64_t nh, int64_t nkv, float theta, AttentionCore core, int tp,
-                               std::unique_ptr<Layer> o, InputGradSum sum)
+                               std::unique_ptr<Layer> o, InputGradSum sum, InputGather gather)
     : q_proj(rt, p + ".q_proj", c, c / tp, false),
       k_proj(rt, p + ".k_proj", c, nkv * (c / std::max<int64_t>(nh, 1)) / tp, false),
       v_proj(rt, p + ".v_proj", c, nkv * (c / std::max<int64_t>(nh, 1)) / tp, false),
@@ -72,7 +72,8 @@ LlamaAttention::LlamaAttention(Runtime& rt, const std::string& p, int64_t c, int
       head_dim(c / std::max<int64_t>(nh, 1)),
       rope_theta(theta),
       core_(core),
-      sum_(std::move(sum)) {
+      sum_(std::move(sum)),
+      gather_(std::move(gather)) {
   if (nh <= 0 || c % nh != 0 || (c / nh) % 2 != 0)
     throw ShapeError(fmt::format("attention {}: n_embd {} over n_head {} is not a whole, even head size", p, c, nh),
                      "choose model.n_head so that n_embd / n_head is even (RoPE turns pairs of it)");
@@ -94,10 +95,15 @@ std::string LlamaAttention::describe() const {
                      core_.flash() ? ", flash" : "");
 }
 
-Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x) {
+Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x_in) {
+  const Tensor x = gather_ ? gather_(rt, x_in) : x_in;  // sequence parallel: every rank's rows, (B, T, C)
   expect_shape(describe(), x, {-1, C});
   const int64_t B = x.size(0), T = x.size(1), Cq = n_head * head_dim, Ckv = n_kv_head * head_dim;
   Tensor q = q_proj.forward(rt, x), k = k_proj.forward(rt, x), v = v_proj.forward(rt, x);  // (B, T, Cq), (B, T, Ckv) x2
+  if (gather_) {  // the rows are kept, not the gathered x: backward gathers it again
+    rows_ = x_in;
+    for (Linear* l : {&q_proj, &k_proj, &v_proj}) l->release_input();
+  }
   qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
   {
     AsF32 qf(rt, q, AsF32::inout), kf(rt, k, AsF32::inout), vf(rt, v), out(rt, qkv_, AsF32::out);
@@ -159,6 +165,11 @@ Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
     dkf.store();
     dvf.store();
   }
+  if (gather_) {
+    const Tensor x = gather_(rt, rows_);
+    for (Linear* l : {&q_proj, &k_proj, &v_proj}) l->keep_input(rt, x);
+    rows_ = Tensor();
+  }
   Tensor dx = q_proj.backward(rt, dq);
   Tensor dxk = k_proj.backward(rt, dk), dxv = v_proj.backward(rt, dv);
   {
@@ -173,11 +184,13 @@ Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
 
 // ---- MLP ----
 
-LlamaMLP::LlamaMLP(Runtime& rt, const std::string& p, int64_t C, int64_t I, int tp, std::unique_ptr<Layer> down, InputGradSum sum)
+LlamaMLP::LlamaMLP(Runtime& rt, const std::string& p, int64_t C, int64_t I, int tp, std::unique_ptr<Layer> down, InputGradSum sum,
+                   InputGather gather)
     : gate_proj(rt, p + ".gate_proj", C, split_of(I, tp, "intermediate_size", p), false),
       up_proj(rt, p + ".up_proj", C, I / tp, false),
       down_proj(down ? std::move(down) : std::make_unique<Linear>(rt, p + ".down_proj", I, C, false)),
-      sum_(std::move(sum)) {
+      sum_(std::move(sum)),
+      gather_(std::move(gather)) {
   rows_split(gate_proj, tp);
   rows_split(up_proj, tp);
 }
@@ -193,9 +206,14 @@ std::string LlamaMLP::describe() const {
   return fmt::format("LlamaMLP({} -> {} (this rank's) -> {}, SwiGLU)", gate_proj.in_features, gate_proj.out_features, gate_proj.in_features);
 }
 
-Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x) {
+Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x_in) {
+  const Tensor x = gather_ ? gather_(rt, x_in) : x_in;  // sequence parallel: every rank's rows
   gate_ = gate_proj.forward(rt, x);
   up_ = up_proj.forward(rt, x);
+  if (gather_) {
+    rows_ = x_in;
+    for (Linear* l : {&gate_proj, &up_proj}) l->release_input();
+  }
   Tensor h = rt.empty(gate_.shape(), Category::activations, "SwiGLU output", rt.dtype);
   {
     AsF32 hf(rt, h, AsF32::out), g(rt, gate_), u(rt, up_);
@@ -242,6 +260,11 @@ Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
     duf.store();
   }
   gate_ = up_ = out_ = eager_silu_ = Tensor();
+  if (gather_) {
+    const Tensor x = gather_(rt, rows_);
+    for (Linear* l : {&gate_proj, &up_proj}) l->keep_input(rt, x);
+    rows_ = Tensor();
+  }
   Tensor dx = gate_proj.backward(rt, dg);
   Tensor dxu = up_proj.backward(rt, du);
   {

@@ -37,6 +37,10 @@ class RMSNorm : public Layer {
 // The sum of a split layer's input gradient over the tensor-parallel group (an all-reduce: Megatron's f),
 // given by core/parallel/llama_parallel.h; empty for a whole layer.
 using InputGradSum = std::function<void(Runtime&, Tensor&)>;
+// Sequence parallel (core/parallel/tensor_parallel.h): the input comes as this rank's rows and is gathered
+// whole (B, T, C) before q, k, v (gate, up); `sum` then scatters x's gradient back to the rows. The layer
+// keeps the rows only and gathers them again in backward. Empty: x comes whole.
+using InputGather = std::function<Tensor(Runtime&, const Tensor&)>;
 
 // LlamaAttention: q_proj (C -> H·hd), k_proj, v_proj (C -> KV·hd), RoPE on q and k, the kv heads repeated
 // for their H/KV query heads, the attention core, o_proj (H·hd -> C).
@@ -47,9 +51,10 @@ using InputGradSum = std::function<void(Runtime&, Tensor&)>;
 class LlamaAttention : public Layer {
  public:
   LlamaAttention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, int64_t n_kv_head, float rope_theta,
-                 AttentionCore core = AttentionCore(), int tp = 1, std::unique_ptr<Layer> o_proj = nullptr, InputGradSum sum = nullptr);
+                 AttentionCore core = AttentionCore(), int tp = 1, std::unique_ptr<Layer> o_proj = nullptr, InputGradSum sum = nullptr,
+                 InputGather gather = nullptr);
   std::string describe() const override;
-  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C); sequence parallel: (N/t, C) rows in and out
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   std::vector<Layer*> children() override { return {&q_proj, &k_proj, &v_proj, o_proj.get()}; }
@@ -60,6 +65,7 @@ class LlamaAttention : public Layer {
     s.swap(q_);
     s.swap(v_);
     s.swap(y_);
+    s.swap(rows_);
   }
   // Op-level selective checkpointing (torchtitan's policy, driven by core/models/llama.h's LlamaBlock):
   // after forward, keep_ops() drops everything but the outputs the policy keeps — q_proj's (1st matmul) and
@@ -77,6 +83,8 @@ class LlamaAttention : public Layer {
  private:
   AttentionCore core_;
   InputGradSum sum_;
+  InputGather gather_;
+  Tensor rows_;  // sequence parallel: this rank's rows of the input, gathered again in backward
   Tensor qkv_;  // (B, T, 3·H/t·hd): q and k rotated, k and v repeated
   // kept for op-level checkpointing: q_proj's output (rotated in place by forward: the same bits RoPE would
   // give again), v_proj's, and the core's output y (o_proj's input)
@@ -89,9 +97,9 @@ class LlamaAttention : public Layer {
 class LlamaMLP : public Layer {
  public:
   LlamaMLP(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden, int tp = 1, std::unique_ptr<Layer> down_proj = nullptr,
-           InputGradSum sum = nullptr);
+           InputGradSum sum = nullptr, InputGather gather = nullptr);
   std::string describe() const override;
-  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor forward(Runtime& rt, const Tensor& x) override;  // (B, T, C) -> (B, T, C); sequence parallel: (N/t, C) rows in and out
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   std::vector<Layer*> children() override { return {&gate_proj, &up_proj, down_proj.get()}; }
@@ -101,6 +109,7 @@ class LlamaMLP : public Layer {
     s.swap(up_);
     s.swap(out_);
     s.swap(eager_silu_);
+    s.swap(rows_);
   }
   // Op-level selective checkpointing (see LlamaAttention's): keep_ops() keeps gate_proj's output (the 5th
   // matmul of the block) and down_proj's (the 7th) and drops the rest; recompute(x) reruns up_proj (6th)
@@ -114,6 +123,8 @@ class LlamaMLP : public Layer {
 
  private:
   InputGradSum sum_;
+  InputGather gather_;
+  Tensor rows_;       // sequence parallel: this rank's rows of the input, gathered again in backward
   Tensor gate_, up_;  // (B, T, I/t) each
   Tensor out_;        // op-level checkpointing: down_proj's output, (B, T, C)
   Tensor eager_silu_;  // rt.eager_saved: silu(gate), which eager PyTorch keeps (counted, never used)

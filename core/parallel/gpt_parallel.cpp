@@ -41,7 +41,8 @@ std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, Proces
     DL_ASSERT(tp, "build_split_model: a split model needs its (tensor-parallel) group, even of one rank");
     if (s.name == "gpt")
       return std::make_unique<GPT>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLayers>(*tp, s.sequence_parallel));
-    if (s.name == "llama") return std::make_unique<Llama>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLlamaLayers>(*tp));
+    if (s.name == "llama")
+      return std::make_unique<Llama>(rt, s, stage, stages, layers, std::make_unique<TensorParallelLlamaLayers>(*tp, s.sequence_parallel));
     throw ConfigError(fmt::format("parallel.tp {} with model.name {}: tensor parallel splits GPT's attention heads, MLP and vocabulary",
                                   tp->size(), s.name),
                       "use model.name = \"gpt\", or split the data instead (parallel.tp = 1)");

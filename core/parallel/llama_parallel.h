@@ -18,17 +18,33 @@ namespace distlab {
 
 class TensorParallelLlamaLayers : public LlamaLayers {
  public:
-  explicit TensorParallelLlamaLayers(ProcessGroup& tp) : tp_(tp) {}
+  // `sequence_parallel`: Megatron's SP on top (tensor_parallel.h), as GPT's TensorParallelLayers
+  explicit TensorParallelLlamaLayers(ProcessGroup& tp, bool sequence_parallel = false) : tp_(tp), sp_on_(sequence_parallel && tp.size() > 1) {}
   std::unique_ptr<LlamaAttention> attention(Runtime& rt, const std::string& prefix, const ModelSpec& s, AttentionCore core) override;
   std::unique_ptr<LlamaMLP> mlp(Runtime& rt, const std::string& prefix, const ModelSpec& s) override;
   ProcessGroup* vocab_group() override { return &tp_; }
-  void sum(Runtime& rt, Tensor& x) override { all_reduce_tensor(rt, tp_, x); }
+  void sum(Runtime& rt, Tensor& x) override {
+    if (sp_on_) x = sp_reduce_scatter(rt, tp_, x, "the stream");
+    else all_reduce_tensor(rt, tp_, x);
+  }
+  bool sequence_parallel() const override { return sp_on_; }
+  void set_tokens(int64_t B, int64_t T) override { sp_ = SeqParallel{B, T}; }
+  Tensor whole_rows(Runtime& rt, const Tensor& x) override { return sp_on_ ? sp_gather(rt, tp_, x, sp_, "model.norm output") : x; }
+  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override {
+    return sp_on_ ? sp_norm_backward(rt, tp_, norm, dout) : norm.backward(rt, dout);
+  }
   void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) override {
     load_split_params(local, whole, tp_.rank(), tp_.size());
   }
 
  private:
+  // x's way in and its gradient's way out of the split attention and MLP: whole and all-reduced, or (SP)
+  // this rank's rows gathered and the gradient reduce-scattered back to them
+  InputGather gather(const std::string& what);
+  InputGradSum input_grad_sum(const std::string& what);
   ProcessGroup& tp_;
+  bool sp_on_;
+  SeqParallel sp_;
 };
 
 }  // namespace distlab
