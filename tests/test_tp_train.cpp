@@ -220,30 +220,32 @@ TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny and Llama-tiny trai
     CHECK(r.summary["peak_memory"]["activations"].get<double>() < plain.summary["peak_memory"]["activations"].get<double>());
   }
   // the data-parallel axis beside it (its LayerNorms' gradients summed over the rows before the strategy's
-  // reduction), pipeline stages (a stage sends its rows), and full recompute (it gathers again)
-  for (const std::string& with : {std::string("--set parallel.strategy=zero2 --set train.micro_batch=8 "),
-                                  std::string("--set parallel.strategy=fsdp --set train.micro_batch=8 "),
-                                  std::string("--set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=2 --set train.micro_batch=8 ")}) {
-    TrainRun r = train_ranks(4, kTpGpt, sets + sp + "--set parallel.tp=2 " + with);
-    INFO(with << "\n" << r.out);
+  // reduction), pipeline stages (a stage sends its rows); and Llama: its RMSNorms on the rows, q, k, v and
+  // gate, up reading them gathered, o_proj and down_proj scattering, with full recompute (it gathers again)
+  const std::string llama = "configs/llama-tiny.toml";
+  TrainRun l1 = train_ranks(1, llama, sets);
+  REQUIRE(l1.code == 0);
+  struct With {
+    const std::string* cfg;
+    const TrainRun* ref;
+    int ranks;
+    std::string sets;
+  };
+  for (const With& w : {With{&kTpGpt, &one, 4, "--set parallel.strategy=zero2 --set train.micro_batch=8 "},
+                        With{&kTpGpt, &one, 4, "--set parallel.strategy=fsdp --set train.micro_batch=8 "},
+                        With{&kTpGpt, &one, 4, "--set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=2 --set train.micro_batch=8 "},
+                        With{&llama, &l1, 2, ""}, With{&llama, &l1, 2, "--set train.activation_checkpointing=full "},
+                        With{&llama, &l1, 4, "--set parallel.strategy=fsdp --set train.micro_batch=8 "}}) {
+    TrainRun r = train_ranks(w.ranks, *w.cfg, sets + sp + "--set parallel.tp=2 " + w.sets);
+    INFO(*w.cfg << " " << w.sets << "\n" << r.out);
     REQUIRE(r.code == 0);
-    CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
+    CHECK(max_rel_diff(r.losses, w.ref->losses) < 1e-6);
   }
+  // full recompute gathers the rows again: the same bits
   TrainRun sp2 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2");
   TrainRun full = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set train.activation_checkpointing=full");
   REQUIRE(full.code == 0);
   CHECK(full.losses == sp2.losses);
-  // Llama: its RMSNorms on the rows, q, k, v and gate, up reading them gathered, o_proj and down_proj scattering
-  const std::string llama = "configs/llama-tiny.toml";
-  TrainRun l1 = train_ranks(1, llama, sets);
-  REQUIRE(l1.code == 0);
-  for (const std::string& with : {std::string("--set parallel.tp=2 "), std::string("--set parallel.tp=2 --set train.activation_checkpointing=full "),
-                                  std::string("--set parallel.tp=2 --set parallel.strategy=fsdp --set train.micro_batch=8 ")}) {
-    TrainRun r = train_ranks(with.find("fsdp") != std::string::npos ? 4 : 2, llama, sets + sp + with);
-    INFO(with << "\n" << r.out);
-    REQUIRE(r.code == 0);
-    CHECK(max_rel_diff(r.losses, l1.losses) < 1e-6);
-  }
   // dropout on the rows: each rank its own masks (Megatron's tensor-parallel RNG), the same run twice bitwise
   TrainRun d1 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");
   TrainRun d2 = train_ranks(2, kTpGpt, sets + sp + "--set parallel.tp=2 --set model.dropout=0.1");

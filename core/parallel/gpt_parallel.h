@@ -36,32 +36,26 @@ class TensorParallelLayers : public GptLayers {
  public:
   // `sequence_parallel`: Megatron's SP on top (tensor_parallel.h): the residual stream, the LayerNorms and
   // the dropouts on this rank's rows, all-gather and reduce-scatter in place of the all-reduces
-  explicit TensorParallelLayers(ProcessGroup& tp, bool sequence_parallel = false) : tp_(tp), sp_on_(sequence_parallel && tp.size() > 1) {}
+  explicit TensorParallelLayers(ProcessGroup& tp, bool sequence_parallel = false) : tp_(tp), stream_(tp, sequence_parallel) {}
   std::unique_ptr<Layer> attention(Runtime& rt, const std::string& prefix, int64_t C, int64_t n_head, AttentionCore core) override;  // heads split
   std::unique_ptr<Layer> mlp_up(Runtime& rt, const std::string& prefix, int64_t C, int64_t hidden) override;    // column-parallel
   std::unique_ptr<Layer> mlp_down(Runtime& rt, const std::string& prefix, int64_t hidden, int64_t C) override;  // row-parallel
   std::unique_ptr<TokenEmbedding> embedding(Runtime& rt, const std::string& prefix, int64_t vocab, int64_t block, int64_t C) override;
   ProcessGroup* vocab_group() override { return &tp_; }
-  void sum_over_vocab(Runtime& rt, Tensor& dx) override {
-    if (sp_on_) dx = sp_reduce_scatter(rt, tp_, dx, "grad of ln_f output");
-    else all_reduce_tensor(rt, tp_, dx);
-  }
-  bool sequence_parallel() const override { return sp_on_; }
-  void set_tokens(int64_t B, int64_t T) override { sp_ = SeqParallel{B, T}; }
-  Tensor whole_rows(Runtime& rt, const Tensor& x) override { return sp_on_ ? sp_gather(rt, tp_, x, sp_, "ln_f output") : x; }
-  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override {
-    return sp_on_ ? sp_norm_backward(rt, tp_, norm, dout) : norm.backward(rt, dout);
-  }
-  uint64_t stream_seed(uint64_t seed) override { return sp_on_ ? seed ^ (0x9E3779B97F4A7C15ULL * uint64_t(tp_.rank() + 1)) : seed; }
+  void sum_over_vocab(Runtime& rt, Tensor& dx) override { stream_.sum(rt, dx, "grad of ln_f output"); }
+  bool sequence_parallel() const override { return stream_.on(); }
+  void set_tokens(int64_t B, int64_t T) override { stream_.set_tokens(B, T); }
+  Tensor whole_rows(Runtime& rt, const Tensor& x) override { return stream_.whole(rt, x, "ln_f output"); }
+  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override { return stream_.norm_backward(rt, norm, dout); }
+  uint64_t stream_seed(uint64_t seed) override { return stream_.on() ? seed ^ (0x9E3779B97F4A7C15ULL * uint64_t(tp_.rank() + 1)) : seed; }
   void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) override {
     load_split_params(local, whole, tp_.rank(), tp_.size());
   }
 
  private:
-  const SeqParallel* sp() const { return sp_on_ ? &sp_ : nullptr; }
+  const SeqParallel* sp() const { return stream_.sp(); }
   ProcessGroup& tp_;
-  bool sp_on_;
-  SeqParallel sp_;  // the micro-batch's B and T, which the split layers' gathers read
+  StreamSplit stream_;  // whole, or this rank's rows (sequence parallel)
 };
 
 // The model this rank holds in a run split `tp` ways (tensor parallel) and into `stages` (pipeline):

@@ -3,14 +3,12 @@
 namespace distlab {
 
 InputGather TensorParallelLlamaLayers::gather(const std::string& what) {
-  if (!sp_on_) return nullptr;
-  return [this, what](Runtime& rt, const Tensor& rows) { return sp_gather(rt, tp_, rows, sp_, what); };
+  if (!stream_.on()) return nullptr;
+  return [this, what](Runtime& rt, const Tensor& rows) { return stream_.whole(rt, rows, what); };
 }
 
 InputGradSum TensorParallelLlamaLayers::input_grad_sum(const std::string& what) {
-  ProcessGroup& tp = tp_;
-  if (!sp_on_) return [&tp](Runtime& r, Tensor& dx) { all_reduce_tensor(r, tp, dx); };
-  return [&tp, what](Runtime& r, Tensor& dx) { dx = sp_reduce_scatter(r, tp, dx, "grad of " + what); };
+  return [this, what](Runtime& r, Tensor& dx) { stream_.sum(r, dx, "grad of " + what); };
 }
 
 std::unique_ptr<LlamaAttention> TensorParallelLlamaLayers::attention(Runtime& rt, const std::string& prefix, const ModelSpec& s,
@@ -18,7 +16,7 @@ std::unique_ptr<LlamaAttention> TensorParallelLlamaLayers::attention(Runtime& rt
   ProcessGroup& tp = tp_;
   auto a = std::make_unique<LlamaAttention>(rt, prefix, s.n_embd, s.n_head, llama_kv_heads(s), s.rope_theta, core, tp.size(),
                                             std::make_unique<RowParallelLinear>(rt, tp, prefix + ".o_proj", s.n_embd, s.n_embd, false,
-                                                                                sp_on_ ? &sp_ : nullptr),
+                                                                                stream_.sp()),
                                             input_grad_sum(prefix + "'s input"), gather(prefix + "'s input"));
   for (Linear* l : {&a->q_proj, &a->k_proj, &a->v_proj}) l->tp = tp_slice(tp, 0, 1);  // their heads: W's rows
   return a;
@@ -28,7 +26,7 @@ std::unique_ptr<LlamaMLP> TensorParallelLlamaLayers::mlp(Runtime& rt, const std:
   ProcessGroup& tp = tp_;
   const int64_t I = llama_intermediate(s);
   auto m = std::make_unique<LlamaMLP>(rt, prefix, s.n_embd, I, tp.size(),
-                                      std::make_unique<RowParallelLinear>(rt, tp, prefix + ".down_proj", I, s.n_embd, false, sp_on_ ? &sp_ : nullptr),
+                                      std::make_unique<RowParallelLinear>(rt, tp, prefix + ".down_proj", I, s.n_embd, false, stream_.sp()),
                                       input_grad_sum(prefix + "'s input"), gather(prefix + "'s input"));
   for (Linear* l : {&m->gate_proj, &m->up_proj}) l->tp = tp_slice(tp, 0, 1);
   return m;

@@ -19,20 +19,15 @@ namespace distlab {
 class TensorParallelLlamaLayers : public LlamaLayers {
  public:
   // `sequence_parallel`: Megatron's SP on top (tensor_parallel.h), as GPT's TensorParallelLayers
-  explicit TensorParallelLlamaLayers(ProcessGroup& tp, bool sequence_parallel = false) : tp_(tp), sp_on_(sequence_parallel && tp.size() > 1) {}
+  explicit TensorParallelLlamaLayers(ProcessGroup& tp, bool sequence_parallel = false) : tp_(tp), stream_(tp, sequence_parallel) {}
   std::unique_ptr<LlamaAttention> attention(Runtime& rt, const std::string& prefix, const ModelSpec& s, AttentionCore core) override;
   std::unique_ptr<LlamaMLP> mlp(Runtime& rt, const std::string& prefix, const ModelSpec& s) override;
   ProcessGroup* vocab_group() override { return &tp_; }
-  void sum(Runtime& rt, Tensor& x) override {
-    if (sp_on_) x = sp_reduce_scatter(rt, tp_, x, "the stream");
-    else all_reduce_tensor(rt, tp_, x);
-  }
-  bool sequence_parallel() const override { return sp_on_; }
-  void set_tokens(int64_t B, int64_t T) override { sp_ = SeqParallel{B, T}; }
-  Tensor whole_rows(Runtime& rt, const Tensor& x) override { return sp_on_ ? sp_gather(rt, tp_, x, sp_, "model.norm output") : x; }
-  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override {
-    return sp_on_ ? sp_norm_backward(rt, tp_, norm, dout) : norm.backward(rt, dout);
-  }
+  void sum(Runtime& rt, Tensor& x) override { stream_.sum(rt, x, "the stream"); }
+  bool sequence_parallel() const override { return stream_.on(); }
+  void set_tokens(int64_t B, int64_t T) override { stream_.set_tokens(B, T); }
+  Tensor whole_rows(Runtime& rt, const Tensor& x) override { return stream_.whole(rt, x, "the stream"); }
+  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override { return stream_.norm_backward(rt, norm, dout); }
   void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) override {
     load_split_params(local, whole, tp_.rank(), tp_.size());
   }
@@ -43,8 +38,7 @@ class TensorParallelLlamaLayers : public LlamaLayers {
   InputGather gather(const std::string& what);
   InputGradSum input_grad_sum(const std::string& what);
   ProcessGroup& tp_;
-  bool sp_on_;
-  SeqParallel sp_;
+  StreamSplit stream_;  // whole, or this rank's rows (sequence parallel)
 };
 
 }  // namespace distlab

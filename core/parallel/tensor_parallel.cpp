@@ -58,6 +58,11 @@ Tensor sp_reduce_scatter(Runtime& rt, ProcessGroup& tp, const Tensor& terms, con
   return out;
 }
 
+void StreamSplit::sum(Runtime& rt, Tensor& x, const std::string& what) const {
+  if (on_) x = sp_reduce_scatter(rt, tp_, x, what);
+  else all_reduce_tensor(rt, tp_, x);
+}
+
 Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout) {
   std::vector<Parameter*> ps = norm.parameters();
   std::vector<Tensor> before;

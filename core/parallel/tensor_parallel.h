@@ -76,6 +76,30 @@ Tensor sp_reduce_scatter(Runtime& rt, ProcessGroup& tp, const Tensor& terms, con
 // whole batch's), then added to what they held. Returns dx (N/t, C).
 Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout);
 
+// What a split model's layer factory (gpt_parallel.h's, llama_parallel.h's) does for the stream between the
+// split layers: plain tensor parallelism keeps it whole on every rank; sequence parallelism (`on`) keeps this
+// rank's rows. The split layers read `sp()`: the micro-batch's shape, set before each forward.
+class StreamSplit {
+ public:
+  StreamSplit(ProcessGroup& tp, bool sequence_parallel) : tp_(tp), on_(sequence_parallel && tp.size() > 1) {}
+  bool on() const { return on_; }
+  const SeqParallel* sp() const { return on_ ? &sp_ : nullptr; }
+  void set_tokens(int64_t B, int64_t T) { sp_ = SeqParallel{B, T}; }
+  // x is one term of a sum over the group: all-reduced whole, or (on) this rank's rows of the sum
+  void sum(Runtime& rt, Tensor& x, const std::string& what) const;
+  // x as a whole-stream reader needs it: itself, or (on) every rank's rows gathered
+  Tensor whole(Runtime& rt, const Tensor& x, const std::string& what) const { return on_ ? sp_gather(rt, tp_, x, sp_, what) : x; }
+  // a norm's backward on the stream: its gradients summed over the rows' ranks when they are split
+  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) const {
+    return on_ ? sp_norm_backward(rt, tp_, norm, dout) : norm.backward(rt, dout);
+  }
+
+ private:
+  ProcessGroup& tp_;
+  bool on_;
+  SeqParallel sp_;
+};
+
 // The two layers' arithmetic and their collectives, replaceable (gpt_parallel.h's set_tp_kernels): host code
 // that may run elsewhere, even in a process of its own (the grader's bridge does). Every array is f32, row-major, in
 // PyTorch's layout: x (rows, in), w (out, in) — this rank's slice, as the layer holds it — b (out) or
