@@ -322,6 +322,15 @@ TEST_CASE("[lora] under tensor parallelism: A and B split with their base (PEFT'
   REQUIRE(g1.code == 0);
   REQUIRE(g2.code == 0);
   CHECK(max_rel_diff(g2.losses, g1.losses) < 1e-6);
+  // the frozen embedding and c_proj biases get no gradient on a split model either: the norm is the adapters' alone
+  CHECK(g2.steps.front()["grad_norm"].get<double>() == Approx(g1.steps.front()["grad_norm"].get<double>()).epsilon(1e-5));
+  // Llama's lm_head is split over the vocabulary: an adapter there splits B's rows with it
+  const std::string head = common + "--set lora.r=4 --set lora.alpha=8 --set lora.target_modules=q_proj,lm_head ";
+  TrainRun h1 = train_ranks(1, cfg, head), h2 = train_ranks(2, cfg, head + "--set parallel.tp=2");
+  INFO(h2.out);
+  REQUIRE(h2.code == 0);
+  CHECK(max_rel_diff(h2.losses, h1.losses) < 1e-6);
+  CHECK(h2.steps.front()["grad_norm"].get<double>() == Approx(h1.steps.front()["grad_norm"].get<double>()).epsilon(1e-5));
   // dropout on a whole input (the column-split layers') draws one rank's masks: one rank's losses. On a
   // row-split input each rank draws its own (Megatron's tensor-parallel RNG): the same run twice, bitwise,
   // and full recompute replays the masks

@@ -186,7 +186,7 @@ steps = 1
         "is true with train.activation_checkpointing = selective_op");
   fails({"dist.fake_world_size=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=1", "data.seq_len=63",
          "model.block_size=63"},
-        "micro_batch x data.seq_len");
+        "data.seq_len 63 does not split over parallel.tp 2");
 }
 
 TEST_CASE("sequence parallel (Megatron's SP on tp): GPT-tiny and Llama-tiny train as one rank within 1e-6 (tp 2 and 4, dp x tp under ZeRO-2 and "

@@ -158,6 +158,7 @@ Llama::Llama(Runtime& rt, const ModelSpec& s, int stage, int stages, const std::
   if (last_stage()) {
     norm_ = std::make_unique<RMSNorm>(rt, "model.norm", s.n_embd, s.rms_norm_eps);
     lm_head_ = std::make_unique<Linear>(rt, "lm_head", s.n_embd, s.vocab_size / t, false);  // this rank's columns of the logits
+    lm_head_->tp = layers_->vocab_slice();
     if (t > 1) lm_head_->weight.split_dim = 0;
   }
 }

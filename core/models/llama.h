@@ -37,6 +37,8 @@ class LlamaLayers {
   // is this rank's rows; the model says its micro-batch's B and T before each forward; the lm_head reads the
   // rows gathered whole; the RMSNorms' gradients are summed over the rows' ranks.
   virtual bool sequence_parallel() const { return false; }
+  // lm_head's place in the vocabulary split: its rows (a LoRA adapter on it splits B with them)
+  virtual TpSlice vocab_slice() { return TpSlice(); }
   virtual void set_tokens(int64_t B, int64_t T) {}
   virtual Tensor whole_rows(Runtime& rt, const Tensor& x) { return x; }
   virtual Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) { return norm.backward(rt, dout); }

@@ -25,6 +25,7 @@ class TensorParallelLlamaLayers : public LlamaLayers {
   ProcessGroup* vocab_group() override { return &tp_; }
   void sum(Runtime& rt, Tensor& x) override { stream_.sum(rt, x, "the stream"); }
   bool sequence_parallel() const override { return stream_.on(); }
+  TpSlice vocab_slice() override { return tp_slice(tp_, 0, 1); }
   void set_tokens(int64_t B, int64_t T) override { stream_.set_tokens(B, T); }
   Tensor whole_rows(Runtime& rt, const Tensor& x) override { return stream_.whole(rt, x, "the stream"); }
   Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) override { return stream_.norm_backward(rt, norm, dout); }

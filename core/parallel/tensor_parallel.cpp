@@ -345,7 +345,7 @@ Tensor RowParallelLinear::backward(Runtime& rt, const Tensor& dout) {
   if (kernels_) return kernels_backward(rt, *kernels_, false, tp_, local_, has_bias_ ? &bias : nullptr, dout, saved_x_);
   // ḡ's backward: every rank's rows of dy, gathered (sequence parallel); g's is the identity
   const Tensor dy_all = sp_ ? sp_gather(rt, tp_, dout, *sp_, "grad of " + local_.weight.name + "'s output") : dout;
-  if (has_bias_) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient
+  if (has_bias_ && bias.requires_grad) {  // db = Σ_rows dy: dy is whole, so every rank computes the same bias gradient
     const int64_t out = local_.out_features;
     AsF32 db(rt, bias.grad_for_accumulate(), AsF32::inout), dy(rt, dy_all);
     bias_backward(rt, db.p, dy.p, dy_all.numel() / out, out);
@@ -447,6 +447,10 @@ void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
   // dout is whole on every rank (sequence parallel: gathered from the rows): each adds it into its own
   // tokens' rows, and every rank into all of dwpe (the same sums in the same order as the whole embedding's)
   const Tensor d = sp_ ? sp_gather(rt, tp_, dout, *sp_, "grad of embedding output") : dout;
+  if (!wte.requires_grad && !wpe.requires_grad) {  // frozen (LoRA): no gradient at all, as nn's Embedding
+    saved_local_.clear();
+    return;
+  }
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, d);
   {
     Indices ids(rt, saved_local_);

@@ -101,11 +101,13 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
                         fmt::format("state only one of them, or make them agree (--set train.micro_batch={})", micro_batch_));
   }
 
-  if (cfg.model.sequence_parallel && shape.tp > 1 && micro_batch_ * cfg.data.seq_len % shape.tp != 0)
-    throw ConfigError(fmt::format("parallel.sequence_parallel: a micro-batch of {} x {} tokens (train.micro_batch x data.seq_len) does not split "
-                                  "into {} equal blocks of rows",
-                                  micro_batch_, cfg.data.seq_len, shape.tp),
-                      "choose train.micro_batch x data.seq_len divisible by parallel.tp");
+  // Megatron's rule: the sequence splits over the group — so every batch's B·T rows do, the evaluation's
+  // shorter last one too
+  if (cfg.model.sequence_parallel && shape.tp > 1 && cfg.data.seq_len % shape.tp != 0)
+    throw ConfigError(fmt::format("parallel.sequence_parallel: data.seq_len {} does not split over parallel.tp {}: a batch's rows (micro_batch x "
+                                  "data.seq_len) must split into {} equal blocks, the evaluation's last batch's too",
+                                  cfg.data.seq_len, shape.tp, shape.tp),
+                      "choose data.seq_len divisible by parallel.tp");
   if (!rt.is_meta()) {
     auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), ext_);
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last, cfg.data.check_finite);
