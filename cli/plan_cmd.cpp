@@ -79,8 +79,9 @@ std::string model_toml(const PlanArgs& a, std::string& label) {
       return fmt::format("[model]\nname = \"llama\"\nvocab_size = {}\nblock_size = {}\nn_layer = {}\nn_head = {}\nn_kv_head = {}\n"
                          "n_embd = {}\nintermediate_size = {}\nrope_theta = {:.1f}\nattention = \"flash\"\n"
                          "[data]\nname = \"tokens\"\nseq_len = {}\nvocab = {}\n[optim]\nname = \"adamw\"\n",
-                         p.vocab, p.block, p.layers, p.heads, p.kv_heads, p.width, p.intermediate, p.rope_theta, a.seq > 0 ? a.seq : p.block,
-                         p.vocab);
+                         // RoPE has no table of positions: --seq sets the context (Llama 3.1's long-context stage: 128k)
+                         p.vocab, std::max<int64_t>(p.block, a.seq), p.layers, p.heads, p.kv_heads, p.width, p.intermediate, p.rope_theta,
+                         a.seq > 0 ? a.seq : p.block, p.vocab);
     }
   std::string name = a.model.rfind("gpt-", 0) == 0 ? a.model : "gpt-" + a.model;
   for (const Preset& p : kPresets)
@@ -275,6 +276,41 @@ int run_plan(const PlanArgs& a) {
     }
     rows.insert(rows.begin(), l.begin(), l.end());
   }
+  // Long sequences (16k tokens and more): the rows that split the tokens too, with flash attention and full
+  // checkpointing — tensor parallel with sequence parallel inside a node, context parallel (ring attention),
+  // and both, as Llama 3's long-context stage ran (chapter 8). k = tp·cp ranks share each sequence, so such a
+  // row accumulates k micro-batches a step: every row's step is the same batch of gpus × micro-batch sequences.
+  const int64_t seq = a.seq > 0 ? a.seq : parse_config(toml, label, a.sets, {}, lab_config_sections()).data.seq_len;
+  if (is_language_model(spec) && a.finetune == "full" && a.gpus > 1 && seq >= 16384) {
+    const int64_t kv = spec.name == "llama" && spec.n_kv_head > 0 ? spec.n_kv_head : spec.n_head;
+    auto largest_split = [&](int64_t limit, auto&& ok) {  // the largest power of two <= limit that ok() accepts
+      int64_t best = 1;
+      for (int64_t k = 2; k <= limit; k *= 2)
+        if (ok(k)) best = k;
+      return best;
+    };
+    const int64_t per_node = a.gpus / a.nodes;
+    const int64_t t = largest_split(std::min<int64_t>(per_node, 8), [&](int64_t k) {
+      return a.gpus % k == 0 && spec.n_head % k == 0 && kv % k == 0 && (seq % k) == 0;
+    });
+    auto cp_for = [&](int64_t ranks) { return largest_split(ranks, [&](int64_t k) { return ranks % k == 0 && seq % (2 * k) == 0; }); };
+    const std::vector<std::string> base = {"parallel.strategy=fsdp", "train.activation_checkpointing=full", "model.attention=flash"};
+    auto with = [&](std::vector<std::string> extra) {
+      extra.insert(extra.begin(), base.begin(), base.end());
+      return extra;
+    };
+    if (spec.attention != AttentionKernel::flash) rows.push_back({"FSDP + flash + AC", "fsdp+flash+full", with({})});
+    auto accum = [](int64_t k) { return fmt::format("train.accum_steps={}", k); };
+    if (t > 1)
+      rows.push_back({fmt::format("FSDP + TP{} + SP", t), "fsdp+tp+sp+full",
+                      with({fmt::format("parallel.tp={}", t), "parallel.sequence_parallel=true", accum(t)})});
+    if (const int64_t c = cp_for(a.gpus); c > 1)
+      rows.push_back({fmt::format("FSDP + CP{}", c), "fsdp+cp+full", with({fmt::format("parallel.cp={}", c), accum(c)})});
+    if (t > 1)
+      if (const int64_t c = cp_for(a.gpus / t); c > 1)
+        rows.push_back({fmt::format("FSDP+TP{}+SP+CP{}", t, c), "fsdp+tp+sp+cp+full",
+                        with({fmt::format("parallel.tp={}", t), "parallel.sequence_parallel=true", fmt::format("parallel.cp={}", c), accum(t * c)})});
+  }
   if (!is_language_model(spec))
     std::erase_if(rows, [](const PlanRow& r) { return r.strategy.find("selective") != std::string::npos || r.strategy.ends_with("full"); });
   if (spec.name != "llama") std::erase_if(rows, [](const PlanRow& r) { return r.strategy.ends_with("selective_op"); });
@@ -364,7 +400,8 @@ int run_plan(const PlanArgs& a) {
                          need(row("fsdp+offload+full")));
   } else {
     pick = "none fits";
-    reason = "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";
+    reason = seq >= 16384 ? "the sequence's activations: split its tokens, sequence or context parallelism (the TP + SP and CP rows, chapter 8)"
+                          : "more GPUs, a smaller micro-batch or activation checkpointing, or tensor/pipeline parallelism (3D, lab 06)";
   }
   // what "needs" was held against: the card less the margin (a student's hand estimate compares with this)
   reason += fmt::format(" (a row fits in {} reserved: {} less {})", format_bytes(fit.device_limit), format_bytes(double(capacity)),

@@ -137,6 +137,10 @@ class ProcessGroup {
   // activations one way, gradients the other) do not deadlock. dst or src < 0: that half is absent. Each
   // half pairs with the peer's of the same tag, in order.
   void send_recv(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src, int in_tag);
+  // The same, posted: it runs on the group's thread while the caller computes (ring attention overlaps each
+  // block's exchange with the block's math); `out` and `in` are the group's until wait()
+  std::shared_ptr<Work> send_recv_async(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src,
+                                        int in_tag);
 
   std::shared_ptr<Work> all_reduce_async(float* data, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);
   std::shared_ptr<Work> reduce_scatter_async(float* out, const float* in, int64_t n, ReduceOp op = ReduceOp::sum, DType wire = DType::f32);

@@ -44,6 +44,11 @@ void ProcessGroup::trace_p2p(const char* op, int64_t bytes, int sender, int rece
 }
 
 void ProcessGroup::send_recv(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src, int in_tag) {
+  send_recv_async(out, n_out, dst, out_tag, in, n_in, src, in_tag)->wait();
+}
+
+std::shared_ptr<Work> ProcessGroup::send_recv_async(const float* out, int64_t n_out, int dst, int out_tag, float* in, int64_t n_in, int src,
+                                                    int in_tag) {
   const bool sending = dst >= 0, receiving = src >= 0;
   if (sending && (dst >= size_ || dst == rank_))
     throw CommError(fmt::format("rank {}: send to rank {} in group '{}' of {} ranks", rank_, dst, name_, size_), "send to another rank of the group");
@@ -60,7 +65,7 @@ void ProcessGroup::send_recv(const float* out, int64_t n_out, int dst, int out_t
                      : sending            ? fmt::format("send to rank {}", dst)
                                           : fmt::format("recv from rank {}", src);
   const char* op = sending && receiving ? "send_recv" : sending ? "send" : "recv";
-  submit(op, sending ? n_out : n_in, (n_out + n_in) * 4, false, [=, this](int64_t) {
+  auto work = submit(op, sending ? n_out : n_in, (n_out + n_in) * 4, false, [=, this](int64_t) {
     if (!fake_) {
       std::unique_ptr<gloo::transport::UnboundBuffer> sb, rb;
       if (sending && n_out > 0) {
@@ -76,9 +81,12 @@ void ProcessGroup::send_recv(const float* out, int64_t n_out, int dst, int out_t
     }
     if (sending) count("send", n_out * 4, 0);
     if (receiving) count("recv", 0, n_in * 4);
-  }, what)->wait();
-  if (sending) trace_p2p("send", n_out * 4, rank_, dst, out_tag, send_slot, true);
-  if (receiving) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, true);
+  }, what);
+  work->then([=, this] {  // the waits, on the waiting thread, when it waits
+    if (sending) trace_p2p("send", n_out * 4, rank_, dst, out_tag, send_slot, true);
+    if (receiving) trace_p2p("recv", n_in * 4, src, rank_, in_tag, recv_slot, true);
+  });
+  return work;
 }
 
 // Ring reduce-scatter (Gloo has no options-style one), pipelined. Split the buffer into size() chunks of

@@ -203,6 +203,7 @@ const std::vector<Key>& keys() {
       KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: a GPT's or Llama's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
       KEY("parallel.sequence_parallel", Kind::boolean, bool, model.sequence_parallel, "tp > 1: Megatron's sequence parallelism: the residual stream, its LayerNorms and dropouts split by rows too (all-gather + reduce-scatter for each all-reduce)"),
+      KEY("parallel.cp", Kind::integer, int64_t, parallel.cp, "context-parallel ranks: each holds 1/cp of every sequence (two chunks, load-balanced); attention goes round their ring (gpt, llama)"),
       KEY("parallel.pp", Kind::integer, int64_t, parallel.pp, "pipeline stages (1 = none): GPT's blocks split into pp stages on pp ranks"),
       KEY("parallel.micro_batches", Kind::integer, int64_t, parallel.micro_batches, "pp > 1: micro-batches per optimizer step, m >= pp (0 = 4 x pp); the batch is micro_batch x m x dp"),
       CHOICE("parallel.schedule", parallel.schedule, "pp > 1: 1f1b (warm-up, one forward one backward, cool-down) | gpipe (all forwards, then all backwards)", ""),
@@ -544,6 +545,15 @@ void validate(const RunConfig& c) {
   require(c.parallel.tp == 1 || c.model.name == "gpt" || c.model.name == "llama", c, "parallel.tp",
           fmt::format("is {} with model.name {}", c.parallel.tp, c.model.name),
           "tensor parallel splits a language model's heads, MLP and vocabulary: use gpt or llama, or parallel.tp = 1");
+  require(c.parallel.cp >= 1, c, "parallel.cp", "must be at least 1", "1 keeps every sequence whole on its rank");
+  at_most(c, "parallel.cp", c.parallel.cp, 1 << 16, "");
+  require(c.parallel.cp == 1 || c.model.name == "gpt" || c.model.name == "llama", c, "parallel.cp",
+          fmt::format("is {} with model.name {}", c.parallel.cp, c.model.name),
+          "context parallel splits a language model's sequences: use gpt or llama, or parallel.cp = 1");
+  require(c.parallel.cp == 1 || c.data.seq_len % (2 * c.parallel.cp) == 0, c, "parallel.cp",
+          fmt::format("is {} with data.seq_len {}: the sequence cuts into 2 x cp = {} equal chunks (each rank holds an early and a late one)",
+                      c.parallel.cp, c.data.seq_len, 2 * c.parallel.cp),
+          "choose data.seq_len divisible by 2 x parallel.cp");
   require(!c.model.sequence_parallel || c.parallel.tp > 1, c, "parallel.sequence_parallel", "is true with parallel.tp 1",
           "it splits by rows what tensor parallelism leaves whole on every rank: set parallel.tp > 1");
   require(!c.model.sequence_parallel || c.model.checkpointing != Checkpointing::selective_op, c, "parallel.sequence_parallel",

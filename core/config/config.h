@@ -72,8 +72,9 @@ struct ParallelOptions {
   Sharding sharding = Sharding::full_shard;  // fsdp (no_shard = DDP)
   OffloadTo offload = OffloadTo::none;       // zero2, zero3, fsdp
   int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)
-  // The device mesh (core/parallel/mesh.h): world = dp × tp × pp; 0 = what the others leave (all 0: dp = world)
-  int64_t dp = 0, tp = 1, pp = 1;
+  // The device mesh (core/parallel/mesh.h): world = dp × cp × tp × pp; 0 = what the others leave (all 0:
+  // dp = world / cp). cp: context parallel, the sequence split over cp ranks (core/parallel/context_parallel.h)
+  int64_t dp = 0, tp = 1, pp = 1, cp = 1;
   // pipeline (pp > 1, core/parallel/pipeline.h): micro-batches per optimizer step (0: 4 x pp), their order,
   // and the blocks each stage holds (empty: n_layer / pp each)
   int64_t micro_batches = 0;

@@ -62,7 +62,7 @@ std::pair<int64_t, int64_t> stage_blocks(int64_t n_layer, int stage, int stages,
 
 Block::Block(Runtime& rt, GptLayers& layers, const std::string& p, const ModelSpec& s, uint64_t seed)
     : ln_1(rt, p + ".ln_1", s.n_embd),
-      attn(layers.attention(rt, p + ".attn", s.n_embd, s.n_head, AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash))),
+      attn(layers.attention(rt, p + ".attn", s.n_embd, s.n_head, AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash, s.context))),
       ln_2(rt, p + ".ln_2", s.n_embd),
       c_fc(layers.mlp_up(rt, p + ".mlp.c_fc", s.n_embd, 4 * s.n_embd)),
       c_proj(layers.mlp_down(rt, p + ".mlp.c_proj", 4 * s.n_embd, s.n_embd)),
@@ -339,6 +339,7 @@ Tensor GPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, 
   Tensor x;
   if (first_stage()) {  // unit 0 is wte and wpe; on one stage wte is the lm_head too: its forward ends after the logits
     if (hook) hook->before_forward(unit);
+    if (spec_.context) emb_->positions = spec_.context->positions(T);  // context parallel: wpe's rows at this rank's tokens
     x = drop_.forward(rt, emb_->forward(rt, batch.tokens, B, T));  // (B, T, C), whole (sequence parallel: (B·T/t, C), its rows)
     if (hook && !last_stage()) hook->after_forward(unit);
     unit++;

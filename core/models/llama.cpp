@@ -48,7 +48,7 @@ void LlamaLayers::take_part(const std::vector<Parameter*>& local, const std::vec
 LlamaBlock::LlamaBlock(Runtime& rt, LlamaLayers& layers, const std::string& p, const ModelSpec& s)
     : input_layernorm(rt, p + ".input_layernorm", s.n_embd, s.rms_norm_eps),
       self_attn(layers.attention(rt, p + ".self_attn", s,
-                                 AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash))),
+                                 AttentionCore(s.checkpointing == Checkpointing::selective, s.attention == AttentionKernel::flash, s.context))),
       post_attention_layernorm(rt, p + ".post_attention_layernorm", s.n_embd, s.rms_norm_eps),
       mlp(layers.mlp(rt, p + ".mlp", s)),
       full_(s.checkpointing == Checkpointing::full),

@@ -14,6 +14,8 @@
 
 namespace distlab {
 
+class ContextShards;  // core/nn/attention.h
+
 // train.activation_checkpointing: what a block keeps for its backward (Chen et al. 2016; Korthikanti
 // et al. 2022). none: every activation. selective: all but the attention probabilities (B, NH, T, T),
 // recomputed from qkv in backward. full: only the block's input; backward reruns the block's forward first.
@@ -52,6 +54,10 @@ struct ModelSpec {
   Checkpointing checkpointing = Checkpointing::none;  // gpt: train.activation_checkpointing
   AttentionKernel attention = AttentionKernel::naive;  // gpt: model.attention
   bool sequence_parallel = false;  // parallel.sequence_parallel: with tensor parallel, the stream's rows split too
+  // parallel.cp > 1: the sequence split over a context-parallel group (core/parallel/context_parallel.h),
+  // which the trainer owns and sets here; the attention cores go round its ring, and the positions (wpe,
+  // RoPE) are its. Not a config key: nullptr everywhere else.
+  ContextShards* context = nullptr;
 };
 
 // The whole model, on one rank (a split one: build_split_model in core/parallel/gpt_parallel.h).

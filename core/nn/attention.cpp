@@ -31,6 +31,10 @@ Tensor AttentionCore::forward(Runtime& rt, const Tensor& qkv, int64_t NH, const 
     const int64_t B = qkv.size(0), T = qkv.size(1), Cl = qkv.size(2) / 3;
     y_ = rt.empty({B, T, Cl}, Category::activations, "attention output" + what, rt.dtype);
     lse_ = rt.empty({B, NH, T}, Category::activations, "attention log-sum-exp" + what, DType::f32);
+    if (context_) {  // ring attention over the sequence's shards
+      context_->forward(rt, qkv, NH, kv_group_, y_, lse_);
+      return y_;
+    }
     AsF32 yf(rt, y_, AsF32::out), q(rt, qkv);
     flash_attention_forward(rt, yf.p, lse_.f32(), q.p, B, T, Cl, NH);
     yf.store();
@@ -47,7 +51,8 @@ Tensor AttentionCore::backward(Runtime& rt, const Tensor& dy, const Tensor& qkv,
   if (flash_) {
     DL_ASSERT(y_.defined() && lse_.defined(), "AttentionCore::backward without a forward");
     Tensor dqkv = rt.empty({B, T, 3 * Cl}, Category::activations, "grad of qkv" + what, rt.dtype);
-    {
+    if (context_) context_->backward(rt, dy, qkv, y_, lse_, NH, kv_group_, dqkv);
+    else {
       AsF32 dq(rt, dqkv, AsF32::out), dyf(rt, dy), q(rt, qkv), yf(rt, y_);
       flash_attention_backward(rt, dq.p, dyf.p, q.p, yf.p, lse_.f32(), B, T, Cl, NH);
       dq.store();
@@ -81,7 +86,10 @@ CausalSelfAttention::CausalSelfAttention(Runtime& rt, const std::string& prefix,
 
 std::string CausalSelfAttention::describe() const {
   return fmt::format("CausalSelfAttention({}, heads {}{})", C, n_head,
-                     core_.flash() ? ", flash" : core_.recomputes() ? ", probabilities recomputed" : "");
+                     core_.context()   ? fmt::format(", ring attention over {} ranks", core_.context()->size())
+                     : core_.flash()   ? ", flash"
+                     : core_.recomputes() ? ", probabilities recomputed"
+                                          : "");
 }
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {

@@ -1,5 +1,7 @@
 #include "core/nn/embedding.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "core/ops/cpu/attention.h"
@@ -19,6 +21,25 @@ void Embedding::init(Rng& rng) {
   init_normal(wpe.data, rng, 0.02f);
 }
 
+Tensor gather_position_rows(Runtime& rt, const float* wpe, const std::vector<int32_t>& positions, int64_t block, int64_t C) {
+  const int64_t T = int64_t(positions.size());
+  Tensor rows = rt.empty({T, C}, Category::activations, "wpe rows of this rank's positions", DType::f32);
+  if (rt.is_meta()) return rows;
+  for (int64_t t = 0; t < T; t++) {
+    if (positions[size_t(t)] < 0 || positions[size_t(t)] >= block)
+      throw ShapeError(fmt::format("position {} is past the model's block size {}", positions[size_t(t)], block),
+                       "lower data.seq_len or raise model.block_size");
+    std::memcpy(rows.f32() + t * C, wpe + int64_t(positions[size_t(t)]) * C, sizeof(float) * size_t(C));
+  }
+  return rows;
+}
+
+void scatter_position_grad(Runtime& rt, float* dwpe, const float* drows, const std::vector<int32_t>& positions, int64_t C) {
+  if (rt.is_meta()) return;
+  for (size_t t = 0; t < positions.size(); t++)
+    for (int64_t i = 0; i < C; i++) dwpe[int64_t(positions[t]) * C + i] += drows[int64_t(t) * C + i];
+}
+
 Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
   if (T > block)
     throw ShapeError(fmt::format("sequence length {} is longer than the model's block size {}", T, block),
@@ -33,7 +54,8 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding", rt.dtype);
   AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
   Indices ids(rt, tokens);
-  embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);
+  const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
+  embedding_forward(rt, o.p, ids.p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);
   o.store();
   saved_tokens_ = tokens;
   B_ = B;
@@ -48,7 +70,12 @@ void Embedding::backward(Runtime& rt, const Tensor& dout) {
   }
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
   Indices ids(rt, saved_tokens_);
-  embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+  if (positions.empty()) embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+  else {  // context parallel: wpe's gradient at this rank's positions
+    Tensor drows = rt.zeros({T_, C}, Category::activations, "grad of wpe rows", DType::f32);
+    embedding_backward(rt, de.p, drows.f32(), dy.p, ids.p, B_, T_, C);
+    scatter_position_grad(rt, dp.p, drows.f32(), positions, C);
+  }
   de.store();
   dp.store();
   saved_tokens_.clear();

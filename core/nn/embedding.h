@@ -14,7 +14,15 @@ class TokenEmbedding {
   virtual void backward(Runtime& rt, const Tensor& dout) = 0;  // accumulates into wte.grad and wpe.grad
   virtual void swap_saved(SavedState& s) = 0;
   Parameter wte, wpe;
+  // Context parallel (core/parallel/context_parallel.h): where in the whole sequence the T tokens sit, set
+  // by the model before each forward; empty: 0..T-1
+  std::vector<int32_t> positions;
 };
+
+// wpe's rows at `positions`, gathered (T, C) f32, for the kernels that read wpe[t] for token t — and their
+// gradient added back: dwpe[positions[t]] += drows[t]
+Tensor gather_position_rows(Runtime& rt, const float* wpe, const std::vector<int32_t>& positions, int64_t block, int64_t C);
+void scatter_position_grad(Runtime& rt, float* dwpe, const float* drows, const std::vector<int32_t>& positions, int64_t C);
 
 class Embedding : public TokenEmbedding {
  public:

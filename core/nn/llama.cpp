@@ -81,6 +81,7 @@ LlamaAttention::LlamaAttention(Runtime& rt, const std::string& p, int64_t c, int
     throw ShapeError(fmt::format("attention {}: n_head {} is not a multiple of n_kv_head {}", p, nh, nkv),
                      "each kv head serves a whole group of query heads: model.n_kv_head must divide model.n_head");
   for (Linear* l : {&q_proj, &k_proj, &v_proj}) rows_split(*l, tp);
+  core_.set_kv_group(nh / nkv);  // ring attention (context parallel) sends each kv head once
 }
 
 std::vector<Parameter*> LlamaAttention::parameters() {
@@ -92,7 +93,7 @@ std::vector<Parameter*> LlamaAttention::parameters() {
 
 std::string LlamaAttention::describe() const {
   return fmt::format("LlamaAttention({}, heads {}, kv heads {} (this rank's), RoPE θ {}{})", C, n_head, n_kv_head, rope_theta,
-                     core_.flash() ? ", flash" : "");
+                     core_.context() ? fmt::format(", ring attention over {} ranks", core_.context()->size()) : core_.flash() ? ", flash" : "");
 }
 
 Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x_in) {
@@ -104,11 +105,14 @@ Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x_in) {
     rows_ = x_in;
     for (Linear* l : {&q_proj, &k_proj, &v_proj}) l->release_input();
   }
+  // context parallel: the positions of this rank's tokens in the whole sequence, which RoPE turns by
+  const std::vector<int32_t> cp_pos = core_.context() ? core_.context()->positions(T) : std::vector<int32_t>();
+  const int32_t* pos = cp_pos.empty() ? nullptr : cp_pos.data();
   qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
   {
     AsF32 qf(rt, q, AsF32::inout), kf(rt, k, AsF32::inout), vf(rt, v), out(rt, qkv_, AsF32::out);
-    rope_apply(rt, qf.p, B, T, n_head, head_dim, Cq, rope_theta, false);
-    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false);
+    rope_apply(rt, qf.p, B, T, n_head, head_dim, Cq, rope_theta, false, pos);
+    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false, pos);
     repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
     out.store();
     if (op_) qf.store();  // op-level checkpointing keeps q rotated (in 16 bits, the values qkv_ holds)
@@ -135,10 +139,13 @@ Tensor LlamaAttention::recompute(Runtime& rt, const Tensor& x) {
   q_proj.keep_input(rt, x);  // its output was kept: only the input its weight gradient reads
   v_proj.keep_input(rt, x);
   Tensor k = k_proj.forward(rt, x);  // the 2nd matmul, recomputed
+  // context parallel: the positions of this rank's tokens in the whole sequence, which RoPE turns by
+  const std::vector<int32_t> cp_pos = core_.context() ? core_.context()->positions(T) : std::vector<int32_t>();
+  const int32_t* pos = cp_pos.empty() ? nullptr : cp_pos.data();
   qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
   {
     AsF32 qf(rt, q_), kf(rt, k, AsF32::inout), vf(rt, v_), out(rt, qkv_, AsF32::out);
-    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false);  // q_ was rotated in forward
+    rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false, pos);  // q_ was rotated in forward
     repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
     out.store();
   }
@@ -153,14 +160,17 @@ Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
   Tensor dy = o_proj->backward(rt, dout);
   Tensor dqkv = core_.backward(rt, dy, qkv_, n_head, "");
   qkv_ = q_ = v_ = y_ = Tensor();
+  // context parallel: the positions of this rank's tokens in the whole sequence, which RoPE turns by
+  const std::vector<int32_t> cp_pos = core_.context() ? core_.context()->positions(T) : std::vector<int32_t>();
+  const int32_t* pos = cp_pos.empty() ? nullptr : cp_pos.data();
   Tensor dq = rt.empty({B, T, Cq}, Category::activations, "grad of q", rt.dtype);
   Tensor dk = rt.empty({B, T, Ckv}, Category::activations, "grad of k", rt.dtype);
   Tensor dv = rt.empty({B, T, Ckv}, Category::activations, "grad of v", rt.dtype);
   {
     AsF32 dqf(rt, dq, AsF32::out), dkf(rt, dk, AsF32::out), dvf(rt, dv, AsF32::out), g(rt, dqkv);
     repeat_kv_backward(rt, dqf.p, dkf.p, dvf.p, g.p, B, T, n_head, n_kv_head, head_dim);
-    rope_apply(rt, dqf.p, B, T, n_head, head_dim, Cq, rope_theta, true);  // a rotation's backward turns back
-    rope_apply(rt, dkf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, true);
+    rope_apply(rt, dqf.p, B, T, n_head, head_dim, Cq, rope_theta, true, pos);  // a rotation's backward turns back
+    rope_apply(rt, dkf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, true, pos);
     dqf.store();
     dkf.store();
     dvf.store();

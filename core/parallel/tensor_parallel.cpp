@@ -433,7 +433,8 @@ Tensor VocabParallelEmbedding::forward(Runtime& rt, const std::vector<int32_t>& 
   {
     AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
     Indices ids(rt, saved_local_);
-    embedding_forward(rt, o.p, ids.p, e.p, p.p, B, T, C);  // wte row + wpe for this rank's tokens, zeros for the others
+    const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
+    embedding_forward(rt, o.p, ids.p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);  // wte row + wpe for this rank's tokens, zeros for the others
     o.store();
   }
   B_ = B;
@@ -454,7 +455,12 @@ void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, d);
   {
     Indices ids(rt, saved_local_);
-    embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+    if (positions.empty()) embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+    else {  // context parallel: wpe's gradient at this rank's positions
+      Tensor drows = rt.zeros({T_, C}, Category::activations, "grad of wpe rows", DType::f32);
+      embedding_backward(rt, de.p, drows.f32(), dy.p, ids.p, B_, T_, C);
+      scatter_position_grad(rt, dp.p, drows.f32(), positions, C);
+    }
   }
   de.store();
   dp.store();

@@ -49,7 +49,7 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
     double rate = peak_flops_per_s * (flash ? hw.attention_efficiency : hw.gemm_efficiency);
     if (flash)
       for (const MeasuredAttention& m : hw.measured_attention)
-        if (m.seq == e.shape.seq && m.head_dim == e.shape.head_dim && m.backward == (e.name == "flash_attention_backward") && m.flops_per_s > 0)
+        if (m.seq == e.shape.seq && m.head_dim == e.shape.head_dim && m.backward == e.name.ends_with("_backward") && m.flops_per_s > 0)
           rate = m.flops_per_s;
     math_s = e.flops / rate;
   }

@@ -18,6 +18,11 @@
 
 namespace distlab {
 
+Batch Trainer::shard(Batch b) const {
+  if (!ring_) return b;
+  return context_shard(b, ring_->size(), mesh_->coord().cp);  // the same sequences on every CP rank; its chunks of them
+}
+
 Batch Trainer::meta_batch(int64_t B) {
   Batch b;
   b.B = B;
@@ -25,6 +30,7 @@ Batch Trainer::meta_batch(int64_t B) {
     b.T = cfg_.data.seq_len;
     b.tokens.assign(size_t(B * b.T), 0);
     b.targets.assign(size_t(B * b.T), 0);
+    return shard(b);
   } else {
     b.x = rt_.empty({B, spec_.in_channels, spec_.height, spec_.width}, Category::activations, "input images");
     b.targets.assign(size_t(B), 0);
@@ -39,7 +45,7 @@ Batch Trainer::next_batch() {
     loader_->start_epoch(++epoch_);
     loader_->next(rt_, b);
   }
-  return b;
+  return shard(std::move(b));
 }
 
 // One micro-batch: forward, the loss, backward of loss · loss_factor (gradients add up); returns the loss.
@@ -196,7 +202,7 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     whole_params = build_model(meta, spec_)->num_parameters();
   }
   log_header(whole_params, nparams);
-  const bool replicas = dp_ && dp_->size() > 1 && !rt_.is_meta();
+  const bool replicas = grad_ && grad_->size() > 1 && !rt_.is_meta();
   const bool sharded = strategy_->shards_parameters();  // ZeRO-3: the model is whole only inside a step
   const bool checkpoints = !cfg_.checkpoint.dir.empty();
   resume(metrics);  // checkpoint.resume: the latest complete checkpoint, if any (trainer_ckpt.cpp)
@@ -247,7 +253,8 @@ nlohmann::json Trainer::run(MetricsWriter& metrics, const TrainOutputs& out) {
     // rank 0 evaluates; under ZeRO-3 every rank does, since every rank must join the gathers, under
     // tensor parallelism rank 0's TP group does (its forward has collectives), and with pipeline stages every
     // rank (the stages pass the batch along)
-    const bool evaluates = is_rank0() || sharded || pipeline_ || (tp_group() && mesh_->coord().dp == 0 && mesh_->coord().pp == 0);
+    // (context parallel: every rank of the first replica's CP group, whose ring each layer's attention goes round)
+    const bool evaluates = is_rank0() || sharded || pipeline_ || ((tp_group() || ring_) && mesh_->coord().dp == 0 && mesh_->coord().pp == 0);
     if (evaluates && ((cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0) || last)) {
       last_eval = evaluate();
       last_eval["step"] = step + 1;

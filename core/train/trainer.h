@@ -15,6 +15,7 @@
 #include "core/data/loader.h"
 #include "core/comm/device_group.h"
 #include "core/comm/process_group.h"
+#include "core/parallel/context_parallel.h"
 #include "core/parallel/mesh.h"
 #include "core/parallel/pipeline.h"
 #include "core/parallel/strategy.h"
@@ -104,6 +105,9 @@ class Trainer {
   int dp_world() const { return dp_ ? dp_->size() : 1; }
   int dp_rank() const { return dp_ ? dp_->rank() : 0; }
   ProcessGroup* tp_group() const { return mesh_ && mesh_->shape().tp > 1 ? &mesh_->group(MeshAxis::tp) : nullptr; }
+  ProcessGroup* cp_group() const { return mesh_ && mesh_->shape().cp > 1 ? &mesh_->group(MeshAxis::cp) : nullptr; }
+  // a micro-batch as this rank trains on it: the whole (B, T), or (context parallel) its shard (B, T/cp)
+  Batch shard(Batch b) const;
   ProcessGroup* pp_group() const { return mesh_ && mesh_->shape().pp > 1 ? &mesh_->group(MeshAxis::pp) : nullptr; }
   // the loss of a micro-batch's logits and its gradient (× factor): vocab-parallel when the logits are split
   double loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits);
@@ -143,8 +147,10 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> loader_;
   ProcessGroup* pg_;
-  std::unique_ptr<Mesh> mesh_;  // dp × tp × pp when parallel.tp or parallel.pp > 1 (core/parallel/mesh.h)
-  ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the strategy) runs over
+  std::unique_ptr<Mesh> mesh_;  // dp × cp × tp × pp when parallel.tp, pp or cp > 1 (core/parallel/mesh.h)
+  ProcessGroup* dp_ = nullptr;  // what data parallelism (the sampler, the samples counted) runs over
+  ProcessGroup* grad_ = nullptr;  // the ranks that hold the same weights, which the strategy reduces over: dp_, or dp × cp
+  std::unique_ptr<RingAttention> ring_;  // parallel.cp > 1: the CP group's ring; spec_.context points at it
   std::unique_ptr<Pipeline> pipeline_;  // parallel.pp > 1: this rank's stage runs the schedule
   Parameter* tied_ = nullptr;           // the pipeline's tied embedding on the first and last stage
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches

@@ -60,21 +60,29 @@ static int default_threads() {
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, TrainerExtension* ext)
     : cfg_(cfg), rt_(rt), log_(log), pg_(pg), ext_(ext), scaler_(loss_scale_options(cfg.precision)) {
   // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
-  const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp);
-  dp_ = pg;
+  const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
+  dp_ = grad_ = pg;
   accum_ = cfg.train.accum_steps;
   if (ext_) ext_->check_run(cfg, shape, rt);  // what the extension cannot serve, before anything is built
-  if (shape.tp > 1 || shape.pp > 1) {
+  if (shape.tp > 1 || shape.pp > 1 || shape.cp > 1) {
     check_strategy_composes(cfg, shape);  // ZeRO-2/3 and FSDP reduce during the backward: not with stages
     if (shape.pp > 1) accum_ = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : 4 * int64_t(shape.pp);
     mesh_ = std::make_unique<Mesh>(*pg, shape);
     dp_ = &mesh_->group(MeshAxis::dp);
+    grad_ = &mesh_->group(MeshAxis::dp_cp);  // a CP group's ranks hold the same weights: their gradients join dp's
+  }
+  if (shape.cp > 1) {
+    if (rt.device != DeviceKind::cpu && !rt.is_meta())
+      throw ConfigError(fmt::format("parallel.cp {} on device {}: ring attention's block kernels are written for the CPU only", shape.cp,
+                                    device_name(rt.device)),
+                        "run context parallelism with --device cpu (or plan it with --device meta)");
+    ring_ = std::make_unique<RingAttention>(mesh_->group(MeshAxis::cp));
   }
   // the fake world first: on a real device its N ranks were never started (not "N ranks were started")
   if (pg && pg->is_fake() && !rt.is_meta())
     throw ConfigError(fmt::format("dist.fake_world_size {} on device {}: the fake world moves no data", pg->size(), device_name(rt.device)),
                       "plan with --device meta, or start real ranks with distlab run");
-  check_strategy_fits(cfg, dp_world());
+  check_strategy_fits(cfg, grad_ ? grad_->size() : 1);
   if (world() > 1 && rt.is_meta() && !(pg && pg->is_fake()))
     throw ConfigError("the meta device runs on one rank",
                       "plan one rank of an N-rank job with `distlab train ... --device meta --set dist.fake_world_size=N`, without distlab run");
@@ -82,6 +90,11 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
   set_compute_threads(threads);
   if (!rt.is_meta()) data_ = open_datasets(cfg.data);
   spec_ = spec_for(cfg, data_, rt.is_meta());
+  if (ring_) {
+    spec_.context = ring_.get();
+    // each CP rank's dropout draws for its own tokens (a stream of its own, as sequence parallel's rows)
+    spec_.dropout_seed ^= 0xC2B2AE3D27D4EB4FULL * uint64_t(mesh_->coord().cp);
+  }
 
   // batch sizes: micro × ranks × accum = global (one rank here)
   micro_batch_ = cfg.train.micro_batch;
@@ -103,11 +116,13 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   // Megatron's rule: the sequence splits over the group — so every batch's B·T rows do, the evaluation's
   // shorter last one too
-  if (cfg.model.sequence_parallel && shape.tp > 1 && cfg.data.seq_len % shape.tp != 0)
-    throw ConfigError(fmt::format("parallel.sequence_parallel: data.seq_len {} does not split over parallel.tp {}: a batch's rows (micro_batch x "
-                                  "data.seq_len) must split into {} equal blocks, the evaluation's last batch's too",
-                                  cfg.data.seq_len, shape.tp, shape.tp),
-                      "choose data.seq_len divisible by parallel.tp");
+  // (context parallel: this rank's share of the sequence)
+  if (cfg.model.sequence_parallel && shape.tp > 1 && (cfg.data.seq_len / shape.cp) % shape.tp != 0)
+    throw ConfigError(fmt::format("parallel.sequence_parallel: data.seq_len {}{} does not split over parallel.tp {}: a batch's rows (micro_batch x "
+                                  "data.seq_len{}) must split into {} equal blocks, the evaluation's last batch's too",
+                                  cfg.data.seq_len, shape.cp > 1 ? fmt::format(" / parallel.cp {}", shape.cp) : "", shape.tp,
+                                  shape.cp > 1 ? " / cp" : "", shape.tp),
+                      shape.cp > 1 ? "choose data.seq_len divisible by parallel.tp x parallel.cp" : "choose data.seq_len divisible by parallel.tp");
   if (!rt.is_meta()) {
     auto sampler = make_train_sampler(cfg, data_.train->size(), dp_world(), dp_rank(), ext_);
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler, micro_batch_, cfg.train.drop_last, cfg.data.check_finite);
@@ -146,15 +161,15 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
     if (auto* gpt = dynamic_cast<GPT*>(model_.get())) tied_ = gpt->tied_embedding();
   }
   if (ext_) ext_->on_model(*model_, rt, mesh_.get(), accum_);  // layer substitution, a stage's own order
-  if (cfg.dist.backend == CommBackend::nccl && dp_ && !dp_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
-    device_group_ = std::make_unique<DeviceBackend>(*dp_, make_device_group(rt, cfg.train.device, *dp_,
+  if (cfg.dist.backend == CommBackend::nccl && grad_ && !grad_->is_fake()) {  // the strategy's flat buffers on the GPU: NCCL
+    device_group_ = std::make_unique<DeviceBackend>(*grad_, make_device_group(rt, cfg.train.device, *grad_,
                                                                            Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
   if (cfg.dist.backend == CommBackend::nccl && mesh_ && shape.tp > 1) {  // the split layers' all-reduces of activations too
     ProcessGroup& tp = mesh_->group(MeshAxis::tp);
     tp_device_group_ = std::make_unique<DeviceBackend>(tp, make_device_group(rt, cfg.train.device, tp, Millis(int64_t(cfg.dist.timeout_s * 1000))));
   }
-  strategy_ = make_strategy(cfg, dp_, *model_, rt, ext_);
+  strategy_ = make_strategy(cfg, grad_, *model_, rt, ext_);
   if (cfg.optim.name == OptimizerKind::sgd) {
     opt_ = std::make_unique<SGD>(strategy_->optimizer_parameters(*model_),
                                  SGDOptions{float(cfg.optim.momentum), float(cfg.optim.dampening), float(cfg.optim.weight_decay), cfg.optim.nesterov});

@@ -104,7 +104,7 @@ void Trainer::check_replicas(const std::string& when, bool with_buffers_and_data
   }
   // the replicas: the ranks of this rank's data-parallel group (every rank without a mesh; under tensor
   // or pipeline parallelism the ranks that hold the same slices of the same stage)
-  const std::vector<int>& members = dp_->global_ranks();
+  const std::vector<int>& members = grad_->global_ranks();  // (context parallel: the CP ranks too)
   const std::string key = "replicas/" + when + "/";
   pg_->store().set_string(key + std::to_string(pg_->rank()), mine.dump());
   const int first = members[0];

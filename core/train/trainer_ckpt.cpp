@@ -147,7 +147,7 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
   return {{"rank", pg_ ? pg_->rank() : 0},
           {"world_size", world()},
           {"dp_world", dp_world()},
-          {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
+          {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}, {"cp", mesh_ ? mesh_->shape().cp : 1}}},
           {"step", steps},
           {"micro_batch", micro_batch_},
           {"accum_steps", cfg_.train.accum_steps},
@@ -161,7 +161,7 @@ nlohmann::json Trainer::rank_state(int64_t steps) {
 
 nlohmann::json Trainer::checkpoint_estimate() {
   const auto slices = strategy_->optimizer_slices(*model_);
-  const bool writes = mesh_ ? (mesh_->coord().dp == 0 || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || is_rank0());
+  const bool writes = mesh_ ? (mesh_->coord().first_replica() || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || is_rank0());
   int64_t weights = 0;
   for (const auto& v : slices)
     for (const auto& s : v) weights += 4 * s.numel;
@@ -170,7 +170,7 @@ nlohmann::json Trainer::checkpoint_estimate() {
   int64_t buffers = 0;
   for (auto* b : model_->buffers()) buffers += 4 * b->data.numel();
   int64_t frozen = 0;  // LoRA's frozen base: written whole, f32, by the first replica (write_checkpoint)
-  if (mesh_ ? mesh_->coord().dp == 0 : is_rank0())
+  if (mesh_ ? mesh_->coord().first_replica() : is_rank0())
     for (Parameter* p : model_->parameters())
       if (!p->requires_grad && (!mesh_ || p->split_dim >= 0 || mesh_->coord().tp == 0)) frozen += 4 * p->data.numel();  // a 4-bit weight: its bytes as f32 values, 2 bytes a weight
   const int64_t rank_bytes = weights + optim + buffers;
@@ -260,7 +260,7 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   DL_ASSERT(slices.size() == opt_->size(), "the strategy's slices and the optimizer's parameters disagree");
   // split models: the first data-parallel replica writes, each rank its slices of its stage; a tensor that
   // every TP rank holds whole, its TP rank 0; the tied embedding's copy, nobody (it is wte)
-  const bool writes = mesh_ ? (mesh_->coord().dp == 0 || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || rank == 0);
+  const bool writes = mesh_ ? (mesh_->coord().first_replica() || !strategy_->replicates_optimizer()) : (!strategy_->replicates_optimizer() || rank == 0);
   if (writes) {
     std::vector<float> tmp;
     for (size_t i = 0; i < slices.size(); i++) {
@@ -282,7 +282,7 @@ int64_t Trainer::write_checkpoint(const std::string& dir, int64_t steps, const s
   // frozen parameters (LoRA's base) are in no optimizer slice: the first replica writes them whole, f32.
   // Sharded with the rest (ZeRO-3, FSDP), they are gathered a unit at a time for it: every rank takes part.
   // Split by tensor parallelism, each TP rank writes its slices of them (TP rank 0 the whole ones).
-  const bool writes_frozen = mesh_ ? mesh_->coord().dp == 0 : rank == 0;
+  const bool writes_frozen = mesh_ ? mesh_->coord().first_replica() : rank == 0;
   strategy_->visit_full_params(rt_, *model_, [&](const std::vector<Parameter*>& ps) {
     for (Parameter* p : ps) {
       if (p->requires_grad || !writes_frozen || (mesh_ && p->split_dim < 0 && mesh_->coord().tp != 0)) continue;

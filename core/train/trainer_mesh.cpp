@@ -19,6 +19,10 @@ std::map<std::string, CommCounters> Trainer::comm_by_op() const {
   if (pg_) groups.push_back(pg_);
   if (mesh_)
     for (MeshAxis a : {MeshAxis::dp, MeshAxis::tp, MeshAxis::pp}) groups.push_back(&mesh_->group(a));
+  if (ring_) {  // context parallel: the ring's blocks, and the strategy's reductions over dp × cp
+    groups.push_back(&mesh_->group(MeshAxis::cp));
+    groups.push_back(&mesh_->group(MeshAxis::dp_cp));
+  }
   for (ProcessGroup* g : groups)
     for (const auto& [op, c] : g->counters()) all[op] += c;
   for (const auto* d : {device_group_.get(), tp_device_group_.get()})  // dist.backend = "nccl": collectives on the GPU

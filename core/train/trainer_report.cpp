@@ -98,6 +98,7 @@ nlohmann::json Trainer::evaluate() {
   Batch b;
   while (test.next(rt_, b)) {
     if (cfg_.train.eval_batches > 0 && batches >= cfg_.train.eval_batches) break;
+    b = shard(std::move(b));  // context parallel: this rank's chunks of the sequences
     Tensor logits = pipeline_ ? pipeline_->forward_only(rt_, b) : model_->forward(rt_, b, strategy_->shards_parameters() ? strategy_.get() : nullptr);
     int64_t hits = 0;
     const int64_t rows = int64_t(b.targets.size());
@@ -114,12 +115,19 @@ nlohmann::json Trainer::evaluate() {
     batches++;
   }
   if (pipeline_) {  // the last stage counted: one of its ranks tells every rank (all joined the stages' forwards)
+    // (context parallel: each CP rank of it its own tokens' share)
     const bool reports = pipeline_->last() && mesh_->coord().dp == 0 && mesh_->coord().tp == 0;
     float v[3] = {reports ? float(loss_sum) : 0.0f, reports ? float(correct) : 0.0f, reports ? float(counted) : 0.0f};
     pg_->all_reduce(v, 3);
     loss_sum = v[0];
     correct = int64_t(v[1]);
     counted = int64_t(v[2]);
+  } else if (ProcessGroup* cp = cp_group()) {  // each CP rank counted its tokens: the sums over the ring are the sequences'
+    float f[3] = {float(loss_sum), float(correct), float(counted)};
+    cp->all_reduce(f, 3);
+    loss_sum = f[0];
+    correct = int64_t(f[1]);
+    counted = int64_t(f[2]);
   }
   model_->set_training(true);
   strategy_->release_full_params(rt_, false);  // ZeRO-3: the last units the forward gathered
@@ -134,7 +142,9 @@ void Trainer::log_header(int64_t whole_params, int64_t nparams) {
   if (rt_.device == DeviceKind::cpu) log_ << blas_core().describe() << "\n";  // core/ops/cpu/blas_core.h: the kernels every product runs
   if (device_group_) log_ << "the strategy's collectives on the device: " << device_group_->get()->describe() << "\n";
   if (tp_device_group_) log_ << "the tensor-parallel layers' all-reduces on the device: " << tp_device_group_->get()->describe() << "\n";
-  if (mesh_) log_ << "mesh " << mesh_->describe() << " (strategy " << name_of(cfg_.parallel.strategy) << " over the dp axis)\n";
+  if (mesh_)
+    log_ << "mesh " << mesh_->describe() << " (strategy " << name_of(cfg_.parallel.strategy)
+         << (ring_ ? " over the dp x cp ranks; ring attention over the cp axis)\n" : " over the dp axis)\n");
   if (pipeline_) {
     const int p = pipeline_->stages(), m = int(accum_), s = pipeline_->stage();
     log_ << fmt::format("pipeline: stage {} of {}, schedule {}, {} micro-batches per step ({} forward(s) before the first backward here); "
@@ -205,7 +215,7 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             {"recompute_flops_per_step", last_step_recompute_flops_ * double(world())},
                             {"flops_convention", kFlopsConvention},
                             {"world_size", world()},
-                            {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}}},
+                            {"mesh", {{"dp", dp_world()}, {"tp", mesh_ ? mesh_->shape().tp : 1}, {"pp", mesh_ ? mesh_->shape().pp : 1}, {"cp", mesh_ ? mesh_->shape().cp : 1}}},
                             {"samples_per_epoch_per_rank", loader_ ? loader_->batches_per_epoch() * micro_batch_ : 0},
                             {"dataset_size", data_.train ? data_.train->size() : 0},
                             {"steps_per_epoch", loader_ ? loader_->batches_per_epoch() / accum_ : 0},

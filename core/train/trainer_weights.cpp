@@ -21,7 +21,9 @@ namespace distlab {
 static DeviceKind whole_model_device(DeviceKind d) { return d == DeviceKind::cuda ? DeviceKind::cpu : d; }
 
 std::unique_ptr<Model> Trainer::whole_model(Runtime& side) {
-  auto whole = build_model(side, spec_);
+  ModelSpec whole_spec = spec_;
+  whole_spec.context = nullptr;  // the side model runs no forward: whole sequences, no ring
+  auto whole = build_model(side, whole_spec);
   if (cfg_.lora.on()) apply_lora(side, *whole, lora_, cfg_.train.seed);  // its adapters drawn as one rank's run draws them
   return whole;
 }
@@ -131,7 +133,7 @@ void Trainer::save_whole_model(const std::string& path, DType dtype) {
     mine.insert(b->name);
     if (b->data.data()) b->data.to_host(by_name.at(b->name)->data());
   }
-  if (pipeline_ && mesh_->coord().dp == 0 && mesh_->coord().tp == 0) {
+  if (pipeline_ && mesh_->coord().first_replica() && mesh_->coord().tp == 0) {
     // the stages' first ranks send rank 0 what they hold, in the whole model's order
     const std::string key = fmt::format("save/{}/stage/", path);
     if (pipeline_->stage() > 0) {

@@ -226,6 +226,173 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
     }
 }
 
+// ---- ring attention's blocks (context parallelism) ----
+
+// the keys of a tile at or before position p: kpos ascends, so they are a prefix
+static int64_t visible_keys(const int32_t* kpos, int64_t c, int32_t p) { return std::upper_bound(kpos, kpos + c, p) - kpos; }
+
+// the tiles a block computes: those with a key at or before the tile's last query
+static double block_flops(const int32_t* qpos, const int32_t* kpos, int64_t B, int64_t Tq, int64_t Tk, int64_t C, int64_t NH, bool backward) {
+  const double hs = double(C / NH);
+  double f = 0;
+  for (int64_t i0 = 0; i0 < Tq; i0 += kFlashTile) {
+    const int64_t r = std::min(kFlashTile, Tq - i0);
+    for (int64_t j0 = 0; j0 < Tk && kpos[j0] <= qpos[i0 + r - 1]; j0 += kFlashTile) {
+      const double c = double(std::min(kFlashTile, Tk - j0));
+      f += backward ? 10.0 * double(r) * c * hs + 4.0 * double(r) * c : 4.0 * double(r) * c * hs + 6.0 * double(r) * c;
+    }
+  }
+  return f * double(B * NH);
+}
+
+// flash_attention_forward's loop, with q and k, v from different tensors and the mask by position
+void attention_block_forward(Runtime& rt, float* out, float* lse, const float* q, int64_t ldq, const float* k, const float* v,
+                             int64_t ldkv, const int32_t* qpos, const int32_t* kpos, int64_t B, int64_t Tq, int64_t Tk, int64_t C,
+                             int64_t NH, int64_t group) {
+  if (rt.kernels) throw ConfigError("ring attention (parallel.cp) has no kernel on this device yet", "run context parallelism on the CPU device");
+  const int64_t hs = C / NH, Bt = kFlashTile;
+  OpScope op(rt, "flash_attention_block_forward", block_flops(qpos, kpos, B, Tq, Tk, C, NH, false),
+             4.0 * (B * Tq * C + 2 * B * Tk * C / group + B * Tq * C + B * NH * Tq));
+  op.attention(B * NH, std::max(Tq, Tk), hs);
+  Tensor work = rt.empty({Bt * Bt + Bt * hs + 2 * Bt}, Category::other, "ring attention tiles");
+  if (rt.is_meta()) return;
+  const float scale = 1.0f / std::sqrt(float(hs)), ninf = -std::numeric_limits<float>::infinity();
+  float* S = work.f32();   // (Bt, Bt): scores, then P
+  float* O = S + Bt * Bt;  // (Bt, hs): the output so far
+  float* m = O + Bt * hs;  // (Bt): running max
+  float* l = m + Bt;       // (Bt): running sum
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* qb = q + b * Tq * ldq + h * hs;
+      const float* kb = k + b * Tk * ldkv + (h / group) * hs;
+      const float* vb = v + b * Tk * ldkv + (h / group) * hs;
+      for (int64_t i0 = 0; i0 < Tq; i0 += Bt) {
+        const int64_t r = std::min(Bt, Tq - i0);
+        std::fill(O, O + r * hs, 0.0f);
+        std::fill(m, m + r, ninf);
+        std::fill(l, l + r, 0.0f);
+        for (int64_t j0 = 0; j0 < Tk && kpos[j0] <= qpos[i0 + r - 1]; j0 += Bt) {  // later tiles: all in the future
+          const int64_t c = std::min(Bt, Tk - j0);
+          blas_sgemm(false, true, r, c, hs, scale, qb + i0 * ldq, ldq, kb + j0 * ldkv, ldkv, 0.0f, S, Bt);
+          for (int64_t t = 0; t < r; t++) {
+            float* row = S + t * Bt;
+            const int64_t valid = visible_keys(kpos + j0, c, qpos[i0 + t]);
+            if (valid == 0) {  // this row sees none of the tile's keys
+              std::fill(row, row + c, 0.0f);
+              continue;
+            }
+            float mx = m[t];
+            for (int64_t s = 0; s < valid; s++) mx = row[s] > mx ? row[s] : mx;
+            const float alpha = m[t] == ninf ? 0.0f : std::exp(m[t] - mx);
+            float sum = 0;
+            for (int64_t s = 0; s < valid; s++) {
+              row[s] = std::exp(row[s] - mx);
+              sum += row[s];
+            }
+            std::fill(row + valid, row + c, 0.0f);
+            l[t] = alpha * l[t] + sum;
+            m[t] = mx;
+            if (alpha != 1.0f)
+              for (int64_t d = 0; d < hs; d++) O[t * hs + d] *= alpha;
+          }
+          blas_sgemm(false, false, r, hs, c, 1.0f, S, Bt, vb + j0 * ldkv, ldkv, 1.0f, O, hs);  // O += P v_j
+        }
+        for (int64_t t = 0; t < r; t++) {
+          float* o = out + b * Tq * C + (i0 + t) * C + h * hs;
+          const bool none = l[t] == 0.0f;
+          const float inv = none ? 0.0f : 1.0f / l[t];
+          for (int64_t d = 0; d < hs; d++) o[d] = O[t * hs + d] * inv;
+          lse[(b * NH + h) * Tq + i0 + t] = none ? ninf : m[t] + std::log(l[t]);
+        }
+      }
+    }
+}
+
+void attention_merge(Runtime& rt, float* out, float* lse, const float* out_b, const float* lse_b, int64_t B, int64_t T, int64_t C,
+                     int64_t NH) {
+  if (rt.kernels) throw ConfigError("ring attention (parallel.cp) has no kernel on this device yet", "run context parallelism on the CPU device");
+  OpScope op(rt, "attention_merge", 4.0 * B * T * C + 6.0 * B * NH * T, 4.0 * (3 * B * T * C + 3 * B * NH * T));
+  if (rt.is_meta()) return;
+  const int64_t hs = C / NH;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++)
+      for (int64_t t = 0; t < T; t++) {
+        float& la = lse[(b * NH + h) * T + t];
+        const float lb = lse_b[(b * NH + h) * T + t];
+        if (lb == ninf) continue;  // b saw no key: nothing to add
+        const float mx = std::max(la, lb), l = mx + std::log(std::exp(la - mx) + std::exp(lb - mx));
+        const float wa = la == ninf ? 0.0f : std::exp(la - l), wb = std::exp(lb - l);
+        float* o = out + (b * T + t) * C + h * hs;
+        const float* ob = out_b + (b * T + t) * C + h * hs;
+        for (int64_t d = 0; d < hs; d++) o[d] = wa * o[d] + wb * ob[d];
+        la = l;
+      }
+}
+
+void attention_out_dot(Runtime& rt, float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (rt.kernels) throw ConfigError("ring attention (parallel.cp) has no kernel on this device yet", "run context parallelism on the CPU device");
+  OpScope op(rt, "attention_out_dot", 2.0 * B * T * C, 4.0 * (2 * B * T * C + B * NH * T));
+  if (rt.is_meta()) return;
+  const int64_t hs = C / NH;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++)
+      for (int64_t t = 0; t < T; t++) {
+        double dot = 0;  // as flash_attention_backward's D
+        for (int64_t d = 0; d < hs; d++) dot += double(dout[(b * T + t) * C + h * hs + d]) * out[(b * T + t) * C + h * hs + d];
+        D[(b * NH + h) * T + t] = float(dot);
+      }
+}
+
+// flash_attention_backward's loop, for one block, from the whole row's lse and D
+void attention_block_backward(Runtime& rt, float* dq, int64_t lddq, float* dk, float* dv, int64_t lddkv, const float* dout,
+                              const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* lse,
+                              const float* D, const int32_t* qpos, const int32_t* kpos, int64_t B, int64_t Tq, int64_t Tk, int64_t C,
+                              int64_t NH, int64_t group) {
+  if (rt.kernels) throw ConfigError("ring attention (parallel.cp) has no kernel on this device yet", "run context parallelism on the CPU device");
+  const int64_t hs = C / NH, Bt = kFlashTile;
+  OpScope op(rt, "flash_attention_block_backward", block_flops(qpos, kpos, B, Tq, Tk, C, NH, true),
+             4.0 * (2 * B * Tq * C + 4 * B * Tk * C / group + B * Tq * C + 2 * B * NH * Tq));
+  op.attention(B * NH, std::max(Tq, Tk), hs);
+  Tensor work = rt.empty({2 * Bt * Bt}, Category::other, "ring attention backward tiles");
+  if (rt.is_meta()) return;
+  const float scale = 1.0f / std::sqrt(float(hs)), ninf = -std::numeric_limits<float>::infinity();
+  float* P = work.f32();    // (Bt, Bt)
+  float* dS = P + Bt * Bt;  // (Bt, Bt): dP, then dS
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* qb = q + b * Tq * ldq + h * hs;
+      const float* kb = k + b * Tk * ldkv + (h / group) * hs;
+      const float* vb = v + b * Tk * ldkv + (h / group) * hs;
+      const float* dO = dout + b * Tq * C + h * hs;
+      const float* L = lse + (b * NH + h) * Tq;
+      const float* Dr = D + (b * NH + h) * Tq;
+      float* dqb = dq + b * Tq * lddq + h * hs;
+      float* dkb = dk + b * Tk * lddkv + (h / group) * hs;
+      float* dvb = dv + b * Tk * lddkv + (h / group) * hs;
+      for (int64_t j0 = 0; j0 < Tk; j0 += Bt) {
+        const int64_t c = std::min(Bt, Tk - j0);
+        for (int64_t i0 = 0; i0 < Tq; i0 += Bt) {
+          const int64_t r = std::min(Bt, Tq - i0);
+          if (kpos[j0] > qpos[i0 + r - 1]) continue;  // every key after every query
+          blas_sgemm(false, true, r, c, hs, scale, qb + i0 * ldq, ldq, kb + j0 * ldkv, ldkv, 0.0f, P, Bt);
+          for (int64_t t = 0; t < r; t++) {
+            const int64_t valid = L[i0 + t] == ninf ? 0 : visible_keys(kpos + j0, c, qpos[i0 + t]);
+            float* row = P + t * Bt;
+            for (int64_t s = 0; s < valid; s++) row[s] = std::exp(row[s] - L[i0 + t]);
+            std::fill(row + valid, row + c, 0.0f);
+          }
+          blas_sgemm(true, false, c, hs, r, 1.0f, P, Bt, dO + i0 * C, C, 1.0f, dvb + j0 * lddkv, lddkv);  // dv_j += Pᵀ dO_i
+          blas_sgemm(false, true, r, c, hs, 1.0f, dO + i0 * C, C, vb + j0 * ldkv, ldkv, 0.0f, dS, Bt);    // dP = dO_i v_jᵀ
+          for (int64_t t = 0; t < r; t++)
+            for (int64_t s = 0; s < c; s++) dS[t * Bt + s] = P[t * Bt + s] * (dS[t * Bt + s] - Dr[i0 + t]);
+          blas_sgemm(false, false, r, hs, c, scale, dS, Bt, kb + j0 * ldkv, ldkv, 1.0f, dqb + i0 * lddq, lddq);  // dq_i += scale dS k_j
+          blas_sgemm(true, false, c, hs, r, scale, dS, Bt, qb + i0 * ldq, ldq, 1.0f, dkb + j0 * lddkv, lddkv);   // dk_j += scale dSᵀ q_i
+        }
+      }
+    }
+}
+
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C) {
   if (rt.kernels) return rt.kernels->embedding_forward(rt, out, tokens, wte, wpe, B, T, C);

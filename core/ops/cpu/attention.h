@@ -31,6 +31,31 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
 // the recomputed q kᵀ (2·r·c·hs)
 double flash_attention_flops(int64_t B, int64_t T, int64_t C, int64_t NH, bool backward);
 
+// Ring attention's two kernels (context parallelism, core/parallel/context_parallel.h): the flash kernels
+// above, for this rank's Tq queries against one rank's block of Tk keys and values, causal by position in
+// the whole sequence — a key at kpos[s] is seen by a query at qpos[t] when kpos[s] <= qpos[t]. Both position
+// lists ascend. q is (B, Tq, ·) with NH heads of hs = C / NH at columns h·hs, row stride ldq; k and v
+// (B, Tk, ·) hold NH / group heads (grouped-query attention: query head h reads kv head h / group), row
+// stride ldkv; out (B, Tq, C), lse (B, NH, Tq). A query that sees no key of the block gets out 0 and lse −inf.
+// out and lse written: this block's softmax alone (ring attention merges the blocks' by their lse)
+void attention_block_forward(Runtime& rt, float* out, float* lse, const float* q, int64_t ldq, const float* k, const float* v,
+                             int64_t ldkv, const int32_t* qpos, const int32_t* kpos, int64_t B, int64_t Tq, int64_t Tk, int64_t C,
+                             int64_t NH, int64_t group = 1);
+// FlashAttention's merge of two softmaxes over disjoint keys, by their log-sum-exps: with
+// lse = log(e^lse_a + e^lse_b), out = e^(lse_a − lse)·out_a + e^(lse_b − lse)·out_b. out, lse (the running
+// a) updated in place from out_b (B, T, C) and lse_b (B, NH, T); an lse of −inf weighs 0.
+void attention_merge(Runtime& rt, float* out, float* lse, const float* out_b, const float* lse_b, int64_t B, int64_t T, int64_t C,
+                     int64_t NH);
+// D (B, NH, T) = rowsum(dout ∘ out) per head: softmax's backward term Σ_s P dP, without P
+void attention_out_dot(Runtime& rt, float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t C, int64_t NH);
+// Given the merged out's lse (the whole row's) and D = rowsum(dout ∘ out) (B, NH, Tq): the probabilities of
+// this block recomputed, and its terms added: dq (row stride lddq) += its part, dk and dv (row stride
+// lddkv, NH / group heads: a kv head's gradient sums its query heads') += theirs
+void attention_block_backward(Runtime& rt, float* dq, int64_t lddq, float* dk, float* dv, int64_t lddkv, const float* dout,
+                              const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv, const float* lse,
+                              const float* D, const int32_t* qpos, const int32_t* kpos, int64_t B, int64_t Tq, int64_t Tk, int64_t C,
+                              int64_t NH, int64_t group = 1);
+
 // out (B, T, C) = wte[tokens] + wpe[0..T). A token of -1 is one another tensor-parallel rank holds (the
 // vocabulary-parallel embedding, core/parallel/tensor_parallel.h): its row here is zeros, and the rank that
 // holds it writes its vector and position, so the all-reduce of the ranks' outputs is the whole lookup.

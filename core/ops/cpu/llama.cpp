@@ -59,7 +59,9 @@ void rmsnorm_backward(Runtime& rt, float* dinp, float* dweight, const float* dou
   }
 }
 
-void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse) {
+void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse,
+                const int32_t* pos) {
+  if (rt.kernels && pos) throw ConfigError("RoPE at a context-parallel rank's positions has no kernel on this device yet", "run parallel.cp on the CPU device");
   if (rt.kernels) return need(rt.kernels->rope_apply, "rope_apply")(rt, x, B, T, H, hd, ld, theta, inverse);
   OpScope op(rt, inverse ? "rope_backward" : "rope_forward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd);
   if (rt.is_meta()) return;
@@ -70,7 +72,7 @@ void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t 
   for (int64_t i = 0; i < half; i++) {
     const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(hd));
     for (int64_t t = 0; t < T; t++) {
-      const float a = float(t) * inv_freq;
+      const float a = float(pos ? pos[t] : t) * inv_freq;
       cs[size_t(t * half + i)] = std::cos(a);
       sn[size_t(t * half + i)] = inverse ? -std::sin(a) : std::sin(a);
     }

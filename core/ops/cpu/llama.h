@@ -23,7 +23,9 @@ void rmsnorm_backward(Runtime& rt, float* dinp, float* dweight, const float* dou
 //   x[i] ← x[i]·cos(t·f_i) − x[i + hd/2]·sin(t·f_i),  x[i + hd/2] ← x[i + hd/2]·cos(t·f_i) + x[i]·sin(t·f_i)
 // with f_i = θ^(-2i/hd), i < hd/2, in float as Hugging Face computes it. `inverse` turns the other way: the
 // backward of a rotation is the rotation back (dx = Rᵀ dy).
-void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse);
+// `pos` (T): the positions of the T tokens in the whole sequence (context parallel); nullptr: 0..T-1
+void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse,
+                const int32_t* pos = nullptr);
 
 // out (n) = silu(gate) · up, silu(g) = g · σ(g)
 void swiglu_forward(Runtime& rt, float* out, const float* gate, const float* up, int64_t n);
