@@ -135,7 +135,8 @@ struct CheckDef {
   bool times_itself = false;
 };
 
-// The checks a lab's lab.toml may name; empty for an unknown lab.
+// The checks a lab's lab.toml may name, picked by the lab's number (harness.cpp); empty for an unknown lab.
+// Each labNN_checks() is at the bottom of its lab's grader/labs/NN-name/checks.cpp (docs/GRADER.md).
 std::map<std::string, CheckDef> checks_for_lab(const std::string& lab_id);
 std::map<std::string, CheckDef> lab01_checks();
 std::map<std::string, CheckDef> lab02_checks();

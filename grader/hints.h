@@ -1,5 +1,5 @@
 // When a grading shows a check's hint, and what it remembers about it. A first failure shows what the check
-// wanted and what it measured; the hint (grader/hints/<lab>.toml, or the one the check wrote from what it
+// wanted and what it measured; the hint (grader/labs/<lab>/hints.toml, or the one the check wrote from what it
 // saw) comes once the same check has failed in an earlier grading of the same student, or when the student
 // asks for it (`distlab lab hint NN CHECK`). Every hint shown is recorded, and the report lists them, so an
 // instructor sees which hints a grade needed. The engine's own answer (Lab::engine) comes with full marks.

@@ -18,7 +18,7 @@ int Lab::max_points() const {
   return p;
 }
 
-// grader/hints/NN-name.toml: `engine` (text) and [hint] (check = text). Every check has a hint and every
+// grader/labs/NN-name/hints.toml: `engine` (text) and [hint] (check = text). Every check has a hint and every
 // hint a check: a renamed check can't silently lose its hint.
 static void read_hints(Lab& lab, const fs::path& path) {
   const std::string file = path.string();
@@ -97,7 +97,7 @@ static Lab read_lab(const fs::path& dir) {
       lab.checks.push_back(s);
     }
   }
-  read_hints(lab, dir.parent_path().parent_path() / "grader" / "hints" / (lab.name + ".toml"));
+  read_hints(lab, dir.parent_path().parent_path() / "grader" / "labs" / lab.name / "hints.toml");
   return lab;
 }
 

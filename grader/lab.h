@@ -1,6 +1,6 @@
 // A lab as the grader sees it: read from labs/NN-name/lab.toml (the task, its checks and points: the
-// student's folder) and grader/hints/NN-name.toml (each check's hint and the engine's answer: not the
-// student's folder). Later labs add checks there without touching the harness.
+// student's folder) and grader/labs/NN-name/hints.toml (each check's hint and the engine's answer: not the
+// student's folder). A lab's checks are code: grader/labs/NN-name/checks.cpp (docs/GRADER.md: how to add a lab).
 #pragma once
 #include <string>
 #include <vector>
@@ -13,7 +13,7 @@ struct CheckSpec {
   double timeout_s = 60;
   int64_t memory_mb = 4096;
   std::string what;   // what it checks, for the table and `lab show`
-  std::string hint;   // grader/hints/<lab>.toml: shown when it fails again (grader/hints.h)
+  std::string hint;   // grader/labs/<lab>/hints.toml: shown when it fails again (grader/hints.h)
   // a clinic's case (lab 08): the lab its file belongs to, the file (a path under student/), the checks
   // of that lab that must pass once the bug is fixed
   std::string case_lab, case_file;
@@ -34,7 +34,7 @@ struct Lab {
   std::string dir;      // labs/01-collectives
   std::vector<std::string> files;  // the student's files (student/<file>)
   std::vector<CheckSpec> checks;
-  std::string engine;   // grader/hints/<lab>.toml: where the engine does what the lab asks, shown after full marks
+  std::string engine;   // grader/labs/<lab>/hints.toml: where the engine does what the lab asks (after full marks)
   bool answers = false;  // [lab] kind = "answers": the student's files are data (TOML), read by the checks, not compiled
   bool clinic = false;   // [lab] kind = "clinic": each file is a case of another lab (answers-like bundle, cases built by the checks)
   bool trains = false;  // lab.toml is a training config (it has [model]): the HTML report runs it

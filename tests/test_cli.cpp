@@ -899,7 +899,7 @@ TEST_CASE("DISTLAB_SOURCE_DIR and DISTLAB_BUILD_DIR point a carried build at a t
   const fs::path src = DISTLAB_SOURCE_DIR, tmp = fs::temp_directory_path() / ("distlab-tree-" + std::to_string(getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp / "tree");
-  for (const char* d : {"labs", "solutions", "grader/hints"}) {
+  for (const char* d : {"labs", "solutions", "grader/labs"}) {
     fs::create_directories((tmp / "tree" / d).parent_path());
     fs::copy(src / d, tmp / "tree" / d, fs::copy_options::recursive);
   }

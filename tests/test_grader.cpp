@@ -1503,7 +1503,7 @@ TEST_CASE("hints: held back on a first failure, shown on the next, asked for and
     if (!fs::exists(d.path() / "lab.toml")) continue;
     INFO(d.path().string());
     CHECK(read(d.path() / "lab.toml").find("\nhint = ") == std::string::npos);
-    CHECK(fs::exists(src / "grader/hints" / (d.path().filename().string() + ".toml")));
+    CHECK(fs::exists(src / "grader/labs" / d.path().filename() / "hints.toml"));
   }
   const std::string ann = read(src / "solutions/09-configs-plan/annotations.toml"), dec = read(src / "solutions/09-configs-plan/decisions.toml");
   const fs::path subs = fs::temp_directory_path() / ("distlab-hints09-" + std::to_string(getpid()));

@@ -1,7 +1,8 @@
-// The protocol fuzzer: the trainer's side of labs 02-07 (grader/bridge/lab_*.cpp), the code that runs as the
-// grader's user outside the sandbox, driven by tests/fuzz_plugin.cpp — a plugin that writes seeded random
-// and adversarial frames straight onto its socket. Two ranks, four for lab 04 (threads over an in-memory store), each with
-// its own plugin process sending the same stream, so that the collectives the trainer runs for it meet.
+// The protocol fuzzer: the trainer's side of labs 02-07 (grader/bridge/lab_*.cpp and grader/labs/*/bridge.cpp),
+// the code that runs as the grader's user outside the sandbox, driven by tests/fuzz_plugin.cpp — a plugin that
+// writes seeded random and adversarial frames straight onto its socket. Two ranks, four for lab 04 (threads over
+// an in-memory store), each with its own plugin process sending the same stream, so that the collectives the
+// trainer runs for it meet.
 // Every request must be answered or refused with a distlab::Error; a crash, a hang, a std:: exception
 // escaping the checks, a file of lab 07's service outside its folder or over its quota, or (this executable is built with AddressSanitizer, whose malloc and memcpy
 // interceptors cover the engine's library too) an over-read, an over-write or a double free fails it.

@@ -1,9 +1,11 @@
 // The repository's shape, checked: the engine (core/) includes nothing above it and names no lab in its
 // code; every "Read next" line in core/ points at a file that exists, and following them never comes back
-// to where it started (docs/ENGINE.md walks the same order).
+// to where it started (docs/ENGINE.md walks the same order); every lab has the folders and files
+// docs/GRADER.md lists, and is registered where its steps say.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -198,4 +200,148 @@ TEST_CASE("an include that runs upward in core/ does not compile: each folder se
       INFO(e.path().filename().string());
       CHECK(fs::exists(layers / e.path().filename() / "core" / e.path().filename()));
     }
+}
+
+// ---- a lab's folders, held to docs/GRADER.md ----
+
+namespace {
+
+struct LabFileRule {
+  std::string path;   // "grader/labs/NN-name/checks.cpp"; a folder ends in '/'
+  std::string which;  // every lab | a plugin lab | where needed
+};
+
+// The table under "## A lab's files" in docs/GRADER.md: | `path` | which labs | what it holds |
+std::vector<LabFileRule> lab_file_rules() {
+  const std::regex row(R"re(^\| `([^`]+)` \| (every lab|a plugin lab|where needed) \|)re");
+  std::istringstream in(read_source(kRoot / "docs" / "GRADER.md"));
+  std::vector<LabFileRule> rules;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) rules.push_back({m[1], m[2]});
+  }
+  return rules;
+}
+
+// labs/ holds the labs: each folder with a lab.toml
+std::vector<std::string> lab_names() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(kRoot / "labs"))
+    if (e.is_directory() && fs::exists(e.path() / "lab.toml")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A lab's [lab] kind: code (the default: a plugin lab), answers or clinic
+std::string lab_kind(const std::string& lab) {
+  std::istringstream in(read_source(kRoot / "labs" / lab / "lab.toml"));
+  const std::regex kind(R"re(^kind\s*=\s*"(\w+)")re");
+  bool in_lab = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '[') in_lab = line.rfind("[lab]", 0) == 0;
+    std::smatch m;
+    if (in_lab && std::regex_search(line, m, kind)) return m[1];
+  }
+  return "code";
+}
+
+std::string for_lab(std::string path, const std::string& lab) { return path.replace(path.find("NN-name"), 7, lab); }
+
+}  // namespace
+
+TEST_CASE("docs/GRADER.md's table of a lab's files holds: labs/, solutions/ and grader/labs/ have the same folders, each with the files its row asks for and no other", "[layout]") {
+  const std::vector<LabFileRule> rules = lab_file_rules();
+  const std::vector<std::string> labs = lab_names();
+  REQUIRE(labs.size() >= 10);
+  std::set<std::string> named;  // the files the table names in grader/labs/NN-name/
+  for (const char* want : {"labs/NN-name/lab.toml", "labs/NN-name/api.h", "solutions/NN-name/", "grader/labs/NN-name/checks.cpp",
+                           "grader/labs/NN-name/hints.toml", "grader/labs/NN-name/host.cpp", "grader/labs/NN-name/bridge.cpp"}) {
+    INFO(want);
+    CHECK(std::any_of(rules.begin(), rules.end(), [&](const LabFileRule& r) { return r.path == want; }));
+  }
+  const std::string cmake = read_source(kRoot / "CMakeLists.txt");
+  for (const LabFileRule& r : rules) {
+    INFO(r.path);
+    REQUIRE(r.path.find("NN-name") != std::string::npos);
+    if (r.path.rfind("grader/labs/NN-name/", 0) == 0) named.insert(r.path.substr(20));
+    // CMake picks a lab's code up by its name: each .cpp of the table is in a glob of CMakeLists.txt
+    if (r.path.rfind("grader/labs/", 0) == 0 && fs::path(r.path).extension() == ".cpp")
+      CHECK(cmake.find("grader/labs/*/" + fs::path(r.path).filename().string()) != std::string::npos);
+  }
+  for (const std::string& lab : labs) {
+    const bool plugin = lab_kind(lab) == "code";
+    for (const LabFileRule& r : rules) {
+      const fs::path p = kRoot / for_lab(r.path, lab);
+      const bool there = r.path.back() == '/' ? fs::is_directory(p) : fs::is_regular_file(p);
+      INFO(lab << (plugin ? " (a plugin lab)" : " (no plugin)") << ": " << for_lab(r.path, lab));
+      if (r.which == "every lab") CHECK(there);
+      if (r.which == "a plugin lab") CHECK(there == plugin);
+    }
+  }
+  // every lab's twin folders, and nothing in them the table does not name (it would not be built)
+  for (const char* root : {"grader/labs", "solutions"})
+    for (const auto& e : fs::directory_iterator(kRoot / root)) {
+      INFO(e.path().string());
+      CHECK(std::count(labs.begin(), labs.end(), e.path().filename().string()) == 1);
+    }
+  for (const auto& e : fs::recursive_directory_iterator(kRoot / "grader" / "labs")) {
+    if (!e.is_regular_file()) continue;
+    const fs::path rel = fs::relative(e.path(), kRoot / "grader" / "labs");  // NN-name/file
+    INFO("grader/labs/" << rel.string());
+    CHECK(std::distance(rel.begin(), rel.end()) == 2);
+    CHECK(named.count(e.path().filename().string()) == 1);
+  }
+}
+
+TEST_CASE("every lab is registered as docs/GRADER.md's steps say, and every path the page names exists", "[layout]") {
+  // the paths the page names in backticks, placeholders (NN, *) aside: each a file or folder of the tree
+  const std::string page = read_source(kRoot / "docs" / "GRADER.md");
+  const std::regex ticked(R"re(`((?:labs|solutions|grader|tests|scripts|cli|chapters|core|docs)/[\w./-]*)`)re");
+  int paths = 0;
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), ticked); it != std::sregex_iterator(); ++it) {
+    const std::string p = (*it)[1];
+    if (p.find("NN") != std::string::npos) continue;
+    paths++;
+    INFO(p);
+    CHECK(fs::exists(kRoot / p));
+  }
+  CHECK(paths >= 15);
+  // each registration is a line in a shared file: on a miss, the file and the line (not the whole file)
+  std::map<std::string, std::string> shared;
+  for (const char* f : {"grader/check.h", "grader/harness.cpp", "grader/host/host.h", "grader/host/main.cpp", "README.md",
+                        "cli/doctor_cmd.cpp", "tests/test_grader.cpp"})
+    shared[f] = read_source(kRoot / f);
+  auto holds = [](const std::string& file, const std::string& text, const std::string& line) {
+    INFO(file << " should hold: " << line);
+    CHECK(text.find(line) != std::string::npos);
+  };
+  for (const std::string& lab : lab_names()) {
+    const std::string nn = lab.substr(0, 2);
+    const fs::path dir = kRoot / "grader" / "labs" / lab;
+    const std::string checks = read_source(dir / "checks.cpp");
+    INFO(lab);
+    holds(lab + "/checks.cpp", checks, "namespace checks" + nn + " {");  // step 5: unity batches
+    if (lab_kind(lab) != "clinic") {  // (the clinic's cases are graded by other labs' checks)
+      holds(lab + "/checks.cpp", checks, "std::map<std::string, CheckDef> lab" + nn + "_checks() {");
+      holds("grader/check.h", shared["grader/check.h"], "std::map<std::string, CheckDef> lab" + nn + "_checks();");
+      holds("grader/harness.cpp", shared["grader/harness.cpp"], "if (id == \"" + nn + "\") return lab" + nn + "_checks();");
+    }
+    if (lab_kind(lab) == "code") {  // step 4
+      holds(lab + "/host.cpp", read_source(dir / "host.cpp"), "int serve_lab" + nn + "(void* plugin) {");
+      holds("grader/host/host.h", shared["grader/host/host.h"], "int serve_lab" + nn + "(void* plugin);");
+      holds("grader/host/main.cpp", shared["grader/host/main.cpp"], "if (lab == \"" + nn + "\") return serve_lab" + nn + "(h);");
+    }
+    holds("README.md", shared["README.md"], "| " + lab + " |");  // step 8
+    holds("cli/doctor_cmd.cpp", shared["cli/doctor_cmd.cpp"], "{\"" + lab + "\",");
+    holds("tests/test_grader.cpp", shared["tests/test_grader.cpp"], "[grader][lab" + nn + "]");  // step 9
+    // a "Read next:" line in the lab's grader files names a file beside it or from the repository's root
+    if (!fs::is_directory(dir)) continue;  // (the test above names the missing folder)
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::smatch m;
+      const std::string text = read_source(e.path());
+      if (!std::regex_search(text, m, std::regex(R"re(Read next:\s*([\w./-]+\.(?:h|cpp|toml|md)))re"))) continue;
+      INFO(e.path().filename().string() << " -> " << m[1]);
+      CHECK((fs::exists(dir / std::string(m[1])) || fs::exists(kRoot / std::string(m[1]))));
+    }
+  }
 }

@@ -1,18 +1,18 @@
 // A lab's student code in a training run: the bridge between the engine's extension points
 // (core/train/extension.h) and the student's plugin (lab_plugin.h, which runs it in a sandboxed process).
-// Which hook each lab takes:
+// Which hook each lab takes (a lab's own trainer side is grader/labs/NN-name/bridge.cpp):
 //
 //   lab  hook                          the student's code in place of
-//   02   make_sampler, make_strategy   DistributedSampler and DDP (parallel.strategy = "ddp")
-//   03   drive_step                    the optimizer step: accumulation, the loss scaler, clipping (lab_step.cpp)
-//   04   make_strategy                 ZeRO-1 and ZeRO-2 (lab_zero.cpp)
-//   05   make_strategy                 FSDP's hooks (lab_fsdp.cpp)
-//   06   on_model, pipeline_executor   the column- and row-parallel layers, a stage's 1F1B executor (lab_tp.cpp)
-//   07   save, resume                  the optimizer / RNG / sampler checkpoint (lab_checkpoint.cpp)
+//   02   make_sampler, make_strategy   DistributedSampler and DDP (parallel.strategy = "ddp"; lab_plugin.cpp)
+//   03   drive_step                    the optimizer step: accumulation, the loss scaler, clipping (03-amp-accum)
+//   04   make_strategy                 ZeRO-1 and ZeRO-2 (04-zero)
+//   05   make_strategy                 FSDP's hooks (05-fsdp-1b)
+//   06   on_model, pipeline_executor   the column- and row-parallel layers, a stage's 1F1B executor (06-tp-pp)
+//   07   save, resume                  the optimizer / RNG / sampler checkpoint (07-checkpoint)
 //
 // check_run refuses what a lab cannot run (lab 06 without a split, lab 02 in fp16, ...) before anything is
 // built. The engine never learns it is a lab.
-// Read next: lab_plugin.h (the student's process behind it), then the lab's own file above.
+// Read next: lab_plugin.h (the student's process behind it), then the lab's own bridge.cpp above.
 #pragma once
 #include <memory>
 #include <optional>
@@ -35,15 +35,16 @@ class LabExtension : public TrainerExtension {
   std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) override;
   const Pipeline::Executor* pipeline_executor() const override { return executor_ ? &*executor_ : nullptr; }
   bool drives_steps() const override { return plugin_->is("03"); }
-  StepOutcome drive_step(RunParts& run, TrainerCalls& calls, int64_t step) override;  // lab_step.cpp
+  StepOutcome drive_step(RunParts& run, TrainerCalls& calls, int64_t step) override;  // grader/labs/03-amp-accum/bridge.cpp
   bool owns_checkpoints() const override { return plugin_->is("07"); }
-  void save(RunParts& run, TrainerCalls& calls, const std::string& dir, int64_t steps, MetricsWriter& metrics) override;  // lab_checkpoint.cpp
-  std::optional<ResumePoint> resume(RunParts& run, TrainerCalls& calls, MetricsWriter& metrics) override;                // lab_checkpoint.cpp
+  void save(RunParts& run, TrainerCalls& calls, const std::string& dir, int64_t steps, MetricsWriter& metrics) override;  // grader/labs/07-checkpoint/bridge.cpp
+  std::optional<ResumePoint> resume(RunParts& run, TrainerCalls& calls, MetricsWriter& metrics) override;                // grader/labs/07-checkpoint/bridge.cpp
   void describe(std::ostream& log) const override;
   void report(nlohmann::json& rank) const override;
 
  private:
-  // lab 07 (lab_checkpoint.cpp): the State the student's code sees, and what load_state left unlike the save
+  // lab 07 (grader/labs/07-checkpoint/bridge.cpp): the State the student's code sees, and what load_state
+  // left unlike the save
   std::vector<char> snapshot(RunParts& run, int64_t step);
   nlohmann::json restore_problems(RunParts& run, const std::string& dir);
 

@@ -1,5 +1,5 @@
 // Lab 07's file service and load_state's answer (grader/bridge/lab_files.h). Read with
-// grader/bridge/lab_checkpoint.cpp, which serves them during save_state and load_state.
+// grader/labs/07-checkpoint/bridge.cpp, which serves them during save_state and load_state.
 #include "grader/bridge/lab_files.h"
 
 #include <fcntl.h>

@@ -5,8 +5,8 @@
 //                      would tear a file on a kill recorded as a violation
 //   parse_load_answer  load_state's answer (the refusal, then what it set), read without trusting a length
 //
-// Both take whatever the plugin sends; the trainer (grader/bridge/lab_checkpoint.cpp) decides what to do with
-// the result. tests/test_lab_fuzz.cpp throws random and adversarial requests at both.
+// Both take whatever the plugin sends; the trainer (grader/labs/07-checkpoint/bridge.cpp) decides what to do
+// with the result. tests/test_lab_fuzz.cpp throws random and adversarial requests at both.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -65,7 +65,7 @@ class LabFileServer {
   int opened_ = 0;
 };
 
-// What load_state set, as its answer says (grader/host/lab07.cpp writes it):
+// What load_state set, as its answer says (grader/labs/07-checkpoint/host.cpp writes it):
 //   int32 length, the refusal (length bytes; empty: accepted)
 //   int64 steps_set, int64 steps
 //   per parameter, per optimizer state: int64 count (-1: not set, else the parameter's numel), count floats

@@ -21,7 +21,8 @@
 namespace distlab {
 
 // What lab 03's train_step may ask of the trainer, one call per request of the student's Step
-// (labs/03-amp-accum/api.h). The trainer implements it (grader/bridge/lab_step.cpp) and checks the order.
+// (labs/03-amp-accum/api.h). The trainer implements it (grader/labs/03-amp-accum/bridge.cpp) and checks the
+// order.
 class LabStepOps {
  public:
   virtual ~LabStepOps() = default;
@@ -60,14 +61,14 @@ class LabPlugin {
   // naive ("naive") or bucketed DDP by the student; broadcasts rank 0's weights first, as the engine's does
   std::unique_ptr<DataParallel> make_ddp(const std::string& mode, ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
 
-  // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — grader/bridge/lab_zero.cpp
+  // Lab 04: the student's ZeRO-1 (stage 1) or ZeRO-2 (stage 2) — grader/labs/04-zero/bridge.cpp
   // and its sharded AdamW (clipping to max_norm, 0: none)
   std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt, double max_norm);
-  // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — grader/bridge/lab_fsdp.cpp
+  // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — grader/labs/05-fsdp-1b/bridge.cpp
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload);
 
   // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
-  // layer's tensor-parallel group — grader/bridge/lab_tp.cpp
+  // layer's tensor-parallel group — grader/labs/06-tp-pp/bridge.cpp
   std::unique_ptr<TpKernels> make_tp_kernels(Runtime& rt);
   // Lab 06: the student's pipeline executor (train_step_1f1b), driving a stage's step through the
   // engine's Pipeline::Driver

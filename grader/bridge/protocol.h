@@ -36,7 +36,7 @@ enum Op : uint32_t {
   kStepOptimizer = 32,        // payload: every gradient as f32; answered by kData (empty)
   kStepSkip = 33,             // answered by kData (empty)
   kStepScheduler = 34,        // answered by kData (empty)
-  // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (grader/bridge/lab_zero.cpp)
+  // lab 04: two more collectives, and what the student's ZeRO asks of the trainer (grader/labs/04-zero/bridge.cpp)
   kReduceScatter = 24,  // arg0 = ReduceOp, arg1 = n; payload: size·n floats; answered by kData (n floats)
   kAllGather = 25,      // payload: n floats; answered by kData (size·n floats)
   kReduceScatterAsync = 26,  // as kReduceScatter, answered by kHandle (arg0); its kWait answers the n floats
@@ -47,7 +47,7 @@ enum Op : uint32_t {
   kZeroWeights = 43,       // arg0 = flat; answered by kData: the flat's weights now (numel floats)
   kZeroSetWeights = 44,    // arg0 = flat, arg1 = begin; payload: weights; answered by kData (empty)
   kZeroRelease = 45,       // arg0 = flat; answered by kData (empty): its whole gradient freed
-  // lab 07: the checkpoint folder's files, through the trainer (grader/bridge/lab_checkpoint.cpp)
+  // lab 07: the checkpoint folder's files, through the trainer (grader/labs/07-checkpoint/bridge.cpp)
   kFileOpen = 50,    // payload: the name; answered by kData (an int32 handle)
   kFileWrite = 51,   // arg0 = handle; payload: the bytes; answered by kData (empty)
   kFileSync = 52,    // arg0 = handle; answered by kData (empty)
@@ -55,8 +55,8 @@ enum Op : uint32_t {
   kFileRename = 54,  // payload: from\0to; answered by kData (empty)
   kFileExists = 55,  // payload: the name; answered by kData (an int32)
   kFileRead = 56,    // payload: the name; answered by kData (the bytes)
-  // lab 05: what the student's FSDP asks of the trainer (grader/bridge/lab_fsdp.cpp), each answered by kData
-  // (an int32 handle where it makes one, else empty)
+  // lab 05: what the student's FSDP asks of the trainer (grader/labs/05-fsdp-1b/bridge.cpp), each answered by
+  // kData (an int32 handle where it makes one, else empty)
   kFsdpAlloc = 70,          // arg0 = n, arg1 = kind (0 weights, 1 grads, 2 host); a buffer handle
   kFsdpRelease = 71,        // arg0 = buffer
   kFsdpPart = 72,           // arg0 = flat; a buffer handle (the trainer's part)
@@ -68,8 +68,9 @@ enum Op : uint32_t {
   kFsdpView = 78,           // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
   kFsdpTakeGrad = 79,       // arg0 = flat, arg1 = k, arg2 = buffer, arg3 = at
   kFsdpKeepGrad = 80,       // arg0 = flat, arg1 = buffer
-  // lab 06: what the student's pipeline executor asks of its stage (grader/bridge/lab_tp.cpp); arg0 = micro,
-  // arg1 = the second micro-batch (the paired calls) or dp_sync (kPipeBackward); each answered by kData (empty)
+  // lab 06: what the student's pipeline executor asks of its stage (grader/labs/06-tp-pp/bridge.cpp); arg0 =
+  // micro, arg1 = the second micro-batch (the paired calls) or dp_sync (kPipeBackward); each answered by kData
+  // (empty)
   kPipeForward = 81,
   kPipeBackward = 82,
   kPipeRecvForward = 83,
@@ -123,17 +124,18 @@ enum Fn : int64_t {
   kLoadState = 51,  // payload: the snapshot (a fresh run's values); returns int32 length + the refusal ("" =
                     // loaded), then what was set: int64 flag + steps; per param per name an int64 count (-1:
                     // not set) + floats; int64 flag + #streams + draws; int64 flag + epoch + position
-  // lab 06 (grader/bridge/lab_tp.cpp). The layers: args rank, size, rows, in, out, has_bias; payload x (rows, in),
-  // w (out, in), then b (out, when has_bias; forward) or dy (rows, out; backward); return y (rows, out), or dx
-  // (rows, in), dw (out, in), db (out, when has_bias). Their all-reduces are kAllReduce requests (op sum).
+  // lab 06 (grader/labs/06-tp-pp/bridge.cpp). The layers: args rank, size, rows, in, out, has_bias; payload
+  // x (rows, in), w (out, in), then b (out, when has_bias; forward) or dy (rows, out; backward); return y
+  // (rows, out), or dx (rows, in), dw (out, in), db (out, when has_bias). Their all-reduces are kAllReduce
+  // requests (op sum).
   kTpColumnForward = 60,
   kTpColumnBackward = 61,
   kTpRowForward = 62,
   kTpRowBackward = 63,
   kPipeRun = 64,  // args: stages, stage, m; the student's executor's requests are kPipe* ops below; returns nothing
-  // lab 10 (grader/host/lab10.cpp). An Nf4 on the wire: int64 #packed, #absmax_q, #absmax2, f32 offset, then
-  // the packed bytes, the absmax_q bytes, the absmax2 floats. A base is an Nf4 the host keeps by id for the
-  // layer calls (in the plugin's process: its bytes are the plugin's).
+  // lab 10 (grader/labs/10-lora-qlora/host.cpp). An Nf4 on the wire: int64 #packed, #absmax_q, #absmax2, f32
+  // offset, then the packed bytes, the absmax_q bytes, the absmax2 floats. A base is an Nf4 the host keeps by
+  // id for the layer calls (in the plugin's process: its bytes are the plugin's).
   kNf4Code = 90,      // returns the floats
   kQuantize = 91,     // args: n, base id (-1: do not keep); payload: n floats; returns an Nf4
   kDequantize = 92,   // args: n; payload: an Nf4; returns n floats

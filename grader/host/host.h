@@ -1,7 +1,8 @@
 // The plugin's host: `distlab-labhost LAB PLUGIN` loads a student's plugin and serves requests on fd 3
 // (grader/bridge/protocol.h). It links nothing of the engine but the lab's own API header, so the plugin can
 // resolve no engine symbol; it runs inside the sandbox (grader/bridge/sandbox.h), so it can touch no file of
-// the grader's. One file per lab serves that lab's functions.
+// the grader's. Each lab's functions are served by its own file, grader/labs/NN-name/host.cpp (serve_labNN
+// below), picked by main.cpp from the LAB argument.
 #pragma once
 #include <dlfcn.h>
 #include <unistd.h>

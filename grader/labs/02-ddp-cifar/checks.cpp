@@ -4,6 +4,7 @@
 // and losses, parameters, collectives and modeled times are measured by the trainers, where the plugin
 // can't reach. A job's result is shared by the checks that need it (one student job hanging costs one
 // timeout, not five); the student's job may take a few times the reference's own time.
+// Read next: host.cpp beside it (the plugin's side), then grader/bridge/lab_plugin.cpp (the trainer's).
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>

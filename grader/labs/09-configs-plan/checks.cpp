@@ -7,6 +7,7 @@
 //                        as `distlab plan` applies it (its "decision_tree"); a miss shows the tree's reason
 // The cases are labs/09-configs-plan/configs/cases.toml (the instructor's); the answers come from the
 // bundle the harness made of student/annotations.toml and student/decisions.toml.
+// Read next: labs/09-configs-plan/configs/cases.toml (the cases). No plugin: no host.cpp or bridge.cpp here.
 #include <fmt/format.h>
 #include <sys/wait.h>
 

@@ -4,6 +4,7 @@
 // engine's own), and takes the outputs back, checked: the sizes, and no NaN where a finite number belongs.
 // The student's 1F1B order is checked by check_schedule (core/parallel/pipeline.h) before the pipeline runs
 // it. Compare ColumnParallelLinear and RowParallelLinear (core/parallel/tensor_parallel.cpp), the engine's.
+// Read next: host.cpp beside it (the plugin's side of each request).
 #include <fmt/format.h>
 
 #include <algorithm>

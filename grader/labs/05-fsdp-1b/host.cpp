@@ -1,7 +1,8 @@
 // Lab 05's host: the student's FSDP. flat_layout is asked directly. Each hook call carries the unit, the
 // options and what the Fsdp answers locally (the flats, their parameters' sizes and names, the root, the
 // recorded orders); every buffer, copy, collective and view is a request the trainer runs on its own memory
-// and process group (grader/bridge/lab_fsdp.cpp), checks, counts and answers.
+// and process group (bridge.cpp, beside this file), checks, counts and answers.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

@@ -5,6 +5,7 @@
 // gets back. A config case (spec.case_config) is the story's run config instead: the student's copy may
 // differ from it only in the case's keys, and the story's job run with them must show what spec.case_expect
 // says. What is graded is the behaviour of the fixed code or config, never the text of the fix.
+// Read next: labs/08-clinic/lab.toml (the cases); each code case is graded by its own lab's checks.cpp.
 #include <fmt/format.h>
 
 #include <filesystem>

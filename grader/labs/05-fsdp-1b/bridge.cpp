@@ -9,6 +9,7 @@
 // gathered and waited for, when its forward or backward starts; no buffer a running unit views is freed;
 // every gradient reaches the optimizer once per step.
 // Compare the engine's own FSDP (core/parallel/zero3.cpp): the same decisions, made by the engine.
+// Read next: host.cpp beside it (the plugin's side of each request).
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,7 +1,8 @@
 // Lab 06's host: the student's column- and row-parallel Linear and 1F1B schedule beside a trainer
-// (grader/bridge/lab_tp.cpp). Each layer call carries this rank's slice of the weights and the activations;
-// every all-reduce the student asks for is a request the trainer runs on its tensor-parallel group (and
-// counts); the outputs go back, checked there.
+// (bridge.cpp, beside this file). Each layer call carries this rank's slice of the weights and the
+// activations; every all-reduce the student asks for is a request the trainer runs on its tensor-parallel
+// group (and counts); the outputs go back, checked there.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

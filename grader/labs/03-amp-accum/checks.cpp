@@ -4,6 +4,7 @@
 // clip_grad_norm. train_step is checked in real training jobs (grader/jobs.h): the trainer runs every
 // micro-batch and optimizer step the student asks for and records losses, lrs and loss scales where the
 // plugin can't reach them.
+// Read next: bridge.cpp beside it (the trainer's side of a step), then host.cpp (the plugin's).
 #include <fmt/format.h>
 
 #include <cmath>

@@ -1,6 +1,8 @@
 // Lab 03's host: the student's scaler, clipping and train_step. Direct calls (the grader's quick checks)
-// get their inputs in the payload; train_step's Step is served by the trainer (grader/bridge/lab_plugin.cpp):
-// every forward_backward, gradient fetch and optimizer step is a request the trainer runs and answers.
+// get their inputs in the payload; train_step's Step is served by the trainer (bridge.cpp, beside this
+// file, through grader/bridge/lab_plugin.cpp): every forward_backward, gradient fetch and optimizer step is
+// a request the trainer runs and answers.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // Lab 07: the student's save_state and load_state in place of the engine's optimizer / RNG / sampler
-// checkpoint (labs/07-checkpoint/api.h): LabExtension's save and resume hooks (lab_extension.h). The
-// trainer still owns everything around them:
+// checkpoint (labs/07-checkpoint/api.h): LabExtension's save and resume hooks (grader/bridge/lab_extension.h).
+// The trainer still owns everything around them:
 //
 //   save (every rank)   model.safetensors (rank 0, the f32 weights, atomically)
 //                       .reference/ — the engine's own checkpoint of the same step, which the student's code
@@ -15,7 +15,8 @@
 // After a resume the trainer compares the state with .reference/ and records what differs (the optimizer
 // moments not restored, the sampler back at the start, ...) in the metrics, for the grader's explanations.
 // The file service the student's code writes through, and the parsing of load_state's answer, are in
-// grader/bridge/lab_files.h (fuzzed on their own by tests/test_lab_fuzz.cpp): read it next.
+// grader/bridge/lab_files.h (fuzzed on their own by tests/test_lab_fuzz.cpp).
+// Read next: grader/bridge/lab_files.h, then host.cpp beside this file (the plugin's side of each request).
 #include <fmt/format.h>
 
 #include <algorithm>

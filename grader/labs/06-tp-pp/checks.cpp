@@ -4,9 +4,10 @@
 // for every stage of many pipelines, and its calls are checked against the engine's 1F1B order and matched
 // across stages as blocking sends and receives would be (a deadlock named).
 // Then training jobs (grader/jobs.h): the trainers are the engine's, the student's layers and schedule run
-// beside each rank (grader/bridge/lab_tp.cpp), and the trainers measure the losses, the bytes, the bubble and
-// the micro-batches each stage held, where the plugin can't reach. References: one rank (the numbers), the
-// engine's own split runs (the bytes), (p − 1)/(m + p − 1) (the bubble).
+// beside each rank (bridge.cpp, beside this file), and the trainers measure the losses, the bytes, the
+// bubble and the micro-batches each stage held, where the plugin can't reach. References: one rank (the
+// numbers), the engine's own split runs (the bytes), (p − 1)/(m + p − 1) (the bubble).
+// Read next: bridge.cpp beside it (the trainer's side), then host.cpp (the plugin's).
 #include <fmt/format.h>
 
 #include <cmath>

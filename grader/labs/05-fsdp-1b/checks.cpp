@@ -1,11 +1,12 @@
 // Lab 05's checks. The flat layout is asked of the student's plugin directly (in its sandboxed host). The
 // rest run in training jobs (grader/jobs.h): the student's FlatParameter and hooks allocate, gather, view,
-// free and reduce-scatter through handles to buffers that live in the trainer (grader/bridge/lab_fsdp.cpp),
-// and the trainers measure the losses, the bytes, the memory per category at its peak — the student's
+// free and reduce-scatter through handles to buffers that live in the trainer (bridge.cpp, beside this
+// file), and the trainers measure the losses, the bytes, the memory per category at its peak — the student's
 // buffers included — and the modeled timeline where the plugin can't reach.
 // The small GPT of lab.toml checks the numbers against DDP; the 1B GPT on the fake world (one meta rank of
 // a 2-rank job: no data, the real memory and communication) checks the memory and the overlap against the
 // engine's own FSDP (core/parallel/zero3.cpp, the same decisions made by the engine).
+// Read next: bridge.cpp beside it (the trainer's side), then host.cpp (the plugin's).
 #include <fmt/format.h>
 
 #include <cmath>

@@ -9,6 +9,7 @@
 //                           against the engine's own QLoRA layers (core/nn/qlora.h, core/nn/lora.h)
 //   qlora_8b_on_24gb        every byte the student's process holds over a 42 M-weight stack of its own 4-bit
 //                           Linears (measured from outside it), and Llama 3 8B's QLoRA at that rate on a 24 GB card
+// Read next: host.cpp beside it (the plugin's side of each call).
 #include <fmt/format.h>
 #include <sys/wait.h>
 

@@ -1,5 +1,6 @@
 // Lab 01's host: runs the student's ring functions; their sends and receives go to the grader's relay
-// (grader/checks_lab01.cpp), which delivers and counts every byte.
+// (grader/labs/01-collectives/checks.cpp), which delivers and counts every byte.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

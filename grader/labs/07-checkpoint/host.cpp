@@ -2,7 +2,8 @@
 // the call (its getters answer locally; load_state's setters are collected and sent back with the return,
 // so a refused or failed load changes nothing). Files is the trainer's: every open, write, fsync, rename
 // and read is a request the trainer runs in the checkpoint's folder, checks and records
-// (grader/bridge/lab_checkpoint.cpp).
+// (bridge.cpp, beside this file).
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <unistd.h>
 
 #include <cstring>

@@ -1,9 +1,10 @@
 // Lab 07's checks: real training jobs (grader/jobs.h) killed and restarted the way a preempted node is, the
-// student's save_state and load_state beside each rank (grader/bridge/lab_checkpoint.cpp). The reference is
-// the engine's uninterrupted run of the same config: a resume passes when every loss and the final weights
-// are its very bits. The trainers also compare what load_state restored with the engine's own save of the
-// same step, and record how the student's files were written (a write under the final name, a rename
-// before fsync): the explanations come from there, out of the plugin's reach.
+// student's save_state and load_state beside each rank (bridge.cpp, beside this file). The reference is the
+// engine's uninterrupted run of the same config: a resume passes when every loss and the final weights are
+// its very bits. The trainers also compare what load_state restored with the engine's own save of the same
+// step, and record how the student's files were written (a write under the final name, a rename before
+// fsync): the explanations come from there, out of the plugin's reach.
+// Read next: bridge.cpp beside it (the trainer's side), then host.cpp (the plugin's).
 #include <fmt/format.h>
 #include <stdlib.h>
 

@@ -1,6 +1,7 @@
 // Lab 10's host: the student's NF4 and LoRA functions on the grader's inputs. The 4-bit bases the layer
 // calls use are kept here, in the plugin's own process (their bytes are the plugin's, measured from
 // outside), and read back on request, so that a base the student's code changed shows.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <cstring>
 #include <limits>
 #include <map>

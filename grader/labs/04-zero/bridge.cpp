@@ -14,6 +14,7 @@
 // every step the host hands back the buffers named exp_avg and exp_avg_sq, and they must be AdamW's moments
 // of the parts this rank kept (a shadow computed here from those parts): optimizer state kept anywhere but
 // in the counted buffers fails the run instead of passing the memory checks.
+// Read next: host.cpp beside it (the plugin's side of each request).
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,7 +1,8 @@
 // Lab 04's host: the student's partition, AdamW and ZeRO. shard_of and adamw_step are called directly (the
-// grader's quick checks); zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer (grader/bridge/lab_zero.cpp): every
-// gradient fetched, part kept, optimizer step and weight written is a request the trainer runs, checks and
-// answers, and every collective runs on the trainer's real process group.
+// grader's quick checks); zero1_reduce, zero2_reduce and zero_step get a Step served by the trainer
+// (bridge.cpp, beside this file): every gradient fetched, part kept, optimizer step and weight written is a
+// request the trainer runs, checks and answers, and every collective runs on the trainer's real process group.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

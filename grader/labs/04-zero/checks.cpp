@@ -1,9 +1,10 @@
 // Lab 04's checks. The partition is asked of the student's plugin directly (in its sandboxed host). The
 // stages are checked in real training jobs (grader/jobs.h): the trainers are the engine's, the student's
-// ZeRO runs beside each rank (grader/bridge/lab_zero.cpp), and the trainers measure what the checks need —
-// losses, whether the replicas agree, bytes sent per step, and the memory each category held at its peak
+// ZeRO runs beside each rank (bridge.cpp, beside this file), and the trainers measure what the checks need
+// — losses, whether the replicas agree, bytes sent per step, and the memory each category held at its peak
 // — where the plugin can't reach. References are the engine's own DDP (the numbers) and the ZeRO paper's
 // formulas (the memory).
+// Read next: bridge.cpp beside it (the trainer's side), then host.cpp (the plugin's).
 #include <fmt/format.h>
 
 #include <cmath>

@@ -1,6 +1,7 @@
 // Lab 02's host: the student's sampler and DDP beside a trainer (grader/bridge/lab_plugin.cpp). The trainer
 // sends gradients in, runs the collectives the plugin asks for on its own process group (and counts
 // them), and takes the averaged gradients back.
+// Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
 #include <unistd.h>
 

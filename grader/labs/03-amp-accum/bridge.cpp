@@ -1,8 +1,10 @@
 // The trainer's side of lab 03: the student's train_step (labs/03-amp-accum/api.h) drives one optimizer
 // step, and every request it makes runs here, on the engine's model, optimizer and schedule. The order is
 // checked as it happens: micro-batches 0..k-1 once each, then exactly one optimizer_step or skip_step.
-// It is LabExtension::drive_step (lab_extension.h): the trainer's micro-batches and optimizer through
-// TrainerCalls. Compare Trainer::engine_step (core/train/trainer.cpp), the engine's own version of the same step.
+// It is LabExtension::drive_step (grader/bridge/lab_extension.h): the trainer's micro-batches and optimizer
+// through TrainerCalls. Compare Trainer::engine_step (core/train/trainer.cpp), the engine's own version of
+// the same step.
+// Read next: host.cpp beside it (the plugin's side of each request).
 #include <fmt/format.h>
 
 #include <cmath>
