@@ -22,21 +22,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kGpt = "configs/gpt-tiny.toml";      // L 2, n_head 4, C 64, V 256, T 64, micro_batch 16
-const std::string kLlama = "configs/llama-tiny.toml";  // L 2, n_head 4, n_kv_head 2, C 64, T 64, micro_batch 16
-const std::string kSets = "--set train.steps=12 --set train.eval_batches=2 ";
+const std::string kCpGpt = "configs/gpt-tiny.toml";      // L 2, n_head 4, C 64, V 256, T 64, micro_batch 16
+const std::string kCpLlama = "configs/llama-tiny.toml";  // L 2, n_head 4, n_kv_head 2, C 64, T 64, micro_batch 16
+const std::string kCpSets = "--set train.steps=12 --set train.eval_batches=2 ";
 
 std::string cp_scratch(const std::string& name) { return scratch_path("cp", name); }
 
 // the evaluation's loss (the last one)
-double eval_loss(const TrainRun& r) {
+double cp_eval_loss(const TrainRun& r) {
   for (auto it = r.records.rbegin(); it != r.records.rend(); ++it)
     if ((*it)["kind"] == "eval" && !(*it)["loss"].is_null()) return (*it)["loss"].get<double>();
   return std::nan("");
 }
 
 // Llama 3 8B's shape at 32,768 tokens, one step on the meta device
-const std::string kLlama8b32k = R"(
+const std::string kCpLlama8b32k = R"(
 [model]
 name = "llama"
 vocab_size = 128256
@@ -69,8 +69,8 @@ TEST_CASE("context parallel (ring attention): GPT-tiny and Llama-tiny train as o
           "FSDP), tp (+ SP), pp and recompute, and a step sends exactly the ring's blocks",
           "[cp][train]") {
   const std::string ref_save = cp_scratch("one.safetensors");
-  TrainRun one = train_ranks(1, kGpt, kSets + "--save " + ref_save);
-  TrainRun l1 = train_ranks(1, kLlama, kSets);
+  TrainRun one = train_ranks(1, kCpGpt, kCpSets + "--save " + ref_save);
+  TrainRun l1 = train_ranks(1, kCpLlama, kCpSets);
   INFO(one.out);
   REQUIRE(one.code == 0);
   REQUIRE(l1.code == 0);
@@ -86,11 +86,11 @@ TEST_CASE("context parallel (ring attention): GPT-tiny and Llama-tiny train as o
   };
   for (int n : {2, 4}) {
     const std::string save = cp_scratch(fmt::format("cp{}.safetensors", n));
-    TrainRun r = train_ranks(n, kGpt, kSets + fmt::format("--set parallel.cp={} --set parallel.strategy=ddp --save {}", n, save));
+    TrainRun r = train_ranks(n, kCpGpt, kCpSets + fmt::format("--set parallel.cp={} --set parallel.strategy=ddp --save {}", n, save));
     INFO("cp " << n << "\n" << r.out);
     REQUIRE(r.code == 0);
     CHECK(max_rel_diff(r.losses, one.losses) < 1e-6);
-    CHECK(std::abs(eval_loss(r) - eval_loss(one)) < 1e-6 * eval_loss(one));  // each rank its tokens' share, summed over the ring
+    CHECK(std::abs(cp_eval_loss(r) - cp_eval_loss(one)) < 1e-6 * cp_eval_loss(one));  // each rank its tokens' share, summed over the ring
     CHECK(r.summary["mesh"]["cp"].get<int>() == n);
     CHECK(max_weight_diff(save, ref_save) < 1e-4);
     const auto& s = r.steps.back();
@@ -100,7 +100,7 @@ TEST_CASE("context parallel (ring attention): GPT-tiny and Llama-tiny train as o
     fs::remove(save);
   }
   // Llama's grouped-query heads: 2 kv heads of 16 travel, not the 4 repeats
-  TrainRun l2 = train_ranks(2, kLlama, kSets + "--set parallel.cp=2 --set parallel.strategy=ddp");
+  TrainRun l2 = train_ranks(2, kCpLlama, kCpSets + "--set parallel.cp=2 --set parallel.strategy=ddp");
   INFO(l2.out);
   REQUIRE(l2.code == 0);
   CHECK(max_rel_diff(l2.losses, l1.losses) < 1e-6);
@@ -113,16 +113,16 @@ TEST_CASE("context parallel (ring attention): GPT-tiny and Llama-tiny train as o
     int ranks;
     std::string sets;
   };
-  for (const With& w : {With{&kGpt, &one, 4, "--set parallel.cp=2 --set parallel.strategy=zero2 --set train.micro_batch=8 "},
-                        With{&kGpt, &one, 4, "--set parallel.cp=2 --set parallel.strategy=fsdp --set train.micro_batch=8 "},
-                        With{&kGpt, &one, 4, "--set parallel.cp=2 --set parallel.tp=2 --set parallel.strategy=ddp "},
-                        With{&kGpt, &one, 4, "--set parallel.cp=2 --set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=2 "
+  for (const With& w : {With{&kCpGpt, &one, 4, "--set parallel.cp=2 --set parallel.strategy=zero2 --set train.micro_batch=8 "},
+                        With{&kCpGpt, &one, 4, "--set parallel.cp=2 --set parallel.strategy=fsdp --set train.micro_batch=8 "},
+                        With{&kCpGpt, &one, 4, "--set parallel.cp=2 --set parallel.tp=2 --set parallel.strategy=ddp "},
+                        With{&kCpGpt, &one, 4, "--set parallel.cp=2 --set parallel.pp=2 --set parallel.strategy=ddp --set parallel.micro_batches=2 "
                                               "--set train.micro_batch=8 "},
-                        With{&kGpt, &one, 2, "--set parallel.cp=2 --set parallel.strategy=ddp --set train.activation_checkpointing=full "},
-                        With{&kLlama, &l1, 4, "--set parallel.cp=4 --set parallel.strategy=fsdp --set train.activation_checkpointing=selective_op "},
-                        With{&kLlama, &l1, 4, "--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.strategy=ddp "
+                        With{&kCpGpt, &one, 2, "--set parallel.cp=2 --set parallel.strategy=ddp --set train.activation_checkpointing=full "},
+                        With{&kCpLlama, &l1, 4, "--set parallel.cp=4 --set parallel.strategy=fsdp --set train.activation_checkpointing=selective_op "},
+                        With{&kCpLlama, &l1, 4, "--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.strategy=ddp "
                                               "--set train.activation_checkpointing=full "}}) {
-    TrainRun r = train_ranks(w.ranks, *w.cfg, kSets + w.sets);
+    TrainRun r = train_ranks(w.ranks, *w.cfg, kCpSets + w.sets);
     INFO(*w.cfg << " " << w.sets << "\n" << r.out);
     REQUIRE(r.code == 0);
     CHECK(max_rel_diff(r.losses, w.ref->losses) < 1e-6);
@@ -132,9 +132,9 @@ TEST_CASE("context parallel (ring attention): GPT-tiny and Llama-tiny train as o
 
 TEST_CASE("context parallel is bitwise repeatable, dropout on each rank's own tokens too", "[cp][train]") {
   const std::string sets = "--set train.steps=6 --set train.eval_batches=1 --set parallel.cp=2 --set parallel.strategy=ddp ";
-  TrainRun a = train_ranks(2, kGpt, sets);
-  TrainRun d1 = train_ranks(2, kGpt, sets + "--set model.dropout=0.1");
-  TrainRun d2 = train_ranks(2, kGpt, sets + "--set model.dropout=0.1");
+  TrainRun a = train_ranks(2, kCpGpt, sets);
+  TrainRun d1 = train_ranks(2, kCpGpt, sets + "--set model.dropout=0.1");
+  TrainRun d2 = train_ranks(2, kCpGpt, sets + "--set model.dropout=0.1");
   REQUIRE(a.code == 0);
   REQUIRE(d1.code == 0);
   CHECK(d1.losses == d2.losses);
@@ -145,7 +145,7 @@ TEST_CASE("context parallel memory per rank: activations / cp (Llama 3 8B at 32k
   std::vector<double> act, sent;
   for (int n : {1, 2, 4, 8}) {
     // one rank is flash attention; a CP rank's ring keeps what flash keeps (the output and the log-sum-exps)
-    TrainRun r = train_in_process(kLlama8b32k, {fmt::format("dist.fake_world_size={}", n), fmt::format("parallel.cp={}", n), "model.attention=flash"},
+    TrainRun r = train_in_process(kCpLlama8b32k, {fmt::format("dist.fake_world_size={}", n), fmt::format("parallel.cp={}", n), "model.attention=flash"},
                                   DeviceKind::meta);
     INFO("cp " << n << "\n" << r.out);
     REQUIRE(r.summary.contains("peak_memory"));
@@ -241,13 +241,13 @@ TEST_CASE("context parallel resumes bitwise: FSDP sharded over dp x cp, dropout,
   const std::string dir = cp_scratch("ck");
   const std::string sets = "--set train.steps=12 --set train.eval_batches=1 --set parallel.cp=2 --set parallel.strategy=fsdp --set model.dropout=0.1 "
                            "--set checkpoint.every=4 ";
-  TrainRun whole = train_ranks(2, kGpt, sets + "--set checkpoint.dir=" + dir + "-whole");
+  TrainRun whole = train_ranks(2, kCpGpt, sets + "--set checkpoint.dir=" + dir + "-whole");
   REQUIRE(whole.code == 0);
   REQUIRE(whole.losses.size() == 12);
   const std::string metrics = metrics_path("cp-cut");
   auto [code, out] = shell_in_source(fmt::format("DISTLAB_TEST_FAULT=kill:1:step:7 timeout 240 {} run -n 2 --threads-per-rank 1 --master-port 0 "
                                                  "--max-restarts 1 train {} --set train.log_every=1000 --metrics {} {} --set checkpoint.dir={}-cut",
-                                                 DISTLAB_BINARY, kGpt, metrics, sets, dir));
+                                                 DISTLAB_BINARY, kCpGpt, metrics, sets, dir));
   INFO(out);
   REQUIRE(code == 0);
   CHECK(out.find("resumed from") != std::string::npos);

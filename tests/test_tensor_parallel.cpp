@@ -22,7 +22,7 @@ using distlab::testing::run_ranks;
 
 namespace {
 
-std::vector<float> values(const Tensor& t) {
+std::vector<float> tp_values(const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   convert(t.data(), t.dtype(), v.data(), DType::f32, t.numel());
   return v;
@@ -112,9 +112,9 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
     Rng rng(7);
     whole.init(rng);
     Tensor x = random_shard_tensor(rt1, {B, in}, 1), dy = random_shard_tensor(rt1, {B, out}, 2);
-    const auto y_ref = values(whole.forward(rt1, x));
-    const auto dx_ref = values(whole.backward(rt1, dy));
-    const auto dw_ref = values(whole.weight.grad), db_ref = values(whole.bias.grad);
+    const auto y_ref = tp_values(whole.forward(rt1, x));
+    const auto dx_ref = tp_values(whole.backward(rt1, dy));
+    const auto dw_ref = tp_values(whole.weight.grad), db_ref = tp_values(whole.bias.grad);
 
     std::mutex mu;
     double worst = 0;  // over the ranks: what each checks of its own (CHECK stays on the test's thread)
@@ -125,12 +125,12 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
       col.load_slice(whole);
       const int64_t rows = out / t, first = tp.rank() * rows;
       Tensor xr = copy_in(rt, x);
-      const auto y = values(col.forward(rt, xr));  // (B, out/t): this rank's outputs
+      const auto y = tp_values(col.forward(rt, xr));  // (B, out/t): this rank's outputs
       Tensor dyr = rt.empty({B, rows}, Category::activations, "dy slice", DType::f32);
       for (int64_t i = 0; i < B; i++)
         for (int64_t j = 0; j < rows; j++) dyr.f32()[i * rows + j] = dy.f32()[i * out + first + j];
-      const auto dx = values(col.backward(rt, dyr));  // summed over the group: whole on every rank
-      const auto dw = values(col.local().weight.grad), db = values(col.local().bias.grad);
+      const auto dx = tp_values(col.backward(rt, dyr));  // summed over the group: whole on every rank
+      const auto dw = tp_values(col.local().weight.grad), db = tp_values(col.local().bias.grad);
       std::lock_guard<std::mutex> lock(mu);
       worst = std::max(worst, max_rel(dx, dx_ref));
       for (int64_t i = 0; i < B; i++)
@@ -153,13 +153,13 @@ TEST_CASE("column- and row-parallel Linear equal the whole nn.Linear: forward, d
       Tensor xr = rt.empty({B, cols}, Category::activations, "x slice", DType::f32);
       for (int64_t i = 0; i < B; i++)
         for (int64_t j = 0; j < cols; j++) xr.f32()[i * cols + j] = x.f32()[i * in + first + j];
-      const auto y = values(row.forward(rt, xr));  // summed over the group: whole on every rank
+      const auto y = tp_values(row.forward(rt, xr));  // summed over the group: whole on every rank
       Tensor dyr = copy_in(rt, dy);
-      const auto dx = values(row.backward(rt, dyr));
-      const auto dw = values(row.parameters()[0]->grad);
+      const auto dx = tp_values(row.backward(rt, dyr));
+      const auto dw = tp_values(row.parameters()[0]->grad);
       std::lock_guard<std::mutex> lock(mu);
       worst_y = std::max(worst_y, max_rel(y, y_ref));
-      worst_db = std::max(worst_db, max_rel(values(row.bias.grad), db_ref));
+      worst_db = std::max(worst_db, max_rel(tp_values(row.bias.grad), db_ref));
       for (int64_t i = 0; i < B; i++)
         for (int64_t j = 0; j < cols; j++) dx_row[size_t(i * in + first + j)] = dx[size_t(i * cols + j)];
       for (int64_t i = 0; i < out; i++)
@@ -181,8 +181,8 @@ TEST_CASE("an MLP split column -> GELU -> row equals the whole MLP, with one all
   proj.init(rng);
   GELU gelu;
   Tensor x = random_shard_tensor(rt1, {B, C}, 5), dy = random_shard_tensor(rt1, {B, C}, 6);
-  const auto y_ref = values(proj.forward(rt1, gelu.forward(rt1, fc.forward(rt1, x))));
-  const auto dx_ref = values(fc.backward(rt1, gelu.backward(rt1, proj.backward(rt1, dy))));
+  const auto y_ref = tp_values(proj.forward(rt1, gelu.forward(rt1, fc.forward(rt1, x))));
+  const auto dx_ref = tp_values(fc.backward(rt1, gelu.backward(rt1, proj.backward(rt1, dy))));
   for (int t : {2, 4}) {
     INFO(t << " TP ranks");
     std::mutex mu;
@@ -197,9 +197,9 @@ TEST_CASE("an MLP split column -> GELU -> row equals the whole MLP, with one all
       GELU g;
       Tensor xr = copy_in(rt, x), dyr = copy_in(rt, dy);
       tp.reset_counters();
-      const auto y = values(c_proj.forward(rt, g.forward(rt, c_fc.forward(rt, xr))));
+      const auto y = tp_values(c_proj.forward(rt, g.forward(rt, c_fc.forward(rt, xr))));
       const CommCounters fwd = tp.total_counters();
-      const auto dx = values(c_fc.backward(rt, g.backward(rt, c_proj.backward(rt, dyr))));
+      const auto dx = tp_values(c_fc.backward(rt, g.backward(rt, c_proj.backward(rt, dyr))));
       const CommCounters both = tp.total_counters();
       std::lock_guard<std::mutex> lock(mu);
       worst_y = std::max(worst_y, max_rel(y, y_ref));
@@ -249,9 +249,9 @@ TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole at
   init_normal(whole.c_proj.weight.data, rng, 0.2f);
   init_normal(whole.c_proj.bias.data, rng, 0.2f);
   Tensor x = random_shard_tensor(rt1, {B, T, C}, 21), dy = random_shard_tensor(rt1, {B, T, C}, 22);
-  const auto y_ref = values(whole.forward(rt1, x));
-  const auto dx_ref = values(whole.backward(rt1, dy));
-  const auto dwa_ref = values(whole.c_attn.weight.grad), dwp_ref = values(whole.c_proj.weight.grad);
+  const auto y_ref = tp_values(whole.forward(rt1, x));
+  const auto dx_ref = tp_values(whole.backward(rt1, dy));
+  const auto dwa_ref = tp_values(whole.c_attn.weight.grad), dwp_ref = tp_values(whole.c_proj.weight.grad);
   for (int t : {2, 4}) {
     INFO(t << " TP ranks");
     std::mutex mu;
@@ -262,9 +262,9 @@ TEST_CASE("attention with its heads split over 2 and 4 ranks equals the whole at
       ParallelSelfAttention attn(rt, tp, "transformer.h.0.attn", C, NH);
       attn.load_slice(whole);
       Tensor xr = copy_in(rt, x), dyr = copy_in(rt, dy);
-      const auto y = values(attn.forward(rt, xr));
-      const auto dx = values(attn.backward(rt, dyr));
-      const auto ga = values(attn.c_attn.local().weight.grad), gp = values(attn.c_proj.parameters()[0]->grad);
+      const auto y = tp_values(attn.forward(rt, xr));
+      const auto dx = tp_values(attn.backward(rt, dyr));
+      const auto ga = tp_values(attn.c_attn.local().weight.grad), gp = tp_values(attn.c_proj.parameters()[0]->grad);
       std::lock_guard<std::mutex> lock(mu);
       worst_y = std::max(worst_y, max_rel(y, y_ref));
       worst_dx = std::max(worst_dx, max_rel(dx, dx_ref));
@@ -301,17 +301,17 @@ TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole one
   whole.init(rng);
   std::vector<int32_t> tokens;
   for (int i = 0; i < B * T; i++) tokens.push_back(int32_t((i * 7 + 3) % V));
-  const auto e_ref = values(whole.forward(rt1, tokens, B, T));
+  const auto e_ref = tp_values(whole.forward(rt1, tokens, B, T));
   Tensor dy = random_shard_tensor(rt1, {B, T, C}, 32);
   whole.backward(rt1, dy);
-  const auto dwte_ref = values(whole.wte.grad), dwpe_ref = values(whole.wpe.grad);
+  const auto dwte_ref = tp_values(whole.wte.grad), dwpe_ref = tp_values(whole.wpe.grad);
   // the loss over random logits, one target ignored (-1) as nn.CrossEntropyLoss(ignore_index) does
   Tensor logits = random_shard_tensor(rt1, {B * T, V}, 33);
   std::vector<int32_t> targets = tokens;
   targets[3] = -1;
   CrossEntropyLoss ce;
   const double loss_ref = ce.forward(rt1, logits, targets);
-  const auto dlogits_ref = values(ce.backward(rt1, 0.5f));
+  const auto dlogits_ref = tp_values(ce.backward(rt1, 0.5f));
   for (int t : {2, 3, 4}) {
     INFO(t << " TP ranks");
     std::mutex mu;
@@ -322,7 +322,7 @@ TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole one
       Runtime rt;
       VocabParallelEmbedding emb(rt, tp, "transformer.", V, block, C);
       emb.load_slice(whole);
-      const auto e = values(emb.forward(rt, tokens, B, T));
+      const auto e = tp_values(emb.forward(rt, tokens, B, T));
       emb.backward(rt, copy_in(rt, dy));
       const int64_t cols = V / t, first = tp.rank() * cols;
       Tensor mine = rt.empty({B * T, cols}, Category::activations, "this rank's logits", DType::f32);
@@ -332,11 +332,11 @@ TEST_CASE("the vocabulary split: embedding and cross-entropy equal the whole one
       tp.reset_counters();
       const double loss = vce.forward(rt, mine, targets, first);
       const CommCounters c = tp.total_counters();
-      const auto d = values(vce.backward(rt, 0.5f));
-      const auto g = values(emb.wte.grad);
+      const auto d = tp_values(vce.backward(rt, 0.5f));
+      const auto g = tp_values(emb.wte.grad);
       std::lock_guard<std::mutex> lock(mu);
       worst_e = std::max(worst_e, max_rel(e, e_ref));
-      worst_dwpe = std::max(worst_dwpe, max_rel(values(emb.wpe.grad), dwpe_ref));
+      worst_dwpe = std::max(worst_dwpe, max_rel(tp_values(emb.wpe.grad), dwpe_ref));
       worst_loss = std::max(worst_loss, std::abs(loss - loss_ref) / loss_ref);
       std::copy(g.begin(), g.end(), dwte.begin() + first * C);
       for (int64_t n = 0; n < B * T; n++)
