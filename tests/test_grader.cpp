@@ -1029,7 +1029,7 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, no padding, no no_sync, offload's way back", "[grader][lab05]") {
+TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, a hard-coded order, no padding, no no_sync, offload's way back", "[grader][lab05]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/05-fsdp-1b/fsdp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
@@ -1047,20 +1047,26 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
                                            "  if (o.sync) finish_reductions(f, o);\n", "  finish_reductions(f, o);\n")},
       // every unit freed only when the whole backward is over: right numbers, and every parameter whole at
       // once (ZeRO-2's memory)
-      {"frees_at_end", replace(replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n", ""),
+      {"frees_at_end", replace(replace(replace(solution, "  if (o.reshard_after_forward && unit != root) reshard(f, unit);\n", ""),
                                        "  reshard(f, unit);\n  /// END SOLUTION", "  /// END SOLUTION"),
                                "  if (o.sync) finish_reductions(f, o);\n",
                                "  if (o.sync) finish_reductions(f, o);\n  for (int u = 0; u < f.num_units(); u++) reshard(f, u);\n")},
       // never freed at all: the views outlive the optimizer's step, and the next forward would read stale weights
-      {"never_frees", replace(replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n", ""),
+      {"never_frees", replace(replace(solution, "  if (o.reshard_after_forward && unit != root) reshard(f, unit);\n", ""),
                               "  reshard(f, unit);\n  /// END SOLUTION", "  /// END SOLUTION")},
       // the buffer freed, the unit still believed whole: its backward starts on views of a freed buffer
       {"view_after_free", replace(solution, "  u.flats.clear();\n  u.state = State::sharded;\n", "")},
       // every gather waited for on the spot: nothing overlaps
-      {"no_prefetch", replace(replace(solution, "    if (const int next = next_in(f.forward_order(), unit); next >= 0) start_gather(f, o, next);", "    {}"),
-                              "    if (const int next = next_in(f.backward_order(), unit); next >= 0) start_gather(f, o, next);", "    {}")},
+      {"no_prefetch", replace(replace(solution, "    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);", "    {}"),
+                              "    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);", "    {}")},
+      // a prefetch that reads a hard-coded order: the unit numbered one more (forward) or one less (backward),
+      // as if the numbers were the order. The grader draws them: it gathers units that do not run next
+      {"hard_coded_order", replace(replace(solution, "    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);",
+                                           "    if (const int next = unit + 1 < f.num_units() ? unit + 1 : -1; next >= 0) start_gather(f, o, next);"),
+                                   "    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);",
+                                   "    if (const int next = unit - 1; next >= 0) start_gather(f, o, next);")},
       // the root rule broken: the root is freed after forward, so backward starts with an exposed gather of it
-      {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);\n",
+      {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != root) reshard(f, unit);\n",
                              "  if (o.reshard_after_forward) reshard(f, unit);\n")},
       // no padding: a flat of an awkward size is split by integer division, and its last elements are nobody's
       {"no_padding", replace(solution, "  l.padded = (l.numel + world - 1) / world * world;", "  l.padded = l.numel;")},
@@ -1091,6 +1097,10 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK(rows["no_prefetch"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["no_prefetch"].points["fits_1b"] == 3);
   CHECK(rows["no_prefetch"].points["prefetch_overlaps"] == 0);
+  // the unit numbered one less has often run already: its gather is never waited for, and the run stops
+  // there (on the 1B's 20 units the drawn numbers are the order with odds 1/20!)
+  CHECK(rows["hard_coded_order"].points["prefetch_overlaps"] == 0);
+  CHECK(rows["hard_coded_order"].points["flat_layout"] == 2);
   CHECK(rows["frees_root"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["frees_root"].points["prefetch_overlaps"] == 0);
   CHECK(rows["no_padding"].points["flat_layout"] == 0);
@@ -1106,6 +1116,7 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK_THAT(read(feedback / "view_after_free.txt"), Catch::Contains("has no weights") && Catch::Contains("released in after_forward"));
   CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
   CHECK_THAT(read(feedback / "frees_root.txt"), Catch::Contains("root rule"));
+  CHECK_THAT(read(feedback / "hard_coded_order.txt"), Catch::Contains("was never waited for"));
   CHECK_THAT(read(feedback / "no_padding.txt"), Catch::Contains("don't split"));
   CHECK_THAT(read(feedback / "offload_never_copies_back.txt"), Catch::Contains("on the host (offload)"));
   CHECK_THAT(read(feedback / "padding_not_zeroed.txt"), Catch::Contains("(the padding)"));

@@ -238,7 +238,7 @@ void fuzz_lab(const std::string& lab, Tally& tally) {
       entries.push_back([&] { strategy->step(rt, *opt, 0.01f, 1.0f); });
       entries.push_back([&] { strategy->step(rt, *opt, 0.01f, 1.0f); });
     } else if (lab == "05-fsdp-1b") {
-      strategy = plugin.make_fsdp(pg, *model, rt, "full_shard", true, false);
+      strategy = plugin.make_fsdp(pg, *model, rt, "full_shard", true, false, 0);
       const int units = int(model->units().size());
       for (int u = 0; u < units; u++) {  // every hook its own entry
         entries.push_back([&, u] { strategy->before_forward(u); });

@@ -64,13 +64,16 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
   }
 }
 
+static uint64_t unit_seed(const RunConfig& cfg);  // lab.unit_seed (below)
+
 std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) {
   const StrategyKind st = cfg.parallel.strategy;
   if (plugin_->is("02") && st == StrategyKind::ddp) return plugin_->make_ddp(std::string(name_of(cfg.parallel.ddp_mode)), dp, model, rt, cfg.parallel.bucket_mb);
   if (plugin_->is("04") && st == StrategyKind::zero1) return plugin_->make_zero(1, dp, model, rt, cfg.optim.clip_grad_norm);
   if (plugin_->is("04") && st == StrategyKind::zero2) return plugin_->make_zero(2, dp, model, rt, cfg.optim.clip_grad_norm);
   if (plugin_->is("05") && st == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard)
-    return plugin_->make_fsdp(dp, model, rt, std::string(name_of(cfg.parallel.sharding)), cfg.parallel.prefetch, cfg.parallel.offload == OffloadTo::cpu);
+    return plugin_->make_fsdp(dp, model, rt, std::string(name_of(cfg.parallel.sharding)), cfg.parallel.prefetch, cfg.parallel.offload == OffloadTo::cpu,
+                              unit_seed(cfg));
   return nullptr;  // the engine's
 }
 
@@ -92,10 +95,28 @@ ConfigExtras lab_config_sections() {
                      {"ranks", "the ranks its checks use"},
                      {"plugin", "labs: the student's compiled code (default: the build of student/; none: the engine's)"},
                      {"sandbox", "labs: the plugin's process runs in bubblewrap: auto | require | off"},
+                     {"unit_seed", "lab 05: the unit numbers the plugin sees are drawn from it, not the model's order (default: from train.seed; "
+                                   "the grader draws one per grading)"},
                      {"memory_cgroup", "labs: a memory cgroup folder in which each rank's plugin gets a cgroup of its own, so that "
                                        "all it holds is measured (the grader sets it)"}};
   x.ignored_arrays = {"check"};  // the grader's checks
   return x;
+}
+
+// lab.unit_seed: what lab 05's unit numbers are drawn from (the grader draws it per grading); unset, from
+// train.seed, so a student's own runs number the units out of order too
+static uint64_t unit_seed(const RunConfig& cfg) {
+  const auto it = cfg.extra.find("lab.unit_seed");
+  if (it == cfg.extra.end()) return cfg.train.seed * 0x9E3779B97F4A7C15ULL + 5;
+  const std::string& v = it->second;
+  if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos)
+    throw ConfigError(fmt::format("{}: lab.unit_seed is '{}'", cfg.origin.count("lab.unit_seed") ? cfg.origin.at("lab.unit_seed") : cfg.source, v),
+                      "a whole number (0 to 18446744073709551615)");
+  try {
+    return std::stoull(v);
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("lab.unit_seed {} is past 18446744073709551615", v), "a smaller whole number");
+  }
 }
 
 std::string lab_name(const RunConfig& cfg) {

@@ -113,9 +113,9 @@ enum Fn : int64_t {
   kZero2Finish = 36,    // args: rank, size, #flats; payload: the flat table
   // lab 05
   kFsdpHook = 40,  // args: rank, size, hook (0 before_forward, 1 after_forward, 2 before_backward, 3 after_backward,
-                   // 4 finish_backward), unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync, 8 offload), #flats,
-                   // root; payload: per flat an int32 unit, int32 #params, then per parameter an int64 numel and its
-                   // name\0; then int32 count + the forward order, int32 count + the backward order
+                   // 4 finish_backward), unit, flags (1 reshard_after_forward, 2 prefetch, 4 sync, 8 offload), #flats;
+                   // payload: per flat an int32 unit, int32 #params, then per parameter an int64 numel and its name\0.
+                   // Units go by the numbers the trainer drew for this run (lab.unit_seed), not the model's order
   kFlatLayout = 41,  // args: world, #sizes; payload: int64 sizes; returns int64 numel, padded, shard, then the offsets
   // lab 07 (a snapshot: int64 rank, world, micro_batch, step, #params, #state names; the names\0; per param
   // an int64 numel and its name\0; int64 optimizer steps; per param per state name an int64 count and the

@@ -47,11 +47,24 @@ struct Reduction {
 };
 static std::vector<Reduction> reducing;
 
-// The unit after `unit` in `order`, or -1 (the last one, or no order recorded yet).
-static int next_in(const std::vector<int>& order, int unit) {
-  auto it = std::find(order.begin(), order.end(), unit);
-  return it == order.end() || it + 1 == order.end() ? -1 : *(it + 1);
-}
+// The execution order, learned as PyTorch FSDP learns it (its _ExecOrderData): the units in the order the
+// first forward (the first backward) reached them, a repeated call adding nothing, then fixed for the run.
+// The unit numbers say nothing of it: they are the modules' registration order (drawn per grading here).
+struct Order {
+  std::vector<int> units;
+  bool fixed = false;
+  void record(int unit) {
+    if (!fixed && (units.empty() || units.back() != unit)) units.push_back(unit);
+  }
+  // the unit after `unit`, or -1: the last one, or the first pass still running (its last unit is the
+  // one running now, and the next is not known yet)
+  int next(int unit) const {
+    auto it = std::find(units.begin(), units.end(), unit);
+    return it == units.end() || it + 1 == units.end() ? -1 : *(it + 1);
+  }
+};
+static Order forward_order, backward_order;
+static int root = -1;  // the first unit a forward reaches: its forward encloses every other's
 
 // Starts the unit's all-gathers (every flat's): each rank sends its part, everyone receives the padded
 // flat vector. Nothing when the unit is whole or on its way.
@@ -125,24 +138,28 @@ static void finish_reductions(Fsdp& f, const Options& o) {
 
 void before_forward(Fsdp& f, const Options& o, int unit) {
   /// BEGIN SOLUTION
+  if (root < 0) root = unit;
+  forward_order.record(unit);
   make_whole(f, o, unit);  // already on its way when the previous unit prefetched it
   if (o.prefetch)
-    if (const int next = next_in(f.forward_order(), unit); next >= 0) start_gather(f, o, next);  // overlaps this unit's forward
+    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);  // overlaps this unit's forward
   /// END SOLUTION
 }
 
 void after_forward(Fsdp& f, const Options& o, int unit) {
   /// BEGIN SOLUTION
   // FULL_SHARD: back to 1/N until backward needs it. Not the root: backward starts with it.
-  if (o.reshard_after_forward && unit != f.root()) reshard(f, unit);
+  if (o.reshard_after_forward && unit != root) reshard(f, unit);
   /// END SOLUTION
 }
 
 void before_backward(Fsdp& f, const Options& o, int unit) {
   /// BEGIN SOLUTION
+  forward_order.fixed = true;  // the first forward is over
+  backward_order.record(unit);
   make_whole(f, o, unit);  // freed after forward: gathered a second time
   if (o.prefetch)
-    if (const int next = next_in(f.backward_order(), unit); next >= 0) start_gather(f, o, next);
+    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);
   /// END SOLUTION
 }
 
@@ -169,6 +186,7 @@ void after_backward(Fsdp& f, const Options& o, int unit) {
 
 void finish_backward(Fsdp& f, const Options& o) {
   /// BEGIN SOLUTION
+  backward_order.fixed = true;  // the first backward is over
   if (o.sync) finish_reductions(f, o);
   /// END SOLUTION
 }

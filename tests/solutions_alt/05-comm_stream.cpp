@@ -8,7 +8,8 @@
 //    order things were started; no per-unit state machine: a unit is whole-or-arriving when it has an
 //    entry in `resident`, sharded otherwise.
 //  - Prefetch: once this unit is drained, the next unit of the recorded order is enqueued, and arrives
-//    while this one computes.
+//    while this one computes. The order is a log of the first step's hook calls (every before_forward and
+//    before_backward, in call order), from which the two orders are read; the root is the log's first unit.
 //  - Gradients: the whole flat gradient buffer is zeroed before the layers write their stretches (the
 //    padding is then 0, not NaN). after_backward drains everything started before (the previous unit's
 //    reduce-scatter, which overlapped this backward) before it enqueues its own: one reduction in flight.
@@ -120,15 +121,39 @@ void acquire(Fsdp& f, const Options& o, int unit, const std::vector<int>& order)
     if (const int next = next_after(order, unit); next >= 0) enqueue_gather(f, o, next);
 }
 
-}  // namespace
+// The first step's log: (true, unit) for a before_forward, (false, unit) for a before_backward, in call
+// order, until the first finish_backward; the orders are read from it
+std::vector<std::pair<bool, int>> g_log;
+bool g_logging = true;
+std::vector<int> g_fwd, g_bwd;
 
-void before_forward(Fsdp& f, const Options& o, int unit) { acquire(f, o, unit, f.forward_order()); }
-
-void after_forward(Fsdp& f, const Options& o, int unit) {
-  if (o.reshard_after_forward && unit != f.root()) release_unit(f, unit);  // the root: backward starts with it
+void log_call(bool forward, int unit) {
+  if (!g_logging) return;
+  g_log.emplace_back(forward, unit);
+  g_fwd.clear();
+  g_bwd.clear();
+  for (const auto& [fw, u] : g_log) {
+    std::vector<int>& order = fw ? g_fwd : g_bwd;
+    if (fw && !g_bwd.empty()) continue;  // a later micro-step's forward: the first one's order stands
+    if (order.empty() || order.back() != u) order.push_back(u);
+  }
 }
 
-void before_backward(Fsdp& f, const Options& o, int unit) { acquire(f, o, unit, f.backward_order()); }
+}  // namespace
+
+void before_forward(Fsdp& f, const Options& o, int unit) {
+  log_call(true, unit);
+  acquire(f, o, unit, g_fwd);
+}
+
+void after_forward(Fsdp& f, const Options& o, int unit) {
+  if (o.reshard_after_forward && unit != g_log.front().second) release_unit(f, unit);  // the root: backward starts with it
+}
+
+void before_backward(Fsdp& f, const Options& o, int unit) {
+  log_call(false, unit);
+  acquire(f, o, unit, g_bwd);
+}
 
 void after_backward(Fsdp& f, const Options& o, int unit) {
   if (o.sync) {
@@ -166,6 +191,7 @@ void after_backward(Fsdp& f, const Options& o, int unit) {
 
 void finish_backward(Fsdp& f, const Options& o) {
   (void)o;
+  g_logging = false;  // the first step's backward is over: the orders are known
   drain_all(f);  // every reduction kept
 }
 

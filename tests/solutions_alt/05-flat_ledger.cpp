@@ -5,8 +5,9 @@
 //    it; a unit is whole when all its flats are in the ledger. The layers view the buffer as soon as its
 //    gather starts: the contract only asks that no gather still writes it when the unit's compute starts,
 //    so the wait happens at the last moment, in before_forward / before_backward.
-//  - Prefetch: successor tables built once from the recorded orders (not searched on every call); the
-//    next unit's gathers start before this unit's wait.
+//  - Prefetch: successor tables learned as the first step runs (each hook's unit is the successor of the
+//    one before it, until that pass ends), then looked up; the next unit's gathers start before this
+//    unit's wait. The root: the unit the first hook ever named.
 //  - Gradients: the weights are released first, then the flat gradient is built, only its padding tail
 //    zeroed. A reduce-scatter is issued first and the OLDER ones waited for after it (a short queue).
 #include <algorithm>
@@ -47,21 +48,24 @@ struct Pending {  // a reduce-scatter in flight
 };
 std::deque<Pending> g_pending;
 
-// successor tables for the two recorded orders, rebuilt when an order changes
+// successor tables, learned while the first forward (backward) runs: a unit's successor is the unit the
+// next call names; then frozen
 struct Successors {
-  std::vector<int> seen;
   std::map<int, int> next;
-  int of(const std::vector<int>& order, int unit) {
-    if (order != seen) {
-      seen = order;
-      next.clear();
-      for (size_t i = 0; i + 1 < order.size(); i++) next[order[i]] = order[i + 1];
-    }
+  int last = -1;
+  bool frozen = false;
+  void saw(int unit) {
+    if (frozen || unit == last) return;
+    if (last >= 0) next[last] = unit;
+    last = unit;
+  }
+  int of(int unit) const {
     const auto it = next.find(unit);
     return it == next.end() ? -1 : it->second;
   }
 };
 Successors g_fwd, g_bwd;
+int g_root = -1;
 
 void gather(Fsdp& f, const Options& o, int unit) {
   for (int flat : f.flats(unit)) {
@@ -125,13 +129,21 @@ void settle(Fsdp& f, const Options& o, const Pending& p) {
 
 }  // namespace
 
-void before_forward(Fsdp& f, const Options& o, int unit) { need(f, o, unit, g_fwd.of(f.forward_order(), unit)); }
-
-void after_forward(Fsdp& f, const Options& o, int unit) {
-  if (o.reshard_after_forward && unit != f.root()) free_unit(f, unit);
+void before_forward(Fsdp& f, const Options& o, int unit) {
+  if (g_root < 0) g_root = unit;
+  g_fwd.saw(unit);
+  need(f, o, unit, g_fwd.of(unit));
 }
 
-void before_backward(Fsdp& f, const Options& o, int unit) { need(f, o, unit, g_bwd.of(f.backward_order(), unit)); }
+void after_forward(Fsdp& f, const Options& o, int unit) {
+  if (o.reshard_after_forward && unit != g_root) free_unit(f, unit);
+}
+
+void before_backward(Fsdp& f, const Options& o, int unit) {
+  g_fwd.frozen = true;
+  g_bwd.saw(unit);
+  need(f, o, unit, g_bwd.of(unit));
+}
 
 void after_backward(Fsdp& f, const Options& o, int unit) {
   free_unit(f, unit);  // the gradients live in the layers, not in the weights: free those first
@@ -152,6 +164,7 @@ void after_backward(Fsdp& f, const Options& o, int unit) {
 }
 
 void finish_backward(Fsdp& f, const Options& o) {
+  g_bwd.frozen = true;
   while (!g_pending.empty()) {
     settle(f, o, g_pending.front());
     g_pending.pop_front();

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "core/parallel/comm_buffers.h"
 #include "core/parallel/zero3.h"
@@ -35,16 +36,23 @@ const char* kind_name(Kind k) { return k == Kind::weights ? "weights" : k == Kin
 
 class LabFSDP : public ZeRO3 {
  public:
-  LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding)
+  LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding, uint64_t unit_seed)
       : ZeRO3(pg, model, rt, o, "fsdp (the student's, " + sharding + ")"), plugin_(plugin) {
     const size_t units = size_t(flats_.num_groups());  // lab 05 refuses wrapping: a group is a unit
+    // The numbers the plugin knows the units by: drawn from lab.unit_seed (the grader draws one per
+    // grading), as modules are numbered by registration and not by when they run. What the order is, the
+    // plugin learns from the calls (PyTorch FSDP's execution order, recorded on the first iteration).
+    ids_.resize(units);
+    for (size_t u = 0; u < units; u++) ids_[u] = int(u);
+    std::mt19937_64 draw(unit_seed);
+    for (size_t u = units; u > 1; u--) std::swap(ids_[u - 1], ids_[size_t(draw() % u)]);
     running_.assign(units, 0);
     done_.assign(units, false);
     kept_.assign(flats_.all().size(), false);
     part_handle_.assign(flats_.all().size(), 0);
     for (const auto& f : flats_.all()) largest_alloc_ += f.padded;
     for (const auto& f : flats_.all()) {  // what every hook call carries: the flats, their parameters
-      const int32_t unit = f.group, n = int32_t(f.params.size());
+      const int32_t unit = ids_[size_t(f.group)], n = int32_t(f.params.size());
       put(&unit, 4);
       put(&n, 4);
       for (const Parameter* p : f.params) {
@@ -66,7 +74,6 @@ class LabFSDP : public ZeRO3 {
 
   void before_forward(int unit) override {
     if (root_ < 0) root_ = unit;  // the first unit a forward reaches encloses the others (PyTorch's root)
-    fwd_order_.record(unit);
     hook(0, unit);
     require_weights(unit, "forward");
     running_[size_t(unit)]++;
@@ -78,12 +85,10 @@ class LabFSDP : public ZeRO3 {
   void begin_backward(bool sync) override {
     sync_ = sync;
     in_backward_ = true;
-    fwd_order_.freeze();
     done_.assign(done_.size(), false);
     kept_.assign(kept_.size(), false);
   }
   void before_layer_backward(int unit) override {
-    bwd_order_.record(unit);
     hook(2, unit);
     require_weights(unit, "backward");
     running_[size_t(unit)]++;
@@ -96,7 +101,6 @@ class LabFSDP : public ZeRO3 {
   void finish_backward(Runtime&) override {
     hook(4, -1);
     in_backward_ = false;
-    bwd_order_.freeze();
     if (!works_.empty()) {
       const auto& [id, w] = *works_.begin();
       throw fsdp_error(fmt::format("finish_backward returned and work {} ({} of buffer {} into buffer {}, started in {}) was never waited for",
@@ -110,12 +114,12 @@ class LabFSDP : public ZeRO3 {
         if (p->grad.defined())
           throw fsdp_error(fmt::format("backward is over and {}'s gradient (flat {}, unit {}) was never taken: the optimizer would step "
                                       "without it",
-                                      p->name, i, f.group),
+                                      p->name, i, id(f.group)),
                           "after a unit's backward, take every parameter's gradient into the flat gradient you reduce-scatter");
       if (!kept_[i])
         throw fsdp_error(fmt::format("finish_backward returned and flat {} (unit {}) has no gradient part kept: the optimizer would step "
                                     "its part without a gradient",
-                                    i, f.group),
+                                    i, id(f.group)),
                         "keep_grad(flat, reduced part) once per flat per step, before finish_backward returns");
     }
   }
@@ -161,21 +165,12 @@ class LabFSDP : public ZeRO3 {
 
   void hook(int which, int unit) {
     static const char* names[5] = {"before_forward", "after_forward", "before_backward", "after_backward", "finish_backward"};
-    during_ = which == 4 ? std::string("finish_backward") : fmt::format("{}({})", names[which], unit);
+    during_ = which == 4 ? std::string("finish_backward") : fmt::format("{}({})", names[which], id(unit));
     hook_calls_++;
-    std::vector<char> in = table_;
-    for (const auto* order : {&fwd_order_.units(), &bwd_order_.units()}) {
-      const int32_t n = int32_t(order->size());
-      in.insert(in.end(), reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 4);
-      for (int u : *order) {
-        const int32_t v = u;
-        in.insert(in.end(), reinterpret_cast<const char*>(&v), reinterpret_cast<const char*>(&v) + 4);
-      }
-    }
     const int64_t flags = (o_.reshard_after_forward ? 1 : 0) | (o_.prefetch ? 2 : 0) | (sync_ ? 4 : 0) | (o_.offload ? 8 : 0);
     const LabPlugin::Serve serve = [this](const wire::Frame& f, std::vector<char>& payload) { serve_request(f, payload); };
-    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, unit, flags, int64_t(flats_.all().size()), root_}, in.data(),
-                 in.size(), &pg_, &rt_, names[which], serve);
+    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, which == 4 ? -1 : id(unit), flags, int64_t(flats_.all().size())},
+                 table_.data(), table_.size(), &pg_, &rt_, names[which], serve);
   }
 
   // When unit's forward or backward starts: every parameter has weights, all-gathered and waited for.
@@ -185,7 +180,7 @@ class LabFSDP : public ZeRO3 {
       for (const Parameter* p : f.params) {
         if (!p->data.defined()) {
           const auto lost = lost_.find(p);
-          throw fsdp_error(fmt::format("unit {}'s {} starts and {} has no weights: {}", unit, what, p->name,
+          throw fsdp_error(fmt::format("unit {}'s {} starts and {} has no weights: {}", id(unit), what, p->name,
                                       lost != lost_.end() ? lost->second : "no view of a gathered buffer was ever set"),
                           what == std::string("backward") ? "under FULL_SHARD a unit's weights are freed after its forward: its backward needs them again"
                                                           : "before_forward makes the unit whole: gathered, waited for, its parameters viewing the buffer");
@@ -194,7 +189,7 @@ class LabFSDP : public ZeRO3 {
         if (v == viewing_.end()) continue;  // weights the engine gathered (a save)
         const int b = v->second;
         if (const int w = bufs_.at(b).writing)
-          throw fsdp_error(fmt::format("unit {}'s {} starts and {} views buffer {}, which work {} (an all_gather) is still writing", unit, what,
+          throw fsdp_error(fmt::format("unit {}'s {} starts and {} views buffer {}, which work {} (an all_gather) is still writing", id(unit), what,
                                       p->name, b, w),
                           "wait(work) before the unit computes: an all_gather's output is there only once it is waited for");
       }
@@ -288,7 +283,7 @@ class LabFSDP : public ZeRO3 {
           Parameter* p = it->first;
           const int unit = unit_of(p);
           if (running_[size_t(unit)] > 0)
-            throw fsdp_error(fmt::format("release({}) in {} while unit {}'s {} is running: {} views that buffer", a[0], during_, unit,
+            throw fsdp_error(fmt::format("release({}) in {} while unit {}'s {} is running: {} views that buffer", a[0], during_, id(unit),
                                         done_[size_t(unit)] || in_backward_ ? "backward" : "forward", p->name),
                             "a unit's weights are freed in its after_ hooks, or later: never between before_ and after_");
           if (unit == root_ && !in_backward_) root_freed_++;
@@ -359,7 +354,7 @@ class LabFSDP : public ZeRO3 {
         in_range(b, a[2], a[3], p->data.numel(), "view");
         const int unit = unit_of(p);
         if (running_[size_t(unit)] > 0)
-          throw fsdp_error(fmt::format("view of {} in {} while unit {} is running", p->name, during_, unit));
+          throw fsdp_error(fmt::format("view of {} in {} while unit {} is running", p->name, during_, id(unit)));
         p->data = b.t.slice(a[3], p->data.shape());
         viewing_[p] = int(a[2]);
         lost_.erase(p);
@@ -373,7 +368,7 @@ class LabFSDP : public ZeRO3 {
           throw fsdp_error(fmt::format("take_grad of {} in {} on an accumulation micro-step", p->name, during_),
                           "o.sync is false: the layers' gradients add up until the last micro-step (no_sync); take them then");
         if (!done_[size_t(unit)] || running_[size_t(unit)] > 0)
-          throw fsdp_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, unit),
+          throw fsdp_error(fmt::format("take_grad of {} in {}: unit {}'s backward is not done", p->name, during_, id(unit)),
                           "a unit's gradients are complete in its after_backward");
         if (b.kind != Kind::grads) throw fsdp_error(fmt::format("take_grad of {} in {} into buffer {}, a {} buffer: gradients go into a grads buffer", p->name, during_, a[2], kind_name(b.kind)));
         if (b.busy) throw fsdp_error(fmt::format("take_grad in {}: buffer {} is in use by a collective not yet waited for", during_, a[2]), "wait(work) first");
@@ -510,6 +505,8 @@ class LabFSDP : public ZeRO3 {
   int next_buf_ = 1;
   int64_t next_work_ = 1, hook_calls_ = 0;
   int root_ = -1;
+  std::vector<int> ids_;  // the plugin's number of each unit (drawn), by the engine's
+  int id(int unit) const { return unit >= 0 && size_t(unit) < ids_.size() ? ids_[size_t(unit)] : unit; }
   int64_t ahead_ = 0, root_freed_ = 0, allocs_ = 0, largest_alloc_ = 0;
   int64_t live_ = 0;  // elements in the student's buffers now (its parts' handles not counted)
   bool in_backward_ = false;
@@ -518,8 +515,9 @@ class LabFSDP : public ZeRO3 {
 }  // namespace
 
 std::unique_ptr<Strategy> LabPlugin::make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch,
-                                               bool offload) {
-  return std::make_unique<LabFSDP>(*this, pg, model, rt, ShardedOptions{sharding != "shard_grad_op", prefetch, offload, 0}, sharding);
+                                               bool offload, uint64_t unit_seed) {
+  return std::make_unique<LabFSDP>(*this, pg, model, rt, ShardedOptions{sharding != "shard_grad_op", prefetch, offload, 0}, sharding,
+                                   unit_seed);
 }
 
 }  // namespace distlab

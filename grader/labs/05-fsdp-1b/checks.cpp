@@ -102,6 +102,14 @@ std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
+// A student's job: its units numbered as this grading drew them (lab.unit_seed), so the order they run in is
+// what the plugin learned, never what it assumed
+std::vector<std::string> numbered(CheckContext& ctx, std::vector<std::string> sets) {
+  auto rng = ctx.rng({5, 9});
+  sets.push_back(fmt::format("lab.unit_seed={}", uint64_t(rng())));
+  return sets;
+}
+
 double worst_rel(const Job& ref, const Job& mine, size_t& at) {
   double worst = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
   for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
@@ -118,7 +126,7 @@ CheckResult follows_ddp(CheckContext& ctx, int ranks, const std::string& shardin
   const Job& ref = job(ctx, fmt::format("ddp-fp32-{}{}", ranks, ref_too ? "-" + tag : ""), ranks, false,
                        plus(with(kFp32, "parallel.strategy=ddp"), ref_too ? more : std::vector<std::string>{}));
   const Job& mine = job(ctx, fmt::format("{}{}-fp32-{}", sharding, tag.empty() ? "" : "-" + tag, ranks), ranks, true,
-                        plus(with(kFp32, "parallel.sharding=" + sharding), more), true);
+                        numbered(ctx, plus(with(kFp32, "parallel.sharding=" + sharding), more)), true);
   const std::string setup = fmt::format("{}{} on {} ranks", sharding, tag.empty() ? "" : " with " + tag, ranks);
   if (!mine.ok) return {false, setup + ": every rank ends with the same weights", "the replicas diverged", ""};
   size_t at = 0;
@@ -148,7 +156,7 @@ CheckResult shard_grad_op(CheckContext& ctx) {
   if (!r.passed) return r;
   const auto sets = with(kFp32, "parallel.sharding=shard_grad_op");
   const Job& ref = job(ctx, "ref:shard_grad_op-fp32-2", 2, false, sets);  // the engine's SHARD_GRAD_OP (the student job's reference)
-  const Job& mine = job(ctx, "shard_grad_op-fp32-2", 2, true, sets, true);
+  const Job& mine = job(ctx, "shard_grad_op-fp32-2", 2, true, numbered(ctx, sets), true);
   const double want = bytes_per_step(ref), got = bytes_per_step(mine);
   if (std::abs(got / want - 1) <= 0.01) return {true, "", "", fmt::format("{:.0f} bytes per step", got)};
   return {false, fmt::format("shard_grad_op on 2 ranks: {:.0f} bytes per step (one all-gather per unit, and the reduce-scatter)", want),
@@ -181,7 +189,7 @@ CheckResult fits_1b(CheckContext& ctx) {
   const double gib = double(1 << 30);
   const Job* got = nullptr;
   try {
-    got = &job(ctx, "fsdp-1b", 1, true, k1b);
+    got = &job(ctx, "fsdp-1b", 1, true, numbered(ctx, k1b));
   } catch (const CheckAbort& e) {
     const std::string why = e.what();
     if (why.find("out of memory") == std::string::npos) throw;
@@ -210,7 +218,7 @@ CheckResult fits_1b(CheckContext& ctx) {
 CheckResult prefetch_overlaps(CheckContext& ctx) {
   const Job& with_prefetch = job(ctx, "ref:fsdp-1b", 1, false, k1b);
   const Job& without = job(ctx, "fsdp-1b-no-prefetch", 1, false, with(k1b, "parallel.prefetch=false"));
-  const Job& mine = job(ctx, "fsdp-1b", 1, true, k1b);
+  const Job& mine = job(ctx, "fsdp-1b", 1, true, numbered(ctx, k1b));
   const double want = with_prefetch.summary.value("modeled_exposed_comm_s", 0.0), none = without.summary.value("modeled_exposed_comm_s", 0.0);
   const double got = mine.summary.value("modeled_exposed_comm_s", 0.0);
   const std::string detail = fmt::format("exposed communication per step: the engine's FSDP with prefetch {:.2f} ms, without {:.2f} ms; "
@@ -223,14 +231,17 @@ CheckResult prefetch_overlaps(CheckContext& ctx) {
   if (mine.summary["strategy_report"].value("root_freed_after_forward", int64_t(0)) > 0)
     bad.hint = "the root unit was freed after its forward, so backward starts by gathering it again with nothing to hide behind: PyTorch's "
                "root rule keeps the root whole from forward to backward (never reshard it after forward)";
+  else if (mine.summary["strategy_report"].value("gathers_requested_ahead", int64_t(0)) > 0)
+    bad.hint = "you gathered units ahead, and the wait was still exposed: were they the units that ran next? A unit's number is not its place "
+               "in the run (the grader draws the numbers for every grading); the order is the one the first step's hooks were called in";
   return bad;
 }
 
 CheckResult offload_tradeoff(CheckContext& ctx) {
   CheckResult same = follows_ddp(ctx, 2, "full_shard", "offload", {"parallel.offload=cpu"});
   if (!same.passed) return same;
-  const Job& plain = job(ctx, "fsdp-1b", 1, true, k1b);
-  const Job& off = job(ctx, "fsdp-1b-offload", 1, true, with(k1b, "parallel.offload=cpu"));
+  const Job& plain = job(ctx, "fsdp-1b", 1, true, numbered(ctx, k1b));
+  const Job& off = job(ctx, "fsdp-1b-offload", 1, true, numbered(ctx, with(k1b, "parallel.offload=cpu")));
   const double gib = double(1 << 30);
   const double host = off.summary["peak_memory"].value("host", 0.0);
   const std::string detail =

@@ -1,6 +1,7 @@
 // Lab 05's host: the student's FSDP. flat_layout is asked directly. Each hook call carries the unit, the
-// options and what the Fsdp answers locally (the flats, their parameters' sizes and names, the root, the
-// recorded orders); every buffer, copy, collective and view is a request the trainer runs on its own memory
+// options and what the Fsdp answers locally (the flats, their units, their parameters' sizes and names — not
+// the order the units run in, nor the root: the plugin learns those); every buffer, copy, collective and view
+// is a request the trainer runs on its own memory
 // and process group (bridge.cpp, beside this file), checks, counts and answers.
 // Read next: grader/host/host.h (what every lab's host shares).
 #include <dlfcn.h>
@@ -27,13 +28,6 @@ struct Flat {
 };
 
 struct LabReader : Reader {  // the lab's records on top of take<T>() (host.h)
-  std::vector<int> order() {
-    const int32_t n = take<int32_t>();
-    if (n < 0 || n > 1 << 20) _exit(3);
-    std::vector<int> v;
-    for (int32_t k = 0; k < n; k++) v.push_back(take<int32_t>());
-    return v;
-  }
   std::string cstr() {
     const void* end = at < in.size() ? std::memchr(in.data() + at, 0, in.size() - at) : nullptr;
     if (!end) _exit(3);
@@ -49,8 +43,7 @@ void append(std::vector<char>& out, const void* p, size_t n) {
 
 class RemoteFsdp : public lab05::Fsdp {
  public:
-  RemoteFsdp(int rank, int world, std::vector<Flat> flats, int root, std::vector<int> fwd, std::vector<int> bwd)
-      : rank_(rank), world_(world), flats_(std::move(flats)), root_(root), fwd_(std::move(fwd)), bwd_(std::move(bwd)) {
+  RemoteFsdp(int rank, int world, std::vector<Flat> flats) : rank_(rank), world_(world), flats_(std::move(flats)) {
     for (const Flat& f : flats_) units_ = std::max(units_, f.unit + 1);
   }
   int rank() const override { return rank_; }
@@ -71,9 +64,6 @@ class RemoteFsdp : public lab05::Fsdp {
                               std::to_string(f.name.size()) + " parameters");
     return f.name[size_t(k)];
   }
-  int root() const override { return root_; }
-  const std::vector<int>& forward_order() const override { return fwd_; }
-  const std::vector<int>& backward_order() const override { return bwd_; }
 
   lab05::Buffer alloc(int64_t n, lab05::Kind kind) override { return handle(labproto::kFsdpAlloc, {n, int64_t(kind)}); }
   void release(lab05::Buffer b) override { request(labproto::kFsdpRelease, {b}); }
@@ -113,8 +103,7 @@ class RemoteFsdp : public lab05::Fsdp {
   }
   int rank_, world_;
   std::vector<Flat> flats_;
-  int root_, units_ = 0;
-  std::vector<int> fwd_, bwd_;
+  int units_ = 0;
 };
 
 }  // namespace
@@ -136,7 +125,7 @@ int serve_lab05(void* plugin) {
       append(out, l.offset.data(), l.offset.size() * 8);
       return true;
     }
-    const int64_t rank = f.arg[1], size = f.arg[2], hook = f.arg[3], unit = f.arg[4], flags = f.arg[5], nflats = f.arg[6], root = f.arg[7];
+    const int64_t rank = f.arg[1], size = f.arg[2], hook = f.arg[3], unit = f.arg[4], flags = f.arg[5], nflats = f.arg[6];
     if (f.arg[0] != labproto::kFsdpHook || hook < 0 || hook > 4 || nflats < 0 || nflats > 1 << 20) return false;
     LabReader r{{in}};
     std::vector<Flat> flats(static_cast<size_t>(nflats));
@@ -149,9 +138,7 @@ int serve_lab05(void* plugin) {
         fl.name.push_back(r.cstr());
       }
     }
-    std::vector<int> fwd = r.order();
-    std::vector<int> bwd = r.order();
-    RemoteFsdp fs(int(rank), int(size), std::move(flats), int(root), std::move(fwd), std::move(bwd));
+    RemoteFsdp fs(int(rank), int(size), std::move(flats));
     lab05::Options o;
     o.reshard_after_forward = flags & 1;
     o.prefetch = flags & 2;
