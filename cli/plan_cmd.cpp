@@ -280,7 +280,8 @@ int run_plan(const PlanArgs& a) {
   // checkpointing — tensor parallel with sequence parallel inside a node, context parallel (ring attention),
   // and both, as Llama 3's long-context stage ran (chapter 8). k = tp·cp ranks share each sequence, so such a
   // row accumulates k micro-batches a step: every row's step is the same batch of gpus × micro-batch sequences.
-  const int64_t seq = a.seq > 0 ? a.seq : parse_config(toml, label, a.sets, {}, lab_config_sections()).data.seq_len;
+  const RunConfig user_cfg = parse_config(toml, label, a.sets, {}, lab_config_sections());  // the model and the user's --set
+  const int64_t seq = a.seq > 0 ? a.seq : user_cfg.data.seq_len;
   if (is_language_model(spec) && a.finetune == "full" && a.gpus > 1 && seq >= 16384) {
     const int64_t kv = spec.name == "llama" && spec.n_kv_head > 0 ? spec.n_kv_head : spec.n_head;
     auto largest_split = [&](int64_t limit, auto&& ok) {  // the largest power of two <= limit that ok() accepts
@@ -300,14 +301,14 @@ int run_plan(const PlanArgs& a) {
       return extra;
     };
     if (spec.attention != AttentionKernel::flash) rows.push_back({"FSDP + flash + AC", "fsdp+flash+full", with({})});
-    auto accum = [](int64_t k) { return fmt::format("train.accum_steps={}", k); };
+    auto accum = [&](int64_t k) { return fmt::format("train.accum_steps={}", k * user_cfg.train.accum_steps); };
     if (t > 1)
       rows.push_back({fmt::format("FSDP + TP{} + SP", t), "fsdp+tp+sp+full",
                       with({fmt::format("parallel.tp={}", t), "parallel.sequence_parallel=true", accum(t)})});
     if (const int64_t c = cp_for(a.gpus); c > 1)
       rows.push_back({fmt::format("FSDP + CP{}", c), "fsdp+cp+full", with({fmt::format("parallel.cp={}", c), accum(c)})});
     if (t > 1)
-      if (const int64_t c = cp_for(a.gpus / t); c > 1)
+      if (const int64_t c = cp_for(a.gpus / t); c > 1 && (seq / c) % t == 0)
         rows.push_back({fmt::format("FSDP+TP{}+SP+CP{}", t, c), "fsdp+tp+sp+cp+full",
                         with({fmt::format("parallel.tp={}", t), "parallel.sequence_parallel=true", fmt::format("parallel.cp={}", c), accum(t * c)})});
   }
@@ -337,7 +338,9 @@ int run_plan(const PlanArgs& a) {
   std::string pick, reason;  // the decision tree's rung and why
   // (--finetune lora, qlora) after a full replica, the tree's second question: does LoRA fit one card, or in 4 bits?
   for (const char* rung : {"ddp", "none", "lora+one", "lora+one+full", "qlora+one", "qlora+one+full", "none+selective", "none+selective_op", "none+full", "zero2", "fsdp",
-                           "fsdp+selective", "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full"})
+                           "fsdp+selective", "fsdp+selective_op", "fsdp+full", "fsdp+offload", "fsdp+offload+full",
+                           // a sequence too long for one card: its tokens split, TP + SP inside a node first, then CP
+                           "fsdp+tp+sp+full", "fsdp+cp+full", "fsdp+tp+sp+cp+full"})
     for (const PlanRow& r : rows)
       if (pick.empty() && r.strategy == rung && r.fits) pick = r.label;
   auto row = [&](const std::string& s) -> const PlanRow* {
@@ -398,6 +401,27 @@ int run_plan(const PlanArgs& a) {
   } else if (pick == "FSDP+offload+AC") {
     reason = fmt::format("FSDP with offload still needs {} per GPU; with full activation checkpointing too, {}", need(row("fsdp+offload")),
                          need(row("fsdp+offload+full")));
+  } else if (const PlanRow* r = [&]() -> const PlanRow* {
+               for (const PlanRow& x : rows)
+                 if (x.label == pick && x.strategy.find("+sp+") != std::string::npos) return &x;
+               for (const PlanRow& x : rows)
+                 if (x.label == pick && x.strategy == "fsdp+cp+full") return &x;
+               return nullptr;
+             }()) {
+    const std::string before = need(row("fsdp+offload+full") ? row("fsdp+offload+full") : row("fsdp+full"));
+    reason = r->strategy == "fsdp+tp+sp+full"
+                 ? fmt::format("one sequence of {} tokens: FSDP with full checkpointing (and offload) still needs {} per GPU; tensor parallel with "
+                               "sequence parallelism splits each sequence's activations over the ranks of a node (an all-gather and a "
+                               "reduce-scatter for each split layer)",
+                               seq, before)
+             : r->strategy == "fsdp+cp+full"
+                 ? fmt::format("one sequence of {} tokens: FSDP with full checkpointing (and offload) still needs {} per GPU, and TP + SP within "
+                               "a node {}; context parallelism splits each sequence over the ranks (ring attention: the keys and values "
+                               "travel while the blocks compute)",
+                               seq, before, row("fsdp+tp+sp+full") ? need(row("fsdp+tp+sp+full")) : "is not possible")
+                 : fmt::format("one sequence of {} tokens: neither TP + SP within a node nor CP alone fits; both together split each "
+                               "sequence over tp x cp ranks",
+                               seq);
   } else {
     pick = "none fits";
     reason = seq >= 16384 ? "the sequence's activations: split its tokens, sequence or context parallelism (the TP + SP and CP rows, chapter 8)"

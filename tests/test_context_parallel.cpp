@@ -190,6 +190,9 @@ strategy = "ddp"
   fails(gpt, {"parallel.cp=2", "data.seq_len=62", "model.block_size=62"}, "the sequence cuts into 2 x cp = 4 equal chunks");
   fails(gpt, {"parallel.cp=0"}, "parallel.cp");
   fails(gpt, {"parallel.cp=3", "data.seq_len=60"}, "parallel.cp 3 does not divide the 2 ranks");
+  fails(gpt, {"parallel.cp=2", "parallel.tp=4", "dist.fake_world_size=6"}, "6 ranks do not split into parallel.dp ? x parallel.tp 4 x parallel.pp 1 x "
+                                                                              "parallel.cp 2: 8 does not divide 6");
+  fails(gpt, {"parallel.cp=2", "parallel.strategy=none"}, "2 ranks hold the same weights (parallel.cp 2)");
   fails(gpt, {"parallel.cp=2", "parallel.tp=4", "dist.fake_world_size=8", "parallel.sequence_parallel=true", "data.seq_len=20",
               "model.block_size=20"},
         "data.seq_len 20 / parallel.cp 2 does not split over parallel.tp 4");
@@ -233,8 +236,9 @@ TEST_CASE("distlab plan at long sequences: rows that split the tokens (TP + SP, 
   const double act = (*full)["peak_memory"]["activations"].get<double>();
   CHECK((*cp)["peak_memory"]["activations"].get<double>() == Approx(act / 8).epsilon(0.02));
   CHECK((*tp)["peak_memory"]["activations"].get<double>() == Approx(act / 8).epsilon(0.02));
-  CHECK(long_seq["recommendation"] == "FSDP + CP8");
-  CHECK(long_seq["decision_tree_reason"].get<std::string>().find("context parallelism") != std::string::npos);
+  CHECK(long_seq["recommendation"] == "FSDP + CP8");  // the fastest that fits
+  CHECK(long_seq["decision_tree"] == "FSDP + TP8 + SP");  // the tree's rung: TP + SP inside a node first
+  CHECK(long_seq["decision_tree_reason"].get<std::string>().find("sequence parallelism") != std::string::npos);
 }
 
 TEST_CASE("context parallel resumes bitwise: FSDP sharded over dp x cp, dropout, rank 1 killed mid-run", "[cp][ckpt]") {

@@ -200,7 +200,7 @@ const std::vector<Key>& keys() {
       CHOICE("parallel.sharding", parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard", ""),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),
-      KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (tp x pp)); the strategy above works over them"),
+      KEY("parallel.dp", Kind::integer, int64_t, parallel.dp, "data-parallel ranks (0 = the world / (cp x tp x pp)); the strategy above works over them (and over the cp ranks with them)"),
       KEY("parallel.tp", Kind::integer, int64_t, parallel.tp, "tensor-parallel ranks: a GPT's or Llama's heads, MLP and vocabulary split over them (Megatron-LM; consecutive ranks)"),
       KEY("parallel.sequence_parallel", Kind::boolean, bool, model.sequence_parallel, "tp > 1: Megatron's sequence parallelism: the residual stream, its LayerNorms and dropouts split by rows too (all-gather + reduce-scatter for each all-reduce)"),
       KEY("parallel.cp", Kind::integer, int64_t, parallel.cp, "context-parallel ranks: each holds 1/cp of every sequence (two chunks, load-balanced); attention goes round their ring (gpt, llama)"),

@@ -36,6 +36,22 @@ Batch context_shard(const Batch& whole, int n, int rank) {
   return b;
 }
 
+// A posted exchange: waited for before its buffers go, also when a block's math throws (the group's thread
+// would otherwise still be writing into freed memory)
+struct Posted {
+  std::shared_ptr<Work> w;
+  void wait() {
+    auto x = std::move(w);
+    if (x) x->wait();
+  }
+  ~Posted() {
+    if (w) try {
+        w->wait();
+      } catch (...) {  // the error that is unwinding is the one to report
+      }
+  }
+};
+
 // The distinct kv heads of qkv's (B, Tl, 3C) row, side by side: kv head j is repeated head j·group
 static void pack_kv(float* kv, const float* qkv, int64_t rows, int64_t C, int64_t hs, int64_t group, int64_t ld) {
   const int64_t KV = C / hs / group;
@@ -59,8 +75,8 @@ void RingAttention::forward(Runtime& rt, const Tensor& qkv, int64_t NH, int64_t 
   if (!rt.is_meta()) pack_kv(kv.f32(), q.p, B * Tl, C, hs, group, 2 * Ckv);
   for (int s = 0; s < n; s++) {
     // pass the block on and take the previous rank's while this one's math runs (both only read it)
-    std::shared_ptr<Work> exchange;
-    if (s < n - 1) exchange = cp_.send_recv_async(kv.f32(), kv.numel(), next, 0, arriving.f32(), arriving.numel(), prev, 0);
+    Posted exchange;
+    if (s < n - 1) exchange.w = cp_.send_recv_async(kv.f32(), kv.numel(), next, 0, arriving.f32(), arriving.numel(), prev, 0);
     const std::vector<int32_t> kpos = positions_of((r + n - s) % n, Tl);  // the block of rank r − s
     const float* k = kv.f32();
     if (s == 0)
@@ -69,8 +85,8 @@ void RingAttention::forward(Runtime& rt, const Tensor& qkv, int64_t NH, int64_t 
       attention_block_forward(rt, out_b.f32(), lse_b.f32(), q.p, 3 * C, k, k + Ckv, 2 * Ckv, qpos.data(), kpos.data(), B, Tl, Tl, C, NH, group);
       attention_merge(rt, yf.p, lse.f32(), out_b.f32(), lse_b.f32(), B, Tl, C, NH);
     }
-    if (exchange) {
-      exchange->wait();
+    if (s < n - 1) {
+      exchange.wait();
       std::swap(kv, arriving);
     }
   }
@@ -97,28 +113,28 @@ void RingAttention::backward(Runtime& rt, const Tensor& dy, const Tensor& qkv, c
     std::memset(dq.p, 0, sizeof(float) * size_t(B * Tl * 3 * C));
     pack_kv(kv.f32(), q.p, B * Tl, C, hs, group, 2 * Ckv);
   }
-  std::shared_ptr<Work> grads;  // the previous block's dk, dv on their way
+  Posted grads;  // the previous block's dk, dv on their way
   for (int s = 0; s < n; s++) {
-    std::shared_ptr<Work> exchange;
-    if (s < n - 1) exchange = cp_.send_recv_async(kv.f32(), kv.numel(), next, 0, kv_in.f32(), kv_in.numel(), prev, 0);
+    Posted exchange;
+    if (s < n - 1) exchange.w = cp_.send_recv_async(kv.f32(), kv.numel(), next, 0, kv_in.f32(), kv_in.numel(), prev, 0);
     const std::vector<int32_t> kpos = positions_of((r + n - s) % n, Tl);
     const float* k = kv.f32();
     if (!rt.is_meta()) std::memset(dkv.f32(), 0, sizeof(float) * size_t(dkv.numel()));
     attention_block_backward(rt, dq.p, 3 * C, dkv.f32(), dkv.f32() + Ckv, 2 * Ckv, dyf.p, q.p, 3 * C, k, k + Ckv, 2 * Ckv, lse.f32(), D.f32(),
                              qpos.data(), kpos.data(), B, Tl, Tl, C, NH, group);
-    if (grads) {  // what the ranks before added to this block, which arrived while the math ran
-      grads->wait();
+    if (s > 0) {  // what the ranks before added to this block, which arrived while the math ran
+      grads.wait();
       accumulate(rt, dkv.f32(), dkv_in.f32(), dkv.numel());
     }
-    if (exchange) {
-      exchange->wait();
+    if (s < n - 1) {
+      exchange.wait();
       std::swap(kv, kv_in);
     }
     // on to the next rank; after the last block (rank r + 1's) that is home
     std::swap(dkv, dkv_out);
-    grads = cp_.send_recv_async(dkv_out.f32(), dkv_out.numel(), next, 1, dkv_in.f32(), dkv_in.numel(), prev, 1);
+    grads.w = cp_.send_recv_async(dkv_out.f32(), dkv_out.numel(), next, 1, dkv_in.f32(), dkv_in.numel(), prev, 1);
   }
-  grads->wait();  // this rank's own block's dk, dv, from every rank
+  grads.wait();  // this rank's own block's dk, dv, from every rank
   // a kv head's gradient into the first of its repeats, zeros in the rest: repeat_kv's backward sums them
   if (!rt.is_meta())
     for (int64_t row = 0; row < B * Tl; row++)

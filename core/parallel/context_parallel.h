@@ -16,10 +16,11 @@
 // and micro-batch a rank sends (n − 1) blocks of (B, T/n, 2C_kv) forward, and backward (n − 1) of k, v and
 // n of their gradients, (B, T/n, 2C_kv) each — C_kv the width of the keys (C for GPT; Llama's grouped-query
 // attention sends its n_kv_head heads, not their repeats). The blocks travel in f32 whatever the compute
-// dtype: distlab's point-to-point moves f32.
+// dtype: distlab's point-to-point moves f32. Full recompute runs the forward ring again in the backward.
 //
 // Causal load balancing (torchtitan's, Megatron's): split in n contiguous pieces, rank n − 1 would compute
-// n times rank 0's scores (its queries see every key; rank 0's see only its own). So the sequence is cut in
+// 2n − 1 times rank 0's scores (its queries see every earlier piece whole and their own causally; rank
+// 0's see only their own, causally). So the sequence is cut in
 // 2n chunks and rank r holds chunks r and 2n − 1 − r — one early, one late — and every rank computes the
 // same number of scores. Their positions (RingAttention::positions) are what the position embedding
 // (GPT's wpe) and RoPE (Llama) read, and what the causal mask compares.

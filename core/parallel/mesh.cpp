@@ -65,8 +65,9 @@ MeshShape resolve_mesh(int world, int64_t dp, int64_t tp, int64_t pp, int64_t cp
   const int64_t known = (dp ? dp : 1) * (tp ? tp : 1) * (pp ? pp : 1);
   if (zeros) {
     if (known > world || world % known != 0)
-      throw ConfigError(fmt::format("{} ranks do not split into parallel.dp {} x parallel.tp {} x parallel.pp {}: {} does not divide {}", world,
-                                    dp ? std::to_string(dp) : "?", tp ? std::to_string(tp) : "?", pp ? std::to_string(pp) : "?", known, world),
+      throw ConfigError(fmt::format("{} ranks do not split into parallel.dp {} x parallel.tp {} x parallel.pp {}{}: {} does not divide {}", world * cp,
+                                    dp ? std::to_string(dp) : "?", tp ? std::to_string(tp) : "?", pp ? std::to_string(pp) : "?",
+                                    cp > 1 ? fmt::format(" x parallel.cp {}", cp) : "", known * cp, world * cp),
                         "launch a multiple of the stated sizes (distlab run -n N)");
     (dp == 0 ? dp : tp == 0 ? tp : pp) = world / known;
   }

@@ -45,8 +45,11 @@ void check_strategy_fits(const RunConfig& cfg, int world) {
                                   cfg.parallel.strategy == StrategyKind::fsdp ? " and parallel.sharding no_shard" : ""),
                       "CPU offload moves shards to the host: use strategy zero2 (ZeRO-Offload), zero3, or fsdp with sharding full_shard or shard_grad_op");
   if (world > 1 && cfg.parallel.strategy == StrategyKind::none)
-    throw ConfigError(fmt::format("parallel.strategy is none, but {} ranks were started", world),
-                      "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
+    throw ConfigError(cfg.parallel.cp > 1 ? fmt::format("parallel.strategy is none, but {} ranks hold the same weights (parallel.cp {})", world, cfg.parallel.cp)
+                                          : fmt::format("parallel.strategy is none, but {} ranks were started", world),
+                      cfg.parallel.cp > 1 ? "each context-parallel rank's gradient is its tokens' part and must be summed with the others': set "
+                                            "--set parallel.strategy=ddp (or zero1/zero2/zero3/fsdp)"
+                                          : "every rank would train its own model on the same data: set --set parallel.strategy=ddp");
 }
 
 void check_strategy_composes(const RunConfig& cfg, const MeshShape& shape) {

@@ -105,6 +105,8 @@ class Trainer {
   int dp_world() const { return dp_ ? dp_->size() : 1; }
   int dp_rank() const { return dp_ ? dp_->rank() : 0; }
   ProcessGroup* tp_group() const { return mesh_ && mesh_->shape().tp > 1 ? &mesh_->group(MeshAxis::tp) : nullptr; }
+  // the model itself is split (tensor or pipeline parallel): --init and --save go through a whole one on the side
+  bool split_model() const { return mesh_ && (mesh_->shape().tp > 1 || mesh_->shape().pp > 1); }
   ProcessGroup* cp_group() const { return mesh_ && mesh_->shape().cp > 1 ? &mesh_->group(MeshAxis::cp) : nullptr; }
   // a micro-batch as this rank trains on it: the whole (B, T), or (context parallel) its shard (B, T/cp)
   Batch shard(Batch b) const;

@@ -59,7 +59,8 @@ static int default_threads() {
 
 Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGroup* pg, TrainerExtension* ext)
     : cfg_(cfg), rt_(rt), log_(log), pg_(pg), ext_(ext), scaler_(loss_scale_options(cfg.precision)) {
-  // the device mesh: data parallelism runs over the dp axis, the model is split over tp (and pp)
+  // the device mesh: the data is split over the dp axis, the sequence over cp, the model over tp (and pp); the
+  // strategy reduces gradients over dp x cp
   const MeshShape shape = resolve_mesh(world(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
   dp_ = grad_ = pg;
   accum_ = cfg.train.accum_steps;

@@ -1,4 +1,4 @@
-// The trainer's side of the device mesh (parallel.tp, parallel.pp; core/parallel/mesh.h): the
+// The trainer's side of the device mesh (parallel.tp, parallel.pp, parallel.cp; core/parallel/mesh.h): the
 // communication counted over every group. The whole model in and out of a split one (--init, --save) is
 // trainer_weights.cpp; the loop itself trainer.cpp; the pipeline's schedule core/parallel/pipeline.h.
 #include <map>

@@ -115,7 +115,7 @@ nlohmann::json Trainer::evaluate() {
     batches++;
   }
   if (pipeline_) {  // the last stage counted: one of its ranks tells every rank (all joined the stages' forwards)
-    // (context parallel: each CP rank of it its own tokens' share)
+    // (context parallel: every CP rank of that stage reports its tokens' share, and the sum is the whole)
     const bool reports = pipeline_->last() && mesh_->coord().dp == 0 && mesh_->coord().tp == 0;
     float v[3] = {reports ? float(loss_sum) : 0.0f, reports ? float(correct) : 0.0f, reports ? float(counted) : 0.0f};
     pg_->all_reduce(v, 3);

@@ -34,13 +34,13 @@ void Trainer::load_init(const std::string& path) {
     return;
   }
   strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
-  if (mesh_) {
+  if (split_model()) {
     load_whole_model(path);
   } else {
     load_model(*model_, path);
   }
   strategy_->release_full_params(rt_, true);
-  if (mesh_) return;
+  if (split_model()) return;
   if (strategy_->shards_parameters()) rt_.memory.empty_cache();
   log_ << "loaded weights from " << path << "\n";
 }
@@ -48,7 +48,7 @@ void Trainer::load_init(const std::string& path) {
 void Trainer::save_weights(const std::string& path, const std::string& dtype) {
   // every rank: a sharded strategy gathers the weights whole, from the f32 masters where it has them
   strategy_->gather_full_params(rt_, opt_.get());
-  if (mesh_) {
+  if (split_model()) {
     save_whole_model(path, parse_float_dtype(dtype));
   } else if (is_rank0()) {
     save_model(*model_, path, parse_float_dtype(dtype), opt_.get());  // 16-bit params: their f32 masters
@@ -67,7 +67,7 @@ void Trainer::load_adapter_dir(const std::string& dir) {
     return;
   }
   strategy_->gather_full_params(rt_, nullptr);  // sharded: whole for the load, then each rank takes its part
-  if (mesh_) {
+  if (split_model()) {
     Runtime side(whole_model_device(rt_.device));
     auto whole = whole_model(side);
     load_adapter(*whole, cfg_.lora, dir);
@@ -78,13 +78,13 @@ void Trainer::load_adapter_dir(const std::string& dir) {
     load_adapter(*model_, cfg_.lora, dir);
   }
   strategy_->release_full_params(rt_, true);
-  log_ << "loaded LoRA adapters from " << dir << (mesh_ ? " (this rank's part of them)\n" : "\n");
+  log_ << "loaded LoRA adapters from " << dir << (split_model() ? " (this rank's part of them)\n" : "\n");
 }
 
 void Trainer::save_adapter_dir(const std::string& dir, const std::string& dtype) {
   if (!cfg_.lora.on()) throw ConfigError("--save-adapter without LoRA: lora.r is 0", "set lora.r to train adapters, or --save the whole model");
   strategy_->gather_full_params(rt_, opt_.get());
-  if (mesh_) {  // the TP group's slices put together (from the f32 masters), rank 0 writes
+  if (split_model()) {  // the TP group's slices put together (from the f32 masters), rank 0 writes
     Runtime side(whole_model_device(rt_.device));
     auto whole = whole_model(side);
     gather_split_params(mesh_->group(MeshAxis::tp), trainable(model_->parameters()), whole->parameters(), opt_.get());
@@ -94,7 +94,7 @@ void Trainer::save_adapter_dir(const std::string& dir, const std::string& dtype)
   }
   if (is_rank0())
     log_ << "saved LoRA adapters to " << dir << " (PEFT's adapter_config.json and adapter_model.safetensors, " << dtype
-         << (mesh_ ? fmt::format(", gathered from {} tensor-parallel rank(s))\n", mesh_->shape().tp) : ")\n");
+         << (split_model() ? fmt::format(", gathered from {} tensor-parallel rank(s))\n", mesh_->shape().tp) : ")\n");
   strategy_->release_full_params(rt_, false);
 }
 

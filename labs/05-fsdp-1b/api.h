@@ -54,10 +54,9 @@ class Fsdp {
   virtual std::vector<int> flats(int unit) const = 0;            // the unit's flats
   virtual std::vector<int64_t> numels(int flat) const = 0;       // its parameters' sizes, in order
   virtual std::string name(int flat, int k) const = 0;           // "transformer.h.0.attn.c_attn.weight"
-  // What is not here: the order the units run in, and which is the root. A unit's number says nothing of
-  // when it runs — modules are numbered as they were registered, not as they execute, and the grader draws
-  // the numbers afresh for every grading. PyTorch FSDP learns both on the first iteration (its execution
-  // order data); so does your code, from the hooks' calls.
+  // What is not here: the order the units run in, and which is the root. The unit and flat numbers say
+  // nothing of when a unit runs: the trainer draws them, afresh for every grading. PyTorch FSDP learns both
+  // on the first iteration (its execution order data); so does your code, from the hooks' calls.
 
   // -- memory (every buffer's elements are numbered from 0) --
   // A new buffer of n elements, uninitialized: the trainer fills it with NaN, so a value you forgot to write

@@ -49,7 +49,7 @@ static std::vector<Reduction> reducing;
 
 // The execution order, learned as PyTorch FSDP learns it (its _ExecOrderData): the units in the order the
 // first forward (the first backward) reached them, a repeated call adding nothing, then fixed for the run.
-// The unit numbers say nothing of it: they are the modules' registration order (drawn per grading here).
+// The unit numbers say nothing of it: the trainer draws them.
 struct Order {
   std::vector<int> units;
   bool fixed = false;

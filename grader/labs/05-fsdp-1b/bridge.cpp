@@ -46,12 +46,20 @@ class LabFSDP : public ZeRO3 {
     for (size_t u = 0; u < units; u++) ids_[u] = int(u);
     std::mt19937_64 draw(unit_seed);
     for (size_t u = units; u > 1; u--) std::swap(ids_[u - 1], ids_[size_t(draw() % u)]);
+    // and the flats' numbers too (else the order could be read off them: the engine numbers flats in order)
+    const size_t nflats = flats_.all().size();
+    flat_of_.resize(nflats);
+    for (size_t i = 0; i < nflats; i++) flat_of_[i] = int(i);
+    for (size_t i = nflats; i > 1; i--) std::swap(flat_of_[i - 1], flat_of_[size_t(draw() % i)]);
+    fid_.resize(nflats);
+    for (size_t p = 0; p < nflats; p++) fid_[size_t(flat_of_[p])] = int(p);
     running_.assign(units, 0);
     done_.assign(units, false);
     kept_.assign(flats_.all().size(), false);
     part_handle_.assign(flats_.all().size(), 0);
     for (const auto& f : flats_.all()) largest_alloc_ += f.padded;
-    for (const auto& f : flats_.all()) {  // what every hook call carries: the flats, their parameters
+    for (int e : flat_of_) {  // what every hook call carries: the flats in the plugin's numbering, their parameters
+      const FlatParam& f = flats_.all()[size_t(e)];
       const int32_t unit = ids_[size_t(f.group)], n = int32_t(f.params.size());
       put(&unit, 4);
       put(&n, 4);
@@ -114,12 +122,12 @@ class LabFSDP : public ZeRO3 {
         if (p->grad.defined())
           throw fsdp_error(fmt::format("backward is over and {}'s gradient (flat {}, unit {}) was never taken: the optimizer would step "
                                       "without it",
-                                      p->name, i, id(f.group)),
+                                      p->name, fid(int(i)), id(f.group)),
                           "after a unit's backward, take every parameter's gradient into the flat gradient you reduce-scatter");
       if (!kept_[i])
         throw fsdp_error(fmt::format("finish_backward returned and flat {} (unit {}) has no gradient part kept: the optimizer would step "
                                     "its part without a gradient",
-                                    i, id(f.group)),
+                                    fid(int(i)), id(f.group)),
                         "keep_grad(flat, reduced part) once per flat per step, before finish_backward returns");
     }
   }
@@ -204,11 +212,13 @@ class LabFSDP : public ZeRO3 {
     if (it->second.part_of >= 0) it->second.t = flats_.all()[size_t(it->second.part_of)].local.data;  // the optimizer's part as it is now
     return it->second;
   }
-  FlatParam& flat(int64_t i, const char* op) {
+  // the engine's index of the plugin's flat i
+  int64_t engine_flat(int64_t i, const char* op) const {
     if (i < 0 || i >= int64_t(flats_.all().size()))
       throw fsdp_error(fmt::format("{} in {}: flat {} does not exist (flats 0..{})", op, during_, i, flats_.all().size() - 1));
-    return flats_.all()[size_t(i)];
+    return flat_of_[size_t(i)];
   }
+  FlatParam& flat(int64_t i, const char* op) { return flats_.all()[size_t(engine_flat(i, op))]; }
   Parameter* param(int64_t i, int64_t k, const char* op) {
     FlatParam& f = flat(i, op);
     if (k < 0 || k >= int64_t(f.params.size()))
@@ -256,12 +266,13 @@ class LabFSDP : public ZeRO3 {
         return reply_int(new_handle(std::move(b)), "alloc");
       }
       case labproto::kFsdpPart: {
-        FlatParam& fl = flat(a[0], "part");
-        int& h = part_handle_[size_t(a[0])];
+        const int64_t e = engine_flat(a[0], "part");
+        FlatParam& fl = flats_.all()[size_t(e)];
+        int& h = part_handle_[size_t(e)];
         if (!h) {
           Buf b;
           b.kind = fl.local.data.category() == Category::host ? Kind::host : Kind::weights;
-          b.part_of = int(a[0]);
+          b.part_of = int(e);
           b.n = fl.shard;
           h = new_handle(std::move(b));
         }
@@ -271,7 +282,7 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpRelease: {
         Buf& b = buffer(a[0], "release");
         if (b.part_of >= 0)
-          throw fsdp_error(fmt::format("release({}) in {}: buffer {} is this rank's part of flat {}, the trainer's", a[0], during_, a[0], b.part_of),
+          throw fsdp_error(fmt::format("release({}) in {}: buffer {} is this rank's part of flat {}, the trainer's", a[0], during_, a[0], fid(b.part_of)),
                           "part(flat) is the optimizer's: keep it");
         if (b.busy) throw fsdp_error(fmt::format("release({}) in {}: a collective in flight still uses buffer {}", a[0], during_, a[0]),
                                     "wait(work) first: the collective reads or writes the buffer until then");
@@ -303,7 +314,7 @@ class LabFSDP : public ZeRO3 {
         if (dst.busy || src.writing)  // a collective in flight reads or writes dst, or writes src
           throw fsdp_error(fmt::format("copy in {}: buffer {} is in use by a collective not yet waited for", during_, dst.busy ? a[0] : a[2]),
                           "wait(work) first");
-        if (dst.part_of >= 0) throw fsdp_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], dst.part_of));
+        if (dst.part_of >= 0) throw fsdp_error(fmt::format("copy in {} into buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], fid(dst.part_of)));
         const int64_t n = a[4];
         char* d = static_cast<char*>(dst.t.data());
         const char* s = static_cast<const char*>(src.t.data());
@@ -317,7 +328,7 @@ class LabFSDP : public ZeRO3 {
       case labproto::kFsdpFill: {
         Buf& b = buffer(a[0], "fill");
         in_range(b, a[0], a[1], a[2], "fill");
-        if (b.part_of >= 0) throw fsdp_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], b.part_of));
+        if (b.part_of >= 0) throw fsdp_error(fmt::format("fill in {} of buffer {}, this rank's part of flat {}: the optimizer's", during_, a[0], fid(b.part_of)));
         if (b.busy) throw fsdp_error(fmt::format("fill in {}: buffer {} is in use by a collective not yet waited for", during_, a[0]), "wait(work) first");
         float v = 0;
         if (payload.size() != 4) throw fsdp_error(fmt::format("fill in {} sent {} bytes for its value", during_, payload.size()));
@@ -380,11 +391,12 @@ class LabFSDP : public ZeRO3 {
         break;
       }
       case labproto::kFsdpKeepGrad: {
-        FlatParam& fl = flat(a[0], "keep_grad");
+        const int64_t e = engine_flat(a[0], "keep_grad");
+        FlatParam& fl = flats_.all()[size_t(e)];
         Buf& b = buffer(a[1], "keep_grad");
         if (!sync_) throw fsdp_error(fmt::format("keep_grad({}) in {} on an accumulation micro-step", a[0], during_),
                                     "o.sync is false: nothing is reduced until the last micro-step (no_sync)");
-        if (kept_[size_t(a[0])]) throw fsdp_error(fmt::format("keep_grad({}) in {}: flat {}'s part was kept already this step", a[0], during_, a[0]));
+        if (kept_[size_t(e)]) throw fsdp_error(fmt::format("keep_grad({}) in {}: flat {}'s part was kept already this step", a[0], during_, a[0]));
         if (b.writing)
           throw fsdp_error(fmt::format("keep_grad({}, buffer {}) in {}: a reduce_scatter is still writing that buffer", a[0], a[1], during_),
                           "wait(work) first: its output is there only once it is waited for");
@@ -401,7 +413,7 @@ class LabFSDP : public ZeRO3 {
         const DeviceKind where = host ? rt_.host_device() : rt_.device;
         fl.local.grad = Tensor::empty({fl.shard}, rt_.memory, where, offload_.grads(), rt_.dtype, fl.local.name + " gradient");
         copy_across(rt_, b.t.data(), b.t.dtype(), b.t.device(), fl.local.grad.data(), rt_.dtype, where, fl.shard);
-        kept_[size_t(a[0])] = true;
+        kept_[size_t(e)] = true;
         break;
       }
       default:
@@ -425,7 +437,7 @@ class LabFSDP : public ZeRO3 {
                       "a collective runs between devices: copy a host part into a device buffer first");
     if (!gather && (in.kind != Kind::grads || out.kind != Kind::grads))
       throw fsdp_error(fmt::format("reduce_scatter(buffer {}, buffer {}) in {}: gradients are reduced in grads buffers (f32)", in_id, out_id, during_));
-    if (out.part_of >= 0) throw fsdp_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, out.part_of));
+    if (out.part_of >= 0) throw fsdp_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, fid(out.part_of)));
     if (in_id == out_id) throw fsdp_error(fmt::format("{} in {} with buffer {} as its input and its output", op, during_, in_id));
     if (in.writing || out.writing || out.busy)
       throw fsdp_error(fmt::format("{} in {}: buffer {} is in use by a collective not yet waited for", op, during_, in.writing ? in_id : out_id));
@@ -507,6 +519,8 @@ class LabFSDP : public ZeRO3 {
   int root_ = -1;
   std::vector<int> ids_;  // the plugin's number of each unit (drawn), by the engine's
   int id(int unit) const { return unit >= 0 && size_t(unit) < ids_.size() ? ids_[size_t(unit)] : unit; }
+  std::vector<int> flat_of_, fid_;  // the engine's flat of the plugin's flat p, and the plugin's number of engine flat e (drawn)
+  int fid(int e) const { return e >= 0 && size_t(e) < fid_.size() ? fid_[size_t(e)] : e; }
   int64_t ahead_ = 0, root_freed_ = 0, allocs_ = 0, largest_alloc_ = 0;
   int64_t live_ = 0;  // elements in the student's buffers now (its parts' handles not counted)
   bool in_backward_ = false;
