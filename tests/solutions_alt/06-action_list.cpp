@@ -19,7 +19,7 @@
 namespace lab06 {
 
 // y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+void linear_f64_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t o = 0; o < out; o++) {
       double acc = b ? double(b[o]) : 0.0;
@@ -29,7 +29,7 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 }
 
 // dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not nullptr)
-void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
+void linear_f64_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
   std::vector<double> acc(static_cast<size_t>(in));
   for (int64_t r = 0; r < rows; r++) {  // dx[r] = Σ_o dy[r,o] · w[o]
     std::fill(acc.begin(), acc.end(), 0.0);
@@ -52,25 +52,25 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
 
 void column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   (void)g;  // x is whole on every rank: the forward needs nobody
-  linear_forward(x, w, b, y, rows, in, out);
+  linear_f64_forward(x, w, b, y, rows, in, out);
 }
 
 void column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                      int64_t out) {
-  linear_backward(x, w, dy, dx, dw, db, rows, in, out);  // dx: this rank's term of Σ_r dy_r · W_r
+  linear_f64_backward(x, w, dy, dx, dw, db, rows, in, out);  // dx: this rank's term of Σ_r dy_r · W_r
   g.all_reduce(dx, rows * in);
 }
 
 void row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   // rank 0's partial sum carries the bias, the others' do not: after the all-reduce it is counted once
-  linear_forward(x, w, g.rank() == 0 ? b : nullptr, y, rows, in, out);
+  linear_f64_forward(x, w, g.rank() == 0 ? b : nullptr, y, rows, in, out);
   g.all_reduce(y, rows * out);
 }
 
 void row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                   int64_t out) {
   (void)g;  // dy is whole: every rank's input slice and weights slice get their gradient locally
-  linear_backward(x, w, dy, dx, dw, db, rows, in, out);
+  linear_f64_backward(x, w, dy, dx, dw, db, rows, in, out);
 }
 
 namespace {

@@ -21,7 +21,7 @@
 namespace lab06 {
 
 // y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+void gemm_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   std::vector<float> wt(static_cast<size_t>(in * out));  // wᵀ: (in, out)
   for (int64_t o = 0; o < out; o++)
     for (int64_t k = 0; k < in; k++) wt[size_t(k * out + o)] = w[o * in + k];
@@ -37,7 +37,7 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 }
 
 // dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not nullptr)
-void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
+void gemm_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
   for (int64_t r = 0; r < rows; r++) {  // dx[r,:] = Σ_o dy[r,o] · w[o,:]
     float* dxr = dx + r * in;
     std::fill(dxr, dxr + in, 0.0f);
@@ -61,12 +61,12 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
 
 void column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   (void)g;  // Megatron's f: identity in forward
-  linear_forward(x, w, b, y, rows, in, out);
+  gemm_forward(x, w, b, y, rows, in, out);
 }
 
 void column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                      int64_t out) {
-  linear_backward(x, w, dy, dx, dw, db, rows, in, out);
+  gemm_backward(x, w, dy, dx, dw, db, rows, in, out);
   g.all_reduce(dx, rows * in);  // f's backward: x fed every rank's outputs, its gradient is the sum
 }
 
@@ -76,14 +76,14 @@ void row_forward(Group& g, const float* x, const float* w, const float* b, float
     share.resize(static_cast<size_t>(out));
     for (int64_t o = 0; o < out; o++) share[size_t(o)] = b[o] / static_cast<float>(g.size());
   }
-  linear_forward(x, w, b ? share.data() : nullptr, y, rows, in, out);
+  gemm_forward(x, w, b ? share.data() : nullptr, y, rows, in, out);
   g.all_reduce(y, rows * out);  // Megatron's g
 }
 
 void row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                   int64_t out) {
   (void)g;  // g's backward: identity, dy is already whole everywhere
-  linear_backward(x, w, dy, dx, dw, db, rows, in, out);
+  gemm_backward(x, w, dy, dx, dw, db, rows, in, out);
 }
 
 void train_step_1f1b(Stage& s) {

@@ -1,5 +1,6 @@
-// Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (the arithmetic of
-// this rank's slice, and the one all-reduce each pair needs), and the 1F1B schedule of a pipeline stage.
+// Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (which slice each
+// rank computes, with api.h's linear_forward/backward, and the one all-reduce each pair needs), and the
+// 1F1B schedule of a pipeline stage.
 #include <algorithm>
 #include <vector>
 
@@ -8,20 +9,6 @@
 #include "labs/06-tp-pp/api.h"
 
 namespace lab06 {
-
-// y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
-  // TODO(06-tp-pp): implement linear_forward. Read labs/06-tp-pp/README.md.
-  throw std::logic_error("06-tp-pp: linear_forward is not implemented yet: "
-                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
-}
-
-// dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not nullptr)
-void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
-  // TODO(06-tp-pp): implement linear_backward. Read labs/06-tp-pp/README.md.
-  throw std::logic_error("06-tp-pp: linear_backward is not implemented yet: "
-                         "fill in the TODO in labs/06-tp-pp/student/tp_pp.cpp");
-}
 
 void column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   // TODO(06-tp-pp): implement column_forward. Read labs/06-tp-pp/README.md.
