@@ -1,45 +1,12 @@
-// Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (the arithmetic of
-// this rank's slice, and the one all-reduce each pair needs), and the 1F1B schedule of a pipeline stage.
+// Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (which slice each
+// rank computes, with api.h's linear_forward/backward, and the one all-reduce each pair needs), and the
+// 1F1B schedule of a pipeline stage.
 #include <algorithm>
 #include <vector>
 
 #include "labs/06-tp-pp/api.h"
 
 namespace lab06 {
-
-// y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
-  /// BEGIN SOLUTION
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t o = 0; o < out; o++) {
-      float s = b ? b[o] : 0.0f;
-      for (int64_t k = 0; k < in; k++) s += x[i * in + k] * w[o * in + k];
-      y[i * out + o] = s;
-    }
-  /// END SOLUTION
-}
-
-// dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not nullptr)
-void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in, int64_t out) {
-  /// BEGIN SOLUTION
-  std::fill(dx, dx + rows * in, 0.0f);
-  std::fill(dw, dw + out * in, 0.0f);
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t o = 0; o < out; o++) {
-      const float d = dy[i * out + o];
-      for (int64_t k = 0; k < in; k++) {
-        dx[i * in + k] += d * w[o * in + k];
-        dw[o * in + k] += d * x[i * in + k];
-      }
-    }
-  if (db)
-    for (int64_t o = 0; o < out; o++) {
-      float s = 0;
-      for (int64_t i = 0; i < rows; i++) s += dy[i * out + o];
-      db[o] = s;
-    }
-  /// END SOLUTION
-}
 
 void column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   /// BEGIN SOLUTION
