@@ -1124,7 +1124,7 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce of dx, a warm-up that deadlocks or holds too much, unpaired sends, DP sync per micro-batch", "[grader][lab06]") {
+TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-reduce of dx, SP without the reduce-scatter or keeping its gathered input or its norms unsummed, a warm-up that deadlocks or holds too much, unpaired sends, DP sync per micro-batch", "[grader][lab06]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/06-tp-pp/tp_pp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs06-" + std::to_string(getpid()));
@@ -1150,14 +1150,37 @@ TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce
       // the replicas average after every micro-batch: the right numbers for m times the bytes
       {"sync_every_micro", replace(replace(solution, "    s.backward(i, i == m - 1);  // the replicas", "    s.backward(i, true);  // the replicas"),
                                    "    s.backward(i, i == m - 1);\n    s.send_backward(i);", "    s.backward(i, true);\n    s.send_backward(i);")},
+      // sequence parallel without the reduce-scatter: the row layer all-reduces and keeps its rows (the right
+      // numbers, twice the bytes)
+      {"sp_all_reduce_rows", replace(solution, "  g.reduce_scatter(term.data(), y, mine * out);  // ḡ: this rank's rows of the sum",
+                                     "  g.all_reduce(term.data(), rows * out);\n"
+                                     "  std::copy(term.begin() + g.rank() * mine * out, term.begin() + (g.rank() + 1) * mine * out, y);")},
+      // the gathered input kept from forward to backward: the right numbers, fewer bytes, memory SP meant to free
+      {"sp_kept_input", replace(replace(replace(solution, "namespace lab06 {\n", "namespace lab06 {\nstatic std::vector<std::vector<float>> kept;\n"),
+                                        "  linear_forward(all.data(), w, b, y, rows, in, out);\n",
+                                        "  linear_forward(all.data(), w, b, y, rows, in, out);\n  kept.push_back(all);\n"),
+                                "  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept",
+                                "  all = kept.back();\n  kept.pop_back();")},
+      // the LayerNorms' gradients left at this rank's rows
+      {"sp_no_norm_sum", replace(solution, "  g.all_reduce(grads, n);  // each rank's rows", "  (void)grads, (void)n;  // each rank's rows")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/06-tp-pp/student/tp_pp.cpp") +
-                          "\nstatic int forged = [] { std::puts(\"16/16 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+                          "\nstatic int forged = [] { std::puts(\"23/23 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("06", subs, files, "tp_pp.cpp");
-  CHECK(rows["solution"].total == 16);
-  CHECK(rows["alt_action_list"].total == 16);
-  CHECK(rows["alt_inflight_window"].total == 16);
+  CHECK(rows["solution"].total == 23);
+  CHECK(rows["alt_action_list"].total == 23);
+  CHECK(rows["alt_inflight_window"].total == 23);
+  CHECK(rows["sp_all_reduce_rows"].points["sp_layers"] == 0);
+  CHECK(rows["sp_all_reduce_rows"].points["sp_equals_tp"] == 2);
+  CHECK(rows["sp_all_reduce_rows"].points["sp_comm_volume"] == 0);
+  CHECK(rows["sp_all_reduce_rows"].points["tp_equals_tp1"] == 2);
+  CHECK(rows["sp_kept_input"].points["sp_layers"] == 0);
+  CHECK(rows["sp_kept_input"].points["sp_equals_tp"] == 2);
+  CHECK(rows["sp_kept_input"].points["sp_comm_volume"] == 0);
+  CHECK(rows["sp_no_norm_sum"].points["sp_layers"] == 0);
+  CHECK(rows["sp_no_norm_sum"].points["sp_equals_tp"] == 0);
+  CHECK(rows["sp_no_norm_sum"].points["tp_equals_tp1"] == 2);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["no_dx_all_reduce"].points["column_parallel"] == 0);
@@ -1184,6 +1207,8 @@ TEST_CASE("lab 06: solution, skeleton, and the TP and PP mistakes: no all-reduce
   CHECK_THAT(read(feedback / "unpaired_sends.txt"), Catch::Contains("deadlock") && Catch::Contains("stage 0 waits in send_forward") &&
                                                         Catch::Contains("micro-batch"));
   CHECK_THAT(read(feedback / "sync_every_micro.txt"), Catch::Contains("m times the bytes"));
+  CHECK_THAT(read(feedback / "sp_all_reduce_rows.txt"), Catch::Contains("twice") && Catch::Contains("reduce-scatter"));
+  CHECK_THAT(read(feedback / "sp_kept_input.txt"), Catch::Contains("keep nothing between calls"));
   fs::remove_all(subs);
 }
 

@@ -256,6 +256,12 @@ void fuzz_lab(const std::string& lab, Tally& tally) {
       entries.push_back([&, x, w, dy, dx, dw, db]() mutable {
         tp->row_backward(pg, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), 2, 3, 4);
       });
+      // sequence parallel: 2 rows over 2 ranks, the stream's side one row each; their gathers and scatters
+      entries.push_back([&, x, w, dy, dx, dw, db]() mutable {
+        tp->sp_column_backward(pg, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), 2, 3, 4);
+      });
+      entries.push_back([&, x, w, b, y]() mutable { tp->sp_row_forward(pg, x.data(), w.data(), b.data(), y.data(), 2, 3, 4); });
+      entries.push_back([&, b]() mutable { tp->sp_norm_grads(pg, b.data(), 4); });
       entries.push_back([&] {  // the executor drives a middle stage of 3 (both neighbours) over a fake group, on meta
         Runtime meta(DeviceKind::meta, pg.rank());
         ProcessGroup fake(ProcessGroup::Fake{}, 1, 3, &meta.trace, "pipeline");

@@ -123,6 +123,7 @@ class GPT : public Model {
   // when one stage holds both)
   Parameter* tied_embedding();
   std::vector<std::unique_ptr<Block>>& blocks() { return h_; }
+  GptLayers& split_layers() { return *layers_; }  // what built the blocks (gpt_parallel.h's, when split)
 
  private:
   Parameter& head() { return first_stage() ? emb_->wte : lm_head_; }

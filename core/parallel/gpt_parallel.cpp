@@ -32,6 +32,9 @@ void set_tp_kernels(GPT& gpt, TpKernels* k) {
     fc->set_kernels(k);
     proj->set_kernels(k);
   }
+  auto* layers = dynamic_cast<TensorParallelLayers*>(&gpt.split_layers());
+  DL_ASSERT(layers, "set_tp_kernels: a GPT not built from TensorParallelLayers");
+  layers->set_kernels(k);
 }
 
 std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& s, ProcessGroup* tp, int stage, int stages,

@@ -51,6 +51,8 @@ class TensorParallelLayers : public GptLayers {
   void take_part(const std::vector<Parameter*>& local, const std::vector<Parameter*>& whole) override {
     load_split_params(local, whole, tp_.rank(), tp_.size());
   }
+  // the norms' gradient sums under sequence parallel through `k` (set_tp_kernels below)
+  void set_kernels(TpKernels* k) { stream_.set_kernels(k); }
 
  private:
   const SeqParallel* sp() const { return stream_.sp(); }
@@ -66,7 +68,7 @@ std::unique_ptr<Model> build_split_model(Runtime& rt, const ModelSpec& spec, Pro
                                          const std::vector<int64_t>& layers = {});
 
 // Every block's column- and row-parallel layers of a split GPT through `k` (replaced arithmetic:
-// tensor_parallel.h's TpKernels); nullptr: their own.
+// tensor_parallel.h's TpKernels), and under sequence parallel the LayerNorms' gradient sums; nullptr: their own.
 void set_tp_kernels(GPT& gpt, TpKernels* k);
 
 }  // namespace distlab

@@ -65,6 +65,7 @@ double model_parallel_grad_norm(Runtime& rt, const std::vector<Parameter*>& para
 // A LayerNorm's weight and bias see only this rank's rows: their gradients are summed over the group.
 // The gathered input of a column-parallel layer is not kept: its backward gathers the rows again (as
 // Megatron does), so what a rank keeps between the split layers is 1/t of it.
+class TpKernels;
 struct SeqParallel {
   int64_t B = 0, T = 0;  // this micro-batch's tokens: the shape a gather makes (the model sets it before each forward)
 };
@@ -74,7 +75,8 @@ Tensor sp_gather(Runtime& rt, ProcessGroup& tp, const Tensor& rows, const SeqPar
 Tensor sp_reduce_scatter(Runtime& rt, ProcessGroup& tp, const Tensor& terms, const std::string& what);
 // A norm's backward on this rank's rows: its parameters' gradients from this micro-batch summed over tp (the
 // whole batch's), then added to what they held. Returns dx (N/t, C).
-Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout);
+// `k`: the sums through TpKernels::sp_norm_grads (the grader's lab 06) instead of the group's all-reduce.
+Tensor sp_norm_backward(Runtime& rt, ProcessGroup& tp, Layer& norm, const Tensor& dout, TpKernels* k = nullptr);
 
 // What a split model's layer factory (gpt_parallel.h's, llama_parallel.h's) does for the stream between the
 // split layers: plain tensor parallelism keeps it whole on every rank; sequence parallelism (`on`) keeps this
@@ -90,14 +92,15 @@ class StreamSplit {
   // x as a whole-stream reader needs it: itself, or (on) every rank's rows gathered
   Tensor whole(Runtime& rt, const Tensor& x, const std::string& what) const { return on_ ? sp_gather(rt, tp_, x, sp_, what) : x; }
   // a norm's backward on the stream: its gradients summed over the rows' ranks when they are split
-  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) const {
-    return on_ ? sp_norm_backward(rt, tp_, norm, dout) : norm.backward(rt, dout);
-  }
+  Tensor norm_backward(Runtime& rt, Layer& norm, const Tensor& dout) const;
+  // the norms' gradient sums through `k` (TpKernels::sp_norm_grads) instead of the group's all-reduce
+  void set_kernels(TpKernels* k) { kernels_ = k; }
 
  private:
   ProcessGroup& tp_;
   bool on_;
   SeqParallel sp_;
+  TpKernels* kernels_ = nullptr;
 };
 
 // The two layers' arithmetic and their collectives, replaceable (gpt_parallel.h's set_tp_kernels): host code
@@ -115,6 +118,20 @@ class TpKernels {
                            int64_t out) = 0;
   virtual void row_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                             int64_t rows, int64_t in, int64_t out) = 0;
+  // Sequence parallel (SeqParallel above): `rows` counts the micro-batch's N token rows, every rank's; the
+  // stream's side of each layer is this rank's N/t of them — a column-parallel layer's x and dx, a
+  // row-parallel layer's y and dy — and the other side is every row (this rank's slice of the features).
+  virtual void sp_column_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                                 int64_t out) = 0;
+  virtual void sp_column_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                                  int64_t rows, int64_t in, int64_t out) = 0;
+  virtual void sp_row_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                              int64_t out) = 0;
+  virtual void sp_row_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                               int64_t rows, int64_t in, int64_t out) = 0;
+  // A norm on the stream's rows: g (n) its weight's (or bias's) gradient from this rank's rows of one
+  // micro-batch, made the whole micro-batch's (in place).
+  virtual void sp_norm_grads(ProcessGroup& tp, float* g, int64_t n) = 0;
 };
 
 class ColumnParallelLinear : public Layer {

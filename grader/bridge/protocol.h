@@ -133,6 +133,14 @@ enum Fn : int64_t {
   kTpRowForward = 62,
   kTpRowBackward = 63,
   kPipeRun = 64,  // args: stages, stage, m; the student's executor's requests are kPipe* ops below; returns nothing
+  // Sequence parallel: the same args and order, `rows` counting every rank's token rows; the stream's side —
+  // x and dx of a column layer, y and dy of a row layer — holds this rank's rows/t of them. Their collectives
+  // are kAllGather and kReduceScatter (op sum) requests.
+  kTpSpColumnForward = 65,
+  kTpSpColumnBackward = 66,
+  kTpSpRowForward = 67,
+  kTpSpRowBackward = 68,
+  kTpSpNormGrads = 69,  // args: rank, size, n; payload: a norm parameter's gradient (n floats); returns it summed
   // lab 10 (grader/labs/10-lora-qlora/host.cpp). An Nf4 on the wire: int64 #packed, #absmax_q, #absmax2, f32
   // offset, then the packed bytes, the absmax_q bytes, the absmax2 floats. A base is an Nf4 the host keeps by
   // id for the layer calls (in the plugin's process: its bytes are the plugin's).

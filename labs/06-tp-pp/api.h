@@ -7,8 +7,13 @@
 //    mlp.c_proj in every block) calls your four functions for its forward and its backward, with this
 //    rank's slice of the weights, and runs the collectives you ask for on its tensor-parallel group:
 //      g.all_reduce(data, n)    blocking: data becomes the sum over the group's ranks
-//    Every rank of the group must ask for the same all-reduces, in the same order, with the same sizes.
-//  - Tasks 3-4: each pipeline stage runs your executor for every optimizer step: the order of its forwards
+//    Every rank of the group must ask for the same collectives, in the same order, with the same sizes.
+//  - Task 3: the same layers under sequence parallelism (parallel.sequence_parallel = true), with two more
+//    collectives (n floats per rank; the group's ranks in rank order):
+//      g.all_gather(mine, all, n)      all (t·n) = every rank's mine (n), rank 0's first
+//      g.reduce_scatter(all, mine, n)  mine (n) = this rank's n of the sum over the ranks of all (t·n)
+//    and the LayerNorms' gradients, which each rank now computes from its own rows.
+//  - Tasks 4-5: each pipeline stage runs your executor for every optimizer step: the order of its forwards
 //    and backwards, the sends and receives between neighbouring stages, and which backward synchronises
 //    the data-parallel replicas. The trainer holds the tensors, computes, and moves them as you ask.
 // Every array is f32, row-major, with PyTorch's layout: x (rows, in), w (out, in), b (out), y (rows, out).
@@ -23,11 +28,15 @@ class Group {
   // (how the host wires a Group up; your code only calls the functions below)
   struct Ops {
     void (*all_reduce)(void* ctx, float* data, int64_t n);
+    void (*all_gather)(void* ctx, const float* mine, float* all, int64_t n);
+    void (*reduce_scatter)(void* ctx, const float* all, float* mine, int64_t n);
   };
   Group(int rank, int size, const Ops* ops, void* ctx) : rank_(rank), size_(size), ops_(ops), ctx_(ctx) {}
   int rank() const { return rank_; }
   int size() const { return size_; }  // t, the tensor-parallel ranks
   void all_reduce(float* data, int64_t n) { ops_->all_reduce(ctx_, data, n); }
+  void all_gather(const float* mine, float* all, int64_t n) { ops_->all_gather(ctx_, mine, all, n); }      // blocking
+  void reduce_scatter(const float* all, float* mine, int64_t n) { ops_->reduce_scatter(ctx_, all, mine, n); }  // blocking
 
  private:
   int rank_, size_;
@@ -90,6 +99,34 @@ void row_forward(Group& g, const float* x, const float* w, const float* b, float
 void row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows, int64_t in,
                   int64_t out);
 
+// Task 3 — sequence parallel (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large
+// Transformer Models"; Megatron-LM's --sequence-parallel). Between the split layers plain tensor parallelism
+// keeps the residual stream (rows, C) whole on every rank, so its LayerNorms, dropouts and residual adds run t
+// times on the same numbers and every rank stores them. Under sequence parallelism the trainer keeps rank r's
+// rows [r·rows/t, (r+1)·rows/t) of the stream alone (the token rows of the micro-batch, B·T of them, in order),
+// and runs the LayerNorms, dropouts and adds on them. Your layers meet the stream on one side:
+//   sp_column_forward:  x (rows/t, in) this rank's rows of the input. Write y (rows, out): this rank's
+//                       outputs for EVERY row.
+//   sp_column_backward: x as in forward (this rank's rows: the trainer kept nothing bigger), dy (rows, out).
+//                       Write dw (out, in), db (out) and dx (rows/t, in): this rank's rows of the whole input's
+//                       gradient.
+//   sp_row_forward:     x (rows, in) every row, this rank's inputs. Write y (rows/t, out): this rank's rows of
+//                       the whole output, b added once.
+//   sp_row_backward:    x as in forward, dy (rows/t, out) this rank's rows of the output's gradient. Write
+//                       dx (rows, in), dw (out, in) and db (out): every rank's db the whole batch's.
+// `rows` is always the micro-batch's whole count (a multiple of t). The activation memory the stream costs
+// falls to 1/t, and a column layer's gathered input is a temporary: keep nothing between calls. The
+// communication volume is checked against the paper's: the trainer counts every byte.
+void sp_column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out);
+void sp_column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                        int64_t in, int64_t out);
+void sp_row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out);
+void sp_row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                     int64_t in, int64_t out);
+// A LayerNorm on the stream now sees this rank's rows alone: grads (n) is its weight's (or its bias's)
+// gradient of one micro-batch from those rows. Make it the gradient of the whole micro-batch, in place.
+void sp_norm_grads(Group& g, float* grads, int64_t n);
+
 // A pipeline stage during one optimizer step: its m micro-batches' forwards and backwards, and the tensors
 // that cross to its neighbours — micro-batch j's activations go from stage s to s + 1 after its forward
 // there, its gradient from s + 1 back to s after its backward. The trainer holds the tensors; every call
@@ -120,19 +157,19 @@ class Stage {
   virtual void send_backward_recv_forward(int micro, int micro_fwd) = 0;
 };
 
-// Task 3 — 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron-LM's default): run this stage's step,
+// Task 4 — 1F1B (PipeDream-Flush, Narayanan et al. 2021; Megatron-LM's default): run this stage's step,
 // every micro-batch forward once and backward once, so that a stage holds at most p - s micro-batches'
 // activations and the pipeline idles no more than its fill and drain, with every send paired with the
 // neighbour's receive. The grader first runs your executor for every stage of pipelines of 1 to 8 stages
 // and matches their sends and receives (a deadlock is named), then trains with it.
-// Task 4 — data parallel × pipeline: several replicas of the pipeline train on different data, and each
+// Task 5 — data parallel × pipeline: several replicas of the pipeline train on different data, and each
 // stage's gradients must be averaged over its replicas once per step: say which backward (dp_sync).
 void train_step_1f1b(Stage& s);
 
 }  // namespace lab06
 
 // The table the grader looks up in your plugin (defined at the bottom of tp_pp.cpp).
-constexpr int kLab06Abi = 3;
+constexpr int kLab06Abi = 4;
 struct Lab06Plugin {
   int abi;  // kLab06Abi
   void (*column_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
@@ -140,5 +177,10 @@ struct Lab06Plugin {
   void (*row_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*row_backward)(lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
   void (*train_step_1f1b)(lab06::Stage&);
+  void (*sp_column_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
+  void (*sp_column_backward)(lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
+  void (*sp_row_forward)(lab06::Group&, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
+  void (*sp_row_backward)(lab06::Group&, const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t);
+  void (*sp_norm_grads)(lab06::Group&, float*, int64_t);
 };
 extern "C" Lab06Plugin distlab_lab06;

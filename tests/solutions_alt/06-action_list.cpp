@@ -9,6 +9,8 @@
 //    peephole pass then fuses "send to a neighbour, then receive from the same neighbour" into the paired
 //    exchange call — without it two neighbours would both block in a send. The dp sync goes on whichever
 //    action is the plan's last backward.
+//  - Sequence parallel: the bias again in rank 0's partial sum (before the reduce-scatter), and the
+//    LayerNorms' gradients summed as a reduce-scatter and an all-gather of a padded copy.
 #include <algorithm>
 #include <vector>
 
@@ -71,6 +73,46 @@ void row_backward(Group& g, const float* x, const float* w, const float* dy, flo
                   int64_t out) {
   (void)g;  // dy is whole: every rank's input slice and weights slice get their gradient locally
   linear_f64_backward(x, w, dy, dx, dw, db, rows, in, out);
+}
+
+// ---- sequence parallel: the stream's side of each layer holds this rank's rows/t token rows ----
+
+void sp_column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  std::vector<float> whole(static_cast<size_t>(rows * in));
+  g.all_gather(x, whole.data(), rows / g.size() * in);
+  linear_f64_forward(whole.data(), w, b, y, rows, in, out);
+}
+
+void sp_column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                        int64_t in, int64_t out) {
+  std::vector<float> whole(static_cast<size_t>(rows * in)), terms(static_cast<size_t>(rows * in));
+  g.all_gather(x, whole.data(), rows / g.size() * in);  // gathered afresh: nothing survives between calls
+  linear_f64_backward(whole.data(), w, dy, terms.data(), dw, db, rows, in, out);
+  g.reduce_scatter(terms.data(), dx, rows / g.size() * in);
+}
+
+void sp_row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  // rank 0's partial sum carries the bias on every row: the reduce-scatter's sum counts it once
+  std::vector<float> partial(static_cast<size_t>(rows * out));
+  linear_f64_forward(x, w, g.rank() == 0 ? b : nullptr, partial.data(), rows, in, out);
+  g.reduce_scatter(partial.data(), y, rows / g.size() * out);
+}
+
+void sp_row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                     int64_t in, int64_t out) {
+  std::vector<float> whole(static_cast<size_t>(rows * out));
+  g.all_gather(dy, whole.data(), rows / g.size() * out);
+  linear_f64_backward(x, w, whole.data(), dx, dw, db, rows, in, out);
+}
+
+// the all-reduce as its two halves: reduce-scatter the (padded) gradient, all-gather the sums
+void sp_norm_grads(Group& g, float* grads, int64_t n) {
+  const int64_t t = g.size(), part = (n + t - 1) / t;
+  std::vector<float> padded(static_cast<size_t>(part * t), 0.0f), mine(static_cast<size_t>(part)), sums(static_cast<size_t>(part * t));
+  std::copy(grads, grads + n, padded.begin());
+  g.reduce_scatter(padded.data(), mine.data(), part);
+  g.all_gather(mine.data(), sums.data(), part);
+  std::copy(sums.begin(), sums.begin() + n, grads);
 }
 
 namespace {
@@ -153,5 +195,14 @@ void train_step_1f1b(Stage& s) {
 
 }  // namespace lab06
 
-extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
-                                        lab06::row_backward, lab06::train_step_1f1b};
+extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,
+                                        lab06::column_forward,
+                                        lab06::column_backward,
+                                        lab06::row_forward,
+                                        lab06::row_backward,
+                                        lab06::train_step_1f1b,
+                                        lab06::sp_column_forward,
+                                        lab06::sp_column_backward,
+                                        lab06::sp_row_forward,
+                                        lab06::sp_row_backward,
+                                        lab06::sp_norm_grads};

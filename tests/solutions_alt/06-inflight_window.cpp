@@ -9,8 +9,9 @@
 //    The data-parallel sync goes with the backward that empties the stage's last micro-batch.
 //  - Forward: y[r,:] = Σ_k x[r,k] · wᵀ[k,:] over a transposed copy wᵀ (in, out), a contiguous axpy per k.
 //    Backward: dx and dw in two separate passes (dx row by row, dw and db output by output), f32.
-//  - Row-parallel bias: every rank adds b / t to its partial sum before the all-reduce; the sum of the t
-//    shares is b, counted once (exact for t a power of two; one rounding otherwise).
+//  - Row-parallel bias: every rank adds b / t to its partial sum before the all-reduce (sequence parallel:
+//    the reduce-scatter); the sum of the t shares is b, counted once (exact for t a power of two; one
+//    rounding otherwise). Sequence parallel's row backward sums db from the gathered dy on its own.
 #include <algorithm>
 #include <vector>
 
@@ -86,6 +87,49 @@ void row_backward(Group& g, const float* x, const float* w, const float* dy, flo
   gemm_backward(x, w, dy, dx, dw, db, rows, in, out);
 }
 
+// ---- sequence parallel ----
+
+void sp_column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  const int64_t share = rows / g.size() * in;
+  std::vector<float> gathered(static_cast<size_t>(share * g.size()));
+  g.all_gather(x, gathered.data(), share);  // rank r's rows land at r·share: the stream in order
+  gemm_forward(gathered.data(), w, b, y, rows, in, out);
+}
+
+void sp_column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                        int64_t in, int64_t out) {
+  const int64_t share = rows / g.size() * in;
+  std::vector<float> gathered(static_cast<size_t>(share * g.size()));
+  g.all_gather(x, gathered.data(), share);
+  std::vector<float> mine_of_all(static_cast<size_t>(rows * in));
+  gemm_backward(gathered.data(), w, dy, mine_of_all.data(), dw, db, rows, in, out);
+  g.reduce_scatter(mine_of_all.data(), dx, share);
+}
+
+void sp_row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  // b / t on every rank's partial sum, as in row_forward: the reduce-scatter adds the t shares
+  std::vector<float> share_b;
+  if (b)
+    for (int64_t o = 0; o < out; o++) share_b.push_back(b[o] / float(g.size()));
+  std::vector<float> partial(static_cast<size_t>(rows * out));
+  gemm_forward(x, w, b ? share_b.data() : nullptr, partial.data(), rows, in, out);
+  g.reduce_scatter(partial.data(), y, rows / g.size() * out);
+}
+
+void sp_row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                     int64_t in, int64_t out) {
+  std::vector<float> every_row(static_cast<size_t>(rows * out));
+  g.all_gather(dy, every_row.data(), rows / g.size() * out);
+  gemm_backward(x, w, every_row.data(), dx, dw, nullptr, rows, in, out);
+  if (db) {  // the whole batch's, row by row
+    std::fill(db, db + out, 0.0f);
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t o = 0; o < out; o++) db[o] += every_row[size_t(r * out + o)];
+  }
+}
+
+void sp_norm_grads(Group& g, float* grads, int64_t n) { g.all_reduce(grads, n); }
+
 void train_step_1f1b(Stage& s) {
   const int m = s.micro_batches();
   const int window = s.stages() - s.stage();  // micro-batches this stage may hold at once
@@ -121,5 +165,14 @@ void train_step_1f1b(Stage& s) {
 
 }  // namespace lab06
 
-extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
-                                        lab06::row_backward, lab06::train_step_1f1b};
+extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,
+                                        lab06::column_forward,
+                                        lab06::column_backward,
+                                        lab06::row_forward,
+                                        lab06::row_backward,
+                                        lab06::train_step_1f1b,
+                                        lab06::sp_column_forward,
+                                        lab06::sp_column_backward,
+                                        lab06::sp_row_forward,
+                                        lab06::sp_row_backward,
+                                        lab06::sp_norm_grads};

@@ -1,7 +1,7 @@
 // The trainer's side of lab 06 (labs/06-tp-pp/api.h). The student's column- and row-parallel Linear runs
-// in the plugin: each call sends this rank's slice of the weights and the activations over, runs the
-// all-reduces the student asks for on the layer's tensor-parallel group (counted and traced like the
-// engine's own), and takes the outputs back, checked: the sizes, and no NaN where a finite number belongs.
+// in the plugin, plain or sequence parallel: each call sends this rank's slice of the weights and the
+// activations over, runs the all-reduces, all-gathers and reduce-scatters the student asks for on the
+// layer's tensor-parallel group (counted and traced like the engine's own), and takes the outputs back, checked: the sizes, and no NaN where a finite number belongs.
 // The student's 1F1B order is checked by check_schedule (core/parallel/pipeline.h) before the pipeline runs
 // it. Compare ColumnParallelLinear and RowParallelLinear (core/parallel/tensor_parallel.cpp), the engine's.
 // Read next: host.cpp beside it (the plugin's side of each request).
@@ -39,6 +39,28 @@ class LabTpKernels : public TpKernels {
                     int64_t in, int64_t out) override {
     backward(labproto::kTpRowBackward, "row_backward", tp, x, w, dy, dx, dw, db, rows, in, out);
   }
+  void sp_column_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                         int64_t out) override {
+    forward(labproto::kTpSpColumnForward, "sp_column_forward", tp, x, w, b, y, rows, in, out);
+  }
+  void sp_row_forward(ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in,
+                      int64_t out) override {
+    forward(labproto::kTpSpRowForward, "sp_row_forward", tp, x, w, b, y, rows, in, out);
+  }
+  void sp_column_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                          int64_t in, int64_t out) override {
+    backward(labproto::kTpSpColumnBackward, "sp_column_backward", tp, x, w, dy, dx, dw, db, rows, in, out);
+  }
+  void sp_row_backward(ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                       int64_t in, int64_t out) override {
+    backward(labproto::kTpSpRowBackward, "sp_row_backward", tp, x, w, dy, dx, dw, db, rows, in, out);
+  }
+  void sp_norm_grads(ProcessGroup& tp, float* g, int64_t n) override {
+    std::vector<char> payload;
+    put(payload, g, n);
+    const auto got = plugin_.call(labproto::kTpSpNormGrads, {tp.rank(), tp.size(), n}, payload.data(), payload.size(), &tp, &rt_, "sp_norm_grads");
+    take(got, "sp_norm_grads", {{g, n, "grads"}}, 0, n, 0);
+  }
 
  private:
   static void put(std::vector<char>& v, const float* p, int64_t n) {
@@ -63,23 +85,32 @@ class LabTpKernels : public TpKernels {
                                          : "the inputs are finite: an infinite output is an arithmetic mistake");
     }
   }
+  // The rows of x (and dx) and of y (and dy) in a call: every row, or — sequence parallel — this rank's
+  // rows/t on the stream's side (a column layer's input, a row layer's output).
+  static std::pair<int64_t, int64_t> row_counts(labproto::Fn fn, int64_t rows, int t) {
+    const bool sp = fn >= labproto::kTpSpColumnForward && fn <= labproto::kTpSpRowBackward;
+    const bool column = fn == labproto::kTpSpColumnForward || fn == labproto::kTpSpColumnBackward;
+    return {sp && column ? rows / t : rows, sp && !column ? rows / t : rows};
+  }
   void forward(labproto::Fn fn, const char* name, ProcessGroup& tp, const float* x, const float* w, const float* b, float* y, int64_t rows,
                int64_t in, int64_t out) {
+    const auto [xr, yr] = row_counts(fn, rows, tp.size());
     std::vector<char> payload;
-    put(payload, x, rows * in);
+    put(payload, x, xr * in);
     put(payload, w, out * in);
     if (b) put(payload, b, out);
     const auto got = plugin_.call(fn, {tp.rank(), tp.size(), rows, in, out, b ? 1 : 0}, payload.data(), payload.size(), &tp, &rt_, name);
-    take(got, name, {{y, rows * out, "y"}}, rows, in, out);
+    take(got, name, {{y, yr * out, "y"}}, rows, in, out);
   }
   void backward(labproto::Fn fn, const char* name, ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, int64_t rows, int64_t in, int64_t out) {
+    const auto [xr, yr] = row_counts(fn, rows, tp.size());
     std::vector<char> payload;
-    put(payload, x, rows * in);
+    put(payload, x, xr * in);
     put(payload, w, out * in);
-    put(payload, dy, rows * out);
+    put(payload, dy, yr * out);
     const auto got = plugin_.call(fn, {tp.rank(), tp.size(), rows, in, out, db ? 1 : 0}, payload.data(), payload.size(), &tp, &rt_, name);
-    take(got, name, {{dx, rows * in, "dx"}, {dw, out * in, "dw"}, {db, db ? out : 0, "db"}}, rows, in, out);
+    take(got, name, {{dx, xr * in, "dx"}, {dw, out * in, "dw"}, {db, db ? out : 0, "db"}}, rows, in, out);
   }
 
   LabPlugin& plugin_;

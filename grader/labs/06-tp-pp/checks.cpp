@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -34,14 +35,24 @@ struct Ranks {
   }
 };
 
+// One collective the ranks asked for: an all-reduce of n floats, an all-gather or a reduce-scatter of n per rank.
+struct Coll {
+  char op = 'A';  // 'A' all-reduce, 'G' all-gather, 'S' reduce-scatter
+  int64_t n = 0;
+  bool operator==(const Coll& o) const { return op == o.op && n == o.n; }
+  bool operator!=(const Coll& o) const { return !(*this == o); }
+};
+std::string coll_name(char op) { return op == 'A' ? "all_reduce" : op == 'G' ? "all_gather" : "reduce_scatter"; }
+
 struct Called {
   std::vector<std::vector<float>> out;  // each rank's answer, as floats
-  std::vector<int64_t> reduces;         // the floats of each all-reduce, in order
-  std::string mismatch;                 // the ranks did not ask for the same all-reduces
+  std::vector<Coll> colls;              // the collectives, in order
+  std::string mismatch;                 // the ranks did not ask for the same collectives
 };
 
-// Runs `fn` on every rank at once: each receives its own payload; their all-reduces are answered with the
-// sum over the ranks, in rank order, as the trainer's process group would.
+// Runs `fn` on every rank at once: each receives its own payload; their collectives are answered as the
+// trainer's process group would — an all-reduce with the sum over the ranks (in rank order), an all-gather
+// with every rank's floats in rank order, a reduce-scatter with this rank's part of the sum.
 Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, int64_t in, int64_t out, bool bias,
                 const std::vector<std::vector<float>>& payloads, const std::string& during) {
   const int t = int(ranks.p.size());
@@ -52,7 +63,7 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
     for (int k = 0; k < 7; k++) f.arg[k] = args[k];
     ranks.p[size_t(r)]->send(f, payloads[size_t(r)].data(), payloads[size_t(r)].size() * 4, ctx.deadline, during.c_str());
   }
-  // the largest answer or all_reduce a rank may send: every output of the layer at once (y or dx, dW, db),
+  // the largest answer or collective a rank may send: every output of the layer at once (y or dx, dW, db),
   // plus room for an exception's text; anything larger is refused before the grader allocates for it
   const uint64_t limit = 4 * (uint64_t(rows) * uint64_t(in + out) + uint64_t(in) * uint64_t(out) + uint64_t(out)) + (uint64_t(64) << 10);
   Called c;
@@ -60,6 +71,7 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
   std::vector<bool> done(static_cast<size_t>(t), false);
   for (;;) {
     std::vector<std::vector<float>> asked(static_cast<size_t>(t));
+    std::vector<Coll> kind(static_cast<size_t>(t));
     std::vector<int> waiting, returned;
     for (int r = 0; r < t; r++) {
       if (done[size_t(r)]) {
@@ -71,7 +83,8 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
       ranks.p[size_t(r)]->receive(f, payload, ctx.deadline, during.c_str(), limit);
       if (f.op == labproto::kRaised)
         throw CheckAbort("error", fmt::format("rank {}'s {} threw: {}", r, during, sanitize_output(std::string(payload.begin(), payload.end()), 1500)));
-      if ((f.op != labproto::kReturn && f.op != labproto::kAllReduce) || payload.size() % 4)
+      const bool coll = f.op == labproto::kAllReduce || f.op == labproto::kAllGather || f.op == labproto::kReduceScatter;
+      if ((f.op != labproto::kReturn && !coll) || payload.size() % 4)
         throw CheckAbort("error", fmt::format("rank {}'s {} sent a broken request (opcode {})", r, during, f.op));
       std::vector<float> v(payload.size() / 4);
       if (!v.empty()) std::memcpy(v.data(), payload.data(), payload.size());
@@ -79,33 +92,48 @@ Called call_all(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, int64_t rows, 
         done[size_t(r)] = true;
         c.out[size_t(r)] = std::move(v);
         returned.push_back(r);
-      } else {
-        asked[size_t(r)] = std::move(v);
-        waiting.push_back(r);
+        continue;
       }
+      // the per-rank count the host put in the frame must describe the payload (the host checks it too)
+      const int64_t n = int64_t(v.size());
+      if (f.op == labproto::kAllGather) kind[size_t(r)] = {'G', n};
+      else if (f.op == labproto::kReduceScatter) {
+        if (n % t != 0 || f.arg[1] != n / t || f.arg[0] != 0)
+          throw CheckAbort("error", fmt::format("rank {}'s {} sent a broken reduce_scatter ({} floats for n = {})", r, during, n, f.arg[1]));
+        kind[size_t(r)] = {'S', n / t};
+      } else kind[size_t(r)] = {'A', n};
+      asked[size_t(r)] = std::move(v);
+      waiting.push_back(r);
     }
     if (waiting.empty()) return c;
-    if (!returned.empty()) {  // the others wait in an all-reduce that rank `returned[0]` never joins: a hang in a real group
-      c.mismatch = fmt::format("rank {} asked for an all_reduce of {} floats that rank {} never joined (it returned): on a real group "
-                               "rank {} would wait forever",
-                               waiting[0], asked[size_t(waiting[0])].size(), returned[0], waiting[0]);
+    if (!returned.empty()) {  // the others wait in a collective that rank `returned[0]` never joins: a hang in a real group
+      const Coll& k = kind[size_t(waiting[0])];
+      c.mismatch = fmt::format("rank {} asked for {} of {} floats that rank {} never joined (it returned): on a real group rank {} would wait forever",
+                               waiting[0], coll_name(k.op), k.n, returned[0], waiting[0]);
       return c;
     }
-    const size_t n = asked[0].size();
     for (int r = 1; r < t; r++)
-      if (asked[size_t(r)].size() != n) {
-        c.mismatch = fmt::format("in the same all_reduce rank 0 gave {} floats and rank {} gave {}", n, r, asked[size_t(r)].size());
+      if (kind[size_t(r)] != kind[0]) {
+        c.mismatch = fmt::format("in the same collective rank 0 asked for {} of {} floats and rank {} for {} of {}", coll_name(kind[0].op),
+                                 kind[0].n, r, coll_name(kind[size_t(r)].op), kind[size_t(r)].n);
         return c;
       }
-    std::vector<float> sum(n, 0.0f);
-    for (int r = 0; r < t; r++)
-      for (size_t i = 0; i < n; i++) sum[i] += asked[size_t(r)][i];
+    const Coll k = kind[0];
+    std::vector<float> all;  // all-gather: every rank's floats; else the sum
+    if (k.op == 'G') {
+      for (int r = 0; r < t; r++) all.insert(all.end(), asked[size_t(r)].begin(), asked[size_t(r)].end());
+    } else {
+      all.assign(asked[0].size(), 0.0f);
+      for (int r = 0; r < t; r++)
+        for (size_t i = 0; i < all.size(); i++) all[i] += asked[size_t(r)][i];
+    }
     for (int r = 0; r < t; r++) {
       wire::Frame a;
       a.op = labproto::kData;
-      ranks.p[size_t(r)]->send(a, sum.data(), n * 4, ctx.deadline, during.c_str());
+      const float* at = k.op == 'S' ? all.data() + r * k.n : all.data();
+      ranks.p[size_t(r)]->send(a, at, size_t(k.op == 'S' ? k.n : int64_t(all.size())) * 4, ctx.deadline, during.c_str());
     }
-    c.reduces.push_back(int64_t(n));
+    c.colls.push_back(k);
   }
 }
 
@@ -169,12 +197,13 @@ std::string compare(const std::vector<float>& got, size_t at, const std::vector<
   return "";
 }
 
-std::string reduces_text(const std::vector<int64_t>& r) {
-  if (r.empty()) return "no all-reduce";
+std::string colls_text(const std::vector<Coll>& r) {
+  if (r.empty()) return "no communication";
   std::string s;
-  for (int64_t n : r) s += fmt::format("{}{}", s.empty() ? "" : ", ", n);
-  return fmt::format("all-reduces of {} floats", s);
+  for (const Coll& c : r) s += fmt::format("{}{} of {} floats{}", s.empty() ? "" : ", ", coll_name(c.op), c.n, c.op == 'A' ? "" : " per rank");
+  return s;
 }
+std::vector<Coll> all_reduces(int64_t n) { return n ? std::vector<Coll>{{'A', n}} : std::vector<Coll>{}; }
 
 constexpr int64_t kRows = 6, kIn = 16, kOut = 12;  // both split over 2 and 4
 
@@ -200,26 +229,26 @@ CheckResult layer_check(CheckContext& ctx, bool column) {
     // forward
     const Called f = call_all(ctx, ranks, column ? labproto::kTpColumnForward : labproto::kTpRowForward, kRows, in, out, true, fin,
                               fmt::format("{} ({})", fwd, setup));
-    if (!f.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same all-reduces", fwd, setup), f.mismatch, ""};
+    if (!f.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same collectives", fwd, setup), f.mismatch, ""};
     for (int r = 0; r < t; r++) {
       const std::vector<double> want = column ? cols(W.y, kRows, kOut, r * out, out) : W.y;
       if (std::string bad = compare(f.out[size_t(r)], 0, want, "y"); !bad.empty()) {
         CheckResult res{false, fmt::format("{} ({}), rank {}: {}", fwd, setup, r, column ? "its outputs of the whole layer" : "the whole layer's output"),
-                        bad + fmt::format(" ({})", reduces_text(f.reduces)), ""};
-        if (!column && f.reduces.empty()) res.hint = "each rank holds one term of y = Σ_r x_r·W_rᵀ: all-reduce it";
+                        bad + fmt::format(" ({})", colls_text(f.colls)), ""};
+        if (!column && f.colls.empty()) res.hint = "each rank holds one term of y = Σ_r x_r·W_rᵀ: all-reduce it";
         else if (!column) res.hint = "the bias once, after the all-reduce: added before it, the sum counts it t times";
         return res;
       }
     }
-    if (f.reduces != std::vector<int64_t>(want_fwd ? 1 : 0, want_fwd))
+    if (f.colls != all_reduces(want_fwd))
       return {false, fmt::format("{} ({}): {}", fwd, setup, want_fwd ? fmt::format("one all-reduce of rows x out = {} floats", want_fwd) : "no communication"),
-              reduces_text(f.reduces), "",
+              colls_text(f.colls), "",
               column ? "x is whole on every rank: a column-parallel forward needs nothing from the others (f is the identity)"
                      : "one all-reduce of the partial outputs, nothing else"};
     // backward
     const Called b = call_all(ctx, ranks, column ? labproto::kTpColumnBackward : labproto::kTpRowBackward, kRows, in, out, true, bin,
                               fmt::format("{} ({})", bwd, setup));
-    if (!b.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same all-reduces", bwd, setup), b.mismatch, ""};
+    if (!b.mismatch.empty()) return {false, fmt::format("{} ({}): every rank asks for the same collectives", bwd, setup), b.mismatch, ""};
     for (int r = 0; r < t; r++) {
       const std::vector<double> dx = column ? W.dx : cols(W.dx, kRows, kIn, r * in, in);
       const std::vector<double> dw = column ? rows_of(W.dw, kIn, r * out, out) : cols(W.dw, kOut, kIn, r * in, in);
@@ -228,10 +257,10 @@ CheckResult layer_check(CheckContext& ctx, bool column) {
       std::string bad = compare(got, 0, dx, "dx");
       if (!bad.empty()) {
         CheckResult res{false, fmt::format("{} ({}), rank {}: {}", bwd, setup, r, column ? "dx, the gradient of the whole input" : "dx, its columns of the input's gradient"),
-                        bad + fmt::format(" ({})", reduces_text(b.reduces)), ""};
-        if (column && b.reduces.empty())
+                        bad + fmt::format(" ({})", colls_text(b.colls)), ""};
+        if (column && b.colls.empty())
           res.hint = "every rank's outputs depend on all of x: dx = Σ_r dy_r·W_r, one term per rank — all-reduce it (f's backward)";
-        else if (!column && !b.reduces.empty()) res.hint = "dy is whole on every rank: dx = dy·W_r needs no communication (g's backward is the identity)";
+        else if (!column && !b.colls.empty()) res.hint = "dy is whole on every rank: dx = dy·W_r needs no communication (g's backward is the identity)";
         return res;
       }
       if (bad = compare(got, size_t(kRows * in), dw, "dw"); bad.empty()) bad = compare(got, size_t(kRows * in + out * in), db, "db");
@@ -239,13 +268,148 @@ CheckResult layer_check(CheckContext& ctx, bool column) {
         return {false, fmt::format("{} ({}), rank {}: dw = dyᵀ·x and db = Σ dy for its slice", bwd, setup, r), bad, "",
                 "this rank's weights see only this rank's slice: dw = dy_rᵀ·x (column) or dyᵀ·x_r (row), no communication"};
     }
-    if (b.reduces != std::vector<int64_t>(want_bwd ? 1 : 0, want_bwd))
+    if (b.colls != all_reduces(want_bwd))
       return {false, fmt::format("{} ({}): {}", bwd, setup, want_bwd ? fmt::format("one all-reduce of rows x in = {} floats (dx)", want_bwd) : "no communication"),
-              reduces_text(b.reduces), "",
+              colls_text(b.colls), "",
               column ? "one all-reduce of dx, nothing else: dw and db are this rank's own" : "dy is whole on every rank: nothing to communicate"};
   }
   return {true, "", "", column ? "y, dx, dw and db on every rank within the tolerance; backward: one all-reduce of dx, forward: none"
                                : "y, dx, dw and db on every rank within the tolerance; forward: one all-reduce of y, backward: none"};
+}
+
+// ---- sequence parallel: the same layers with the stream's side split by rows ----
+
+constexpr int64_t kSpRows = 8;  // every rank's token rows together: 8/t each
+
+// One sequence-parallel call on t ranks: each rank's outputs compared with `want` (name, values), in the
+// order the host returns them, and the collectives with `colls`. "" or what went wrong (its hint in `hint`).
+std::string sp_call(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, const char* name, int64_t in, int64_t out, bool bias,
+                    const std::vector<std::vector<float>>& payloads, const std::vector<std::vector<std::pair<const char*, std::vector<double>>>>& want,
+                    const std::vector<Coll>& colls, const std::function<std::string(const Called&, int, const char*)>& hint, std::string& hint_out) {
+  const int t = int(ranks.p.size());
+  const std::string setup = fmt::format("{} (t = {}, rows {} of which {} on each rank, in {}, out {})", name, t, kSpRows, kSpRows / t, in, out);
+  const Called c = call_all(ctx, ranks, fn, kSpRows, in, out, bias, payloads, setup);
+  if (!c.mismatch.empty()) return fmt::format("{}: {}", setup, c.mismatch);
+  for (int r = 0; r < t; r++) {
+    size_t at = 0;
+    for (const auto& [what, values] : want[size_t(r)]) {
+      if (std::string bad = compare(c.out[size_t(r)], at, values, what); !bad.empty()) {
+        hint_out = hint(c, r, what);
+        return fmt::format("{}, rank {}: {} ({})", setup, r, bad, colls_text(c.colls));
+      }
+      at += values.size();
+    }
+  }
+  if (c.colls != colls) {
+    hint_out = hint(c, -1, "");
+    return fmt::format("{}: {} where the layer needs {}", setup, colls_text(c.colls), colls_text(colls));
+  }
+  return "";
+}
+
+bool has(const Called& c, char op) {
+  return std::any_of(c.colls.begin(), c.colls.end(), [op](const Coll& k) { return k.op == op; });
+}
+
+CheckResult sp_layers(CheckContext& ctx) {
+  const char* kWhat = "every rank's outputs equal its part of the whole layer, with Megatron's sequence-parallel collectives";
+  std::string hint;
+  auto fail = [&](const std::string& got) { return CheckResult{false, kWhat, got, "", hint}; };
+  for (int t : {2, 4}) {
+    const Whole W(kSpRows, kIn, kOut, 4321u + uint32_t(t));
+    const int64_t mine = kSpRows / t;
+    Ranks ranks(ctx, t);
+    // column-parallel: W's rows (outputs) split; x and dx this rank's token rows, y and dy every row
+    {
+      const int64_t out = kOut / t;
+      std::vector<std::vector<float>> fin, bin;
+      std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
+      for (int r = 0; r < t; r++) {
+        const auto x = rows_of(W.x, kIn, r * mine, mine), w = rows_of(W.w, kIn, r * out, out);
+        fin.push_back(concat({x, w, rows_of(W.b, 1, r * out, out)}));
+        bin.push_back(concat({x, w, cols(W.dy, kSpRows, kOut, r * out, out)}));
+        fw.push_back({{"y", cols(W.y, kSpRows, kOut, r * out, out)}});
+        bw.push_back({{"dx", rows_of(W.dx, kIn, r * mine, mine)}, {"dw", rows_of(W.dw, kIn, r * out, out)}, {"db", rows_of(W.db, 1, r * out, out)}});
+      }
+      std::string bad = sp_call(ctx, ranks, labproto::kTpSpColumnForward, "sp_column_forward", kIn, out, true, fin, fw, {{'G', mine * kIn}},
+                                [](const Called& c, int, const char*) {
+                                  if (has(c, 'A') || has(c, 'S')) return std::string("the input is split by rows, not summed: every rank's rows gathered (all_gather) make x whole, and nothing else is needed");
+                                  return std::string("x holds this rank's rows only, and y needs every row: all_gather the rows first (Megatron's g), rank 0's first");
+                                },
+                                hint);
+      if (!bad.empty()) return fail(bad);
+      bad = sp_call(ctx, ranks, labproto::kTpSpColumnBackward, "sp_column_backward", kIn, out, true, bin, bw, {{'G', mine * kIn}, {'S', mine * kIn}},
+                    [](const Called& c, int, const char* what) {
+                      if (has(c, 'A'))
+                        return std::string("an all-reduce of dx leaves every rank every row, for twice a reduce-scatter's bytes: each rank keeps only its rows "
+                                           "of the sum — reduce_scatter (g's backward)");
+                      if (what && std::string(what) == "dw")
+                        return std::string("dw = dyᵀ·x needs every row of x: gather the input again (the forward's gathered copy is not kept)");
+                      if (!has(c, 'G'))
+                        return std::string("the input was kept from the forward: keep nothing between calls — Megatron gathers it again in backward, so a "
+                                           "rank stores only its rows of the stream between the layers");
+                      return std::string("dx = Σ_r dy_r·W_r, one term per rank, and each rank keeps its own rows of the sum: reduce_scatter");
+                    },
+                    hint);
+      if (!bad.empty()) return fail(bad);
+    }
+    // row-parallel: W's columns (inputs) split; x and dx every row, y and dy this rank's token rows
+    {
+      const int64_t in = kIn / t;
+      std::vector<std::vector<float>> fin, bin;
+      std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
+      for (int r = 0; r < t; r++) {
+        const auto x = cols(W.x, kSpRows, kIn, r * in, in), w = cols(W.w, kOut, kIn, r * in, in);
+        fin.push_back(concat({x, w, W.b}));
+        bin.push_back(concat({x, w, rows_of(W.dy, kOut, r * mine, mine)}));
+        fw.push_back({{"y", rows_of(W.y, kOut, r * mine, mine)}});
+        bw.push_back({{"dx", cols(W.dx, kSpRows, kIn, r * in, in)}, {"dw", cols(W.dw, kOut, kIn, r * in, in)}, {"db", W.db}});
+      }
+      std::string bad = sp_call(ctx, ranks, labproto::kTpSpRowForward, "sp_row_forward", in, kOut, true, fin, fw, {{'S', mine * kOut}},
+                                [](const Called& c, int, const char*) {
+                                  if (has(c, 'A'))
+                                    return std::string("an all-reduce, then your rows: every rank receives the whole sum and drops (t-1)/t of it, twice "
+                                                       "the bytes of a reduce-scatter (ḡ), which delivers each rank its rows of the sum alone");
+                                  if (c.colls.empty()) return std::string("each rank holds one term of y: its rows of the sum need every rank's term — reduce_scatter");
+                                  return std::string("the bias once per row, after the sum (before it, the sum counts it t times)");
+                                },
+                                hint);
+      if (!bad.empty()) return fail(bad);
+      bad = sp_call(ctx, ranks, labproto::kTpSpRowBackward, "sp_row_backward", in, kOut, true, bin, bw, {{'G', mine * kOut}},
+                    [](const Called& c, int, const char* what) {
+                      if (what && std::string(what) == "db" && has(c, 'G'))
+                        return std::string("db is the whole micro-batch's: Σ over every row's dy, the gathered one");
+                      if (!has(c, 'G')) return std::string("dy holds this rank's rows only; dx and dw need every row's: all_gather dy (ḡ's backward)");
+                      return std::string("one all-gather of dy, then the given GEMM: nothing else crosses the ranks");
+                    },
+                    hint);
+      if (!bad.empty()) return fail(bad);
+    }
+    // a LayerNorm's gradient from this rank's rows: the micro-batch's is the sum over the ranks
+    {
+      std::vector<std::vector<float>> in;
+      std::vector<double> sum(size_t(kOut), 0.0);
+      std::mt19937 g(99u + uint32_t(t));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (int r = 0; r < t; r++) {
+        std::vector<float> v;
+        for (int64_t i = 0; i < kOut; i++) v.push_back(u(g)), sum[size_t(i)] += v.back();
+        in.push_back(v);
+      }
+      const std::string setup = fmt::format("sp_norm_grads (t = {}, {} floats)", t, kOut);
+      const Called c = call_all(ctx, ranks, labproto::kTpSpNormGrads, kOut, 0, 0, false, in, setup);
+      if (!c.mismatch.empty()) return fail(fmt::format("{}: {}", setup, c.mismatch));
+      for (int r = 0; r < t; r++)
+        if (std::string bad = compare(c.out[size_t(r)], 0, sum, "grads"); !bad.empty()) {
+          hint = "each rank's LayerNorm saw its own rows: the micro-batch's gradient is the sum of every rank's (Megatron all-reduces the "
+                 "sequence-parallel LayerNorm gradients)";
+          return fail(fmt::format("{}, rank {}: {} ({})", setup, r, bad, colls_text(c.colls)));
+        }
+    }
+  }
+  return {true, "", "",
+          "t = 2 and 4, every output on every rank: column forward one all-gather; column backward all-gather again + reduce-scatter; row "
+          "forward one reduce-scatter; row backward one all-gather; the LayerNorms' gradients summed"};
 }
 
 // ---- the executor, run directly for every stage of many pipelines, its sends and receives matched here ----
@@ -527,6 +691,51 @@ CheckResult tp_comm_volume(CheckContext& ctx) {
                      : "fewer bytes than the two all-reduces per layer pair need"};
 }
 
+const std::string kSp = "parallel.sequence_parallel=true";
+
+CheckResult sp_equals_tp(CheckContext& ctx) {
+  const Job& ref = job(ctx, "tp1", 1, false, plus(kBase, {"parallel.tp=1"}));
+  std::string detail;
+  for (int t : {2, 4}) {
+    const Job& mine = job(ctx, fmt::format("sp{}", t), t, true, plus(kBase, {fmt::format("parallel.tp={}", t), kSp}));
+    CheckResult bad;
+    const std::string d = worst(ref, mine, 1e-6, fmt::format("tp {} + sequence parallel", t), bad);
+    if (d.empty()) {
+      bad.hint = "the layers pass alone: are the LayerNorms' gradients (sp_norm_grads) the whole micro-batch's?";
+      return bad;
+    }
+    detail += (detail.empty() ? "" : "; ") + d;
+  }
+  return {true, "", "", detail};
+}
+
+double peak_activations(const Job& j) {
+  return j.summary.value("peak_memory", nlohmann::json::object()).value("activations", 0.0);
+}
+
+// The bytes: Korthikanti et al.'s all-gather + reduce-scatter for each all-reduce of the stream (the same
+// bytes), plus the input gathered again in each column layer's backward — per block 10 halves where plain
+// TP has 4 all-reduces (8 halves): 1.25x for the layers. The memory: what the trainer holds between the
+// layers is this rank's rows (the residual stream, the LayerNorms' and dropouts' activations).
+CheckResult sp_comm_volume(CheckContext& ctx) {
+  const auto tp = plus(kBase, {"parallel.tp=2"}), sp = plus(tp, {kSp});
+  const Job& ref = job(ctx, "ref:sp2", 2, false, sp);
+  const Job& mine = job(ctx, "sp2", 2, true, sp);
+  const Job& plain = job(ctx, "tp2", 2, true, tp);
+  const double want = bytes_per_step(ref), got = bytes_per_step(mine), tp_bytes = bytes_per_step(plain);
+  const double act_sp = peak_activations(mine), act_tp = peak_activations(plain);
+  const std::string detail =
+      fmt::format("tp 2 + SP: {:.0f} bytes per step, the engine's {:.0f} ({:.3f}x plain TP's {:.0f}: the layers' 1.25x and the LayerNorms' "
+                  "gradient sums); activations at the peak {:.0f} bytes against plain TP's {:.0f} ({:.2f}x)",
+                  got, want, tp_bytes > 0 ? got / tp_bytes : 0.0, tp_bytes, act_sp, act_tp, act_tp > 0 ? act_sp / act_tp : 0.0);
+  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", detail};
+  return {false, fmt::format("tp 2 + sequence parallel: {:.0f} bytes per step, as the engine's sequence-parallel run", want),
+          fmt::format("{:.0f} ({:.2f}x)", got, got / want), detail,
+          got > want ? "an all-reduce where a reduce-scatter does (each rank needs only its rows of the sum) sends twice the bytes"
+                     : "fewer bytes than Megatron's: is a gathered input kept between forward and backward? The contract keeps nothing "
+                       "between calls (the memory it would hold is what sequence parallelism frees)"};
+}
+
 CheckResult pp_equals_pp1(CheckContext& ctx) {
   std::string detail;
   for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 8}}) {
@@ -605,6 +814,9 @@ std::map<std::string, CheckDef> lab06_checks() {
       {"row_parallel", {[](CheckContext& c) { return layer_check(c, false); }}},
       {"tp_equals_tp1", {tp_equals_tp1, true}},
       {"tp_comm_volume", {tp_comm_volume, true}},
+      {"sp_layers", {sp_layers}},
+      {"sp_equals_tp", {sp_equals_tp, true}},
+      {"sp_comm_volume", {sp_comm_volume, true}},
       {"executor_1f1b", {executor_1f1b}},
       {"pp_equals_pp1", {pp_equals_pp1, true}},
       {"bubble_and_memory", {bubble_and_memory, true}},

@@ -1,6 +1,7 @@
 // Lab 06 — tensor and pipeline parallelism: Megatron's column- and row-parallel Linear (which slice each
-// rank computes, with api.h's linear_forward/backward, and the one all-reduce each pair needs), and the
-// 1F1B schedule of a pipeline stage.
+// rank computes, with api.h's linear_forward/backward, and the one all-reduce each pair needs), the same
+// layers under sequence parallelism (the all-reduce's two halves, the input gathered again in backward),
+// and the 1F1B schedule of a pipeline stage.
 #include <algorithm>
 #include <vector>
 
@@ -39,6 +40,51 @@ void row_backward(Group& g, const float* x, const float* w, const float* dy, flo
   /// END SOLUTION
 }
 
+void sp_column_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  /// BEGIN SOLUTION
+  std::vector<float> all(size_t(rows * in));
+  g.all_gather(x, all.data(), rows / g.size() * in);  // g: every rank's rows, in order — the input whole for this forward
+  linear_forward(all.data(), w, b, y, rows, in, out);
+  /// END SOLUTION
+}
+
+void sp_column_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                        int64_t in, int64_t out) {
+  /// BEGIN SOLUTION
+  std::vector<float> all(size_t(rows * in)), dx_all(size_t(rows * in));
+  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept
+  linear_backward(all.data(), w, dy, dx_all.data(), dw, db, rows, in, out);
+  g.reduce_scatter(dx_all.data(), dx, rows / g.size() * in);  // g's backward: this rank's rows of Σ_r dy_r · W_r
+  /// END SOLUTION
+}
+
+void sp_row_forward(Group& g, const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
+  /// BEGIN SOLUTION
+  std::vector<float> term(size_t(rows * out));
+  linear_forward(x, w, nullptr, term.data(), rows, in, out);  // this rank's term of the sum, every row
+  const int64_t mine = rows / g.size();
+  g.reduce_scatter(term.data(), y, mine * out);  // ḡ: this rank's rows of the sum
+  if (b)
+    for (int64_t i = 0; i < mine; i++)
+      for (int64_t o = 0; o < out; o++) y[i * out + o] += b[o];
+  /// END SOLUTION
+}
+
+void sp_row_backward(Group& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t rows,
+                     int64_t in, int64_t out) {
+  /// BEGIN SOLUTION
+  std::vector<float> dy_all(size_t(rows * out));
+  g.all_gather(dy, dy_all.data(), rows / g.size() * out);  // ḡ's backward: every row's gradient
+  linear_backward(x, w, dy_all.data(), dx, dw, db, rows, in, out);
+  /// END SOLUTION
+}
+
+void sp_norm_grads(Group& g, float* grads, int64_t n) {
+  /// BEGIN SOLUTION
+  g.all_reduce(grads, n);  // each rank's rows add their terms: the whole micro-batch's gradient is the sum
+  /// END SOLUTION
+}
+
 void train_step_1f1b(Stage& s) {
   /// BEGIN SOLUTION
   const int p = s.stages(), m = s.micro_batches();
@@ -70,5 +116,14 @@ void train_step_1f1b(Stage& s) {
 
 }  // namespace lab06
 
-extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,           lab06::column_forward, lab06::column_backward, lab06::row_forward,
-                                        lab06::row_backward, lab06::train_step_1f1b};
+extern "C" Lab06Plugin distlab_lab06 = {kLab06Abi,
+                                        lab06::column_forward,
+                                        lab06::column_backward,
+                                        lab06::row_forward,
+                                        lab06::row_backward,
+                                        lab06::train_step_1f1b,
+                                        lab06::sp_column_forward,
+                                        lab06::sp_column_backward,
+                                        lab06::sp_row_forward,
+                                        lab06::sp_row_backward,
+                                        lab06::sp_norm_grads};
