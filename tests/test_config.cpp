@@ -99,6 +99,9 @@ TEST_CASE("NaN, infinity and absurd sizes are refused with the key and where it 
   CHECK_THROWS_WITH(parse_config("", "run.toml", {"parallel.bucket_mb=1e-300"}),
                     Catch::Contains("parallel.bucket_mb") && Catch::Contains("less than one float"));
   CHECK_NOTHROW(parse_config("", "run.toml", {"parallel.bucket_mb=0.0001", "train.seed=0"}));
+  for (const char* depth : {"parallel.prefetch_depth=0", "parallel.prefetch_depth=65", "parallel.prefetch_depth=-1"})
+    CHECK_THROWS_WITH(parse_config("", "run.toml", {depth}), Catch::Contains("parallel.prefetch_depth") && Catch::Contains("1..64"));
+  CHECK(parse_config("", "run.toml", {"parallel.prefetch_depth=4"}).parallel.prefetch_depth == 4);
   // a size past what an int64 holds wrapped negative ("-8388608.00 TiB per GPU")
   CHECK_THROWS_WITH(distlab::parse_bytes("1e30GiB", "--gpu-mem"), Catch::Contains("--gpu-mem") && Catch::Contains("8 EiB"));
   CHECK(distlab::parse_bytes("80GB", "--gpu-mem") == 80000000000LL);

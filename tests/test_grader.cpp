@@ -1029,7 +1029,7 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   fs::remove_all(subs);
 }
 
-TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, a hard-coded order, no padding, no no_sync, offload's way back", "[grader][lab05]") {
+TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or never, a view after its free, no prefetch, a hard-coded order, a memory budget unused or exceeded, no padding, no no_sync, offload's way back", "[grader][lab05]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/05-fsdp-1b/fsdp.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs05-" + std::to_string(getpid()));
@@ -1057,14 +1057,17 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       // the buffer freed, the unit still believed whole: its backward starts on views of a freed buffer
       {"view_after_free", replace(solution, "  u.flats.clear();\n  u.state = State::sharded;\n", "")},
       // every gather waited for on the spot: nothing overlaps
-      {"no_prefetch", replace(replace(solution, "    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);", "    {}"),
-                              "    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);", "    {}")},
+      {"no_prefetch", replace(solution, "  if (!o.prefetch) return;\n  if (o.gather_budget <= 0) {", "  return;\n  if (o.gather_budget <= 0) {")},
       // a prefetch that reads a hard-coded order: the unit numbered one more (forward) or one less (backward),
       // as if the numbers were the order. The grader draws them: it gathers units that do not run next
-      {"hard_coded_order", replace(replace(solution, "    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);",
-                                           "    if (const int next = unit + 1 < f.num_units() ? unit + 1 : -1; next >= 0) start_gather(f, o, next);"),
-                                   "    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);",
-                                   "    if (const int next = unit - 1; next >= 0) start_gather(f, o, next);")},
+      {"hard_coded_order", replace(solution, "    if (const int next = order.next(unit); next >= 0) start_gather(f, o, next);",
+                                   "    if (const int next = &order == &forward_order ? (unit + 1 < f.num_units() ? unit + 1 : -1) : unit - 1; next >= 0)\n"
+                                   "      start_gather(f, o, next);")},
+      // the budget ignored: one unit ahead, as without one — right, and within the budget, but the slow link's
+      // gathers start later than the budget allows
+      {"budget_unused", replace(solution, "  if (o.gather_budget <= 0) {", "  if (true) {")},
+      // the budget never checked: every unit ahead gathered at once — the exposure falls, the memory goes over
+      {"budget_exceeded", replace(solution, "    if (held + need > o.gather_budget) break;\n", "")},
       // the root rule broken: the root is freed after forward, so backward starts with an exposed gather of it
       {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != root) reshard(f, unit);\n",
                              "  if (o.reshard_after_forward) reshard(f, unit);\n")},
@@ -1078,12 +1081,16 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"offload_never_copies_back", replace(solution, "    if (o.offload) {  // the optimizer steps on the host: the part crosses the bus", "    if (false) {")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/05-fsdp-1b/student/fsdp.cpp") +
-                          "\nstatic int forged = [] { std::puts(\"14/14 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
+                          "\nstatic int forged = [] { std::puts(\"16/16 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
   auto rows = grade_batch("05", subs, files, "fsdp.cpp");
-  CHECK(rows["solution"].total == 14);
-  CHECK(rows["alt_comm_stream"].total == 14);
-  CHECK(rows["alt_flat_ledger"].total == 14);
+  CHECK(rows["solution"].total == 16);
+  CHECK(rows["alt_comm_stream"].total == 16);
+  CHECK(rows["alt_flat_ledger"].total == 16);
+  CHECK(rows["budget_unused"].points["prefetch_budget"] == 0);
+  CHECK(rows["budget_unused"].points["prefetch_overlaps"] == 2);
+  CHECK(rows["budget_exceeded"].points["prefetch_budget"] == 0);
+  CHECK(rows["budget_exceeded"].points["prefetch_overlaps"] == 2);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["reduces_every_micro_step"].points["fsdp_equals_ddp"] == 0);
@@ -1117,6 +1124,8 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK_THAT(read(feedback / "no_prefetch.txt"), Catch::Contains("exposed communication"));
   CHECK_THAT(read(feedback / "frees_root.txt"), Catch::Contains("root rule"));
   CHECK_THAT(read(feedback / "hard_coded_order.txt"), Catch::Contains("was never waited for"));
+  CHECK_THAT(read(feedback / "budget_unused.txt"), Catch::Contains("leaves the budget unused"));
+  CHECK_THAT(read(feedback / "budget_exceeded.txt"), Catch::Contains("at the peak"));
   CHECK_THAT(read(feedback / "no_padding.txt"), Catch::Contains("don't split"));
   CHECK_THAT(read(feedback / "offload_never_copies_back.txt"), Catch::Contains("on the host (offload)"));
   CHECK_THAT(read(feedback / "padding_not_zeroed.txt"), Catch::Contains("(the padding)"));

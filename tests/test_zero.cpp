@@ -308,6 +308,7 @@ TEST_CASE("FSDP full_shard and shard_grad_op are DDP to the bit, no_shard is DDP
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=shard_grad_op", "fsdp (shard_grad_op, backward and forward prefetch)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.offload=cpu", "fsdp (full_shard, backward and forward prefetch, cpu offload)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.forward_prefetch=false", "fsdp (full_shard, backward prefetch)"},
+                        Case{"--set parallel.strategy=fsdp --set parallel.prefetch_depth=3", "fsdp (full_shard, backward and forward prefetch 3 units ahead)"},
                         Case{"--set parallel.strategy=zero3 --set parallel.offload=cpu --set parallel.prefetch=false", "zero3 (cpu offload)"},
                         Case{"--set parallel.strategy=fsdp --set parallel.sharding=no_shard", "ddp (bucketed)"}}) {
     INFO(c.sets);
@@ -364,6 +365,7 @@ TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, 
   };
   auto fsdp = plan({}), offload = plan({"parallel.offload=cpu"}), no_prefetch = plan({"parallel.prefetch=false"});
   auto backward_only = plan({"parallel.forward_prefetch=false"});
+  auto ahead3 = plan({"parallel.prefetch_depth=3"});
   // offload: the device keeps the working set; the shards and the optimizer state went to the host
   CHECK(offload["peak_memory_total"].get<double>() < fsdp["peak_memory_total"].get<double>());
   CHECK(offload["peak_memory"]["host"].get<double>() > 15.9 * fsdp["params"].get<double>() / 8);
@@ -379,6 +381,13 @@ TEST_CASE("the 1B GPT at 16 GiB: DDP is refused with the OOM ladder, FSDP fits, 
   CHECK(fsdp["modeled_exposed_comm_s"].get<double>() < backward_only["modeled_exposed_comm_s"].get<double>());
   CHECK(backward_only["modeled_exposed_comm_s"].get<double>() < no_prefetch["modeled_exposed_comm_s"].get<double>());
   CHECK(fsdp["modeled_comm_s"].get<double>() == Approx(no_prefetch["modeled_comm_s"].get<double>()).epsilon(0.02));
+  // three units ahead on PCIe, where a block's gather outlasts its compute: each unit is still gathered ahead
+  // once, but earlier — less is exposed, the same bytes sent, and more units whole at once
+  CHECK(prefetched(ahead3) == prefetched(fsdp));
+  CHECK(ahead3["modeled_exposed_comm_s"].get<double>() < fsdp["modeled_exposed_comm_s"].get<double>());
+  CHECK(ahead3["modeled_comm_s"].get<double>() == Approx(fsdp["modeled_comm_s"].get<double>()).epsilon(1e-9));
+  CHECK(ahead3["peak_memory"]["params"].get<double>() + ahead3["peak_memory"]["comm_buffers"].get<double>() >
+        fsdp["peak_memory"]["params"].get<double>() + fsdp["peak_memory"]["comm_buffers"].get<double>());
 }
 
 TEST_CASE("distlab plan: a row per strategy from the engine on the fake world, the fastest row that fits, and the decision tree's rung", "[zero][plan][cli]") {

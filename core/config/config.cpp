@@ -197,6 +197,8 @@ const std::vector<Key>& keys() {
       KEY("parallel.prefetch", Kind::boolean, bool, parallel.prefetch, "zero3, fsdp: gather the next unit's parameters while this one computes"),
       KEY("parallel.forward_prefetch", Kind::boolean, bool, parallel.forward_prefetch,
           "zero3, fsdp: with parallel.prefetch, in forward too (PyTorch FSDP's forward_prefetch; false: backward only)"),
+      KEY("parallel.prefetch_depth", Kind::integer, int64_t, parallel.prefetch_depth,
+          "zero3, fsdp: with parallel.prefetch, how many units ahead are gathered (1: the next; each more holds one more unit whole)"),
       CHOICE("parallel.sharding", parallel.sharding, "fsdp: full_shard | shard_grad_op | no_shard", ""),
       KEY("parallel.wrap_min_params", Kind::integer, int64_t, parallel.wrap_min_params, "zero3, fsdp: size-based auto-wrap: units merge into flat vectors of at least this many parameters (0 = one per unit)"),
       CHOICE("parallel.offload", parallel.offload, "zero2, zero3, fsdp: none | cpu (shards and optimizer state in host memory)", ""),
@@ -562,6 +564,8 @@ void validate(const RunConfig& c) {
   require(!c.model.sequence_parallel || c.lora.r == 0, c, "parallel.sequence_parallel", "is true with lora.r > 0",
           "LoRA's adapters split with tensor parallelism, not yet with sequence parallelism: set one of them off");
   require(c.parallel.wrap_min_params >= 0, c, "parallel.wrap_min_params", "must not be negative", "0 gives every unit its own flat vector");
+  require(c.parallel.prefetch_depth >= 1 && c.parallel.prefetch_depth <= 64, c, "parallel.prefetch_depth", "must be 1..64",
+          "1 gathers the next unit while this one computes; k the next k (each holds one more unit whole)");
   require(c.checkpoint.every >= 0, c, "checkpoint.every", "must not be negative", "0 saves at the end (and on SIGTERM) only");
   require(c.checkpoint.keep >= 0, c, "checkpoint.keep", "must not be negative", "0 keeps every checkpoint");
   require(c.checkpoint.disk_gbps > 0, c, "checkpoint.disk_gbps", "must be positive", "an NVMe drive writes about 2 GB/s");

@@ -69,6 +69,7 @@ struct ParallelOptions {
   ZeroReduce zero_reduce = ZeroReduce::reduce_scatter;  // zero1: all_reduce = all-reduce, then slice
   bool prefetch = true;
   bool forward_prefetch = true;  // with prefetch: in forward too (PyTorch FSDP's forward_prefetch)
+  int64_t prefetch_depth = 1;    // with prefetch: the units gathered ahead (1: the next one)
   Sharding sharding = Sharding::full_shard;  // fsdp (no_shard = DDP)
   OffloadTo offload = OffloadTo::none;       // zero2, zero3, fsdp
   int64_t wrap_min_params = 0;          // zero3, fsdp: consecutive units share a flat vector up to this size (0: per unit)

@@ -16,7 +16,9 @@
 //   backward_prefetch        BACKWARD_PRE: the next unit's all-gather is issued before this unit's backward
 //   forward_prefetch         the next unit's all-gather is issued before this unit's forward
 //                            (parallel.prefetch turns both on or off, parallel.forward_prefetch = false
-//                            leaves backward's alone; the order is the one recorded on the first step)
+//                            leaves backward's alone; the order is the one recorded on the first step;
+//                            parallel.prefetch_depth = k gathers the next k units, as FSDP2's
+//                            set_modules_to_forward_prefetch with k modules)
 //   MixedPrecision           param_dtype = [precision] mode (bf16/fp16 parameters gathered and computed in
 //                            16 bits, f32 masters sharded in the optimizer); reduce_dtype =
 //                            precision.reduce_dtype (f32 by default; bf16 halves the bytes of each reduce)
@@ -42,7 +44,7 @@ class FSDP : public ZeRO3 {
  public:
   // sharding: full_shard | shard_grad_op (no_shard is DDP: see make_strategy)
   FSDP(ProcessGroup& pg, Model& model, Runtime& rt, Sharding sharding, bool prefetch, bool offload, int64_t min_params = 0,
-       bool forward_prefetch = true);
+       bool forward_prefetch = true, int prefetch_depth = 1);
   std::string describe() const override;
   nlohmann::json report() const override;
 

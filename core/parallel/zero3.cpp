@@ -23,7 +23,8 @@ ZeRO3::ZeRO3(ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, std:
 std::string ZeRO3::describe() const {
   std::vector<std::string> how;
   if (!o_.reshard_after_forward) how.push_back("no reshard after forward");
-  if (o_.prefetch) how.push_back(o_.forward_prefetch ? "prefetch" : "backward prefetch");
+  if (o_.prefetch) how.push_back(fmt::format("{}{}", o_.forward_prefetch ? "prefetch" : "backward prefetch",
+                                             o_.prefetch_depth > 1 ? fmt::format(" {} units ahead", o_.prefetch_depth) : ""));
   if (o_.offload) how.push_back("cpu offload");
   if (o_.min_params > 0) how.push_back(fmt::format("units wrapped to >= {} parameters", o_.min_params));
   return how.empty() ? name_ : fmt::format("{} ({})", name_, fmt::join(how, ", "));
@@ -74,10 +75,14 @@ void ZeRO3::gather(int group) {
 
 void ZeRO3::prefetch(const ExecOrder& order, int group) {
   if (!o_.prefetch) return;
-  const int next = order.after(group);
-  if (next < 0 || whole_[size_t(next)] || in_flight_.count(next)) return;
-  issue(next);
-  prefetches_++;
+  int next = group;
+  for (int k = 0; k < o_.prefetch_depth; k++) {  // the next prefetch_depth groups in the order, oldest first
+    next = order.after(next);
+    if (next < 0) return;
+    if (whole_[size_t(next)] || in_flight_.count(next)) continue;
+    issue(next);
+    prefetches_++;
+  }
 }
 
 void ZeRO3::release(int group) {

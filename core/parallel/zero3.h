@@ -43,6 +43,9 @@ struct ShardedOptions {
                                       // vector until it holds this many parameters (0: one per unit)
   bool forward_prefetch = true;       // with prefetch, in forward too (PyTorch FSDP's forward_prefetch); false:
                                       // backward only (BACKWARD_PRE without forward_prefetch, FSDP's default)
+  int prefetch_depth = 1;             // with prefetch: how many units ahead are gathered (FSDP2's lists of modules
+                                      // to prefetch; DeepSpeed's stage3_prefetch_bucket_size in units): each one
+                                      // more holds another unit whole, and lets a slow gather start earlier
 };
 
 class ZeRO3 : public ShardedStrategy {
@@ -77,7 +80,7 @@ class ZeRO3 : public ShardedStrategy {
   };
   void issue(int group, const Optimizer* masters = nullptr);  // the group's all-gathers, async
   void gather(int group);                                      // whole parameters (waits for a prefetch)
-  void prefetch(const ExecOrder& order, int group);            // issue the group after `group` in `order`
+  void prefetch(const ExecOrder& order, int group);            // issue the prefetch_depth groups after `group` in `order`
   void release(int group);                                     // back to its parts: the whole weights freed
   void release_waiting(int keep_a, int keep_b);                // after_forward's groups, but these two
   void reduce(int group);                                      // the group's reduce-scatters, async

@@ -29,11 +29,11 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, ProcessGroup* pg, 
     case StrategyKind::ddp: return make_ddp(p.ddp_mode, *pg, model, rt, p.bucket_mb);
     case StrategyKind::zero1: return std::make_unique<ZeRO1>(*pg, model, rt, p.zero_reduce, p.bucket_mb);
     case StrategyKind::zero2: return std::make_unique<ZeRO2>(*pg, model, rt, offload);
-    case StrategyKind::zero3: return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, p.prefetch, offload, p.wrap_min_params, p.forward_prefetch});
+    case StrategyKind::zero3: return std::make_unique<ZeRO3>(*pg, model, rt, ShardedOptions{true, p.prefetch, offload, p.wrap_min_params, p.forward_prefetch, int(p.prefetch_depth)});
     case StrategyKind::fsdp:
       if (p.sharding == Sharding::no_shard)  // PyTorch: NO_SHARD "is similar to DistributedDataParallel"
         return make_ddp(DdpMode::bucketed, *pg, model, rt, p.bucket_mb);
-      return std::make_unique<FSDP>(*pg, model, rt, p.sharding, p.prefetch, offload, p.wrap_min_params, p.forward_prefetch);
+      return std::make_unique<FSDP>(*pg, model, rt, p.sharding, p.prefetch, offload, p.wrap_min_params, p.forward_prefetch, int(p.prefetch_depth));
   }
   return std::make_unique<NoParallel>();
 }

@@ -64,7 +64,8 @@ void LabExtension::on_model(Model& model, Runtime& rt, Mesh* mesh, int64_t micro
   }
 }
 
-static uint64_t unit_seed(const RunConfig& cfg);  // lab.unit_seed (below)
+static uint64_t unit_seed(const RunConfig& cfg);      // lab.unit_seed (below)
+static int64_t gather_budget(const RunConfig& cfg);  // lab.gather_budget (below)
 
 std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, ProcessGroup& dp, Model& model, Runtime& rt) {
   const StrategyKind st = cfg.parallel.strategy;
@@ -73,7 +74,7 @@ std::unique_ptr<Strategy> LabExtension::make_strategy(const RunConfig& cfg, Proc
   if (plugin_->is("04") && st == StrategyKind::zero2) return plugin_->make_zero(2, dp, model, rt, cfg.optim.clip_grad_norm);
   if (plugin_->is("05") && st == StrategyKind::fsdp && cfg.parallel.sharding != Sharding::no_shard)
     return plugin_->make_fsdp(dp, model, rt, std::string(name_of(cfg.parallel.sharding)), cfg.parallel.prefetch, cfg.parallel.offload == OffloadTo::cpu,
-                              unit_seed(cfg));
+                              unit_seed(cfg), gather_budget(cfg));
   return nullptr;  // the engine's
 }
 
@@ -97,6 +98,8 @@ ConfigExtras lab_config_sections() {
                      {"sandbox", "labs: the plugin's process runs in bubblewrap: auto | require | off"},
                      {"unit_seed", "lab 05: the unit numbers the plugin sees are drawn from it, not the model's order (default: from train.seed; "
                                    "the grader draws one per grading)"},
+                     {"gather_budget", "lab 05: the elements the plugin's gathered weights may hold at once (0: no budget; the grader "
+                                       "draws one for the prefetch_budget check)"},
                      {"memory_cgroup", "labs: a memory cgroup folder in which each rank's plugin gets a cgroup of its own, so that "
                                        "all it holds is measured (the grader sets it)"}};
   x.ignored_arrays = {"check"};  // the grader's checks
@@ -117,6 +120,17 @@ static uint64_t unit_seed(const RunConfig& cfg) {
   } catch (const std::exception&) {
     throw ConfigError(fmt::format("lab.unit_seed {} is past 18446744073709551615", v), "a smaller whole number");
   }
+}
+
+// lab.gather_budget: lab 05's Options::gather_budget, in elements (0 or unset: none)
+static int64_t gather_budget(const RunConfig& cfg) {
+  const auto it = cfg.extra.find("lab.gather_budget");
+  if (it == cfg.extra.end()) return 0;
+  const std::string& v = it->second;
+  if (v.empty() || v.size() > 15 || v.find_first_not_of("0123456789") != std::string::npos)
+    throw ConfigError(fmt::format("{}: lab.gather_budget is '{}'", cfg.origin.count("lab.gather_budget") ? cfg.origin.at("lab.gather_budget") : cfg.source, v),
+                      "a whole number of elements (0: no budget), below 10^15");
+  return std::stoll(v);
 }
 
 std::string lab_name(const RunConfig& cfg) {

@@ -65,9 +65,10 @@ class LabPlugin {
   // and its sharded AdamW (clipping to max_norm, 0: none)
   std::unique_ptr<Strategy> make_zero(int stage, ProcessGroup& pg, Model& model, Runtime& rt, double max_norm);
   // Lab 05: the student's FSDP hooks driving the engine's ZeRO-3 machinery — grader/labs/05-fsdp-1b/bridge.cpp
-  // `unit_seed`: the numbers the plugin's units go by are drawn from it (lab.unit_seed)
+  // `unit_seed`: the numbers the plugin's units go by are drawn from it (lab.unit_seed); `gather_budget`: the
+  // elements its gathered weights may hold at once (lab.gather_budget, 0: none), measured against its peak
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload,
-                                      uint64_t unit_seed);
+                                      uint64_t unit_seed, int64_t gather_budget = 0);
 
   // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
   // layer's tensor-parallel group — grader/labs/06-tp-pp/bridge.cpp

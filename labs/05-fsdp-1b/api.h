@@ -20,6 +20,10 @@ struct Options {
   bool prefetch = true;               // gather the next unit while this one computes (forward and backward prefetch)
   bool sync = true;                   // false on accumulation micro-steps (no_sync): gradients add up, unreduced
   bool offload = false;               // CPU offload: this rank's parts live in host memory, the optimizer steps there
+  // Task 6: the memory gathering may use, in elements: the Kind::weights buffers you hold at once — the units
+  // whole now (the one computing, the root) and those on their way — must never add up to more. Gather as
+  // far ahead along the recorded order as it allows. 0: no budget (gather the next unit, as FSDP does).
+  int64_t gather_budget = 0;
 };
 
 // Task 1 — a flat vector's layout. The parameters of sizes numel[0], numel[1], ... one after the other,
@@ -113,12 +117,16 @@ void finish_backward(Fsdp& f, const Options& o);
 // Task 4 — prefetch (o.prefetch): record the order the units run in during the first step (forward and
 // backward), and from then on start the gather of the unit the trainer needs next, so that it arrives
 // while this one computes. Task 5 — offload (o.offload): the parts and the optimizer live on the host;
-// only device buffers take part in a collective.
+// only device buffers take part in a collective. Task 6 — prefetch under a memory budget
+// (o.gather_budget > 0): on a link too slow for one unit's gather to hide behind one unit's compute, the
+// gathers further ahead start earlier, and each holds another unit whole: how far ahead is your decision,
+// unit by unit, from the sizes and the budget (PyTorch FSDP2's modules to prefetch, DeepSpeed's
+// stage3_prefetch_bucket_size and stage3_max_live_parameters).
 
 }  // namespace lab05
 
 // The table the grader looks up in your plugin (defined at the bottom of fsdp.cpp).
-constexpr int kLab05Abi = 3;
+constexpr int kLab05Abi = 4;
 struct Lab05Plugin {
   int abi;  // kLab05Abi
   lab05::FlatLayout (*flat_layout)(const std::vector<int64_t>&, int);

@@ -1,7 +1,7 @@
 // Lab 05 — FSDP (full shard): each rank keeps 1/N of every unit's flat vector and makes a unit whole only
 // around its forward and its backward — all-gathered into a buffer of its own, the layers' weights viewing
-// that buffer — gathering the next unit while this one computes, and reduce-scattering each unit's flat
-// gradient as its backward ends.
+// that buffer — gathering the next unit while this one computes (or, under a memory budget, as many units
+// ahead as fit), and reduce-scattering each unit's flat gradient as its backward ends.
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -89,6 +89,38 @@ static void start_gather(Fsdp& f, const Options& o, int unit) {
   u.state = State::gathering;
 }
 
+// The elements a unit's gathers allocate as Kind::weights: every flat's padded vector (and, under offload,
+// its part staged on the device until the gather is waited for).
+static int64_t unit_elements(Fsdp& f, const Options& o, int unit) {
+  int64_t n = 0;
+  for (int flat : f.flats(unit)) {
+    const FlatLayout l = flat_layout(f.numels(flat), f.world());
+    n += l.padded + (o.offload ? l.shard : 0);
+  }
+  return n;
+}
+
+// Gather ahead of `unit` along `order`: the next unit (no budget), or — o.gather_budget — as many of the
+// units that follow as fit beside what is held now, in the order they will run: one that does not fit stops
+// the walk (a later, smaller one gathered first would arrive before the one needed sooner).
+static void prefetch(Fsdp& f, const Options& o, const Order& order, int unit) {
+  if (!o.prefetch) return;
+  if (o.gather_budget <= 0) {
+    if (const int next = order.next(unit); next >= 0) start_gather(f, o, next);  // overlaps this unit's compute
+    return;
+  }
+  int64_t held = 0;  // the units whole now or on their way: the root, this one, the prefetched
+  for (auto& [u, state] : units)
+    if (state.state != State::sharded) held += unit_elements(f, o, u);
+  for (int next = order.next(unit); next >= 0; next = order.next(next)) {
+    if (units[next].state != State::sharded) continue;  // counted already
+    const int64_t need = unit_elements(f, o, next);
+    if (held + need > o.gather_budget) break;
+    start_gather(f, o, next);
+    held += need;
+  }
+}
+
 // Whole: the all-gathers waited for, the layers' weights pointing into the gathered buffer.
 static void make_whole(Fsdp& f, const Options& o, int unit) {
   start_gather(f, o, unit);
@@ -141,8 +173,7 @@ void before_forward(Fsdp& f, const Options& o, int unit) {
   if (root < 0) root = unit;
   forward_order.record(unit);
   make_whole(f, o, unit);  // already on its way when the previous unit prefetched it
-  if (o.prefetch)
-    if (const int next = forward_order.next(unit); next >= 0) start_gather(f, o, next);  // overlaps this unit's forward
+  prefetch(f, o, forward_order, unit);
   /// END SOLUTION
 }
 
@@ -158,8 +189,7 @@ void before_backward(Fsdp& f, const Options& o, int unit) {
   forward_order.fixed = true;  // the first forward is over
   backward_order.record(unit);
   make_whole(f, o, unit);  // freed after forward: gathered a second time
-  if (o.prefetch)
-    if (const int next = backward_order.next(unit); next >= 0) start_gather(f, o, next);
+  prefetch(f, o, backward_order, unit);
   /// END SOLUTION
 }
 

@@ -8,11 +8,11 @@
 //    order things were started; no per-unit state machine: a unit is whole-or-arriving when it has an
 //    entry in `resident`, sharded otherwise.
 //  - Prefetch: once this unit is drained, the next unit of the recorded order is enqueued, and arrives
-//    while this one computes. The order is a log of the first step's hook calls (every before_forward and
+//    while this one computes (under a budget: the next units while the resident ones and theirs fit). The order is a log of the first step's hook calls (every before_forward and
 //    before_backward, in call order), from which the two orders are read; the root is the log's first unit.
 //  - Gradients: the whole flat gradient buffer is zeroed before the layers write their stretches (the
-//    padding is then 0, not NaN). after_backward drains everything started before (the previous unit's
-//    reduce-scatter, which overlapped this backward) before it enqueues its own: one reduction in flight.
+//    padding is then 0, not NaN). after_backward drains the queue through the previous unit's
+//    reduce-scatter (which overlapped this backward) before it enqueues its own: one reduction in flight.
 #include <algorithm>
 #include <deque>
 #include <functional>
@@ -68,6 +68,13 @@ void drain_through(Fsdp& f, int unit) {
   }
 }
 
+// Up to and including the last reduction queued (the previous unit's, whose time was this unit's
+// backward): the queue is in order, so what was started before it is done too; the gathers started after
+// it (prefetches further ahead) go on.
+void drain_reductions(Fsdp& f) {
+  while (std::any_of(g_stream.begin(), g_stream.end(), [](const Entry& e) { return e.gather_of < 0; })) complete_front(f);
+}
+
 void drain_all(Fsdp& f) {
   while (!g_stream.empty()) complete_front(f);
 }
@@ -114,11 +121,35 @@ int next_after(const std::vector<int>& order, int unit) {
   return (it == order.end() || std::next(it) == order.end()) ? -1 : *std::next(it);
 }
 
+// A unit's gathered elements: its padded flats, plus (offload) the parts staged on the device while queued.
+int64_t gathered_elements(Fsdp& f, const Options& o, int unit, bool arriving) {
+  int64_t n = 0;
+  for (int flat : f.flats(unit)) {
+    const FlatLayout l = flat_layout(f.numels(flat), f.world());
+    n += l.padded + (o.offload && arriving ? l.shard : 0);
+  }
+  return n;
+}
+
 void acquire(Fsdp& f, const Options& o, int unit, const std::vector<int>& order) {
   enqueue_gather(f, o, unit);
   drain_through(f, unit);
-  if (o.prefetch)
+  if (!o.prefetch) return;
+  if (o.gather_budget <= 0) {
     if (const int next = next_after(order, unit); next >= 0) enqueue_gather(f, o, next);
+    return;
+  }
+  // a budget: the resident units (whole or arriving) counted, then the order's next units enqueued while
+  // the sum stays within it
+  int64_t used = 0;
+  for (const auto& [u, bufs] : g_resident) used += gathered_elements(f, o, u, queued(u));
+  for (int next = next_after(order, unit); next >= 0; next = next_after(order, next)) {
+    if (g_resident.count(next)) continue;
+    const int64_t add = gathered_elements(f, o, next, true);
+    if (used + add > o.gather_budget) break;
+    enqueue_gather(f, o, next);
+    used += add;
+  }
 }
 
 // The first step's log: (true, unit) for a before_forward, (false, unit) for a before_backward, in call
@@ -157,7 +188,7 @@ void before_backward(Fsdp& f, const Options& o, int unit) {
 
 void after_backward(Fsdp& f, const Options& o, int unit) {
   if (o.sync) {
-    drain_all(f);  // everything started before: its time was this unit's backward
+    drain_reductions(f);  // the previous reduction and everything started before it: its time was this unit's backward
     Entry e;
     struct Red { int flat; int64_t shard; Buffer grad, part; };
     std::vector<Red> reds;

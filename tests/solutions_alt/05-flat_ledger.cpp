@@ -7,7 +7,8 @@
 //    so the wait happens at the last moment, in before_forward / before_backward.
 //  - Prefetch: successor tables learned as the first step runs (each hook's unit is the successor of the
 //    one before it, until that pass ends), then looked up; the next unit's gathers start before this
-//    unit's wait. The root: the unit the first hook ever named.
+//    unit's wait. The root: the unit the first hook ever named. Under a budget the ledger is the count:
+//    successors are gathered while the ledger's elements plus theirs stay within it.
 //  - Gradients: the weights are released first, then the flat gradient is built, only its padding tail
 //    zeroed. A reduce-scatter is issued first and the OLDER ones waited for after it (a short queue).
 #include <algorithm>
@@ -106,9 +107,41 @@ void free_unit(Fsdp& f, int unit) {
   }
 }
 
-void need(Fsdp& f, const Options& o, int unit, int next) {
+// the Kind::weights elements the ledger holds (the staged parts under offload too)
+int64_t ledger_elements(Fsdp& f) {
+  int64_t n = 0;
+  for (const auto& [flat, w] : g_ledger) {
+    const FlatLayout l = flat_layout(f.numels(flat), f.world());
+    n += l.padded + (w.staging >= 0 ? l.shard : 0);
+  }
+  return n;
+}
+
+// what gathering `unit` would add: its flats not in the ledger
+int64_t missing_elements(Fsdp& f, const Options& o, int unit) {
+  int64_t n = 0;
+  for (int flat : f.flats(unit)) {
+    if (g_ledger.count(flat)) continue;
+    const FlatLayout l = flat_layout(f.numels(flat), f.world());
+    n += l.padded + (o.offload ? l.shard : 0);
+  }
+  return n;
+}
+
+void need(Fsdp& f, const Options& o, int unit, const Successors& order) {
   gather(f, o, unit);
-  if (o.prefetch && next >= 0) gather(f, o, next);  // queued behind this unit's own gather
+  if (o.prefetch && o.gather_budget <= 0) {
+    if (const int next = order.of(unit); next >= 0) gather(f, o, next);  // queued behind this unit's own gather
+  } else if (o.prefetch) {  // a budget: successors while the room lasts, stopping at the first that does not fit
+    int64_t room = o.gather_budget - ledger_elements(f);
+    int hops = 0;
+    for (int next = order.of(unit); next >= 0 && next != unit && hops < f.num_units(); next = order.of(next), hops++) {
+      const int64_t cost = missing_elements(f, o, next);
+      if (cost > room) break;
+      gather(f, o, next);
+      room -= cost;
+    }
+  }
   arrive(f, unit);
 }
 
@@ -132,7 +165,7 @@ void settle(Fsdp& f, const Options& o, const Pending& p) {
 void before_forward(Fsdp& f, const Options& o, int unit) {
   if (g_root < 0) g_root = unit;
   g_fwd.saw(unit);
-  need(f, o, unit, g_fwd.of(unit));
+  need(f, o, unit, g_fwd);
 }
 
 void after_forward(Fsdp& f, const Options& o, int unit) {
@@ -142,7 +175,7 @@ void after_forward(Fsdp& f, const Options& o, int unit) {
 void before_backward(Fsdp& f, const Options& o, int unit) {
   g_fwd.frozen = true;
   g_bwd.saw(unit);
-  need(f, o, unit, g_bwd.of(unit));
+  need(f, o, unit, g_bwd);
 }
 
 void after_backward(Fsdp& f, const Options& o, int unit) {

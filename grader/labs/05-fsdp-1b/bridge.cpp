@@ -36,8 +36,9 @@ const char* kind_name(Kind k) { return k == Kind::weights ? "weights" : k == Kin
 
 class LabFSDP : public ZeRO3 {
  public:
-  LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding, uint64_t unit_seed)
-      : ZeRO3(pg, model, rt, o, "fsdp (the student's, " + sharding + ")"), plugin_(plugin) {
+  LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding, uint64_t unit_seed,
+          int64_t gather_budget)
+      : ZeRO3(pg, model, rt, o, "fsdp (the student's, " + sharding + ")"), plugin_(plugin), gather_budget_(gather_budget) {
     const size_t units = size_t(flats_.num_groups());  // lab 05 refuses wrapping: a group is a unit
     // The numbers the plugin knows the units by: drawn from lab.unit_seed (the grader draws one per
     // grading), as modules are numbered by registration and not by when they run. What the order is, the
@@ -75,6 +76,9 @@ class LabFSDP : public ZeRO3 {
     r["gathers_requested_ahead"] = ahead_;        // all-gathers waited for in a later hook than the one that started them
     r["root_freed_after_forward"] = root_freed_;  // the root rule broken: gathered again as backward starts
     r["buffers_allocated"] = allocs_;
+    r["gather_budget"] = gather_budget_;                  // lab.gather_budget (0: none)
+    r["peak_gathered_elements"] = peak_weights_;          // the most the student's weights buffers held at once
+    r["peak_gathered_during"] = peak_weights_during_;     // in which hook
     return r;
   }
 
@@ -177,7 +181,7 @@ class LabFSDP : public ZeRO3 {
     hook_calls_++;
     const int64_t flags = (o_.reshard_after_forward ? 1 : 0) | (o_.prefetch ? 2 : 0) | (sync_ ? 4 : 0) | (o_.offload ? 8 : 0);
     const LabPlugin::Serve serve = [this](const wire::Frame& f, std::vector<char>& payload) { serve_request(f, payload); };
-    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, which == 4 ? -1 : id(unit), flags, int64_t(flats_.all().size())},
+    plugin_.call(labproto::kFsdpHook, {pg_.rank(), pg_.size(), which, which == 4 ? -1 : id(unit), flags, int64_t(flats_.all().size()), gather_budget_},
                  table_.data(), table_.size(), &pg_, &rt_, names[which], serve);
   }
 
@@ -254,6 +258,7 @@ class LabFSDP : public ZeRO3 {
                                       "together ({})", n, during_, live_ + n, largest_alloc_),
                           "release what is no longer needed: a gathered unit after its use, a flat gradient once reduced");
         live_ += n;
+        if (a[1] == int64_t(Kind::weights) && (live_weights_ += n) > peak_weights_) peak_weights_ = live_weights_, peak_weights_during_ = during_;
         Buf b;
         b.kind = Kind(a[1]);
         b.n = n;
@@ -303,6 +308,7 @@ class LabFSDP : public ZeRO3 {
           it = viewing_.erase(it);
         }
         live_ -= b.n;
+        if (b.kind == Kind::weights) live_weights_ -= b.n;
         bufs_.erase(int(a[0]));
         break;
       }
@@ -523,15 +529,18 @@ class LabFSDP : public ZeRO3 {
   int fid(int e) const { return e >= 0 && size_t(e) < fid_.size() ? fid_[size_t(e)] : e; }
   int64_t ahead_ = 0, root_freed_ = 0, allocs_ = 0, largest_alloc_ = 0;
   int64_t live_ = 0;  // elements in the student's buffers now (its parts' handles not counted)
+  const int64_t gather_budget_;                   // lab.gather_budget: what Kind::weights buffers may hold at once (0: none)
+  int64_t live_weights_ = 0, peak_weights_ = 0;   // elements in the student's Kind::weights buffers: now, at the most
+  std::string peak_weights_during_;
   bool in_backward_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<Strategy> LabPlugin::make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch,
-                                               bool offload, uint64_t unit_seed) {
+                                               bool offload, uint64_t unit_seed, int64_t gather_budget) {
   return std::make_unique<LabFSDP>(*this, pg, model, rt, ShardedOptions{sharding != "shard_grad_op", prefetch, offload, 0}, sharding,
-                                   unit_seed);
+                                   unit_seed, gather_budget);
 }
 
 }  // namespace distlab

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/models/zoo.h"
+#include "core/parallel/flat_param.h"
 #include "grader/check.h"
 #include "grader/jobs.h"
 
@@ -237,6 +239,62 @@ CheckResult prefetch_overlaps(CheckContext& ctx) {
   return bad;
 }
 
+// ---- prefetch under a memory budget: on a link too slow for one unit ahead ----
+
+// h100-pcie: a block's gather (and in backward its reduce-scatter too) takes longer than its compute, so the
+// gathers further ahead start earlier. The engine's FSDP at depth 1, 2, 3, 4 exposes 43.0, 40.9, 39.6 and
+// 38.9 ms of a 115 ms step.
+const std::vector<std::string> k1bPcie = plus(k1b, {"log.profile=h100-pcie", "train.device_mem=80GiB"});
+
+// The 1B GPT's units as FSDP flattens them for 2 ranks: each unit's padded elements (its flats together), in
+// the model's order — unit 0 the root (the embeddings, with the tied lm_head).
+std::vector<int64_t> units_1b() {
+  Runtime rt(DeviceKind::meta);
+  ModelSpec s;
+  s.name = "gpt";
+  s.vocab_size = 50257, s.block_size = 1024, s.n_layer = 18, s.n_head = 16, s.n_embd = 2048;
+  auto model = build_model(rt, s);
+  std::vector<int64_t> n(model->units().size(), 0);
+  for (const FlatParam& f : flat_layout(model->units(), 2)) n[size_t(f.group)] += f.padded;
+  return n;
+}
+
+CheckResult prefetch_budget(CheckContext& ctx) {
+  const std::vector<int64_t> units = units_1b();
+  const int64_t root = units[0], block = *std::max_element(units.begin() + 1, units.end());
+  // the budget: the root, the block computing, k blocks ahead and half a block to spare, k drawn per grading
+  const int k = 2 + int(ctx.rng({5, 6})() % 3);
+  const int64_t budget = root + (1 + k) * block + block / 2;
+  const Job& one = job(ctx, "ref:fsdp-1b-pcie", 1, false, k1bPcie);
+  const Job& ref = job(ctx, fmt::format("ref:fsdp-1b-pcie-depth{}", k), 1, false, with(k1bPcie, fmt::format("parallel.prefetch_depth={}", k)));
+  const Job& mine = job(ctx, fmt::format("fsdp-1b-pcie-budget{}", k), 1, true, numbered(ctx, with(k1bPcie, fmt::format("lab.gather_budget={}", budget))));
+  const double want = ref.summary.value("modeled_exposed_comm_s", 0.0), one_ahead = one.summary.value("modeled_exposed_comm_s", 0.0);
+  const double got = mine.summary.value("modeled_exposed_comm_s", 0.0);
+  const auto& rep = mine.summary["strategy_report"];
+  const int64_t peak = rep.value("peak_gathered_elements", int64_t(0));
+  const std::string detail =
+      fmt::format("h100-pcie, a budget of {:.1f}M elements (the root {:.1f}M + {} blocks of {:.1f}M + half a block): your gathered weights peaked at "
+                  "{:.1f}M ({}); exposed communication per step {:.2f} ms — the engine's {} units ahead {:.2f} ms, one ahead {:.2f} ms",
+                  budget / 1e6, root / 1e6, 1 + k, block / 1e6, peak / 1e6, rep.value("peak_gathered_during", std::string("-")), 1e3 * got, k,
+                  1e3 * want, 1e3 * one_ahead);
+  if (peak > budget)
+    return {false, fmt::format("the gathered weights within the budget of {} elements at every moment", budget), fmt::format("{} at the peak", peak),
+            detail,
+            "count what is held — the root, the unit computing, every gather on its way — and add a unit's gather only while the sum "
+            "stays within o.gather_budget"};
+  if (got <= 1.01 * want + 1e-6) return {true, "", "", detail};
+  CheckResult bad{false, fmt::format("modeled exposed communication at most {:.2f} ms per step (the engine's FSDP {} units ahead, the most this "
+                                     "budget holds, + 1 %)",
+                                     1.01e3 * want, k),
+                  fmt::format("{:.2f} ms", 1e3 * got), detail};
+  bad.hint = got >= 0.99 * one_ahead
+                 ? "one unit ahead leaves the budget unused: on this link a block's gather outlasts a block's compute, so every unit "
+                   "gathered further ahead (while the budget holds it) starts its transfer earlier"
+                 : "the budget holds more units ahead than you gathered: walk the recorded order from the unit starting now and gather "
+                   "each next unit while the held elements plus its own stay within the budget";
+  return bad;
+}
+
 CheckResult offload_tradeoff(CheckContext& ctx) {
   CheckResult same = follows_ddp(ctx, 2, "full_shard", "offload", {"parallel.offload=cpu"});
   if (!same.passed) return same;
@@ -263,6 +321,7 @@ std::map<std::string, CheckDef> lab05_checks() {
       {"shard_grad_op", {shard_grad_op, true}},
       {"fits_1b", {fits_1b, true}},
       {"prefetch_overlaps", {prefetch_overlaps, true}},
+      {"prefetch_budget", {prefetch_budget, true}},
       {"offload_tradeoff", {offload_tradeoff, true}},
   };
 }

@@ -144,6 +144,7 @@ int serve_lab05(void* plugin) {
     o.prefetch = flags & 2;
     o.sync = flags & 4;
     o.offload = flags & 8;
+    o.gather_budget = std::max<int64_t>(0, f.arg[7]);
     if (hook == 4) {
       need(t->finish_backward, "finish_backward");
       t->finish_backward(fs, o);

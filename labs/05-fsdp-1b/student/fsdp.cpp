@@ -1,7 +1,7 @@
 // Lab 05 — FSDP (full shard): each rank keeps 1/N of every unit's flat vector and makes a unit whole only
 // around its forward and its backward — all-gathered into a buffer of its own, the layers' weights viewing
-// that buffer — gathering the next unit while this one computes, and reduce-scattering each unit's flat
-// gradient as its backward ends.
+// that buffer — gathering the next unit while this one computes (or, under a memory budget, as many units
+// ahead as fit), and reduce-scattering each unit's flat gradient as its backward ends.
 #include <algorithm>
 #include <map>
 #include <vector>
