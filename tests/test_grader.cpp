@@ -1068,6 +1068,10 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"budget_unused", replace(solution, "  if (o.gather_budget <= 0) {", "  if (true) {")},
       // the budget never checked: every unit ahead gathered at once — the exposure falls, the memory goes over
       {"budget_exceeded", replace(solution, "    if (held + need > o.gather_budget) break;\n", "")},
+      // a depth fixed in the code (2 ahead) whatever the budget: right for one of the two budgets at most
+      {"fixed_depth_2", replace(replace(solution, "    if (held + need > o.gather_budget) break;\n", ""),
+                                "  for (int next = order.next(unit); next >= 0; next = order.next(next)) {",
+                                "  for (int next = order.next(unit), d = 0; next >= 0 && d < 2; next = order.next(next), d++) {")},
       // the root rule broken: the root is freed after forward, so backward starts with an exposed gather of it
       {"frees_root", replace(solution, "  if (o.reshard_after_forward && unit != root) reshard(f, unit);\n",
                              "  if (o.reshard_after_forward) reshard(f, unit);\n")},
@@ -1091,6 +1095,8 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK(rows["budget_unused"].points["prefetch_overlaps"] == 2);
   CHECK(rows["budget_exceeded"].points["prefetch_budget"] == 0);
   CHECK(rows["budget_exceeded"].points["prefetch_overlaps"] == 2);
+  CHECK(rows["fixed_depth_2"].points["prefetch_budget"] == 0);
+  CHECK(rows["fixed_depth_2"].points["prefetch_overlaps"] == 2);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
   CHECK(rows["reduces_every_micro_step"].points["fsdp_equals_ddp"] == 0);

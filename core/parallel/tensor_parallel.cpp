@@ -248,7 +248,8 @@ static Tensor kernels_backward(Runtime& rt, TpKernels& k, bool column, ProcessGr
                                Tensor& saved_x, const SeqParallel* sp) {
   DL_ASSERT(saved_x.defined(), "a tensor-parallel layer's backward (replaced kernels) without its forward");
   const int64_t in = local.in_features, out = local.out_features;
-  const int64_t rows = sp ? sp->B * sp->T : saved_x.numel() / in;
+  // the rows the forward saw: what it kept (a column layer under sequence parallel kept its rows, 1/t of them)
+  const int64_t rows = saved_x.numel() / in * (sp && column ? tp.size() : 1);
   if (sp && dout.numel() != (column ? rows : rows / tp.size()) * out)
     throw ShapeError(fmt::format("sequence parallel: the gradient of {}'s output has {} rows, not {}", local.weight.name, dout.numel() / out,
                                  column ? rows : rows / tp.size()));

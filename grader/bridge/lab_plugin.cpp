@@ -268,7 +268,7 @@ void LabPlugin::serve_collective(const wire::Frame& f, std::vector<char>& payloa
   reply(labproto::kHandle, nullptr, 0, h);
 }
 
-// Lab 04's two collectives: every rank's sizes are checked by the process group itself (a mismatch fails
+// Lab 04's and lab 06's (sequence parallel) two collectives: every rank's sizes are checked by the process group itself (a mismatch fails
 // the collective, naming it, instead of hanging).
 void LabPlugin::serve_scatter_gather(const wire::Frame& f, std::vector<char>& payload, ProcessGroup& pg, Runtime& rt, const char* during) {
   const bool async = f.op == labproto::kReduceScatterAsync, rs = f.op == labproto::kReduceScatter || async;

@@ -70,8 +70,8 @@ class LabPlugin {
   std::unique_ptr<Strategy> make_fsdp(ProcessGroup& pg, Model& model, Runtime& rt, const std::string& sharding, bool prefetch, bool offload,
                                       uint64_t unit_seed, int64_t gather_budget = 0);
 
-  // Lab 06: the student's column- and row-parallel arithmetic, run in the plugin, its all-reduces on the
-  // layer's tensor-parallel group — grader/labs/06-tp-pp/bridge.cpp
+  // Lab 06: the student's column- and row-parallel arithmetic (plain and sequence parallel), run in the
+  // plugin, its collectives on the layer's tensor-parallel group — grader/labs/06-tp-pp/bridge.cpp
   std::unique_ptr<TpKernels> make_tp_kernels(Runtime& rt);
   // Lab 06: the student's pipeline executor (train_step_1f1b), driving a stage's step through the
   // engine's Pipeline::Driver

@@ -21,8 +21,9 @@ struct Options {
   bool sync = true;                   // false on accumulation micro-steps (no_sync): gradients add up, unreduced
   bool offload = false;               // CPU offload: this rank's parts live in host memory, the optimizer steps there
   // Task 6: the memory gathering may use, in elements: the Kind::weights buffers you hold at once — the units
-  // whole now (the one computing, the root) and those on their way — must never add up to more. Gather as
-  // far ahead along the recorded order as it allows. 0: no budget (gather the next unit, as FSDP does).
+  // whole now (the one computing, the root), those on their way, parts staged under offload; their sizes as
+  // allocated — must never add up to more (the trainer measures at every alloc). Gather as far ahead along
+  // the recorded order as it allows. 0: no budget (gather the next unit, as FSDP does).
   int64_t gather_budget = 0;
 };
 

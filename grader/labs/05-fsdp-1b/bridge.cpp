@@ -443,6 +443,10 @@ class LabFSDP : public ZeRO3 {
                       "a collective runs between devices: copy a host part into a device buffer first");
     if (!gather && (in.kind != Kind::grads || out.kind != Kind::grads))
       throw fsdp_error(fmt::format("reduce_scatter(buffer {}, buffer {}) in {}: gradients are reduced in grads buffers (f32)", in_id, out_id, during_));
+    if (gather && out.kind != Kind::weights)  // what the budget (gather_budget) and the parameters' memory count
+      throw fsdp_error(fmt::format("all_gather(buffer {}, buffer {}) in {}: weights are gathered into a weights buffer, and buffer {} is {}", in_id,
+                                  out_id, during_, out_id, kind_name(out.kind)),
+                      "alloc(padded, Kind::weights) for a unit's gathered flat vector");
     if (out.part_of >= 0) throw fsdp_error(fmt::format("{} in {} into buffer {}, this rank's part of flat {}: the optimizer's", op, during_, out_id, fid(out.part_of)));
     if (in_id == out_id) throw fsdp_error(fmt::format("{} in {} with buffer {} as its input and its output", op, during_, in_id));
     if (in.writing || out.writing || out.busy)

@@ -1,7 +1,8 @@
 // The trainer's side of lab 06 (labs/06-tp-pp/api.h). The student's column- and row-parallel Linear runs
 // in the plugin, plain or sequence parallel: each call sends this rank's slice of the weights and the
 // activations over, runs the all-reduces, all-gathers and reduce-scatters the student asks for on the
-// layer's tensor-parallel group (counted and traced like the engine's own), and takes the outputs back, checked: the sizes, and no NaN where a finite number belongs.
+// layer's tensor-parallel group (counted and traced like the engine's own), and takes the outputs back,
+// checked: the sizes, and no NaN where a finite number belongs.
 // The student's 1F1B order is checked by check_schedule (core/parallel/pipeline.h) before the pipeline runs
 // it. Compare ColumnParallelLinear and RowParallelLinear (core/parallel/tensor_parallel.cpp), the engine's.
 // Read next: host.cpp beside it (the plugin's side of each request).
@@ -59,7 +60,7 @@ class LabTpKernels : public TpKernels {
     std::vector<char> payload;
     put(payload, g, n);
     const auto got = plugin_.call(labproto::kTpSpNormGrads, {tp.rank(), tp.size(), n}, payload.data(), payload.size(), &tp, &rt_, "sp_norm_grads");
-    take(got, "sp_norm_grads", {{g, n, "grads"}}, 0, n, 0);
+    take(got, fmt::format("sp_norm_grads ({} floats)", n), {{g, n, "grads"}});
   }
 
  private:
@@ -67,12 +68,12 @@ class LabTpKernels : public TpKernels {
     v.insert(v.end(), reinterpret_cast<const char*>(p), reinterpret_cast<const char*>(p + n));
   }
   // the outputs, in order, from the plugin's answer: exactly their sizes, every value finite
-  static void take(const std::vector<char>& got, const char* fn, std::initializer_list<std::tuple<float*, int64_t, const char*>> outs,
-                   int64_t rows, int64_t in, int64_t out) {
+  // `call`: the function and its sizes, for the messages ("row_forward (rows 8, in 16, out 12)")
+  static void take(const std::vector<char>& got, const std::string& call, std::initializer_list<std::tuple<float*, int64_t, const char*>> outs) {
     size_t want = 0;
     for (const auto& o : outs) want += size_t(std::get<1>(o)) * 4;
     if (got.size() != want)
-      throw Error(fmt::format("the lab's {} (rows {}, in {}, out {}) returned {} bytes instead of {}", fn, rows, in, out, got.size(), want));
+      throw Error(fmt::format("the lab's {} returned {} bytes instead of {}", call, got.size(), want));
     size_t at = 0;
     for (const auto& [dst, n, name] : outs) {
       if (n == 0) continue;
@@ -80,7 +81,7 @@ class LabTpKernels : public TpKernels {
       at += size_t(n) * 4;
       for (int64_t i = 0; i < n; i++)
         if (!std::isfinite(dst[i]))
-          throw Error(fmt::format("the lab's {} (rows {}, in {}, out {}) left {}[{}] = {}", fn, rows, in, out, name, i, dst[i]),
+          throw Error(fmt::format("the lab's {} left {}[{}] = {}", call, name, i, dst[i]),
                       std::isnan(dst[i]) ? "an output your function never wrote stays NaN: write every element of it"
                                          : "the inputs are finite: an infinite output is an arithmetic mistake");
     }
@@ -100,7 +101,7 @@ class LabTpKernels : public TpKernels {
     put(payload, w, out * in);
     if (b) put(payload, b, out);
     const auto got = plugin_.call(fn, {tp.rank(), tp.size(), rows, in, out, b ? 1 : 0}, payload.data(), payload.size(), &tp, &rt_, name);
-    take(got, name, {{y, yr * out, "y"}}, rows, in, out);
+    take(got, fmt::format("{} (rows {}, in {}, out {})", name, rows, in, out), {{y, yr * out, "y"}});
   }
   void backward(labproto::Fn fn, const char* name, ProcessGroup& tp, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, int64_t rows, int64_t in, int64_t out) {
@@ -110,7 +111,7 @@ class LabTpKernels : public TpKernels {
     put(payload, w, out * in);
     put(payload, dy, yr * out);
     const auto got = plugin_.call(fn, {tp.rank(), tp.size(), rows, in, out, db ? 1 : 0}, payload.data(), payload.size(), &tp, &rt_, name);
-    take(got, name, {{dx, xr * in, "dx"}, {dw, out * in, "dw"}, {db, db ? out : 0, "db"}}, rows, in, out);
+    take(got, fmt::format("{} (rows {}, in {}, out {})", name, rows, in, out), {{dx, xr * in, "dx"}, {dw, out * in, "dw"}, {db, db ? out : 0, "db"}});
   }
 
   LabPlugin& plugin_;

@@ -300,7 +300,13 @@ std::string sp_call(CheckContext& ctx, Ranks& ranks, labproto::Fn fn, const char
       at += values.size();
     }
   }
-  if (c.colls != colls) {
+  // the collectives as a set: an order the data allows (dx reduce-scattered before x is gathered for dw) is
+  // as good; every rank asked for the same sequence (call_all)
+  auto sorted = [](std::vector<Coll> v) {
+    std::sort(v.begin(), v.end(), [](const Coll& a, const Coll& b) { return a.op != b.op ? a.op < b.op : a.n < b.n; });
+    return v;
+  };
+  if (sorted(c.colls) != sorted(colls)) {
     hint_out = hint(c, -1, "");
     return fmt::format("{}: {} where the layer needs {}", setup, colls_text(c.colls), colls_text(colls));
   }
@@ -311,101 +317,112 @@ bool has(const Called& c, char op) {
   return std::any_of(c.colls.begin(), c.colls.end(), [op](const Coll& k) { return k.op == op; });
 }
 
+// sp_layers, column-parallel: W's rows (outputs) split; x and dx this rank's token rows, y and dy every row.
+// "" or what went wrong (its hint in `hint`); sp_row and sp_norm below the same.
+std::string sp_column(CheckContext& ctx, Ranks& ranks, const Whole& W, int t, std::string& hint) {
+  const int64_t mine = kSpRows / t, out = kOut / t;
+  std::vector<std::vector<float>> fin, bin;
+  std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
+  for (int r = 0; r < t; r++) {
+    const auto x = rows_of(W.x, kIn, r * mine, mine), w = rows_of(W.w, kIn, r * out, out);
+    fin.push_back(concat({x, w, rows_of(W.b, 1, r * out, out)}));
+    bin.push_back(concat({x, w, cols(W.dy, kSpRows, kOut, r * out, out)}));
+    fw.push_back({{"y", cols(W.y, kSpRows, kOut, r * out, out)}});
+    bw.push_back({{"dx", rows_of(W.dx, kIn, r * mine, mine)}, {"dw", rows_of(W.dw, kIn, r * out, out)}, {"db", rows_of(W.db, 1, r * out, out)}});
+  }
+  std::string bad = sp_call(ctx, ranks, labproto::kTpSpColumnForward, "sp_column_forward", kIn, out, true, fin, fw, {{'G', mine * kIn}},
+                            [](const Called& c, int, const char*) {
+                              if (has(c, 'A') || has(c, 'S'))
+                                return std::string("the input is split by rows, not summed: every rank's rows gathered (all_gather) make x "
+                                                   "whole, and nothing else is needed");
+                              return std::string("x holds this rank's rows only, and y needs every row: all_gather the rows first (the "
+                                                 "paper's g, in Megatron's f's place), rank 0's first");
+                            },
+                            hint);
+  if (!bad.empty()) return bad;
+  bad = sp_call(ctx, ranks, labproto::kTpSpColumnBackward, "sp_column_backward", kIn, out, true, bin, bw, {{'G', mine * kIn}, {'S', mine * kIn}},
+                [](const Called& c, int, const char* what) {
+                  if (has(c, 'A'))
+                    return std::string("an all-reduce of dx leaves every rank every row, for twice a reduce-scatter's bytes: each rank keeps only its rows "
+                                       "of the sum — reduce_scatter (g's backward)");
+                  if (what && std::string(what) == "dw")
+                    return std::string("dw = dyᵀ·x needs every row of x: gather the input again (the forward's gathered copy is not kept)");
+                  if (!has(c, 'G'))
+                    return std::string("the input was kept from the forward: keep nothing between calls — Megatron gathers it again in backward, so a "
+                                       "rank stores only its rows of the stream between the layers");
+                  return std::string("dx = Σ_r dy_r·W_r, one term per rank, and each rank keeps its own rows of the sum: reduce_scatter");
+                },
+                hint);
+  return bad;
+}
+
+// sp_layers, row-parallel: W's columns (inputs) split; x and dx every row, y and dy this rank's token rows
+std::string sp_row(CheckContext& ctx, Ranks& ranks, const Whole& W, int t, std::string& hint) {
+  const int64_t mine = kSpRows / t, in = kIn / t;
+  std::vector<std::vector<float>> fin, bin;
+  std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
+  for (int r = 0; r < t; r++) {
+    const auto x = cols(W.x, kSpRows, kIn, r * in, in), w = cols(W.w, kOut, kIn, r * in, in);
+    fin.push_back(concat({x, w, W.b}));
+    bin.push_back(concat({x, w, rows_of(W.dy, kOut, r * mine, mine)}));
+    fw.push_back({{"y", rows_of(W.y, kOut, r * mine, mine)}});
+    bw.push_back({{"dx", cols(W.dx, kSpRows, kIn, r * in, in)}, {"dw", cols(W.dw, kOut, kIn, r * in, in)}, {"db", W.db}});
+  }
+  std::string bad = sp_call(ctx, ranks, labproto::kTpSpRowForward, "sp_row_forward", in, kOut, true, fin, fw, {{'S', mine * kOut}},
+                            [](const Called& c, int, const char*) {
+                              if (has(c, 'A'))
+                                return std::string("an all-reduce, then your rows: every rank receives the whole sum and drops (t-1)/t of it, twice "
+                                                   "the bytes of a reduce-scatter (ḡ), which delivers each rank its rows of the sum alone");
+                              if (c.colls.empty())
+                                return std::string("each rank holds one term of y: its rows of the sum need every rank's term — reduce_scatter");
+                              return std::string("the bias once per row, after the sum (before it, the sum counts it t times)");
+                            },
+                            hint);
+  if (!bad.empty()) return bad;
+  bad = sp_call(ctx, ranks, labproto::kTpSpRowBackward, "sp_row_backward", in, kOut, true, bin, bw, {{'G', mine * kOut}},
+                [](const Called& c, int, const char* what) {
+                  if (what && std::string(what) == "db" && has(c, 'G'))
+                    return std::string("db is the whole micro-batch's: Σ over every row's dy, the gathered one");
+                  if (!has(c, 'G'))
+                    return std::string("dy holds this rank's rows only; dx and dw need every row's: all_gather dy (ḡ's backward)");
+                  return std::string("one all-gather of dy, then the given GEMM: nothing else crosses the ranks");
+                },
+                hint);
+  return bad;
+}
+
+// sp_layers, a LayerNorm's gradient from this rank's rows: the micro-batch's is the sum over the ranks
+std::string sp_norm(CheckContext& ctx, Ranks& ranks, int t, std::string& hint) {
+  std::vector<std::vector<float>> in;
+  std::vector<double> sum(size_t(kOut), 0.0);
+  std::mt19937 g(99u + uint32_t(t));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int r = 0; r < t; r++) {
+    std::vector<float> v;
+    for (int64_t i = 0; i < kOut; i++) v.push_back(u(g)), sum[size_t(i)] += v.back();
+    in.push_back(v);
+  }
+  const std::string setup = fmt::format("sp_norm_grads (t = {}, {} floats)", t, kOut);
+  const Called c = call_all(ctx, ranks, labproto::kTpSpNormGrads, kOut, 0, 0, false, in, setup);
+  if (!c.mismatch.empty()) return fmt::format("{}: {}", setup, c.mismatch);
+  for (int r = 0; r < t; r++)
+    if (std::string bad = compare(c.out[size_t(r)], 0, sum, "grads"); !bad.empty()) {
+      hint = "each rank's LayerNorm saw its own rows: the micro-batch's gradient is the sum of every rank's (Megatron all-reduces the "
+             "sequence-parallel LayerNorm gradients)";
+      return fmt::format("{}, rank {}: {} ({})", setup, r, bad, colls_text(c.colls));
+    }
+  return "";
+}
+
 CheckResult sp_layers(CheckContext& ctx) {
   const char* kWhat = "every rank's outputs equal its part of the whole layer, with Megatron's sequence-parallel collectives";
-  std::string hint;
-  auto fail = [&](const std::string& got) { return CheckResult{false, kWhat, got, "", hint}; };
   for (int t : {2, 4}) {
     const Whole W(kSpRows, kIn, kOut, 4321u + uint32_t(t));
-    const int64_t mine = kSpRows / t;
     Ranks ranks(ctx, t);
-    // column-parallel: W's rows (outputs) split; x and dx this rank's token rows, y and dy every row
-    {
-      const int64_t out = kOut / t;
-      std::vector<std::vector<float>> fin, bin;
-      std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
-      for (int r = 0; r < t; r++) {
-        const auto x = rows_of(W.x, kIn, r * mine, mine), w = rows_of(W.w, kIn, r * out, out);
-        fin.push_back(concat({x, w, rows_of(W.b, 1, r * out, out)}));
-        bin.push_back(concat({x, w, cols(W.dy, kSpRows, kOut, r * out, out)}));
-        fw.push_back({{"y", cols(W.y, kSpRows, kOut, r * out, out)}});
-        bw.push_back({{"dx", rows_of(W.dx, kIn, r * mine, mine)}, {"dw", rows_of(W.dw, kIn, r * out, out)}, {"db", rows_of(W.db, 1, r * out, out)}});
-      }
-      std::string bad = sp_call(ctx, ranks, labproto::kTpSpColumnForward, "sp_column_forward", kIn, out, true, fin, fw, {{'G', mine * kIn}},
-                                [](const Called& c, int, const char*) {
-                                  if (has(c, 'A') || has(c, 'S')) return std::string("the input is split by rows, not summed: every rank's rows gathered (all_gather) make x whole, and nothing else is needed");
-                                  return std::string("x holds this rank's rows only, and y needs every row: all_gather the rows first (Megatron's g), rank 0's first");
-                                },
-                                hint);
-      if (!bad.empty()) return fail(bad);
-      bad = sp_call(ctx, ranks, labproto::kTpSpColumnBackward, "sp_column_backward", kIn, out, true, bin, bw, {{'G', mine * kIn}, {'S', mine * kIn}},
-                    [](const Called& c, int, const char* what) {
-                      if (has(c, 'A'))
-                        return std::string("an all-reduce of dx leaves every rank every row, for twice a reduce-scatter's bytes: each rank keeps only its rows "
-                                           "of the sum — reduce_scatter (g's backward)");
-                      if (what && std::string(what) == "dw")
-                        return std::string("dw = dyᵀ·x needs every row of x: gather the input again (the forward's gathered copy is not kept)");
-                      if (!has(c, 'G'))
-                        return std::string("the input was kept from the forward: keep nothing between calls — Megatron gathers it again in backward, so a "
-                                           "rank stores only its rows of the stream between the layers");
-                      return std::string("dx = Σ_r dy_r·W_r, one term per rank, and each rank keeps its own rows of the sum: reduce_scatter");
-                    },
-                    hint);
-      if (!bad.empty()) return fail(bad);
-    }
-    // row-parallel: W's columns (inputs) split; x and dx every row, y and dy this rank's token rows
-    {
-      const int64_t in = kIn / t;
-      std::vector<std::vector<float>> fin, bin;
-      std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
-      for (int r = 0; r < t; r++) {
-        const auto x = cols(W.x, kSpRows, kIn, r * in, in), w = cols(W.w, kOut, kIn, r * in, in);
-        fin.push_back(concat({x, w, W.b}));
-        bin.push_back(concat({x, w, rows_of(W.dy, kOut, r * mine, mine)}));
-        fw.push_back({{"y", rows_of(W.y, kOut, r * mine, mine)}});
-        bw.push_back({{"dx", cols(W.dx, kSpRows, kIn, r * in, in)}, {"dw", cols(W.dw, kOut, kIn, r * in, in)}, {"db", W.db}});
-      }
-      std::string bad = sp_call(ctx, ranks, labproto::kTpSpRowForward, "sp_row_forward", in, kOut, true, fin, fw, {{'S', mine * kOut}},
-                                [](const Called& c, int, const char*) {
-                                  if (has(c, 'A'))
-                                    return std::string("an all-reduce, then your rows: every rank receives the whole sum and drops (t-1)/t of it, twice "
-                                                       "the bytes of a reduce-scatter (ḡ), which delivers each rank its rows of the sum alone");
-                                  if (c.colls.empty()) return std::string("each rank holds one term of y: its rows of the sum need every rank's term — reduce_scatter");
-                                  return std::string("the bias once per row, after the sum (before it, the sum counts it t times)");
-                                },
-                                hint);
-      if (!bad.empty()) return fail(bad);
-      bad = sp_call(ctx, ranks, labproto::kTpSpRowBackward, "sp_row_backward", in, kOut, true, bin, bw, {{'G', mine * kOut}},
-                    [](const Called& c, int, const char* what) {
-                      if (what && std::string(what) == "db" && has(c, 'G'))
-                        return std::string("db is the whole micro-batch's: Σ over every row's dy, the gathered one");
-                      if (!has(c, 'G')) return std::string("dy holds this rank's rows only; dx and dw need every row's: all_gather dy (ḡ's backward)");
-                      return std::string("one all-gather of dy, then the given GEMM: nothing else crosses the ranks");
-                    },
-                    hint);
-      if (!bad.empty()) return fail(bad);
-    }
-    // a LayerNorm's gradient from this rank's rows: the micro-batch's is the sum over the ranks
-    {
-      std::vector<std::vector<float>> in;
-      std::vector<double> sum(size_t(kOut), 0.0);
-      std::mt19937 g(99u + uint32_t(t));
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      for (int r = 0; r < t; r++) {
-        std::vector<float> v;
-        for (int64_t i = 0; i < kOut; i++) v.push_back(u(g)), sum[size_t(i)] += v.back();
-        in.push_back(v);
-      }
-      const std::string setup = fmt::format("sp_norm_grads (t = {}, {} floats)", t, kOut);
-      const Called c = call_all(ctx, ranks, labproto::kTpSpNormGrads, kOut, 0, 0, false, in, setup);
-      if (!c.mismatch.empty()) return fail(fmt::format("{}: {}", setup, c.mismatch));
-      for (int r = 0; r < t; r++)
-        if (std::string bad = compare(c.out[size_t(r)], 0, sum, "grads"); !bad.empty()) {
-          hint = "each rank's LayerNorm saw its own rows: the micro-batch's gradient is the sum of every rank's (Megatron all-reduces the "
-                 "sequence-parallel LayerNorm gradients)";
-          return fail(fmt::format("{}, rank {}: {} ({})", setup, r, bad, colls_text(c.colls)));
-        }
-    }
+    std::string hint, bad = sp_column(ctx, ranks, W, t, hint);
+    if (bad.empty()) bad = sp_row(ctx, ranks, W, t, hint);
+    if (bad.empty()) bad = sp_norm(ctx, ranks, t, hint);
+    if (!bad.empty()) return {false, kWhat, bad, "", hint};
   }
   return {true, "", "",
           "t = 2 and 4, every output on every rank: column forward one all-gather; column backward all-gather again + reduce-scatter; row "
@@ -721,12 +738,12 @@ CheckResult sp_comm_volume(CheckContext& ctx) {
   const auto tp = plus(kBase, {"parallel.tp=2"}), sp = plus(tp, {kSp});
   const Job& ref = job(ctx, "ref:sp2", 2, false, sp);
   const Job& mine = job(ctx, "sp2", 2, true, sp);
-  const Job& plain = job(ctx, "tp2", 2, true, tp);
+  const Job& plain = job(ctx, "ref:tp2", 2, false, tp);  // the engine's plain TP: this check is about SP alone
   const double want = bytes_per_step(ref), got = bytes_per_step(mine), tp_bytes = bytes_per_step(plain);
   const double act_sp = peak_activations(mine), act_tp = peak_activations(plain);
   const std::string detail =
       fmt::format("tp 2 + SP: {:.0f} bytes per step, the engine's {:.0f} ({:.3f}x plain TP's {:.0f}: the layers' 1.25x and the LayerNorms' "
-                  "gradient sums); activations at the peak {:.0f} bytes against plain TP's {:.0f} ({:.2f}x)",
+                  "gradient sums); the trainer's activations at the peak {:.0f} bytes against plain TP's {:.0f} ({:.2f}x)",
                   got, want, tp_bytes > 0 ? got / tp_bytes : 0.0, tp_bytes, act_sp, act_tp, act_tp > 0 ? act_sp / act_tp : 0.0);
   if (std::abs(got / want - 1) <= 0.01) return {true, "", "", detail};
   return {false, fmt::format("tp 2 + sequence parallel: {:.0f} bytes per step, as the engine's sequence-parallel run", want),

@@ -22,7 +22,7 @@ using namespace distlab;
 namespace {
 
 void check_count(const char* what, int64_t n, uint64_t per, const void* a, const void* b) {
-  if (n < 0 || uint64_t(n) * per * 4 > labproto::kMaxPayload || (n > 0 && (!a || !b)))
+  if (n < 0 || uint64_t(n) > labproto::kMaxPayload / 4 / per || (n > 0 && (!a || !b)))  // by division: n·per may wrap
     throw std::invalid_argument(std::string(what) + " of " + std::to_string(n) + " floats: give buffers of 0.." +
                                 std::to_string(labproto::kMaxPayload / 4 / per) + " floats");
 }
