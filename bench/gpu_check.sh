@@ -136,6 +136,10 @@ if [ $gpu -eq 1 ]; then
   M=${OUT:-/tmp}
   "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
   [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024
+  # the same with flash attention: in bf16 on sm 80+ it is attention_tc.cu's tensor-core kernel
+  "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --set model.attention=flash \
+    --metrics "$M/gpt2_124m_flash_cuda.jsonl" 2>&1 | tail -3 || status=1
+  [ -f "$M/gpt2_124m_flash_cuda.jsonl" ] && { printf 'flash attention: '; rates "$M/gpt2_124m_flash_cuda.jsonl" tokens 1024; }
   "$DISTLAB" train configs/cifar-cnn.toml --device cuda --set train.steps=60 --set train.global_batch=256 --metrics "$M/cnn_cuda.jsonl" 2>&1 | tail -6 || status=1
   [ -f "$M/cnn_cuda.jsonl" ] && rates "$M/cnn_cuda.jsonl" img 1
   # the trainer on the GPU against the cpu: the same runs' first losses and gradient norms (fp32; the GPU

@@ -85,10 +85,10 @@ CudaContext::CudaContext(int device) : device_(device) {
   DL_CUDA(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
   DL_CUBLAS(cublasCreate(&blas_));
   DL_CUBLAS(cublasSetStream(blas_, compute_));
-  // cuBLAS's own workspace from us, so that its use is bound to our stream (32 MiB covers Hopper's kernels)
-  constexpr size_t kWorkspace = size_t(32) << 20;
-  DL_CUDA(cudaMalloc(&blas_workspace_, kWorkspace));
-  DL_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kWorkspace));
+  // cuBLAS's own workspace from us, so that its use is bound to our stream
+  DL_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
+  DL_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
+  DL_CUBLAS(cublasLtCreate(&blas_lt_));
 }
 
 CudaContext::~CudaContext() {
@@ -98,6 +98,7 @@ CudaContext::~CudaContext() {
   alloc_.empty_cache();
   pinned_.empty_cache();
   if (blas_) cublasDestroy(blas_);
+  if (blas_lt_) cublasLtDestroy(blas_lt_);
   if (blas_workspace_) cudaFree(blas_workspace_);
   if (compute_) cudaStreamDestroy(compute_);
   if (comm_) cudaStreamDestroy(comm_);

@@ -1,10 +1,11 @@
 // One rank's GPU: which device, the two streams (compute, and communication so that NCCL's collectives
-// overlap backward as DDP's buckets need), the cuBLAS handle bound to the compute stream, the GEMM math
+// overlap backward as DDP's buckets need), the cuBLAS handle bound to the compute stream (and cuBLASLt's), the GEMM math
 // mode, and the caching allocator that backs the rank's tensors. Passed explicitly (Runtime::cuda), never
 // global: two contexts in one process are two ranks.
 // probe_cuda() is what `distlab env` and --device cuda ask first: is there a usable GPU, and if not, why.
 // Read next: allocator.h, then core/ops/cuda/ops.h (the kernels).
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -52,6 +53,10 @@ class CudaContext {
   cudaStream_t compute() const { return compute_; }
   cudaStream_t comm() const { return comm_; }
   cublasHandle_t blas() const { return blas_; }
+  // cuBLASLt (GEMMs with a fused epilogue), sharing cuBLAS's workspace: both run on the compute stream only
+  cublasLtHandle_t blas_lt() const { return blas_lt_; }
+  void* blas_workspace() const { return blas_workspace_; }
+  static constexpr size_t kBlasWorkspace = size_t(32) << 20;  // 32 MiB covers Hopper's kernels
   GemmMath math = GemmMath::f32;
   CudaAllocator& allocator() { return alloc_; }
   CudaAllocator& pinned() { return pinned_; }  // page-locked host memory (CPU offload's), cached the same way
@@ -62,6 +67,7 @@ class CudaContext {
   int device_;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t blas_lt_ = nullptr;
   void* blas_workspace_ = nullptr;
   CudaAllocator alloc_;
   CudaAllocator pinned_{CudaAllocator::Kind::pinned};

@@ -1,6 +1,7 @@
 // Every CUDA kernel against its cpu twin on random inputs (core/ops/cuda/ops.h against core/ops/cpu):
 // fp32 within 1e-5 of the cpu's result (the largest difference over the largest value), TF32 within 5e-3,
-// bf16/fp16 GEMMs within 1e-4 of the cpu's product of the same rounded inputs; max-pool, the embedding,
+// bf16/fp16 GEMMs within 1e-4 of the cpu's product of the same rounded inputs, tensor-core flash attention
+// within the rounding of its 16-bit P and dS (5e-3 / 1e-2 in bf16); max-pool, the embedding,
 // dtype conversion and the optimizers' updates bit for bit. Without a usable GPU the program prints why
 // and exits 77, which ctest reports as skipped (a build without a GPU still compiles and links all of this).
 // Catch2's main is its library's (Catch2WithMain): a runner of our own would compile Catch2's whole
@@ -328,6 +329,20 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
     cuda::bias_backward(g.gpu, gb2.p, ddy.p, N, OC);
     CHECK(bitwise(gy.get(), cy));
     CHECK(rel(gb2.get(), cb2) < kF32);
+    // the forward's bias in cuBLASLt's epilogue under 16-bit math: the cpu's on the same rounded inputs
+    for (DType low : {DType::bf16, DType::f16}) {
+      auto xr = x, wr = w;
+      round_f32(xr.data(), xr.data(), int64_t(xr.size()), low);
+      round_f32(wr.data(), wr.data(), int64_t(wr.size()), low);
+      std::vector<float> lo(co.size());
+      matmul_forward(g.cpu, lo.data(), xr.data(), wr.data(), with_bias ? b.data() : nullptr, N, C, OC);
+      g.cx.math = low == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
+      Dev<float> lout(N * OC);
+      cuda::matmul_forward(g.gpu, lout.p, dx.p, dw.p, with_bias ? db.p : nullptr, N, C, OC);
+      g.cx.math = GemmMath::f32;
+      INFO(dtype_name(low));
+      CHECK(rel(lout.get(), lo) < 1e-4);
+    }
   }
 }
 
@@ -546,6 +561,48 @@ TEST_CASE("flash attention on the GPU equals the cpu's flash kernels (and the na
     CHECK(rel(dqkv.get(), nd) < kF32);
     CHECK(bitwise(dqkv.get(), dqkv2.get()));  // no atomics: the same bits every time
   }
+}
+
+TEST_CASE("flash attention on tensor cores (bf16 and fp16 math): the cpu's flash kernels on the same rounded inputs, within the rounding of P and dS", "[cuda][flash]") {
+  // The tolerances are what the kernels' algorithm gives when emulated in f32 with P and dS rounded to 16
+  // bits (bf16: out 9e-4, gradients 2.4e-3 at worst; fp16: 1.3e-4 and 5.4e-4), with room for another order.
+  Pair g;
+  int major = 0;
+  DL_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  struct Case { int64_t B, T, C, NH; };
+  for (GemmMath math : {GemmMath::bf16, GemmMath::f16}) {
+    const DType low = math == GemmMath::bf16 ? DType::bf16 : DType::f16;
+    const double tol_out = math == GemmMath::bf16 ? 5e-3 : 1e-3, tol_grad = math == GemmMath::bf16 ? 1e-2 : 2.5e-3;
+    // head sizes 32, 64, 96, 128; T of 1, under a tile, a tile, over one; 80 is not a tensor-core size
+    for (Case k : {Case{2, 37, 64, 2}, Case{1, 200, 128, 2}, Case{1, 1, 96, 1}, Case{2, 64, 64, 1}, Case{2, 130, 256, 2},
+                   Case{1, 70, 160, 2}}) {
+      const int64_t hs = k.C / k.NH;
+      INFO(dtype_name(low) << ": B " << k.B << " T " << k.T << " C " << k.C << " heads " << k.NH);
+      g.cx.math = math;
+      const bool tc = cuda::flash_tensor_cores(g.gpu, hs);
+      INFO("tensor cores: " << tc);
+      if (major >= 8 && hs <= 64) CHECK(tc);  // 96 and 128 need more shared memory than sm 86/89 give (A100, H100: enough)
+      if (major < 8 || hs == 80) CHECK(!tc);
+      auto qkv = randn(k.B * k.T * 3 * k.C, 44), dy = randn(k.B * k.T * k.C, 45);
+      round_f32(qkv.data(), qkv.data(), int64_t(qkv.size()), low);
+      round_f32(dy.data(), dy.data(), int64_t(dy.size()), low);
+      std::vector<float> co(size_t(k.B * k.T * k.C)), cl(size_t(k.B * k.NH * k.T)), cd(qkv.size());
+      flash_attention_forward(g.cpu, co.data(), cl.data(), qkv.data(), k.B, k.T, k.C, k.NH);
+      flash_attention_backward(g.cpu, cd.data(), dy.data(), qkv.data(), co.data(), cl.data(), k.B, k.T, k.C, k.NH);
+      Dev<float> dq(qkv), ddy(dy), out(k.B * k.T * k.C), out2(k.B * k.T * k.C), lse(k.B * k.NH * k.T), dqkv(int64_t(qkv.size())),
+          dqkv2(int64_t(qkv.size()));
+      cuda::flash_attention_forward(g.gpu, out.p, lse.p, dq.p, k.B, k.T, k.C, k.NH);
+      cuda::flash_attention_forward(g.gpu, out2.p, lse.p, dq.p, k.B, k.T, k.C, k.NH);
+      cuda::flash_attention_backward(g.gpu, dqkv.p, ddy.p, dq.p, out.p, lse.p, k.B, k.T, k.C, k.NH);
+      cuda::flash_attention_backward(g.gpu, dqkv2.p, ddy.p, dq.p, out.p, lse.p, k.B, k.T, k.C, k.NH);
+      CHECK(rel(out.get(), co) < (tc ? tol_out : kF32));
+      CHECK(rel(lse.get(), cl) < 1e-5);
+      CHECK(rel(dqkv.get(), cd) < (tc ? tol_grad : kF32));
+      CHECK(bitwise(out.get(), out2.get()));
+      CHECK(bitwise(dqkv.get(), dqkv2.get()));  // no atomics: the same bits every time
+    }
+  }
+  g.cx.math = GemmMath::f32;
 }
 
 TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embedding bit for bit", "[cuda]") {

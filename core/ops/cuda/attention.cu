@@ -352,6 +352,7 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
   const int64_t hs = C / NH, C3 = 3 * C;
   OpScope op(rt, "flash_attention_forward", distlab::flash_attention_flops(B, T, C, NH, false), 4.0 * (B * T * C3 + B * T * C + B * NH * T));
   op.attention(B * NH, T, hs);
+  if (flash_tensor_cores(rt, hs)) return flash_tc_forward(rt, out, lse, qkv, B, T, C, NH);  // attention_tc.cu
   require_head(hs, "flash_attention_forward");
   const size_t smem = sizeof(float) * size_t(kFlashRows * hs + 32 * (hs + 1) + 32 * hs);
   allow_shared(flash_forward_k, smem, "flash_attention_forward");
@@ -366,6 +367,7 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
   OpScope op(rt, "flash_attention_backward", distlab::flash_attention_flops(B, T, C, NH, true),
              4.0 * (2 * B * T * C3 + 2 * B * T * C + B * NH * T));
   op.attention(B * NH, T, hs);
+  if (flash_tensor_cores(rt, hs)) return flash_tc_backward(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
   require_head(hs, "flash_attention_backward");
   Scratch D(rt, B * NH * T, "flash attention backward's rowsum(dO * O)");
   const float scale = 1.0f / sqrtf(float(hs));

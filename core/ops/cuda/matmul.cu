@@ -1,4 +1,4 @@
-// GEMMs on the GPU through cuBLAS, in the nn.Linear convention of core/ops/cpu/matmul.cpp (weights are
+// GEMMs on the GPU through cuBLAS (and cuBLASLt where a bias rides in the epilogue), in the nn.Linear convention of core/ops/cpu/matmul.cpp (weights are
 // (OC, C) = [out, in], everything row-major). cuBLAS is column-major: a row-major C = op(A) op(B) is the
 // column-major C^T = op(B)^T op(A)^T, so every call passes B before A and N before M.
 // Next to it, gemm_naive: the classic 16x16 shared-memory tiling, so the benchmark can show what cuBLAS
@@ -45,6 +45,69 @@ void blas(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
                          as_int(M, "M"), as_int(K, "K"), &alpha, B, cuda_type(bt), as_int(std::max<int64_t>(ldb, 1), "ldb"), A,
                          cuda_type(at), as_int(std::max<int64_t>(lda, 1), "lda"), &beta, C, cuda_type(ct),
                          as_int(std::max<int64_t>(ldc, 1), "ldc"), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// The largest power of two up to 256 that divides p's address: what cuBLASLt's heuristic may assume
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+// cuBLASLt's descriptors of one call, destroyed on every path out
+struct LtCall {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtCall() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// out (N, OC) = x (N, C) @ w (OC, C)ᵀ + bias in one cublasLtMatmul, the bias added in its epilogue: no
+// broadcast pass before it and no read of out (beta 0), where cuBLAS's GEMM needs both (2 of a biased
+// layer's 3 passes over its f32 output). x and w are of type t (f32, or 16-bit copies); out and bias f32
+// (the epilogue's bias has the output's type). Column-major, as blas() below: D (OC x N) = wᵀ-op x.
+// Returns false, having done nothing, where cuBLASLt has no kernel for the call (the caller does it in two).
+bool lt_bias(Runtime& rt, float* out, const void* x, const void* w, DType t, const float* bias, int64_t N, int64_t C, int64_t OC,
+             GemmMath math) {
+  if (N > INT_MAX || C > INT_MAX || OC > INT_MAX) return false;
+  const cudaDataType type = cuda_type(t);
+  const cublasComputeType_t compute = t == DType::f32 && math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LtCall c;
+  DL_CUBLAS(cublasLtMatmulDescCreate(&c.desc, compute, CUDA_R_32F));
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+  DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+  DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.a, type, uint64_t(C), uint64_t(OC), int64_t(C)));  // w: (C x OC), op T
+  DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.b, type, uint64_t(C), uint64_t(N), int64_t(C)));   // x: (C x N)
+  DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.d, CUDA_R_32F, uint64_t(OC), uint64_t(N), int64_t(OC)));
+  DL_CUBLAS(cublasLtMatmulPreferenceCreate(&c.pref));
+  const uint64_t workspace = CudaContext::kBlasWorkspace;
+  const uint32_t align_a = alignment_of(w), align_b = alignment_of(x), align_d = alignment_of(out);
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+  cublasLtMatmulHeuristicResult_t pick{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(ctx(rt).blas_lt(), c.desc, c.a, c.b, c.d, c.d, c.pref, 1, &pick, &found) != CUBLAS_STATUS_SUCCESS ||
+      found == 0)
+    return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(ctx(rt).blas_lt(), c.desc, &alpha, w, c.a, x, c.b, &beta, out, c.d, out, c.d, &pick.algo,
+                                           ctx(rt).blas_workspace(), workspace, stream(rt));
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  DL_CUBLAS(st);
+  return true;
 }
 
 __global__ void to_bf16_k(__nv_bfloat16* dst, const float* src, int64_t n) {
@@ -215,7 +278,17 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
                     int64_t OC) {
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
   op.gemm(0, N, OC, C);  // (N, C) @ (C, OC)
-  if (bias) {  // start from the broadcast bias, then out = 1 * inp @ w^T + 1 * out
+  if (bias && N > 0 && OC > 0 && C > 0) {  // the bias in cuBLASLt's epilogue: one pass over out
+    const GemmMath math = gemm_math(rt);
+    if (math == GemmMath::f32 || math == GemmMath::tf32) {
+      if (lt_bias(rt, out, inp, w, DType::f32, bias, N, C, OC, math)) return;
+    } else {
+      const DType low = math == GemmMath::bf16 ? DType::bf16 : DType::f16;
+      Narrow x16(rt, inp, N * C, low), w16(rt, w, OC * C, low);
+      if (lt_bias(rt, out, x16.p, w16.p, low, bias, N, C, OC, math)) return;
+    }
+  }
+  if (bias) {  // where cuBLASLt has no kernel: start from the broadcast bias, then out = 1 * inp @ w^T + 1 * out
     broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);
     DL_CUDA_LAUNCHED("matmul_forward bias");
   }

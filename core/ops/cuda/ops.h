@@ -7,7 +7,8 @@
 // the reductions, GEMMs through cuBLAS. No atomics: every result is summed in a fixed order, so a run is
 // bitwise repeatable on the same GPU (the embedding's backward pays for this: see attention.cu).
 // Files: pointwise.cu (activations, dropout, add, max-pool), matmul.cu (cuBLAS GEMM in f32, TF32, bf16,
-// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding, flash attention), llama.cu
+// fp16), conv.cu (im2col + GEMM), norm.cu, loss.cu, attention.cu (+ embedding, flash attention), attention_tc.cu
+// (flash attention on tensor cores), llama.cu
 // (RMSNorm, RoPE, SwiGLU, repeat_kv), convert.cu (dtypes, fill),
 // optim.cu (SGD, AdamW, the norm and overflow reductions), nf4.cu (QLoRA's dequantize); core/cuda/kernel_table.cpp lists them for rt.kernels.
 // tests/cuda/test_cuda_parity.cpp runs each against the cpu kernel on random inputs.
@@ -101,11 +102,20 @@ void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, in
                        int64_t NH);
 void attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH);
-// FlashAttention-2 (core/ops/cpu/attention.h): head size up to 256
+// FlashAttention-2 (core/ops/cpu/attention.h): head size up to 256. Under 16-bit GEMM math on sm 80 and
+// later, for head sizes 32, 64, 96 and 128, they run attention_tc.cu's tensor-core kernels (16-bit
+// products, f32 sums); elsewhere CUDA cores in f32.
 void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                              int64_t NH);
 void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+// ---- attention_tc.cu ----
+// Whether flash attention takes the tensor cores on this rank for head size hs (the math, the GPU, the
+// shared memory it gives); the two kernels below, untraced (the callers above record the event).
+bool flash_tensor_cores(Runtime& rt, int64_t hs);
+void flash_tc_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
+void flash_tc_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                       int64_t B, int64_t T, int64_t C, int64_t NH);
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C);
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
