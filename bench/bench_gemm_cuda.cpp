@@ -1,7 +1,11 @@
 // GEMM on the GPU: distlab's cuda::gemm_ex / cuda::gemm against raw cuBLAS on the same operands, at
 // 4096^3 (and 8192^3 for bf16), in bf16 (tensor cores, f32 sums), TF32 and f32; and the tiled naive
 // kernel, to show what cuBLAS adds. TFLOP/s from CUDA events over 20 timed calls after 3 warm-ups.
-// Prints a table and writes bench/results/gemm_cuda.json. Without a GPU it says why and exits 0.
+// Then causal attention, forward and backward, at GPT-2 124M's shape (B 8, T 1024, 12 heads of 64) and
+// LLaMA-3-8B's (B 1, T 8192, 32 heads of 128): the naive kernels (scores through cuBLAS in bf16, softmax
+// in f32), flash on CUDA cores (f32) and flash on tensor cores (bf16, attention_tc.cu), in FlashAttention-2's
+// FLOPs (the causal half), so the three compare.
+// Prints two tables and writes bench/results/gemm_cuda.json. Without a GPU it says why and exits 0.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <fmt/format.h>
@@ -13,6 +17,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/ops/cpu/attention.h"
 #include "core/ops/cuda/ops.h"
 
 using namespace distlab;
@@ -95,6 +100,45 @@ int main() {
     }
     cx.sync();
     for (void* p : {(void*)A, (void*)B, (void*)C, (void*)Ah, (void*)Bh, (void*)Ch}) cudaFree(p);
+  }
+  fmt::print("\n{:>10} {:>30} {:>10} {:>10} {:>12}\n", "shape", "attention kernel", "fwd ms", "bwd ms", "fwd+bwd TF/s");
+  struct Shape { const char* name; int64_t B, T, C, NH; };
+  for (const Shape& sh : {Shape{"gpt2-124m", 8, 1024, 768, 12}, Shape{"llama3-8b", 1, 8192, 4096, 32}}) {
+    const int64_t B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, hs = C / NH;
+    float *qkv, *out, *lse, *dout, *dqkv, *att = nullptr;
+    DL_CUDA(cudaMalloc(&qkv, size_t(B * T * 3 * C) * 4));
+    DL_CUDA(cudaMalloc(&dqkv, size_t(B * T * 3 * C) * 4));
+    DL_CUDA(cudaMalloc(&out, size_t(B * T * C) * 4));
+    DL_CUDA(cudaMalloc(&dout, size_t(B * T * C) * 4));
+    DL_CUDA(cudaMalloc(&lse, size_t(B * NH * T) * 4));
+    cuda::fill(rt, qkv, DType::f32, 0.01f, B * T * 3 * C);
+    cuda::fill(rt, dout, DType::f32, 0.02f, B * T * C);
+    const double ffwd = flash_attention_flops(B, T, C, NH, false), fbwd = flash_attention_flops(B, T, C, NH, true);
+    const double att_bytes = double(B * NH) * double(T) * double(T) * 4;
+    const bool naive_fits = att_bytes <= 4e9;  // the naive kernels hold every score: 8.6 GB at LLaMA's shape
+    if (naive_fits) DL_CUDA(cudaMalloc(&att, size_t(att_bytes)));
+    for (const char* kernel : {"naive (cuBLAS bf16, f32 softmax)", "flash, CUDA cores (f32)", "flash, tensor cores (bf16)"}) {
+      const bool naive = kernel[0] == 'n', tc = std::string(kernel).find("tensor") != std::string::npos;
+      cx.math = naive || tc ? GemmMath::bf16 : GemmMath::f32;
+      if ((naive && !naive_fits) || (tc && !cuda::flash_tensor_cores(rt, hs))) {
+        fmt::print("{:>10} {:>30} {:>10} {:>10} {:>12}\n", sh.name, kernel, "-", "-", naive ? "(too big)" : "(not here)");
+        continue;
+      }
+      const double fwd = time_ms(cx, [&] {
+        if (naive) cuda::attention_forward(rt, out, att, qkv, B, T, C, NH);
+        else cuda::flash_attention_forward(rt, out, lse, qkv, B, T, C, NH);
+      }, 5);
+      const double bwd = time_ms(cx, [&] {
+        if (naive) cuda::attention_backward(rt, dqkv, dout, qkv, att, B, T, C, NH);
+        else cuda::flash_attention_backward(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
+      }, 5);
+      const double tflops = (ffwd + fbwd) / (fwd + bwd) / 1e9;
+      fmt::print("{:>10} {:>30} {:>10.2f} {:>10.2f} {:>12.1f}\n", sh.name, kernel, fwd, bwd, tflops);
+      results.push_back({{"attention", kernel}, {"shape", sh.name}, {"fwd_ms", fwd}, {"bwd_ms", bwd}, {"tflops", tflops}});
+    }
+    cx.math = GemmMath::f32;
+    cx.sync();
+    for (void* p : {(void*)qkv, (void*)dqkv, (void*)out, (void*)dout, (void*)lse, (void*)att}) cudaFree(p);
   }
   std::filesystem::create_directories("bench/results");
   std::ofstream out("bench/results/gemm_cuda.json");

@@ -4,7 +4,8 @@
 #      on a machine with this project's packages: a lent GPU machine has CUDA but not Gloo or OpenBLAS),
 #      else a CUDA build in build-cuda/ for this machine's GPU (CUDA_ARCHS overrides);
 #   2. every CUDA kernel against its cpu twin, and the NCCL group (distlab_cuda_tests);
-#   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive);
+#   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive), and
+#      attention at GPT-2's and LLaMA-3-8B's shapes: naive, flash on CUDA cores, flash on tensor cores;
 #   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
 #   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
 #      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the cpu;
@@ -78,7 +79,7 @@ say "2. every CUDA kernel against the cpu one; the NCCL group"
 rc=$?
 if [ $rc -eq 77 ]; then echo "(skipped)"; elif [ $rc -ne 0 ]; then status=1; fi
 
-say "3. GEMM: distlab against raw cuBLAS"
+say "3. GEMM: distlab against raw cuBLAS; attention: naive, flash (f32), flash on tensor cores"
 "$GEMM" || status=1
 [ -n "${OUT:-}" ] && [ -f bench/results/gemm_cuda.json ] && cp bench/results/gemm_cuda.json "$OUT/"
 
@@ -108,6 +109,17 @@ print(f"{len(steady)} steady steps: {1e3 * t:.1f} ms per step, {tok / t:,.0f} {s
       f"{tflops:.1f} TFLOP/s = {100 * tflops / float(sys.argv[3]):.1f} % MFU of {sys.argv[3]} TFLOP/s")
 PY
 }
+measured_memory() {  # metrics.jsonl: the device allocator's measured peak against the engine's accounting
+  python3 - "$1" <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"summary"' in l][-1]
+held, res, tot = s.get("peak_memory_device_measured", -1), s.get("peak_memory_reserved", 0), s.get("peak_memory_total", 0)
+g = lambda b: b / 2**30
+print(f"memory: measured {g(held):.2f} GiB (the caching allocator's cudaMalloc'd peak) against {g(res):.2f} GiB modeled reserved "
+      f"({held / res if res else float('nan'):.3f}x; the target: within 5 %) and {g(tot):.2f} GiB counted in tensors "
+      f"({held / tot if tot else float('nan'):.3f}x; a 16-bit run's f32 kernels also hold f32 copies of what they read, uncounted)")
+PY
+}
 against_cpu() {  # label, cpu metrics, cuda metrics: the largest relative difference in loss and grad norm
   python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
@@ -135,7 +147,7 @@ PY
 if [ $gpu -eq 1 ]; then
   M=${OUT:-/tmp}
   "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
-  [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024
+  [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024 && measured_memory "$M/gpt2_124m_cuda.jsonl"
   # the same with flash attention: in bf16 on sm 80+ it is attention_tc.cu's tensor-core kernel
   "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --set model.attention=flash \
     --metrics "$M/gpt2_124m_flash_cuda.jsonl" 2>&1 | tail -3 || status=1

@@ -90,6 +90,9 @@ void add_doctor_command(CLI::App& app) {
       for (const auto& d : g["gpus"])
         std::cout << fmt::format("gpu {}      {} (sm {}, {} SMs, {:.1f} GiB)\n", d.value("index", 0), d.value("name", "?"), d.value("sm", "?"),
                                  d.value("multiprocessors", 0), d.value("memory_bytes", 0.0) / double(1 << 30));
+      for (const auto& d : g["gpus"])
+        if (d.contains("flash_attention"))
+          std::cout << fmt::format("attention  gpu {}: flash attention on {}\n", d.value("index", 0), d.value("flash_attention", ""));
       for (const auto& l : g["links"])
         std::cout << fmt::format("link       {} -> {}: {}\n", l.value("from", 0), l.value("to", 0),
                                  l.value("peer_access", false) ? fmt::format("peer access, performance rank {} (NVLink ranks above PCIe)", l.value("performance_rank", -1))

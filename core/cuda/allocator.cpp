@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "core/cuda/check.h"
 
 namespace distlab {
@@ -50,6 +52,7 @@ void* CudaAllocator::alloc(int64_t bytes) {
   }
   if (e != cudaSuccess) cuda_fail(e, kind_ == Kind::device ? "cudaMalloc" : "cudaHostAlloc", __FILE__, __LINE__);
   reserved_ += size;
+  reserved_peak_ = std::max(reserved_peak_, reserved_);
   return p;
 }
 

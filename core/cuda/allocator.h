@@ -34,6 +34,8 @@ class CudaAllocator {
   void free(void* p, int64_t bytes);
   void empty_cache();  // torch.cuda.empty_cache(): cached blocks back to the driver
   int64_t reserved() const { return reserved_; }  // in use + cached
+  int64_t reserved_peak() const { return reserved_peak_; }  // its high-water mark: torch.cuda.max_memory_reserved
+  void reset_reserved_peak() { reserved_peak_ = reserved_; }  // torch.cuda.reset_peak_memory_stats
   int64_t cached() const { return cached_; }
   static int64_t rounded(int64_t bytes);
 
@@ -43,7 +45,7 @@ class CudaAllocator {
 
   Kind kind_;
   std::map<int64_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
-  int64_t reserved_ = 0, cached_ = 0;
+  int64_t reserved_ = 0, cached_ = 0, reserved_peak_ = 0;
 };
 
 }  // namespace distlab

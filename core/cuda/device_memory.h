@@ -22,6 +22,8 @@ class CudaDeviceMemory : public DeviceMemory {
   int64_t free_bytes() override;
   void* pinned_alloc(int64_t bytes) override;
   void pinned_free(void* p, int64_t bytes) override;
+  int64_t held_peak() const override { return cx_.allocator().reserved_peak(); }
+  void reset_held_peak() override { cx_.allocator().reset_reserved_peak(); }
 
  private:
   CudaContext& cx_;

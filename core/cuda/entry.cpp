@@ -84,7 +84,11 @@ void distlab_cuda_doctor(std::string* out) {
                       {"gpus", nlohmann::json::array()}, {"links", nlohmann::json::array()}};
   for (const auto& d : p.devices)
     j["gpus"].push_back({{"index", d.index}, {"name", d.name}, {"sm", fmt::format("{}.{}", d.sm_major, d.sm_minor)},
-                         {"multiprocessors", d.multiprocessors}, {"memory_bytes", d.total_bytes}});
+                         {"multiprocessors", d.multiprocessors}, {"memory_bytes", d.total_bytes},
+                         // which flash attention a bf16/fp16 run gets here (core/ops/cuda/attention_tc.cu)
+                         {"flash_attention", d.sm_major >= 8 ? "tensor cores in bf16/fp16 runs (head sizes 32, 64, 96, 128 where the "
+                                                               "shared memory allows), else CUDA cores in f32"
+                                                             : "CUDA cores in f32 (the tensor-core kernel needs sm 80)"}});
   for (const auto& a : p.devices)
     for (const auto& b : p.devices) {
       if (a.index == b.index) continue;

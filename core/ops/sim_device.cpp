@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,10 +39,19 @@ const void* sim_host_address(const void* p, const char* what) {
 
 void* SimDeviceMemory::alloc(int64_t bytes) {
   // 64-byte aligned, as the cpu's tensors are (aligned_alloc wants a multiple of the alignment)
-  return poison(std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)));
+  const int64_t size = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size_t(size));
+  if (!p) return nullptr;
+  held_ += size;
+  held_peak_ = std::max(held_peak_, held_);
+  return poison(p);
 }
 
-void SimDeviceMemory::free(void* p, int64_t) { std::free(const_cast<void*>(sim_host_address(p, "free"))); }
+void SimDeviceMemory::free(void* p, int64_t bytes) {
+  if (!p) return;
+  std::free(const_cast<void*>(sim_host_address(p, "free")));
+  held_ -= (bytes + 63) / 64 * 64;
+}
 
 void SimDeviceMemory::zero(void* p, int64_t bytes) { std::memset(const_cast<void*>(sim_host_address(p, "zero")), 0, size_t(bytes)); }
 

@@ -30,6 +30,12 @@ class SimDeviceMemory : public DeviceMemory {
   // host memory as it is (a real address: host code reads it), standing in for page-locked memory
   void* pinned_alloc(int64_t bytes) override;
   void pinned_free(void* p, int64_t bytes) override;
+  // the live blocks' bytes at their most (no cache here: what is freed goes back at once)
+  int64_t held_peak() const override { return held_peak_; }
+  void reset_held_peak() override { held_peak_ = held_; }
+
+ private:
+  int64_t held_ = 0, held_peak_ = 0;
 };
 
 // The simulated device's kernels: the cpu kernels on unpoisoned pointers.

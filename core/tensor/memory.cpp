@@ -66,6 +66,7 @@ void MemoryAccountant::reset_peaks() {
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
   stats_.at_peak = stats_.current;
+  if (device_memory_) device_memory_->reset_held_peak();
 }
 
 static int64_t round_block(int64_t bytes) { return (bytes + 4095) / 4096 * 4096; }

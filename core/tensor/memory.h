@@ -50,6 +50,11 @@ class DeviceMemory {
   // full speed, straight from and into place. nullptr when the host has none to give.
   virtual void* pinned_alloc(int64_t bytes) = 0;
   virtual void pinned_free(void* p, int64_t bytes) = 0;
+  // Measured, not modeled: the most the device's own allocator has held since it was made (a GPU: the bytes
+  // its caching allocator took with cudaMalloc, in use or cached, kernels' scratch included; not the CUDA
+  // context, cuBLAS's workspace or NCCL's buffers). What MemoryStats::reserved_peak models.
+  virtual int64_t held_peak() const = 0;
+  virtual void reset_held_peak() = 0;  // the peak := what it holds now (MemoryAccountant::reset_peaks)
 };
 
 class MemoryAccountant {
@@ -72,7 +77,7 @@ class MemoryAccountant {
   int64_t peak(Category c) const { return stats_.peak[int(c)]; }
   int64_t capacity() const { return capacity_; }
   void set_capacity(int64_t bytes) { capacity_ = bytes; }
-  void reset_peaks();  // peaks := current (e.g. at the start of a measured step)
+  void reset_peaks();  // peaks := current (e.g. at the start of a measured step), the device's measured one too
   int rank() const { return rank_; }
   const std::string& device_name() const { return device_; }
   std::string breakdown() const;  // "params 1.2 GiB, grads ..., ..." of current bytes

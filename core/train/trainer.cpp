@@ -153,6 +153,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   if (m.peak_total > peak_total_) peak_at_ = m.at_peak;
   peak_total_ = std::max(peak_total_, m.peak_total);
   peak_reserved_ = std::max(peak_reserved_, m.reserved_peak);
+  if (const DeviceMemory* dev = rt_.memory.device_memory()) peak_held_ = std::max(peak_held_, dev->held_peak());
   double loss = o.loss;
   int64_t samples = o.samples;
   const CommCounters comm = comm_totals();

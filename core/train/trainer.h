@@ -171,6 +171,7 @@ class Trainer {
   std::array<int64_t, kNumCategories> peak_{};
   int64_t peak_total_ = 0;
   int64_t peak_reserved_ = 0;  // what PyTorch's caching allocator would reserve (MemoryStats::reserved_peak)
+  int64_t peak_held_ = -1;     // measured over the same steps: the device's own allocator (DeviceMemory::held_peak); -1 without one
   int64_t last_step_comm_bytes_ = 0, last_step_comm_calls_ = 0;  // the last step's collectives on this rank
   double last_step_comm_s_ = 0;                                    // and their measured time (CommCounters::seconds)
   std::array<int64_t, kNumCategories> peak_at_{};  // the categories at the moment of peak_total_ (they sum to it)

@@ -205,6 +205,9 @@ nlohmann::json Trainer::summary_record(const RunTotals& t) {
                             // the same allocations as PyTorch's caching allocator would reserve them (block rounding,
                             // segments, a pool per stream: core/tensor/allocator_model.h): torch.cuda.max_memory_reserved
                             {"peak_memory_reserved", peak_reserved_},
+                            // measured beside it on a cuda (or cuda-sim) rank: what the device's own allocator held at
+                            // its most (DeviceMemory::held_peak); -1 on cpu and meta
+                            {"peak_memory_device_measured", peak_held_},
                             {"peak_memory_breakdown", memory_json(peak_at_)},  // by category at the moment of the peak
                             {"precision", cfg_.precision.mode},
                             {"skipped_steps", skipped_steps_},
@@ -346,6 +349,10 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
                           double(peak_[size_t(i)]) / double(nparams));
   log_ << fmt::format("  {:<13} {:>12}\n", "peak total", format_bytes(double(peak_total_)));
   log_ << fmt::format("  {:<13} {:>12}  (PyTorch's caching allocator, modeled)\n", "reserved", format_bytes(double(peak_reserved_)));
+  if (peak_held_ >= 0)  // in a 16-bit run it includes the f32 copies the f32 kernels read (AsF32), which PyTorch does without
+    log_ << fmt::format("  {:<13} {:>12}  (measured: the device's allocator at its most, {:.3f}x the peak total, {:.3f}x the modeled reserved)\n",
+                        "device", format_bytes(double(peak_held_)), peak_total_ > 0 ? double(peak_held_) / double(peak_total_) : 0.0,
+                        peak_reserved_ > 0 ? double(peak_held_) / double(peak_reserved_) : 0.0);
   log_ << fmt::format("FLOPs per step {:.3e} | {} steps in {:.1f} s\n", last_step_flops_, total_steps_, wall);
   if (pg_ && last_step_comm_calls_ > 0)  // what the step put on the wire: the number the course's "14 GB per step" is about
     log_ << fmt::format("communication in the last step (rank 0): {} sent in {} collective call(s){}\n", format_bytes(double(last_step_comm_bytes_)),

@@ -402,6 +402,14 @@ bool flash_tensor_cores(Runtime& rt, int64_t hs) {
   dispatch(math == GemmMath::bf16, hs, [&](auto t16, auto h) {
     using T16 = decltype(t16);
     constexpr int HS = decltype(h)::value;
+    // the code this GPU would run must be sm 80's or later: a build for sm 75 alone JIT-compiles its PTX, whose
+    // bodies are __trap()
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, flash_tc_forward_k<T16, HS>) != cudaSuccess || a.binaryVersion < 80) {
+      cudaGetLastError();
+      fits = false;
+      return;
+    }
     fits = opt_in(flash_tc_forward_k<T16, HS>, forward_smem(HS)) && opt_in(flash_tc_backward_dq_k<T16, HS>, dq_smem(HS)) &&
            opt_in(flash_tc_backward_dkv_k<T16, HS>, dkv_smem(HS));
   });
@@ -409,6 +417,7 @@ bool flash_tensor_cores(Runtime& rt, int64_t hs) {
 }
 
 void flash_tc_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (B * NH * T == 0) return;  // an empty grid is a launch error
   dispatch(gemm_math(rt) == GemmMath::bf16, C / NH, [&](auto t16, auto h) {
     launch_forward<decltype(t16), decltype(h)::value>(rt, out, lse, qkv, B, T, C, NH);
   });
@@ -416,6 +425,7 @@ void flash_tc_forward(Runtime& rt, float* out, float* lse, const float* qkv, int
 
 void flash_tc_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
                        int64_t T, int64_t C, int64_t NH) {
+  if (B * NH * T == 0) return;
   dispatch(gemm_math(rt) == GemmMath::bf16, C / NH, [&](auto t16, auto h) {
     launch_backward<decltype(t16), decltype(h)::value>(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
   });

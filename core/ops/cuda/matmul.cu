@@ -76,6 +76,9 @@ struct LtCall {
 bool lt_bias(Runtime& rt, float* out, const void* x, const void* w, DType t, const float* bias, int64_t N, int64_t C, int64_t OC,
              GemmMath math) {
   if (N > INT_MAX || C > INT_MAX || OC > INT_MAX) return false;
+  // the epilogue reads the bias in 16-byte vectors (a misaligned one is a fatal launch error, not
+  // NOT_SUPPORTED), and a flat parameter buffer packs biases at any 4-byte offset
+  if (alignment_of(bias) < 16) return false;
   const cudaDataType type = cuda_type(t);
   const cublasComputeType_t compute = t == DType::f32 && math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall c;
@@ -286,6 +289,10 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
       const DType low = math == GemmMath::bf16 ? DType::bf16 : DType::f16;
       Narrow x16(rt, inp, N * C, low), w16(rt, w, OC * C, low);
       if (lt_bias(rt, out, x16.p, w16.p, low, bias, N, C, OC, math)) return;
+      broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);  // the copies made, in two
+      DL_CUDA_LAUNCHED("matmul_forward bias");
+      blas(rt, false, true, N, OC, C, 1.0f, x16.p, low, C, w16.p, low, C, 1.0f, out, DType::f32, OC, math);
+      return;
     }
   }
   if (bias) {  // where cuBLASLt has no kernel: start from the broadcast bias, then out = 1 * inp @ w^T + 1 * out
