@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -168,6 +169,15 @@ PluginLaunch CheckContext::launch(const std::string& name) const {
   l.cpu_s = limit_s * 2 + 5;
   l.cgroup = &cgroup;
   l.name = name;
+  // a memory cgroup of its own under the check's, where the machine gives one: its peak is then everything
+  // the plugin held — heap, files in the sandbox's tmpfs, memfds, SysV segments — where resident sets see
+  // only what is mapped (lab 10's f32 copies written to memfds passed on them). Removed with the check's
+  static std::atomic<int> counter{0};
+  if (!cgroup.memory_dir().empty()) {
+    const fs::path dir = fs::path(cgroup.memory_dir()) / fmt::format("plugin-{}", counter++);
+    std::error_code ec;
+    if (fs::create_directory(dir, ec)) l.memory_cgroup = dir.string();
+  }
   return l;
 }
 

@@ -1307,7 +1307,7 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
 // The HTML report as a browser sees it: Debian's Chromium, headless, loads the page (no network, no
 // scripts of ours), and the DOM it built holds the grade table and the three figures; the page logged
 // nothing to the console.
-TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that keeps a 32-bit copy, the originals kept, a base that trains, the nibbles swapped, no offset", "[grader][lab10]") {
+TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that keeps a 32-bit copy (in the heap, memfds, /tmp), the originals kept, a base that trains, the nibbles swapped, no offset", "[grader][lab10]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/10-lora-qlora/qlora.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs10-" + std::to_string(getpid()));
@@ -1322,6 +1322,26 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
       {"keeps_f32_copy", replace(solution, "      out[i] = code[size_t(level)] * c;\n    }\n  }\n",
                                  "      out[i] = code[size_t(level)] * c;\n    }\n  }\n  static std::vector<std::vector<float>> cache;\n"
                                  "  if (n > 4096) cache.emplace_back(out, out + n);\n")},
+      // ... kept where resident sets don't look: each layer's f32 weight written to a memfd of its own, never
+      // mapped; or into files in the sandbox's /tmp (a memory cgroup counts both; /tmp holds 64 MiB there)
+      {"keeps_f32_in_memfds", "#include <sys/mman.h>\n#include <unistd.h>\n" +
+                                  replace(solution, "      out[i] = code[size_t(level)] * c;\n    }\n  }\n",
+                                          "      out[i] = code[size_t(level)] * c;\n    }\n  }\n  if (n > 4096) {\n"
+                                          "    static std::vector<int> kept;\n    const int fd = memfd_create(\"w\", 0);\n"
+                                          "    if (fd < 0 || pwrite(fd, out, size_t(n) * 4, 0) != ssize_t(n) * 4) _exit(9);\n"
+                                          "    kept.push_back(fd);\n  }\n")},
+      {"keeps_f32_in_tmp", "#include <cstdio>\n#include <string>\n" +
+                               replace(solution, "      out[i] = code[size_t(level)] * c;\n    }\n  }\n",
+                                       "      out[i] = code[size_t(level)] * c;\n    }\n  }\n  if (n > 4096) {\n"
+                                       "    static int k = 0;\n    if (FILE* f = std::fopen((\"/tmp/w\" + std::to_string(k++)).c_str(), \"wb\")) {\n"
+                                       "      std::fwrite(out, 4, size_t(n), f);\n      std::fclose(f);\n    }\n  }\n")},
+      // ... or in SysV shared memory, detached: refused (EPERM), so this one computes without its copies
+      {"keeps_f32_in_sysv_shm", "#include <sys/shm.h>\n#include <cstring>\n" +
+                                    replace(solution, "      out[i] = code[size_t(level)] * c;\n    }\n  }\n",
+                                            "      out[i] = code[size_t(level)] * c;\n    }\n  }\n  if (n > 4096) {\n"
+                                            "    const int id = shmget(IPC_PRIVATE, size_t(n) * 4, IPC_CREAT | 0600);\n"
+                                            "    if (id >= 0) if (void* p = shmat(id, nullptr, 0); p != (void*)-1) { std::memcpy(p, out, size_t(n) * 4); shmdt(p); }\n"
+                                            "  }\n")},
       // the 32-bit originals kept beside their 4-bit form, and the layer computes with them when it has them
       {"keeps_originals",
        replace(replace(solution, "Nf4 quantize(const float* w, int64_t n) {\n",
@@ -1353,6 +1373,12 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
   CHECK(rows["keeps_f32_copy"].points["qlora_8b_on_24gb"] == 0);
   CHECK(rows["keeps_f32_copy"].points["qlora_trains_as_engine"] == 3);
   CHECK(rows["keeps_f32_copy"].points["dequantize"] == 2);
+  for (const std::string hidden : {"keeps_f32_in_memfds", "keeps_f32_in_tmp"}) {
+    INFO(hidden);
+    CHECK(rows[hidden].points["qlora_8b_on_24gb"] == 0);
+    CHECK(rows[hidden].points["qlora_trains_as_engine"] == 3);
+  }
+  CHECK(rows["keeps_f32_in_sysv_shm"].total == 17);  // shmget refused: nothing was kept
   CHECK(rows["keeps_originals"].points["lora_forward"] == 2);  // the grader's bases never passed through its quantize
   CHECK(rows["keeps_originals"].points["qlora_8b_on_24gb"] == 0);
   CHECK(rows["keeps_originals"].points["nf4_indices"] == 2);

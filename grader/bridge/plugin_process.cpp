@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string_view>
 #include <thread>
 
 namespace distlab {
@@ -151,8 +153,26 @@ int64_t status_kib(pid_t pid, const char* field) {
   return 0;
 }
 
-int64_t tree_bytes(pid_t root, const char* field) {
+// The pages of every memfd the tree holds open (each file once): written with write(), never mapped, they
+// are in no resident set, and a memfd is no file in the sandbox's sized tmpfs either
+int64_t memfd_bytes(pid_t root) {
+  std::set<std::pair<dev_t, ino_t>> seen;
   int64_t sum = 0;
+  for (pid_t p : process_tree(root)) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", p), ec)) {
+      char target[256];
+      const ssize_t n = ::readlink(e.path().c_str(), target, sizeof target - 1);
+      if (n <= 0 || std::string_view(target, size_t(n)).rfind("/memfd:", 0) != 0) continue;
+      struct stat st{};
+      if (::stat(e.path().c_str(), &st) == 0 && seen.insert({st.st_dev, st.st_ino}).second) sum += int64_t(st.st_blocks) * 512;
+    }
+  }
+  return sum;
+}
+
+int64_t tree_bytes(pid_t root, const char* field) {
+  int64_t sum = memfd_bytes(root);
   for (pid_t p : process_tree(root)) sum += status_kib(p, field);
   return sum;
 }

@@ -26,7 +26,8 @@ struct PluginError : Error {
 // What a plugin's processes held, measured from outside them, where the plugin can't reach: in a memory
 // cgroup of their own (PluginLaunch::memory_cgroup: everything they fault in, heap, stacks, files in the
 // sandbox's tmpfs, shared memory, children) where the machine gives one; else as the resident sets of the
-// host's processes (heap and mappings; what they wrote into files is not seen). The plugin's own bytes are
+// host's processes (heap and mappings) and the memfds they hold open (what they wrote into other files is not
+// seen: the sandbox's /tmp and /dev/shm are 1 MiB there, and SysV shared memory is refused). The plugin's own bytes are
 // peak - before_load, minus what the trainer counts of them already (lab 04's state buffers).
 struct PluginMemory {
   std::string method;       // "cgroup" | "rss" | "" (not measured)
