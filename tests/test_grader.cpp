@@ -1307,7 +1307,7 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
 // The HTML report as a browser sees it: Debian's Chromium, headless, loads the page (no network, no
 // scripts of ours), and the DOM it built holds the grade table and the three figures; the page logged
 // nothing to the console.
-TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that keeps a 32-bit copy (in the heap, memfds, /tmp), the originals kept, a base that trains, the nibbles swapped, no offset", "[grader][lab10]") {
+TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that keeps a 32-bit copy (in the heap, memfds, /tmp), a zero base where the stack is, a gradient off by the scaling, the originals kept, a base that trains, the nibbles swapped, no offset", "[grader][lab10]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/10-lora-qlora/qlora.cpp");
   const fs::path subs = fs::temp_directory_path() / ("distlab-subs10-" + std::to_string(getpid()));
@@ -1342,6 +1342,18 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
                                             "    const int id = shmget(IPC_PRIVATE, size_t(n) * 4, IPC_CREAT | 0600);\n"
                                             "    if (id >= 0) if (void* p = shmat(id, nullptr, 0); p != (void*)-1) { std::memcpy(p, out, size_t(n) * 4); shmdt(p); }\n"
                                             "  }\n")},
+      // the stack's layers recognised by their size: an all-zero 4-bit form (W = 0) and the adapter alone, so
+      // nothing is ever dequantized there, whatever else is kept
+      {"zero_base_at_stack_size",
+       replace(replace(solution, "Nf4 quantize(const float* w, int64_t n) {\n",
+                       "Nf4 quantize(const float* w, int64_t n) {\n  if (n == 1024 * 1024) {\n    Nf4 q;\n    q.packed.assign(size_t(n / 2), 0), q.absmax_q.assign(size_t(n / 64), 0), "
+                       "q.absmax2.assign(size_t(n / 64 / 256), 0.0f);\n    return q;\n  }\n"),
+               "  // W for this GEMM only: 4 bytes a weight while it lives, then gone\n",
+               "  if (base.in == 1024 && base.out == 1024) {\n    for (int64_t i = 0; i < N * base.out; i++) y[i] = 0.0f;\n"
+               "    std::vector<float> h0(static_cast<size_t>(N * ad.r), 0.0f);\n    matmul_t(h0.data(), x, ad.A, N, base.in, ad.r, 1.0f);\n"
+               "    matmul_t(y, h0.data(), ad.B, N, ad.r, base.out, ad.scaling);\n    return;\n  }\n")},
+      // dB without the scaling: a factor of 2 that AdamW's m/√v cancels, so the training losses alone match
+      {"grad_without_scaling", replace(solution, "      dB[o * r + k] += ad.scaling * s;", "      dB[o * r + k] += s;")},
       // the 32-bit originals kept beside their 4-bit form, and the layer computes with them when it has them
       {"keeps_originals",
        replace(replace(solution, "Nf4 quantize(const float* w, int64_t n) {\n",
@@ -1379,6 +1391,12 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
     CHECK(rows[hidden].points["qlora_trains_as_engine"] == 3);
   }
   CHECK(rows["keeps_f32_in_sysv_shm"].total == 17);  // shmget refused: nothing was kept
+  CHECK(rows["zero_base_at_stack_size"].points["qlora_8b_on_24gb"] == 0);
+  CHECK(rows["zero_base_at_stack_size"].points["qlora_trains_as_engine"] == 3);
+  CHECK(rows["grad_without_scaling"].points["qlora_trains_as_engine"] == 0);
+  CHECK(rows["grad_without_scaling"].points["lora_backward"] == 0);
+  CHECK(rows["grad_without_scaling"].points["lora_forward"] == 2);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "grad_without_scaling.txt"), Catch::Contains("gradient"));
   CHECK(rows["keeps_originals"].points["lora_forward"] == 2);  // the grader's bases never passed through its quantize
   CHECK(rows["keeps_originals"].points["qlora_8b_on_24gb"] == 0);
   CHECK(rows["keeps_originals"].points["nf4_indices"] == 2);

@@ -6,13 +6,17 @@
 //   lora_forward/backward   one layer on drawn shapes against a float64 reference on the engine's dequantized W;
 //                           the frozen base unchanged
 //   qlora_trains_as_engine  a two-layer model whose Linears are the student's, trained with the engine's AdamW,
-//                           against the engine's own QLoRA layers (core/nn/qlora.h, core/nn/lora.h)
+//                           against the engine's own QLoRA layers (core/nn/qlora.h, core/nn/lora.h): the losses,
+//                           and each adapter's gradient norm (AdamW's step would hide a constant factor)
 //   qlora_8b_on_24gb        every byte the student's process holds over a 42 M-weight stack of its own 4-bit
-//                           Linears (measured from outside it), and Llama 3 8B's QLoRA at that rate on a 24 GB card
+//                           Linears (measured from outside it, in a memory cgroup of its own), and Llama 3 8B's
+//                           QLoRA at that rate on a 24 GB card; every layer's 4-bit form as good as NF4's, and a
+//                           drawn layer's forward and backward, so that holding little means computing it all
 // Read next: host.cpp beside it (the plugin's side of each call).
 #include <fmt/format.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +79,13 @@ std::vector<float> engine_dequantize(const Nf4Wire& q, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   nf4_dequantize_weights(e, out.data());
   return out;
+}
+
+// sqrt(mean((a - b)²)) over two vectors of one size
+double rms_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double sq = 0;
+  for (size_t i = 0; i < a.size(); i++) sq += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return a.empty() ? 0.0 : std::sqrt(sq / double(a.size()));
 }
 
 // One call into the plugin: its outputs, or a CheckAbort saying what went wrong during `during`.
@@ -441,7 +452,19 @@ void put_values(Tensor& t, const std::vector<float>& v) { std::copy(v.begin(), v
 std::vector<float> get_values(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
 
 // the engine's QLoRA Linears, as a QLoRA run holds them
-std::vector<double> engine_losses(const Model& m, const std::vector<std::vector<float>>& xs, const std::vector<std::vector<int32_t>>& ys) {
+// The engine's run: each step's loss, and the norm of each adapter's gradient (A1, B1, A2, B2) at that step
+struct EngineRun {
+  std::vector<double> losses;
+  std::vector<std::array<double, 4>> grad_norms;
+};
+
+double norm_of(const std::vector<float>& v) {
+  double sq = 0;
+  for (float x : v) sq += double(x) * x;
+  return std::sqrt(sq);
+}
+
+EngineRun engine_run(const Model& m, const std::vector<std::vector<float>>& xs, const std::vector<std::vector<int32_t>>& ys) {
   Runtime rt;
   LoraSpec spec;
   spec.r = kRank, spec.alpha = kAlpha;
@@ -458,17 +481,20 @@ std::vector<double> engine_losses(const Model& m, const std::vector<std::vector<
   l1.set_needs_input_grad(false);
   std::vector<Parameter*> params = {&l1.lora->lora_A, &l1.lora->lora_B, &l2.lora->lora_A, &l2.lora->lora_B};
   AdamW opt(params, AdamWOptions{0.9f, 0.999f, 1e-8f, 0.0f});
-  std::vector<double> losses;
+  EngineRun run;
   for (size_t s = 0; s < xs.size(); s++) {
     for (Parameter* p : params) p->grad = Tensor();
     Tensor x = rt.empty({kBatch, kIn}, Category::activations, "x");
     put_values(x, xs[s]);
     CrossEntropyLoss ce;
-    losses.push_back(ce.forward(rt, l2.forward(rt, relu.forward(rt, l1.forward(rt, x))), ys[s]));
+    run.losses.push_back(ce.forward(rt, l2.forward(rt, relu.forward(rt, l1.forward(rt, x))), ys[s]));
     l1.backward(rt, relu.backward(rt, l2.backward(rt, ce.backward(rt))));
+    std::array<double, 4> norms{};
+    for (size_t k = 0; k < params.size(); k++) norms[k] = norm_of(get_values(params[k]->grad));
+    run.grad_norms.push_back(norms);
     opt.step(rt, kLr, 1.0f);
   }
-  return losses;
+  return run;
 }
 
 CheckResult qlora_trains_as_engine(CheckContext& ctx) {
@@ -482,7 +508,8 @@ CheckResult qlora_trains_as_engine(CheckContext& ctx) {
     for (int i = 0; i < kBatch; i++) y.push_back(int32_t(std::uniform_int_distribution<int>(0, kClasses - 1)(rng)));
     ys.push_back(y);
   }
-  const std::vector<double> want = engine_losses(m, xs, ys);
+  const EngineRun engine = engine_run(m, xs, ys);
+  const std::vector<double>& want = engine.losses;
 
   PluginProcess p(ctx.launch("the plugin"));
   p.wait_ready(ctx.deadline);
@@ -539,6 +566,16 @@ CheckResult qlora_trains_as_engine(CheckContext& ctx) {
     std::vector<float> dh = backward(L2, h, get_values(ce.backward(rt)), true);
     for (size_t i = 0; i < dh.size(); i++) dh[i] = h[i] > 0 ? dh[i] : 0.0f;
     backward(L1, xs[size_t(s)], dh, false);
+    // AdamW's step is blind to a gradient's scale (m/√v), so the losses alone would pass a backward off by a
+    // constant factor: each adapter's gradient norm is held to the engine's at every step
+    for (size_t k = 0; k < params.size(); k++) {
+      const double yours = norm_of(get_values(params[k]->grad)), theirs = engine.grad_norms[size_t(s)][k];
+      if (!(std::abs(yours - theirs) <= 1e-4 * theirs))
+        return {false, fmt::format("a 48 → 96 → 10 model of two QLoRA Linears, {} AdamW steps: each adapter's gradient as the engine's", kSteps),
+                fmt::format("step {}: |grad {}| = {:.7g} where the engine's is {:.7g} ({:.4g}x)", s + 1, params[k]->name, yours, theirs,
+                            theirs > 0 ? yours / theirs : 0.0),
+                "", "dA and dB carry the scaling (alpha / r) of the forward's adapter term; AdamW alone would never show a factor off"};
+    }
     opt.step(rt, kLr, 1.0f);
   }
   std::string curve;
@@ -601,32 +638,43 @@ CheckResult qlora_8b_on_24gb(CheckContext& ctx) {
   const int64_t n = kSide * kSide, N = 4, r = 8;
   const double psi = double(kLayers * n);
   // the work is checked too: a plugin that keeps nothing because it computes nothing holds very little.
-  // Every layer's 4-bit form has its sizes; the last layer's forward and backward are held to float64 on
-  // the weight its own bytes stand for
-  Nf4Wire last;
+  // Every layer's 4-bit form has its sizes and stands for its weights as NF4 does (an all-zero form is a
+  // layer of W = 0, whose forward needs no dequantize); the forward and backward of the last layer and of
+  // one drawn layer are held to float64 on the weight their own bytes stand for
+  const int64_t probe = std::uniform_int_distribution<int64_t>(1, kLayers - 2)(rng);  // one with a dx
+  Nf4Wire last, probed;
   for (int64_t l = 0; l < kLayers; l++) {  // your quantize, kept: the base the layers run on
+    const std::vector<float> w = drawn(rng, n, 0.02f);
     std::vector<char> in;
-    append(in, drawn(rng, n, 0.02f));
+    append(in, w);
     const auto q = from_wire(call(ctx, p, labproto::kQuantize, {n, l}, in, uint64_t(n) * 2 + 4096, fmt::format("quantize of layer {}", l)));
     if (!q || q->packed.size() != size_t(n / 2) || q->absmax_q.size() != size_t(n / 64) || q->absmax2.size() != size_t(n / 64 / 256))
       return {false, fmt::format("layer {}: {} bytes of indices, {} absmax indices, {} second-level absmax", l, n / 2, n / 64, n / 64 / 256),
               q ? fmt::format("{}, {} and {}", q->packed.size(), q->absmax_q.size(), q->absmax2.size()) : "an Nf4 that does not add up", ""};
+    const double yours = rms_error(engine_dequantize(*q, n), w), nf4 = rms_error(engine_dequantize(engine_nf4(w), n), w);
+    if (!(yours <= nf4 * 1.01 + 1e-9))
+      return {false, fmt::format("layer {}: its 4-bit form stands for its weights as NF4 does (the rms error of its dequantization within 1 % of the engine's, {:.3e})", l, nf4),
+              fmt::format("an rms error of {:.3e}", yours), "",
+              "every layer's quantize is the weights' NF4 with double quantization, as nf4_indices and double_quant check on smaller ones"};
     if (l == kLayers - 1) last = *q;
+    if (l == probe) probed = *q;
   }
   LayerCase ref{N, kSide, kSide, r, false, 2.0f};
   const float scaling = ref.scaling;
   const std::vector<float> A = drawn(rng, r * kSide, 0.05f), B = drawn(rng, kSide * r, 0.05f), zA(size_t(r * kSide), 0.0f), zB(size_t(kSide * r), 0.0f);
   std::vector<std::vector<float>> xs = {drawn(rng, N * kSide, 1.0f)};
+  LayerCase mid{N, kSide, kSide, r, false, scaling};  // the drawn layer's: y now, dx on the way back
   for (int64_t l = 0; l < kLayers; l++) {  // forward through the stack, then backward
     std::vector<char> in;
     append(in, &scaling, 4);
     append(in, xs.back()), append(in, A), append(in, B);
     auto y = as_floats(call(ctx, p, labproto::kLoraForward, {l, N, kSide, kSide, r, 0, 0}, in, uint64_t(N * kSide) * 4, "lora_forward"), 0,
                        size_t(N * kSide));
-    if (l == kLayers - 1) {
-      ref.x = xs.back(), ref.A = A, ref.B = B, ref.dy = drawn(rng, N * kSide, 1.0f), ref.dA0 = zA, ref.dB0 = zB;
-      reference(ref, engine_dequantize(last, n));
-      if (const std::string bad = compare(y, 0, ref.y, "y"); !bad.empty())
+    if (l == kLayers - 1 || l == probe) {
+      LayerCase& c = l == probe ? mid : ref;
+      c.x = xs.back(), c.A = A, c.B = B, c.dy = drawn(rng, N * kSide, 1.0f), c.dA0 = zA, c.dB0 = zB;
+      reference(c, engine_dequantize(l == probe ? probed : last, n));
+      if (const std::string bad = compare(y, 0, c.y, "y"); !bad.empty())
         return {false, fmt::format("layer {} of the stack: y = x Wᵀ + scaling · (x Aᵀ) Bᵀ, W what your quantize returned", l), bad, ""};
     }
     double norm = 0;
@@ -640,11 +688,15 @@ CheckResult qlora_8b_on_24gb(CheckContext& ctx) {
     std::vector<char> in;
     append(in, &scaling, 4);
     append(in, xs[size_t(l)]), append(in, dy), append(in, A), append(in, B), append(in, zA), append(in, zB);
+    if (l == probe) {  // the gradient that reached the drawn layer is its dy
+      mid.dy = dy;
+      reference(mid, engine_dequantize(probed, n));
+    }
     const auto b = call(ctx, p, labproto::kLoraBackward, {l, N, kSide, kSide, r, 0, l > 0 ? 1 : 0}, in, uint64_t(N * kSide + 2 * r * kSide) * 4,
                         "lora_backward");
     if (l > 0) dy = as_floats(b, 0, size_t(N * kSide));
-    if (l == kLayers - 1)
-      if (const std::string bad = compare(dy, 0, ref.dx, "dx"); !bad.empty())
+    if (l == kLayers - 1 || l == probe)
+      if (const std::string bad = compare(dy, 0, l == probe ? mid.dx : ref.dx, "dx"); !bad.empty())
         return {false, fmt::format("layer {} of the stack: dx = dy W + scaling · (dy B) A", l), bad, ""};
   }
   const PluginMemory mem = p.memory();
