@@ -41,6 +41,14 @@ std::string replace(std::string s, const std::string& from, const std::string& t
   return s.replace(pos, from.size(), to);
 }
 
+// Every occurrence (at least one) of `from` replaced by `to`.
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  size_t pos = s.find(from);
+  REQUIRE(pos != std::string::npos);
+  for (; pos != std::string::npos; pos = s.find(from, pos + to.size())) s.replace(pos, from.size(), to);
+  return s;
+}
+
 // The body of the function starting at `signature` (its braces) replaced by `body`.
 std::string replace_body(const std::string& s, const std::string& signature, const std::string& body) {
   auto pos = s.find(signature);
@@ -749,6 +757,10 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
                                       "  if (overflow) step.skip_step();\n  else step.optimizer_step();\n")},
       {"growth_never", replace(solution, "    if (std::isfinite(grown)) s.scale = grown;\n", "")},
       {"loss_not_divided_by_k", replace(solution, "s.scale / float(k))", "s.scale)")},
+      // 1/k as the lab.toml's 1/4: right only when the grading draws k = 4
+      {"quarter_not_one_over_k", replace(solution, "s.scale / float(k))", "s.scale * 0.25f)")},
+      // clip_grad_norm without the + 1e-6: 3e-7 apart at a norm of 3, 8 % apart at a norm of 1e-5
+      {"clip_without_epsilon", replace(solution, "    const float coef = float(max_norm / (norm + 1e-6));", "    const float coef = float(max_norm / norm);")},
       // a correct scaler that train_step never uses: no scale, no unscale, no skip
       {"scaler_unused_in_step",
        replace_body(solution, "void train_step(Step& step, const ScalerConfig& c, ScalerState& s)",
@@ -797,6 +809,9 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   CHECK(rows["growth_never"].points["scale_sequence"] == 0);
   CHECK(rows["growth_never"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["loss_not_divided_by_k"].points["accumulation_equals_big_batch"] == 0);
+  CHECK(rows["quarter_not_one_over_k"].points["accumulation_equals_big_batch"] == 0);  // --seed 3 draws k = 8
+  CHECK(rows["clip_without_epsilon"].points["clip_grad_norm"] == 0);
+  CHECK(rows["clip_without_epsilon"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["loss_not_divided_by_k"].points["scale_sequence"] == 2);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "clip_before_unscale.txt"), Catch::Contains("unscale BEFORE clipping"));
   fs::remove_all(subs);
@@ -1058,6 +1073,19 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"view_after_free", replace(solution, "  u.flats.clear();\n  u.state = State::sharded;\n", "")},
       // every gather waited for on the spot: nothing overlaps
       {"no_prefetch", replace(solution, "  if (!o.prefetch) return;\n  if (o.gather_budget <= 0) {", "  return;\n  if (o.gather_budget <= 0) {")},
+      // no collective at all where the model is the 1B GPT (the meta device: a buffer no gather filled computes
+      // no wrong number there), and no prefetch either: nothing is ever exposed, whatever the order or the budget
+      {"no_collectives_on_1b",
+       replace_all(replace_all(replace_all(replace(replace(replace(solution, "  if (!o.prefetch) return;\n  if (o.gather_budget <= 0) {", "  return;\n  if (o.gather_budget <= 0) {"),
+                                                    "    g.work = f.all_gather(mine, g.whole, g.layout.shard);\n",
+                                                    "    g.work = big(f) ? 0 : f.all_gather(mine, g.whole, g.layout.shard);\n"),
+                                            "      r.work = f.reduce_scatter(r.grad, r.part, l.shard);\n",
+                                            "      r.work = big(f) ? 0 : f.reduce_scatter(r.grad, r.part, l.shard);\n"),
+                                    "f.wait(g.work);", "if (g.work) f.wait(g.work);"),
+                           "f.wait(r.work);", "if (r.work) f.wait(r.work);"),
+                   "static std::vector<Reduction> reducing;\n",
+                   "static std::vector<Reduction> reducing;\nstatic bool big(Fsdp& f) {\n  for (int u = 0; u < f.num_units(); u++)\n"
+                   "    for (int fl : f.flats(u))\n      if (f.numels(fl).size() && f.numels(fl)[0] > 50000000) return true;\n  return false;\n}\n")},
       // a prefetch that reads a hard-coded order: the unit numbered one more (forward) or one less (backward),
       // as if the numbers were the order. The grader draws them: it gathers units that do not run next
       {"hard_coded_order", replace(solution, "    if (const int next = order.next(unit); next >= 0) start_gather(f, o, next);",
@@ -1110,6 +1138,10 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   CHECK(rows["no_prefetch"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["no_prefetch"].points["fits_1b"] == 3);
   CHECK(rows["no_prefetch"].points["prefetch_overlaps"] == 0);
+  CHECK(rows["no_collectives_on_1b"].points["fsdp_equals_ddp"] == 3);
+  CHECK(rows["no_collectives_on_1b"].points["prefetch_overlaps"] == 0);
+  CHECK(rows["no_collectives_on_1b"].points["prefetch_budget"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "no_collectives_on_1b.txt"), Catch::Contains("no all-gather filled"));
   // the unit numbered one less has often run already: its gather is never waited for, and the run stops
   // there (on the 1B's 20 units the drawn numbers are the order with odds 1/20!)
   CHECK(rows["hard_coded_order"].points["prefetch_overlaps"] == 0);
@@ -1245,11 +1277,26 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
       {"no_rng", replace(solution, "  st.set_rng_streams(streams);\n", "")},
       // the sampler starts its epoch over: the batches before the checkpoint are seen twice
       {"no_sampler_position", replace(solution, "  st.set_sampler(epoch, position);\n", "")},
+      // the state rebuilt from the step instead of read back: right where every count is the step (one
+      // micro-batch a step, no epoch ended), which the drawn accumulation and epoch length never give
+      {"state_from_step", replace(replace(solution, "  st.set_rng_streams(streams);\n",
+                                          "  st.set_rng_streams(std::vector<uint64_t>(streams.size(), uint64_t(st.step())));\n"),
+                                  "  st.set_sampler(epoch, position);\n", "  (void)epoch;\n  st.set_sampler(0, st.step() * 2 / st.world());\n")},
+      // no fsync, and a second, clean handle on the temporary file closed last (what was written is no safer)
+      {"fsync_dodged_by_second_handle",
+       replace(replace(solution, "  const int h = files.open(tmp);\n", "  const int h = files.open(tmp);\n  const int h2 = files.open(tmp);\n"),
+               "  files.fsync(h);\n  files.close(h);\n", "  files.close(h);\n  files.close(h2);\n")},
+      // the reshard as one constant: 2 ranks' batches are twice as many on 1, whatever the micro-batches
+      {"reshard_times_two", replace(solution, "  if (world != st.world() || micro != st.micro_batch()) position = position * micro * world / (st.micro_batch() * st.world());\n",
+                                    "  if (world != st.world()) position *= 2;\n")},
       // written in place under the final name: a kill halfway leaves a torn file that looks complete
       {"no_atomic_rename", replace(replace(solution, "  const int h = files.open(tmp);\n", "  const int h = files.open(final_name);\n"),
                                    "  files.rename(tmp, final_name);\n", "")},
       // no checksum: a flipped byte loads
       {"no_checksum", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n", "")},
+      // a "checksum" that adds the bytes up: one flipped byte changes it, two bytes swapped do not
+      {"byte_sum_checksum", replace_body(solution, "uint32_t crc32(const uint8_t* p, size_t n)",
+                                         "  uint32_t s = 0;\n  for (size_t i = 0; i < n; i++) s += p[i];\n  return s;")},
       // no checksum, and the checkpoint the old check corrupted refused by its step: the older corrupt one loads
       {"refuses_step_20", replace(solution, "  if (crc32(raw.data() + 20, length) != crc) return name + \": CRC-32 mismatch (corrupt)\";\n",
                                   "  if (st.step() == 20 && st.world() == 2) return name + \": CRC-32 mismatch (corrupt)\";\n")},
@@ -1281,11 +1328,20 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK(rows["no_optimizer_state"].points["resume_bitwise"] == 0);
   CHECK(rows["no_rng"].points["resume_bitwise"] == 0);
   CHECK(rows["no_sampler_position"].points["resume_bitwise"] == 0);
+  CHECK(rows["fsync_dodged_by_second_handle"].points["atomic_save"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "fsync_dodged_by_second_handle.txt"), Catch::Contains("before fsync"));
+  CHECK(rows["state_from_step"].points["resume_bitwise"] == 0);
+  CHECK(rows["state_from_step"].points["reshard_2_to_1"] == 0);
+  CHECK(rows["reshard_times_two"].points["resume_bitwise"] == 4);
+  CHECK(rows["reshard_times_two"].points["reshard_2_to_1"] == 0);  // right at micro-batch 4, 2x too far at 2
   CHECK(rows["no_atomic_rename"].points["resume_bitwise"] == 4);
   CHECK(rows["no_atomic_rename"].points["atomic_save"] == 0);
   CHECK(rows["no_atomic_rename"].points["corrupt_detected"] == 2);
   CHECK(rows["no_checksum"].points["resume_bitwise"] == 4);
   CHECK(rows["no_checksum"].points["corrupt_detected"] == 0);
+  CHECK(rows["byte_sum_checksum"].points["corrupt_detected"] == 0);
+  CHECK(rows["byte_sum_checksum"].points["resume_bitwise"] == 4);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "byte_sum_checksum.txt"), Catch::Contains("swapped"));
   CHECK(rows["refuses_step_20"].points["corrupt_detected"] == 0);
   CHECK(rows["refuses_step_20"].points["resume_bitwise"] == 0);  // it resumes from step 10, not 20
   CHECK(rows["saves_only_step_10"].points["resume_bitwise"] == 0);
@@ -1299,7 +1355,7 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
   CHECK_THAT(read(feedback / "no_sampler_position.txt"), Catch::Contains("seen twice"));
   CHECK_THAT(read(feedback / "no_atomic_rename.txt"), Catch::Contains("the final name"));
   CHECK_THAT(read(feedback / "no_checksum.txt"), Catch::Contains("loaded the corrupt file"));
-  CHECK_THAT(read(feedback / "no_reshard.txt"), Catch::Contains("20 batches on 2 ranks are 40 on 1"));
+  CHECK_THAT(read(feedback / "no_reshard.txt"), Catch::Contains("Carry the samples seen over"));
   CHECK_THAT(read(feedback / "peeks_at_reference.txt"), Catch::Contains("not a plain file name"));
   fs::remove_all(subs);
 }

@@ -110,12 +110,14 @@ void LabFileServer::serve(const wire::Frame& f, std::vector<char>& payload) {
       }
       write_all(o, p, n);
       o.dirty = true;
+      unsynced_.insert(o.name);
       return answer(nullptr, 0);
     }
     case labproto::kFileSync: {
       Open& o = handle(f.arg[0], "fsync");
       if (::fsync(o.fd) != 0) throw files_error(fmt::format("fsync({}): {}", o.name, std::strerror(errno)));
       o.dirty = false;
+      unsynced_.erase(o.name);
       return answer(nullptr, 0);
     }
     case labproto::kFileClose: {
@@ -123,7 +125,7 @@ void LabFileServer::serve(const wire::Frame& f, std::vector<char>& payload) {
       const int rc = ::close(o.fd);
       const int err = errno;
       const std::string name = o.name;
-      closed_dirty_[name] = o.dirty;
+      closed_dirty_[name] = unsynced_.count(name) > 0;
       open_.erase(int32_t(f.arg[0]));  // closed either way: a failed close(2) still frees the descriptor
       if (rc != 0) throw files_error(fmt::format("close({}): {}", name, std::strerror(err)));
       return answer(nullptr, 0);
@@ -141,6 +143,7 @@ void LabFileServer::serve(const wire::Frame& f, std::vector<char>& payload) {
       fs::rename(path(from), path(to), ec);
       if (ec) throw files_error(fmt::format("rename(\"{}\", \"{}\"): {}", from, to, ec.message()));
       closed_dirty_.erase(from);
+      if (unsynced_.erase(from)) unsynced_.insert(to);
       return answer(nullptr, 0);
     }
     case labproto::kFileExists: {

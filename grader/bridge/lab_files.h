@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -60,6 +61,9 @@ class LabFileServer {
   std::ostream& log_;
   std::map<int32_t, Open> open_;
   std::map<std::string, bool> closed_dirty_;
+  // files written through any handle since an fsync through any handle (fsync flushes the file, not the handle):
+  // a second, clean handle closed last does not make a written file safe to rename
+  std::set<std::string> unsynced_;
   int32_t next_ = 1;
   uint64_t quota_, written_ = 0;
   int opened_ = 0;

@@ -8,10 +8,13 @@
 #include <fmt/format.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <vector>
 
 #include "grader/check.h"
 #include "grader/jobs.h"
@@ -37,11 +40,42 @@ struct TempDir {
   std::string set() const { return "checkpoint.dir=" + path; }
 };
 
+// The data and the accumulation, drawn from the batch's seed for the engine's runs and the student's alike: an
+// epoch of E micro-batches a rank (E in 12..18 or so, 2 ranks of micro-batch 4, never ending at step 10 or 20)
+// and k micro-batches a step (2 or 3).
+// The checkpoints of steps 10 and 20 then sit in a later epoch at a position that is not their step, and the
+// dropout stream has drawn k masks a step: no field of the state is the step itself, or a function of it
+// that a load_state could rebuild instead of reading back what save_state kept.
+std::vector<std::string> scenario(const CheckContext& ctx) {
+  auto gen = ctx.rng({7, 100});
+  int64_t per_epoch = 12 + int64_t(gen() % 7);
+  const int64_t k = 2 + int64_t(gen() % 2);
+  while ((10 * k) % per_epoch == 0 || (20 * k) % per_epoch == 0) per_epoch++;  // the checkpoints mid-epoch: position > 0
+  const int64_t samples = 2 * 4 * per_epoch;  // every rank's epoch exactly per_epoch micro-batches of 4
+  // the tokens' train split is all but the last tenth (at least 65 tokens): (train - 1) / 32 windows of seq_len 32
+  int64_t n = (samples * 32 + 1) * 10 / 9 - 40;
+  while ((n - std::max<int64_t>(n / 10, 65) - 1) / 32 < samples) n++;
+  return {fmt::format("data.synthetic_tokens={}", n), fmt::format("train.accum_steps={}", k)};
+}
+
+// "3 micro-batches a step, 120 samples an epoch" (for the reports)
+std::string describe_scenario(const CheckContext& ctx) {
+  const std::vector<std::string> s = scenario(ctx);
+  const int64_t tokens = std::stoll(s[0].substr(s[0].find('=') + 1));
+  return fmt::format("{} micro-batches a step, {} training samples an epoch", s[1].substr(s[1].find('=') + 1),
+                     (tokens - std::max<int64_t>(tokens / 10, 65) - 1) / 32);
+}
+
+std::vector<std::string> plus_scenario(const CheckContext& ctx, std::vector<std::string> sets) {
+  for (const std::string& s : scenario(ctx)) sets.push_back(s);
+  return sets;
+}
+
 // The engine's own uninterrupted run of the lab's config, its final weights: the truth (shared by a batch).
 const Job& whole(CheckContext& ctx) {
   const Job& j = ctx.shared.get<Job>("engine:lab07-whole", [&] {
     TempDir d(ctx);
-    return run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true});
+    return run_job(ctx, 2, "none", plus_scenario(ctx, {d.set()}), ctx.seconds_left(), JobOptions{{}, 0, true});
   });
   if (!j.ok) throw CheckAbort(j.status, "the engine's own run failed: " + j.failure);
   return j;
@@ -50,7 +84,7 @@ const Job& whole(CheckContext& ctx) {
 // A student's run: a few times the engine's time, and a restart takes two.
 Job student(CheckContext& ctx, int ranks, const std::vector<std::string>& sets, const JobOptions& jo) {
   const double limit = std::min(ctx.seconds_left(), 3 * 2 * whole(ctx).seconds + 30);
-  return run_job(ctx, ranks, ctx.plugin, sets, limit, jo);
+  return run_job(ctx, ranks, ctx.plugin, plus_scenario(ctx, sets), limit, jo);
 }
 
 std::vector<std::string> strings(const nlohmann::json& j) {
@@ -147,7 +181,7 @@ CheckResult resume_bitwise(CheckContext& ctx) {
             from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
             from < 0 ? "the restarted job found no complete checkpoint: save_state must leave state_file(rank) (and load_state accept it)"
                      : "every checkpoint is complete when every rank saved it: save_state at every save, load_state accepts what it wrote"};
-  return compare(ref, mine, fmt::format("{}, resumed from step {}", what, expect));
+  return compare(ref, mine, fmt::format("{}, resumed from step {} ({})", what, expect, describe_scenario(ctx)));
 }
 
 CheckResult atomic_save(CheckContext& ctx) {
@@ -192,6 +226,30 @@ std::string flip_a_byte(CheckContext& ctx, const fs::path& folder, int64_t salt)
   return fmt::format("byte {} of rank-{}.state", at, rank);
 }
 
+// Two bytes that differ swapped, at the same places in every rank's file of the folder (drawn from the
+// grading's seed, in the middle third): a sum or an xor of the bytes does not change, and the ranks' files
+// (alike under DDP) stay alike, so only a checksum that weighs each byte by its place (CRC-32) sees it.
+std::string swap_two_bytes(CheckContext& ctx, const fs::path& folder, int64_t salt) {
+  auto gen = ctx.rng({salt});
+  std::vector<std::vector<char>> files(2);
+  for (int r = 0; r < 2; r++) {
+    std::ifstream in(folder / ("rank-" + std::to_string(r) + ".state"), std::ios::binary);
+    files[size_t(r)].assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t size = std::min(files[0].size(), files[1].size()), third = std::max<size_t>(1, size / 3);
+  for (int tries = 0; tries < 1000 && size >= 3; tries++) {
+    const size_t i = third + gen() % third, j = third + gen() % third;
+    if (i == j || files[0][i] == files[0][j] || files[1][i] == files[1][j]) continue;
+    for (int r = 0; r < 2; r++) {
+      std::swap(files[size_t(r)][i], files[size_t(r)][j]);
+      std::ofstream out(folder / ("rank-" + std::to_string(r) + ".state"), std::ios::binary | std::ios::trunc);
+      out.write(files[size_t(r)].data(), std::streamsize(files[size_t(r)].size()));
+    }
+    return fmt::format("bytes {} and {} of rank-0.state and rank-1.state swapped", std::min(i, j), std::max(i, j));
+  }
+  throw CheckAbort("error", "the state files of " + folder.string() + " have no two different bytes to swap");
+}
+
 // Two resumes from the checkpoints of one run that died after step 20: one where a file of the newest
 // checkpoint (step 20) is corrupt, which must be refused (resume from step 10), and one where only the
 // older checkpoint (step 10) is, which must not matter (resume from step 20). Neither "no checksum" nor
@@ -208,7 +266,7 @@ CheckResult corrupt_detected(CheckContext& ctx) {
                 "", "save_state must leave state_file(rank) in the folder"};
   fs::copy(d.path, older.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   hand_to_job_user(older.path);
-  const std::string newest_flip = flip_a_byte(ctx, fs::path(d.path) / "step-000020", 20);
+  const std::string newest_flip = swap_two_bytes(ctx, fs::path(d.path) / "step-000020", 20);
   const std::string older_flip = flip_a_byte(ctx, fs::path(older.path) / "step-000010", 10);
   // the first run's steps are in another metrics file: from the resume on, the losses are the uninterrupted run's
   auto tail_from = [&](size_t step) {
@@ -219,15 +277,16 @@ CheckResult corrupt_detected(CheckContext& ctx) {
   const Job mine = student(ctx, 2, {d.set()}, JobOptions{{}, 0, true});
   const nlohmann::json res = resume_of(mine);
   const int64_t from = res.is_null() ? -1 : res.value("step", int64_t(-1));
-  if (from == 20)  // (the run may have failed on it: a corrupt value on one rank splits the replicas)
-    return {false, "load_state refuses the checkpoint of step 20 (" + newest_flip + " flipped) and the job resumes from step 10",
+  if (from == 20)  // (the run may have failed on it)
+    return {false, "load_state refuses the checkpoint of step 20 (" + newest_flip + ") and the job resumes from step 10",
             "it loaded the corrupt file", join(strings(res.value("lab07_problems", nlohmann::json()))),
-            "a corrupt file must not load: keep a checksum (CRC-32) of the bytes in the file and compare it in load_state; return why"};
-  checked(mine, "resumed after " + newest_flip + " of step 20 was flipped");
+            "a corrupt file must not load: keep a checksum (CRC-32) of the bytes in the file and compare it in load_state; return why. A "
+            "sum or xor of the bytes misses two bytes swapped: a CRC weighs each byte by its place"};
+  checked(mine, "resumed after " + newest_flip + " in step 20");
   if (from != 10)
     return {false, "the job resumes from step 10", from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
             "only the newest checkpoint is corrupt: the one before it must still load"};
-  if (CheckResult c = compare(tail_from(10), mine, newest_flip + " of step 20 corrupt, resumed from step 10"); !c.passed) return c;
+  if (CheckResult c = compare(tail_from(10), mine, newest_flip + " in step 20, resumed from step 10"); !c.passed) return c;
   const Job whole_newest = student(ctx, 2, {older.set()}, JobOptions{{}, 0, true});
   const nlohmann::json res2 = resume_of(whole_newest);
   const int64_t from2 = res2.is_null() ? -1 : res2.value("step", int64_t(-1));
@@ -239,28 +298,52 @@ CheckResult corrupt_detected(CheckContext& ctx) {
   return compare(tail_from(20), whole_newest, "step 10 corrupt, resumed from the whole step 20");
 }
 
+// Resumed twice on 1 rank, at micro-batches 2 and 4 (the save's: 4 on each of 2 ranks): the samples seen carry
+// over as position x micro x world of the save / (micro x world now), 4 and 2 times the position, so that no
+// constant factor passes both. The drawn epoch never ends at step 20 (scenario): the position is not 0.
 CheckResult reshard_2_to_1(CheckContext& ctx) {
   whole(ctx);
-  // the engine's own 2 -> 1 resume (shared by a batch): its losses after step 20 are the reference
-  const Job& ref = ctx.shared.get<Job>("engine:lab07-reshard", [&] {
-    TempDir d(ctx);
-    run_job(ctx, 2, "none", {d.set()}, ctx.seconds_left(), JobOptions{{kill_at(0, "step", 21)}, 0, false});
-    return run_job(ctx, 1, "none", {d.set()}, ctx.seconds_left(), JobOptions{{}, 0, true});
+  const int64_t micros[2] = {2, 4};
+  // the engine's own 2 -> 1 resumes (shared by a batch): their losses after step 20 are the references
+  const auto& refs = ctx.shared.get<std::vector<Job>>("engine:lab07-reshard", [&] {
+    TempDir d(ctx), copy(ctx);
+    run_job(ctx, 2, "none", plus_scenario(ctx, {d.set()}), ctx.seconds_left(), JobOptions{{kill_at(0, "step", 21)}, 0, false});
+    fs::copy(d.path, copy.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    hand_to_job_user(copy.path);
+    std::vector<Job> v;
+    for (int i = 0; i < 2; i++)
+      v.push_back(run_job(ctx, 1, "none", plus_scenario(ctx, {(i ? copy : d).set(), fmt::format("train.micro_batch={}", micros[i])}),
+                          ctx.seconds_left(), JobOptions{{}, 0, true}));
+    return v;
   });
-  if (!ref.ok) throw CheckAbort(ref.status, "the engine's own 2 -> 1 resume failed: " + ref.failure);
-  TempDir d(ctx);
+  for (const Job& ref : refs)
+    if (!ref.ok) throw CheckAbort(ref.status, "the engine's own 2 -> 1 resume failed: " + ref.failure);
+  TempDir d(ctx), copy(ctx);
   student(ctx, 2, {d.set()}, JobOptions{{kill_at(0, "step", 21)}, 0, false});
   if (!fs::exists(fs::path(d.path) / "step-000020" / "rank-0.state"))
     return {false, "the checkpoint of step 20 holds rank-0.state", "it does not", "", "save_state must leave state_file(rank) in the folder"};
-  const Job mine = checked(student(ctx, 1, {d.set()}, JobOptions{{}, 0, true}), "the checkpoint of 2 ranks resumed on 1");
-  const nlohmann::json res = resume_of(mine);
-  if (res.is_null() || res.value("step", int64_t(-1)) != 20)
-    return {false, "1 rank resumes from the checkpoint of step 20 saved by 2", res.is_null() ? "it started from step 0" : "another step", mine.output,
-            "with 1 rank, read rank 0's file: state_file(1) belongs to a rank that no longer exists"};
-  CheckResult r = compare(ref, mine, "saved on 2 ranks, resumed on 1");
-  if (!r.passed && (r.hint.empty() || r.detail.find("sampler") != std::string::npos))
-    r.hint = "position counts batches of micro_batch() on world() ranks: 20 batches on 2 ranks are 40 on 1. Carry the samples seen over";
-  return r;
+  fs::copy(d.path, copy.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  hand_to_job_user(copy.path);
+  std::string detail;
+  for (int i = 0; i < 2; i++) {
+    const int64_t micro1 = micros[i];
+    const std::string what = fmt::format("the checkpoint of 2 ranks (micro-batch 4) resumed on 1 (micro-batch {})", micro1);
+    const Job mine = checked(student(ctx, 1, {(i ? copy : d).set(), fmt::format("train.micro_batch={}", micro1)}, JobOptions{{}, 0, true}), what);
+    const nlohmann::json res = resume_of(mine);
+    if (res.is_null() || res.value("step", int64_t(-1)) != 20)
+      return {false, "1 rank resumes from the checkpoint of step 20 saved by 2", res.is_null() ? "it started from step 0" : "another step", mine.output,
+              "with 1 rank, read rank 0's file: state_file(1) belongs to a rank that no longer exists"};
+    CheckResult r = compare(refs[size_t(i)], mine, fmt::format("saved on 2 ranks at micro-batch 4, resumed on 1 at micro-batch {}", micro1));
+    if (!r.passed) {
+      if (r.hint.empty() || r.detail.find("sampler") != std::string::npos)
+        r.hint = fmt::format("position counts batches of micro_batch() on world() ranks: a batch of 4 on each of 2 ranks is {} batches of {} on 1. "
+                             "Carry the samples seen over: position x the saved micro-batch x the saved world / (micro_batch() x world())",
+                             4 * 2 / micro1, micro1);
+      return r;
+    }
+    detail += (detail.empty() ? "" : "; ") + r.detail;
+  }
+  return {true, "", "", detail};
 }
 
 }  // namespace checks07
