@@ -248,6 +248,19 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
       {"skeleton", skeleton},
       // two more correct rings, written otherwise (no check may fail them): one that turns the other way with
       // the first count % N chunks one longer (tests/solutions_alt/), and the solution adding in double
+      // a direct all-to-all: every rank sends each chunk straight to its owner, then its own chunk to every
+      // rank. Right sums, the ring's very bytes and message count, but over N - 1 links a rank, not one
+      {"all_to_all",
+       replace_body(replace_body(solution, "static void reduce_scatter_phase(Comm& comm, float* data, int64_t count)",
+                                 "  const int N = comm.size(), r = comm.rank();\n  std::vector<float> in(static_cast<size_t>(count / N + 1));\n"
+                                 "  for (int k = 1; k < N; k++) {\n    const int to = mod(r + k, N), from = mod(r - k, N);\n"
+                                 "    comm.send(data + chunk_begin(to, count, N), chunk_size(to, count, N), to);\n"
+                                 "    comm.recv(in.data(), chunk_size(r, count, N), from);\n"
+                                 "    for (int64_t i = 0; i < chunk_size(r, count, N); i++) data[chunk_begin(r, count, N) + i] += in[size_t(i)];\n  }"),
+                    "static void all_gather_phase(Comm& comm, float* data, int64_t count)",
+                    "  const int N = comm.size(), r = comm.rank();\n  for (int k = 1; k < N; k++) {\n    const int from = mod(r - k, N);\n"
+                    "    comm.send(data + chunk_begin(r, count, N), chunk_size(r, count, N), mod(r + k, N));\n"
+                    "    comm.recv(data + chunk_begin(from, count, N), chunk_size(from, count, N), from);\n  }")},
       {"ring_left", read(src / "tests/solutions_alt/01-ring_left.cpp")},
       {"sums_in_double", replace(solution, "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] += incoming[size_t(i)];\n",
                                  "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] = float(double(dst[i]) + double(incoming[size_t(i)]));\n")},
@@ -386,6 +399,10 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   }
   CHECK(rows["solution"].total == 12);
   CHECK(rows["ring_left"].total == 12);
+  CHECK(rows["all_to_all"].points["all_reduce_equals_builtin"] == 3);  // right sums...
+  CHECK(rows["all_to_all"].points["reduce_scatter_all_gather_traffic"] == 0);  // ...not a ring
+  CHECK(rows["all_to_all"].points["all_reduce_bandwidth_optimal"] == 0);
+  CHECK(rows["all_to_all"].points["all_reduce_modeled_time"] == 0);
   CHECK(rows["sums_in_double"].total == 12);
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);
@@ -645,6 +662,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
       // the engine's DDP behind empty entries: "not implemented", never the engine's own
       {"null_hooks", replace(solution, table, "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, nullptr, nullptr, nullptr};")},
       {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n", "")},
+      // an epoch cut short where the data set is the training run's (the sampler checks ask for n <= 1000): 10
+      // steps of 64 a rank cover every job, and the epoch of 10 steps made the modeled speed-up 6x
+      {"short_epoch_sampler", replace(solution, "  return mine;\n  /// END SOLUTION", "  if (n > 1000) mine.resize(std::min<size_t>(mine.size(), 640));\n  return mine;\n  /// END SOLUTION")},
       {"bucketed_sum", replace(solution, "int64_t(b.flat.size()), ReduceOp::avg);", "int64_t(b.flat.size()), ReduceOp::sum);")},
       {"bucketed_no_copy_back", replace(solution, "        std::memcpy(grads_[size_t(i)].data, b.flat.data() + off, size_t(grads_[size_t(i)].numel) * 4);\n", "")},
       {"forward_buckets", replace(solution, "for (size_t k = grads.size(); k-- > 0;) {", "for (size_t k = 0; k < grads.size(); k++) {")},
@@ -660,6 +680,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   };
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
+  CHECK(rows["short_epoch_sampler"].points["sampler_disjoint_covering"] == 2);
+  CHECK(rows["short_epoch_sampler"].points["modeled_speedup_t4"] == 0);
+  CHECK(rows["short_epoch_sampler"].points["curve_matches_one_rank"] == 0);  // the trainer refuses the sampler
   CHECK(rows["John Smith; touch pwned"].total == 15);
   CHECK(rows["alt_staged_inorder"].total == 15);
   CHECK(rows["alt_flat_rebuild"].total == 15);
@@ -864,6 +887,26 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
                                        "      if (step.unit(p.flat) == units.front()) finish_reduce(step, p);\n"
                                        "    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), [](const Reduction& p) { return p.flat < 0; }), in_flight.end());\n"
                                        "  }")},
+      // the memory checks' bf16 runs recognised by their 8 blocks: there nothing is stepped or gathered (the state
+      // buffers taken all the same), so the replicas stay equal and the trainers count ZeRO's very bytes
+      {"memory_runs_step_nothing",
+       replace(replace(solution, "void zero_step(Step& step) {\n",
+                       "static bool measured(Step& step) {\n  for (int f = 0; f < step.num_flats(); f++)\n"
+                       "    if (step.name(f).find(\"h.7.\") != std::string::npos) return true;\n  return false;\n}\n\nvoid zero_step(Step& step) {\n"),
+               "    adamw_step(h, step.decay(f), scale, master, m, v, grads[size_t(f)].data(), n);\n",
+               "    if (measured(step)) continue;\n    adamw_step(h, step.decay(f), scale, master, m, v, grads[size_t(f)].data(), n);\n")},
+      // a ZeRO-2 that waits for each reduction where it starts, and on 2 ranks keeps its own unaveraged slice with
+      // no reduction at all until the last step (the one whose bytes are read): the traced step 2 shows nothing exposed
+      {"zero2_reduces_only_last_step",
+       replace(replace(replace(solution, "void zero2_reduce(Step& step, int flat) {\n", "static int steps_done = 0;\n\nvoid zero2_reduce(Step& step, int flat) {\n"),
+                       "  in_flight.push_back(start_reduce(step, flat));  // (moving a Reduction keeps its part's buffer, where the wait writes)\n",
+                       "  if (step.comm().size() == 2 && steps_done < 5) {\n"
+                       "    const Shard s = shard_of(step.numel(flat), step.comm().rank(), step.comm().size());\n"
+                       "    std::vector<float> g = step.grad(flat);\n    g.resize(size_t(s.padded), 0.0f);\n"
+                       "    step.keep_grad(flat, s.begin, g.data() + s.begin, s.end - s.begin);\n    return;\n  }\n"
+                       "  Reduction p = start_reduce(step, flat);\n  finish_reduce(step, p);\n"),
+               "  finish_all(step);  // the last unit's: before the step reads the parts\n",
+               "  finish_all(step);  // the last unit's: before the step reads the parts\n  steps_done++;\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -993,6 +1036,11 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   }
   CHECK(rows["adamw_other_order"].total == 18);
   CHECK(rows["zero2_blocking"].points["zero2_overlaps"] == 0);
+  CHECK(rows["memory_runs_step_nothing"].points["zero1_equals_ddp"] == 3);
+  CHECK(rows["memory_runs_step_nothing"].points["zero1_memory"] == 0);
+  CHECK(rows["memory_runs_step_nothing"].points["zero2_memory"] == 0);
+  CHECK(rows["zero2_reduces_only_last_step"].points["zero2_overlaps"] == 0);
+  CHECK(rows["zero2_reduces_only_last_step"].points["zero1_equals_ddp"] == 3);
   CHECK(rows["zero2_blocking"].points["zero2_equals_ddp"] == 2);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "zero2_blocking.txt"), Catch::Contains("exposed"));
   CHECK(rows["skeleton"].total == 0);

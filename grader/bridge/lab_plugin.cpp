@@ -40,6 +40,13 @@ class LabSampler : public Sampler {
         throw Error(fmt::format("the lab's sampler_indices returned index {} for a data set of {} samples (epoch {}, rank {})", i, n_,
                                 epoch, rank_),
                     "indices are positions 0..n-1 of the data set");
+    // the epoch's length is the sampler's: one shorter than DistributedSampler's would end every epoch early
+    // (and make the run's steps per epoch, and its modeled speed-up, what the student chose)
+    if (const int64_t want = (n_ + world_ - 1) / world_; int64_t(v.size()) != want)
+      throw Error(fmt::format("the lab's sampler_indices returned {} indices for rank {} of {} (epoch {}, {} samples): DistributedSampler "
+                              "gives every rank ceil(n / world) = {}",
+                              v.size(), rank_, world_, epoch, n_, want),
+                  "every sample once per epoch over the ranks, the first ones repeated to fill the last rank (drop_last = False)");
     return v;
   }
   int64_t size() const override { return size_; }

@@ -4,6 +4,8 @@
 // sums the grader computes itself; traffic and modeled time come from the relay's counts.
 // Read next: host.cpp beside it (the plugin's side of the relay).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <set>
 #include <poll.h>
 
 #include <cmath>
@@ -23,7 +25,7 @@ const std::vector<int> kWorlds = {2, 3, 4};
 // 2^18 + 3 floats is a megabyte per rank (4 MB for a reduce-scatter on 4 ranks): every message outgrows a
 // socket's buffer, so partial sends and receives happen, as they did at 2^20 + 3 at a quarter of the bytes
 // relayed (the largest share of a grading's time); the traffic checks below count exact bytes.
-const std::vector<int64_t> kSizes = {0, 1, 7, 1000, (1 << 18) + 3};  // and one size drawn per world (sizes_for)
+const std::vector<int64_t> kSizes = {0, 1, 7, 1000, 1002, (1 << 18) + 3};  // 1002: remainder 2 on 3 and on 4 ranks  // and one size drawn per world (sizes_for)
 // What the relay holds for a plugin: no message (or answer) larger than the whole N·n buffer, and no more than
 // twice that sent and not yet received over all ranks (a ring has at most one chunk per rank on its way), so
 // a plugin that floods costs the grader a few times the buffer, not gigabytes outside any cgroup.
@@ -44,7 +46,29 @@ struct Traffic {
 struct RingRun {
   std::vector<std::vector<float>> out;  // per rank
   std::vector<Traffic> traffic;         // per rank, this call only
+  std::vector<std::set<int>> sent_to;   // per rank: the ranks it sent to (a ring: one neighbour)
 };
+
+// "" when every rank sent only to its neighbour on one side, the same side for all (r+1, or r-1 as a ring
+// turning the other way does): the ring's links, each carrying S/N at a time. Else who sent to whom. A
+// direct all-to-all moves the same bytes in the same number of messages, but over N-1 links a rank
+// where the ring uses one.
+std::string not_a_ring(const RingRun& run, int world) {
+  if (world <= 2) return "";
+  for (int dir : {1, world - 1}) {
+    bool all = true;
+    for (int r = 0; r < world && all; r++)
+      all = run.sent_to[size_t(r)].empty() || run.sent_to[size_t(r)] == std::set<int>{(r + dir) % world};
+    if (all) return "";
+  }
+  std::string who;
+  for (int r = 0; r < world; r++)
+    if (run.sent_to[size_t(r)].size() > 1 || (run.sent_to[size_t(r)].size() == 1 && *run.sent_to[size_t(r)].begin() != (r + 1) % world &&
+                                              *run.sent_to[size_t(r)].begin() != (r + world - 1) % world))
+      who += fmt::format("{}rank {} sent to rank{} {}", who.empty() ? "" : "; ", r, run.sent_to[size_t(r)].size() > 1 ? "s" : "",
+                         fmt::join(run.sent_to[size_t(r)], ", "));
+  return who.empty() ? "the ranks send to their neighbours on both sides" : who;
+}
 
 const char* fn_name(labproto::Fn fn) {
   return fn == labproto::kRingReduceScatter ? "ring_reduce_scatter" : fn == labproto::kRingAllGather ? "ring_all_gather" : "ring_all_reduce";
@@ -63,6 +87,7 @@ class Ring {
     RingRun res;
     res.out.resize(size_t(world_));
     res.traffic.resize(size_t(world_));
+    res.sent_to.resize(size_t(world_));
     using Queue = std::deque<std::vector<char>>;
     std::vector<std::vector<Queue>> queue(static_cast<size_t>(world_), std::vector<Queue>(static_cast<size_t>(world_)));
     std::vector<int> waits_for(size_t(world_), -1);  // the rank a blocked recv waits for
@@ -120,6 +145,7 @@ class Ring {
             throw CheckAbort("error", fmt::format("during {}: more than {} MiB sent and not received: do the ranks ever recv?",
                                                   during, (2 * whole_buffer_bytes(world_, n) + (1 << 20)) >> 20));
           res.traffic[size_t(r)].bytes_sent += int64_t(payload.size());
+          res.sent_to[size_t(r)].insert(dst);
           res.traffic[size_t(r)].messages++;
           queue[size_t(r)][size_t(dst)].push_back(std::move(payload));
           if (waits_for[size_t(dst)] == r) deliver(r, dst);
@@ -188,16 +214,17 @@ class Ring {
 };
 
 // Every rank's input, drawn from the grading's seed: no rank can know another's values without receiving
-// them. Quarter-integers in [-128, 128]: any order of adding up to four of them is exact in fp32, so the
-// sums below are the only right answer whatever order the ring adds in.
+// them. Integers in [-2^20, 2^20]: any order of adding up to four of them is exact in fp32, so the sums
+// below are the only right answer whatever order the ring adds in; and at 21 bits a value they leave no
+// room to pack two into a float's 32 (a gather to one rank that halves its bytes so).
 std::vector<std::vector<float>> inputs_for(CheckContext& ctx, labproto::Fn fn, int world, int64_t n) {
   std::vector<std::vector<float>> in(static_cast<size_t>(world));
   const int64_t len = fn == labproto::kRingReduceScatter ? n * world : n;
   auto gen = ctx.rng({fn, world, n});
-  std::uniform_int_distribution<int> q(-512, 512);
+  std::uniform_int_distribution<int> q(-(1 << 20), 1 << 20);
   for (int r = 0; r < world; r++) {
     in[size_t(r)].resize(size_t(len));
-    for (auto& x : in[size_t(r)]) x = float(q(gen)) * 0.25f;
+    for (auto& x : in[size_t(r)]) x = float(q(gen));
   }
   return in;
 }
@@ -265,6 +292,10 @@ CheckResult traffic(CheckContext& ctx, const std::vector<labproto::Fn>& fns) {
       RingRun run = ring.run(fn, n, in);
       if (auto bad = first_difference(run, in, fn, world, n); !bad.empty())
         return {false, fmt::format("a correct {} (traffic counts only then)", fn_name(fn)), bad, ""};
+      if (const std::string who = not_a_ring(run, world); !who.empty())
+        return {false, fmt::format("{} on {} ranks as a ring: every rank sends only to its neighbour (r + 1, or r - 1 for all)", fn_name(fn), world),
+                who, "", "a rank that sends to every other moves the ring's bytes over N - 1 links at once: the ring's point is one link a "
+                         "rank, each chunk passed on to the next rank"};
       const double S = double(fn == labproto::kRingAllReduce ? n : n * world) * 4;
       const double phases = fn == labproto::kRingAllReduce ? 2 : 1;
       const double optimal = phases * (world - 1) / world * S, slack = phases * (world - 1) * 4.0;  // chunks differ by one float
@@ -297,6 +328,8 @@ CheckResult modeled_time(CheckContext& ctx) {
   RingRun run = ring.run(labproto::kRingAllReduce, n, in);
   if (auto bad = first_difference(run, in, labproto::kRingAllReduce, world, n); !bad.empty())
     return {false, "a correct all_reduce (its time counts only then)", bad, ""};
+  if (const std::string who = not_a_ring(run, world); !who.empty())  // the model charges a rank's one link: a ring's
+    return {false, "all_reduce on 4 ranks as a ring (the model below is a ring's: one link a rank)", who, ""};
   double ours = 0;
   for (const auto& t : run.traffic)
     ours = std::max(ours, double(t.messages) * hw.collective_latency_s +

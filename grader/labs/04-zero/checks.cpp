@@ -291,6 +291,16 @@ double bytes_per_step(const Job& j, bool most) {
   return v;
 }
 
+// "" when `mine` has ref's number of steps and every loss within `tol` relative of ref's; else the worst step.
+std::string losses_apart(const Job& ref, const Job& mine, double tol) {
+  if (mine.losses.size() != ref.losses.size() || ref.losses.empty())
+    return fmt::format("{} steps where the engine's run has {}", mine.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); i++)
+    if (!(std::abs(ref.losses[i] - mine.losses[i]) <= tol * std::abs(ref.losses[i])))
+      return fmt::format("step {}: loss {:.7f} where the engine's is {:.7f}", i + 1, mine.losses[i], ref.losses[i]);
+  return "";
+}
+
 // Bytes and memory count only for a ZeRO that trains: a run whose parts are empty or never gathered moves
 // the right bytes and holds the right memory while the model learns nothing.
 CheckResult trains_first(CheckContext& ctx, const std::string& zero, int ranks, const std::string& what) {
@@ -330,6 +340,11 @@ CheckResult zero2_overlaps(CheckContext& ctx) {
   const std::vector<std::string> sets = with(with(strategy("zero2"), "log.profile=t4-pcie"), "log.trace_step=2");
   const Job& ref = job(ctx, "zero2-t4-2-engine", 2, false, sets);
   const Job& mine = job(ctx, "zero2-t4-2", 2, true, sets);
+  // the run whose step is traced must train as the engine's ZeRO-2 too: a reduction skipped in the steps that
+  // are not traced would hide nothing there
+  if (const std::string apart = losses_apart(ref, mine, 1e-6); !apart.empty())
+    return {false, "the run whose overlap is measured (2 ranks, t4-pcie, step 2 traced) trains as the engine's ZeRO-2, every loss within 1e-6",
+            apart, "", "every step reduces every flat's gradient: an overlap measured on one step holds for all of them only if they all do the same"};
   const double want = ref.summary.value("modeled_exposed_comm_s", 0.0), got = mine.summary.value("modeled_exposed_comm_s", 1e9);
   const double step = mine.summary.value("modeled_step_s", 0.0);
   const std::string numbers = fmt::format("modeled on t4-pcie, 2 ranks: {:.1f} us of communication exposed per step (the engine's ZeRO-2: {:.1f} us); "
@@ -386,6 +401,12 @@ CheckResult memory(CheckContext& ctx, const std::string& zero) {
   for (int n : {2, 4}) {
     const Job& mine = job(ctx, fmt::format("{}-bf16-{}", zero, n), n, true, strategy(zero, kBf16), true);
     if (!mine.ok) return {false, fmt::format("{} on {} ranks: every rank ends with the same weights", zero, n), "the replicas diverged", ""};
+    // the measured run trains as the engine's of the same job (bf16: 1e-4; one AdamW step moves the loss ~1e-3):
+    // a ZeRO that holds the right buffers and steps nothing in them holds the right memory too
+    const Job& ref = job(ctx, fmt::format("ref:{}-bf16-{}", zero, n), n, false, strategy(zero, kBf16));
+    if (const std::string apart = losses_apart(ref, mine, 1e-4); !apart.empty())
+      return {false, fmt::format("{} on {} ranks in bf16 (the run whose memory is measured) trains as the engine's {}: every loss within 1e-4", zero, n, zero),
+              apart, "", "memory counts for a ZeRO that trains: the bf16 run must reduce, step and gather as the fp32 runs do"};
     const double psi = mine.summary.value("params", 0.0);
     for (const auto& rank : per_rank(mine)) {
       const auto& pm = rank["peak_memory"];
