@@ -662,6 +662,9 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
       // the engine's DDP behind empty entries: "not implemented", never the engine's own
       {"null_hooks", replace(solution, table, "extern \"C\" Lab02Plugin distlab_lab02 = {kLab02Abi, nullptr, nullptr, nullptr, nullptr};")},
       {"sum_not_average", replace(solution, "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n", "")},
+      // the average as a half: right on 2 ranks, wrong on any other number
+      {"halved_not_averaged", replace(solution, "    for (int64_t i = 0; i < g.numel; i++) g.data[i] /= float(comm.size());\n",
+                                      "    for (int64_t i = 0; i < g.numel; i++) g.data[i] *= 0.5f;\n")},
       // an epoch cut short where the data set is the training run's (the sampler checks ask for n <= 1000): 10
       // steps of 64 a rank cover every job, and the epoch of 10 steps made the modeled speed-up 6x
       {"short_epoch_sampler", replace(solution, "  return mine;\n  /// END SOLUTION", "  if (n > 1000) mine.resize(std::min<size_t>(mine.size(), 640));\n  return mine;\n  /// END SOLUTION")},
@@ -680,6 +683,8 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
   };
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
   auto rows = grade_batch("02", subs, files, "ddp.cpp");
+  CHECK(rows["halved_not_averaged"].points["curve_matches_one_rank"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "halved_not_averaged.txt"), Catch::Contains("not on 4"));
   CHECK(rows["short_epoch_sampler"].points["sampler_disjoint_covering"] == 2);
   CHECK(rows["short_epoch_sampler"].points["modeled_speedup_t4"] == 0);
   CHECK(rows["short_epoch_sampler"].points["curve_matches_one_rank"] == 0);  // the trainer refuses the sampler
@@ -774,6 +779,8 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
       {"skeleton", read(src / "labs/03-amp-accum/student/amp.cpp")},
       // the scale never leaves 1: fp16 loses the small gradient
       {"no_scaling", replace(solution, "  s.scale = c.init_scale;", "  s.scale = 1.0f;")},
+      // a scale written into the code: it rescues the underflow, and it is not the config's
+      {"scale_hard_coded", replace(solution, "  s.scale = c.init_scale;", "  s.scale = 1 << 20;")},
       // clipping the scaled gradient: every step is clipped to max_norm, then divided by 65536
       {"clip_before_unscale", replace(solution, step_body,
                                       "  clip_grad_norm(grads, step.max_norm());\n  const bool overflow = unscale_(step.comm(), s, grads);\n"
@@ -833,6 +840,8 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   CHECK(rows["growth_never"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["loss_not_divided_by_k"].points["accumulation_equals_big_batch"] == 0);
   CHECK(rows["quarter_not_one_over_k"].points["accumulation_equals_big_batch"] == 0);  // --seed 3 draws k = 8
+  CHECK(rows["scale_hard_coded"].points["scaler_rescues_underflow"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "scale_hard_coded.txt"), Catch::Contains("starts at scale"));
   CHECK(rows["clip_without_epsilon"].points["clip_grad_norm"] == 0);
   CHECK(rows["clip_without_epsilon"].points["accumulation_equals_big_batch"] == 3);
   CHECK(rows["loss_not_divided_by_k"].points["scale_sequence"] == 2);
@@ -1469,7 +1478,12 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
       {"trains_the_base", replace(solution, "  if (!dx) return;\n  // dx = dy W",
                                   "  const_cast<Nf4*>(base.weight)->packed[0] ^= 0x11;\n  if (!dx) return;\n  // dx = dy W")},
       // the low nibble first, in quantize and dequantize alike: its own round trip works, bitsandbytes' bytes don't
-      {"nibbles_swapped", replace(replace(solution, "i % 2 == 0 ? level << 4 : level", "i % 2 == 1 ? level << 4 : level"),
+// bitsandbytes' published table of NF4's 16 levels, whatever the offset asked for: transcribed, not built
+      {"hard_coded_nf4_table",
+       replace_body(solution, "std::vector<float> normal_map(float offset)",
+                    "  (void)offset;\n  return {-1.0f, -0.6961928f, -0.5250731f, -0.3949175f, -0.2844414f, -0.1847734f, -0.0910500f, 0.0f,\n"
+                    "          0.0795803f, 0.1609302f, 0.2461123f, 0.3379152f, 0.4407098f, 0.5626170f, 0.7229568f, 1.0f};")},
+            {"nibbles_swapped", replace(replace(solution, "i % 2 == 0 ? level << 4 : level", "i % 2 == 1 ? level << 4 : level"),
                                   "const int level = i % 2 == 0 ? q.packed", "const int level = i % 2 == 1 ? q.packed")},
       {"no_offset", replace(solution, "  q.offset = blocks ? float(sum / double(blocks)) : 0.0f;", "  q.offset = 0.0f;\n  (void)sum;")},
       // holds nothing because it computes nothing: an empty 4-bit form, a forward that writes zeros
@@ -1507,6 +1521,9 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
   CHECK(rows["trains_the_base"].points["lora_backward"] == 0);
   CHECK(rows["trains_the_base"].points["qlora_trains_as_engine"] == 0);
   CHECK(rows["trains_the_base"].points["lora_forward"] == 2);
+  CHECK(rows["hard_coded_nf4_table"].points["nf4_code"] == 0);
+  CHECK(rows["hard_coded_nf4_table"].points["nf4_indices"] == 2);  // NF4's own offset: the table is right there
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "hard_coded_nf4_table.txt"), Catch::Contains("one offset's"));
   CHECK(rows["nibbles_swapped"].points["nf4_indices"] == 0);
   CHECK(rows["nibbles_swapped"].points["dequantize"] == 0);
   CHECK(rows["nibbles_swapped"].points["double_quant"] == 2);

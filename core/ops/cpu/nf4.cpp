@@ -50,9 +50,11 @@ std::vector<float> linspace_f32(float start, float end, int steps) {
   return v;
 }
 
-std::array<float, 16> make_nf4() {
-  // bitsandbytes' create_normal_map(offset = 0.9677083): the paper's δ = 1 − ½(1/30 + 1/32)
-  const float offset = 0.9677083f;
+}  // namespace
+
+// bitsandbytes' create_normal_map(offset, use_extra_value = True): 8 positive levels from the quantiles at
+// 9 points from offset down to ½ (the last, 0, dropped), 7 negative ones from 8, and 0; scaled to [-1, 1]
+std::array<float, 16> normal_map(float offset) {
   std::vector<float> v;
   const std::vector<float> pos = linspace_f32(offset, 0.5f, 9), neg = linspace_f32(offset, 0.5f, 8);
   for (int i = 0; i < 8; i++) v.push_back(float(normal_ppf(pos[size_t(i)])));
@@ -64,6 +66,8 @@ std::array<float, 16> make_nf4() {
   for (int i = 0; i < 16; i++) out[size_t(i)] = v[size_t(i)] / top;
   return out;
 }
+
+namespace {
 
 std::array<float, 256> make_dynamic8() {
   // bitsandbytes' create_dynamic_map(signed = True, max_exponent_bits = 7, total_bits = 8): for exponent
@@ -110,7 +114,7 @@ void quantize_blocks(const float* x, int64_t n, int64_t block, const float* code
 }  // namespace
 
 const std::array<float, 16>& nf4_code() {
-  static const std::array<float, 16> code = make_nf4();
+  static const std::array<float, 16> code = normal_map(kNf4Offset);
   return code;
 }
 

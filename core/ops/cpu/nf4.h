@@ -21,7 +21,11 @@ namespace distlab {
 
 struct Runtime;
 
-const std::array<float, 16>& nf4_code();        // ascending, nf4_code()[7] == 0, [0] == -1, [15] == 1
+// bitsandbytes' create_normal_map(offset, use_extra_value = True): 16 levels, ascending, [7] == 0, [0] == -1,
+// [15] == 1. NF4's are normal_map(kNf4Offset), the paper's δ = 1 − ½(1/30 + 1/32)
+constexpr float kNf4Offset = 0.9677083f;
+std::array<float, 16> normal_map(float offset);
+const std::array<float, 16>& nf4_code();        // normal_map(kNf4Offset), computed once
 const std::array<float, 256>& dynamic8_code();  // bitsandbytes' signed dynamic map, ascending, in [-1, 1]
 
 // Index of the code value nearest to x (a sorted code; a tie goes to the lower one)

@@ -31,12 +31,14 @@ namespace checks02 {  // named: a unity build (CMakeLists.txt) puts several labs
 
 // ---- the sampler, asked directly ----
 
-std::vector<int64_t> ask_sampler(CheckContext& ctx, PluginProcess& p, int64_t n, int world, int rank, int64_t epoch, bool drop) {
+std::vector<int64_t> ask_sampler(CheckContext& ctx, PluginProcess& p, int64_t n, int world, int rank, uint64_t seed, int64_t epoch, bool shuffle,
+                                 bool drop) {
   wire::Frame f;
   f.op = labproto::kCall;
-  const int64_t args[] = {labproto::kSamplerIndices, n, world, rank, 17, epoch, 1 | (drop ? 2 : 0)};
+  const int64_t args[] = {labproto::kSamplerIndices, n, world, rank, int64_t(seed), epoch, (shuffle ? 1 : 0) | (drop ? 2 : 0)};
   for (int k = 0; k < 7; k++) f.arg[k] = args[k];
-  const std::string during = fmt::format("sampler_indices(n={}, replicas={}, rank={}, epoch={}, drop_last={})", n, world, rank, epoch, drop);
+  const std::string during = fmt::format("sampler_indices(n={}, replicas={}, rank={}, seed={}, epoch={}, shuffle={}, drop_last={})", n, world, rank,
+                                         seed, epoch, shuffle, drop);
   p.send(f, nullptr, 0, ctx.deadline, during.c_str());
   std::vector<char> raw;
   p.receive(f, raw, ctx.deadline, during.c_str(), uint64_t(1) << 20);
@@ -54,56 +56,66 @@ std::string show(const std::vector<int64_t>& v) {
   return "[" + s + (v.size() > 12 ? ", ..." : "") + "]";
 }
 
+// The seed drawn per grading; the padding rules with shuffle off too (the order is then 0..n-1's), and
+// set_epoch over three epochs (a seed + min(epoch, 1) or an order that alternates passes two).
 CheckResult sampler_check(CheckContext& ctx, const std::string& which) {
   PluginProcess p(ctx.launch("the plugin"));
   p.wait_ready(ctx.deadline);
-  for (int64_t n : {0, 1, 2, 7, 10, 13, 100, 1000}) {
-    for (int world = 1; world <= 4; world++) {
-      for (bool drop : {false, true}) {
-        if (which == "covering" && drop) continue;
-        std::vector<int64_t> all;
-        std::vector<std::vector<int64_t>> epoch0(static_cast<size_t>(world));
-        for (int r = 0; r < world; r++) {
-          for (int64_t epoch : {int64_t(0), int64_t(1)}) {
-            if (which != "set_epoch" && epoch == 1) continue;
-            auto mine = ask_sampler(ctx, p, n, world, r, epoch, drop);
-            auto want = DistributedSampler(n, world, r, true, 17, drop).indices(epoch);
-            if (which == "covering") {
-              if (int64_t(mine.size()) != (n + world - 1) / world)
-                return {false, fmt::format("rank {} of {} gets ceil({}/{}) = {} indices", r, world, n, world, (n + world - 1) / world),
-                        fmt::format("{} indices", mine.size()), ""};
-              all.insert(all.end(), mine.begin(), mine.end());
-              continue;
+  auto gen = ctx.rng({2, 17});
+  const uint64_t seed = gen() % 100000;
+  for (bool shuffle : {true, false}) {
+    if (!shuffle && which != "padding") continue;
+    for (int64_t n : {0, 1, 2, 7, 10, 13, 100, 1000}) {
+      for (int world = 1; world <= 4; world++) {
+        for (bool drop : {false, true}) {
+          if (which == "covering" && drop) continue;
+          std::vector<int64_t> all;
+          std::vector<std::vector<int64_t>> epoch0(static_cast<size_t>(world));
+          for (int r = 0; r < world; r++) {
+            for (int64_t epoch : {int64_t(0), int64_t(1), int64_t(2)}) {
+              if (which != "set_epoch" && epoch > 0) continue;
+              auto mine = ask_sampler(ctx, p, n, world, r, seed, epoch, shuffle, drop);
+              auto want = DistributedSampler(n, world, r, shuffle, seed, drop).indices(epoch);
+              if (which == "covering") {
+                if (int64_t(mine.size()) != (n + world - 1) / world)
+                  return {false, fmt::format("rank {} of {} gets ceil({}/{}) = {} indices", r, world, n, world, (n + world - 1) / world),
+                          fmt::format("{} indices", mine.size()), ""};
+                all.insert(all.end(), mine.begin(), mine.end());
+                continue;
+              }
+              if (epoch == 0) epoch0[size_t(r)] = mine;
+              if (mine == want) continue;
+              CheckResult bad{false, fmt::format("n={} N={} rank {} seed {} epoch {} shuffle={} drop_last={}: {}", n, world, r, seed, epoch,
+                                                 shuffle, drop, show(want)),
+                              show(mine), ""};
+              if (epoch > 0 && mine == epoch0[size_t(r)] && n > 2)
+                bad.hint = fmt::format("epoch {} repeats epoch 0's order: shuffle with seeded_permutation(n, seed + epoch)", epoch);
+              else if (!shuffle) bad.hint = "shuffle = false: the order is 0, 1, ..., n - 1, padded and sliced as when shuffled";
+              return bad;
             }
-            if (epoch == 0) epoch0[size_t(r)] = mine;
-            if (mine == want) continue;
-            CheckResult bad{false, fmt::format("n={} N={} rank {} epoch {} drop_last={}: {}", n, world, r, epoch, drop, show(want)),
-                            show(mine), ""};
-            if (epoch == 1 && mine == epoch0[size_t(r)] && n > 2)
-              bad.hint = "epoch 1 repeats epoch 0's order: shuffle with seeded_permutation(n, seed + epoch)";
-            return bad;
           }
-        }
-        if (which == "covering") {
-          std::set<int64_t> distinct(all.begin(), all.end());
-          for (auto i : distinct)
-            if (i < 0 || i >= n) return {false, fmt::format("indices in 0..{}", n - 1), fmt::format("index {}", i), ""};
-          if (int64_t(distinct.size()) != n) {
-            CheckResult bad{false, fmt::format("the {} ranks together see all {} samples", world, n),
-                            fmt::format("{} distinct samples", distinct.size()), ""};
-            if (int64_t(all.size()) > n + world) bad.hint = "each rank must take only its share: positions r, r+N, r+2N, ...";
-            else bad.hint = "every rank must slice ONE shared permutation (the same seed on every rank), not shuffle on its own";
-            return bad;
+          if (which == "covering") {
+            std::set<int64_t> distinct(all.begin(), all.end());
+            for (auto i : distinct)
+              if (i < 0 || i >= n) return {false, fmt::format("indices in 0..{}", n - 1), fmt::format("index {}", i), ""};
+            if (int64_t(distinct.size()) != n) {
+              CheckResult bad{false, fmt::format("the {} ranks together see all {} samples", world, n),
+                              fmt::format("{} distinct samples", distinct.size()), ""};
+              if (int64_t(all.size()) > n + world) bad.hint = "each rank must take only its share: positions r, r+N, r+2N, ...";
+              else bad.hint = "every rank must slice ONE shared permutation (the same seed on every rank), not shuffle on its own";
+              return bad;
+            }
+            if (int64_t(all.size()) - n != (n ? (world - n % world) % world : 0))
+              return {false, fmt::format("only the {} padding samples repeat", (world - n % world) % world),
+                      fmt::format("{} repeated", int64_t(all.size()) - n), ""};
           }
-          if (int64_t(all.size()) - n != (n ? (world - n % world) % world : 0))
-            return {false, fmt::format("only the {} padding samples repeat", (world - n % world) % world),
-                    fmt::format("{} repeated", int64_t(all.size()) - n), ""};
         }
       }
     }
   }
-  return {true, "", "", fmt::format("n in 0..1000 on 1..4 ranks{}{}: every rank's indices as PyTorch's DistributedSampler's (shuffle, seed 17)",
-                                    which == "covering" ? "" : ", drop_last both ways", which == "set_epoch" ? ", epochs 0 and 1" : "")};
+  return {true, "", "", fmt::format("n in 0..1000 on 1..4 ranks{}{}: every rank's indices as PyTorch's DistributedSampler's (seed {}{})",
+                                    which == "covering" ? "" : ", drop_last both ways", which == "set_epoch" ? ", epochs 0, 1 and 2" : "", seed,
+                                    which == "padding" ? ", shuffled and not" : ", shuffled")};
 }
 
 // ---- training jobs ----
@@ -135,8 +147,10 @@ bool follows_one_rank(CheckContext& ctx, const std::string& mode) {
 // Both DDPs of the student (naive and bucketed) against one rank with the same global batch.
 CheckResult curve(CheckContext& ctx) {
   const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
-  for (const std::string mode : {"naive", "bucketed"}) {
-    const Job& mine = curve_job(ctx, mode);
+  for (const std::string mode : {"naive", "bucketed", "naive-4"}) {
+    // naive-4: the naive DDP on 4 ranks too, where an average written as a half is wrong
+    const int ranks = mode == "naive-4" ? 4 : 2;
+    const Job& mine = mode == "naive-4" ? job(ctx, "curve-4-naive", 4, true, with(kCurve, "parallel.ddp_mode=naive"), true) : curve_job(ctx, mode);
     double worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
@@ -147,8 +161,8 @@ CheckResult curve(CheckContext& ctx) {
       }
     }
     if (mine.losses.size() == ref.losses.size() && worst < 1e-5 && !mine.diverged) continue;
-    CheckResult bad{false, fmt::format("{} DDP on 2 ranks: the 1-rank loss curve within 1e-5 relative (step {}: {:.6f})", mode, at + 1,
-                                       ref.losses.empty() ? 0.0 : ref.losses[at]),
+    CheckResult bad{false, fmt::format("{} DDP on {} ranks: the 1-rank loss curve within 1e-5 relative (step {}: {:.6f})", mode.substr(0, mode.find('-')),
+                                       ranks, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
                     mine.losses.size() != ref.losses.size() ? fmt::format("{} steps instead of {}", mine.losses.size(), ref.losses.size())
                                                             : fmt::format("{:.6f} at step {} ({:.1e} relative)", mine.losses[at], at + 1, worst),
                     ""};
@@ -157,14 +171,17 @@ CheckResult curve(CheckContext& ctx) {
                                  : "the replicas diverged: wait for every bucket and copy its result back into grads[i].data";
     else if (worst > 0.2 && mine.losses.size() > 1 && mine.losses.back() > ref.losses.back())
       bad.hint = "the curve runs away: all_reduce gives the SUM over ranks; the gradient of the global batch's mean loss is the average";
+    else if (ranks == 4)
+      bad.hint = "right on 2 ranks, not on 4: the average divides the sum by the number of ranks, comm.size()";
     return bad;
   }
   std::string detail;
-  for (const std::string mode : {"naive", "bucketed"}) {
-    const Job& mine = curve_job(ctx, mode);
+  for (const std::string mode : {"naive", "bucketed", "naive-4"}) {
+    const Job& mine = mode == "naive-4" ? job(ctx, "curve-4-naive", 4, true, with(kCurve, "parallel.ddp_mode=naive"), true) : curve_job(ctx, mode);
     double worst = 0;
     for (size_t i = 0; i < mine.losses.size(); i++) worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
-    detail += fmt::format("{}{} DDP: {} steps, {:.1e} from the 1-rank curve at worst", detail.empty() ? "" : "; ", mode, mine.losses.size(), worst);
+    detail += fmt::format("{}{} DDP on {} ranks: {} steps, {:.1e} from the 1-rank curve at worst", detail.empty() ? "" : "; ",
+                          mode.substr(0, mode.find('-')), mode == "naive-4" ? 4 : 2, mine.losses.size(), worst);
   }
   return {true, "", "", detail};
 }

@@ -165,31 +165,38 @@ bool is_nearest(const float* code, int n, double t, int index) {
   return true;
 }
 
+// NF4's offset and two drawn from (0.90, 0.995): the construction, not bitsandbytes' table of 16 numbers
 CheckResult nf4_code_check(CheckContext& ctx) {
   PluginProcess p(ctx.launch("the plugin"));
   p.wait_ready(ctx.deadline);
-  const std::vector<char> b = call(ctx, p, labproto::kNf4Code, {}, {}, 4096 * 4, "nf4_code()");
-  const std::vector<float> got = as_floats(b, 0, b.size() / 4);
-  const auto& want = nf4_code();
-  std::string w;
-  for (float x : want) w += fmt::format("{}{:.7f}", w.empty() ? "" : ", ", x);
-  CheckResult r{true, "16 levels, ascending: " + w, "", ""};
-  if (got.size() != 16) {
-    r.passed = false;
-    r.seen = fmt::format("{} levels", got.size());
-    return r;
-  }
-  std::string seen;
-  for (float x : got) seen += fmt::format("{}{:.7f}", seen.empty() ? "" : ", ", x);
-  for (int i = 0; i < 16; i++)
-    if (!(std::abs(got[size_t(i)] - want[size_t(i)]) <= 1e-6)) {
-      r.passed = false;
-      r.seen = seen;
-      if (got[7] != 0.0f) r.hint = "0 must be a level of its own: bitsandbytes adds it, then sorts, then divides by the largest";
-      else if (std::abs(got[15] - 1.0f) > 1e-6 || std::abs(got[0] + 1.0f) > 1e-6) r.hint = "divide every level by the largest one: the code spans [-1, 1]";
+  auto gen = ctx.rng({10, 1});
+  std::uniform_real_distribution<float> drawn_offset(0.90f, 0.995f);
+  std::string detail;
+  for (const float offset : {kNf4Offset, drawn_offset(gen), drawn_offset(gen)}) {
+    std::vector<char> in(4);
+    std::memcpy(in.data(), &offset, 4);
+    const std::vector<char> b = call(ctx, p, labproto::kNf4Code, {}, in, 4096 * 4, fmt::format("normal_map({:.7g})", offset));
+    const std::vector<float> got = as_floats(b, 0, b.size() / 4);
+    const std::array<float, 16> want = normal_map(offset);
+    std::string w, seen;
+    for (float x : want) w += fmt::format("{}{:.7f}", w.empty() ? "" : ", ", x);
+    for (float x : got) seen += fmt::format("{}{:.7f}", seen.empty() ? "" : ", ", x);
+    CheckResult r{false, fmt::format("normal_map({:.7g}): 16 levels, ascending: {}", offset, w), seen, ""};
+    if (got.size() != 16) {
+      r.seen = fmt::format("{} levels", got.size());
       return r;
     }
-  return r;
+    for (int i = 0; i < 16; i++)
+      if (!(std::abs(got[size_t(i)] - want[size_t(i)]) <= 1e-6)) {
+        if (got[7] != 0.0f) r.hint = "0 must be a level of its own: bitsandbytes adds it, then sorts, then divides by the largest";
+        else if (std::abs(got[15] - 1.0f) > 1e-6 || std::abs(got[0] + 1.0f) > 1e-6) r.hint = "divide every level by the largest one: the code spans [-1, 1]";
+        else if (offset != kNf4Offset) r.hint = "the levels are the normal quantiles at points spaced from the offset given down to 1/2: a table "
+                                                 "of NF4's levels is one offset's";
+        return r;
+      }
+    detail += fmt::format("{}{:.7g}", detail.empty() ? "offsets " : ", ", offset);
+  }
+  return {true, "", "", detail + ": every level within 1e-6 of bitsandbytes' create_normal_map"};
 }
 
 // The student's quantize of each index case (a fresh process: nothing survives from another check)

@@ -69,9 +69,12 @@ int serve_lab10(void* plugin) {
     Reader r{in};
     switch (f.arg[0]) {
       case labproto::kNf4Code: {
-        need(t->nf4_code, "nf4_code");
-        const std::vector<float> code = t->nf4_code();
-        if (code.size() > 4096) throw std::length_error("nf4_code returned " + std::to_string(code.size()) + " levels (16 expected)");
+        need(t->normal_map, "normal_map");
+        if (in.size() != 4) return false;
+        float offset;
+        std::memcpy(&offset, in.data(), 4);
+        const std::vector<float> code = t->normal_map(offset);
+        if (code.size() > 4096) throw std::length_error("normal_map returned " + std::to_string(code.size()) + " levels (16 expected)");
         append_bytes(out, code.data(), code.size() * 4);
         return true;
       }

@@ -37,9 +37,9 @@ void matmul_t(float* y, const float* x, const float* w, int64_t N, int64_t k, in
 
 }  // namespace
 
-std::vector<float> nf4_code() {
-  // TODO(10-lora-qlora): implement nf4_code. Read labs/10-lora-qlora/README.md.
-  throw std::logic_error("10-lora-qlora: nf4_code is not implemented yet: "
+std::vector<float> normal_map(float offset) {
+  // TODO(10-lora-qlora): implement normal_map. Read labs/10-lora-qlora/README.md.
+  throw std::logic_error("10-lora-qlora: normal_map is not implemented yet: "
                          "fill in the TODO in labs/10-lora-qlora/student/qlora.cpp");
 }
 
@@ -69,5 +69,5 @@ void lora_backward(const Frozen& base, const Adapter& ad, const float* x, const 
 
 }  // namespace lab10
 
-extern "C" Lab10Plugin distlab_lab10 = {kLab10Abi, lab10::nf4_code, lab10::quantize, lab10::dequantize, lab10::lora_forward,
+extern "C" Lab10Plugin distlab_lab10 = {kLab10Abi, lab10::normal_map, lab10::quantize, lab10::dequantize, lab10::lora_forward,
                                         lab10::lora_backward};
