@@ -916,6 +916,10 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
                        "  Reduction p = start_reduce(step, flat);\n  finish_reduce(step, p);\n"),
                "  finish_all(step);  // the last unit's: before the step reads the parts\n",
                "  finish_all(step);  // the last unit's: before the step reads the parts\n  steps_done++;\n")},
+      // no f32 master: the step starts from the model's bf16 weights every time (a "master" buffer taken, and
+      // written each step, but never read back): right in fp32, where the two are the same numbers
+      {"no_master_weights", replace(solution, "    if (h.t == 1) {  // the master starts from the weights as they are (the padding stays 0)\n",
+                                    "    if (true) {  // the step starts from the bf16 weights every time\n")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -1045,6 +1049,9 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   }
   CHECK(rows["adamw_other_order"].total == 18);
   CHECK(rows["zero2_blocking"].points["zero2_overlaps"] == 0);
+  CHECK(rows["no_master_weights"].points["zero1_equals_ddp"] == 3);  // fp32: the master is the weights
+  CHECK(rows["no_master_weights"].points["zero1_memory"] == 0);  // bf16: the trainer reads the master back
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "no_master_weights.txt"), Catch::Contains("master"));
   CHECK(rows["memory_runs_step_nothing"].points["zero1_equals_ddp"] == 3);
   CHECK(rows["memory_runs_step_nothing"].points["zero1_memory"] == 0);
   CHECK(rows["memory_runs_step_nothing"].points["zero2_memory"] == 0);

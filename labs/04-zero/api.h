@@ -114,9 +114,9 @@ class Step {
   virtual std::vector<float> weights(int flat) = 0;
   // A buffer of n floats for `flat`'s optimizer state, zeroed when first asked for, the same buffer on
   // every later call with the same (flat, name) for the rest of the run. Counted as this rank's optimizer
-  // state (4 bytes per float). Name the moments "exp_avg" and "exp_avg_sq" (PyTorch's state_dict names):
-  // the trainer reads them back after every step and checks that they are AdamW's moments of the part
-  // this rank kept.
+  // state (4 bytes per float). Name the moments "exp_avg" and "exp_avg_sq" (PyTorch's state_dict names)
+  // and, in a bf16 run, the f32 master weights "master": the trainer reads them back after every step and
+  // checks that they are AdamW's moments, and master weights, of the part this rank kept.
   virtual float* state(int flat, const std::string& name, int64_t n) = 0;
   // Writes weights into this rank's model: elements [begin, begin + n) of the padded flat (positions at or
   // past numel(flat), the padding, are dropped; rounded into the model's dtype). In zero_step only.

@@ -143,6 +143,13 @@ class LabZeRO : public Strategy {
     const AdamWOptions& o = adamw->options();
     t_++;
     hyper_ = {lr, o.beta1, o.beta2, o.eps, o.weight_decay, float(max_norm_), t_};
+    if (t_ == 1 && rt_.dtype != DType::f32)  // the master starts from the weights as the model holds them (step.weights)
+      for (size_t f = 0; f < flats_.size(); f++) {
+        const std::vector<float> all = packed(flats_[f], false);
+        const int64_t b = begin_[f], n = kept_n_[f];
+        shadow_[f].w.assign(size_t(std::max<int64_t>(n, 0)), 0.0f);
+        for (int64_t i = 0; i < n; i++) shadow_[f].w[size_t(i)] = b + i < int64_t(all.size()) ? all[size_t(b + i)] : 0.0f;
+      }
     in_step_ = true;
     call(labproto::kZeroStep, 0, "zero_step");
     in_step_ = false;
@@ -165,8 +172,8 @@ class LabZeRO : public Strategy {
     int64_t t;
   };
   static_assert(sizeof(Hyper) == 32);
-  struct Shadow {  // AdamW's moments of the part this rank kept, computed here
-    std::vector<float> m, v;
+  struct Shadow {  // AdamW's moments of the part this rank kept, computed here; in a bf16 run its f32 master too
+    std::vector<float> m, v, w;
   };
 
   std::vector<Parameter*> parts() {
@@ -287,7 +294,47 @@ class LabZeRO : public Strategy {
                           "in the buffers step.state gave you");
       }
     }
+    if (rt_.dtype != DType::f32) check_master(got, lr);
     checked_steps_++;
+  }
+
+  // A bf16 run: the f32 master weights of the part this rank kept, in the state buffer "master", are AdamW's
+  // (decoupled decay, then the bias-corrected step from the moments above). Stepping the bf16 weights
+  // themselves rounds a small update away; a master buffer that is counted and never read holds nothing.
+  void check_master(const std::map<std::pair<int64_t, std::string>, std::pair<const char*, int64_t>>& got, float lr) {
+    const double bc1 = 1.0 - std::pow(double(hyper_.beta1), double(t_)), bc2 = 1.0 - std::pow(double(hyper_.beta2), double(t_));
+    const float step_size = float(lr / bc1), bc2_sqrt = float(std::sqrt(bc2));
+    for (size_t f = 0; f < flats_.size(); f++) {
+      Shadow& sh = shadow_[f];
+      const size_t n = sh.m.size();
+      if (sh.w.size() != n) continue;  // a part that changed size: the moments' check has said so
+      const float shrink = flats_[f].local.decay ? 1.0f - lr * hyper_.weight_decay : 1.0f;
+      for (size_t i = 0; i < n; i++) sh.w[i] = sh.w[i] * shrink - step_size * sh.m[i] / (std::sqrt(sh.v[i]) / bc2_sqrt + hyper_.eps);
+      if (n == 0) continue;
+      auto it = got.find({int64_t(f), "master"});
+      if (it == got.end() || it->second.second != int64_t(n))
+        throw lab_error(fmt::format("after step {} of a bf16 run, flat {} has {}", t_, f,
+                                    it == got.end() ? std::string("no state buffer named master") : fmt::format("a master of {} floats; its part has {}", it->second.second, n)),
+                        "keep the f32 master weights of your part in step.state(flat, \"master\", n): the bf16 weights cannot hold a small update");
+      double top = 0, worst = 0;
+      size_t where = 0;
+      for (size_t i = 0; i < n; i++) {
+        float x;
+        std::memcpy(&x, it->second.first + 4 * i, 4);
+        top = std::max(top, double(std::abs(sh.w[i])));
+        const double d = std::abs(double(x) - sh.w[i]);
+        if (!(d <= worst)) worst = d, where = i;
+      }
+      if (!(worst <= 1e-5 * top + 1e-12)) {
+        float x;
+        std::memcpy(&x, it->second.first + 4 * where, 4);
+        throw lab_error(fmt::format("after step {} (lr {:g}) of a bf16 run, flat {}'s master[{}] is {:.9g}; AdamW's f32 master of the part this "
+                                    "rank kept is {:.9g}",
+                                    t_, lr, f, where, x, sh.w[where]),
+                        "the master starts from step.weights at the first step and takes every AdamW step in f32; set_weights rounds it "
+                        "into the bf16 model, and the next step starts from the master again, not from the rounded weights");
+      }
+    }
   }
 
   FlatParam& flat_of(int64_t f, const char* what) {
