@@ -35,6 +35,7 @@ void set_grading_device(grader::SharedResults& batch, const std::string& device)
     throw ConfigError("--device cuda: this build or machine has no GPU to grade on: " + why,
                       "grade on --device cpu, or on cuda-sim (the GPU's code path on the CPU)");
   else throw ConfigError("--device '" + device + "' is not one a grading runs on", "use auto, cpu, cuda or cuda-sim");
+  batch.gpus = batch.device == "cuda" ? gpus : 0;
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
@@ -164,6 +165,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   batch.load = std::max(1.0, 2.0 * a.jobs / std::max(1u, std::thread::hardware_concurrency()));
   batch.jobs = a.jobs;
   set_grading_device(batch, a.device);
+  batch.measure_speedup = a.measure_speedup;
   const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(a.hints);
   std::vector<grader::Grade> grades(dirs.size());
   // --jobs N: N students at once, each taking the next folder; every line printed as its grading ends

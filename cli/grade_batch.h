@@ -27,6 +27,7 @@ struct GradeArgs {
   std::optional<uint64_t> seed;  // the grading's scenarios; drawn afresh when not given
   int jobs = 1;  // --submissions: how many students are graded at once
   std::string device = "auto";  // --device: where the training jobs run (auto: cuda when a GPU is here, else cpu)
+  bool measure_speedup = false;  // --measure-speedup: lab 02's speed-up measured here, on any device
   // --slurm: the class as a Slurm array job (cli/slurm_grade.h)
   bool slurm = false, wait = false;
   std::string results;                  // the grading's folder (manifest, script, rows, feedback, logs)

@@ -260,6 +260,9 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                     "where the training jobs run: auto (cuda when a GPU is here, else cpu), cpu, cuda (a GPU per rank) or cuda-sim "
                     "(the GPU's code path on the CPU)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}));
+  grade->add_flag("--measure-speedup", a->measure_speedup,
+                  "lab 02: measure the speed-up of 2 ranks over 1 on this machine, beside the modeled T4s (the default on 2 GPUs "
+                  "or more, one grading at a time; on cpu ranks, each rank gets its share of the cores)");
   grade->add_flag("--slurm", a->slurm, "with --submissions: grade the class as a Slurm array job (sbatch), then `distlab grade merge`");
   grade->add_option("--results", a->results, "with --slurm: the grading's folder (default: DIR-slurm beside the submissions)");
   grade->add_option("--per-task", a->per_task, "with --slurm: students per array task (default 1)")->check(CLI::Range(1, 100000));
@@ -352,6 +355,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
     grader::SharedResults shared;
     if (a->seed) shared.seed = *a->seed;
     set_grading_device(shared, a->device);
+    shared.measure_speedup = a->measure_speedup;
     const fs::path dir = a->solution ? lab_build_dir(p, l) : state_dir(p, l, a->src);  // --src DIR: that copy's own
     grader::Grade g = grade_folder(p, l, src, tag, (dir / (tag + ".so")).string(), sb, shared, false);
     g.seed = shared.seed;

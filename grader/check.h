@@ -93,6 +93,11 @@ struct SharedResults {
   // Where the training jobs run (--device): cpu ranks; cuda, a GPU per rank (shared when there are fewer
   // GPUs than ranks); cuda-sim, the GPU's code path on the CPU. Collectives over Gloo in each (grader/jobs.cpp)
   std::string device = "cpu";
+  int gpus = 0;  // the GPUs a cuda grading has (0 on cpu and cuda-sim)
+  // Lab 02's speed-up measured on this machine (2 ranks against 1) beside the modeled one: by default where
+  // each rank has a GPU of its own (cuda, 2 GPUs or more) and one grading runs at a time; --measure-speedup
+  // asks for it anywhere (cpu ranks: a core's share each)
+  bool measure_speedup = false;
 
   template <class T, class Make>
   const T& get(const std::string& key, Make&& make) {
@@ -100,7 +105,7 @@ struct SharedResults {
     return (batch_key ? *batch : *own).get<T>(key, std::forward<Make>(make));
   }
   // The next student's: the batch's results and seed, nothing of this student's own.
-  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs, device}; }
+  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs, device, gpus, measure_speedup}; }
   static uint64_t draw_seed();
 };
 

@@ -763,6 +763,44 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
   CHECK_THAT(o13, Catch::Contains("this stage runs the lab's train_step_1f1b"));
 }
 
+// Lab 02's speed-up, measured: an epoch on 2 ranks against 1, the engine's own DDP timed beside the student's
+// in the same grading. On 2 GPUs or more it is the default; here (--measure-speedup) cpu ranks are timed,
+// whose figures a loaded 2-core machine moves too much to grade a correct DDP on, so only its printing is
+// asserted for the solution. A DDP that loses 200 ms a step (a sleep: the cost model never sees it, the
+// clock does) is under half the engine's speed-up on any machine.
+TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and the engine's beside, the modeled figure shown, a slow DDP failed", "[grader][lab02]") {
+  const fs::path src = DISTLAB_SOURCE_DIR;
+  const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
+  const fs::path dir = fs::temp_directory_path() / ("distlab-speedup02-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "solution");
+  fs::create_directories(dir / "slow");
+  std::ofstream(dir / "solution" / "ddp.cpp") << solution;
+  std::ofstream(dir / "slow" / "ddp.cpp") << "#include <unistd.h>\n" + replace(solution, "    if (!sync_) return;  // the local sums stay as backward left them\n",
+                                                                             "    if (!sync_) return;  // the local sums stay as backward left them\n    usleep(200000);\n");
+  {
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --measure-speedup --require-sandbox --seed 5");
+    INFO(out);
+    CHECK_THAT(out, Catch::Contains("an epoch measured on cpu ranks: ") && Catch::Contains("(the engine's DDP: ") &&
+                        Catch::Contains("an epoch modeled on two T4s: 1.8"));
+    (void)code;
+  }
+  {
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "slow").string() + " --measure-speedup --require-sandbox --seed 5 --hints always");
+    INFO(out);
+    CHECK(code != 0);
+    CHECK_THAT(out, Catch::Contains("modeled_speedup_t4                      0") && Catch::Contains("an epoch measured on cpu ranks: ") &&
+                        Catch::Contains("your step is slower than the engine's"));
+  }
+  {  // without the flag, cpu ranks are modeled, and the reason is printed
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --require-sandbox --seed 5");
+    INFO(out);
+    CHECK(code == 0);
+    CHECK_THAT(out, Catch::Contains("not measured: cpu ranks share this machine's cores"));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accumulation mistakes", "[grader][lab03]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/03-amp-accum/amp.cpp");
@@ -2092,7 +2130,13 @@ TEST_CASE("labs 04 and 05 grade on cuda-sim ranks as on a GPU machine (--device)
   CHECK(engine_job_on_cuda_sim("05-fsdp-1b"));
 }
 
-TEST_CASE("labs 06, 07 and 08 grade on cuda-sim ranks as on a GPU machine (--device)", "[grader][cuda-sim]") {
+TEST_CASE("labs 06, 07, 08 and 10 grade on cuda-sim ranks as on a GPU machine (--device)", "[grader][cuda-sim]") {
   grade_solutions_on_cuda_sim({"06", "07", "08"});
+  {  // lab 10's checks call the plugin from the grader: the engine's QLoRA run they compare with is on the device
+    auto [code, out] = run("grade 10 --solution --device cuda-sim --require-sandbox --seed 5");
+    INFO(out);
+    CHECK(code == 0);
+    CHECK_THAT(out, Catch::Contains("the engine's (its run on cuda-sim)"));
+  }
   CHECK(engine_job_on_cuda_sim("06-tp-pp"));  // lab 07's engine runs inject faults: run each time, never kept
 }
