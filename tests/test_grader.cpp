@@ -262,6 +262,9 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
                     "    comm.send(data + chunk_begin(r, count, N), chunk_size(r, count, N), mod(r + k, N));\n"
                     "    comm.recv(data + chunk_begin(from, count, N), chunk_size(from, count, N), from);\n  }")},
       {"ring_left", read(src / "tests/solutions_alt/01-ring_left.cpp")},
+      // a ring each way at once, half of every chunk on each (NCCL's bidirectional rings): a rank sends to
+      // both its neighbours, the ring's bytes in all, one message a neighbour per step
+      {"bidirectional", read(src / "tests/solutions_alt/01-bidirectional.cpp")},
       {"sums_in_double", replace(solution, "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] += incoming[size_t(i)];\n",
                                  "    for (int64_t i = 0; i < chunk_size(rc, count, N); i++) dst[i] = float(double(dst[i]) + double(incoming[size_t(i)]));\n")},
       // gather to rank 0, add, broadcast back: right numbers, (N-1)·S bytes from the root
@@ -399,6 +402,7 @@ TEST_CASE("lab 01: solution, skeleton, mutants, misbehaving and hostile submissi
   }
   CHECK(rows["solution"].total == 12);
   CHECK(rows["ring_left"].total == 12);
+  CHECK(rows["bidirectional"].total == 12);
   CHECK(rows["all_to_all"].points["all_reduce_equals_builtin"] == 3);  // right sums...
   CHECK(rows["all_to_all"].points["reduce_scatter_all_gather_traffic"] == 0);  // ...not a ring
   CHECK(rows["all_to_all"].points["all_reduce_bandwidth_optimal"] == 0);
