@@ -1197,6 +1197,29 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
       {"hard_coded_order", replace(solution, "    if (const int next = order.next(unit); next >= 0) start_gather(f, o, next);",
                                    "    if (const int next = &order == &forward_order ? (unit + 1 < f.num_units() ? unit + 1 : -1) : unit - 1; next >= 0)\n"
                                    "      start_gather(f, o, next);")},
+      // the order read off the parameters' names (the embeddings first, then h.0, h.1, ..., ln_f last) instead of
+      // recorded from the first step's hooks: a block's number in its names is its unit's drawn number
+      {"order_from_names",
+       replace(replace(solution, "void before_forward(Fsdp& f, const Options& o, int unit) {",
+                       R"(static std::vector<int> units_by_name(Fsdp& f) {
+  std::vector<std::pair<long, int>> key;
+  for (int u = 0; u < f.num_units(); u++) {
+    const std::string n = f.name(f.flats(u)[0], 0);
+    const size_t h = n.find(".h.");
+    const long k = n.find("ln_f") != std::string::npos ? 1L << 40 : h == std::string::npos ? -1 : std::stol(n.substr(h + 3));
+    key.push_back({k, u});
+  }
+  std::sort(key.begin(), key.end());
+  std::vector<int> order;
+  for (const auto& [k, u] : key) order.push_back(u);
+  return order;
+}
+
+void before_forward(Fsdp& f, const Options& o, int unit) {)"),
+               "  if (root < 0) root = unit;\n  forward_order.record(unit);",
+               "  if (root < 0) root = unit;\n  if (forward_order.units.empty()) {\n    forward_order.units = units_by_name(f);\n"
+               "    forward_order.fixed = true;\n    backward_order.units.assign(forward_order.units.rbegin(), forward_order.units.rend());\n"
+               "    backward_order.fixed = true;\n  }")},
       // the budget ignored: one unit ahead, as without one — right, and within the budget, but the slow link's
       // gathers start later than the budget allows
       {"budget_unused", replace(solution, "  if (o.gather_budget <= 0) {", "  if (true) {")},
@@ -1252,6 +1275,8 @@ TEST_CASE("lab 05: solution, skeleton, and the FSDP mistakes: freed late or neve
   // there (on the 1B's 20 units the drawn numbers are the order with odds 1/20!)
   CHECK(rows["hard_coded_order"].points["prefetch_overlaps"] == 0);
   CHECK(rows["hard_coded_order"].points["flat_layout"] == 2);
+  CHECK(rows["order_from_names"].points["prefetch_overlaps"] == 0);
+  CHECK(rows["order_from_names"].points["flat_layout"] == 2);
   CHECK(rows["frees_root"].points["fsdp_equals_ddp"] == 3);
   CHECK(rows["frees_root"].points["prefetch_overlaps"] == 0);
   CHECK(rows["no_padding"].points["flat_layout"] == 0);

@@ -58,10 +58,11 @@ class Fsdp {
   virtual int num_units() const = 0;
   virtual std::vector<int> flats(int unit) const = 0;            // the unit's flats
   virtual std::vector<int64_t> numels(int flat) const = 0;       // its parameters' sizes, in order
-  virtual std::string name(int flat, int k) const = 0;           // "transformer.h.0.attn.c_attn.weight"
-  // What is not here: the order the units run in, and which is the root. The unit and flat numbers say
-  // nothing of when a unit runs: the trainer draws them, afresh for every grading. PyTorch FSDP learns both
-  // on the first iteration (its execution order data); so does your code, from the hooks' calls.
+  virtual std::string name(int flat, int k) const = 0;           // "transformer.h.7.attn.c_attn.weight": 7 is the unit's number
+  // What is not here: the order the units run in. The unit and flat numbers (and so a block's number in
+  // its names) say nothing of when a unit runs: the trainer draws them, afresh for every grading. PyTorch
+  // FSDP learns the order on the first iteration (its execution order data); so does your code, from the
+  // hooks' calls.
 
   // -- memory (every buffer's elements are numbered from 0) --
   // A new buffer of n elements, uninitialized: the trainer fills it with NaN, so a value you forgot to write

@@ -34,6 +34,19 @@ Error fsdp_error(const std::string& what, const std::string& hint = "see labs/05
 enum class Kind { weights = 0, grads = 1, host = 2 };
 const char* kind_name(Kind k) { return k == Kind::weights ? "weights" : k == Kind::grads ? "grads" : "host"; }
 
+// A parameter's name as the plugin sees it: a block's number ("transformer.h.7.attn.c_attn.weight") is its
+// unit's drawn number, or the names would give the order the numbers hide (h.0, h.1, ... run in turn).
+// The embeddings' and the final norm's names stay as they are: they name the root and the last block, as
+// the module tree names them to PyTorch FSDP, and say nothing of the blocks' order.
+std::string renumbered(const std::string& name, int unit) {
+  for (size_t at = 0; at < name.size();) {
+    const size_t end = std::min(name.find('.', at), name.size());
+    if (end > at && name.find_first_not_of("0123456789", at) >= end) return name.substr(0, at) + std::to_string(unit) + name.substr(end);
+    at = end + 1;
+  }
+  return name;
+}
+
 class LabFSDP : public ZeRO3 {
  public:
   LabFSDP(LabPlugin& plugin, ProcessGroup& pg, Model& model, Runtime& rt, ShardedOptions o, const std::string& sharding, uint64_t unit_seed,
@@ -67,7 +80,8 @@ class LabFSDP : public ZeRO3 {
       for (const Parameter* p : f.params) {
         const int64_t numel = p->data.numel();
         put(&numel, 8);
-        table_.insert(table_.end(), p->name.c_str(), p->name.c_str() + p->name.size() + 1);
+        const std::string shown = renumbered(p->name, unit);
+        table_.insert(table_.end(), shown.c_str(), shown.c_str() + shown.size() + 1);
       }
     }
   }
