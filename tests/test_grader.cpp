@@ -1339,6 +1339,14 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
                                         "  linear_forward(all.data(), w, b, y, rows, in, out);\n  kept.push_back(all);\n"),
                                 "  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept",
                                 "  all = kept.back();\n  kept.pop_back();")},
+      // ... and the backward's all-gather still made (into the buffer the kept copy then overwrites): the
+      // engine's bytes, the right numbers in training; sp_layers' backward gets other inputs than its forward
+      {"sp_kept_input_dummy_gather",
+       replace(replace(replace(solution, "namespace lab06 {\n", "namespace lab06 {\nstatic std::vector<std::vector<float>> kept;\n"),
+                       "  linear_forward(all.data(), w, b, y, rows, in, out);\n",
+                       "  linear_forward(all.data(), w, b, y, rows, in, out);\n  kept.push_back(all);\n"),
+               "  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept",
+               "  g.all_gather(x, all.data(), rows / g.size() * in);\n  all = kept.back();\n  kept.pop_back();")},
       // the LayerNorms' gradients left at this rank's rows
       {"sp_no_norm_sum", replace(solution, "  g.all_reduce(grads, n);  // each rank's rows", "  (void)grads, (void)n;  // each rank's rows")},
       // a forged verdict from a global constructor
@@ -1354,6 +1362,8 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
   CHECK(rows["sp_all_reduce_rows"].points["sp_comm_volume"] == 0);
   CHECK(rows["sp_all_reduce_rows"].points["tp_equals_tp1"] == 2);
   CHECK(rows["sp_kept_input"].points["sp_layers"] == 0);
+  CHECK(rows["sp_kept_input_dummy_gather"].points["sp_layers"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "sp_kept_input_dummy_gather.txt"), Catch::Contains("gather the input again"));
   CHECK(rows["sp_kept_input"].points["sp_equals_tp"] == 2);
   CHECK(rows["sp_kept_input"].points["sp_comm_volume"] == 0);
   CHECK(rows["sp_no_norm_sum"].points["sp_layers"] == 0);

@@ -318,16 +318,18 @@ bool has(const Called& c, char op) {
 }
 
 // sp_layers, column-parallel: W's rows (outputs) split; x and dx this rank's token rows, y and dy every row.
+// The forward runs on F's inputs, the backward on W's: each call gets all it needs, and an input gathered
+// in a forward and kept for the backward (with a dummy all-gather to look right) computes dw from the wrong x.
 // "" or what went wrong (its hint in `hint`); sp_row and sp_norm below the same.
-std::string sp_column(CheckContext& ctx, Ranks& ranks, const Whole& W, int t, std::string& hint) {
+std::string sp_column(CheckContext& ctx, Ranks& ranks, const Whole& F, const Whole& W, int t, std::string& hint) {
   const int64_t mine = kSpRows / t, out = kOut / t;
   std::vector<std::vector<float>> fin, bin;
   std::vector<std::vector<std::pair<const char*, std::vector<double>>>> fw, bw;
   for (int r = 0; r < t; r++) {
     const auto x = rows_of(W.x, kIn, r * mine, mine), w = rows_of(W.w, kIn, r * out, out);
-    fin.push_back(concat({x, w, rows_of(W.b, 1, r * out, out)}));
+    fin.push_back(concat({rows_of(F.x, kIn, r * mine, mine), rows_of(F.w, kIn, r * out, out), rows_of(F.b, 1, r * out, out)}));
     bin.push_back(concat({x, w, cols(W.dy, kSpRows, kOut, r * out, out)}));
-    fw.push_back({{"y", cols(W.y, kSpRows, kOut, r * out, out)}});
+    fw.push_back({{"y", cols(F.y, kSpRows, kOut, r * out, out)}});
     bw.push_back({{"dx", rows_of(W.dx, kIn, r * mine, mine)}, {"dw", rows_of(W.dw, kIn, r * out, out)}, {"db", rows_of(W.db, 1, r * out, out)}});
   }
   std::string bad = sp_call(ctx, ranks, labproto::kTpSpColumnForward, "sp_column_forward", kIn, out, true, fin, fw, {{'G', mine * kIn}},
@@ -346,7 +348,8 @@ std::string sp_column(CheckContext& ctx, Ranks& ranks, const Whole& W, int t, st
                     return std::string("an all-reduce of dx leaves every rank every row, for twice a reduce-scatter's bytes: each rank keeps only its rows "
                                        "of the sum — reduce_scatter (g's backward)");
                   if (what && std::string(what) == "dw")
-                    return std::string("dw = dyᵀ·x needs every row of x: gather the input again (the forward's gathered copy is not kept)");
+                    return std::string("dw = dyᵀ·x needs every row of this call's x: gather the input again, and keep nothing between calls "
+                                       "(the forward's gathered copy is the memory sequence parallelism frees)");
                   if (!has(c, 'G'))
                     return std::string("the input was kept from the forward: keep nothing between calls — Megatron gathers it again in backward, so a "
                                        "rank stores only its rows of the stream between the layers");
@@ -417,9 +420,10 @@ std::string sp_norm(CheckContext& ctx, Ranks& ranks, int t, std::string& hint) {
 CheckResult sp_layers(CheckContext& ctx) {
   const char* kWhat = "every rank's outputs equal its part of the whole layer, with Megatron's sequence-parallel collectives";
   for (int t : {2, 4}) {
-    const Whole W(kSpRows, kIn, kOut, 4321u + uint32_t(t));
+    auto draw = ctx.rng({6, 41, t});  // the layers' inputs, drawn per grading
+    const Whole F(kSpRows, kIn, kOut, uint32_t(draw())), W(kSpRows, kIn, kOut, uint32_t(draw()));
     Ranks ranks(ctx, t);
-    std::string hint, bad = sp_column(ctx, ranks, W, t, hint);
+    std::string hint, bad = sp_column(ctx, ranks, F, W, t, hint);
     if (bad.empty()) bad = sp_row(ctx, ranks, W, t, hint);
     if (bad.empty()) bad = sp_norm(ctx, ranks, t, hint);
     if (!bad.empty()) return {false, kWhat, bad, "", hint};
