@@ -232,7 +232,10 @@ std::string why_modeled(const SharedResults& s) {
   return s.device == "cuda-sim" ? "cuda-sim has no GPU to time" : "cpu ranks share this machine's cores (--measure-speedup times them)";
 }
 
+std::optional<CheckResult> short_must_train(CheckContext& ctx);
+
 CheckResult speedup(CheckContext& ctx) {
+  if (auto bad = short_must_train(ctx)) return *bad;
   const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const auto& s = mine.summary;
   const double modeled = epoch_speedup("modeled_step_s", s.value("modeled_single_rank_s", 0.0), s);
@@ -358,8 +361,22 @@ CheckResult bucket_count(CheckContext& ctx) {
                                     "{:.1e} from the 1-rank curve", calls, want.largest, wide.count, worst)};
 }
 
+// The job whose modeled times the speed-up and the overlap read trains as the engine's bucketed DDP of the
+// same job: an overlap shown by a run that does not average its gradients counts for nothing.
+std::optional<CheckResult> short_must_train(CheckContext& ctx) {
+  const Job& ref = job(ctx, "short-2-engine", 2, false, kShort);
+  const Job& mine = job(ctx, "short-2", 2, true, kShort);
+  double worst = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++)
+    worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
+  if (worst < 1e-5) return std::nullopt;
+  return CheckResult{false, fmt::format("the {}-step job whose modeled time is read trains as the engine's bucketed DDP: its losses within 1e-5", ref.losses.size()),
+                     fmt::format("{:.1e} relative at worst", worst), "", "the buckets must carry every gradient, averaged, in this run too"};
+}
+
 CheckResult overlap(CheckContext& ctx) {
   if (auto bad = bucketed_must_train(ctx)) return *bad;
+  if (auto bad = short_must_train(ctx)) return *bad;
   const Job& naive = job(ctx, "short-2-engine-naive", 2, false, with(kShort, "parallel.ddp_mode=naive"));
   const Job& mine = job(ctx, "short-2", 2, true, kShort);
   const double n = naive.summary.value("modeled_exposed_comm_s", 0.0), b = mine.summary.value("modeled_exposed_comm_s", 1e9);
