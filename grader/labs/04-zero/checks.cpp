@@ -401,7 +401,8 @@ CheckResult memory(CheckContext& ctx, const std::string& zero) {
   for (int n : {2, 4}) {
     const Job& mine = job(ctx, fmt::format("{}-bf16-{}", zero, n), n, true, strategy(zero, kBf16), true);
     if (!mine.ok) return {false, fmt::format("{} on {} ranks: every rank ends with the same weights", zero, n), "the replicas diverged", ""};
-    // the measured run trains as the engine's of the same job (bf16: 1e-4; one AdamW step moves the loss ~1e-3):
+    // the measured run trains as the engine's of the same job (bf16: 1e-4; its first AdamW step moves the step-2
+    // loss from 5.561 to 5.436 on 2 ranks, 2.2e-2 relative, measured with optim.lr=0 beside it):
     // a ZeRO that holds the right buffers and steps nothing in them holds the right memory too
     const Job& ref = job(ctx, fmt::format("ref:{}-bf16-{}", zero, n), n, false, strategy(zero, kBf16));
     if (const std::string apart = losses_apart(ref, mine, 1e-4); !apart.empty())

@@ -46,28 +46,33 @@ struct TempDir {
 // The checkpoints of steps 10 and 20 then sit in a later epoch at a position that is not their step, and the
 // dropout stream has drawn k masks a step: no field of the state is the step itself, or a function of it
 // that a load_state could rebuild instead of reading back what save_state kept.
-std::vector<std::string> scenario(const CheckContext& ctx) {
+struct Scenario {
+  int64_t k = 0;        // micro-batches a step
+  int64_t samples = 0;  // training samples an epoch (2 ranks x 4 x per_epoch)
+  int64_t tokens = 0;   // data.synthetic_tokens that make exactly `samples` windows of 32 in the train split
+  std::vector<std::string> sets() const {
+    return {fmt::format("data.synthetic_tokens={}", tokens), fmt::format("train.accum_steps={}", k)};
+  }
+  // "3 micro-batches a step, 120 training samples an epoch" (for the reports)
+  std::string describe() const { return fmt::format("{} micro-batches a step, {} training samples an epoch", k, samples); }
+};
+
+Scenario scenario(const CheckContext& ctx) {
   auto gen = ctx.rng({7, 100});
   int64_t per_epoch = 12 + int64_t(gen() % 7);
-  const int64_t k = 2 + int64_t(gen() % 2);
-  while ((10 * k) % per_epoch == 0 || (20 * k) % per_epoch == 0) per_epoch++;  // the checkpoints mid-epoch: position > 0
-  const int64_t samples = 2 * 4 * per_epoch;  // every rank's epoch exactly per_epoch micro-batches of 4
+  Scenario sc;
+  sc.k = 2 + int64_t(gen() % 2);
+  while ((10 * sc.k) % per_epoch == 0 || (20 * sc.k) % per_epoch == 0) per_epoch++;  // the checkpoints mid-epoch: position > 0
+  sc.samples = 2 * 4 * per_epoch;  // every rank's epoch exactly per_epoch micro-batches of 4
   // the tokens' train split is all but the last tenth (at least 65 tokens): (train - 1) / 32 windows of seq_len 32
-  int64_t n = (samples * 32 + 1) * 10 / 9 - 40;
-  while ((n - std::max<int64_t>(n / 10, 65) - 1) / 32 < samples) n++;
-  return {fmt::format("data.synthetic_tokens={}", n), fmt::format("train.accum_steps={}", k)};
-}
-
-// "3 micro-batches a step, 120 samples an epoch" (for the reports)
-std::string describe_scenario(const CheckContext& ctx) {
-  const std::vector<std::string> s = scenario(ctx);
-  const int64_t tokens = std::stoll(s[0].substr(s[0].find('=') + 1));
-  return fmt::format("{} micro-batches a step, {} training samples an epoch", s[1].substr(s[1].find('=') + 1),
-                     (tokens - std::max<int64_t>(tokens / 10, 65) - 1) / 32);
+  int64_t n = (sc.samples * 32 + 1) * 10 / 9 - 40;
+  while ((n - std::max<int64_t>(n / 10, 65) - 1) / 32 < sc.samples) n++;
+  sc.tokens = n;
+  return sc;
 }
 
 std::vector<std::string> plus_scenario(const CheckContext& ctx, std::vector<std::string> sets) {
-  for (const std::string& s : scenario(ctx)) sets.push_back(s);
+  for (const std::string& s : scenario(ctx).sets()) sets.push_back(s);
   return sets;
 }
 
@@ -181,7 +186,7 @@ CheckResult resume_bitwise(CheckContext& ctx) {
             from < 0 ? "it started from step 0" : fmt::format("it resumed from step {}", from), mine.output,
             from < 0 ? "the restarted job found no complete checkpoint: save_state must leave state_file(rank) (and load_state accept it)"
                      : "every checkpoint is complete when every rank saved it: save_state at every save, load_state accepts what it wrote"};
-  return compare(ref, mine, fmt::format("{}, resumed from step {} ({})", what, expect, describe_scenario(ctx)));
+  return compare(ref, mine, fmt::format("{}, resumed from step {} ({})", what, expect, scenario(ctx).describe()));
 }
 
 CheckResult atomic_save(CheckContext& ctx) {
