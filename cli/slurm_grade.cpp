@@ -193,6 +193,7 @@ int run_slurm_grading_task(const grader::Paths& p, const grader::Lab& l, const G
   grader::SharedResults batch;
   batch.seed = m.seed;
   set_grading_device(batch, m.device);
+  batch.shared_machine = "a Slurm array task may share its node (and its GPUs) with other tasks";
   const grader::HintPolicy policy = *parse_choice<grader::HintPolicy>(m.hints);
   std::cout << sb.describe() << "\n";
   for (size_t i = size_t(task) * size_t(m.per_task); i < std::min(m.entries.size(), size_t(task + 1) * size_t(m.per_task)); i++) {

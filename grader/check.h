@@ -98,6 +98,9 @@ struct SharedResults {
   // each rank has a GPU of its own (cuda, 2 GPUs or more) and one grading runs at a time; --measure-speedup
   // asks for it anywhere (cpu ranks: a core's share each)
   bool measure_speedup = false;
+  // Why this grading's machine may be shared with other gradings it cannot see ("" when it is its own):
+  // a Slurm array task's node. Nothing is timed then.
+  std::string shared_machine;
 
   template <class T, class Make>
   const T& get(const std::string& key, Make&& make) {
@@ -105,7 +108,9 @@ struct SharedResults {
     return (batch_key ? *batch : *own).get<T>(key, std::forward<Make>(make));
   }
   // The next student's: the batch's results and seed, nothing of this student's own.
-  SharedResults next_student() const { return {batch, std::make_shared<ResultStore>(), seed, load, jobs, device, gpus, measure_speedup}; }
+  SharedResults next_student() const {
+    return {batch, std::make_shared<ResultStore>(), seed, load, jobs, device, gpus, measure_speedup, shared_machine};
+  }
   static uint64_t draw_seed();
 };
 

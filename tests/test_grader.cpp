@@ -767,12 +767,12 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
   CHECK_THAT(o13, Catch::Contains("this stage runs the lab's train_step_1f1b"));
 }
 
-// Lab 02's speed-up, measured: an epoch on 2 ranks against 1, the engine's own DDP timed beside the student's
-// in the same grading. On 2 GPUs or more it is the default; here (--measure-speedup) cpu ranks are timed,
+// Lab 02's speed-up, measured: an epoch on 2 ranks against 1, the reference solution's DDP timed beside the
+// student's in the same grading. On 2 GPUs or more it is the default; here (--measure-speedup) cpu ranks are timed,
 // whose figures a loaded 2-core machine moves too much to grade a correct DDP on, so only its printing is
 // asserted for the solution. A DDP that loses 200 ms a step (a sleep: the cost model never sees it, the
 // clock does) is under half the engine's speed-up on any machine.
-TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and the engine's beside, the modeled figure shown, a slow DDP failed", "[grader][lab02]") {
+TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and the reference's beside, the modeled figure shown, a slow DDP failed", "[grader][lab02]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
   const fs::path dir = fs::temp_directory_path() / ("distlab-speedup02-" + std::to_string(getpid()));
@@ -782,10 +782,20 @@ TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and
   std::ofstream(dir / "solution" / "ddp.cpp") << solution;
   std::ofstream(dir / "slow" / "ddp.cpp") << "#include <unistd.h>\n" + replace(solution, "    if (!sync_) return;  // the local sums stay as backward left them\n",
                                                                              "    if (!sync_) return;  // the local sums stay as backward left them\n    usleep(200000);\n");
+  // a DDP that stops communicating (and zeroes its gradients, so the replicas stay equal) past the 12th
+  // backward of a run: only the timed run is that long, and it would look twice as fast
+  fs::create_directories(dir / "quiet_when_timed");
+  std::ofstream(dir / "quiet_when_timed" / "ddp.cpp")
+      << replace(replace(replace(replace(solution, "    sync_ = sync;  // no_sync: nothing leaves this rank until the last micro-step\n",
+                                         "    sync_ = sync;\n    static int steps = 0;\n    quiet_ = ++steps > 12;\n"),
+                                 "    if (!sync_) return;\n    for (int i : ready)", "    if (!sync_ || quiet_) return;\n    for (int i : ready)"),
+                         "    if (!sync_) return;  // the local sums stay as backward left them\n",
+                         "    if (!sync_) return;\n    if (quiet_) {\n      for (auto& g : grads_) std::memset(g.data, 0, size_t(g.numel) * 4);\n      return;\n    }\n"),
+                 "  bool sync_ = true;\n", "  bool sync_ = true, quiet_ = false;\n");
   {
     auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --measure-speedup --require-sandbox --seed 5");
     INFO(out);
-    CHECK_THAT(out, Catch::Contains("an epoch measured on cpu ranks: ") && Catch::Contains("(the engine's DDP: ") &&
+    CHECK_THAT(out, Catch::Contains("an epoch measured on cpu ranks: ") && Catch::Contains("(the reference's DDP: ") &&
                         Catch::Contains("an epoch modeled on two T4s: 1.8"));
     (void)code;
   }
@@ -794,7 +804,14 @@ TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and
     INFO(out);
     CHECK(code != 0);
     CHECK_THAT(out, Catch::Contains("modeled_speedup_t4                      0") && Catch::Contains("an epoch measured on cpu ranks: ") &&
-                        Catch::Contains("your step is slower than the engine's"));
+                        Catch::Contains("your step is slower than the reference's"));
+  }
+  {
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "quiet_when_timed").string() + " --measure-speedup --require-sandbox --seed 5 --hints always");
+    INFO(out);
+    CHECK(code != 0);
+    CHECK_THAT(out, Catch::Contains("modeled_speedup_t4                      0") && Catch::Contains("the timed run trains as the reference's DDP"));
+    CHECK_THAT(out, Catch::Contains("curve_matches_one_rank                  3"));
   }
   {  // without the flag, cpu ranks are modeled, and the reason is printed
     auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --require-sandbox --seed 5");
@@ -962,6 +979,10 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
       // written each step, but never read back): right in fp32, where the two are the same numbers
       {"no_master_weights", replace(solution, "    if (h.t == 1) {  // the master starts from the weights as they are (the padding stays 0)\n",
                                     "    if (true) {  // the step starts from the bf16 weights every time\n")},
+      // ZeRO-2 whose reductions all stay in flight until backward ends (waited for in zero2_finish): right numbers,
+      // whole gradients released at once, but every unit's padded gradient held by its collective in the trainer
+      {"zero2_waits_at_end", replace(solution, "  if (!in_flight.empty() && step.unit(in_flight.front().flat) != step.unit(flat))\n"
+                                               "    finish_all(step);  // the previous unit's, which ran during this unit's backward\n", "")},
       // a forged verdict from a global constructor
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/04-zero/student/zero.cpp") +
                           "\nstatic int forged = [] { std::puts(\"13/13 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
@@ -1100,6 +1121,9 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
   CHECK(rows["zero2_reduces_only_last_step"].points["zero2_overlaps"] == 0);
   CHECK(rows["zero2_reduces_only_last_step"].points["zero1_equals_ddp"] == 3);
   CHECK(rows["zero2_blocking"].points["zero2_equals_ddp"] == 2);
+  CHECK(rows["zero2_waits_at_end"].points["zero2_equals_ddp"] == 2);
+  CHECK(rows["zero2_waits_at_end"].points["zero2_memory"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "zero2_waits_at_end.txt"), Catch::Contains("in flight"));
   CHECK_THAT(read(subs.parent_path() / "feedback" / "zero2_blocking.txt"), Catch::Contains("exposed"));
   CHECK(rows["skeleton"].total == 0);
   CHECK(rows["forged_exit"].total == 0);

@@ -293,8 +293,8 @@ CheckResult traffic(CheckContext& ctx, const std::vector<labproto::Fn>& fns) {
         return {false, fmt::format("a correct {} (traffic counts only then)", fn_name(fn)), bad, ""};
       if (const std::string who = not_a_ring(run, world); !who.empty())
         return {false, fmt::format("{} on {} ranks as a ring: every rank sends only to its neighbours r + 1 and r - 1", fn_name(fn), world),
-                who, "", "a rank that sends to every other moves the ring's bytes over N - 1 links at once: the ring's point is one link a "
-                         "rank, each chunk passed on to the next rank"};
+                who, "", "a rank that sends to every other moves the ring's bytes over N - 1 links at once: the ring's point is that a "
+                         "rank talks to its neighbours only, each chunk passed on to the next rank"};
       const double S = double(fn == labproto::kRingAllReduce ? n : n * world) * 4;
       const double phases = fn == labproto::kRingAllReduce ? 2 : 1;
       const double optimal = phases * (world - 1) / world * S, slack = phases * (world - 1) * 4.0;  // chunks differ by one float
@@ -329,7 +329,7 @@ CheckResult modeled_time(CheckContext& ctx) {
   RingRun run = ring.run(labproto::kRingAllReduce, n, in);
   if (auto bad = first_difference(run, in, labproto::kRingAllReduce, world, n); !bad.empty())
     return {false, "a correct all_reduce (its time counts only then)", bad, ""};
-  if (const std::string who = not_a_ring(run, world); !who.empty())  // the model charges a rank's one link: a ring's
+  if (const std::string who = not_a_ring(run, world); !who.empty())  // the model charges a rank's links to its neighbours: a ring's
     return {false, "all_reduce on 4 ranks as a ring (the model below is a ring's: a rank's links to its two neighbours)", who, ""};
   double ours = 0;
   for (const auto& t : run.traffic) {

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <random>
 
@@ -479,6 +480,10 @@ double norm_of(const std::vector<float>& v) {
 EngineRun engine_run(const std::string& device, const Model& m, const std::vector<std::vector<float>>& xs,
                      const std::vector<std::vector<int32_t>>& ys) {
   const bool gpu = device == "cuda" || device == "cuda-sim";
+  // gradings side by side (--jobs) run their checks in threads of one process: one of them on the device at a time
+  static std::mutex one_at_a_time;
+  std::unique_lock<std::mutex> hold(one_at_a_time, std::defer_lock);
+  if (gpu) hold.lock();
   Runtime host;  // the drawn values' way in and out
   Runtime rt(gpu ? DeviceKind::cuda : DeviceKind::cpu);
   const std::unique_ptr<AttachedDevice> attached = gpu ? attach_device(rt, device, 0) : nullptr;  // outlives rt's tensors
