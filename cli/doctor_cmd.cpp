@@ -50,7 +50,8 @@ std::vector<std::pair<std::string, std::string>> lab_plans(int gpus) {
                                        : fmt::format("cuda: a GPU per rank (shared past {} ranks), collectives over Gloo through host buffers "
                                                      "(the lab's API hands the student's collectives host memory)", gpus);
   return {{"01-collectives", "the plugin's rings over host buffers, whatever the device"},
-          {"02-ddp-cifar", jobs + "; its speed-up check models two T4s (the cost model), whatever the GPUs here"},
+          {"02-ddp-cifar", jobs + (gpus >= 2 ? "; its speed-up measured on 2 GPUs against 1 (the reference solution timed beside), the modeled two T4s shown too"
+                                             : "; its speed-up check models two T4s (the cost model): measured only with 2 GPUs or more, or --measure-speedup")},
           {"03-amp-accum", jobs},
           {"04-zero", jobs},
           {"05-fsdp-1b", jobs + "; the 1B GPT planned on the meta device (its memory, not the GPU's)"},
@@ -58,7 +59,8 @@ std::vector<std::pair<std::string, std::string>> lab_plans(int gpus) {
           {"07-checkpoint", jobs},
           {"08-clinic", "each case on its lab's device; the OOM story on the meta device"},
           {"09-configs-plan", "the meta device: planned, nothing allocated"},
-          {"10-lora-qlora", "the plugin's layers on the CPU, the engine's QLoRA beside them; Llama 3 8B planned on the meta device"}};
+          {"10-lora-qlora", std::string("the plugin's layers on the CPU, the engine's QLoRA beside them on ") + (gpus > 0 ? "the GPU" : "the CPU") +
+                                "; Llama 3 8B planned on the meta device"}};
 }
 
 }  // namespace
