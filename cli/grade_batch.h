@@ -28,6 +28,7 @@ struct GradeArgs {
   int jobs = 1;  // --submissions: how many students are graded at once
   std::string device = "auto";  // --device: where the training jobs run (auto: cuda when a GPU is here, else cpu)
   bool measure_speedup = false;  // --measure-speedup: lab 02's speed-up measured here, on any device
+  std::vector<std::string> only;  // --check NAME (repeatable): only these checks, the grade not recorded
   // --slurm: the class as a Slurm array job (cli/slurm_grade.h)
   bool slurm = false, wait = false;
   std::string results;                  // the grading's folder (manifest, script, rows, feedback, logs)

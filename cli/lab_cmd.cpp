@@ -260,6 +260,10 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
                     "where the training jobs run: auto (cuda when a GPU is here, else cpu), cpu, cuda (a GPU per rank) or cuda-sim "
                     "(the GPU's code path on the CPU)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}));
+  grade->add_option("--check", a->only,
+                    "run only this check (repeatable): quicker while you work on one; the grade is not recorded (distlab lab list keeps "
+                    "your last whole grading)")
+      ->allow_extra_args(false);
   grade->add_flag("--measure-speedup", a->measure_speedup,
                   "lab 02: measure the speed-up of 2 ranks over 1 on this machine, beside the modeled T4s (the default on 2 GPUs "
                   "or more, one grading at a time; on cpu ranks, each rank gets its share of the cores)");
@@ -310,6 +314,12 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       std::cerr << "distlab: error: --jobs grades several students' folders at once: give --submissions DIR\n";
       exit_code = 2;
       return;
+    }
+    if (!a->only.empty()) {  // one student's quick look at some checks: a class's gradebook holds whole gradings
+      if (!a->submissions.empty() || a->slurm || !a->slurm_task.empty() || grade->count("--gradescope") || !a->gradescope_bundle.empty())
+        throw ConfigError("--check grades one copy's checks (yours, --src DIR or --solution)",
+                          "a class's gradings (--submissions, --slurm, --gradescope) run every check");
+      l = grader::with_only_checks(l, a->only);
     }
     if (!a->html.empty()) check_output_path(a->html, "--html");  // before grading, not after
     SandboxSupport sb = probe_sandbox();
@@ -375,7 +385,8 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       write_atomically(a->html, grader::to_html(g, runs));
       std::cout << "wrote " << a->html << "\n";
     }
-    if (!a->solution && g.built) record_grade(p, l, g, a->src);
+    if (!a->solution && g.built && !l.partial) record_grade(p, l, g, a->src);
+    if (l.partial) std::cout << fmt::format("(--check: {} of the lab's checks; not recorded as a grade)\n", l.checks.size());
     exit_code = !g.built ? 2 : g.points() == l.max_points() ? 0 : 1;
   });
 }

@@ -137,4 +137,16 @@ Lab find_lab(const std::string& source_dir, const std::string& key) {
   throw ConfigError(fmt::format("no lab '{}'", key), "the labs: " + names + " (distlab lab list)");
 }
 
+Lab with_only_checks(const Lab& lab, const std::vector<std::string>& names) {
+  std::string all;
+  for (const CheckSpec& c : lab.checks) all += (all.empty() ? "" : ", ") + c.name;
+  for (const std::string& n : names)
+    if (std::none_of(lab.checks.begin(), lab.checks.end(), [&](const CheckSpec& c) { return c.name == n; }))
+      throw ConfigError(fmt::format("--check {}: lab {} has no such check", n, lab.name), "its checks: " + all);
+  Lab only = lab;
+  only.partial = true;
+  std::erase_if(only.checks, [&](const CheckSpec& c) { return std::find(names.begin(), names.end(), c.name) == names.end(); });
+  return only;
+}
+
 }  // namespace distlab::grader

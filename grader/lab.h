@@ -39,6 +39,9 @@ struct Lab {
   bool clinic = false;   // [lab] kind = "clinic": each file is a case of another lab (answers-like bundle, cases built by the checks)
   bool trains = false;  // lab.toml is a training config (it has [model]): the HTML report runs it
   int ranks = 2;        // [lab] ranks: how many ranks its config runs on (the README's distlab run -n)
+  // `distlab grade NN --check NAME`: only some of lab.toml's checks (`checks` holds those), so nothing is
+  // recorded or kept that a whole grading would read (the grade, the reference's times)
+  bool partial = false;
   int max_points() const;
 };
 
@@ -48,5 +51,8 @@ std::vector<Lab> all_labs(const std::string& source_dir);
 // cases' fixes) and, for each code case, solutions/<its lab>/<file>.
 std::string solution_folder(const std::string& source_dir, const std::string& build_dir, const Lab& lab);
 Lab find_lab(const std::string& source_dir, const std::string& id_or_name);  // ConfigError listing the labs
+// The lab with only the named checks, in lab.toml's order (partial); a name it does not have is a
+// ConfigError listing its checks.
+Lab with_only_checks(const Lab& lab, const std::vector<std::string>& names);
 
 }  // namespace distlab::grader

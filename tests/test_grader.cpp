@@ -647,6 +647,39 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the l
   fs::remove_all(dir);
 }
 
+// `distlab grade NN --check NAME`: a student working on one check runs it alone. Only the named checks run
+// and count; nothing is recorded as a grade and the engine's answer stays for the whole lab's full marks; a
+// name the lab has not is refused with the lab's checks; a class's grading runs every check.
+TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's answer, unknown names and class gradings refused", "[grader][lab01]") {
+  const std::string name = "distlab-check-" + std::to_string(getpid());
+  const fs::path dir = fs::temp_directory_path() / name;
+  fs::create_directories(dir);
+  std::ofstream(dir / "ring.cpp") << read(fs::path(DISTLAB_SOURCE_DIR) / "solutions/01-collectives/ring.cpp");
+  auto recorded = [&] {  // this copy's grade record (build/labs/01-collectives/src/<key>-<name>/)
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::path(DISTLAB_SOURCE_DIR) / "build/labs/01-collectives/src", ec))
+      if (e.path().filename().string().ends_with(name) && fs::exists(e.path() / "last_grade.json")) return true;
+    return false;
+  };
+  auto [code, out] = run("grade 01 --src " + dir.string() + " --check all_reduce_modeled_time --check partition_typo");
+  CHECK(code != 0);
+  CHECK_THAT(out, Catch::Contains("--check partition_typo") && Catch::Contains("all_reduce_bandwidth_optimal"));
+  auto [code1, out1] = run("grade 01 --src " + dir.string() + " --check all_reduce_modeled_time --check all_gather_equals_builtin");
+  INFO(out1);
+  CHECK(code1 == 0);
+  CHECK_THAT(out1, Catch::Contains("total                                   3    3") && Catch::Contains("2 of the lab's checks; not recorded"));
+  CHECK_THAT(out1, !Catch::Contains("reduce_scatter_equals_builtin") && !Catch::Contains("Full marks"));
+  CHECK_FALSE(recorded());
+  auto [code2, out2] = run("grade 01 --src " + dir.string());
+  CHECK(code2 == 0);
+  CHECK_THAT(out2, Catch::Contains("Full marks"));
+  CHECK(recorded());
+  auto [code3, out3] = run("grade 01 --submissions " + dir.string() + " --check partition");
+  CHECK(code3 != 0);
+  CHECK_THAT(out3, Catch::Contains("--check grades one copy's checks"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submissions", "[grader][lab02]") {
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
