@@ -316,10 +316,16 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       return;
     }
     if (!a->only.empty()) {  // one student's quick look at some checks: a class's gradebook holds whole gradings
-      if (!a->submissions.empty() || a->slurm || !a->slurm_task.empty() || grade->count("--gradescope") || !a->gradescope_bundle.empty())
-        throw ConfigError("--check grades one copy's checks (yours, --src DIR or --solution)",
-                          "a class's gradings (--submissions, --slurm, --gradescope) run every check");
-      l = grader::with_only_checks(l, a->only);
+      try {
+        if (!a->submissions.empty() || a->slurm || !a->slurm_task.empty() || grade->count("--gradescope") || !a->gradescope_bundle.empty())
+          throw ConfigError("--check grades one copy's checks (yours, --src DIR or --solution)",
+                            "a class's gradings (--submissions, --slurm, --gradescope) run every check");
+        l = grader::with_only_checks(l, a->only);
+      } catch (const Error& e) {  // a usage error: exit 2, as for an unknown lab
+        std::cerr << "distlab: error: " << e.full() << "\n";
+        exit_code = 2;
+        return;
+      }
     }
     if (!a->html.empty()) check_output_path(a->html, "--html");  // before grading, not after
     SandboxSupport sb = probe_sandbox();

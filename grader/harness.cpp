@@ -438,6 +438,7 @@ const ReferenceTimes& reference_times(const Paths& p, const Lab& lab, const Sand
       b = build_plugin(p, lab, src.string(), so.string(), sb);
     }
     if (!b.ok || !probe_plugin(p, lab, b.plugin, sb).empty()) return times;
+    shared.get<std::string>("reference:plugin", [&] { return b.plugin; });  // built and loaded now: lab 02's measured baseline runs it
     // Measured before, with the same engine, plugin, lab.toml and machine: the times are reused, and a
     // single grading runs the student's checks only (lab 02: half the time).
     const fs::path cache = fs::path(p.build_dir) / "labs" / lab.name / "reference-times.json";

@@ -89,6 +89,7 @@ nlohmann::json to_json(const Grade& g) {
                       {"points", g.points()}, {"max_points", g.lab.max_points()}, {"seed", std::to_string(g.seed)}, {"device", g.device}, {"checks", checks},
                       {"hints_shown", shown}};
   if (full_marks(g)) j["engine"] = g.lab.engine;
+  if (g.lab.partial) j["partial"] = true;  // --check: max_points is the checks that ran, not the lab's
   return j;
 }
 

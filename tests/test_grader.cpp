@@ -662,11 +662,13 @@ TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's 
     return false;
   };
   auto [code, out] = run("grade 01 --src " + dir.string() + " --check all_reduce_modeled_time --check partition_typo");
-  CHECK(code != 0);
+  CHECK(code == 2);  // a usage error
   CHECK_THAT(out, Catch::Contains("--check partition_typo") && Catch::Contains("all_reduce_bandwidth_optimal"));
-  auto [code1, out1] = run("grade 01 --src " + dir.string() + " --check all_reduce_modeled_time --check all_gather_equals_builtin");
+  auto [code1, out1] = run("grade 01 --src " + dir.string() + " --check all_reduce_modeled_time --check all_gather_equals_builtin --json " +
+                           (dir / "g.json").string());
   INFO(out1);
   CHECK(code1 == 0);
+  CHECK_THAT(read(dir / "g.json"), Catch::Contains("\"partial\": true") && Catch::Contains("\"max_points\": 3") && !Catch::Contains("\"engine\""));
   CHECK_THAT(out1, Catch::Contains("total                                   3    3") && Catch::Contains("2 of the lab's checks; not recorded"));
   CHECK_THAT(out1, !Catch::Contains("reduce_scatter_equals_builtin") && !Catch::Contains("Full marks"));
   CHECK_FALSE(recorded());
@@ -675,7 +677,7 @@ TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's 
   CHECK_THAT(out2, Catch::Contains("Full marks"));
   CHECK(recorded());
   auto [code3, out3] = run("grade 01 --submissions " + dir.string() + " --check partition");
-  CHECK(code3 != 0);
+  CHECK(code3 == 2);
   CHECK_THAT(out3, Catch::Contains("--check grades one copy's checks"));
   fs::remove_all(dir);
 }

@@ -222,17 +222,17 @@ const std::vector<std::string> kMeasured = {"train.steps=30", "train.log_every=1
 constexpr double kMeasuredPass = 1.6;   // the course's ~1.8x on two T4s over PCIe, less a PCIe-class link's margin
 constexpr double kOfBaseline = 0.9;     // ... or this share of the reference's speed-up measured on the same devices
 
-std::string baseline_plugin(const CheckContext& ctx) {
-  const fs::path so = fs::path(ctx.paths.build_dir) / "labs" / ctx.lab.name / "reference.so";
-  std::error_code ec;
-  return fs::exists(so, ec) ? so.string() : "none";
+// the reference solution this batch built and loaded (grader/harness.cpp, reference_times), or "none"
+std::string baseline_plugin(CheckContext& ctx) {
+  return ctx.shared.get<std::string>("reference:plugin", [] { return std::string("none"); });
 }
+std::string baseline_name(CheckContext& ctx) { return baseline_plugin(ctx) == "none" ? "the engine's DDP" : "the reference's DDP"; }
 
 const Job& measured_baseline(CheckContext& ctx, int ranks) {
   return ctx.shared.get<Job>(fmt::format("measured-baseline-{}:{}", ranks, ctx.plugin), [&] {
     Job j = run_job(ctx, ranks, baseline_plugin(ctx), kMeasured, ctx.seconds_left());
     if (!j.ok)
-      throw CheckAbort(j.status.empty() ? "error" : j.status, fmt::format("the reference's measured run on {} rank(s): {}", ranks, j.failure));
+      throw CheckAbort(j.status.empty() ? "error" : j.status, fmt::format("{}'s measured run on {} rank(s): {}", baseline_name(ctx), ranks, j.failure));
     return j;
   });
 }
@@ -261,23 +261,23 @@ CheckResult measured_speedup(CheckContext& ctx, double modeled) {
     worst = std::max(worst, std::abs(two.losses[i] - yours.losses[i]) / std::abs(two.losses[i]));
   const double want_bytes = two.first_step.value("comm_bytes_sent", 0.0), got_bytes = yours.first_step.value("comm_bytes_sent", 0.0);
   if (!(worst < 1e-5) || !(std::abs(got_bytes - want_bytes) <= 0.01 * want_bytes))
-    return {false, "the timed run trains as the reference's DDP: every loss within 1e-5 and the same bytes a step",
+    return {false, fmt::format("the timed run trains as {}: every loss within 1e-5 and the same bytes a step", baseline_name(ctx)),
             fmt::format("{:.1e} relative at worst over {} steps; {:.0f} bytes a step against {:.0f}", worst, yours.losses.size(), got_bytes, want_bytes),
             "", "a run is timed only for what it does: every step's gradients averaged, with every bucket's all-reduce"};
   const double step1 = one.summary.value("measured_step_s", 0.0);
   const double base = epoch_speedup("measured_step_s", step1, two.summary), got = epoch_speedup("measured_step_s", step1, yours.summary);
   if (!(step1 > 0) || !(base > 0))
-    throw CheckAbort("error", fmt::format("the reference's measured runs have no steady steps to time (one rank {:.3g} s a step, a speed-up of {:.3g})",
-                                          step1, base));
+    throw CheckAbort("error", fmt::format("{}'s measured runs have no steady steps to time (one rank {:.3g} s a step, a speed-up of {:.3g})",
+                                          baseline_name(ctx), step1, base));
   const std::string where = ctx.shared.device == "cuda" ? (ctx.shared.gpus >= 2 ? std::string("2 GPUs") : std::string("one GPU that both ranks share"))
                                                         : ctx.shared.device + " ranks";
   const std::string numbers =
-      fmt::format("an epoch measured on {}: {:.2f}x over one (the reference's DDP: {:.2f}x; one rank {:.2f} ms a step, yours on two {:.2f} ms); "
+      fmt::format("an epoch measured on {}: {:.2f}x over one ({}: {:.2f}x; one rank {:.2f} ms a step, yours on two {:.2f} ms); "
                   "an epoch modeled on two T4s: {:.2f}x",
-                  where, got, base, 1e3 * step1, 1e3 * yours.summary.value("measured_step_s", 0.0), modeled);
+                  where, got, baseline_name(ctx), base, 1e3 * step1, 1e3 * yours.summary.value("measured_step_s", 0.0), modeled);
   if (got >= kMeasuredPass || got >= kOfBaseline * base) return {true, "", "", numbers};
-  return {false, fmt::format("an epoch measured >= {}x faster on 2 than on 1, or within {:.0f} % of the reference's DDP on the same devices",
-                             kMeasuredPass, 100 * (1 - kOfBaseline)),
+  return {false, fmt::format("an epoch measured >= {}x faster on 2 than on 1, or within {:.0f} % of {} on the same devices", kMeasuredPass,
+                             100 * (1 - kOfBaseline), baseline_name(ctx)),
           numbers, "", "your step is slower than the reference's: send fewer, larger messages (buckets) and start them during backward"};
 }
 

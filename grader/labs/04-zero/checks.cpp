@@ -438,21 +438,24 @@ CheckResult memory(CheckContext& ctx, const std::string& zero) {
                 "memory your plugin keeps in its own vectors counts as this rank's: optimizer state, master weights or whole gradients held "
                 "there are what ZeRO shards. Keep the state in step.state buffers, for your part only, and let go of each flat's whole "
                 "gradient once its part is kept"};
-      // the collectives' buffers the trainer holds for this rank (a reduction's padded input and its part,
-      // from its start to its wait): a design with one unit in flight at a time (the root's, or a block's)
-      // holds at most that unit's, 4 bytes x (1 + 1/N) of its elements. Reductions left in flight until
-      // backward ends hold the whole gradient there, uncounted by the model state above: ZeRO-2's point lost
-      const double comm = pm.value("comm_buffers", 0.0);
-      const double comm_allowed =
-          4.0 * (1.0 + 1.0 / n) * (rep.value("unit0_elements", 0.0) + rep.value("largest_unit_elements", 0.0)) + kSlackBytes;
-      detail += fmt::format("; collective buffers in flight at their peak {:.0f} bytes (one unit's at a time: at most {:.0f})", comm, comm_allowed);
-      if (comm > comm_allowed)
-        return {false,
-                fmt::format("{} on {} ranks: the collectives in flight hold at most one unit's gradient at a time, {:.0f} bytes (rank {})", zero, n,
-                            comm_allowed, r),
-                fmt::format("{:.0f} bytes ({:.1f}x)", comm, comm / comm_allowed), detail,
-                "a reduction in flight holds its whole padded gradient in the trainer until you wait for it: wait for a unit's reductions "
-                "while the next unit computes, not all at the end of backward (then every gradient is whole at once, as in DDP)"};
+      // ZeRO-2: the collectives' buffers the trainer holds for this rank (a reduction's padded input and its
+      // part, from its start to its wait). A design that waits for a unit's reductions while the next unit
+      // computes holds at most two units' (this one's, starting, and the previous one's, finishing): 4 bytes
+      // x (1 + 1/N) of their elements. Reductions left in flight until backward ends hold the whole gradient
+      // there, uncounted by the model state above: ZeRO-2's point lost. (ZeRO-1 keeps whole gradients anyway.)
+      if (zero == "zero2") {
+        const double unit0 = rep.value("unit0_elements", 0.0), largest = rep.value("largest_unit_elements", 0.0);
+        const double comm = pm.value("comm_buffers", 0.0), comm_allowed = 4.0 * (1.0 + 1.0 / n) * (largest + std::max(largest, unit0)) + kSlackBytes;
+        detail += fmt::format("; collective buffers in flight at their peak {:.0f} bytes (two units' at a time: at most {:.0f})", comm, comm_allowed);
+        if (comm > comm_allowed)
+          return {false,
+                  fmt::format("{} on {} ranks: the reductions in flight hold at most two units' gradients at a time (this unit's and the "
+                              "previous one's), {:.0f} bytes (rank {})",
+                              zero, n, comm_allowed, r),
+                  fmt::format("{:.0f} bytes ({:.1f}x)", comm, comm / comm_allowed), detail,
+                  "a reduction in flight holds its whole padded gradient in the trainer until you wait for it: wait for a unit's reductions "
+                  "while the next unit computes, not all at the end of backward (then every gradient is whole at once, as in DDP)"};
+      }
       if (std::abs(measured / expected - 1) <= 0.05) continue;
       CheckResult bad{false, fmt::format("{} on {} ranks (Ψ = {:.0f} parameters): model state {} = {:.0f} bytes within 5 % on every rank (rank {})",
                                          zero, n, psi, formula, expected, r),
