@@ -42,7 +42,7 @@ std::vector<int64_t> sizes_for(CheckContext& ctx, labproto::Fn fn, int world) {
 }
 
 struct Traffic {
-  int64_t bytes_sent = 0, bytes_received = 0, messages = 0;
+  int64_t bytes_sent = 0, bytes_received = 0;
   std::map<int, int64_t> messages_to;  // per destination rank
 };
 
@@ -144,7 +144,6 @@ class Ring {
                                                   during, (2 * whole_buffer_bytes(world_, n) + (1 << 20)) >> 20));
           res.traffic[size_t(r)].bytes_sent += int64_t(payload.size());
           res.sent_to[size_t(r)].insert(dst);
-          res.traffic[size_t(r)].messages++;
           res.traffic[size_t(r)].messages_to[dst]++;
           queue[size_t(r)][size_t(dst)].push_back(std::move(payload));
           if (waits_for[size_t(dst)] == r) deliver(r, dst);

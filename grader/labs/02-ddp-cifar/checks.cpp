@@ -136,13 +136,31 @@ std::vector<std::string> plus(std::vector<std::string> a, std::initializer_list<
 const Job& curve_job(CheckContext& ctx, const std::string& mode) {
   return job(ctx, "curve-2-" + mode, 2, true, with(kCurve, "parallel.ddp_mode=" + mode), true);
 }
+// The largest relative difference between two runs' losses, step by step; infinite when they ran a
+// different number of steps or a loss is not a number.
+double worst_rel(const Job& ref, const Job& mine) {
+  double worst = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
+    const double d = std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return worst;
+}
+
 bool follows_one_rank(CheckContext& ctx, const std::string& mode) {
-  const Job& ref = job(ctx, "curve-1", 1, false, kCurve);
   const Job& mine = curve_job(ctx, mode);
-  if (mine.diverged || mine.losses.size() != ref.losses.size()) return false;
-  for (size_t i = 0; i < ref.losses.size(); i++)
-    if (!(std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]) < 1e-5)) return false;
-  return true;
+  return !mine.diverged && worst_rel(job(ctx, "curve-1", 1, false, kCurve), mine) < 1e-5;
+}
+
+// The 3-step job whose modeled times the speed-up and the overlap read (and whose epoch the modeled speed-up
+// counts) trains as the engine's bucketed DDP of the same job: an overlap shown by a run that does not
+// average its gradients counts for nothing.
+std::optional<CheckResult> short_must_train(CheckContext& ctx) {
+  const Job& ref = job(ctx, "short-2-engine", 2, false, kShort);
+  const double worst = worst_rel(ref, job(ctx, "short-2", 2, true, kShort));
+  if (worst < 1e-5) return std::nullopt;
+  return CheckResult{false, fmt::format("the {}-step job the speed-up and the overlap read trains as the engine's bucketed DDP: its losses within 1e-5", ref.losses.size()),
+                     fmt::format("{:.1e} relative at worst", worst), "", "the buckets must carry every gradient, averaged, in this run too"};
 }
 
 // Both DDPs of the student (naive and bucketed) on 2 ranks, and the naive one on 4 (where an average
@@ -247,8 +265,6 @@ std::string why_modeled(const SharedResults& s) {
   return s.device == "cuda-sim" ? "cuda-sim has no GPU to time" : "cpu ranks share this machine's cores (--measure-speedup times them)";
 }
 
-std::optional<CheckResult> short_must_train(CheckContext& ctx);
-
 // The measured speed-up: the reference's 1-rank run, the student's 2 ranks, the reference's 2 ranks, in
 // that order. The student's timed run must train as the reference's (its losses and its bytes), or a DDP
 // that stops communicating once it is timed would look fast.
@@ -256,9 +272,7 @@ CheckResult measured_speedup(CheckContext& ctx, double modeled) {
   const Job& one = measured_baseline(ctx, 1);
   const Job& yours = job(ctx, "measured-2", 2, true, kMeasured);
   const Job& two = measured_baseline(ctx, 2);
-  double worst = yours.losses.size() == two.losses.size() ? 0 : INFINITY;
-  for (size_t i = 0; i < std::min(two.losses.size(), yours.losses.size()); i++)
-    worst = std::max(worst, std::abs(two.losses[i] - yours.losses[i]) / std::abs(two.losses[i]));
+  const double worst = worst_rel(two, yours);
   const double want_bytes = two.first_step.value("comm_bytes_sent", 0.0), got_bytes = yours.first_step.value("comm_bytes_sent", 0.0);
   if (!(worst < 1e-5) || !(std::abs(got_bytes - want_bytes) <= 0.01 * want_bytes))
     return {false, fmt::format("the timed run trains as {}: every loss within 1e-5 and the same bytes a step", baseline_name(ctx)),
@@ -372,9 +386,7 @@ CheckResult bucket_count(CheckContext& ctx) {
             "a gradient the trainer has not reported ready holds NaN", early};
   }
   const Job& spanning = *got;
-  double worst = spanning.losses.size() == ref.losses.size() ? 0 : INFINITY;
-  for (size_t i = 0; i < std::min(ref.losses.size(), spanning.losses.size()); i++)
-    worst = std::max(worst, std::isnan(spanning.losses[i]) ? INFINITY : std::abs(ref.losses[i] - spanning.losses[i]) / std::abs(ref.losses[i]));
+  const double worst = worst_rel(ref, spanning);
   const int64_t wide_calls = spanning.first_step.value("comm_calls", int64_t(-1));
   if (!(worst < 1e-5) || wide_calls != wide.count)
     return {false, wide_what,
@@ -383,20 +395,6 @@ CheckResult bucket_count(CheckContext& ctx) {
             "", early};
   return {true, "", "", fmt::format("{} all_reduces per step, the largest {} bytes (bucket_mb 0.05); bucket_mb 0.2: {} buckets across layers, "
                                     "{:.1e} from the 1-rank curve", calls, want.largest, wide.count, worst)};
-}
-
-// The 3-step job whose modeled times the speed-up and the overlap read (and whose epoch the modeled speed-up
-// counts) trains as the engine's bucketed DDP of the same job: an overlap shown by a run that does not
-// average its gradients counts for nothing.
-std::optional<CheckResult> short_must_train(CheckContext& ctx) {
-  const Job& ref = job(ctx, "short-2-engine", 2, false, kShort);
-  const Job& mine = job(ctx, "short-2", 2, true, kShort);
-  double worst = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
-  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++)
-    worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
-  if (worst < 1e-5) return std::nullopt;
-  return CheckResult{false, fmt::format("the {}-step job the speed-up and the overlap read trains as the engine's bucketed DDP: its losses within 1e-5", ref.losses.size()),
-                     fmt::format("{:.1e} relative at worst", worst), "", "the buckets must carry every gradient, averaged, in this run too"};
 }
 
 CheckResult overlap(CheckContext& ctx) {
@@ -419,10 +417,8 @@ CheckResult no_sync(CheckContext& ctx) {
   const std::vector<std::string> accum = with(kShort, "train.accum_steps=4");
   const Job& ref = job(ctx, "accum4-2-engine", 2, false, accum);
   const Job& mine = job(ctx, "accum4-2", 2, true, accum, true);
-  double worst = 0;
-  for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++)
-    worst = std::max(worst, std::abs(ref.losses[i] - mine.losses[i]) / std::abs(ref.losses[i]));
-  if (mine.losses.size() != ref.losses.size() || !(worst < 1e-5) || mine.diverged)
+  const double worst = worst_rel(ref, mine);
+  if (!(worst < 1e-5) || mine.diverged)
     return {false, "accumulating 4 micro-steps on 2 ranks: the engine's DDP losses within 1e-5 relative, replicas equal",
             mine.diverged ? "the replicas diverged" : fmt::format("{:.1e} relative at worst", worst), "",
             "on a no_sync micro-step the gradients stay on this rank and add up; the last micro-step averages the sums"};
