@@ -1,33 +1,58 @@
 #!/usr/bin/env bash
-# The GPU checks in one go, for a machine with an NVIDIA GPU (one H200: a few minutes):
+# The GPU checks in one go, for a machine with an NVIDIA GPU. A lent GPU comes for minutes, so the steps run
+# in the order of what a short loan must measure first, within a time budget (GPU_CHECK_BUDGET_S, 540 s by
+# default: a step that would not fit says so and is skipped), and end with one table of every target:
 #   1. the programs: unpacked from .gpubundle/bundle.tar.xz when there is one (bench/gpu_bundle.sh packs it
 #      on a machine with this project's packages: a lent GPU machine has CUDA but not Gloo or OpenBLAS),
 #      else a CUDA build in build-cuda/ for this machine's GPU (CUDA_ARCHS overrides);
 #   2. every CUDA kernel against its cpu twin, and the NCCL group (distlab_cuda_tests);
-#   3. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive), and
+#   3. the speed targets: GPT-2 124M in bf16 (tokens/s and MFU, target >= 35 %; also with model.attention=flash,
+#      the tensor-core kernel), its measured memory against the engine's accounting (within 5 %), and Llama 3 8B
+#      cut to 2 blocks (B 2, T 8192) against eager PyTorch's step (bench/peer_torch_llama.py, where PyTorch
+#      with CUDA is installed; target: within 1.2x);
+#   4. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive), and
 #      attention at GPT-2's and LLaMA-3-8B's shapes: naive, flash on CUDA cores, flash on tensor cores;
-#   4. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic).
-#   5. training on --device cuda: GPT-124M in bf16 (tokens/s and MFU) and the CNN (img/s, its loss next to the cpu's);
-#      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the cpu;
-#      with 2 or more GPUs, DDP and FSDP over NCCL too, and GPT split over 2 GPUs (tp 2, pp 2) against the cpu.
-#   6. every lab's solution graded on the GPU (distlab grade NN --solution --device cuda): points and seconds.
-#   7. the cost model calibrated on this GPU (distlab bench calibrate): GPT-2 124M and Llama 3 8B cut to 2
-#      blocks, each modeled from its calibrated profile against the same run measured here.
-# Without the toolkit or without a GPU each step says why it is
-# skipped, and the script still exits 0: it is safe to run anywhere. Output also goes to $OUT when set.
-#   bash bench/gpu_check.sh            CUDA_ARCHS=90 bash bench/gpu_check.sh
+#   5. the cost model calibrated on this GPU (distlab bench calibrate): GPT-2 124M and Llama 3 8B cut to 2
+#      blocks, each modeled from its calibrated profile against the same run measured here (target: +-10 %);
+#   6. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic);
+#   7. training on --device cuda against the cpu: the CNN (img/s), GPT-tiny and the CNN with batch norm;
+#      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the
+#      cpu; with 2 or more GPUs, DDP and FSDP over NCCL too, and GPT split over 2 GPUs (tp 2, pp 2);
+#   8. every lab's solution graded on the GPU (distlab grade NN --solution --device cuda): points and seconds.
+# The table goes to the screen and, as tab-separated rows, to $OUT/gpu_check_summary.tsv ($OUT: the device
+# tool's folder that comes back; /tmp elsewhere). Without the toolkit or without a GPU each step says why it
+# is skipped, and the script still exits 0: it is safe to run anywhere.
+#   bash bench/gpu_check.sh            CUDA_ARCHS=90 GPU_CHECK_BUDGET_S=900 bash bench/gpu_check.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 t0=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET_S:-540}
 status=0
-say() { printf '\n== %s\n' "$*"; }
+M=${OUT:-/tmp}
+SUMMARY="$M/gpu_check_summary.tsv"
+printf 'what\tmeasured\ttarget\tverdict\n' > "$SUMMARY"
+say() { printf '\n== %s   [%d s of %d]\n' "$*" $((SECONDS - t0)) "$BUDGET"; }
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$SUMMARY"; }  # what, measured, target, verdict
+left() { echo $((BUDGET - (SECONDS - t0))); }
+# fits SECONDS WHAT...: true when the budget has about SECONDS left for the step; else says so, and the
+# step's targets are recorded as not measured
+fits() {
+  local need=$1; shift
+  [ "$(left)" -ge "$need" ] && return 0
+  echo "(skipped: $(left) s of the ${BUDGET} s budget left, the step needs about ${need} s; GPU_CHECK_BUDGET_S raises it)"
+  for w in "$@"; do row "$w" "not measured" "" "skipped: out of time"; done
+  return 1
+}
+py=python3  # the summaries' Python; PyTorch's may be another one (peer_torch_llama.py)
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader
   gpu=1
+  ngpu=$(nvidia-smi -L | wc -l)
 else
   echo "no GPU answers nvidia-smi: the CUDA code is built, the GPU checks skip"
   gpu=0
+  ngpu=0
 fi
 
 # CUDA's own libraries where the GPU machine keeps them: the toolkit, or the Python wheels' copies
@@ -35,8 +60,8 @@ cuda_libs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
 done
-for py in python3 /usr/bin/python3; do
-  extra=$($py - 2>/dev/null <<'PY'
+for p in python3 /usr/bin/python3; do
+  extra=$($p - 2>/dev/null <<'PY'
 import glob, os, site
 dirs = []
 for s in site.getsitepackages():
@@ -46,58 +71,64 @@ PY
 ) && [ -n "$extra" ] && cuda_libs="$cuda_libs:$extra" && break
 done
 
+summary() {  # the table of every target, last whatever happened
+  say "summary (also in $SUMMARY)"
+  $py - "$SUMMARY" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+w = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(("what", "measured", "target", "verdict"))]
+print("  ".join(h.ljust(w[i]) for i, h in enumerate(("what", "measured", "target", "verdict"))))
+for r in rows:
+    print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+PY
+  say "done in $((SECONDS - t0)) s, status ${status}"
+}
+trap summary EXIT
+
 say "1. the programs"
 if [ -f .gpubundle/bundle.tar.xz ]; then
   B=$(mktemp -d /tmp/distlab-gpu-XXXXXX)
-  tar -C "$B" -xJf .gpubundle/bundle.tar.xz || { echo "cannot unpack .gpubundle/bundle.tar.xz"; exit 1; }
+  tar -C "$B" -xJf .gpubundle/bundle.tar.xz || { echo "cannot unpack .gpubundle/bundle.tar.xz"; status=1; exit 1; }
   head -2 "$B/MANIFEST"
   export LD_LIBRARY_PATH="$B/lib${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   TESTS=$B/bin/distlab_cuda_tests GEMM=$B/bin/bench_gemm_cuda DISTLAB=$B/bin/distlab
   missing=$(ldd "$TESTS" "$GEMM" | grep "not found" | sort -u)
-  [ -z "$missing" ] || { echo "libraries not found (CUDA 13's cudart, cuBLAS and NCCL are the GPU machine's):"; echo "$missing"; exit 1; }
+  [ -z "$missing" ] || { echo "libraries not found (CUDA 13's cudart, cuBLAS and NCCL are the GPU machine's):"; echo "$missing"; status=1; exit 1; }
 else
   NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
   if [ ! -x "$NVCC" ]; then
-    say "skipped: no CUDA toolkit (nvcc not found; set NVCC=/path/to/nvcc), and no .gpubundle/bundle.tar.xz"
+    echo "skipped: no CUDA toolkit (nvcc not found; set NVCC=/path/to/nvcc), and no .gpubundle/bundle.tar.xz"
+    row "the programs" "none" "a bundle or a toolkit" "skipped"
     exit 0
   fi
   if [ $gpu -eq 1 ]; then archs=${CUDA_ARCHS:-native}; else archs=${CUDA_ARCHS:-"75;80;90"}; fi
   echo "a CUDA build (sm ${archs}) in build-cuda/"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTLAB_CUDA=ON -DDISTLAB_TESTS=ON \
         -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=${archs}" >build-cuda.log 2>&1 \
-    || { tail -30 build-cuda.log; echo "configure failed (build-cuda.log): bash scripts/setup.sh installs the packages, or pack a bundle"; exit 1; }
+    || { tail -30 build-cuda.log; echo "configure failed (build-cuda.log): bash scripts/setup.sh installs the packages, or pack a bundle"; status=1; exit 1; }
   grep "distlab features" build-cuda.log
-  cmake --build build-cuda --target distlab distlab_cuda_tests bench_gemm_cuda >>build-cuda.log 2>&1 \
-    || { tail -40 build-cuda.log; echo "build failed (build-cuda.log)"; exit 1; }
+  cmake --build build-cuda --target distlab distlab-labhost distlab_cuda_tests bench_gemm_cuda >>build-cuda.log 2>&1 \
+    || { tail -40 build-cuda.log; echo "build failed (build-cuda.log)"; status=1; exit 1; }
   TESTS=build-cuda/tests/distlab_cuda_tests GEMM=build-cuda/bin/bench_gemm_cuda DISTLAB=build-cuda/bin/distlab
 fi
 echo "ready after $((SECONDS - t0)) s"
 "$DISTLAB" doctor || status=1
 
 say "2. every CUDA kernel against the cpu one; the NCCL group"
-"$TESTS" --durations yes
-rc=$?
-if [ $rc -eq 77 ]; then echo "(skipped)"; elif [ $rc -ne 0 ]; then status=1; fi
-
-say "3. GEMM: distlab against raw cuBLAS; attention: naive, flash (f32), flash on tensor cores"
-"$GEMM" || status=1
-[ -n "${OUT:-}" ] && [ -f bench/results/gemm_cuda.json ] && cp bench/results/gemm_cuda.json "$OUT/"
-
-say "4. distlab bench comm over NCCL, one rank per GPU"
-if [ $gpu -eq 1 ]; then
-  ngpu=$(nvidia-smi -L | wc -l)
-  "$DISTLAB" bench comm -n "$ngpu" --backend nccl --max 1GiB || status=1
-  [ -n "${OUT:-}" ] && cp bench/results/comm_nccl_n"$ngpu".json "$OUT/" 2>/dev/null
-else
-  echo "(skipped: no GPU)"
+if fits 60 "kernels against the cpu"; then
+  "$TESTS" --durations yes
+  rc=$?
+  if [ $rc -eq 77 ]; then echo "(skipped)"; row "kernels against the cpu" "not run" "all pass" "skipped: no GPU"
+  elif [ $rc -ne 0 ]; then status=1; row "kernels against the cpu" "failures (above)" "all pass" "FAIL"
+  else row "kernels against the cpu" "all pass" "all pass" "ok"; fi
 fi
 
-say "5. training on the GPU: GPT-124M in bf16 (tokens/s, MFU), the CNN (img/s)"
-# MFU = the step's FLOPs (the trainer's count: matmuls and attention, 6·N·tokens and more) over the measured
-# step time (each step ends with a device synchronize), against the GPU's dense bf16 peak (PEAK_TFLOPS;
-# 989 on an H100/H200 SXM). The first 5 steps (allocator warm-up, cuBLAS heuristics) are left out.
-rates() {  # metrics.jsonl, the unit, units per sample: prints the steady rate
-  python3 - "$1" "$2" "${PEAK_TFLOPS:-989}" "$3" <<'PY'
+# rates METRICS UNIT PER_SAMPLE: the steady rate of a run (the first 5 steps, allocator warm-up and cuBLAS
+# heuristics, left out); MFU = the step's FLOPs (the trainer's count: matmuls and attention) over the measured
+# step (each ends with a device synchronize), against the dense bf16 peak (PEAK_TFLOPS; 989 on an H100/H200
+# SXM). Prints a line, and "ms mfu" to $M/.rate for the table.
+rates() {
+  $py - "$1" "$2" "${PEAK_TFLOPS:-989}" "$3" "$M/.rate" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"step"' in l]
 steady = steps[5:] or steps
@@ -105,23 +136,137 @@ t = sum(s["wall_s"] for s in steady) / len(steady)
 samples = steady[0]["samples"]
 tok = samples * int(sys.argv[4])
 tflops = steady[0]["flops"] / t / 1e12
+mfu = 100 * tflops / float(sys.argv[3])
 print(f"{len(steady)} steady steps: {1e3 * t:.1f} ms per step, {tok / t:,.0f} {sys.argv[2]}/s, "
-      f"{tflops:.1f} TFLOP/s = {100 * tflops / float(sys.argv[3]):.1f} % MFU of {sys.argv[3]} TFLOP/s")
+      f"{tflops:.1f} TFLOP/s = {mfu:.1f} % MFU of {sys.argv[3]} TFLOP/s")
+open(sys.argv[5], "w").write(f"{1e3 * t:.1f} {mfu:.1f}\n")
 PY
 }
 measured_memory() {  # metrics.jsonl: the device allocator's measured peak against the engine's accounting
-  python3 - "$1" <<'PY'
+  $py - "$1" "$M/.memory" <<'PY'
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"summary"' in l][-1]
 held, res, tot = s.get("peak_memory_device_measured", -1), s.get("peak_memory_reserved", 0), s.get("peak_memory_total", 0)
 g = lambda b: b / 2**30
+r = held / res if res and held > 0 else float("nan")
 print(f"memory: measured {g(held):.2f} GiB (the caching allocator's cudaMalloc'd peak) against {g(res):.2f} GiB modeled reserved "
-      f"({held / res if res else float('nan'):.3f}x; the target: within 5 %) and {g(tot):.2f} GiB counted in tensors "
+      f"({r:.3f}x; the target: within 5 %) and {g(tot):.2f} GiB counted in tensors "
       f"({held / tot if tot else float('nan'):.3f}x; a 16-bit run's f32 kernels also hold f32 copies of what they read, uncounted)")
+open(sys.argv[2], "w").write(f"{g(held):.2f} {g(res):.2f} {r:.3f}\n")
 PY
 }
+
+say "3. the speed targets: GPT-2 124M in bf16 (MFU), its memory, Llama 3 8B's blocks against eager PyTorch"
+if [ $gpu -eq 1 ] && fits 60 "GPT-2 124M bf16, MFU" "GPT-2 124M bf16, measured peak / modeled reserved"; then
+  rm -f "$M/.rate" "$M/.memory"
+  "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
+  if [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024 && measured_memory "$M/gpt2_124m_cuda.jsonl"; then
+    read -r ms mfu < "$M/.rate"
+    row "GPT-2 124M bf16, MFU" "${mfu} % (${ms} ms a step)" ">= 35 %" "$($py -c "print('ok' if $mfu >= 35 else 'MISSED')")"
+    read -r held res r < "$M/.memory"
+    row "GPT-2 124M bf16, measured peak / modeled reserved" "${r} (${held} of ${res} GiB)" "within 5 %" \
+        "$($py -c "import math; print('ok' if not math.isnan($r) and abs($r - 1) <= 0.05 else 'MISSED')")"
+  else
+    status=1; row "GPT-2 124M bf16, MFU" "the run failed (above)" ">= 35 %" "FAIL"
+  fi
+fi
+if [ $gpu -eq 1 ] && fits 45 "GPT-2 124M bf16 + flash attention, MFU"; then
+  # with flash attention: in bf16 on sm 80+ it is attention_tc.cu's tensor-core kernel
+  rm -f "$M/.rate"
+  "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --set model.attention=flash \
+    --metrics "$M/gpt2_124m_flash_cuda.jsonl" 2>&1 | tail -3 || status=1
+  if [ -f "$M/gpt2_124m_flash_cuda.jsonl" ] && { printf 'flash attention: '; rates "$M/gpt2_124m_flash_cuda.jsonl" tokens 1024; }; then
+    read -r ms mfu < "$M/.rate"
+    row "GPT-2 124M bf16 + flash attention, MFU" "${mfu} % (${ms} ms a step)" ">= 35 %" "$($py -c "print('ok' if $mfu >= 35 else 'MISSED')")"
+  else
+    status=1; row "GPT-2 124M bf16 + flash attention, MFU" "the run failed (above)" ">= 35 %" "FAIL"
+  fi
+fi
+# Llama 3 8B cut to 2 blocks, B 2, T 8192, bf16 with f32 master weights: distlab's step, then eager PyTorch's
+# (torchtitan's model code, SDPA, foreach AdamW) where a Python with PyTorch and CUDA is installed
+llama_sets="--set model.n_layer=2 --set train.micro_batch=2 --set model.attention=flash --set precision.mode=bf16"
+if [ $gpu -eq 1 ] && fits 90 "Llama 3 8B, 2 blocks: distlab / eager PyTorch"; then
+  rm -f "$M/.rate"
+  # shellcheck disable=SC2086
+  "$DISTLAB" train configs/llama3-8b.toml --device cuda $llama_sets --set train.steps=10 --set train.eval_every=0 \
+    --metrics "$M/llama_2_blocks_cuda.jsonl" 2>&1 | tail -4 || status=1
+  dl_ms=""
+  [ -f "$M/llama_2_blocks_cuda.jsonl" ] && rates "$M/llama_2_blocks_cuda.jsonl" tokens 8192 && read -r dl_ms _ < "$M/.rate"
+  torch_py=""
+  for p in python3 /usr/bin/python3; do
+    $p -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && { torch_py=$p; break; }
+  done
+  if [ -z "$dl_ms" ]; then
+    status=1; row "Llama 3 8B, 2 blocks: distlab / eager PyTorch" "distlab's run failed (above)" "<= 1.2x" "FAIL"
+  elif [ -z "$torch_py" ]; then
+    row "Llama 3 8B, 2 blocks: distlab / eager PyTorch" "distlab ${dl_ms} ms; PyTorch not measured" "<= 1.2x" "no PyTorch with CUDA here"
+  elif fits 60 "Llama 3 8B, 2 blocks: distlab / eager PyTorch"; then
+    $torch_py bench/peer_torch_llama.py --only steps --layers 2 --json "$M/peer_torch_llama.json" 2>&1 | tail -4
+    pt_ms=$($py -c "import json; print('%.1f' % json.load(open('$M/peer_torch_llama.json'))['steps'][0]['step_ms'])" 2>/dev/null)
+    if [ -n "$pt_ms" ]; then
+      ratio=$($py -c "print('%.2f' % ($dl_ms / $pt_ms))")
+      row "Llama 3 8B, 2 blocks: distlab / eager PyTorch" "${ratio}x (${dl_ms} / ${pt_ms} ms)" "<= 1.2x" "$($py -c "print('ok' if $ratio <= 1.2 else 'MISSED')")"
+    else
+      row "Llama 3 8B, 2 blocks: distlab / eager PyTorch" "distlab ${dl_ms} ms; PyTorch's run failed" "<= 1.2x" "not measured"
+    fi
+  fi
+fi
+[ $gpu -eq 1 ] || { echo "(skipped: no GPU)"; "$DISTLAB" train configs/fashion-mnist-mlp.toml --device cuda 2>&1 | head -1; }
+
+say "4. GEMM: distlab against raw cuBLAS; attention: naive, flash (f32), flash on tensor cores"
+if fits 60 "GEMM bf16 TFLOP/s, distlab / cuBLAS"; then
+  "$GEMM" || status=1
+  [ -n "${OUT:-}" ] && [ -f bench/results/gemm_cuda.json ] && cp bench/results/gemm_cuda.json "$OUT/"
+  [ $gpu -eq 1 ] && row "GEMM bf16 TFLOP/s, distlab / cuBLAS" "the table above (bench/results/gemm_cuda.json)" "equal" "see above"
+fi
+
+say "5. the cost model calibrated here: modeled from the calibrated profile against the measured step"
+# bench calibrate times every GEMM shape of the model's step, flash attention and a streaming kernel on this
+# GPU (with 2+ GPUs, NCCL's table of step 6 too); the same run is then trained here with that profile, and
+# its summary holds both the modeled and the measured step (the target: within ±10 %).
+if [ $gpu -eq 1 ]; then
+  comm=""
+  [ "$ngpu" -ge 2 ] && [ -f bench/results/comm_nccl_n"$ngpu".json ] && comm="--comm bench/results/comm_nccl_n$ngpu.json"
+  for spec in "GPT-2 124M|configs/gpt2-124m.toml|--set precision.mode=bf16" "Llama 3 8B, 2 blocks|configs/llama3-8b.toml|$llama_sets"; do
+    name=${spec%%|*}; rest=${spec#*|}; cfg=${rest%%|*}; sets=${rest#*|}
+    fits 90 "$name: modeled (calibrated) / measured step" || continue
+    rm -f "$M/calibrated.json" "$M/calibrated_run.jsonl"
+    # shellcheck disable=SC2086
+    "$DISTLAB" bench calibrate "$cfg" $sets --device cuda $comm -o "$M/calibrated.json" 2>&1 | tail -4 || status=1
+    # shellcheck disable=SC2086
+    "$DISTLAB" train "$cfg" $sets --device cuda --set train.steps=12 --set log.trace_step=10 --set train.eval_every=0 \
+      --set log.profile="$M/calibrated.json" --metrics "$M/calibrated_run.jsonl" >/dev/null 2>&1 || status=1
+    r=$([ -f "$M/calibrated_run.jsonl" ] && $py - "$cfg" "$M/calibrated_run.jsonl" <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[2]) if '"kind":"summary"' in l][-1]
+m, r = s.get("modeled_step_s", 0), s.get("measured_step_s", 0)
+print(f"{m / r if r else float('nan'):.2f} {1e3 * m:.1f} {1e3 * r:.1f}")
+PY
+)
+    if [ -n "$r" ]; then
+      read -r ratio mod meas <<< "$r"
+      echo "$cfg: modeled ${mod} ms a step from the calibrated profile, measured ${meas} ms: ratio ${ratio}"
+      row "$name: modeled (calibrated) / measured step" "${ratio} (${mod} / ${meas} ms)" "within 10 %" \
+          "$($py -c "import math; r=float('$ratio'); print('ok' if not math.isnan(r) and abs(r - 1) <= 0.10 else 'MISSED')")"
+    else
+      status=1; row "$name: modeled (calibrated) / measured step" "the run failed" "within 10 %" "FAIL"
+    fi
+  done
+else
+  echo "(skipped: no GPU)"
+fi
+
+say "6. distlab bench comm over NCCL, one rank per GPU"
+if [ $gpu -eq 1 ] && fits 30; then
+  "$DISTLAB" bench comm -n "$ngpu" --backend nccl --max 1GiB || status=1
+  [ -n "${OUT:-}" ] && cp bench/results/comm_nccl_n"$ngpu".json "$OUT/" 2>/dev/null
+else
+  [ $gpu -eq 1 ] || echo "(skipped: no GPU)"
+fi
+
+say "7. training on the GPU against the cpu: the CNN (img/s), parity, NCCL against Gloo, CPU offload"
 against_cpu() {  # label, cpu metrics, cuda metrics: the largest relative difference in loss and grad norm
-  python3 - "$1" "$2" "$3" <<'PY'
+  $py - "$1" "$2" "$3" <<'PY'
 import json, sys
 def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
 a, b = steps(sys.argv[2]), steps(sys.argv[3])
@@ -135,7 +280,7 @@ nccl_vs_gloo() {  # strategy, steps: gpt-tiny in bf16 on every GPU over NCCL, th
     "$DISTLAB" run -n "$ngpu" train configs/gpt-tiny.toml --device cuda --set parallel.strategy=$1 --set dist.backend=$b \
       --set precision.mode=bf16 --set train.steps=$2 --metrics "$M/$1_$b.jsonl" 2>&1 | grep -E "^step|communication in|collectives on" || status=1
   done
-  python3 - "$1 on $ngpu GPU(s)" "$M/$1_nccl.jsonl" "$M/$1_gloo.jsonl" <<'PY'
+  $py - "$1 on $ngpu GPU(s)" "$M/$1_nccl.jsonl" "$M/$1_gloo.jsonl" <<'PY'
 import json, sys
 def steps(f): return [json.loads(l) for l in open(f) if '"kind":"step"' in l]
 a, b = steps(sys.argv[2]), steps(sys.argv[3])
@@ -144,14 +289,7 @@ ms = lambda s: 1e3 * sum(r["wall_s"] for r in s[2:]) / max(len(s[2:]), 1)
 print(f"{sys.argv[1]}: {ms(a):.1f} ms per step over nccl, {ms(b):.1f} over gloo; losses within {worst:.1e} (bf16 sums in another order)")
 PY
 }
-if [ $gpu -eq 1 ]; then
-  M=${OUT:-/tmp}
-  "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --metrics "$M/gpt2_124m_cuda.jsonl" 2>&1 | tail -14 || status=1
-  [ -f "$M/gpt2_124m_cuda.jsonl" ] && rates "$M/gpt2_124m_cuda.jsonl" tokens 1024 && measured_memory "$M/gpt2_124m_cuda.jsonl"
-  # the same with flash attention: in bf16 on sm 80+ it is attention_tc.cu's tensor-core kernel
-  "$DISTLAB" train configs/gpt2-124m.toml --device cuda --set train.steps=25 --set model.attention=flash \
-    --metrics "$M/gpt2_124m_flash_cuda.jsonl" 2>&1 | tail -3 || status=1
-  [ -f "$M/gpt2_124m_flash_cuda.jsonl" ] && { printf 'flash attention: '; rates "$M/gpt2_124m_flash_cuda.jsonl" tokens 1024; }
+if [ $gpu -eq 1 ] && fits 120; then
   "$DISTLAB" train configs/cifar-cnn.toml --device cuda --set train.steps=60 --set train.global_batch=256 --metrics "$M/cnn_cuda.jsonl" 2>&1 | tail -6 || status=1
   [ -f "$M/cnn_cuda.jsonl" ] && rates "$M/cnn_cuda.jsonl" img 1
   # the trainer on the GPU against the cpu: the same runs' first losses and gradient norms (fp32; the GPU
@@ -175,7 +313,7 @@ if [ $gpu -eq 1 ]; then
     done
     against_cpu "$s with cpu offload on $ngpu GPU(s)" "$M/offload_cpu.jsonl" "$M/offload_cuda.jsonl"
   done
-  if [ "$ngpu" -ge 2 ]; then  # DDP over NCCL, a rank per GPU
+  if [ "$ngpu" -ge 2 ] && fits 90; then  # DDP over NCCL, a rank per GPU
     "$DISTLAB" run -n "$ngpu" train configs/cifar-cnn.toml --device cuda --set parallel.strategy=ddp --set dist.backend=nccl \
       --set train.steps=60 --set train.global_batch=$((256 * ngpu)) --metrics "$M/ddp_nccl.jsonl" 2>&1 | tail -4 || status=1
     [ -f "$M/ddp_nccl.jsonl" ] && rates "$M/ddp_nccl.jsonl" img 1  # samples: the global batch
@@ -191,53 +329,28 @@ if [ $gpu -eq 1 ]; then
     done
   fi
 else
-  echo "(skipped: no GPU)"
-  "$DISTLAB" train configs/fashion-mnist-mlp.toml --device cuda 2>&1 | head -1
+  [ $gpu -eq 1 ] || echo "(skipped: no GPU)"
 fi
 
-say "6. every lab's solution graded with its training jobs on the GPU (distlab grade NN --device cuda)"
+say "8. every lab's solution graded with its training jobs on the GPU (distlab grade NN --device cuda)"
 # a bundle's distlab finds this tree and a build folder of its own through the environment (cli/paths.h);
-# the plugins are compiled here, so the machine needs g++. GRADE_LABS=0 skips this step.
+# the plugins are compiled here, so the machine needs g++. GRADE_LABS=0 skips this step. Each lab gets what
+# is left of the budget (at most 600 s); a lab that does not start is recorded as not measured.
 if [ $gpu -eq 1 ] && [ "${GRADE_LABS:-1}" = 1 ] && command -v g++ >/dev/null; then
-  export DISTLAB_SOURCE_DIR="$PWD" DISTLAB_BUILD_DIR="${OUT:-/tmp}/gpu-grade-build"
-  for lab in 01 02 03 04 05 06 07 08 09; do
+  export DISTLAB_SOURCE_DIR="$PWD" DISTLAB_BUILD_DIR="$M/gpu-grade-build"
+  for lab in 01 02 03 04 05 06 07 08 09 10; do
+    fits 30 "lab $lab graded on cuda" || continue
     t=$SECONDS
-    out=$(timeout 600 "$DISTLAB" grade "$lab" --solution --device cuda 2>&1)
+    limit=$(left); [ "$limit" -gt 600 ] && limit=600
+    out=$(timeout "$limit" "$DISTLAB" grade "$lab" --solution --device cuda 2>&1)
     rc=$?
     total=$(printf '%s\n' "$out" | grep -E '^  total ' | awk '{print $2 "/" $3}')
     printf 'lab %s: %s on cuda in %d s%s\n' "$lab" "${total:-no total}" $((SECONDS - t)) "$([ $rc -eq 0 ] || echo ", exit $rc")"
-    [ $rc -eq 0 ] || { printf '%s\n' "$out" | tail -25; status=1; }
+    if [ $rc -eq 0 ]; then row "lab $lab graded on cuda" "${total} in $((SECONDS - t)) s" "full marks" "ok"
+    elif [ $rc -eq 124 ]; then row "lab $lab graded on cuda" "stopped after ${limit} s" "full marks" "skipped: out of time"
+    else printf '%s\n' "$out" | tail -25; status=1; row "lab $lab graded on cuda" "${total:-no total}, exit $rc" "full marks" "FAIL"; fi
   done
 else
   echo "(skipped: $([ $gpu -eq 1 ] || echo 'no GPU')$([ "${GRADE_LABS:-1}" = 1 ] || echo 'GRADE_LABS=0')$(command -v g++ >/dev/null || echo ' no g++ to compile the plugins'))"
-fi
-
-say "done in $((SECONDS - t0)) s, status ${status}"
-say "7. the cost model calibrated here: modeled from the calibrated profile against the measured step"
-# bench calibrate times every GEMM shape of the model's step, flash attention and a streaming kernel on this
-# GPU (with 2+ GPUs, NCCL's table of step 4 too); the same run is then trained here with that profile, and
-# its summary holds both the modeled and the measured step (the target: within ±10 %).
-if [ $gpu -eq 1 ]; then
-  M=${OUT:-/tmp}
-  comm=""
-  [ "${ngpu:-1}" -ge 2 ] && [ -f bench/results/comm_nccl_n"$ngpu".json ] && comm="--comm bench/results/comm_nccl_n$ngpu.json"
-  for spec in "configs/gpt2-124m.toml|--set precision.mode=bf16" \
-              "configs/llama3-8b.toml|--set model.n_layer=2 --set train.micro_batch=2 --set model.attention=flash --set precision.mode=bf16"; do
-    cfg=${spec%%|*}; sets=${spec#*|}
-    rm -f "$M/calibrated.json" "$M/calibrated_run.jsonl"
-    # shellcheck disable=SC2086
-    "$DISTLAB" bench calibrate "$cfg" $sets --device cuda $comm -o "$M/calibrated.json" 2>&1 | tail -4 || status=1
-    # shellcheck disable=SC2086
-    "$DISTLAB" train "$cfg" $sets --device cuda --set train.steps=12 --set log.trace_step=10 --set train.eval_every=0 \
-      --set log.profile="$M/calibrated.json" --metrics "$M/calibrated_run.jsonl" >/dev/null 2>&1 || status=1
-    [ -f "$M/calibrated_run.jsonl" ] && python3 - "$cfg" "$M/calibrated_run.jsonl" <<'PY'
-import json, sys
-s = [json.loads(l) for l in open(sys.argv[2]) if '"kind":"summary"' in l][-1]
-m, r = s.get("modeled_step_s", 0), s.get("measured_step_s", 0)
-print(f"{sys.argv[1]}: modeled {1e3 * m:.1f} ms a step from the calibrated profile, measured {1e3 * r:.1f} ms: ratio {m / r if r else float('nan'):.2f}")
-PY
-  done
-else
-  echo "(skipped: no GPU)"
 fi
 exit $status

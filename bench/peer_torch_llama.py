@@ -308,6 +308,8 @@ def main():
                     help="the training steps' attention kernel (torchtitan of April 2024 ran flash: FlashAttention-2)")
     ap.add_argument("--only", choices=["all", "steps", "profile", "saved"], default="all",
                     help="steps: section 3 alone; profile: section 4 alone (a GPU only); saved: section 5 alone")
+    ap.add_argument("--layers", default="",
+                    help="section 3's layer counts, comma-separated (default 1,2,4; bench/gpu_check.sh times 2)")
     a = ap.parse_args()
     global SDPA_BACKEND
     if a.sdpa != "default":
@@ -325,6 +327,13 @@ def main():
         B, T, dims, layer_counts, dt = 2, 64, (256, 4, 2, 512, 1024), (1, 2), torch.float32
     else:
         B, T, dims, layer_counts, dt = 2, 8192, (DIM, HEADS, KV_HEADS, FFN, VOCAB), (1, 2, 4), torch.bfloat16
+    if a.layers:
+        try:
+            layer_counts = tuple(int(x) for x in a.layers.split(","))
+        except ValueError:
+            ap.error(f"--layers {a.layers!r}: layer counts such as 2 or 1,2,4")
+        if not layer_counts or min(layer_counts) < 1:
+            ap.error(f"--layers {a.layers!r}: each count is at least 1")
     dim, heads, kv_heads, ffn, vocab = dims
     res = dict(env=env, B=B, T=T, dims=dims, sdpa=a.sdpa)
     t0 = time.time()

@@ -2180,9 +2180,10 @@ TEST_CASE("a plugin measured by its resident set keeps nothing in its /tmp or /d
   fs::remove_all(dir);
 }
 
-// `distlab grade NN --device cuda` runs the checks' training jobs on GPUs, a GPU per rank and NCCL between
-// them; without a GPU, cuda-sim runs the same code path (device buffers behind the plugin's handles, NCCL's
-// collectives, the cuda kernel table's choices) on the CPU. Every lab's solution grades full marks there,
+// `distlab grade NN --device cuda` runs the checks' training jobs on GPUs, a GPU per rank (the plugin's
+// collectives over Gloo through host copies, as on cpu ranks); without a GPU, cuda-sim runs the same code
+// path (the job's tensors behind device pointers, the copies to and from the plugin, the cuda kernel table's
+// choices) on the CPU. Every lab's solution grades full marks there,
 // with the engine's jobs on the same device, and the jobs' own records say where they ran.
 namespace {
 void grade_solutions_on_cuda_sim(const std::vector<std::string>& labs) {
