@@ -82,6 +82,7 @@ for r in rows:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
 PY
   say "done in $((SECONDS - t0)) s, status ${status}"
+  [ -n "${B:-}" ] && rm -rf "$B"  # the unpacked bundle
 }
 trap summary EXIT
 
