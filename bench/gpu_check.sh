@@ -13,7 +13,8 @@
 #   4. GEMM TFLOP/s against raw cuBLAS at 4096^3 and 8192^3 (bench_gemm_cuda: bf16, TF32, f32, naive), and
 #      attention at GPT-2's and LLaMA-3-8B's shapes: naive, flash on CUDA cores, flash on tensor cores;
 #   5. the cost model calibrated on this GPU (distlab bench calibrate): GPT-2 124M and Llama 3 8B cut to 2
-#      blocks, each modeled from its calibrated profile against the same run measured here (target: +-10 %);
+#      blocks, each modeled from its calibrated profile against the same run measured here, and the Llama
+#      blocks modeled with eager PyTorch's op chains against eager PyTorch's step of step 3 (targets: +-10 %);
 #   6. `distlab bench comm --backend nccl` on every GPU (one rank each; one GPU gives n = 1, no traffic);
 #   7. training on --device cuda against the cpu: the CNN (img/s), GPT-tiny and the CNN with batch norm;
 #      ZeRO-1 and ZeRO-3 over NCCL against Gloo on every GPU, ZeRO-2 and ZeRO-3 with CPU offload against the
@@ -186,6 +187,7 @@ fi
 # Llama 3 8B cut to 2 blocks, B 2, T 8192, bf16 with f32 master weights: distlab's step, then eager PyTorch's
 # (torchtitan's model code, SDPA, foreach AdamW) where a Python with PyTorch and CUDA is installed
 llama_sets="--set model.n_layer=2 --set train.micro_batch=2 --set model.attention=flash --set precision.mode=bf16"
+pt_ms=""  # eager PyTorch's step, for step 5 too
 if [ $gpu -eq 1 ] && fits 90 "Llama 3 8B, 2 blocks: distlab / eager PyTorch"; then
   rm -f "$M/.rate"
   # shellcheck disable=SC2086
@@ -257,6 +259,24 @@ PY
           "$($py -c "import math; r=float('$ratio'); print('ok' if not math.isnan(r) and abs(r - 1) <= 0.10 else 'MISSED')")"
     else
       status=1; row "$name: modeled (calibrated) / measured step" "the run failed" "within 10 %" "FAIL"
+    fi
+    # eager PyTorch's step of step 3, modeled from the same profile with its op chains (log.kernels = "eager")
+    if [ "$cfg" = configs/llama3-8b.toml ] && [ -n "$pt_ms" ] && [ -f "$M/calibrated.json" ]; then
+      rm -f "$M/eager_modeled.jsonl"
+      # shellcheck disable=SC2086
+      "$DISTLAB" train "$cfg" $sets --device meta --set train.steps=2 --set log.trace_step=2 --set train.eval_every=0 \
+        --set log.kernels=eager --set log.profile="$M/calibrated.json" --metrics "$M/eager_modeled.jsonl" >/dev/null 2>&1 || status=1
+      em=$([ -f "$M/eager_modeled.jsonl" ] && $py -c "
+import json, sys
+s = [json.loads(l) for l in open('$M/eager_modeled.jsonl') if '\"kind\":\"summary\"' in l][-1]
+print('%.1f' % (1e3 * s.get('modeled_step_s', 0)))")
+      if [ -n "$em" ]; then
+        ratio=$($py -c "print('%.2f' % ($em / $pt_ms))")
+        row "$name: modeled eager (calibrated) / eager PyTorch" "${ratio} (${em} / ${pt_ms} ms)" "within 10 %" \
+            "$($py -c "print('ok' if abs($ratio - 1) <= 0.10 else 'MISSED')")"
+      else
+        status=1; row "$name: modeled eager (calibrated) / eager PyTorch" "the model's run failed" "within 10 %" "FAIL"
+      fi
     fi
   done
 else

@@ -43,7 +43,19 @@ cat > "$w/fakebin/nvidia-smi" <<'EOF'
 [ "${1:-}" = -L ] && { echo "GPU 0: NVIDIA H200 (UUID: GPU-stub)"; exit 0; }
 echo "NVIDIA H200, 143771 MiB, 580.00, 700.00 W, 1980 MHz"
 EOF
-chmod +x "$w/fakebin/nvidia-smi"
+# and a PyTorch with CUDA: its Llama step (peer_torch_llama.py) takes 250 ms; every other Python call is the real one's
+real_py=$(command -v python3)
+cat > "$w/fakebin/python3" <<EOF
+#!/bin/bash
+case "\$*" in
+  *"import torch"*) exit 0;;
+  *peer_torch_llama.py*)
+    while [ \$# -gt 0 ]; do [ "\$1" = --json ] && j=\$2; shift; done
+    echo '{"steps": [{"layers": 2, "step_ms": 250.0}]}' > "\$j"; echo "3. training steps (stub)"; exit 0;;
+esac
+exec "$real_py" "\$@"
+EOF
+chmod +x "$w/fakebin/nvidia-smi" "$w/fakebin/python3"
 
 # 1. the whole script on the stub GPU
 (cd "$w/tree" && PATH="$w/fakebin:$PATH" OUT="$w/out" bash bench/gpu_check.sh > "$w/log" 2>&1)
@@ -63,9 +75,12 @@ want "$(printf 'kernels against the cpu\tall pass\tall pass\tok')"
 want "$(printf 'GPT-2 124M bf16, MFU\t3.3 %% (134.0 ms a step)\t>= 35 %%\tMISSED')"
 want "$(printf 'GPT-2 124M bf16, measured peak / modeled reserved\t1.023 (10.00 of 9.78 GiB)\twithin 5 %%\tok')"
 want "GPT-2 124M bf16 + flash attention, MFU"
-want "Llama 3 8B, 2 blocks: distlab / eager PyTorch"
 want "$(printf 'GPT-2 124M: modeled (calibrated) / measured step\t0.90 (121.0 / 134.0 ms)\twithin 10 %%\tok')"
 want "$(printf 'Llama 3 8B, 2 blocks: modeled (calibrated) / measured step\t0.90')"
+want "$(printf 'Llama 3 8B, 2 blocks: distlab / eager PyTorch\t0.54x (134.0 / 250.0 ms)\t<= 1.2x\tok')"
+want "$(printf 'Llama 3 8B, 2 blocks: modeled eager (calibrated) / eager PyTorch\t0.48 (121.0 / 250.0 ms)\twithin 10 %%\tMISSED')"
+grep -q "^train configs/llama3-8b.toml --set model.n_layer=2 .* --device meta .* --set log.kernels=eager --set log.profile=$w/out/calibrated.json" "$w/out/calls" ||
+  fail "eager PyTorch's step was not modeled with log.kernels=eager from the calibrated profile"
 want "$(printf 'lab 03 graded on cuda\t6/12, exit 1\tfull marks\tFAIL')"
 want "$(printf 'lab 10 graded on cuda\t12/12 in')"
 grep -q "^train configs/llama3-8b.toml --device cuda --set model.n_layer=2 --set train.micro_batch=2 --set model.attention=flash --set precision.mode=bf16" "$w/out/calls" ||
