@@ -168,7 +168,7 @@ TEST_CASE("compute_time is the roofline at the rates real kernels reach, plus th
   CHECK(peak.step_overhead_s == 0);
 }
 
-TEST_CASE("eager PyTorch's op chains: more bytes and launches for the unfused ops, the same for one-kernel ops", "[costmodel]") {
+TEST_CASE("eager PyTorch's op chains: more bytes and launches for the unfused ops, the same for one-kernel ops, and torch.compile per block and log.fused_ops choose which run eager", "[costmodel]") {
   // RMSNorm forward over 1M elements, bf16: distlab's kernel reads x and writes y (4 bytes an element);
   // torchtitan's chain casts to f32, squares, means, multiplies, casts back and scales: 36 bytes, 8 kernels
   const double n = 1 << 20;
@@ -202,13 +202,34 @@ TEST_CASE("eager PyTorch's op chains: more bytes and launches for the unfused op
 
   // compute_time: a memory-bound op pays the chain's bytes and every launch; a GEMM is unchanged
   const HardwareProfile hw = *find_profile("h100-nvlink");
-  const KernelSet eager{true, 2};
+  const KernelSet eager{eager_ops_for(ModeledKernels::eager, {}), 2};
   const TraceEvent norm = compute("rmsnorm_forward", 4 * n, 4 * n);
-  CHECK(compute_time(norm, hw, true, eager) ==
-        Approx(36 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + 8 * hw.launch_overhead_s));
-  CHECK(compute_time(norm, hw, true, KernelSet{}) == Approx(4 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + hw.launch_overhead_s));
+  const double chained = 36 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + 8 * hw.launch_overhead_s;
+  const double one_pass = 4 * n / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency) + hw.launch_overhead_s;
+  CHECK(compute_time(norm, hw, true, eager) == Approx(chained));
+  CHECK(compute_time(norm, hw, true, KernelSet{}) == Approx(one_pass));
   const TraceEvent gemm = compute("matmul_forward", 1e12, 1e8);
   CHECK(compute_time(gemm, hw, true, eager) == compute_time(gemm, hw, true));
+
+  // torch.compile on each block (torchtitan's apply_compile): the blocks' chains fused, the loss and AdamW
+  // eager; log.fused_ops takes a family out of the eager set (torchtitan's fused_rmsnorm of April 2024)
+  const KernelSet compiled{eager_ops_for(ModeledKernels::compiled, {}), 2};
+  const TraceEvent loss = compute("softmax_crossentropy_forward", 0, 4 * n), adamw = compute("adamw_step", 0, 28 * n);
+  CHECK(compute_time(norm, hw, true, compiled) == Approx(one_pass));
+  CHECK(compute_time(loss, hw, true, compiled) == compute_time(loss, hw, true, eager));
+  CHECK(compute_time(loss, hw, true, compiled) > 2 * compute_time(loss, hw, true));
+  CHECK(compute_time(adamw, hw, true, compiled) == compute_time(adamw, hw, true, eager));
+  CHECK(compute_time(adamw, hw, true, compiled) > 2 * compute_time(adamw, hw, true));
+  const KernelSet fused_norm{eager_ops_for(ModeledKernels::eager, {"rmsnorm"}), 2};
+  CHECK(compute_time(norm, hw, true, fused_norm) == Approx(one_pass));
+  CHECK(compute_time(loss, hw, true, fused_norm) == compute_time(loss, hw, true, eager));
+  CHECK(eager_ops_for(ModeledKernels::fused, {"rope"}) == 0);
+  try {
+    eager_ops_for(ModeledKernels::eager, {"layernorm"});
+    FAIL("an unknown family was taken");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.full(), Catch::Contains("log.fused_ops: 'layernorm' is no op family") && Catch::Contains("rmsnorm, rope, swiglu, loss, adamw"));
+  }
 }
 
 TEST_CASE("eager chains against PyTorch: the bytes and kernels its dispatcher sees for torchtitan's code", "[costmodel][peer]") {

@@ -227,7 +227,10 @@ const std::vector<Key>& keys() {
       KEY("log.profile", Kind::string, std::string, log.profile, "model step time on: t4-pcie, a100-nvlink, h100-nvlink, h100-96g, h100-pcie, h200, cpu, or a profile file (.json) of distlab bench calibrate"),
       KEY("log.calibrated", Kind::boolean, bool, log.calibrated, "false: model every kernel at the data sheet's peak (no calibration, no step overhead)"),
       CHOICE("log.kernels", log.kernels,
-             "modeled kernels: fused (distlab's, one pass per op; what torch.compile gives) | eager (PyTorch's op-by-op chains, and what their autograd keeps)", ""),
+             "modeled kernels: fused (distlab's, one pass per op) | eager (PyTorch's op-by-op chains, and what their autograd keeps) | "
+             "compiled (torch.compile on each transformer block, as torchtitan applies it: the loss and AdamW stay eager)", ""),
+      KEY("log.fused_ops", Kind::string_list, std::vector<std::string>, log.fused_ops,
+          "op families run fused all the same under eager or compiled (a Triton kernel the model calls, e.g. torchtitan's fused_rmsnorm): rmsnorm, rope, swiglu, loss, adamw"),
       KEY("log.trace", Kind::string, std::string, log.trace, "Chrome trace (Perfetto) of one step"),
       KEY("checkpoint.dir", Kind::string, std::string, checkpoint.dir, "folder of checkpoints, DIR/step-NNNNNN/ (\"\" = none)"),
       KEY("checkpoint.every", Kind::integer, int64_t, checkpoint.every, "save every N steps (0: at the end and on SIGTERM only)"),
@@ -476,6 +479,7 @@ void validate(const RunConfig& c) {
           "the head size n_embd / n_head must be a whole number");
   require(c.model.block_size >= 1, c, "model.block_size", "must be at least 1", "");
   require(c.model.dropout >= 0 && c.model.dropout < 1, c, "model.dropout", "must be in [0, 1)", "");
+  eager_ops_for(c.log.kernels, c.log.fused_ops);  // an unknown family is a ConfigError naming log.fused_ops
   require(c.lora.r >= 0, c, "lora.r", "must not be negative", "0 turns LoRA off; PEFT's usual ranks are 8 to 64");
   require(c.lora.alpha > 0, c, "lora.alpha", "must be positive", "PEFT's default is 8; alpha = 2r is common");
   require(c.lora.dropout >= 0 && c.lora.dropout < 1, c, "lora.dropout", "must be in [0, 1)", "");

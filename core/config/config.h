@@ -114,7 +114,8 @@ struct LogOptions {
   std::string trace;    // Chrome trace file of one step ("" = none)
   int64_t trace_step = 2;  // which step (1-based) is traced and modeled
   bool calibrated = true;  // false: kernels at the data sheet's peak (hardware.h's at_peak)
-  ModeledKernels kernels = ModeledKernels::fused;  // eager: PyTorch's unfused op chains (core/perf/eager.h)
+  ModeledKernels kernels = ModeledKernels::fused;  // eager: PyTorch's unfused op chains; compiled: torchtitan's per-block torch.compile (core/perf/eager.h)
+  std::vector<std::string> fused_ops;  // op families that run fused all the same (a Triton kernel the model calls): rmsnorm, rope, swiglu, loss, adamw
 };
 
 // Checkpoints (core/ckpt/checkpoint.h): DIR/step-000100/ holds every rank's part of the training state.

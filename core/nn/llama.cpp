@@ -4,6 +4,7 @@
 
 #include "core/ops/cpu/llama.h"
 #include "core/ops/cpu/pointwise.h"
+#include "core/perf/eager.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -27,7 +28,7 @@ Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
   y.store();
   saved_x_ = x;
   // eager PyTorch keeps x.float() (bf16/fp16) or x·rstd (f32) for backward, beside what this kernel keeps
-  if (rt.eager_saved) eager_f32_ = rt.empty(x.shape(), Category::activations, "RMSNorm's f32 copy (eager PyTorch keeps it)");
+  if (rt.eager_ops & eager_op::rmsnorm) eager_f32_ = rt.empty(x.shape(), Category::activations, "RMSNorm's f32 copy (eager PyTorch keeps it)");
   return out;
 }
 
@@ -231,7 +232,7 @@ Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x_in) {
     hf.store();
   }
   // eager PyTorch keeps silu(gate) for the product's backward, beside gate and up
-  if (rt.eager_saved) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
+  if (rt.eager_ops & eager_op::swiglu) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   Tensor out = down_proj->forward(rt, h);
   if (op_) out_ = out;
   return out;
@@ -254,7 +255,7 @@ void LlamaMLP::recompute(Runtime& rt, const Tensor& x) {
     swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
     hf.store();
   }
-  if (rt.eager_saved) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
+  if (rt.eager_ops & eager_op::swiglu) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   down_proj->keep_input(rt, h);  // its output was kept (and is not needed): only its input
   out_ = Tensor();
 }

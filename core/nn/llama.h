@@ -31,7 +31,7 @@ class RMSNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor saved_x_, rstd_;
-  Tensor eager_f32_;  // rt.eager_saved: what eager PyTorch keeps beyond this kernel's (counted, never used)
+  Tensor eager_f32_;  // rt.eager_ops has rmsnorm: what eager PyTorch keeps beyond this kernel's (counted, never used)
 };
 
 // The sum of a split layer's input gradient over the tensor-parallel group (an all-reduce: Megatron's f),
@@ -127,7 +127,7 @@ class LlamaMLP : public Layer {
   Tensor rows_;       // sequence parallel: this rank's rows of the input, gathered again in backward
   Tensor gate_, up_;  // (B, T, I/t) each
   Tensor out_;        // op-level checkpointing: down_proj's output, (B, T, C)
-  Tensor eager_silu_;  // rt.eager_saved: silu(gate), which eager PyTorch keeps (counted, never used)
+  Tensor eager_silu_;  // rt.eager_ops has swiglu: silu(gate), which eager PyTorch keeps (counted, never used)
   bool op_ = false;
 };
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/ops/cpu/loss.h"
+#include "core/perf/eager.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -26,7 +27,7 @@ Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
   // eager PyTorch's cross_entropy(pred.float(), ...) on 16-bit logits: nll_loss's f32 gradient and
   // log_softmax's are both alive beside log_softmax's output, where this kernel writes one 16-bit gradient
   Tensor eager_grad;
-  if (rt.eager_saved && logits_dtype_ != DType::f32)
+  if ((rt.eager_ops & eager_op::loss) && logits_dtype_ != DType::f32)
     eager_grad = rt.empty(probs_.shape(), Category::activations, "nll_loss's f32 gradient (eager PyTorch)");
   Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits", logits_dtype_);
   AsF32 df(rt, d, AsF32::out);

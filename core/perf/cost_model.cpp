@@ -53,9 +53,9 @@ double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_pre
           rate = m.flops_per_s;
     math_s = e.flops / rate;
   }
-  // Eager PyTorch (log.kernels = "eager"): the same math as a chain of kernels, each writing its result to
+  // Eager PyTorch (log.kernels = "eager", or "compiled" outside the blocks): the same math as a chain of kernels, each writing its result to
   // memory for the next to read (core/perf/eager.cpp); they are memory-bound, so only bytes and launches change.
-  const KernelChain chain = kernels.eager ? eager_chain(e.name, e.bytes, kernels.activation_bytes) : KernelChain{e.bytes, 1};
+  const KernelChain chain = eager_chain(e.name, e.bytes, kernels.activation_bytes, kernels.eager_ops);
   const double memory_s = chain.bytes / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency);
   return std::max(math_s, memory_s) + chain.launches * hw.launch_overhead_s;
 }

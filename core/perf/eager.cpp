@@ -11,6 +11,8 @@
 // per value scaled by a/4), also per element, so elements = fused_bytes / fused_per_element.
 #include "core/perf/eager.h"
 
+#include "core/util/error.h"
+
 namespace distlab {
 
 namespace {
@@ -20,6 +22,23 @@ struct Chain {
   double eager_per_element;  // what eager PyTorch's chain moves per element
   int launches;
 };
+
+struct Family {
+  const char* name;
+  unsigned bit;
+};
+constexpr Family kFamilies[] = {{"rmsnorm", eager_op::rmsnorm}, {"rope", eager_op::rope}, {"swiglu", eager_op::swiglu},
+                                {"loss", eager_op::loss}, {"adamw", eager_op::adamw}};
+
+// the family of one of distlab's kernels: rmsnorm_forward -> rmsnorm, softmax_crossentropy_backward -> loss
+unsigned family_of(const std::string& name) {
+  if (name.rfind("rmsnorm_", 0) == 0) return eager_op::rmsnorm;
+  if (name.rfind("rope_", 0) == 0) return eager_op::rope;
+  if (name.rfind("swiglu_", 0) == 0) return eager_op::swiglu;
+  if (name.rfind("softmax_crossentropy_", 0) == 0) return eager_op::loss;
+  if (name == "adamw_step") return eager_op::adamw;
+  return 0;
+}
 
 bool chain_for(const std::string& name, double a, Chain& out) {
   const bool casts = a != 4;
@@ -91,9 +110,27 @@ bool chain_for(const std::string& name, double a, Chain& out) {
 
 }  // namespace
 
-KernelChain eager_chain(const std::string& name, double fused_bytes, int activation_bytes) {
+std::string eager_op_names() {
+  std::string s;
+  for (const Family& f : kFamilies) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  return s;
+}
+
+unsigned eager_ops_for(ModeledKernels kernels, const std::vector<std::string>& fused_ops) {
+  unsigned ops = kernels == ModeledKernels::eager ? eager_op::all : kernels == ModeledKernels::compiled ? eager_op::loss | eager_op::adamw : 0;
+  for (const std::string& name : fused_ops) {
+    unsigned bit = 0;
+    for (const Family& f : kFamilies)
+      if (name == f.name) bit = f.bit;
+    if (!bit) throw ConfigError("log.fused_ops: '" + name + "' is no op family with an eager chain", "name some of: " + eager_op_names());
+    ops &= ~bit;
+  }
+  return ops;
+}
+
+KernelChain eager_chain(const std::string& name, double fused_bytes, int activation_bytes, unsigned eager_ops) {
   Chain ch;
-  if (!chain_for(name, double(activation_bytes), ch)) return {fused_bytes, 1};
+  if (!(family_of(name) & eager_ops) || !chain_for(name, double(activation_bytes), ch)) return {fused_bytes, 1};
   const double elements = fused_bytes / ch.fused_per_element;
   return {elements * ch.eager_per_element, ch.launches};
 }

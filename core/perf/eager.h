@@ -13,25 +13,41 @@
 // foreach AdamW); eager_chain() in eager.cpp derives each one's bytes per element, op by op. Kernels that
 // eager PyTorch also runs as one (GEMMs, SDPA, LayerNorm, GELU, embedding, residual adds, the k/v repeat)
 // keep their bytes. The model replaces bytes and launches only; FLOPs are the same math.
-// Read next: core/perf/cost_model.cpp (compute_time uses this when log.kernels = "eager").
+// Read next: core/perf/cost_model.cpp (compute_time uses this when log.kernels = "eager" or "compiled").
 #pragma once
 #include <array>
 #include <string>
+#include <vector>
 
 #include "core/util/choice.h"
 
 namespace distlab {
 
-// log.kernels: what the modeled step runs — distlab's fused kernels, or eager PyTorch's op chains.
-enum class ModeledKernels { fused, eager };
+// log.kernels: what the modeled step runs — distlab's fused kernels, eager PyTorch's op chains, or
+// torch.compile applied to each transformer block as torchtitan does (torchtitan/parallelisms/
+// parallelize_llama.py, apply_compile at d4c86e3): the blocks' chains fused, and what lies outside the
+// blocks eager — the loss (its compile is commented out there: "causes CUDA errors") and foreach AdamW.
+// The final RMSNorm, outside the blocks too, is modeled fused: one norm of 2L + 1.
+enum class ModeledKernels { fused, eager, compiled };
 template <>
 struct ChoiceTable<ModeledKernels> {
-  static constexpr std::array names = {choice(ModeledKernels::fused, "fused"), choice(ModeledKernels::eager, "eager")};
+  static constexpr std::array names = {choice(ModeledKernels::fused, "fused"), choice(ModeledKernels::eager, "eager"),
+                                       choice(ModeledKernels::compiled, "compiled")};
 };
+
+// The op families that have an eager chain here, as bits: which of them a modeled step runs op by op.
+namespace eager_op {
+constexpr unsigned rmsnorm = 1, rope = 2, swiglu = 4, loss = 8, adamw = 16, all = 31;
+}
+// The families log.kernels runs as eager chains, less those log.fused_ops names (a Triton kernel the model's
+// code calls instead: torchtitan of April 2024 ran RMSNorm as its fused_rmsnorm, the rest eager). An
+// unknown name in fused_ops is a ConfigError naming the key.
+unsigned eager_ops_for(ModeledKernels kernels, const std::vector<std::string>& fused_ops);
+std::string eager_op_names();  // "rmsnorm, rope, swiglu, loss, adamw"
 
 // Which kernels a modeled step runs, for the cost model.
 struct KernelSet {
-  bool eager = false;        // true: eager PyTorch's op chains (this file) instead of distlab's fused kernels
+  unsigned eager_ops = 0;    // eager_op bits: these families run as eager PyTorch's chains, the rest fused
   int activation_bytes = 4;  // 2 under bf16/fp16 autocast: eager's casts to f32 and back then cost bytes
 };
 
@@ -41,7 +57,8 @@ struct KernelChain {
 };
 
 // The chain eager PyTorch runs for distlab's kernel `name`, which recorded `fused_bytes` (already scaled to
-// the activation size, as OpScope records them). A kernel without an eager chain comes back unchanged.
-KernelChain eager_chain(const std::string& name, double fused_bytes, int activation_bytes);
+// the activation size, as OpScope records them). A kernel without an eager chain, or whose family is not in
+// `eager_ops`, comes back unchanged.
+KernelChain eager_chain(const std::string& name, double fused_bytes, int activation_bytes, unsigned eager_ops = eager_op::all);
 
 }  // namespace distlab

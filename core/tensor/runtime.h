@@ -28,11 +28,12 @@ struct Runtime {
   // What gradients travel in when they are averaged across ranks ([precision] reduce_dtype; PyTorch FSDP's
   // MixedPrecision.reduce_dtype, DDP's bf16 compression hook): f32, or 16 bits for half the bytes.
   DType reduce_dtype = DType::f32;
-  // log.kernels = "eager": the memory count also holds what eager PyTorch's autograd keeps and distlab's fused
+  // The op families that run as eager PyTorch's chains (log.kernels, log.fused_ops: core/perf/eager.h's
+  // eager_op bits): the memory count also holds what eager autograd keeps for them and distlab's fused
   // kernels do not (measured with saved-tensor hooks, bench/peer_torch_llama.py --only saved): an f32 tensor
   // the size of RMSNorm's input, SiLU's output, and in 16-bit training a third f32 (B·T, vocab) tensor during
   // the loss's backward. They are allocated and freed where PyTorch's are, never read or written.
-  bool eager_saved = false;
+  unsigned eager_ops = 0;
   MemoryAccountant memory;
   Trace trace;
   // The rank's GPU (streams, cuBLAS, allocator) when device is cuda; owned by whoever made the Runtime.

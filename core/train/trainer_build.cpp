@@ -142,7 +142,7 @@ Trainer::Trainer(const RunConfig& cfg, Runtime& rt, std::ostream& log, ProcessGr
 
   rt.dtype = parse_float_dtype(cfg.precision.mode);  // params, grads and activations (core/ops/autocast.h)
   rt.reduce_dtype = parse_float_dtype(cfg.precision.reduce_dtype);  // gradients on the wire
-  rt.eager_saved = cfg.log.kernels == ModeledKernels::eager;  // eager PyTorch's saved tensors in the count
+  rt.eager_ops = eager_ops_for(cfg.log.kernels, cfg.log.fused_ops);  // eager PyTorch's saved tensors in the count
   model_ = build_split_model(rt, spec_, mesh_ ? &mesh_->group(MeshAxis::tp) : nullptr, mesh_ ? mesh_->coord().pp : 0, shape.pp,
                              cfg.parallel.pp_layers);
   model_->init(cfg.train.seed);

@@ -1,6 +1,7 @@
 #include "core/train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sstream>
 
@@ -18,6 +19,16 @@
 #include "core/util/units.h"
 
 namespace distlab {
+
+// How the modeled step's kernels ran, for the log's line: "" (distlab's fused kernels), eager PyTorch's, or
+// torch.compile'd blocks; and what log.fused_ops kept fused
+static std::string kernels_text(const LogOptions& log) {
+  std::string t = log.kernels == ModeledKernels::eager      ? " with eager PyTorch's kernels"
+                  : log.kernels == ModeledKernels::compiled ? " with torch.compile'd blocks (the loss and AdamW eager)"
+                                                            : "";
+  if (!t.empty() && !log.fused_ops.empty()) t += fmt::format(" but a fused {}", fmt::join(log.fused_ops, ", "));
+  return t;
+}
 
 // Every rank hands its traced step to rank 0 through the store; rank 0 replays them on the profile.
 nlohmann::json Trainer::model_time(int64_t step) {
@@ -38,7 +49,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
     ReplayOptions ro;
     ro.symmetric = fake;
     ro.ranks_per_node = fake ? int(cfg_.dist.fake_ranks_per_node) : 0;
-    ro.kernels = KernelSet{cfg_.log.kernels == ModeledKernels::eager, int(dtype_size(rt_.dtype))};
+    ro.kernels = KernelSet{eager_ops_for(cfg_.log.kernels, cfg_.log.fused_ops), int(dtype_size(rt_.dtype))};
     ReplayResult r = replay(ranks, hw, ro);
     // The replay covers the kernels and collectives; the host's own per-step work (the loss read back, the
     // next batch copied in) comes on top, once per optimizer step, on one rank as on N.
@@ -364,8 +375,7 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
     log_ << fmt::format("modeled on {}{} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
                         "speed-up over one rank {:.2f}x, MFU {:.1f} % (HFU {:.1f} %); measured here: {:.2f} ms per step\n",
                         modeled_["profile"].get<std::string>(),
-                        std::string(modeled_.value("modeled_calibrated", true) ? "" : " at its peaks") +
-                            (modeled_.value("modeled_kernels", std::string("fused")) == "eager" ? " with eager PyTorch's kernels" : ""),
+                        std::string(modeled_.value("modeled_calibrated", true) ? "" : " at its peaks") + kernels_text(cfg_.log),
                         modeled_["traced_step"].get<int64_t>(),
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
