@@ -374,7 +374,7 @@ def steps_section(a, res, B, T, dims, layer_counts, dev, t0):
         print(f"{r['layers']:>3} {r['params']:>14,} {r['step_ms']:>9.1f} {r['forward_ms']:>8.1f} {r['backward_ms']:>8.1f} "
               f"{r['optimizer_ms']:>9.1f} {r['peak_gib']:>9.2f} {r['tokens_per_s']:>9.0f}")
     s = res["steps"]
-    if len(s) >= 2:
+    if len(s) >= 2 and s[-1]["layers"] != s[0]["layers"]:
         per_layer = (s[-1]["step_ms"] - s[0]["step_ms"]) / (s[-1]["layers"] - s[0]["layers"])
         print(f"   per layer (slope): {per_layer:.1f} ms a step; a 32-layer step would be "
               f"{s[0]['step_ms'] + (32 - s[0]['layers']) * per_layer:.0f} ms on one GPU  [{time.time() - t0:.0f} s]")

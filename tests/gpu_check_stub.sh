@@ -4,7 +4,8 @@
 # CUDA build (distlab: a run writes metrics of 134 ms steps of 4.4 TFLOP, lab 03's grading fails; the kernel
 # tests pass). Checked: the steps run in the order a short loan needs, every target reaches the table with
 # its verdict, a failing lab makes the exit status 1, a budget too small skips the steps that would overrun
-# and records them as not measured (exit 0), and without a GPU the targets are recorded as not measured.
+# and records them as not measured (exit 0), runs that all fail give FAIL rows (exit 1), and without a GPU
+# the targets are recorded as not measured.
 #   bash tests/gpu_check_stub.sh SOURCE_DIR
 set -uo pipefail
 src=${1:?usage: gpu_check_stub.sh SOURCE_DIR}
@@ -26,6 +27,7 @@ case "$args" in
   grade\ 03*) echo "  total 6 12"; exit 1;;
   grade*) echo "  total 12 12";;
   *train*)
+    [ -n "${STUB_TRAIN_FAILS:-}" ] && { echo "stub: the run fails"; exit 1; }
     [ -n "$metrics" ] && {
       for i in $(seq 12); do echo '{"kind":"step","wall_s":0.134,"samples":8,"flops":4.4e12,"loss":3.1,"grad_norm":1.0}'; done
       echo '{"kind":"summary","peak_memory_device_measured":10737418240,"peak_memory_reserved":10500000000,"peak_memory_total":9000000000,"modeled_step_s":0.121,"measured_step_s":0.134}'
@@ -73,10 +75,12 @@ t="$w/out/gpu_check_summary.tsv"
 want() { grep -q -F -- "$1" "$t" || fail "the table has no row with: $1"; }
 want "$(printf 'kernels against the cpu\tall pass\tall pass\tok')"
 want "$(printf 'GPT-2 124M bf16, MFU\t3.3 %% (134.0 ms a step)\t>= 35 %%\tMISSED')"
-want "$(printf 'GPT-2 124M bf16, measured peak / modeled reserved\t1.023 (10.00 of 9.78 GiB)\twithin 5 %%\tok')"
+want "$(printf 'GPT-2 124M bf16, measured peak / modeled reserved\t1.02 (10.00 of 9.78 GiB)\twithin 5 %%\tok')"
 want "GPT-2 124M bf16 + flash attention, MFU"
-want "$(printf 'GPT-2 124M: modeled (calibrated) / measured step\t0.90 (121.0 / 134.0 ms)\twithin 10 %%\tok')"
-want "$(printf 'Llama 3 8B, 2 blocks: modeled (calibrated) / measured step\t0.90')"
+want "$(printf 'GPT-2 124M: modeled (calibrated) / measured step\t0.9 (121.0 / 134.0 ms)\twithin 10 %%\tok')"
+want "$(printf 'Llama 3 8B, 2 blocks: modeled (calibrated) / measured step\t0.9 (')"
+want "$(printf 'cuda against the cpu: configs/gpt-tiny.toml\t0 (largest relative difference)\twithin 1e-4\tok')"
+want "$(printf 'zero3 over NCCL against Gloo (bf16 losses)\t0 (largest relative difference)\twithin 1e-2\tok')"
 want "$(printf 'Llama 3 8B, 2 blocks: distlab / eager PyTorch\t0.54x (134.0 / 250.0 ms)\t<= 1.2x\tok')"
 want "$(printf 'Llama 3 8B, 2 blocks: modeled eager (calibrated) / eager PyTorch\t0.48 (121.0 / 250.0 ms)\twithin 10 %%\tMISSED')"
 grep -q "^train configs/llama3-8b.toml --set model.n_layer=2 .* --device meta .* --set log.kernels=eager --set log.profile=$w/out/calibrated.json" "$w/out/calls" ||
@@ -98,7 +102,16 @@ grep -q "skipped: .* s of the 20 s budget left" "$w/log" || fail "no step says i
 want "$(printf 'GPT-2 124M bf16, MFU\tnot measured\t\tskipped: out of time')"
 want "$(printf 'lab 10 graded on cuda\tnot measured\t\tskipped: out of time')"
 
-# 3. no GPU: every target not measured, exit 0
+# 3. every training run fails: its targets are FAIL rows, not numbers left from an earlier run, and exit 1
+(cd "$w/tree" && PATH="$w/fakebin:$PATH" OUT="$w/out" STUB_TRAIN_FAILS=1 bash bench/gpu_check.sh > "$w/log" 2>&1)
+rc=$?
+cat "$w/log"
+[ $rc -eq 1 ] || fail "exit status $rc when every run fails, not 1"
+want "$(printf 'GPT-2 124M bf16, MFU\tnot measured\t>= 35 %%\tFAIL')"
+want "$(printf 'GPT-2 124M: modeled (calibrated) / measured step\tnot measured (? / ? ms)\twithin 10 %%\tFAIL')"
+want "$(printf 'cuda against the cpu: configs/gpt-tiny.toml\tnot measured (largest relative difference)\twithin 1e-4\tFAIL')"
+
+# 4. no GPU: every target not measured, exit 0
 if command -v nvidia-smi >/dev/null; then echo "ok (this machine has nvidia-smi: the no-GPU case is not checked here)"; exit 0; fi
 rm -rf "$w/out"/*
 (cd "$w/tree" && OUT="$w/out" bash bench/gpu_check.sh > "$w/log" 2>&1)

@@ -18,7 +18,8 @@ namespace distlab {
 
 // Roofline time of one compute event: max(flops / peak, bytes / mem_bw) + launch overhead.
 // low_precision (or the event's own flag, set for 16-bit ops) picks the bf16/fp16 tensor-core peak.
-// kernels.eager: the bytes and launches of eager PyTorch's op chain for the same work (core/perf/eager.h).
+// kernels.eager_ops: the families whose bytes and launches are eager PyTorch's op chain for the same work
+// (core/perf/eager.h); the rest run as distlab's fused kernels.
 double compute_time(const TraceEvent& e, const HardwareProfile& hw, bool low_precision = false, KernelSet kernels = {});
 
 enum class Link { intra_node, inter_node };

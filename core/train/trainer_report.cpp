@@ -59,6 +59,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_step_overhead_s"] = hw.step_overhead_s;
     out["modeled_calibrated"] = cfg_.log.calibrated;
     out["modeled_kernels"] = std::string(name_of(cfg_.log.kernels));
+    if (!cfg_.log.fused_ops.empty()) out["modeled_fused_ops"] = cfg_.log.fused_ops;
     out["modeled_compute_s"] = r.compute_s;
     out["modeled_comm_s"] = r.comm_s;
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
