@@ -63,10 +63,35 @@ std::string replace_body(const std::string& s, const std::string& signature, con
   return s.substr(0, open) + "{\n" + body + "\n}" + s.substr(i + 1);
 }
 
+// A grading's points by check. Reading a check the grading did not report fails the test: a renamed or
+// misspelt check must not make `points["x"] == 0` hold by default, as a std::map's operator[] would.
+struct Points {
+  std::map<std::string, int> by_check;
+  int operator[](const std::string& check) const {
+    const auto it = by_check.find(check);
+    INFO("the grading reported no check named '" << check << "'");
+    REQUIRE(it != by_check.end());
+    return it->second;
+  }
+};
+
 struct Row {
-  std::map<std::string, int> points;
+  Points points;
   int total = 0;
   std::string error;
+};
+
+// The CSV's rows by submission: a name the grading did not report fails the test, as Points' checks do.
+struct Rows {
+  std::map<std::string, Row> by_name;
+  const Row& operator[](const std::string& name) const {
+    const auto it = by_name.find(name);
+    INFO("the grading reported no submission named '" << name << "'");
+    REQUIRE(it != by_name.end());
+    return it->second;
+  }
+  const Row& at(const std::string& name) const { return (*this)[name]; }
+  size_t count(const std::string& name) const { return by_name.count(name); }
 };
 
 std::vector<std::string> csv_fields(const std::string& line) {
@@ -84,12 +109,12 @@ std::vector<std::string> csv_fields(const std::string& line) {
   return f;
 }
 
-std::map<std::string, Row> parse_csv(const std::string& csv) {
+Rows parse_csv(const std::string& csv) {
   std::istringstream in(csv);
   std::string header;
   std::getline(in, header);
   const auto cols = csv_fields(header);
-  std::map<std::string, Row> rows;
+  Rows rows;
   for (std::string line; std::getline(in, line);) {
     auto f = csv_fields(line);
     REQUIRE(f.size() == cols.size());
@@ -100,9 +125,9 @@ std::map<std::string, Row> parse_csv(const std::string& csv) {
     for (size_t k = 0; k < cols.size(); k++) {
       if (cols[k] == "points") r.total = std::stoi(f[k]);
       else if (cols[k] == "error") r.error = f[k];
-      else if (!own.count(cols[k])) r.points[cols[k]] = std::stoi(f[k]);
+      else if (!own.count(cols[k])) r.points.by_check[cols[k]] = std::stoi(f[k]);
     }
-    rows[f[0]] = r;
+    rows.by_name[f[0]] = r;
   }
   return rows;
 }
@@ -134,7 +159,7 @@ double batch_load() { return std::max(1.0, 2.0 * batch_jobs() / std::max(1u, std
 
 // Writes each submission into its own folder of `subs`, grades the batch, returns the CSV's rows.
 // `extra`: more arguments for `distlab grade` (a --seed that pins the scenarios a test's verdicts rely on).
-std::map<std::string, Row> grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
+Rows grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
                                        const std::string& file_name, std::string* json = nullptr, const std::string& extra = "") {
   fs::remove_all(subs);
   fs::create_directories(subs);
