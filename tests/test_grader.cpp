@@ -1431,6 +1431,19 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
                        "  linear_forward(all.data(), w, b, y, rows, in, out);\n  kept.push_back(all);\n"),
                "  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept",
                "  g.all_gather(x, all.data(), rows / g.size() * in);\n  all = kept.back();\n  kept.pop_back();")},
+      // ... and the dodge of both: backward gathers as it should (the engine's bytes), then takes the copy kept
+      // from the forward whenever this rank's rows still match it (the right numbers, sp_layers' other inputs
+      // included): only the plugin's measured memory tells
+      {"sp_kept_compare_rows",
+       replace(replace(replace(solution, "namespace lab06 {\n", "namespace lab06 {\nstatic std::vector<std::vector<float>> kept;\n"),
+                       "  linear_forward(all.data(), w, b, y, rows, in, out);\n",
+                       "  linear_forward(all.data(), w, b, y, rows, in, out);\n  kept.push_back(all);\n"),
+               "  g.all_gather(x, all.data(), rows / g.size() * in);  // the input again: forward's gathered copy was not kept",
+               "  g.all_gather(x, all.data(), rows / g.size() * in);\n"
+               "  if (!kept.empty() && kept.back().size() == all.size() &&\n"
+               "      std::equal(x, x + rows / g.size() * in, kept.back().begin() + g.rank() * (rows / g.size() * in)))\n"
+               "    all = kept.back();\n"
+               "  if (!kept.empty()) kept.pop_back();")},
       // the LayerNorms' gradients left at this rank's rows
       {"sp_no_norm_sum", replace(solution, "  g.all_reduce(grads, n);  // each rank's rows", "  (void)grads, (void)n;  // each rank's rows")},
       // a forged verdict from a global constructor
@@ -1450,6 +1463,10 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
   CHECK_THAT(read(subs.parent_path() / "feedback" / "sp_kept_input_dummy_gather.txt"), Catch::Contains("gather the input again"));
   CHECK(rows["sp_kept_input"].points["sp_equals_tp"] == 2);
   CHECK(rows["sp_kept_input"].points["sp_comm_volume"] == 0);
+  CHECK(rows["sp_kept_compare_rows"].points["sp_layers"] == 3);
+  CHECK(rows["sp_kept_compare_rows"].points["sp_equals_tp"] == 2);
+  CHECK(rows["sp_kept_compare_rows"].points["sp_comm_volume"] == 0);
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "sp_kept_compare_rows.txt"), Catch::Contains("gathered inputs of") && Catch::Contains("kept from the forward"));
   CHECK(rows["sp_no_norm_sum"].points["sp_layers"] == 0);
   CHECK(rows["sp_no_norm_sum"].points["sp_equals_tp"] == 0);
   CHECK(rows["sp_no_norm_sum"].points["tp_equals_tp1"] == 2);

@@ -734,6 +734,53 @@ double peak_activations(const Job& j) {
   return j.summary.value("peak_memory", nlohmann::json::object()).value("activations", 0.0);
 }
 
+/* The memory sequence parallelism frees: a column layer's gathered input (rows x in, every rank's rows) is
+   a temporary of each call, gathered again in backward, never kept between calls. The trainer cannot see
+   what the plugin's process keeps, so it is measured from outside it (grader/bridge/plugin_process.h: its
+   memory cgroup's peak over what its host held before the plugin was loaded), on a GPT whose gathered
+   inputs stand out: 16 blocks of width 128 and 1024 token rows, so each gathered input is 0.5 MiB and a
+   forward's 32 column layers would keep 16 MiB. One call needs a few buffers of its own size — the host's
+   copies of the arguments and results (the payload received, the results and their message), the
+   gathered input and the collective's reply, a gradient to reduce-scatter: at most kSpBuffers x the
+   largest (a row layer's x, a column layer's y: rows x 4C/t floats, 1 MiB; the solution peaks near 5)
+   plus kSpSlackBytes for the C++ runtime. Only this catches a plugin that gathers in backward as it should (the bytes are right),
+   then uses a copy kept from the forward whenever its own rows still match it (the numbers are right). */
+constexpr int kSpTokens = 1024;  // micro_batch 4 x seq_len 256
+const std::vector<std::string> kSpMemory = plus(kBase, {"parallel.tp=2", kSp, "model.n_layer=16", "model.n_embd=128", "model.n_head=4",
+                                                        "model.block_size=256", "data.seq_len=256", "train.micro_batch=4", "train.steps=1"});
+constexpr double kSpBuffers = 8, kSpSlackBytes = 1 << 20;
+
+CheckResult sp_plugin_memory(CheckContext& ctx, std::string detail) {
+  const Job& ref = job(ctx, "ref:sp2-memory", 2, false, kSpMemory);
+  const Job& mine = job(ctx, "sp2-memory", 2, true, kSpMemory);
+  CheckResult bad;
+  const std::string same = worst(ref, mine, 1e-6, "tp 2 + SP, 16 blocks of width 128 (the run whose memory is measured)", bad);
+  if (same.empty()) {
+    bad.hint = "memory counts for layers that compute: this run must gather, multiply and reduce-scatter as the smaller ones do";
+    return bad;
+  }
+  const double c = 128, t = 2, largest = kSpTokens * std::max(c, 4 * c / t) * 4, gathered = kSpTokens * c * 4;
+  const double allowed = kSpBuffers * largest + kSpSlackBytes;
+  if (!mine.summary.contains("ranks") || !mine.summary["ranks"].is_array()) throw CheckAbort("error", "the memory job's summary has no ranks");
+  for (const auto& rank : mine.summary["ranks"]) {
+    const auto m = rank.value("plugin_memory", nlohmann::json::object());
+    if (m.value("method", "").empty()) continue;  // not measurable here (no cgroup, no /proc): the bytes above stand alone
+    const double own = std::max(0.0, m.value("peak", 0.0) - m.value("before_load", 0.0) - m.value("counted_by_trainer", 0.0));
+    const int r = rank.value("rank", 0);
+    detail += fmt::format("; rank {}'s plugin process: {:.1f} MiB at its peak beyond its host (measured by {}; at most {:.1f})", r, own / (1 << 20),
+                          m.value("method", "") == "cgroup" ? "its memory cgroup" : "resident sets", allowed / (1 << 20));
+    if (own > allowed)
+      return {false,
+              fmt::format("tp 2 + SP, 1024 token rows of width 128: your plugin's process holds a call's buffers only, at most {:.0f} x the largest "
+                          "({:.1f} MiB) + {:.0f} MiB = {:.1f} MiB (rank {})",
+                          kSpBuffers, largest / (1 << 20), kSpSlackBytes / (1 << 20), allowed / (1 << 20), r),
+              fmt::format("{:.1f} MiB (the bytes of {:.1f} gathered inputs of {:.1f} MiB)", own / (1 << 20), own / gathered, gathered / (1 << 20)), detail,
+              "a gathered input kept from the forward (in a static, a member, a cache keyed by anything) is the memory sequence parallelism "
+              "frees: gather it again in sp_column_backward and let every call's buffers go when it returns"};
+  }
+  return {true, "", "", detail + "; " + same};
+}
+
 // The bytes: Korthikanti et al.'s all-gather + reduce-scatter for each all-reduce of the stream (the same
 // bytes), plus the input gathered again in each column layer's backward — per block 10 halves where plain
 // TP has 4 all-reduces (8 halves): 1.25x for the layers. The memory: what the trainer holds between the
@@ -749,12 +796,13 @@ CheckResult sp_comm_volume(CheckContext& ctx) {
       fmt::format("tp 2 + SP: {:.0f} bytes per step, the engine's {:.0f} ({:.3f}x plain TP's {:.0f}: the layers' 1.25x and the LayerNorms' "
                   "gradient sums); the trainer's activations at the peak {:.0f} bytes against plain TP's {:.0f} ({:.2f}x)",
                   got, want, tp_bytes > 0 ? got / tp_bytes : 0.0, tp_bytes, act_sp, act_tp, act_tp > 0 ? act_sp / act_tp : 0.0);
-  if (std::abs(got / want - 1) <= 0.01) return {true, "", "", detail};
-  return {false, fmt::format("tp 2 + sequence parallel: {:.0f} bytes per step, as the engine's sequence-parallel run", want),
+  if (std::abs(got / want - 1) > 0.01)
+    return {false, fmt::format("tp 2 + sequence parallel: {:.0f} bytes per step, as the engine's sequence-parallel run", want),
           fmt::format("{:.0f} ({:.2f}x)", got, got / want), detail,
           got > want ? "an all-reduce where a reduce-scatter does (each rank needs only its rows of the sum) sends twice the bytes"
                      : "fewer bytes than Megatron's: is a gathered input kept between forward and backward? The contract keeps nothing "
                        "between calls (the memory it would hold is what sequence parallelism frees)"};
+  return sp_plugin_memory(ctx, detail);
 }
 
 CheckResult pp_equals_pp1(CheckContext& ctx) {
