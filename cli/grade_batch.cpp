@@ -157,6 +157,10 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
                                                 : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-feedback");
   fs::create_directories(feedback);
   std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
+  if (l.partial)
+    std::cout << fmt::format("--check: {} of the lab's checks, {} of its points: the CSV's and the feedback's points, max and percent are "
+                             "theirs, not the lab's\n",
+                             l.checks.size(), l.max_points());
   std::set<std::string> taken;
   std::vector<std::string> fb_names;  // decided in the folders' order, whatever order they finish in
   for (const auto& d : dirs) fb_names.push_back(feedback_name(d.filename().string(), taken));

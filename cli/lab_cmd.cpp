@@ -262,7 +262,8 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "cuda-sim"}));
   grade->add_option("--check", a->only,
                     "run only this check (repeatable): quicker while you work on one; the grade is not recorded (distlab lab list keeps "
-                    "your last whole grading)")
+                    "your last whole grading). With --submissions: the class regraded on these checks, its CSV's points, max and "
+                    "percent theirs")
       ->allow_extra_args(false);
   grade->add_flag("--measure-speedup", a->measure_speedup,
                   "lab 02: measure the speed-up of 2 ranks over 1 on this machine, beside the modeled T4s (the default on 2 GPUs "
@@ -315,11 +316,13 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       exit_code = 2;
       return;
     }
-    if (!a->only.empty()) {  // one student's quick look at some checks: a class's gradebook holds whole gradings
+    // some checks: one student's quick look, or a class regraded on the checks an instructor names (a check
+    // changed, a machine that failed one); an LMS's gradebook and a Slurm array hold whole gradings
+    if (!a->only.empty()) {
       try {
-        if (!a->submissions.empty() || a->slurm || !a->slurm_task.empty() || grade->count("--gradescope") || !a->gradescope_bundle.empty())
-          throw ConfigError("--check grades one copy's checks (yours, --src DIR or --solution)",
-                            "a class's gradings (--submissions, --slurm, --gradescope) run every check");
+        if (a->slurm || !a->slurm_task.empty() || grade->count("--gradescope") || !a->gradescope_bundle.empty() || !a->roster.empty())
+          throw ConfigError("--check grades some of the lab's checks, of one copy (yours, --src DIR, --solution) or of a class (--submissions DIR)",
+                            "an LMS's gradebook (--roster, --gradescope) and a Slurm array (--slurm) take whole gradings: leave out --check");
         l = grader::with_only_checks(l, a->only);
       } catch (const Error& e) {  // a usage error: exit 2, as for an unknown lab
         std::cerr << "distlab: error: " << e.full() << "\n";

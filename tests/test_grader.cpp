@@ -675,7 +675,7 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the l
 // `distlab grade NN --check NAME`: a student working on one check runs it alone. Only the named checks run
 // and count; nothing is recorded as a grade and the engine's answer stays for the whole lab's full marks; a
 // name the lab has not is refused with the lab's checks; a class's grading runs every check.
-TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's answer, unknown names and class gradings refused", "[grader][lab01]") {
+TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's answer, unknown names refused, a class regraded on them but not for an LMS", "[grader][lab01]") {
   const std::string name = "distlab-check-" + std::to_string(getpid());
   const fs::path dir = fs::temp_directory_path() / name;
   fs::create_directories(dir);
@@ -701,9 +701,23 @@ TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's 
   CHECK(code2 == 0);
   CHECK_THAT(out2, Catch::Contains("Full marks"));
   CHECK(recorded());
-  auto [code3, out3] = run("grade 01 --submissions " + dir.string() + " --check partition");
-  CHECK(code3 == 2);
-  CHECK_THAT(out3, Catch::Contains("--check grades one copy's checks"));
+  // a class regraded on the checks an instructor names: its CSV holds them only, their points the max
+  fs::create_directories(dir / "subs" / "alice");
+  std::ofstream(dir / "subs" / "alice" / "ring.cpp") << read(fs::path(DISTLAB_SOURCE_DIR) / "solutions/01-collectives/ring.cpp");
+  auto [code3, out3] = run("grade 01 --submissions " + (dir / "subs").string() + " --check all_gather_equals_builtin --csv " + (dir / "c.csv").string());
+  INFO(out3);
+  CHECK(code3 == 0);
+  CHECK_THAT(out3, Catch::Contains("--check: 1 of the lab's checks, 2 of its points"));
+  const std::string csv = read(dir / "c.csv");
+  CHECK_THAT(csv, Catch::Contains(",all_gather_equals_builtin,points,max,") && !Catch::Contains("all_reduce_equals_builtin"));
+  CHECK_THAT(csv, Catch::Contains(",2,2,2,100.0,"));
+  CHECK_THAT(read(dir / "feedback" / "alice.txt"), !Catch::Contains("Full marks"));  // no engine's answer for a part of the lab
+  std::ofstream(dir / "roster.csv") << "folder,id,name,email\nalice,1,Alice,a@example.org\n";
+  auto [code4, out4] = run("grade 01 --submissions " + (dir / "subs").string() + " --check all_gather_equals_builtin --roster " + (dir / "roster.csv").string() +
+                           " --csv " + (dir / "c.csv").string());
+  CHECK(code4 == 2);  // an LMS's gradebook takes whole gradings
+  CHECK_THAT(out4, Catch::Contains("take whole gradings"));
+  CHECK_THAT(read(dir / "c.csv"), Catch::Contains(",2,2,2,100.0,"));  // the earlier CSV kept
   fs::remove_all(dir);
 }
 
