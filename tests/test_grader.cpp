@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -157,34 +158,71 @@ int batch_jobs() {
 // The stretch of every time limit under --jobs N on this machine (grader/check.h: SharedResults::load)
 double batch_load() { return std::max(1.0, 2.0 * batch_jobs() / std::max(1u, std::thread::hardware_concurrency())); }
 
+// A mutant's targets: the checks its assertions read. It is graded on those only (`--check`), the checks it
+// does not target would repeat what its batch's other gradings show; a correct solution, the skeleton and
+// every hostile submission run every check. Its row's total is -1: such a mutant has no total to assert.
+using Only = std::map<std::string, std::vector<std::string>>;
+
 // Writes each submission into its own folder of `subs`, grades the batch, returns the CSV's rows.
 // `extra`: more arguments for `distlab grade` (a --seed that pins the scenarios a test's verdicts rely on).
+// `only`: submissions graded on some checks, a batch of their own for each set of checks (in a sibling folder
+// of `subs`, graded after the whole batch, whose reference times they reuse; the feedback in the same folder).
 Rows grade_batch(const std::string& lab, const fs::path& subs, const std::map<std::string, std::string>& files,
-                                       const std::string& file_name, std::string* json = nullptr, const std::string& extra = "") {
-  fs::remove_all(subs);
-  fs::create_directories(subs);
-  for (const auto& [name, text] : files) {
+                 const std::string& file_name, std::string* json = nullptr, const std::string& extra = "", const Only& only = {}) {
+  auto write = [&](const fs::path& dir, const std::string& name, const std::string& text) {
     if (text.rfind("@file:", 0) == 0) {  // the submission itself is a file, not a folder
-      std::ofstream(subs / name) << text.substr(6);
-      continue;
+      std::ofstream(dir / name) << text.substr(6);
+      return;
     }
     if (text.rfind("@linkdir:", 0) == 0) {  // the submission is a link to someone else's folder
-      fs::create_symlink(text.substr(9), subs / name);
-      continue;
+      fs::create_symlink(text.substr(9), dir / name);
+      return;
     }
-    fs::create_directories(subs / name);
-    if (text.rfind("@symlink:", 0) == 0) fs::create_symlink(text.substr(9), subs / name / file_name);
-    else std::ofstream(subs / name / file_name) << text;
-  }
-  const fs::path csv = subs.string() + "-grades.csv", js = subs.string() + "-grades.json";
+    fs::create_directories(dir / name);
+    if (text.rfind("@symlink:", 0) == 0) fs::create_symlink(text.substr(9), dir / name / file_name);
+    else std::ofstream(dir / name / file_name) << text;
+  };
   // every failure's hint at once (a first grading holds them back: the hints test below): these tests read them
-  auto [code, out] = run("grade " + lab + " --require-sandbox --jobs " + std::to_string(batch_jobs()) + " --submissions " + subs.string() + " --csv " + csv.string() + " --json " + js.string() +
-                         (extra.find("--hints") == std::string::npos ? " --hints always" : "") + (extra.empty() ? "" : " " + extra));
-  INFO(out);
-  REQUIRE(code == 0);
-  INFO(read(csv));
-  if (json) *json = read(js);
-  return parse_csv(read(csv));
+  auto grade = [&](const fs::path& dir, const std::string& args) {
+    const fs::path csv = dir.string() + "-grades.csv", js = dir.string() + "-grades.json";
+    auto [code, out] = run("grade " + lab + " --require-sandbox --jobs " + std::to_string(batch_jobs()) + " --submissions " + dir.string() + " --csv " +
+                           csv.string() + " --json " + js.string() + (extra.find("--hints") == std::string::npos ? " --hints always" : "") +
+                           (extra.empty() ? "" : " " + extra) + args);
+    INFO(out);
+    REQUIRE(code == 0);
+    INFO(read(csv));
+    if (json && args.empty()) *json = read(js);
+    return parse_csv(read(csv));
+  };
+  std::map<std::vector<std::string>, std::vector<std::string>> by_checks;  // a set of checks -> the mutants graded on it
+  for (const auto& [name, checks] : only) {
+    INFO(name);
+    REQUIRE(files.count(name));
+    REQUIRE(!checks.empty());
+    std::vector<std::string> sorted = checks;
+    std::sort(sorted.begin(), sorted.end());
+    by_checks[sorted].push_back(name);
+  }
+  fs::remove_all(subs);
+  fs::create_directories(subs);
+  for (const auto& [name, text] : files)
+    if (!only.count(name)) write(subs, name, text);
+  Rows rows = grade(subs, "");
+  int k = 0;
+  for (const auto& [checks, names] : by_checks) {
+    const fs::path dir = subs.string() + "-only" + std::to_string(k++);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::string args;
+    for (const auto& c : checks) args += " --check " + c;
+    for (const auto& n : names) write(dir, n, files.at(n));
+    for (auto& [n, row] : grade(dir, args).by_name) {
+      row.total = -1;
+      rows.by_name[n] = row;
+    }
+    fs::remove_all(dir);
+  }
+  return rows;
 }
 
 // A unified diff (`diff -u` of one file after another, `--- path` / `+++ path` headers) applied under `root`:
@@ -949,7 +987,19 @@ TEST_CASE("lab 03: solution, skeleton, and the course's mixed precision and accu
   };
   // skip_not_synchronised and scheduler_per_micro_step are lab 08's cases: its test grades them with these checks
   // seed 3 draws a start at 2^27.1 backed off by 0.456: 8 overflowing steps first (measured), not the table's 4
-  auto rows = grade_batch("03", subs, files, "amp.cpp", nullptr, "--seed 3");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"clip_before_unscale", {"fp16_tracks_fp32", "scale_sequence"}},
+      {"clip_without_epsilon", {"accumulation_equals_big_batch", "clip_grad_norm"}},
+      {"floods_the_grader", {"overflow_skipped_on_every_rank", "scaler_drives_the_step"}},
+      {"growth_never", {"accumulation_equals_big_batch", "scale_sequence", "scaler_drives_the_step"}},
+      {"loss_not_divided_by_k", {"accumulation_equals_big_batch", "scale_sequence", "scaler_drives_the_step"}},
+      {"no_scaling", {"clip_grad_norm", "scaler_drives_the_step", "scaler_rescues_underflow"}},
+      {"quarter_not_one_over_k", {"accumulation_equals_big_batch"}},
+      {"scale_hard_coded", {"scaler_rescues_underflow"}},
+      {"scaler_unused_in_step", {"scale_sequence", "scaler_drives_the_step"}},
+      {"table_of_answers", {"overflow_skipped_on_every_rank", "scaler_drives_the_step"}},
+  };
+  auto rows = grade_batch("03", subs, files, "amp.cpp", nullptr, "--seed 3", only);
   CHECK(rows["solution"].total == 15);
   CHECK(rows["alt_double_isfinite"].total == 15);
   CHECK(rows["alt_recip_selfsub"].total == 15);
@@ -1170,7 +1220,26 @@ TEST_CASE("lab 04: solution, skeleton, and the ZeRO and AdamW mistakes: whole op
                                          "  { std::vector<float> junk(2500000);  // 10 MB through the socket: before, 40 MB more room\n"
                                          "    comm.all_reduce(junk.data(), int64_t(junk.size()), ReduceOp::sum); }\n"
                                          "  const float scale = h.max_norm");
-  auto rows = grade_batch("04", subs, files, "zero.cpp");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"all_reduce_then_slice", {"comm_equals_ddp", "zero1_equals_ddp", "zero1_memory"}},
+      {"l2_not_decoupled", {"adamw", "partition", "zero1_equals_ddp"}},
+      {"last_rank_hoards", {"zero1_equals_ddp", "zero1_memory", "zero2_memory"}},
+      {"local_norm", {"zero1_equals_ddp", "zero2_equals_ddp"}},
+      {"memory_runs_step_nothing", {"zero1_equals_ddp", "zero1_memory", "zero2_memory"}},
+      {"misaligned_by_one", {"partition", "zero1_equals_ddp", "zero2_equals_ddp"}},
+      {"no_all_gather", {"partition", "zero1_equals_ddp", "zero2_equals_ddp"}},
+      {"no_bias_correction", {"adamw", "partition", "zero1_equals_ddp"}},
+      {"no_master_weights", {"zero1_equals_ddp", "zero1_memory"}},
+      {"replicated_adamw", {"comm_equals_ddp", "zero1_equals_ddp", "zero1_memory", "zero2_memory"}},
+      {"replicated_inflated", {"comm_equals_ddp", "zero1_equals_ddp", "zero1_memory", "zero2_memory"}},
+      {"weights_copy_in_plugin", {"comm_equals_ddp", "zero1_equals_ddp", "zero1_memory", "zero2_memory"}},
+      {"whole_optimizer", {"comm_equals_ddp", "zero1_equals_ddp", "zero1_memory", "zero2_equals_ddp", "zero2_memory"}},
+      {"zero2_blocking", {"zero2_equals_ddp", "zero2_overlaps"}},
+      {"zero2_holds_two", {"zero2_memory", "zero2_overlaps"}},
+      {"zero2_reduces_only_last_step", {"zero1_equals_ddp", "zero2_overlaps"}},
+      {"zero2_waits_at_end", {"zero2_equals_ddp", "zero2_memory"}},
+  };
+  auto rows = grade_batch("04", subs, files, "zero.cpp", nullptr, "", only);
   CHECK(rows["solution"].total == 18);
   CHECK(rows["adamw_in_double"].total == 18);
   CHECK(rows["zero2_no_release"].total == 18);
@@ -1342,7 +1411,25 @@ void before_forward(Fsdp& f, const Options& o, int unit) {)"),
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/05-fsdp-1b/student/fsdp.cpp") +
                           "\nstatic int forged = [] { std::puts(\"16/16 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
-  auto rows = grade_batch("05", subs, files, "fsdp.cpp");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"budget_exceeded", {"prefetch_budget", "prefetch_overlaps"}},
+      {"budget_unused", {"prefetch_budget", "prefetch_overlaps"}},
+      {"fixed_depth_2", {"prefetch_budget", "prefetch_overlaps"}},
+      {"frees_at_end", {"fits_1b", "fsdp_equals_ddp"}},
+      {"frees_root", {"fsdp_equals_ddp", "prefetch_overlaps"}},
+      {"hard_coded_order", {"flat_layout", "prefetch_overlaps"}},
+      {"leaks_flat_gradients", {"fsdp_equals_ddp"}},
+      {"never_frees", {"fsdp_equals_ddp"}},
+      {"no_collectives_on_1b", {"fsdp_equals_ddp", "prefetch_budget", "prefetch_overlaps"}},
+      {"no_padding", {"flat_layout", "fsdp_equals_ddp"}},
+      {"no_prefetch", {"fits_1b", "fsdp_equals_ddp", "prefetch_overlaps"}},
+      {"offload_never_copies_back", {"fsdp_equals_ddp", "offload_tradeoff"}},
+      {"order_from_names", {"flat_layout", "prefetch_overlaps"}},
+      {"padding_not_zeroed", {"flat_layout", "fsdp_equals_ddp"}},
+      {"reduces_every_micro_step", {"fsdp_equals_ddp", "shard_grad_op"}},
+      {"view_after_free", {"flat_layout", "fsdp_equals_ddp"}},
+  };
+  auto rows = grade_batch("05", subs, files, "fsdp.cpp", nullptr, "", only);
   CHECK(rows["solution"].total == 16);
   CHECK(rows["alt_comm_stream"].total == 16);
   CHECK(rows["alt_flat_ledger"].total == 16);
@@ -1464,7 +1551,19 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/06-tp-pp/student/tp_pp.cpp") +
                           "\nstatic int forged = [] { std::puts(\"23/23 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
-  auto rows = grade_batch("06", subs, files, "tp_pp.cpp");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"no_dx_all_reduce", {"column_parallel", "pp_equals_pp1", "row_parallel", "tp_equals_tp1"}},
+      {"sp_all_reduce_rows", {"sp_comm_volume", "sp_equals_tp", "sp_layers", "tp_equals_tp1"}},
+      {"sp_kept_compare_rows", {"sp_comm_volume", "sp_equals_tp", "sp_layers"}},
+      {"sp_kept_input", {"sp_comm_volume", "sp_equals_tp", "sp_layers"}},
+      {"sp_kept_input_dummy_gather", {"sp_layers"}},
+      {"sp_no_norm_sum", {"sp_equals_tp", "sp_layers", "tp_equals_tp1"}},
+      {"sync_every_micro", {"dp_sync_once", "executor_1f1b", "pp_equals_pp1"}},
+      {"unpaired_sends", {"executor_1f1b", "tp_equals_tp1"}},
+      {"warmup_plus_one", {"bubble_and_memory", "executor_1f1b"}},
+      {"warmup_reversed", {"executor_1f1b", "pp_equals_pp1", "tp_equals_tp1"}},
+  };
+  auto rows = grade_batch("06", subs, files, "tp_pp.cpp", nullptr, "", only);
   CHECK(rows["solution"].total == 23);
   CHECK(rows["alt_action_list"].total == 23);
   CHECK(rows["alt_inflight_window"].total == 23);
@@ -1574,7 +1673,21 @@ TEST_CASE("lab 07: solution, skeleton, and the checkpoint mistakes: optimizer, R
     CHECK((name == "solution" || name == "skeleton" || name == "forged_exit" || text != solution));  // every mutant is one
   }
   // seed 2: rank 1 is killed before step 22 (resumed from step 20)
-  auto rows = grade_batch("07", subs, files, "ckpt.cpp", nullptr, "--seed 2");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"byte_sum_checksum", {"corrupt_detected", "resume_bitwise"}},
+      {"fsync_dodged_by_second_handle", {"atomic_save"}},
+      {"no_atomic_rename", {"atomic_save", "corrupt_detected", "resume_bitwise"}},
+      {"no_checksum", {"corrupt_detected", "resume_bitwise"}},
+      {"no_optimizer_state", {"resume_bitwise"}},
+      {"no_reshard", {"reshard_2_to_1", "resume_bitwise"}},
+      {"no_rng", {"resume_bitwise"}},
+      {"no_sampler_position", {"resume_bitwise"}},
+      {"refuses_step_20", {"corrupt_detected", "resume_bitwise"}},
+      {"reshard_times_two", {"reshard_2_to_1", "resume_bitwise"}},
+      {"saves_only_step_10", {"atomic_save", "corrupt_detected", "resume_bitwise"}},
+      {"state_from_step", {"reshard_2_to_1", "resume_bitwise"}},
+  };
+  auto rows = grade_batch("07", subs, files, "ckpt.cpp", nullptr, "--seed 2", only);
   CHECK(rows["solution"].total == 11);
   CHECK(rows["alt_named_trailer"].total == 11);
   CHECK(rows["alt_samples_streamed"].total == 11);
