@@ -1807,7 +1807,20 @@ TEST_CASE("lab 10: solution, skeleton, and the QLoRA mistakes: a dequantize that
       {"forged_exit", "#include <cstdio>\n#include <unistd.h>\n" + read(src / "labs/10-lora-qlora/student/qlora.cpp") +
                           "\nstatic int forged = [] { std::puts(\"17/17 pass\"); std::fflush(stdout); _exit(0); return 0; }();\n"},
   };
-  auto rows = grade_batch("10", subs, files, "qlora.cpp", nullptr, "--seed 5");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"does_no_work", {"qlora_8b_on_24gb", "qlora_trains_as_engine"}},
+      {"grad_without_scaling", {"lora_backward", "lora_forward", "qlora_trains_as_engine"}},
+      {"hard_coded_nf4_table", {"nf4_code", "nf4_indices"}},
+      {"keeps_f32_copy", {"dequantize", "qlora_8b_on_24gb", "qlora_trains_as_engine"}},
+      {"keeps_f32_in_memfds", {"qlora_8b_on_24gb", "qlora_trains_as_engine"}},
+      {"keeps_f32_in_tmp", {"qlora_8b_on_24gb", "qlora_trains_as_engine"}},
+      {"keeps_originals", {"lora_forward", "nf4_indices", "qlora_8b_on_24gb"}},
+      {"nibbles_swapped", {"dequantize", "double_quant", "nf4_indices"}},
+      {"no_offset", {"double_quant", "nf4_indices"}},
+      {"trains_the_base", {"lora_backward", "lora_forward", "qlora_trains_as_engine"}},
+      {"zero_base_at_stack_size", {"qlora_8b_on_24gb", "qlora_trains_as_engine"}},
+  };
+  auto rows = grade_batch("10", subs, files, "qlora.cpp", nullptr, "--seed 5", only);
   CHECK(rows["solution"].total == 17);
   CHECK(rows["alt_merged_delta"].total == 17);
   CHECK(rows["skeleton"].total == 0);
