@@ -885,6 +885,7 @@ TEST_CASE("a lab's config runs the student's code, and an unbuilt or unfinished 
 // asserted for the solution. A DDP that loses 200 ms a step (a sleep: the cost model never sees it, the
 // clock does) is under half the engine's speed-up on any machine.
 TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and the reference's beside, the modeled figure shown, a slow DDP failed", "[grader][lab02]") {
+  // each grading runs the checks it is about (--check): the speed-up, and for the DDP that goes quiet when timed its curve
   const fs::path src = DISTLAB_SOURCE_DIR;
   const std::string solution = read(src / "solutions/02-ddp-cifar/ddp.cpp");
   const fs::path dir = fs::temp_directory_path() / ("distlab-speedup02-" + std::to_string(getpid()));
@@ -905,28 +906,29 @@ TEST_CASE("lab 02's speed-up measured (--measure-speedup): 2 ranks against 1 and
                          "    if (!sync_) return;\n    if (quiet_) {\n      for (auto& g : grads_) std::memset(g.data, 0, size_t(g.numel) * 4);\n      return;\n    }\n"),
                  "  bool sync_ = true;\n", "  bool sync_ = true, quiet_ = false;\n");
   {
-    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --measure-speedup --require-sandbox --seed 5");
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --measure-speedup --require-sandbox --seed 5 --check modeled_speedup_t4");
     INFO(out);
     CHECK_THAT(out, Catch::Contains("an epoch measured on cpu ranks: ") && Catch::Contains("(the reference's DDP: ") &&
                         Catch::Contains("an epoch modeled on two T4s: 1.8"));
     (void)code;
   }
   {
-    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "slow").string() + " --measure-speedup --require-sandbox --seed 5 --hints always");
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "slow").string() + " --measure-speedup --require-sandbox --seed 5 --hints always --check modeled_speedup_t4");
     INFO(out);
     CHECK(code != 0);
     CHECK_THAT(out, Catch::Contains("modeled_speedup_t4                      0") && Catch::Contains("an epoch measured on cpu ranks: ") &&
                         Catch::Contains("your step is slower than the reference's"));
   }
   {
-    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "quiet_when_timed").string() + " --measure-speedup --require-sandbox --seed 5 --hints always");
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "quiet_when_timed").string() +
+                                           " --measure-speedup --require-sandbox --seed 5 --hints always --check modeled_speedup_t4 --check curve_matches_one_rank");
     INFO(out);
     CHECK(code != 0);
     CHECK_THAT(out, Catch::Contains("modeled_speedup_t4                      0") && Catch::Contains("the timed run trains as the reference's DDP"));
     CHECK_THAT(out, Catch::Contains("curve_matches_one_rank                  3"));
   }
   {  // without the flag, cpu ranks are modeled, and the reason is printed
-    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --require-sandbox --seed 5");
+    auto [code, out] = run_within(600, "grade 02 --src " + (dir / "solution").string() + " --require-sandbox --seed 5 --check modeled_speedup_t4");
     INFO(out);
     CHECK(code == 0);
     CHECK_THAT(out, Catch::Contains("not measured: cpu ranks share this machine's cores"));
