@@ -152,14 +152,16 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
     throw ConfigError("--junit and --html write one student's report: with --submissions, use --csv, --json and the feedback folder",
                       "or grade one student's folder at a time with --junit/--html");
   const std::vector<fs::path> dirs = submission_entries(a.submissions);
+  // --check: a folder of its own unless --feedback names one, so a regrade never replaces the whole grading's feedback
+  const std::string fb_name = l.partial ? "feedback-check" : "feedback";
   const fs::path feedback = !a.feedback.empty() ? fs::path(a.feedback)
-                            : !a.csv.empty()    ? fs::absolute(a.csv).parent_path() / "feedback"
-                                                : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-feedback");
+                            : !a.csv.empty()    ? fs::absolute(a.csv).parent_path() / fb_name
+                                                : fs::path(a.submissions).parent_path() / (fs::path(a.submissions).filename().string() + "-" + fb_name);
   fs::create_directories(feedback);
   std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
   if (l.partial)
     std::cout << fmt::format("--check: {} of the lab's checks, {} of its points: the CSV's and the feedback's points, max and percent are "
-                             "theirs, not the lab's\n",
+                             "theirs, not the lab's (the CSV's lab says so; the feedback goes to a folder of its own)\n",
                              l.checks.size(), l.max_points());
   std::set<std::string> taken;
   std::vector<std::string> fb_names;  // decided in the folders' order, whatever order they finish in

@@ -246,7 +246,7 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
   grade->add_option("--html", a->html, "write a report page: the table, and a short run's loss against the engine's, memory and timeline");
   grade->add_option("--submissions", a->submissions, "grade every subfolder of DIR (each a copy of student/)");
   grade->add_option("--csv", a->csv, "with --submissions: the gradebook, one row per student");
-  grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV)");
+  grade->add_option("--feedback", a->feedback, "with --submissions: folder for each student's report (default: feedback/ beside the CSV; with --check, feedback-check/)");
   grade->add_flag("--no-sandbox", a->no_sandbox, "run the plugin without bubblewrap (your own code only: it can then read your files)");
   grade->add_flag("--require-sandbox", a->require_sandbox, "refuse to grade unless bubblewrap and cgroups all work (for instructors)");
   grade->add_option("--hints", a->hints,
@@ -395,7 +395,6 @@ void add_lab_commands(CLI::App& app, int& exit_code, const std::string& self_exe
       std::cout << "wrote " << a->html << "\n";
     }
     if (!a->solution && g.built && !l.partial) record_grade(p, l, g, a->src);
-    if (l.partial) std::cout << fmt::format("(--check: {} of the lab's checks; not recorded as a grade)\n", l.checks.size());
     exit_code = !g.built ? 2 : g.points() == l.max_points() ? 0 : 1;
   });
 }

@@ -180,7 +180,9 @@ std::string gradebook_csv(const std::vector<Grade>& grades, const BatchInfo& inf
     RosterEntry who;
     if (info.roster)
       if (auto it = info.roster->find(student); it != info.roster->end()) who = it->second;
-    csv += fmt::format("{},{},{},{},{},{}", quote(sanitize_output(student, 300)), quote(who.id), quote(who.name), quote(who.email), quote(lab.name),
+    // --check: the lab's name says so, where an LMS import shows it (the points, max and percent are those checks')
+    const std::string lab_name = lab.partial ? fmt::format("{} (--check: {} of its checks)", lab.name, lab.checks.size()) : lab.name;
+    csv += fmt::format("{},{},{},{},{},{}", quote(sanitize_output(student, 300)), quote(who.id), quote(who.name), quote(who.email), quote(lab_name),
                        info.lab_version);
     for (const auto& spec : lab.checks) {
       int pts = 0;

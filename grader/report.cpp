@@ -68,6 +68,7 @@ std::string table(const Grade& g) {
     }
   }
   t += fmt::format("  {:<34} {:>6} {:>4}\n", "total", g.points(), g.lab.max_points());
+  if (g.lab.partial) t += fmt::format("(--check: {} of the lab's checks; not recorded as a grade)\n", g.checks.size());
   if (!g.hints_shown.empty()) {
     t += "  hints seen:\n";
     for (const auto& [check, how] : g.hints_shown) t += fmt::format("    {}: {}\n", check, sanitize_output(how, 200));

@@ -213,7 +213,7 @@ Rows grade_batch(const std::string& lab, const fs::path& subs, const std::map<st
     const fs::path dir = subs.string() + "-only" + std::to_string(k++);
     fs::remove_all(dir);
     fs::create_directories(dir);
-    std::string args;
+    std::string args = " --feedback " + (subs.parent_path() / "feedback").string();  // each mutant's only grading
     for (const auto& c : checks) args += " --check " + c;
     for (const auto& n : names) write(dir, n, files.at(n));
     for (auto& [n, row] : grade(dir, args).by_name) {
@@ -712,7 +712,8 @@ TEST_CASE("grade reports: table, exit codes, JSON and JUnit, lab list with the l
 
 // `distlab grade NN --check NAME`: a student working on one check runs it alone. Only the named checks run
 // and count; nothing is recorded as a grade and the engine's answer stays for the whole lab's full marks; a
-// name the lab has not is refused with the lab's checks; a class's grading runs every check.
+// name the lab has not is refused with the lab's checks. A class regraded on some checks says so in its CSV
+// and feedback, writes the feedback to a folder of its own, and refuses an LMS's gradebook.
 TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's answer, unknown names refused, a class regraded on them but not for an LMS", "[grader][lab01]") {
   const std::string name = "distlab-check-" + std::to_string(getpid());
   const fs::path dir = fs::temp_directory_path() / name;
@@ -748,8 +749,9 @@ TEST_CASE("grade --check: only the named checks, no grade recorded, no engine's 
   CHECK_THAT(out3, Catch::Contains("--check: 1 of the lab's checks, 2 of its points"));
   const std::string csv = read(dir / "c.csv");
   CHECK_THAT(csv, Catch::Contains(",all_gather_equals_builtin,points,max,") && !Catch::Contains("all_reduce_equals_builtin"));
-  CHECK_THAT(csv, Catch::Contains(",2,2,2,100.0,"));
-  CHECK_THAT(read(dir / "feedback" / "alice.txt"), !Catch::Contains("Full marks"));  // no engine's answer for a part of the lab
+  CHECK_THAT(csv, Catch::Contains(",2,2,2,100.0,") && Catch::Contains("01-collectives (--check: 1 of its checks)"));
+  CHECK_THAT(read(dir / "feedback-check" / "alice.txt"), !Catch::Contains("Full marks") && Catch::Contains("(--check: 1 of the lab's checks"));
+  CHECK_FALSE(fs::exists(dir / "feedback"));  // a whole grading's feedback folder is never the regrade's
   std::ofstream(dir / "roster.csv") << "folder,id,name,email\nalice,1,Alice,a@example.org\n";
   auto [code4, out4] = run("grade 01 --submissions " + (dir / "subs").string() + " --check all_gather_equals_builtin --roster " + (dir / "roster.csv").string() +
                            " --csv " + (dir / "c.csv").string());
@@ -1581,7 +1583,8 @@ TEST_CASE("lab 06: solution, skeleton, and the TP, SP and PP mistakes: no all-re
   CHECK(rows["sp_kept_compare_rows"].points["sp_layers"] == 3);
   CHECK(rows["sp_kept_compare_rows"].points["sp_equals_tp"] == 2);
   CHECK(rows["sp_kept_compare_rows"].points["sp_comm_volume"] == 0);
-  CHECK_THAT(read(subs.parent_path() / "feedback" / "sp_kept_compare_rows.txt"), Catch::Contains("gathered inputs of") && Catch::Contains("kept from the forward"));
+  CHECK_THAT(read(subs.parent_path() / "feedback" / "sp_kept_compare_rows.txt"), Catch::Contains("gathered inputs of 0.5 MiB more") &&
+                                                                                 Catch::Contains("kept from the forward"));
   CHECK(rows["sp_no_norm_sum"].points["sp_layers"] == 0);
   CHECK(rows["sp_no_norm_sum"].points["sp_equals_tp"] == 0);
   CHECK(rows["sp_no_norm_sum"].points["tp_equals_tp1"] == 2);
