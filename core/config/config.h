@@ -1,6 +1,6 @@
 // A run's configuration: one TOML file (sections model, data, train, optim, parallel, precision, log) plus
 // `--set section.key=value` overrides. Every key is declared once in config.cpp with its type, default and
-// meaning; an unknown key, a wrong type or an impossible value is a ConfigError naming the key and where it
+// meaning (its checks against the others in validate.cpp); an unknown key, a wrong type or an impossible value is a ConfigError naming the key and where it
 // was written (file:line, or --set). A key that takes one of a few names (parallel.strategy) is read once,
 // here, into its enum (core/util/choice.h): past the config, the code compares enums, never strings.
 #pragma once
@@ -170,6 +170,9 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 // The same from TOML text (for tests); `name` stands for the file in messages.
 RunConfig parse_config(const std::string& toml_text, const std::string& name, const std::vector<std::string>& overrides = {},
                        const std::vector<SourcedSetting>& from_files = {}, const ConfigExtras& extras = {});
+// Checks every value against the others and against its bounds (validate.cpp); load_config and parse_config
+// call it last. Throws ConfigError naming the key, where it was set and a hint.
+void validate_config(const RunConfig& c);
 // Every key's value, "key=value" one per line: ranks compare it to make sure they run the same config.
 std::string config_fingerprint(const RunConfig& c);
 // Every key's value by name (what a checkpoint's manifest records of the run that wrote it).
