@@ -800,7 +800,18 @@ TEST_CASE("lab 02: solution, skeleton, the course's pitfalls and hostile submiss
                                          "    if (!sync_) return;  // the local sums stay as backward left them\n", "")},
   };
   // no_sampler and no_set_epoch are lab 08's cases: its test grades them with these checks
-  auto rows = grade_batch("02", subs, files, "ddp.cpp");
+  const Only only = {  // the mutants graded on the checks their assertions below read
+      {"bucket_before_ready", {"bucketed_allreduces", "curve_matches_one_rank"}},
+      {"bucketed_no_copy_back", {"curve_matches_one_rank", "params_equal_across_ranks"}},
+      {"bucketed_sum", {"curve_matches_one_rank"}},
+      {"decoy_buckets", {"bucketed_allreduces", "bucketed_overlap", "curve_matches_one_rank"}},
+      {"forward_buckets", {"bucketed_overlap", "curve_matches_one_rank"}},
+      {"halved_not_averaged", {"curve_matches_one_rank"}},
+      {"short_epoch_sampler", {"curve_matches_one_rank", "modeled_speedup_t4", "sampler_disjoint_covering"}},
+      {"sum_not_average", {"curve_matches_one_rank", "sampler_disjoint_covering"}},
+      {"syncs_every_micro_step", {"curve_matches_one_rank", "no_sync_accumulation"}},
+  };
+  auto rows = grade_batch("02", subs, files, "ddp.cpp", nullptr, "", only);
   CHECK(rows["halved_not_averaged"].points["curve_matches_one_rank"] == 0);
   CHECK_THAT(read(subs.parent_path() / "feedback" / "halved_not_averaged.txt"), Catch::Contains("not on 4"));
   CHECK(rows["short_epoch_sampler"].points["sampler_disjoint_covering"] == 2);

@@ -28,7 +28,8 @@ std::vector<std::string> plus(std::vector<std::string> a, std::initializer_list<
   return a;
 }
 
-std::string worst(const Job& ref, const Job& mine, double tol, const std::string& setup, CheckResult& out) {
+// `against`: what the reference run is (one rank, unless the check compares with the engine's own split run)
+std::string worst(const Job& ref, const Job& mine, double tol, const std::string& setup, CheckResult& out, const std::string& against = "one rank") {
   double w = mine.losses.size() == ref.losses.size() ? 0 : INFINITY;
   size_t at = 0;
   for (size_t i = 0; i < std::min(ref.losses.size(), mine.losses.size()); i++) {
@@ -36,7 +37,7 @@ std::string worst(const Job& ref, const Job& mine, double tol, const std::string
     if (!(d <= w)) w = d, at = i;
   }
   if (w <= tol) return fmt::format("{}: {:.1e} at worst", setup, w);
-  out = {false, fmt::format("{}: the losses of one rank within {:.0e} relative (step {}: {:.6f})", setup, tol, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
+  out = {false, fmt::format("{}: the losses of {} within {:.0e} relative (step {}: {:.6f})", setup, against, tol, at + 1, ref.losses.empty() ? 0.0 : ref.losses[at]),
          at < mine.losses.size() ? fmt::format("{:.6f} ({:.1e} relative)", mine.losses[at], w) : fmt::format("{} steps", mine.losses.size()), ""};
   return "";
 }
@@ -237,7 +238,7 @@ CheckResult dp_sync_once(CheckContext& ctx) {
     return {false, "dp 2 x pp 2: every replica of a stage ends with the same weights", "the replicas diverged", "",
             "dp_sync must say true for one backward of each step on every stage (its last): then the replicas' gradients are averaged"};
   CheckResult bad;
-  const std::string d = worst(ref, mine, 1e-6, "dp 2 x pp 2", bad);
+  const std::string d = worst(ref, mine, 1e-6, "dp 2 x pp 2", bad, "the engine's dp 2 x pp 2 run");
   if (d.empty()) {
     bad.hint = "sync in the LAST backward of the step: gradients of later micro-batches would otherwise stay unaveraged";
     return bad;
