@@ -161,7 +161,7 @@ int grade_submissions(const grader::Paths& p, const grader::Lab& l, const GradeA
   std::cout << sb.describe() << "\nfeedback for each student: " << feedback.string() << "/\n";
   if (l.partial)
     std::cout << fmt::format("--check: {} of the lab's checks, {} of its points: the CSV's and the feedback's points, max and percent are "
-                             "theirs, not the lab's (the CSV's lab says so; the feedback goes to a folder of its own)\n",
+                             "theirs, not the lab's (the CSV's lab column says so)\n",
                              l.checks.size(), l.max_points());
   std::set<std::string> taken;
   std::vector<std::string> fb_names;  // decided in the folders' order, whatever order they finish in
