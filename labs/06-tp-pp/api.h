@@ -48,14 +48,35 @@ class Group {
 // which slice each rank computes — and the collectives that make the pieces whole, not matrix multiplies.
 // (Plain loops: your plugin links nothing of the engine. Write your own if you like; only the results
 // cross the API.)
+// Two loops under both: a dot product and y += a·x, each in blocks of 8 kept in 8 running values. A loop
+// of one running sum cannot use the CPU's vector registers (its adds must happen in order); 8 of them
+// can, which makes these loops 5-10x faster at -O2. (The sum's order changes, not what it means.)
+namespace loops {
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  const int64_t blocks = n - n % 8;
+  for (int64_t k = 0; k < blocks; k += 8)
+    for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (int64_t k = blocks; k < n; k++) s += a[k] * b[k];
+  return s;
+}
+// y (n) += a · x (n)
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+  const int64_t blocks = n - n % 8;
+  for (int64_t k = 0; k < blocks; k += 8) {
+    float t[8];  // the block's 8 results first, then stored: independent, so they go in one vector
+    for (int j = 0; j < 8; j++) t[j] = y[k + j] + a * x[k + j];
+    for (int j = 0; j < 8; j++) y[k + j] = t[j];
+  }
+  for (int64_t k = blocks; k < n; k++) y[k] += a * x[k];
+}
+}  // namespace loops
+
 // y (rows, out) = x (rows, in) · wᵀ (w: (out, in)), + b when b is not nullptr
 inline void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out) {
   for (int64_t i = 0; i < rows; i++)
-    for (int64_t o = 0; o < out; o++) {
-      float s = b ? b[o] : 0.0f;
-      for (int64_t k = 0; k < in; k++) s += x[i * in + k] * w[o * in + k];
-      y[i * out + o] = s;
-    }
+    for (int64_t o = 0; o < out; o++) y[i * out + o] = (b ? b[o] : 0.0f) + loops::dot(x + i * in, w + o * in, in);
 }
 // dx (rows, in) = dy · w, dw (out, in) = dyᵀ · x, db (out) = dy summed over the rows (when db is not
 // nullptr); dx, dw and db overwritten
@@ -66,10 +87,8 @@ inline void linear_backward(const float* x, const float* w, const float* dy, flo
   for (int64_t i = 0; i < rows; i++)
     for (int64_t o = 0; o < out; o++) {
       const float d = dy[i * out + o];
-      for (int64_t k = 0; k < in; k++) {
-        dx[i * in + k] += d * w[o * in + k];
-        dw[o * in + k] += d * x[i * in + k];
-      }
+      loops::axpy(d, w + o * in, dx + i * in, in);  // dx[i, :] += dy[i, o] · w[o, :]
+      loops::axpy(d, x + i * in, dw + o * in, in);  // dw[o, :] += dy[i, o] · x[i, :]
     }
   if (db)
     for (int64_t o = 0; o < out; o++) {
