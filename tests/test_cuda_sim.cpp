@@ -104,7 +104,8 @@ nlohmann::json comparable(nlohmann::json j) {
     for (auto& [k, v] : j.items()) {
       const bool varies = k.ends_with("_s") || k.find("_s_") != std::string::npos || k.find("time") != std::string::npos || k.find("per_s") != std::string::npos ||
                           k == "dir" || k == "device" || k == "from" || k == "config" || k == "plugin_memory" ||
-                          k == "peak_memory_device_measured";  // measured, as times are
+                          k == "peak_memory_device_measured" ||  // measured, as times are
+                          k == "host_waits";  // a device rank's count: a cpu rank has no device to wait for
       if (!varies) o[k] = comparable(v);
     }
     return o;
@@ -178,6 +179,37 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   const std::string cnn = "train configs/cifar-cnn.toml --set train.steps=4 --set precision.mode=fp16 --set train.eval_every=2 "
                           "--set train.eval_batches=2 --set data.synthetic_train=512 --set train.accum_steps=2";
   check_same_runs(cnn);
+}
+
+// A GPU idles each time the host waits for it (DeviceMemory::host_waits). The step's reductions (the
+// gradient norm, the loss scaler's overflow check) are queued into device slots and read back once
+// (core/optim/reduce.h), so a step waits the same number of times however many parameters the model has.
+TEST_CASE("cuda-sim: a step waits for the device as often with 6 blocks as with 1: the gradient norm and the overflow check are read back once, not per parameter", "[cuda-sim]") {
+  const auto waits = [](const std::string& extra) {
+    const TrainRun r = train_cli("cuda-sim", "train configs/gpt-tiny.toml --set train.steps=3 --set train.accum_steps=2 "
+                                             "--set optim.clip_grad_norm=0.5 " + extra);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    REQUIRE(r.steps.size() == 3);
+    std::vector<int64_t> w;
+    for (const auto& s : r.steps) w.push_back(s.at("host_waits").get<int64_t>());
+    return w;
+  };
+  for (const std::string precision : {"bf16", "fp16"}) {  // fp16: the loss scaler's overflow check too
+    INFO(precision);
+    const auto shallow = waits("--set model.n_layer=1 --set precision.mode=" + precision);
+    const auto deep = waits("--set model.n_layer=6 --set precision.mode=" + precision);  // 4 + 6 x 12 parameters
+    CHECK(shallow == deep);
+    // per micro-batch: the tokens copied up for the embedding's forward and again for its backward, the
+    // targets once for the loss's forward and backward, the loss read back; per step: the norm (and the
+    // overflow flag) read back. A per-parameter read would wait 76 times more.
+    const int64_t want = 2 * 4 + 1 + (precision == "fp16" ? 1 : 0);
+    for (int64_t w : deep) CHECK(w == want);
+  }
+  // a cpu rank has nothing to wait for: no count in its records
+  const TrainRun cpu = train_cli("cpu", "train configs/gpt-tiny.toml --set train.steps=1");
+  REQUIRE(cpu.code == 0);
+  CHECK(!cpu.steps.at(0).contains("host_waits"));
 }
 
 TEST_CASE("cuda-sim: two DDP ranks with SyncBatchNorm (buckets over nccl, then over gloo) save, resume and --save as the cpu ranks do", "[cuda-sim]") {

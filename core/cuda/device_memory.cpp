@@ -22,11 +22,13 @@ void CudaDeviceMemory::convert(const void* src, DType st, void* dst, DType dt, i
 void CudaDeviceMemory::to_host(void* host, const void* dev, int64_t bytes) {
   DL_CUDA(cudaMemcpyAsync(host, dev, size_t(bytes), cudaMemcpyDeviceToHost, cx_.compute()));
   DL_CUDA(cudaStreamSynchronize(cx_.compute()));
+  count_host_wait();
 }
 
 void CudaDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   DL_CUDA(cudaMemcpyAsync(dev, host, size_t(bytes), cudaMemcpyHostToDevice, cx_.compute()));
   DL_CUDA(cudaStreamSynchronize(cx_.compute()));  // the host buffer may be freed once this returns
+  count_host_wait();
 }
 
 void* CudaDeviceMemory::pinned_alloc(int64_t bytes) { return cx_.pinned().alloc(bytes); }

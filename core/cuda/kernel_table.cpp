@@ -54,6 +54,8 @@ const Kernels& kernel_table() {
     t.sum_squares = &cuda::sum_squares;
     t.scale = &cuda::scale;
     t.all_finite = &cuda::all_finite;
+    t.sum_squares_into = &cuda::sum_squares_into;
+    t.flag_nonfinite = &cuda::flag_nonfinite;
     t.dequantize_nf4 = &cuda::dequantize_nf4;
     return t;
   }();

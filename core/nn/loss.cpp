@@ -19,8 +19,8 @@ double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::v
   targets_ = targets;
   AsF32 z(rt, logits);
   logits_dtype_ = logits.dtype();
-  Indices t(rt, targets);
-  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, t.p, N, V, correct);
+  device_targets_ = std::make_unique<Indices>(rt, targets_);  // reads targets_: it outlives the copy
+  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, device_targets_->p, N, V, correct);
 }
 
 Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
@@ -31,10 +31,11 @@ Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
     eager_grad = rt.empty(probs_.shape(), Category::activations, "nll_loss's f32 gradient (eager PyTorch)");
   Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits", logits_dtype_);
   AsF32 df(rt, d, AsF32::out);
-  Indices t(rt, targets_);
-  softmax_crossentropy_backward(rt, df.p, probs_.f32(), t.p, probs_.size(0), probs_.size(1), scale);
+  if (!device_targets_) throw Error("cross-entropy backward without its forward", "call forward first");
+  softmax_crossentropy_backward(rt, df.p, probs_.f32(), device_targets_->p, probs_.size(0), probs_.size(1), scale);
   df.store();  // fp16: a gradient under 2^-24 becomes 0 here unless the loss scale lifted it
   probs_ = Tensor();
+  device_targets_.reset();
   return d;
 }
 

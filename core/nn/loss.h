@@ -1,6 +1,9 @@
 // nn.CrossEntropyLoss (mean over rows; negative targets ignored).
 #pragma once
+#include <memory>
+
 #include "core/nn/layer.h"
+#include "core/tensor/as_f32.h"
 
 namespace distlab {
 
@@ -17,6 +20,7 @@ class CrossEntropyLoss {
   Tensor probs_;  // f32 (the fp32 list of core/ops/autocast.h)
   DType logits_dtype_ = DType::f32;
   std::vector<int32_t> targets_;
+  std::unique_ptr<Indices> device_targets_;  // forward's copy on a cuda rank, kept for backward: one upload, not two
 };
 
 }  // namespace distlab

@@ -119,6 +119,8 @@ struct Kernels {
   double (*sum_squares)(Runtime&, const float* x, int64_t n);
   void (*scale)(Runtime&, float* x, int64_t n, float s);
   bool (*all_finite)(Runtime&, const float* x, int64_t n);
+  void (*sum_squares_into)(Runtime&, const float* x, int64_t n, double* out);  // out: device memory, nothing waits
+  void (*flag_nonfinite)(Runtime&, const float* x, int64_t n, float* flag);
 };
 
 }  // namespace distlab

@@ -71,10 +71,12 @@ void SimDeviceMemory::convert(const void* src, DType src_type, void* dst, DType 
 
 void SimDeviceMemory::to_host(void* host, const void* dev, int64_t bytes) {
   std::memcpy(host, sim_host_address(dev, "to_host"), size_t(bytes));
+  count_host_wait();  // as a GPU's copy waits for the work queued before it
 }
 
 void SimDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   std::memcpy(const_cast<void*>(sim_host_address(dev, "from_host")), host, size_t(bytes));
+  count_host_wait();
 }
 
 void* SimDeviceMemory::pinned_alloc(int64_t bytes) { return std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)); }
@@ -85,6 +87,11 @@ void SimDeviceMemory::pinned_free(void* p, int64_t) { std::free(p); }
 int64_t SimDeviceMemory::free_bytes() { return int64_t(80) << 30; }
 
 namespace {
+
+// A kernel that returns a value to the host waits for the device, as the GPU's does (DeviceMemory::host_waits).
+void host_wait(Runtime& rt) {
+  if (DeviceMemory* d = rt.memory.device_memory()) d->count_host_wait();
+}
 
 template <class T>
 T* dev(T* p, const char* kernel) {
@@ -213,6 +220,7 @@ void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const
 }
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
+  host_wait(rt);
   HostKernels cpu(rt);
   return distlab::softmax_crossentropy_forward(rt, dev(probs, "softmax_crossentropy_forward"), dev(logits, "softmax_crossentropy_forward"), dev(targets, "softmax_crossentropy_forward"), N, V, correct);
 }
@@ -300,6 +308,7 @@ void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float*
 }
 
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
+  host_wait(rt);
   HostKernels cpu(rt);
   return distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct);
 }
@@ -325,6 +334,7 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
 }
 
 double sum_squares(Runtime& rt, const float* x, int64_t n) {
+  host_wait(rt);
   HostKernels cpu(rt);
   return distlab::sum_squares(rt, dev(x, "sum_squares"), n);
 }
@@ -342,8 +352,19 @@ void dequantize_nf4(Runtime& rt, float* out, const uint8_t* packed, const uint8_
 }
 
 bool all_finite(Runtime& rt, const float* x, int64_t n) {
+  host_wait(rt);
   HostKernels cpu(rt);
   return distlab::all_finite(rt, dev(x, "all_finite"), n);
+}
+
+void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
+  HostKernels cpu(rt);
+  distlab::sum_squares_into(rt, dev(x, "sum_squares_into"), n, dev(out, "sum_squares_into"));
+}
+
+void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
+  HostKernels cpu(rt);
+  distlab::flag_nonfinite(rt, dev(x, "flag_nonfinite"), n, dev(flag, "flag_nonfinite"));
 }
 
 }  // namespace sim
@@ -400,6 +421,8 @@ const Kernels& sim_kernels() {
     t.sum_squares = sim::sum_squares;
     t.scale = sim::scale;
     t.all_finite = sim::all_finite;
+    t.sum_squares_into = sim::sum_squares_into;
+    t.flag_nonfinite = sim::flag_nonfinite;
     t.dequantize_nf4 = sim::dequantize_nf4;
     return t;
   }();

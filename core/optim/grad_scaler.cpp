@@ -6,6 +6,7 @@
 
 #include "core/comm/process_group.h"
 #include "core/ops/cpu/optim.h"
+#include "core/optim/reduce.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -16,12 +17,15 @@ GradScaler::GradScaler(LossScaleOptions o)
 
 bool GradScaler::found_inf(Runtime& rt, const std::vector<Parameter*>& params, ProcessGroup* pg) {
   float flag = 0;
-  if (!rt.is_meta())
+  if (!rt.is_meta() && !params.empty()) {  // every gradient checked into one flag, read back once (core/optim/reduce.h)
+    DeviceScalars found(rt, 1, "the overflow flag");
     for (auto* p : params) {
-      if (!p->grad.defined() || flag != 0) continue;
+      if (!p->grad.defined()) continue;
       AsF32 g(rt, p->grad);
-      if (!all_finite(rt, g.p, p->grad.numel())) flag = 1;
+      flag_nonfinite(rt, g.p, p->grad.numel(), found.flag(0));
     }
+    flag = found.any_flag() ? 1.0f : 0.0f;
+  }
   // one rank's overflow is every rank's: a step skipped on some ranks only would split the replicas
   if (pg && pg->size() > 1) pg->all_reduce(&flag, 1, ReduceOp::max);
   return flag != 0;

@@ -7,6 +7,7 @@
 
 #include "core/ops/cpu/optim.h"
 #include "core/ops/op_scope.h"
+#include "core/optim/reduce.h"
 #include "core/tensor/as_f32.h"
 
 namespace distlab {
@@ -143,12 +144,15 @@ double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
     if (p->grad.defined()) n += p->grad.numel();
   OpScope op(rt, "grad_norm", 2.0 * n, 4.0 * n, /*scales_with_batch=*/false);
   if (rt.is_meta()) return 0.0;
-  double ss = 0;
-  for (auto* p : params) {
-    if (!p->grad.defined()) continue;
-    AsF32 g(rt, p->grad);
-    ss += sum_squares(rt, g.p, p->grad.numel());
+  // each gradient's squares into a slot of its own, read back at once (core/optim/reduce.h): one wait
+  DeviceScalars sums(rt, int64_t(params.size()), "the gradient norm's sums");
+  for (size_t i = 0; i < params.size(); i++) {
+    if (!params[i]->grad.defined()) continue;
+    AsF32 g(rt, params[i]->grad);
+    sum_squares_into(rt, g.p, params[i]->grad.numel(), sums.sum(int64_t(i)));
   }
+  double ss = 0;
+  for (double s : sums.read_sums()) ss += s;  // the parameters in order (an undefined one's slot is +0.0)
   return std::sqrt(ss);
 }
 

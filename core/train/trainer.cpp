@@ -132,6 +132,8 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   rt_.trace.keep_events(traced);
   rt_.trace.clear_events();
   const CommCounters comm_before = comm_totals();
+  const DeviceMemory* device = rt_.memory.device_memory();  // a cuda (or cuda-sim) rank's: it counts the host's waits
+  const int64_t waits_before = device ? device->host_waits() : 0;
   const double t0 = rt_.trace.now_us();
   StepOutcome o;
   if (ext_ && ext_->drives_steps()) {  // an extension's step, through the same micro-batches and optimizer
@@ -191,6 +193,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
                         {"comm_s", last_step_comm_s_},  // measured: the step's collectives, start to finish, overlapped or not
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
                                                                   {"peak_total", m.peak_total}}}};
+  if (device) rec["host_waits"] = device->host_waits() - waits_before;  // the loss's read, the norm's, the copies to and from the host
   metrics.write(rec);
   return loss;
 }

@@ -176,6 +176,14 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
   const double ss = sum_squares(g.cpu, grad.data(), n), dss = cuda::sum_squares(g.gpu, dg.p, n);
   CHECK(std::abs(dss - ss) <= 1e-12 * ss);
   CHECK(cuda::sum_squares(g.gpu, dg.p, n) == dss);  // and the same bits every time
+  {  // left in device memory, no wait (core/optim/reduce.h): the same bits as the value read back; 0 for n = 0
+    Dev<double> slots(std::vector<double>{-1.0, -1.0});
+    cuda::sum_squares_into(g.gpu, dg.p, n, slots.p);
+    cuda::sum_squares_into(g.gpu, dg.p, 0, slots.p + 1);
+    const std::vector<double> got = slots.get();
+    CHECK(got[0] == dss);
+    CHECK(got[1] == 0.0);
+  }
   std::vector<float> x = grad;
   Dev<float> dx(grad);
   scale(g.cpu, x.data(), n, 0.125f);
@@ -188,6 +196,15 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
   x[size_t(n - 1)] = NAN;
   Dev<float> dnan(x);
   CHECK_FALSE(cuda::all_finite(g.gpu, dnan.p, n));
+  {  // the flag a step queues per gradient: set by a non-finite value, never cleared by a finite tensor
+    Dev<float> flags(std::vector<float>{0.0f, 0.0f});
+    cuda::flag_nonfinite(g.gpu, dg.p, n, flags.p);
+    cuda::flag_nonfinite(g.gpu, dinf.p, n, flags.p + 1);
+    cuda::flag_nonfinite(g.gpu, dg.p, n, flags.p + 1);
+    const std::vector<float> got = flags.get();
+    CHECK(got[0] == 0.0f);
+    CHECK(got[1] == 1.0f);
+  }
 }
 
 TEST_CASE("dropout: a mask of 0 and 1/(1-p) at rate p, the same for the same seed, and backward applies it", "[cuda]") {

@@ -39,6 +39,16 @@ void scale(Runtime& rt, float* x, int64_t n, float s) {
   for (int64_t j = 0; j < n; j++) x[j] *= s;
 }
 
+void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
+  if (rt.kernels) return rt.kernels->sum_squares_into(rt, x, n, out);
+  *out = sum_squares(rt, x, n);
+}
+
+void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
+  if (rt.kernels) return rt.kernels->flag_nonfinite(rt, x, n, flag);
+  if (!all_finite(rt, x, n)) *flag = 1.0f;
+}
+
 bool all_finite(Runtime& rt, const float* x, int64_t n) {
   if (rt.kernels) return rt.kernels->all_finite(rt, x, n);
   for (int64_t j = 0; j < n; j++)

@@ -22,5 +22,10 @@ double sum_squares(Runtime& rt, const float* x, int64_t n);
 void scale(Runtime& rt, float* x, int64_t n, float s);
 // false when some x[i] is inf or NaN
 bool all_finite(Runtime& rt, const float* x, int64_t n);
+// The same two without a wait: the result goes to `out` / `flag` in the rank's device memory (the host's on
+// a cpu rank), where a step gathers one per gradient and reads them back at once (core/optim/reduce.h).
+// *out = sum_squares(x), the same bits; *flag = 1 when some x[i] is inf or NaN, left as it was otherwise.
+void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out);
+void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag);
 
 }  // namespace distlab

@@ -18,6 +18,13 @@ inline CudaContext& ctx(Runtime& rt) {
   return *rt.cuda;
 }
 inline cudaStream_t stream(Runtime& rt) { return ctx(rt).compute(); }
+
+// The host waits for the rank's queued work: a value read back (a loss, a norm) is ready after it. Counted
+// (DeviceMemory::host_waits): each one leaves the GPU idle until the host queues more.
+inline void host_wait(Runtime& rt) {
+  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  if (DeviceMemory* d = rt.memory.device_memory()) d->count_host_wait();
+}
 // The math of an f32-operand GEMM: a 16-bit run (rt.dtype bf16/f16, autocast's low list) multiplies in its
 // 16 bits with f32 sums, as the cpu emulates; an f32 run in the context's math (f32, or tf32 if asked).
 inline GemmMath gemm_math(Runtime& rt) {

@@ -88,7 +88,7 @@ struct RowResults {
     DL_CUDA_LAUNCHED(what);
     LossTotals t{};
     DL_CUDA(cudaMemcpyAsync(&t, sums, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
-    DL_CUDA(cudaStreamSynchronize(stream(rt)));
+    host_wait(rt);
     return t;
   }
   Scratch rows;  // row_loss (N f32), row_hit (N int), the totals (32 B)

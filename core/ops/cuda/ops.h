@@ -139,6 +139,8 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
 // these two read their result back to the host (a synchronization, as .item() is)
 double sum_squares(Runtime& rt, const float* x, int64_t n);
 bool all_finite(Runtime& rt, const float* x, int64_t n);
+void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out);
+void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag);
 void scale(Runtime& rt, float* x, int64_t n, float s);
 
 // ---- nf4.cu ----

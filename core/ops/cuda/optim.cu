@@ -57,9 +57,17 @@ __global__ void sum_squares_k(double* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
 }
 
+// *out = the partials' sum, in block order: the bits of sum_squares' host loop
+__global__ void sum_partials_k(double* out, const double* partial) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double total = 0;
+  for (int b = 0; b < kReduceBlocks; b++) total += partial[b];
+  *out = total;
+}
+
 // flag = 1 when some x[j] is inf or NaN (every writer writes 1: no race on the value)
-__global__ void nonfinite_k(int* flag, const float* x, int64_t n) {
-  DL_GRID_LOOP(j, n) if (!isfinite(x[j])) *flag = 1;
+__global__ void nonfinite_k(float* flag, const float* x, int64_t n) {
+  DL_GRID_LOOP(j, n) if (!isfinite(x[j])) *flag = 1.0f;
 }
 
 }  // namespace
@@ -90,23 +98,41 @@ double sum_squares(Runtime& rt, const float* x, int64_t n) {
   DL_CUDA_LAUNCHED("sum_squares");
   double host[kReduceBlocks];
   DL_CUDA(cudaMemcpyAsync(host, d, sizeof host, cudaMemcpyDeviceToHost, stream(rt)));
-  DL_CUDA(cudaStreamSynchronize(stream(rt)));
+  host_wait(rt);
   double total = 0;
   for (double p : host) total += p;  // the blocks in order: the same bits every run
   return total;
 }
 
+void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
+  if (n == 0) {
+    DL_CUDA(cudaMemsetAsync(out, 0, sizeof(double), stream(rt)));  // +0.0
+    return;
+  }
+  Scratch partial(rt, 2 * kReduceBlocks, "sum of squares' partial sums");  // freed in stream order: safe
+  auto* d = reinterpret_cast<double*>(partial.p);
+  sum_squares_k<<<kReduceBlocks, kThreads, 0, stream(rt)>>>(d, x, n);
+  DL_CUDA_LAUNCHED("sum_squares_into");
+  sum_partials_k<<<1, 32, 0, stream(rt)>>>(out, d);
+  DL_CUDA_LAUNCHED("sum_squares_into");
+}
+
+void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
+  if (n == 0) return;
+  nonfinite_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(flag, x, n);
+  DL_CUDA_LAUNCHED("flag_nonfinite");
+}
+
 bool all_finite(Runtime& rt, const float* x, int64_t n) {
   if (n == 0) return true;
   Scratch flag(rt, 1, "the overflow flag");
-  auto* f = reinterpret_cast<int*>(flag.p);
-  DL_CUDA(cudaMemsetAsync(f, 0, sizeof(int), stream(rt)));
-  nonfinite_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(f, x, n);
+  DL_CUDA(cudaMemsetAsync(flag.p, 0, sizeof(float), stream(rt)));
+  nonfinite_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(flag.p, x, n);
   DL_CUDA_LAUNCHED("all_finite");
-  int host = 0;
-  DL_CUDA(cudaMemcpyAsync(&host, f, sizeof host, cudaMemcpyDeviceToHost, stream(rt)));
-  DL_CUDA(cudaStreamSynchronize(stream(rt)));
-  return host == 0;
+  float host = 0;
+  DL_CUDA(cudaMemcpyAsync(&host, flag.p, sizeof host, cudaMemcpyDeviceToHost, stream(rt)));
+  host_wait(rt);
+  return host == 0.0f;
 }
 
 }  // namespace distlab::cuda

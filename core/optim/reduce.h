@@ -1,0 +1,43 @@
+// Values a step's kernels leave in the rank's device memory for the host to read back together: the
+// squares of every gradient for the gradient norm, the overflow flag of every gradient for the loss scaler.
+// Reading each gradient's value as it is computed stops a GPU once per parameter (~150 times a step for
+// GPT-2): the host waits for the queue to drain, and the GPU idles until the host queues the next kernel.
+// Queued into slots here and read once, the step waits once (DeviceMemory::host_waits counts them).
+// On a cpu rank the slots are host memory and the read is a copy: the same numbers, bit for bit.
+//
+//   DeviceScalars ss(rt, params.size(), "the gradient norm's sums");
+//   for (size_t i = ...) sum_squares_into(rt, g_i, n_i, ss.sum(i));   // queued, no wait
+//   for (double s : ss.read_sums()) total += s;                        // one wait, the slots in order
+//
+// Next: core/optim/optimizer.cpp (grad_norm) and core/optim/grad_scaler.cpp (found_inf) use it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor/runtime.h"
+
+namespace distlab {
+
+class DeviceScalars {
+ public:
+  // `count` slots of 8 bytes, zeroed: in the rank's device memory (straight from its allocator, not counted
+  // as a tensor: 8 bytes a parameter, as cuBLAS's workspace is not), in host memory on a cpu rank
+  DeviceScalars(Runtime& rt, int64_t count, const char* what);
+  ~DeviceScalars();
+  DeviceScalars(const DeviceScalars&) = delete;
+  DeviceScalars& operator=(const DeviceScalars&) = delete;
+  double* sum(int64_t i);  // slot i as a double (sum_squares_into's out)
+  float* flag(int64_t i);  // slot i's first 4 bytes as a float (flag_nonfinite's flag)
+  // every slot, after the work queued before: one wait on a device rank
+  std::vector<double> read_sums();
+  bool any_flag();  // some slot's flag is set
+
+ private:
+  void read();
+  int64_t count_;
+  DeviceMemory* device_ = nullptr;  // a device rank's memory, and its slots
+  void* slots_ = nullptr;
+  std::vector<double> host_;  // a cpu rank's slots, and a device rank's once read
+};
+
+}  // namespace distlab
