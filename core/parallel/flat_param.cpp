@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops/cpu/optim.h"
 #include "core/optim/grad_scaler.h"
+#include "core/optim/reduce.h"
+#include "core/tensor/as_f32.h"
 #include "core/parallel/comm_buffers.h"
 #include "core/tensor/on_host.h"
 #include "core/util/error.h"
@@ -172,12 +175,18 @@ double norm_over_ranks(ProcessGroup& pg, double ss) {
 
 double FlatParams::grad_norm() {
   double ss = 0;
-  if (!rt_.is_meta())
-    for (auto& f : flats_) {
-      if (!f.local.grad.defined()) continue;
-      OnHost g(f.local.grad);  // a GPU's part comes down: the sum runs in the cpu's order
-      for (int64_t i = 0; i < f.shard; i++) ss += double(g.p[i]) * g.p[i];
+  if (!rt_.is_meta()) {
+    HostKernels host(rt_, parts_on_host());  // an offloaded part's gradient is summed where it is
+    // each part's squares where the part is, into a slot of its own, read back at once (core/optim/reduce.h):
+    // one wait, and no copy of the gradients to the host
+    DeviceScalars sums(rt_, int64_t(flats_.size()), "the gradient norm's sums");
+    for (size_t i = 0; i < flats_.size(); i++) {
+      if (!flats_[i].local.grad.defined()) continue;
+      AsF32 g(rt_, flats_[i].local.grad);
+      sum_squares_into(rt_, g.p, flats_[i].shard, sums.sum(int64_t(i)));
     }
+    for (double s : sums.read_sums()) ss += s;  // the parts in order
+  }
   return norm_over_ranks(pg_, ss);
 }
 
