@@ -51,6 +51,7 @@ const Kernels& kernel_table() {
     t.embedding_backward = &cuda::embedding_backward;
     t.sgd_update = &cuda::sgd_update;
     t.adamw_update = &cuda::adamw_update;
+    t.adamw_update_many = &cuda::adamw_update_many;
     t.sum_squares = &cuda::sum_squares;
     t.scale = &cuda::scale;
     t.all_finite = &cuda::all_finite;

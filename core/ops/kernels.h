@@ -32,6 +32,15 @@ struct SgdUpdate {
 struct AdamWUpdate {
   float grad_factor, decay, beta1, beta2, step_size, bc2_sqrt, eps;  // decay = 1 - lr * weight_decay (or 1)
 };
+// One tensor of a multi-tensor AdamW step: what adamw_update takes, the gradient in its own dtype (f32,
+// bf16, f16: read as f32, which every 16-bit value is exactly).
+struct AdamWTensor {
+  float *w, *m, *v;
+  const void* g;
+  DType g_type;
+  int64_t n;
+  AdamWUpdate u;
+};
 
 struct Kernels {
   const char* device;  // "cuda", "cuda-sim": for messages
@@ -116,6 +125,7 @@ struct Kernels {
   // ---- optim.h ----
   void (*sgd_update)(Runtime&, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
   void (*adamw_update)(Runtime&, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+  void (*adamw_update_many)(Runtime&, const AdamWTensor* ts, int64_t count);
   double (*sum_squares)(Runtime&, const float* x, int64_t n);
   void (*scale)(Runtime&, float* x, int64_t n, float s);
   bool (*all_finite)(Runtime&, const float* x, int64_t n);

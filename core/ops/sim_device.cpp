@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/ops/cpu/attention.h"
 #include "core/ops/cpu/llama.h"
@@ -333,6 +334,18 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
   distlab::adamw_update(rt, dev(w, "adamw_update"), dev(m, "adamw_update"), dev(v, "adamw_update"), dev(g, "adamw_update"), n, u);
 }
 
+void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
+  std::vector<AdamWTensor> host(ts, ts + count);
+  for (AdamWTensor& t : host) {
+    t.w = dev(t.w, "adamw_update_many");
+    t.m = dev(t.m, "adamw_update_many");
+    t.v = dev(t.v, "adamw_update_many");
+    t.g = dev(t.g, "adamw_update_many");
+  }
+  HostKernels cpu(rt);
+  distlab::adamw_update_many(rt, host.data(), count);
+}
+
 double sum_squares(Runtime& rt, const float* x, int64_t n) {
   host_wait(rt);
   HostKernels cpu(rt);
@@ -418,6 +431,7 @@ const Kernels& sim_kernels() {
     t.embedding_backward = sim::embedding_backward;
     t.sgd_update = sim::sgd_update;
     t.adamw_update = sim::adamw_update;
+    t.adamw_update_many = sim::adamw_update_many;
     t.sum_squares = sim::sum_squares;
     t.scale = sim::scale;
     t.all_finite = sim::all_finite;

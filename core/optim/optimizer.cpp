@@ -85,6 +85,12 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     t_.assign(params_.size(), 0);
   }
   steps_++;
+  // A device rank queues every parameter's update in one list and launches it at the end (PyTorch's fused
+  // AdamW: a few kernels for the model, not one per parameter); the 16-bit gradients are read in place.
+  // A cpu rank steps each parameter in turn (the naive form: the same bits).
+  const bool many = rt.kernels != nullptr && !rt.is_meta();
+  std::vector<AdamWTensor> list;
+  std::vector<size_t> listed;
   for (size_t i = 0; i < params_.size(); i++) {
     Parameter& p = *params_[i];
     if (!p.grad.defined()) continue;
@@ -99,14 +105,22 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
       v_[i] = new_state(rt, i, "exp_avg_sq of ", true);
     }
     float* w = weights(rt, i);
-    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
+    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);  // each parameter's cost, listed or not
     if (rt.is_meta()) continue;
-    AsF32 g(rt, p.grad);
     const float decay = p.decay ? 1.0f - lr * o_.weight_decay : 1.0f;
-    adamw_update(rt, w, m_[i].f32(), v_[i].f32(), g.p, n,
-                 AdamWUpdate{grad_factor, decay, o_.beta1, o_.beta2, step_size, bc2_sqrt, o_.eps});
+    const AdamWUpdate u{grad_factor, decay, o_.beta1, o_.beta2, step_size, bc2_sqrt, o_.eps};
+    if (many) {
+      list.push_back({w, m_[i].f32(), v_[i].f32(), p.grad.data(), p.grad.dtype(), n, u});
+      listed.push_back(i);
+      continue;
+    }
+    AsF32 g(rt, p.grad);
+    adamw_update(rt, w, m_[i].f32(), v_[i].f32(), g.p, n, u);
     write_back(i);
   }
+  if (list.empty()) return;
+  adamw_update_many(rt, list.data(), int64_t(list.size()));
+  for (size_t i : listed) write_back(i);  // queued after the update: the 16-bit weights from the new masters
 }
 
 Tensor* AdamW::state(Runtime& rt, size_t i, const std::string& name, bool make) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -171,6 +172,44 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
     CHECK(bitwise(dw.get(), w));
     CHECK(bitwise(dm.get(), m));
     CHECK(bitwise(dv.get(), v));
+  }
+  {  // the multi-tensor AdamW: 30 tensors of sizes around its 65536-element chunks (two launches of at most
+     // 24), f32 and bf16 gradients, each the per-tensor update's bits
+    const std::vector<int64_t> sizes = {0, 1, 7, 65535, 65536, 65537, 131073, 300001, 5, 1000};
+    std::vector<std::vector<float>> w, m, v, gr;
+    std::vector<std::unique_ptr<Dev<float>>> dw, dm, dv, dg32;
+    std::vector<std::unique_ptr<Dev<uint16_t>>> dg16;
+    std::vector<AdamWTensor> list;
+    for (int k = 0; k < 30; k++) {
+      const int64_t len = sizes[size_t(k) % sizes.size()];
+      const bool b16 = k % 3 == 1;
+      w.push_back(randn(len, 100 + uint64_t(k)));
+      m.push_back(std::vector<float>(size_t(len), 0.0f));
+      v.push_back(std::vector<float>(size_t(len), 0.0f));
+      gr.push_back(randn(len, 200 + uint64_t(k), 0.1f));
+      std::vector<uint16_t> bits(static_cast<size_t>(len));
+      if (b16)
+        for (size_t j = 0; j < bits.size(); j++) {
+          bits[j] = f32_to_bf16(gr.back()[j]);
+          gr.back()[j] = bf16_to_f32(bits[j]);  // what the kernel reads, exactly
+        }
+      dw.push_back(std::make_unique<Dev<float>>(w.back()));
+      dm.push_back(std::make_unique<Dev<float>>(m.back()));
+      dv.push_back(std::make_unique<Dev<float>>(v.back()));
+      dg32.push_back(std::make_unique<Dev<float>>(gr.back()));
+      dg16.push_back(std::make_unique<Dev<uint16_t>>(bits));
+      const AdamWUpdate u{0.5f, 1.0f - 1e-4f * float(k % 2), 0.9f, 0.999f, 1e-3f / 0.1f, std::sqrt(1.0f - 0.999f), 1e-8f};
+      list.push_back({dw.back()->p, dm.back()->p, dv.back()->p, b16 ? static_cast<const void*>(dg16.back()->p) : dg32.back()->p,
+                      b16 ? DType::bf16 : DType::f32, len, u});
+      adamw_update(g.cpu, w.back().data(), m.back().data(), v.back().data(), gr.back().data(), len, u);
+    }
+    cuda::adamw_update_many(g.gpu, list.data(), int64_t(list.size()));
+    for (size_t k = 0; k < list.size(); k++) {
+      INFO("tensor " << k << " of " << list[k].n);
+      CHECK(bitwise(dw[k]->get(), w[k]));
+      CHECK(bitwise(dm[k]->get(), m[k]));
+      CHECK(bitwise(dv[k]->get(), v[k]));
+    }
   }
   // the sum of squares in double: another order of the same terms, so equal to about 1e-15
   const double ss = sum_squares(g.cpu, grad.data(), n), dss = cuda::sum_squares(g.gpu, dg.p, n);

@@ -1,6 +1,9 @@
 #include "core/ops/cpu/optim.h"
 
 #include <cmath>
+#include <vector>
+
+#include "core/tensor/dtype.h"
 
 namespace distlab {
 
@@ -24,6 +27,21 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
     m[j] = u.beta1 * m[j] + (1.0f - u.beta1) * gj;
     v[j] = u.beta2 * v[j] + (1.0f - u.beta2) * gj * gj;
     w[j] -= u.step_size * m[j] / (std::sqrt(v[j]) / u.bc2_sqrt + u.eps);
+  }
+}
+
+void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
+  if (rt.kernels) return rt.kernels->adamw_update_many(rt, ts, count);
+  std::vector<float> g32;
+  for (int64_t i = 0; i < count; i++) {
+    const AdamWTensor& t = ts[i];
+    const float* g = static_cast<const float*>(t.g);
+    if (t.g_type != DType::f32) {  // a 16-bit gradient, widened exactly
+      g32.resize(size_t(t.n));
+      convert(t.g, t.g_type, g32.data(), DType::f32, t.n);
+      g = g32.data();
+    }
+    adamw_update(rt, t.w, t.m, t.v, g, t.n, t.u);
   }
 }
 

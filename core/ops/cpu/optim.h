@@ -16,6 +16,10 @@ void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, co
 // g' = g * grad_factor; w *= decay; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 // w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
 void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+// adamw_update on every tensor of the list, the same bits: PyTorch's fused AdamW (one kernel over many
+// tensors). On a GPU a few launches for the whole model instead of one per parameter, most of which are
+// too small to keep it busy for as long as a launch takes; the naive form is the loop here.
+void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count);
 // sum of x[i]^2, accumulated in double in index order
 double sum_squares(Runtime& rt, const float* x, int64_t n);
 // x *= s

@@ -136,6 +136,7 @@ void repeat_kv_backward(Runtime& rt, float* dq, float* dk, float* dv, const floa
 // ---- optim.cu ----
 void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u);
 void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u);
+void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count);
 // these two read their result back to the host (a synchronization, as .item() is)
 double sum_squares(Runtime& rt, const float* x, int64_t n);
 bool all_finite(Runtime& rt, const float* x, int64_t n);

@@ -3,6 +3,9 @@
 // the host: the sum of squares (clip_grad_norm; in double, per block then in one block, in a fixed order)
 // and whether everything is finite (the loss scaler's overflow check).
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "core/ops/cuda/common.cuh"
 
 namespace distlab::cuda {
@@ -26,15 +29,50 @@ __global__ void sgd_k(float* w, float* buf, const float* g, int64_t n, SgdUpdate
   }
 }
 
+// One element of AdamW: the cpu's operations in the cpu's order
+__device__ __forceinline__ void adamw_element(float* w, float* m, float* v, float g, int64_t j, const AdamWUpdate& u) {
+  const float gj = mul(g, u.grad_factor);
+  w[j] = mul(w[j], u.decay);
+  m[j] = add(mul(u.beta1, m[j]), mul(sub(1.0f, u.beta1), gj));
+  v[j] = add(mul(u.beta2, v[j]), mul(mul(sub(1.0f, u.beta2), gj), gj));
+  // sqrt and division are correctly rounded (nvcc's defaults, -prec-sqrt and -prec-div), as the cpu's
+  w[j] = sub(w[j], __fdiv_rn(mul(u.step_size, m[j]), add(__fdiv_rn(__fsqrt_rn(v[j]), u.bc2_sqrt), u.eps)));
+}
+
 __global__ void adamw_k(float* w, float* m, float* v, const float* g, int64_t n, AdamWUpdate u) {
-  DL_GRID_LOOP(j, n) {
-    const float gj = mul(g[j], u.grad_factor);
-    w[j] = mul(w[j], u.decay);
-    m[j] = add(mul(u.beta1, m[j]), mul(sub(1.0f, u.beta1), gj));
-    v[j] = add(mul(u.beta2, v[j]), mul(mul(sub(1.0f, u.beta2), gj), gj));
-    // sqrt and division are correctly rounded (nvcc's defaults, -prec-sqrt and -prec-div), as the cpu's
-    w[j] = sub(w[j], __fdiv_rn(mul(u.step_size, m[j]), add(__fdiv_rn(__fsqrt_rn(v[j]), u.bc2_sqrt), u.eps)));
-  }
+  DL_GRID_LOOP(j, n) adamw_element(w, m, v, g[j], j, u);
+}
+
+// The multi-tensor form (PyTorch's multi_tensor_apply): up to kListTensors tensors travel in the kernel's
+// parameters (4 KB at most: this is ~1.8 KB), and each block updates one chunk of kListChunk elements of
+// one of them, so a list of 150 parameters of any sizes is 7 launches, not 150.
+constexpr int kListTensors = 24;
+constexpr int64_t kListChunk = 65536;
+struct AdamWList {
+  float* w[kListTensors];
+  float* m[kListTensors];
+  float* v[kListTensors];
+  const void* g[kListTensors];
+  int64_t n[kListTensors];
+  AdamWUpdate u[kListTensors];
+  DType g_type[kListTensors];
+  int first_block[kListTensors + 1];  // tensor t's chunks are blocks first_block[t] .. first_block[t + 1] - 1
+  int count;
+};
+
+__device__ __forceinline__ float widen(const void* g, DType t, int64_t j) {
+  if (t == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[j]);  // exact
+  if (t == DType::f16) return __half2float(static_cast<const __half*>(g)[j]);               // exact
+  return static_cast<const float*>(g)[j];
+}
+
+__global__ void adamw_list_k(const AdamWList list) {
+  int t = 0;
+  while (t + 1 < list.count && int(blockIdx.x) >= list.first_block[t + 1]) t++;
+  const int64_t lo = int64_t(int(blockIdx.x) - list.first_block[t]) * kListChunk;
+  const int64_t hi = lo + kListChunk < list.n[t] ? lo + kListChunk : list.n[t];
+  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x)
+    adamw_element(list.w[t], list.m[t], list.v[t], widen(list.g[t], list.g_type[t], j), j, list.u[t]);
 }
 
 __global__ void scale_k(float* x, int64_t n, float s) {
@@ -82,6 +120,30 @@ void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int
   if (n == 0) return;
   adamw_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(w, m, v, g, n, u);
   DL_CUDA_LAUNCHED("adamw_update");
+}
+
+void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
+  AdamWList list{};
+  int blocks = 0;
+  auto launch = [&] {
+    if (list.count == 0) return;
+    list.first_block[list.count] = blocks;
+    adamw_list_k<<<unsigned(blocks), kThreads, 0, stream(rt)>>>(list);
+    DL_CUDA_LAUNCHED("adamw_update_many");
+    list = AdamWList{};
+    blocks = 0;
+  };
+  for (int64_t i = 0; i < count; i++) {
+    const AdamWTensor& t = ts[i];
+    if (t.n == 0) continue;
+    const int64_t chunks = (t.n + kListChunk - 1) / kListChunk;
+    if (list.count == kListTensors || blocks + chunks > (int64_t(1) << 30)) launch();
+    const int k = list.count++;
+    list.w[k] = t.w, list.m[k] = t.m, list.v[k] = t.v, list.g[k] = t.g, list.n[k] = t.n, list.u[k] = t.u, list.g_type[k] = t.g_type;
+    list.first_block[k] = blocks;
+    blocks += int(chunks);
+  }
+  launch();
 }
 
 void scale(Runtime& rt, float* x, int64_t n, float s) {
