@@ -53,11 +53,12 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
                         "raise model.vocab_size to cover the data's tokens");
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding", rt.dtype);
   AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
-  Indices ids(rt, tokens);
-  const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
-  embedding_forward(rt, o.p, ids.p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);
-  o.store();
   saved_tokens_ = tokens;
+  auto ids = std::make_shared<Indices>(rt, saved_tokens_);  // on a cuda rank a device copy, kept for backward
+  const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
+  embedding_forward(rt, o.p, ids->p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);
+  o.store();
+  saved_ids_ = rt.device == DeviceKind::cuda ? std::move(ids) : nullptr;  // a cpu rank's points into saved_tokens_: made again
   B_ = B;
   T_ = T;
   return out;
@@ -66,19 +67,21 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
 void Embedding::backward(Runtime& rt, const Tensor& dout) {
   if (!wte.requires_grad && !wpe.requires_grad) {  // frozen (LoRA): the first layer has nothing else to compute
     saved_tokens_.clear();
+    saved_ids_.reset();
     return;
   }
   AsF32 de(rt, wte.grad_for_accumulate(), AsF32::inout), dp(rt, wpe.grad_for_accumulate(), AsF32::inout), dy(rt, dout);
-  Indices ids(rt, saved_tokens_);
-  if (positions.empty()) embedding_backward(rt, de.p, dp.p, dy.p, ids.p, B_, T_, C);
+  std::shared_ptr<Indices> ids = saved_ids_ ? saved_ids_ : std::make_shared<Indices>(rt, saved_tokens_);
+  if (positions.empty()) embedding_backward(rt, de.p, dp.p, dy.p, ids->p, B_, T_, C);
   else {  // context parallel: wpe's gradient at this rank's positions
     Tensor drows = rt.zeros({T_, C}, Category::activations, "grad of wpe rows", DType::f32);
-    embedding_backward(rt, de.p, drows.f32(), dy.p, ids.p, B_, T_, C);
+    embedding_backward(rt, de.p, drows.f32(), dy.p, ids->p, B_, T_, C);
     scatter_position_grad(rt, dp.p, drows.f32(), positions, C);
   }
   de.store();
   dp.store();
   saved_tokens_.clear();
+  saved_ids_.reset();
 }
 
 }  // namespace distlab

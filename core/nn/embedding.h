@@ -1,6 +1,9 @@
 // Token + position embedding of GPT-2 (wte, wpe). Inputs are token ids, not tensors.
 #pragma once
+#include <memory>
+
 #include "core/nn/layer.h"
+#include "core/tensor/as_f32.h"
 
 namespace distlab {
 
@@ -32,6 +35,7 @@ class Embedding : public TokenEmbedding {
   void backward(Runtime& rt, const Tensor& dout) override;
   void swap_saved(SavedState& s) override {
     s.swap(saved_tokens_);
+    s.swap(saved_ids_);
     s.swap(B_);
     s.swap(T_);
   }
@@ -40,6 +44,7 @@ class Embedding : public TokenEmbedding {
 
  private:
   std::vector<int32_t> saved_tokens_;
+  std::shared_ptr<Indices> saved_ids_;  // a cuda rank's device copy of them from forward: backward's, not uploaded again
   int64_t B_ = 0, T_ = 0;
 };
 

@@ -3,6 +3,7 @@
 // micro-batches and tied weights just work), and returns the gradient of its input.
 #pragma once
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,10 +19,18 @@ struct SavedState {
   std::vector<Tensor> tensors;
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<int32_t>> tokens;
-  void begin() { t_ = i_ = k_ = 0; }  // before each visit
+  std::vector<std::shared_ptr<void>> handles;  // what else a layer keeps (a device copy of its ids)
+  void begin() { t_ = i_ = k_ = h_ = 0; }  // before each visit
   void swap(Tensor& x) { std::swap(slot(tensors, t_), x); }
   void swap(std::vector<int64_t>& v) { std::swap(slot(ints, i_), v); }
   void swap(std::vector<int32_t>& v) { std::swap(slot(tokens, k_), v); }
+  template <class T>
+  void swap(std::shared_ptr<T>& h) {
+    std::shared_ptr<void>& s = slot(handles, h_);
+    std::shared_ptr<void> mine = std::move(h);
+    h = std::static_pointer_cast<T>(std::move(s));
+    s = std::move(mine);
+  }
   void swap(int64_t& v) {
     auto& s = slot(ints, i_);
     const int64_t mine = s.empty() ? 0 : s[0];
@@ -42,7 +51,7 @@ struct SavedState {
     if (at == v.size()) v.emplace_back();
     return v[at++];
   }
-  size_t t_ = 0, i_ = 0, k_ = 0;
+  size_t t_ = 0, i_ = 0, k_ = 0, h_ = 0;
 };
 
 class Layer {
