@@ -29,7 +29,7 @@ case "$args" in
   *train*)
     [ -n "${STUB_TRAIN_FAILS:-}" ] && { echo "stub: the run fails"; exit 1; }
     [ -n "$metrics" ] && {
-      for i in $(seq 12); do echo '{"kind":"step","wall_s":0.134,"samples":8,"flops":4.4e12,"loss":3.1,"grad_norm":1.0}'; done
+      for i in $(seq 12); do echo '{"kind":"step","wall_s":0.134,"samples":8,"flops":4.4e12,"loss":3.1,"grad_norm":1.0,"host_waits":4}'; done
       echo '{"kind":"summary","peak_memory_device_measured":10737418240,"peak_memory_reserved":10500000000,"peak_memory_total":9000000000,"modeled_step_s":0.121,"measured_step_s":0.134}'
     } > "$metrics"
     echo "trained";;
@@ -91,6 +91,7 @@ grep -q "^train configs/llama3-8b.toml --device cuda --set model.n_layer=2 --set
   fail "Llama 3 8B's 2 blocks were not trained as the target says (B 2, T 8192, flash, bf16)"
 grep -q "^grade 10 --solution --device cuda" "$w/out/calls" || fail "lab 10 was not graded"
 grep -q "^what" "$w/log" && grep -q "done in" "$w/log" || fail "the table or the closing line is not printed"
+grep -q "the host waited for the GPU 4 times a step" "$w/log" || fail "a run's host waits per step are not printed"
 
 # 2. a budget too small: the steps that would overrun are skipped and recorded, the script exits 0
 rm -rf "$w/out"/*
