@@ -91,7 +91,7 @@ grep -q "^train configs/llama3-8b.toml --device cuda --set model.n_layer=2 --set
   fail "Llama 3 8B's 2 blocks were not trained as the target says (B 2, T 8192, flash, bf16)"
 grep -q "^grade 10 --solution --device cuda" "$w/out/calls" || fail "lab 10 was not graded"
 grep -q "^what" "$w/log" && grep -q "done in" "$w/log" || fail "the table or the closing line is not printed"
-grep -q "the host waited for the GPU 4 times a step" "$w/log" || fail "a run's host waits per step are not printed"
+grep -q "the host waited for the GPU's results 4 times a step" "$w/log" || fail "a run's host waits per step are not printed"
 
 # 2. a budget too small: the steps that would overrun are skipped and recorded, the script exits 0
 rm -rf "$w/out"/*

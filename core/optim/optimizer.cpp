@@ -105,7 +105,8 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
       v_[i] = new_state(rt, i, "exp_avg_sq of ", true);
     }
     float* w = weights(rt, i);
-    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);  // each parameter's cost, listed or not
+    // each parameter's FLOPs and bytes, listed or not (a listed one's time is the list's launch, after the loop)
+    OpScope op(rt, "adamw_step", 12.0 * n, 4.0 * 7 * n, /*scales_with_batch=*/false);
     if (rt.is_meta()) continue;
     const float decay = p.decay ? 1.0f - lr * o_.weight_decay : 1.0f;
     const AdamWUpdate u{grad_factor, decay, o_.beta1, o_.beta2, step_size, bc2_sqrt, o_.eps};

@@ -8,8 +8,9 @@
 
 namespace distlab {
 
-DeviceScalars::DeviceScalars(Runtime& rt, int64_t count, const char* what) : count_(count), host_(size_t(count), 0.0) {
-  if (!rt.kernels || count == 0) return;  // a cpu rank: the kernels write host_ itself
+DeviceScalars::DeviceScalars(Runtime& rt, int64_t count, const char* what)
+    : count_(count), sums_(size_t(count), 0.0), flags_(size_t(count), 0.0f) {
+  if (!rt.kernels || count == 0) return;  // a cpu rank: the kernels write sums_ and flags_ themselves
   device_ = rt.memory.device_memory();
   DL_ASSERT(device_ != nullptr, "a rank with device kernels has no device memory");
   slots_ = device_->alloc(8 * count);  // the allocator's blocks are 64-byte aligned or more: doubles fit
@@ -25,27 +26,27 @@ DeviceScalars::~DeviceScalars() {
 
 double* DeviceScalars::sum(int64_t i) {
   DL_ASSERT(i >= 0 && i < count_, "a DeviceScalars slot out of range");
-  return slots_ ? static_cast<double*>(slots_) + i : &host_[size_t(i)];
+  return slots_ ? static_cast<double*>(slots_) + i : &sums_[size_t(i)];
 }
 
-float* DeviceScalars::flag(int64_t i) { return reinterpret_cast<float*>(sum(i)); }
-
-void DeviceScalars::read() {
-  if (slots_) device_->to_host(host_.data(), slots_, 8 * count_);  // one wait, after the kernels queued before it
+float* DeviceScalars::flag(int64_t i) {
+  DL_ASSERT(i >= 0 && i < count_, "a DeviceScalars slot out of range");
+  return slots_ ? reinterpret_cast<float*>(static_cast<char*>(slots_) + 8 * i) : &flags_[size_t(i)];  // a slot's first 4 bytes
 }
 
 std::vector<double> DeviceScalars::read_sums() {
-  read();
-  return host_;
+  if (slots_) device_->to_host(sums_.data(), slots_, 8 * count_);  // one wait, after the kernels queued before it
+  return sums_;
 }
 
 bool DeviceScalars::any_flag() {
-  read();
-  for (const double& slot : host_) {
-    float f;
-    std::memcpy(&f, &slot, sizeof f);
-    if (f != 0.0f) return true;
+  if (slots_) {
+    std::vector<unsigned char> bytes(size_t(8 * count_));
+    device_->to_host(bytes.data(), slots_, 8 * count_);  // one wait
+    for (int64_t i = 0; i < count_; i++) std::memcpy(&flags_[size_t(i)], bytes.data() + 8 * i, sizeof(float));
   }
+  for (float f : flags_)
+    if (f != 0.0f) return true;
   return false;
 }
 

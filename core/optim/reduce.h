@@ -27,17 +27,17 @@ class DeviceScalars {
   DeviceScalars(const DeviceScalars&) = delete;
   DeviceScalars& operator=(const DeviceScalars&) = delete;
   double* sum(int64_t i);  // slot i as a double (sum_squares_into's out)
-  float* flag(int64_t i);  // slot i's first 4 bytes as a float (flag_nonfinite's flag)
+  float* flag(int64_t i);  // slot i as a float (flag_nonfinite's flag); a slot holds a sum or a flag, not both
   // every slot, after the work queued before: one wait on a device rank
   std::vector<double> read_sums();
   bool any_flag();  // some slot's flag is set
 
  private:
-  void read();
   int64_t count_;
-  DeviceMemory* device_ = nullptr;  // a device rank's memory, and its slots
+  DeviceMemory* device_ = nullptr;  // a device rank's memory, and its slots (8 bytes each)
   void* slots_ = nullptr;
-  std::vector<double> host_;  // a cpu rank's slots, and a device rank's once read
+  std::vector<double> sums_;  // a cpu rank's sums, and a device rank's once read
+  std::vector<float> flags_;  // the same for the flags
 };
 
 }  // namespace distlab

@@ -55,10 +55,11 @@ class DeviceMemory {
   // context, cuBLAS's workspace or NCCL's buffers). What MemoryStats::reserved_peak models.
   virtual int64_t held_peak() const = 0;
   virtual void reset_held_peak() = 0;  // the peak := what it holds now (MemoryAccountant::reset_peaks)
-  // Times the host waited for the device: a copy to or from host memory, a value read back (a loss, a
-  // norm). Each drains the device's queue, which then idles until the host queues more; a step should have
-  // few (the trainer reports them per step as host_waits). The implementations count theirs; a kernel that
-  // returns a value to the host calls count_host_wait().
+  // Times the host waited for the device's compute queue within a step: a copy to or from host memory, a
+  // value read back (a loss, a norm). Each drains the queue, which then idles until the host queues more; a
+  // step should have few (the trainer reports them per step as host_waits). The implementations count
+  // theirs; a kernel that returns a value to the host calls count_host_wait(). Not counted: the wait that
+  // ends a measured step (AttachedDevice::synchronize, for its time) and waits for a collective to finish.
   int64_t host_waits() const { return host_waits_; }
   void count_host_wait() { host_waits_++; }
 

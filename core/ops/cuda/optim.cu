@@ -60,6 +60,8 @@ struct AdamWList {
   int count;
 };
 
+static_assert(sizeof(AdamWList) <= 4096, "a kernel's parameters are at most 4 KB");
+
 __device__ __forceinline__ float widen(const void* g, DType t, int64_t j) {
   if (t == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(g)[j]);  // exact
   if (t == DType::f16) return __half2float(static_cast<const __half*>(g)[j]);               // exact
@@ -136,6 +138,8 @@ void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
   for (int64_t i = 0; i < count; i++) {
     const AdamWTensor& t = ts[i];
     if (t.n == 0) continue;
+    if (t.g_type != DType::f32 && t.g_type != DType::bf16 && t.g_type != DType::f16)
+      throw ShapeError(std::string("adamw_update_many: a ") + dtype_name(t.g_type) + " gradient", "gradients are f32, bf16 or f16");
     const int64_t chunks = (t.n + kListChunk - 1) / kListChunk;
     if (list.count == kListTensors || blocks + chunks > (int64_t(1) << 30)) launch();
     const int k = list.count++;
