@@ -198,19 +198,37 @@ bool FlatParams::found_inf(ProcessGroup* over) {
 double split_flats_norm(Runtime& rt, ProcessGroup& dp, const std::vector<FlatParam>& flats, ProcessGroup* tp, ProcessGroup* pp) {
   const bool split_tp = tp && tp->size() > 1, tp_lead = !tp || tp->rank() == 0;
   double ss = 0;
-  if (!rt.is_meta())
-    for (const FlatParam& g : flats) {
+  if (!rt.is_meta()) {
+    // The stretch of each counted parameter inside this rank's part of each flat gradient: its squares
+    // summed where the part is, a slot each, read back at once (core/optim/reduce.h)
+    struct Stretch {
+      size_t flat;
+      int64_t from, n;  // in the part
+    };
+    std::vector<Stretch> counted;
+    bool on_host = false;  // CPU offload on a cuda rank: the parts' gradients are host memory
+    for (size_t f = 0; f < flats.size(); f++) {
+      const FlatParam& g = flats[f];
       if (!g.local.grad.defined()) continue;
-      OnHost x(g.local.grad);
+      on_host = on_host || g.local.grad.device() != rt.device;
       const int64_t base = dp.rank() * g.shard;
       for (size_t i = 0; i < g.params.size(); i++) {
         const Parameter& p = *g.params[i];
         if (!p.tied.empty() || !((p.split_dim >= 0 && split_tp) || tp_lead)) continue;
         const int64_t end = i + 1 < g.params.size() ? g.offset[i + 1] : g.numel;  // (ZeRO-3 frees p.data between uses)
         const int64_t lo = std::max(base, g.offset[i]), hi = std::min(base + g.shard, end);
-        for (int64_t e = lo; e < hi; e++) ss += double(x.p[e - base]) * x.p[e - base];
+        if (hi > lo) counted.push_back({f, lo - base, hi - lo});
       }
     }
+    HostKernels host(rt, on_host);
+    DeviceScalars sums(rt, int64_t(counted.size()), "the gradient norm's sums");
+    for (size_t k = 0; k < counted.size();) {
+      AsF32 x(rt, flats[counted[k].flat].local.grad);
+      for (const size_t f = counted[k].flat; k < counted.size() && counted[k].flat == f; k++)
+        sum_squares_into(rt, x.p + counted[k].from, counted[k].n, sums.sum(int64_t(k)));
+    }
+    for (double s : sums.read_sums()) ss += s;  // the stretches in order
+  }
   const double n = norm_over_ranks(dp, ss);
   float total = float(n * n);
   for (ProcessGroup* g : {tp, pp}) {
