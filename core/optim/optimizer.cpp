@@ -166,9 +166,7 @@ double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
     AsF32 g(rt, params[i]->grad);
     sum_squares_into(rt, g.p, params[i]->grad.numel(), sums.sum(int64_t(i)));
   }
-  double ss = 0;
-  for (double s : sums.read_sums()) ss += s;  // the parameters in order (an undefined one's slot is +0.0)
-  return std::sqrt(ss);
+  return std::sqrt(sums.total());  // the parameters in order
 }
 
 float clip_coefficient(double norm, double max_norm) {

@@ -39,6 +39,12 @@ std::vector<double> DeviceScalars::read_sums() {
   return sums_;
 }
 
+double DeviceScalars::total() {
+  double t = 0;
+  for (double s : read_sums()) t += s;
+  return t;
+}
+
 bool DeviceScalars::any_flag() {
   if (slots_) {
     std::vector<unsigned char> bytes(size_t(8 * count_));

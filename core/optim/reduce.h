@@ -7,7 +7,7 @@
 //
 //   DeviceScalars ss(rt, params.size(), "the gradient norm's sums");
 //   for (size_t i = ...) sum_squares_into(rt, g_i, n_i, ss.sum(i));   // queued, no wait
-//   for (double s : ss.read_sums()) total += s;                        // one wait, the slots in order
+//   const double total = ss.total();                                    // one wait, the slots in order
 //
 // Next: core/optim/optimizer.cpp (grad_norm) and core/optim/grad_scaler.cpp (found_inf) use it.
 #pragma once
@@ -30,6 +30,7 @@ class DeviceScalars {
   float* flag(int64_t i);  // slot i as a float (flag_nonfinite's flag); a slot holds a sum or a flag, not both
   // every slot, after the work queued before: one wait on a device rank
   std::vector<double> read_sums();
+  double total();  // the slots' sums added in slot order (an unused slot is +0.0): one wait
   bool any_flag();  // some slot's flag is set
 
  private:

@@ -185,7 +185,7 @@ double FlatParams::grad_norm() {
       AsF32 g(rt_, flats_[i].local.grad);
       sum_squares_into(rt_, g.p, flats_[i].shard, sums.sum(int64_t(i)));
     }
-    for (double s : sums.read_sums()) ss += s;  // the parts in order
+    ss = sums.total();  // the parts in order
   }
   return norm_over_ranks(pg_, ss);
 }
@@ -227,7 +227,7 @@ double split_flats_norm(Runtime& rt, ProcessGroup& dp, const std::vector<FlatPar
       for (const size_t f = counted[k].flat; k < counted.size() && counted[k].flat == f; k++)
         sum_squares_into(rt, x.p + counted[k].from, counted[k].n, sums.sum(int64_t(k)));
     }
-    for (double s : sums.read_sums()) ss += s;  // the stretches in order
+    ss = sums.total();  // the stretches in order
   }
   const double n = norm_over_ranks(dp, ss);
   float total = float(n * n);

@@ -174,7 +174,7 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
     CHECK(bitwise(dv.get(), v));
   }
   {  // the multi-tensor AdamW: 30 tensors of sizes around its 65536-element chunks (two launches of at most
-     // 24), f32 and bf16 gradients, each the per-tensor update's bits
+     // 24), f32, bf16 and f16 gradients, each the per-tensor update's bits
     const std::vector<int64_t> sizes = {0, 1, 7, 65535, 65536, 65537, 131073, 300001, 5, 1000};
     std::vector<std::vector<float>> w, m, v, gr;
     std::vector<std::unique_ptr<Dev<float>>> dw, dm, dv, dg32;
@@ -182,7 +182,8 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
     std::vector<AdamWTensor> list;
     for (int k = 0; k < 30; k++) {
       const int64_t len = sizes[size_t(k) % sizes.size()];
-      const bool b16 = k % 3 == 1;
+      const DType gt = k % 3 == 1 ? DType::bf16 : k % 3 == 2 ? DType::f16 : DType::f32;
+      const bool b16 = gt != DType::f32;
       w.push_back(randn(len, 100 + uint64_t(k)));
       m.push_back(std::vector<float>(size_t(len), 0.0f));
       v.push_back(std::vector<float>(size_t(len), 0.0f));
@@ -190,8 +191,8 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
       std::vector<uint16_t> bits(static_cast<size_t>(len));
       if (b16)
         for (size_t j = 0; j < bits.size(); j++) {
-          bits[j] = f32_to_bf16(gr.back()[j]);
-          gr.back()[j] = bf16_to_f32(bits[j]);  // what the kernel reads, exactly
+          bits[j] = gt == DType::bf16 ? f32_to_bf16(gr.back()[j]) : f32_to_f16(gr.back()[j]);
+          gr.back()[j] = gt == DType::bf16 ? bf16_to_f32(bits[j]) : f16_to_f32(bits[j]);  // what the kernel reads, exactly
         }
       dw.push_back(std::make_unique<Dev<float>>(w.back()));
       dm.push_back(std::make_unique<Dev<float>>(m.back()));
@@ -200,7 +201,7 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
       dg16.push_back(std::make_unique<Dev<uint16_t>>(bits));
       const AdamWUpdate u{0.5f, 1.0f - 1e-4f * float(k % 2), 0.9f, 0.999f, 1e-3f / 0.1f, std::sqrt(1.0f - 0.999f), 1e-8f};
       list.push_back({dw.back()->p, dm.back()->p, dv.back()->p, b16 ? static_cast<const void*>(dg16.back()->p) : dg32.back()->p,
-                      b16 ? DType::bf16 : DType::f32, len, u});
+                      gt, len, u});
       adamw_update(g.cpu, w.back().data(), m.back().data(), v.back().data(), gr.back().data(), len, u);
     }
     cuda::adamw_update_many(g.gpu, list.data(), int64_t(list.size()));
