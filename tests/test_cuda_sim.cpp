@@ -183,8 +183,9 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
 
 // A GPU idles each time the host waits for it (DeviceMemory::host_waits). The step's reductions (the
 // gradient norm, the loss scaler's overflow check) are queued into device slots and read back once
-// (core/optim/reduce.h), so a step waits the same number of times however many parameters the model has.
-TEST_CASE("cuda-sim: a step waits for the device as often with 6 blocks as with 1: the gradient norm and the overflow check are read back once, not per parameter", "[cuda-sim]") {
+// (core/optim/reduce.h), so a step waits the same number of times however many parameters the model has;
+// the inputs go up without a wait (DeviceMemory::upload) and the losses stay in slots until the step is done.
+TEST_CASE("cuda-sim: a step waits for the device as often with 6 blocks as with 1: the gradient norm and the overflow check are read back once, not per parameter, and no micro-batch waits", "[cuda-sim]") {
   const auto waits = [](const std::string& extra) {
     const TrainRun r = train_cli("cuda-sim", "train configs/gpt-tiny.toml --set train.steps=3 --set train.accum_steps=2 "
                                              "--set optim.clip_grad_norm=0.5 " + extra);
@@ -200,10 +201,17 @@ TEST_CASE("cuda-sim: a step waits for the device as often with 6 blocks as with 
     const auto shallow = waits("--set model.n_layer=1 --set precision.mode=" + precision);
     const auto deep = waits("--set model.n_layer=6 --set precision.mode=" + precision);  // 4 + 6 x 12 parameters
     CHECK(shallow == deep);
-    // per micro-batch: the tokens copied up (the embedding keeps them for its backward), the targets (the
-    // loss keeps them), the loss read back; per step: the norm (and the overflow flag) read back. A
-    // per-parameter read would wait 76 times more.
-    for (const auto& [w, skipped] : deep) CHECK(w == 2 * 3 + (skipped ? 0 : 1) + (precision == "fp16" ? 1 : 0));
+    // per micro-batch nothing: the tokens and the targets go up queued, the loss stays in its slot; per
+    // step: the norm (and the overflow flag) read back. A per-parameter read would wait 76 times more.
+    for (const auto& [w, skipped] : deep) CHECK(w == (skipped ? 0 : 1) + (precision == "fp16" ? 1 : 0));
+  }
+  {  // the CNN's images go up the same way (the loader's OnHost store): the norm's read is the step's one wait
+    const TrainRun cnn = train_cli("cuda-sim", "train configs/cifar-cnn.toml --set train.steps=2 --set train.accum_steps=2 "
+                                               "--set data.synthetic_train=256 --set optim.clip_grad_norm=0.5");
+    INFO(cnn.out);
+    REQUIRE(cnn.code == 0);
+    REQUIRE(cnn.steps.size() == 2);
+    for (const auto& s : cnn.steps) CHECK(s.at("host_waits").get<int64_t>() == 1);
   }
   // a cpu rank has nothing to wait for: no count in its records
   const TrainRun cpu = train_cli("cpu", "train configs/gpt-tiny.toml --set train.steps=1");

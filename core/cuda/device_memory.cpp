@@ -1,6 +1,7 @@
 #include "core/cuda/device_memory.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/cuda/check.h"
 #include "core/ops/cuda/ops.h"
@@ -29,6 +30,45 @@ void CudaDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   DL_CUDA(cudaMemcpyAsync(dev, host, size_t(bytes), cudaMemcpyHostToDevice, cx_.compute()));
   DL_CUDA(cudaStreamSynchronize(cx_.compute()));  // the host buffer may be freed once this returns
   count_host_wait();
+}
+
+void CudaDeviceMemory::upload(void* dev, const void* host, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (bytes > kStagedMax) return from_host(dev, host, bytes);
+  Staging& s = staging_[next_];
+  next_ = (next_ + 1) % staging_.size();
+  if (s.queued) {  // its last copy must be done before the buffer is written again
+    const cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaErrorNotReady) {
+      DL_CUDA(cudaEventSynchronize(s.done));
+      count_host_wait();  // the ring is full: the GPU is that far behind
+    } else {
+      DL_CUDA(q);
+    }
+    s.queued = false;
+  }
+  if (s.bytes < bytes) {
+    if (s.p) cx_.pinned().free(s.p, s.bytes);
+    const int64_t want = std::max<int64_t>(bytes, int64_t(64) << 10);
+    s.p = cx_.pinned().alloc(want);
+    s.bytes = s.p ? want : 0;
+    if (!s.p) return from_host(dev, host, bytes);  // no page-locked memory to spare: the waiting copy
+  }
+  std::memcpy(s.p, host, size_t(bytes));
+  DL_CUDA(cudaMemcpyAsync(dev, s.p, size_t(bytes), cudaMemcpyHostToDevice, cx_.compute()));
+  if (!s.done) DL_CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  DL_CUDA(cudaEventRecord(s.done, cx_.compute()));
+  s.queued = true;
+}
+
+CudaDeviceMemory::~CudaDeviceMemory() {
+  for (Staging& s : staging_) {
+    if (s.done) {
+      cudaEventSynchronize(s.done);  // no throwing from a destructor: a failed GPU is reported elsewhere
+      cudaEventDestroy(s.done);
+    }
+    if (s.p) cx_.pinned().free(s.p, s.bytes);
+  }
 }
 
 void* CudaDeviceMemory::pinned_alloc(int64_t bytes) { return cx_.pinned().alloc(bytes); }

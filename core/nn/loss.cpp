@@ -10,17 +10,21 @@
 namespace distlab {
 
 double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets,
-                                 int64_t* correct) {
+                                 int64_t* correct, double* loss_out) {
   const int64_t V = logits.size(-1), N = logits.numel() / V;
   if (int64_t(targets.size()) != N)
     throw ShapeError(fmt::format("cross-entropy: {} targets for {} rows of logits {}", targets.size(), N,
                                  shape_str(logits.shape())));
+  for (const int32_t t : targets)  // the kernel's own check reads back; a slot (loss_out) does not
+    if (t >= V)
+      throw DataError("target " + std::to_string(t) + " is out of range for " + std::to_string(V) + " classes",
+                      "the data set's labels don't match model's number of classes");
   probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities");  // f32: autocast's fp32 list
   targets_ = targets;
   AsF32 z(rt, logits);
   logits_dtype_ = logits.dtype();
   device_targets_ = std::make_unique<Indices>(rt, targets_);  // reads targets_: it outlives the copy
-  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, device_targets_->p, N, V, correct);
+  return softmax_crossentropy_forward(rt, probs_.f32(), z.p, device_targets_->p, N, V, correct, loss_out);
 }
 
 Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {

@@ -87,14 +87,14 @@ struct Kernels {
                                    const float* sum_dy_xhat, double count, int64_t B, int64_t C, int64_t HW);
   // ---- loss.h ----
   double (*softmax_crossentropy_forward)(Runtime&, float* probs, const float* logits, const int32_t* targets, int64_t N,
-                                         int64_t V, int64_t* correct);
+                                         int64_t V, int64_t* correct, double* loss_out);
   void (*softmax_crossentropy_backward)(Runtime&, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                         int64_t V, float scale);
   void (*vocab_ce_max)(Runtime&, float* mx, const float* logits, int64_t N, int64_t V);
   void (*vocab_ce_exp)(Runtime&, float* probs, float* sum, float* zt, const float* logits, const float* mx,
                        const int32_t* targets, int64_t first, int64_t N, int64_t V);
   double (*vocab_ce_finish)(Runtime&, float* probs, const float* sum, const float* zt, const float* mx,
-                            const int32_t* targets, int64_t N, int64_t V, int64_t* correct);
+                            const int32_t* targets, int64_t N, int64_t V, int64_t* correct, double* loss_out);
   // ---- attention.h ----
   void (*attention_forward)(Runtime&, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                             int64_t NH);

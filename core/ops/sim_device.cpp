@@ -80,6 +80,10 @@ void SimDeviceMemory::from_host(void* dev, const void* host, int64_t bytes) {
   count_host_wait();
 }
 
+void SimDeviceMemory::upload(void* dev, const void* host, int64_t bytes) {
+  std::memcpy(const_cast<void*>(sim_host_address(dev, "upload")), host, size_t(bytes));  // a GPU's queued copy: no wait
+}
+
 void* SimDeviceMemory::pinned_alloc(int64_t bytes) { return std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)); }
 
 void SimDeviceMemory::pinned_free(void* p, int64_t) { std::free(p); }
@@ -220,10 +224,11 @@ void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const
   distlab::batchnorm_backward_apply(rt, dev(dinp, "batchnorm_backward_apply"), dev(dout, "batchnorm_backward_apply"), dev(inp, "batchnorm_backward_apply"), dev(mean, "batchnorm_backward_apply"), dev(rstd, "batchnorm_backward_apply"), dev(weight, "batchnorm_backward_apply"), dev(sum_dy, "batchnorm_backward_apply"), dev(sum_dy_xhat, "batchnorm_backward_apply"), count, B, C, HW);
 }
 
-double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
-  host_wait(rt);
+double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct, double* loss_out) {
+  if (!loss_out) host_wait(rt);  // into a device slot: nothing comes back now
   HostKernels cpu(rt);
-  return distlab::softmax_crossentropy_forward(rt, dev(probs, "softmax_crossentropy_forward"), dev(logits, "softmax_crossentropy_forward"), dev(targets, "softmax_crossentropy_forward"), N, V, correct);
+  const double mean = distlab::softmax_crossentropy_forward(rt, dev(probs, "softmax_crossentropy_forward"), dev(logits, "softmax_crossentropy_forward"), dev(targets, "softmax_crossentropy_forward"), N, V, correct, loss_out ? dev(loss_out, "softmax_crossentropy_forward") : nullptr);
+  return loss_out ? 0.0 : mean;  // as a GPU: the value is in the slot, not here
 }
 
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V, float scale) {
@@ -308,10 +313,11 @@ void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float*
   distlab::vocab_ce_exp(rt, dev(probs, "vocab_ce_exp"), dev(sum, "vocab_ce_exp"), dev(zt, "vocab_ce_exp"), dev(logits, "vocab_ce_exp"), dev(mx, "vocab_ce_exp"), dev(targets, "vocab_ce_exp"), first, N, V);
 }
 
-double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct) {
-  host_wait(rt);
+double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct, double* loss_out) {
+  if (!loss_out) host_wait(rt);
   HostKernels cpu(rt);
-  return distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct);
+  const double mean = distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct, loss_out ? dev(loss_out, "vocab_ce_finish") : nullptr);
+  return loss_out ? 0.0 : mean;
 }
 
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C) {

@@ -26,6 +26,7 @@ class SimDeviceMemory : public DeviceMemory {
   void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) override;
   void to_host(void* host, const void* dev, int64_t bytes) override;
   void from_host(void* dev, const void* host, int64_t bytes) override;
+  void upload(void* dev, const void* host, int64_t bytes) override;  // from_host without the wait
   int64_t free_bytes() override;
   // host memory as it is (a real address: host code reads it), standing in for page-locked memory
   void* pinned_alloc(int64_t bytes) override;

@@ -493,11 +493,11 @@ void VocabParallelEmbedding::backward(Runtime& rt, const Tensor& dout) {
 }
 
 double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first,
-                                          int64_t* correct) {
+                                          int64_t* correct, double* loss_out) {
   const int64_t V = logits.size(-1), N = logits.numel() / V;
   if (int64_t(targets.size()) != N)
     throw ShapeError(fmt::format("vocab-parallel cross-entropy: {} targets for {} rows of logits {}", targets.size(), N, shape_str(logits.shape())));
-  if (tp_.size() == 1) return whole_.forward(rt, logits, targets, correct);
+  if (tp_.size() == 1) return whole_.forward(rt, logits, targets, correct, loss_out);
   for (const int32_t t : targets)
     if (t >= V * tp_.size())
       throw DataError(fmt::format("target {} is out of range for a vocabulary of {}", t, V * tp_.size()),
@@ -516,7 +516,7 @@ double VocabParallelCrossEntropy::forward(Runtime& rt, const Tensor& logits, con
   vocab_ce_exp(rt, probs_.f32(), sum.f32(), zt.f32(), z.p, mx.f32(), t.p, first, N, V);
   staged_all_reduce(rt, tp_, sum.f32(), N, ReduceOp::sum, DType::f32);
   staged_all_reduce(rt, tp_, zt.f32(), N, ReduceOp::sum, DType::f32);  // one rank's logit, plus zeros
-  return vocab_ce_finish(rt, probs_.f32(), sum.f32(), zt.f32(), mx.f32(), t.p, N, V, correct);  // loss = log(sum) + max - z_target
+  return vocab_ce_finish(rt, probs_.f32(), sum.f32(), zt.f32(), mx.f32(), t.p, N, V, correct, loss_out);  // loss = log(sum) + max - z_target
 }
 
 Tensor VocabParallelCrossEntropy::backward(Runtime& rt, float scale) {

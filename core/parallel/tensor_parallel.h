@@ -267,7 +267,9 @@ class VocabParallelCrossEntropy {
   // is not negative, the same on every rank. `correct` counts the rows whose target's logit is the
   // largest of the whole vocabulary (argmax, from the all-reduced max: no extra communication).
   // With one TP rank (pipeline stages alone) it is the plain CrossEntropyLoss: its kernels, on any device.
-  double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first, int64_t* correct = nullptr);
+  // loss_out: as CrossEntropyLoss::forward's (the mean left in a device slot, no wait)
+  double forward(Runtime& rt, const Tensor& logits, const std::vector<int32_t>& targets, int64_t first, int64_t* correct = nullptr,
+                 double* loss_out = nullptr);
   Tensor backward(Runtime& rt, float scale = 1.0f);  // (N, V/t): (softmax - onehot) · scale / rows
 
  private:

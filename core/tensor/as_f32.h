@@ -97,7 +97,7 @@ class Indices {
     bytes_ = int64_t(v.size()) * 4;
     void* d = dev_->alloc(bytes_);
     if (!d) throw OutOfMemoryError(fmt::format("the GPU could not allocate {} bytes for {} indices", bytes_, v.size()), "a smaller micro-batch");
-    dev_->from_host(d, v.data(), bytes_);
+    dev_->upload(d, v.data(), bytes_);  // queued: the host goes on (non_blocking=True from pinned memory)
     p = static_cast<const int32_t*>(d);
   }
   ~Indices() {

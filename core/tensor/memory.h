@@ -44,6 +44,10 @@ class DeviceMemory {
   virtual void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n) = 0;  // on the device
   virtual void to_host(void* host, const void* dev, int64_t bytes) = 0;    // after the work queued before it
   virtual void from_host(void* dev, const void* host, int64_t bytes) = 0;  // the host buffer is free on return
+  // The same copy queued in the compute stream's order, without waiting for the work queued before it: a
+  // step's inputs (token ids, targets, images), as PyTorch's pin_memory + .to(device, non_blocking=True).
+  // The host buffer is free on return here too (a GPU copies it into page-locked staging first).
+  virtual void upload(void* dev, const void* host, int64_t bytes) { from_host(dev, host, bytes); }
   virtual int64_t free_bytes() = 0;  // what the device has free now (cudaMemGetInfo)
   // Page-locked host memory (cudaHostAlloc; PyTorch's pin_memory(), DeepSpeed's pin_memory: true): what CPU
   // offload keeps on the host of a cuda rank, so that its copies to and from the device run at the bus's

@@ -4,7 +4,8 @@
 // hands a kernel the tensor on its own device.
 //   - a cpu f32 tensor: its own memory, no copy;
 //   - a cpu 16-bit tensor: an f32 copy, rounded back by store() (AsF32's rule);
-//   - a cuda tensor: a host copy (downloaded unless the mode is `out`), uploaded by store().
+//   - a cuda tensor: a host copy (downloaded unless the mode is `out`), uploaded by store() in the compute
+//     stream's order without a wait (DeviceMemory::upload): the kernels queued after it see the values.
 //
 //   OnHost m(mean, OnHost::inout);
 //   for (int64_t c = 0; c < C; c++) m.p[c] = ...;
@@ -46,13 +47,13 @@ class OnHost {
   void store() {
     if (copy_.empty() || mode_ == in) return;
     if (t_.dtype() == DType::f32) {
-      t_.from_host(p);
+      t_.upload(p);
     } else if (t_.device() != DeviceKind::cuda) {
       convert(p, DType::f32, t_.data(), t_.dtype(), t_.numel());
     } else {
       std::vector<uint16_t> raw(size_t(t_.numel()));
       convert(p, DType::f32, raw.data(), t_.dtype(), t_.numel());
-      t_.from_host(raw.data());
+      t_.upload(raw.data());
     }
   }
 

@@ -177,6 +177,12 @@ void Tensor::to_host(void* dst) const {
   else std::memcpy(dst, data(), size_t(nbytes()));
 }
 
+void Tensor::upload(const void* src) {
+  if (!data() || numel() == 0) return;
+  if (storage_->device) storage_->device->upload(data(), src, nbytes());
+  else std::memcpy(data(), src, size_t(nbytes()));
+}
+
 void Tensor::from_host(const void* src) {
   if (!data() || numel() == 0) return;
   if (storage_->device) storage_->device->from_host(data(), src, nbytes());

@@ -75,6 +75,7 @@ class Tensor {
   // on the cpu, a copy across on cuda (after the work queued before it). Nothing on meta.
   void to_host(void* dst) const;
   void from_host(const void* src);
+  void upload(const void* src);  // from_host queued without a wait (DeviceMemory::upload): a step's inputs
   // Drops this handle's storage but keeps the shape, dtype and device: what a ZeRO-3/FSDP parameter is
   // between uses (PyTorch FSDP resizes the flat parameter's storage to 0). defined() is false until the
   // strategy assigns a gathered tensor again; numel() still says how big the parameter is.

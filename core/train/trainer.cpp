@@ -67,14 +67,15 @@ RunParts Trainer::parts() {
 }
 
 double Trainer::loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits) {
+  double* slot = step_losses_ ? step_losses_->sum(next_loss_slot_++) : nullptr;  // a device rank's: no wait
   if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
     VocabParallelCrossEntropy ce(*tp);
-    const double loss = ce.forward(rt_, logits, b.targets, model_->vocab_first());
+    const double loss = ce.forward(rt_, logits, b.targets, model_->vocab_first(), nullptr, slot);
     dlogits = ce.backward(rt_, factor);
     return loss;
   }
   CrossEntropyLoss ce;
-  const double loss = ce.forward(rt_, logits, b.targets);
+  const double loss = ce.forward(rt_, logits, b.targets, nullptr, slot);
   dlogits = ce.backward(rt_, factor);
   return loss;
 }
@@ -83,7 +84,10 @@ StepOutcome Trainer::engine_step(int64_t step) {
   StepOutcome o;
   const int64_t k = accum_;
   o.loss_scale = scaler_.scale();
-  double loss_sum = 0;
+  double loss_sum = 0;  // on a device rank the losses are in step_losses_ (read by train_step) and this stays 0
+  step_losses_.reset();
+  if (rt_.kernels && !rt_.is_meta()) step_losses_ = std::make_unique<DeviceScalars>(rt_, k, "the micro-batches' losses");
+  next_loss_slot_ = 0;
   if (pipeline_) {  // the k micro-batches through the stages (core/parallel/pipeline.h); the last stage has the loss
     // a strategy that reduces after the backward (ZeRO-1) does so once here, after the tied copies' sum
     const bool later = strategy_->reduces_after_backward();
@@ -148,6 +152,11 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   loss_scale_ = o.next_loss_scale;
   if (rt_.attached) rt_.attached->synchronize();  // a GPU's queued kernels (the optimizer's) belong to the step's time
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
+  const int64_t step_waits = device ? device->host_waits() - waits_before : 0;
+  if (step_losses_) {  // the micro-batches' losses, added in order as the cpu adds them: after the step, no stall
+    o.loss = step_losses_->total() / double(accum_);
+    step_losses_.reset();
+  }
   last_step_flops_ = rt_.trace.flops();
   last_step_recompute_flops_ = rt_.trace.recompute_flops();
   const MemoryStats& m = rt_.memory.stats();
@@ -193,7 +202,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
                         {"comm_s", last_step_comm_s_},  // measured: the step's collectives, start to finish, overlapped or not
                         {"flops", last_step_flops_}, {"memory", {{"current", memory_json(m.current)}, {"peak", memory_json(m.peak)},
                                                                   {"peak_total", m.peak_total}}}};
-  if (device) rec["host_waits"] = device->host_waits() - waits_before;  // the loss's read, the norm's, the copies to and from the host
+  if (device) rec["host_waits"] = step_waits;  // inside the step: the norm's read, the copies to and from the host
   metrics.write(rec);
   return loss;
 }

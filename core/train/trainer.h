@@ -22,6 +22,7 @@
 #include "core/models/model.h"
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
+#include "core/optim/reduce.h"
 #include "core/config/config.h"
 #include "core/train/extension.h"
 #include "core/train/metrics.h"
@@ -111,7 +112,8 @@ class Trainer {
   // a micro-batch as this rank trains on it: the whole (B, T), or (context parallel) its shard (B, T/cp)
   Batch shard(Batch b) const;
   ProcessGroup* pp_group() const { return mesh_ && mesh_->shape().pp > 1 ? &mesh_->group(MeshAxis::pp) : nullptr; }
-  // the loss of a micro-batch's logits and its gradient (× factor): vocab-parallel when the logits are split
+  // the loss of a micro-batch's logits and its gradient (× factor): vocab-parallel when the logits are split.
+  // In an engine step on a device rank the loss goes to the next of step_losses_' slots and 0 comes back.
   double loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits);
   // every group's collectives so far (the world's and the mesh's axes)
   CommCounters comm_totals() const;
@@ -157,6 +159,11 @@ class Trainer {
   Parameter* tied_ = nullptr;           // the pipeline's tied embedding on the first and last stage
   int64_t accum_ = 1;                   // micro-batches per optimizer step: train.accum_steps, or parallel.micro_batches
   Pipeline::StepResult pipe_peak_;      // the largest in-flight count and held bytes of any step
+  // A device rank's micro-batch losses during an engine step, one slot each, in the order they were
+  // computed: read once the step's work is done (train_step), so the host never waits for a loss inside
+  // a step. Null on a cpu rank and in an extension's step (its forward_backward returns the loss).
+  std::unique_ptr<DeviceScalars> step_losses_;
+  int64_t next_loss_slot_ = 0;
   TrainerExtension* ext_;               // parts in place of the engine's (nullptr: none)
   std::unique_ptr<DeviceBackend> device_group_;  // dist.backend = "nccl": dp_'s device backend (before strategy_: it outlives it)
   std::unique_ptr<DeviceBackend> tp_device_group_;  // and the TP group's, for the split layers' activations (parallel.tp > 1)

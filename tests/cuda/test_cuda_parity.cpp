@@ -492,7 +492,16 @@ TEST_CASE("softmax cross-entropy: loss, right answers, gradient, an ignored targ
   softmax_crossentropy_backward(g.cpu, cd.data(), cp.data(), t.data(), N, V, 0.5f);
   Dev<float> dl(logits), p(N * V), d(N * V);
   Dev<int32_t> dt(t);
-  const double gl = cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, dt.p, N, V, &g_correct);
+  const double gl = cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, dt.p, N, V, &g_correct, nullptr);
+  {  // training's way: the mean left in a device slot (read after the step), the same bits as read back now
+    Dev<double> slot(std::vector<double>{-1.0});
+    Dev<float> p2(N * V);
+    CHECK(cuda::softmax_crossentropy_forward(g.gpu, p2.p, dl.p, dt.p, N, V, nullptr, slot.p) == 0.0);
+    CHECK(slot.get()[0] == gl);
+    CHECK(bitwise(p2.get(), p.get()));
+    CHECK(cuda::softmax_crossentropy_forward(g.gpu, p2.p, dl.p, dt.p, 0, V, nullptr, slot.p) == 0.0);
+    CHECK(slot.get()[0] == 0.0);
+  }
   cuda::softmax_crossentropy_backward(g.gpu, d.p, p.p, dt.p, N, V, 0.5f);
   CHECK(std::abs(gl - cl) / cl < kF32);
   CHECK(g_correct == c_correct);
@@ -501,7 +510,7 @@ TEST_CASE("softmax cross-entropy: loss, right answers, gradient, an ignored targ
   CHECK(rel(d.get(), cd) < kF32);
   t[9] = int32_t(V);
   Dev<int32_t> bad(t);
-  CHECK_THROWS_WITH(cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, bad.p, N, V, nullptr),
+  CHECK_THROWS_WITH(cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, bad.p, N, V, nullptr, nullptr),
                     Catch::Contains("target 1000 is out of range for 1000 classes"));
 }
 
@@ -522,7 +531,15 @@ TEST_CASE("the vocabulary-parallel loss's three kernels on one rank's columns (n
   Dev<int32_t> dt(t);
   cuda::vocab_ce_max(g.gpu, mx.p, dl.p, N, V);
   cuda::vocab_ce_exp(g.gpu, p.p, sum.p, zt.p, dl.p, mx.p, dt.p, first, N, V);
-  const double gl = cuda::vocab_ce_finish(g.gpu, p.p, sum.p, zt.p, mx.p, dt.p, N, V, &g_correct);
+  const std::vector<float> probs_before = p.get();  // vocab_ce_finish divides them in place
+  const double gl = cuda::vocab_ce_finish(g.gpu, p.p, sum.p, zt.p, mx.p, dt.p, N, V, &g_correct, nullptr);
+  {  // the mean into a device slot instead: the same bits
+    Dev<float> p2(probs_before);
+    Dev<double> slot(std::vector<double>{-1.0});
+    CHECK(cuda::vocab_ce_finish(g.gpu, p2.p, sum.p, zt.p, mx.p, dt.p, N, V, nullptr, slot.p) == 0.0);
+    CHECK(slot.get()[0] == gl);
+    CHECK(bitwise(p2.get(), p.get()));
+  }
   CHECK(bitwise(mx.get(), cmx));
   CHECK(bitwise(zt.get(), czt));
   CHECK(rel(sum.get(), csum) < kF32);

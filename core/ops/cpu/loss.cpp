@@ -10,8 +10,8 @@
 namespace distlab {
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets,
-                                    int64_t N, int64_t V, int64_t* correct) {
-  if (rt.kernels) return rt.kernels->softmax_crossentropy_forward(rt, probs, logits, targets, N, V, correct);
+                                    int64_t N, int64_t V, int64_t* correct, double* loss_out) {
+  if (rt.kernels) return rt.kernels->softmax_crossentropy_forward(rt, probs, logits, targets, N, V, correct, loss_out);
   OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
   if (rt.is_meta()) return 0.0;
   double total = 0;
@@ -43,7 +43,9 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
     if (arg == t) hits++;
   }
   if (correct) *correct = hits;
-  return count ? total / double(count) : 0.0;
+  const double mean = count ? total / double(count) : 0.0;
+  if (loss_out) *loss_out = mean;
+  return mean;
 }
 
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,
@@ -97,8 +99,8 @@ void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float*
 }
 
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
-                       int64_t N, int64_t V, int64_t* correct) {
-  if (rt.kernels) return rt.kernels->vocab_ce_finish(rt, probs, sum, zt, mx, targets, N, V, correct);
+                       int64_t N, int64_t V, int64_t* correct, double* loss_out) {
+  if (rt.kernels) return rt.kernels->vocab_ce_finish(rt, probs, sum, zt, mx, targets, N, V, correct, loss_out);
   OpScope op(rt, "vocab_ce_finish", double(N * V), 8.0 * double(N * V));
   if (correct) *correct = 0;
   if (rt.is_meta()) return 0.0;
@@ -112,7 +114,9 @@ double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float*
     counted++;
     if (correct && zt[n] == mx[n]) ++*correct;
   }
-  return counted ? total / double(counted) : 0.0;
+  const double mean = counted ? total / double(counted) : 0.0;
+  if (loss_out) *loss_out = mean;
+  return mean;
 }
 
 }  // namespace distlab

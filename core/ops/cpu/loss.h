@@ -8,8 +8,12 @@ namespace distlab {
 
 // logits (N, V), targets (N) -> probs (N, V) saved for backward; returns the mean loss over rows whose
 // target is >= 0 (a negative target is ignored, like ignore_index). `correct` counts argmax == target.
+// loss_out (a slot of DeviceScalars, core/optim/reduce.h): the mean goes there instead, and a device rank
+// returns 0 without waiting for it (the trainer reads a step's losses after the step); the caller has
+// checked the targets against V on the host, since a device rank cannot raise from there. A cpu rank
+// writes the slot and returns the mean as well.
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets,
-                                    int64_t N, int64_t V, int64_t* correct);
+                                    int64_t N, int64_t V, int64_t* correct, double* loss_out = nullptr);
 // dlogits (N, V) = scale * (probs - onehot(target)) / count, zero rows for ignored targets. `scale` lets a
 // caller fold in 1/accum_steps.
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,
@@ -26,7 +30,7 @@ void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_
 void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx,
                   const int32_t* targets, int64_t first, int64_t N, int64_t V);
 // probs /= sum; returns the mean of log(sum) + mx - zt over rows whose target is >= 0. `correct` counts the
-// rows whose target's logit is the whole row's max (no extra communication).
+// rows whose target's logit is the whole row's max (no extra communication). loss_out: as above.
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
-                       int64_t N, int64_t V, int64_t* correct);
+                       int64_t N, int64_t V, int64_t* correct, double* loss_out = nullptr);
 }  // namespace distlab

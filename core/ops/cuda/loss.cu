@@ -1,6 +1,7 @@
 // Softmax cross-entropy on the GPU, as core/ops/cpu/loss.cpp: one block per row for the max, the sum of
-// exponentials and the probabilities; then one block sums the rows' losses in order and the host reads
-// the mean loss, the count of right answers and any out-of-range target back (the step's one sync).
+// exponentials and the probabilities; then one thread sums the rows' losses in order. In training the mean
+// stays in a device slot (loss_out) that the trainer reads after the step; an evaluation reads the mean,
+// the count of right answers and any out-of-range target back at once.
 
 #include "core/ops/cuda/common.cuh"
 
@@ -59,7 +60,8 @@ __global__ void softmax_xent_rows_k(float* probs, float* row_loss, int* row_hit,
   }
 }
 
-__global__ void sum_rows_k(LossTotals* out, const float* row_loss, const int* row_hit, const int32_t* targets, int64_t N) {
+__global__ void sum_rows_k(LossTotals* out, double* mean_out, const float* row_loss, const int* row_hit, const int32_t* targets,
+                           int64_t N) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;  // one thread, rows in order: the cpu's sum
   LossTotals t{0.0, 0, 0, -1, -1};
   for (int64_t n = 0; n < N; n++) {
@@ -76,20 +78,26 @@ __global__ void sum_rows_k(LossTotals* out, const float* row_loss, const int* ro
     t.hits += row_hit[n];
   }
   *out = t;
+  if (mean_out) *mean_out = t.count ? t.loss / double(t.count) : 0.0;  // the host's division, in the same double
 }
 
 // Each row's loss and hit (-1 ignored, -2 target out of range) in scratch; totals() sums them in row order
-// and brings the sums to the host: the step's one synchronization.
+// and brings the sums to the host (a wait); mean_into() leaves the mean in a device slot (no wait).
 struct RowResults {
   RowResults(Runtime& rt, int64_t N, const char* what) : rows(rt, 2 * N + 8, what), loss(rows.p), hit(reinterpret_cast<int*>(rows.p + N)), n(N) {}
   LossTotals totals(Runtime& rt, const int32_t* targets, const char* what) {
     auto* sums = reinterpret_cast<LossTotals*>(rows.p + 2 * n);  // 8N bytes in: aligned for its doubles
-    sum_rows_k<<<1, 32, 0, stream(rt)>>>(sums, loss, hit, targets, n);
+    sum_rows_k<<<1, 32, 0, stream(rt)>>>(sums, nullptr, loss, hit, targets, n);
     DL_CUDA_LAUNCHED(what);
     LossTotals t{};
     DL_CUDA(cudaMemcpyAsync(&t, sums, sizeof t, cudaMemcpyDeviceToHost, stream(rt)));
     host_wait(rt);
     return t;
+  }
+  void mean_into(Runtime& rt, double* out, const int32_t* targets, const char* what) {
+    auto* sums = reinterpret_cast<LossTotals*>(rows.p + 2 * n);
+    sum_rows_k<<<1, 32, 0, stream(rt)>>>(sums, out, loss, hit, targets, n);
+    DL_CUDA_LAUNCHED(what);
   }
   Scratch rows;  // row_loss (N f32), row_hit (N int), the totals (32 B)
   float* loss;
@@ -159,15 +167,21 @@ __global__ void vocab_finish_k(float* probs, float* row_loss, int* row_hit, cons
 }  // namespace
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                                    int64_t* correct) {
+                                    int64_t* correct, double* loss_out) {
   OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
   if (N == 0) {
     if (correct) *correct = 0;
+    if (loss_out) DL_CUDA(cudaMemsetAsync(loss_out, 0, sizeof(double), stream(rt)));
     return 0.0;
   }
   RowResults rows(rt, N, "cross-entropy row sums");
   softmax_xent_rows_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, logits, targets, V);
   DL_CUDA_LAUNCHED("softmax_crossentropy_forward");
+  if (loss_out) {  // the caller checked the targets on the host (CrossEntropyLoss::forward)
+    rows.mean_into(rt, loss_out, targets, "softmax_crossentropy_forward mean");
+    if (correct) *correct = 0;
+    return 0.0;
+  }
   const LossTotals t = rows.totals(rt, targets, "softmax_crossentropy_forward sum");
   if (t.bad_row >= 0)
     throw DataError("target " + std::to_string(t.bad_target) + " is out of range for " + std::to_string(V) + " classes",
@@ -204,13 +218,20 @@ void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float*
 }
 
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
-                       int64_t N, int64_t V, int64_t* correct) {
+                       int64_t N, int64_t V, int64_t* correct, double* loss_out) {
   OpScope op(rt, "vocab_ce_finish", double(N * V), 8.0 * double(N * V));
   if (correct) *correct = 0;
-  if (N == 0) return 0.0;
+  if (N == 0) {
+    if (loss_out) DL_CUDA(cudaMemsetAsync(loss_out, 0, sizeof(double), stream(rt)));
+    return 0.0;
+  }
   RowResults rows(rt, N, "vocab-parallel loss row sums");
   vocab_finish_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, sum, zt, mx, targets, V);
   DL_CUDA_LAUNCHED("vocab_ce_finish");
+  if (loss_out) {
+    rows.mean_into(rt, loss_out, targets, "vocab_ce_finish mean");
+    return 0.0;
+  }
   const LossTotals t = rows.totals(rt, targets, "vocab_ce_finish sum");
   if (correct) *correct = t.hits;
   return t.count ? t.loss / double(t.count) : 0.0;

@@ -83,19 +83,21 @@ void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const
                               double count, int64_t B, int64_t C, int64_t HW);
 
 // ---- loss.cu ----
-// As the cpu kernel; the mean loss and `correct` come back to the host (the step's one synchronization,
-// as loss.item() is PyTorch's), and a target >= V raises the cpu kernel's DataError.
+// As the cpu kernel. Without loss_out the mean loss and `correct` come back to the host (a wait, as
+// loss.item() is PyTorch's) and a target >= V raises the cpu kernel's DataError; with loss_out (training)
+// the mean stays in that device slot, read after the step, and the caller has checked the targets.
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N,
-                                    int64_t V, int64_t* correct);
+                                    int64_t V, int64_t* correct, double* loss_out);
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                    int64_t V, float scale);
 // The vocabulary-parallel loss's three steps (core/ops/cpu/loss.h): a block per row; the sums in f32 by the
-// block (the cpu adds in double); vocab_ce_finish brings the mean loss and `correct` to the host.
+// block (the cpu adds in double); vocab_ce_finish brings the mean loss and `correct` to the host, or leaves
+// the mean in loss_out.
 void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V);
 void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float* logits, const float* mx,
                   const int32_t* targets, int64_t first, int64_t N, int64_t V);
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets,
-                       int64_t N, int64_t V, int64_t* correct);
+                       int64_t N, int64_t V, int64_t* correct, double* loss_out);
 
 // ---- attention.cu ----
 void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
