@@ -57,6 +57,7 @@ const Kernels& kernel_table() {
     t.all_finite = &cuda::all_finite;
     t.sum_squares_into = &cuda::sum_squares_into;
     t.flag_nonfinite = &cuda::flag_nonfinite;
+    t.clip_factor = &cuda::clip_factor;
     t.dequantize_nf4 = &cuda::dequantize_nf4;
     return t;
   }();

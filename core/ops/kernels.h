@@ -28,18 +28,21 @@ struct SgdUpdate {
   float lr, grad_factor, weight_decay, momentum, dampening;
   bool nesterov;
   bool first;  // the momentum buffer is new: it starts as the first gradient (PyTorch)
+  const float* factor = nullptr;  // where set, grad_factor in device memory (clip_factor's), read in its place
 };
 struct AdamWUpdate {
   float grad_factor, decay, beta1, beta2, step_size, bc2_sqrt, eps;  // decay = 1 - lr * weight_decay (or 1)
 };
 // One tensor of a multi-tensor AdamW step: what adamw_update takes, the gradient in its own dtype (f32,
-// bf16, f16: read as f32, which every 16-bit value is exactly).
+// bf16, f16: read as f32, which every 16-bit value is exactly). factor: where set, the gradient factor in
+// the rank's device memory (clip_factor's), read in place of u.grad_factor, so the host never waits for it.
 struct AdamWTensor {
   float *w, *m, *v;
   const void* g;
   DType g_type;
   int64_t n;
   AdamWUpdate u;
+  const float* factor = nullptr;
 };
 
 struct Kernels {
@@ -131,6 +134,7 @@ struct Kernels {
   bool (*all_finite)(Runtime&, const float* x, int64_t n);
   void (*sum_squares_into)(Runtime&, const float* x, int64_t n, double* out);  // out: device memory, nothing waits
   void (*flag_nonfinite)(Runtime&, const float* x, int64_t n, float* flag);
+  void (*clip_factor)(Runtime&, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm);
 };
 
 }  // namespace distlab

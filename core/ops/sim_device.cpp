@@ -332,7 +332,9 @@ void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout
 
 void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u) {
   HostKernels cpu(rt);
-  distlab::sgd_update(rt, dev(w, "sgd_update"), dev(buf, "sgd_update"), dev(g, "sgd_update"), n, u);
+  SgdUpdate h = u;
+  h.factor = u.factor ? dev(u.factor, "sgd_update") : nullptr;
+  distlab::sgd_update(rt, dev(w, "sgd_update"), dev(buf, "sgd_update"), dev(g, "sgd_update"), n, h);
 }
 
 void adamw_update(Runtime& rt, float* w, float* m, float* v, const float* g, int64_t n, const AdamWUpdate& u) {
@@ -347,6 +349,7 @@ void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
     t.m = dev(t.m, "adamw_update_many");
     t.v = dev(t.v, "adamw_update_many");
     t.g = dev(t.g, "adamw_update_many");
+    t.factor = t.factor ? dev(t.factor, "adamw_update_many") : nullptr;
   }
   HostKernels cpu(rt);
   distlab::adamw_update_many(rt, host.data(), count);
@@ -379,6 +382,11 @@ bool all_finite(Runtime& rt, const float* x, int64_t n) {
 void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
   HostKernels cpu(rt);
   distlab::sum_squares_into(rt, dev(x, "sum_squares_into"), n, dev(out, "sum_squares_into"));
+}
+
+void clip_factor(Runtime& rt, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm) {
+  HostKernels cpu(rt);
+  distlab::clip_factor(rt, dev(factor, "clip_factor"), dev(norm, "clip_factor"), n ? dev(sums, "clip_factor") : nullptr, n, loss_scale, max_norm);
 }
 
 void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
@@ -443,6 +451,7 @@ const Kernels& sim_kernels() {
     t.all_finite = sim::all_finite;
     t.sum_squares_into = sim::sum_squares_into;
     t.flag_nonfinite = sim::flag_nonfinite;
+    t.clip_factor = sim::clip_factor;
     t.dequantize_nf4 = sim::dequantize_nf4;
     return t;
   }();

@@ -56,7 +56,7 @@ void SGD::step(Runtime& rt, float lr, float grad_factor) {
     if (rt.is_meta()) continue;
     AsF32 g(rt, p.grad);
     sgd_update(rt, w, bufs_[i].defined() ? bufs_[i].f32() : nullptr, g.p, n,
-               SgdUpdate{lr, grad_factor, o_.weight_decay, o_.momentum, o_.dampening, o_.nesterov, first});
+               SgdUpdate{lr, grad_factor, o_.weight_decay, o_.momentum, o_.dampening, o_.nesterov, first, device_factor_});
     write_back(i);
   }
   steps_++;
@@ -111,10 +111,11 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
     const float decay = p.decay ? 1.0f - lr * o_.weight_decay : 1.0f;
     const AdamWUpdate u{grad_factor, decay, o_.beta1, o_.beta2, step_size, bc2_sqrt, o_.eps};
     if (many) {
-      list.push_back({w, m_[i].f32(), v_[i].f32(), p.grad.data(), p.grad.dtype(), n, u});
+      list.push_back({w, m_[i].f32(), v_[i].f32(), p.grad.data(), p.grad.dtype(), n, u, device_factor_});
       listed.push_back(i);
       continue;
     }
+    DL_ASSERT(!device_factor_, "AdamW's device factor on a rank that steps parameter by parameter");
     AsF32 g(rt, p.grad);
     adamw_update(rt, w, m_[i].f32(), v_[i].f32(), g.p, n, u);
     write_back(i);
@@ -122,6 +123,31 @@ void AdamW::step(Runtime& rt, float lr, float grad_factor) {
   if (list.empty()) return;
   adamw_update_many(rt, list.data(), int64_t(list.size()));
   for (size_t i : listed) write_back(i);  // queued after the update: the 16-bit weights from the new masters
+}
+
+void Optimizer::step_device_factor(Runtime&, float, const float*) {
+  throw Error(fmt::format("{} cannot read its gradient factor from device memory", describe()),
+              "check reads_device_factor() first: the step then takes a factor computed on the host");
+}
+
+void SGD::step_device_factor(Runtime& rt, float lr, const float* factor) {
+  DL_ASSERT(reads_device_factor(rt), "SGD::step_device_factor on a rank without device kernels");
+  struct Clear {
+    const float*& p;
+    ~Clear() { p = nullptr; }
+  } clear{device_factor_};
+  device_factor_ = factor;
+  step(rt, lr, 1.0f);  // each parameter's update reads *factor where grad_factor would be
+}
+
+void AdamW::step_device_factor(Runtime& rt, float lr, const float* factor) {
+  DL_ASSERT(reads_device_factor(rt), "AdamW::step_device_factor on a rank without device kernels");
+  struct Clear {  // the pointer is this step's only, even when the step throws
+    const float*& p;
+    ~Clear() { p = nullptr; }
+  } clear{device_factor_};
+  device_factor_ = factor;
+  step(rt, lr, 1.0f);  // every listed tensor reads *factor where u.grad_factor would be
 }
 
 Tensor* AdamW::state(Runtime& rt, size_t i, const std::string& name, bool make) {
@@ -167,6 +193,21 @@ double grad_norm(Runtime& rt, const std::vector<Parameter*>& params) {
     sum_squares_into(rt, g.p, params[i]->grad.numel(), sums.sum(int64_t(i)));
   }
   return std::sqrt(sums.total());  // the parameters in order
+}
+
+void grad_norm_on_device(Runtime& rt, const std::vector<Parameter*>& params, float loss_scale, double max_norm, double* norm,
+                         float* factor) {
+  int64_t n = 0;
+  for (auto* p : params)
+    if (p->grad.defined()) n += p->grad.numel();
+  OpScope op(rt, "grad_norm", 2.0 * n, 4.0 * n, /*scales_with_batch=*/false);
+  DeviceScalars sums(rt, int64_t(params.size()), "the gradient norm's sums");  // freed in stream order after clip_factor
+  for (size_t i = 0; i < params.size(); i++) {
+    if (!params[i]->grad.defined()) continue;
+    AsF32 g(rt, params[i]->grad);
+    sum_squares_into(rt, g.p, params[i]->grad.numel(), sums.sum(int64_t(i)));
+  }
+  clip_factor(rt, factor, norm, params.empty() ? nullptr : sums.sum(0), int64_t(params.size()), loss_scale, max_norm);
 }
 
 float clip_coefficient(double norm, double max_norm) {

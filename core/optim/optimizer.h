@@ -32,6 +32,11 @@ class Optimizer {
   // clip coefficient under mixed precision (the 16-bit gradients themselves are never rescaled in place,
   // where fp16 would lose the small ones), 1 otherwise.
   virtual void step(Runtime& rt, float lr, float grad_factor = 1.0f) = 0;
+  // The same step with its gradient factor in the rank's device memory (grad_norm_on_device's), read there
+  // by the kernels: the host queues the step without waiting for the norm (PyTorch's clip_grad_norm_ +
+  // fused AdamW). Only where reads_device_factor(rt): AdamW on a device rank.
+  virtual bool reads_device_factor(const Runtime& rt) const { return false; }
+  virtual void step_device_factor(Runtime& rt, float lr, const float* factor);
   virtual std::string describe() const = 0;
   int64_t steps() const { return steps_; }
   // The f32 master weights of a 16-bit parameter once the first step made them; nullptr otherwise.
@@ -84,6 +89,8 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Parameter*> params, SGDOptions o) : Optimizer(std::move(params)), o_(o) {}
   void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
+  bool reads_device_factor(const Runtime& rt) const override { return rt.kernels != nullptr && !rt.is_meta(); }
+  void step_device_factor(Runtime& rt, float lr, const float* factor) override;
   std::string describe() const override;
   std::vector<Tensor>& momentum_buffers() { return bufs_; }
   std::vector<std::string> state_names() const override;
@@ -92,6 +99,7 @@ class SGD : public Optimizer {
  private:
   SGDOptions o_;
   std::vector<Tensor> bufs_;
+  const float* device_factor_ = nullptr;  // during step_device_factor
 };
 
 struct AdamWOptions {
@@ -105,6 +113,8 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Parameter*> params, AdamWOptions o) : Optimizer(std::move(params)), o_(o) {}
   const AdamWOptions& options() const { return o_; }
   void step(Runtime& rt, float lr, float grad_factor = 1.0f) override;
+  bool reads_device_factor(const Runtime& rt) const override { return rt.kernels != nullptr && !rt.is_meta(); }
+  void step_device_factor(Runtime& rt, float lr, const float* factor) override;
   std::string describe() const override;
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
@@ -117,6 +127,7 @@ class AdamW : public Optimizer {
   AdamWOptions o_;
   std::vector<Tensor> m_, v_;
   std::vector<int64_t> t_;  // steps taken per parameter (PyTorch's state["step"]): bias corrections use it
+  const float* device_factor_ = nullptr;  // during step_device_factor: the factor every listed tensor reads
 };
 
 // Global L2 norm of all gradients (accumulated in double); when max_norm > 0 and the norm is above it,
@@ -128,5 +139,10 @@ double clip_grad_norm(Runtime& rt, const std::vector<Parameter*>& params, double
 // every gradient by NaN then: never a silent step without clipping). The trainer hands the coefficient to step().
 double grad_norm(Runtime& rt, const std::vector<Parameter*>& params);
 float clip_coefficient(double norm, double max_norm);
+// Both left in the rank's device memory without a wait (a device rank's step; core/optim/reduce.h):
+// *norm = grad_norm / loss_scale, *factor = clip_coefficient(*norm, max_norm) / loss_scale, the bits the
+// host computes from them (the kernel clip_factor).
+void grad_norm_on_device(Runtime& rt, const std::vector<Parameter*>& params, float loss_scale, double max_norm, double* norm,
+                         float* factor);
 
 }  // namespace distlab

@@ -9,6 +9,7 @@ namespace distlab {
 class NoParallel : public Strategy {
  public:
   std::string describe() const override { return "none (one rank)"; }
+  bool plain_optimizer_step() const override { return true; }
 };
 
 }  // namespace distlab

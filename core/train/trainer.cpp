@@ -115,7 +115,14 @@ StepOutcome Trainer::engine_step(int64_t step) {
   // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
   o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
-  if (!o.skipped) {
+  step_norm_.reset();
+  if (!o.skipped && !mesh_ && strategy_->plain_optimizer_step() && opt_->reads_device_factor(rt_)) {
+    // a device rank with the whole model: the norm and the clip computed where the gradients are, and the
+    // step queued behind them; the norm is read once the step is done (train_step)
+    step_norm_ = std::make_unique<DeviceScalars>(rt_, 2, "the gradient norm and the step's factor");
+    grad_norm_on_device(rt_, model_->parameters(), o.loss_scale, cfg_.optim.clip_grad_norm, step_norm_->sum(0), step_norm_->flag(1));
+    opt_->step_device_factor(rt_, float(o.lr), step_norm_->flag(1));
+  } else if (!o.skipped) {
     // split layers and stages: the squares summed over the TP and PP groups, and over the dp axis where the
     // strategy holds the gradients in parts (ZeRO, FSDP)
     o.grad_norm = (mesh_ ? strategy_->split_grad_norm(rt_, *model_, tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
@@ -156,6 +163,10 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   if (step_losses_) {  // the micro-batches' losses, added in order as the cpu adds them: after the step, no stall
     o.loss = step_losses_->total() / double(accum_);
     step_losses_.reset();
+  }
+  if (step_norm_) {
+    o.grad_norm = step_norm_->read_sums()[0];
+    step_norm_.reset();
   }
   last_step_flops_ = rt_.trace.flops();
   last_step_recompute_flops_ = rt_.trace.recompute_flops();

@@ -164,6 +164,9 @@ class Trainer {
   // a step. Null on a cpu rank and in an extension's step (its forward_backward returns the loss).
   std::unique_ptr<DeviceScalars> step_losses_;
   int64_t next_loss_slot_ = 0;
+  // The same for the gradient norm (slot 0, a double) and the factor AdamW reads (slot 1, a float) where
+  // the step clips on the device (Strategy::plain_optimizer_step, Optimizer::reads_device_factor).
+  std::unique_ptr<DeviceScalars> step_norm_;
   TrainerExtension* ext_;               // parts in place of the engine's (nullptr: none)
   std::unique_ptr<DeviceBackend> device_group_;  // dist.backend = "nccl": dp_'s device backend (before strategy_: it outlives it)
   std::unique_ptr<DeviceBackend> tp_device_group_;  // and the TP group's, for the split layers' activations (parallel.tp > 1)

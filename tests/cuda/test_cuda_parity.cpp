@@ -27,6 +27,7 @@
 #include "core/ops/cpu/loss.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/cpu/nf4.h"
+#include "core/optim/optimizer.h"
 #include "core/ops/cpu/norm.h"
 #include "core/ops/cpu/optim.h"
 #include "core/ops/cpu/pointwise.h"
@@ -211,6 +212,52 @@ TEST_CASE("optimizer kernels: SGD (momentum, nesterov, decay) and AdamW bit for 
       CHECK(bitwise(dm[k]->get(), m[k]));
       CHECK(bitwise(dv[k]->get(), v[k]));
     }
+  }
+  {  // the clip computed on the device (clip_factor): the host's norm and factor, to the bit, and the
+     // updates that read the factor there (AdamWTensor::factor, SgdUpdate::factor) equal those given it
+    struct Case {
+      std::vector<double> sums;
+      float loss_scale;
+      double max_norm;
+    };
+    const std::vector<Case> cases = {{{0.3, 1.7, 0.0, 2.25}, 1.0f, 1.0},       // clipped
+                                     {{1e-4, 2e-4}, 1.0f, 1.0},                // below the bound: 1
+                                     {{4.0e6, 1.5e6}, 1024.0f, 0.5},           // scaled (fp16), clipped
+                                     {{0.3, 1.7}, 65536.0f, 0.0},              // no clipping: 1 / scale
+                                     {{0.3, std::nan("")}, 1.0f, 1.0},         // NaN poisons, as PyTorch's
+                                     {{}, 8.0f, 1.0}};                         // no gradients
+    for (const Case& c : cases) {
+      double cn = 0;
+      float cf = 0;
+      clip_factor(g.cpu, &cf, &cn, c.sums.data(), int64_t(c.sums.size()), c.loss_scale, c.max_norm);
+      Dev<double> sums(c.sums.empty() ? std::vector<double>{0.0} : c.sums), norm(std::vector<double>{-1.0});
+      Dev<float> factor(std::vector<float>{-1.0f});
+      cuda::clip_factor(g.gpu, factor.p, norm.p, sums.p, int64_t(c.sums.size()), c.loss_scale, c.max_norm);
+      const double gn = norm.get()[0];
+      const float gf = factor.get()[0];
+      INFO("sums " << c.sums.size() << ", scale " << c.loss_scale << ", max " << c.max_norm);
+      CHECK((std::isnan(cn) ? std::isnan(gn) : gn == cn));
+      CHECK((std::isnan(cf) ? std::isnan(gf) : gf == cf));
+      CHECK((std::isnan(cf) || cf == clip_coefficient(cn, c.max_norm) / c.loss_scale));  // the trainer's host arithmetic
+    }
+    Dev<float> factor(std::vector<float>{0.5f});
+    const AdamWUpdate u{0.5f, 1.0f - 1e-4f, 0.9f, 0.999f, 1e-2f, std::sqrt(1.0f - 0.999f), 1e-8f};
+    AdamWUpdate u0 = u;
+    u0.grad_factor = 3.0f;  // ignored: the factor is read from device memory
+    Dev<float> aw(w0), am(n), av(n), bw(w0), bm(n), bv(n);
+    AdamWTensor given{aw.p, am.p, av.p, dg.p, DType::f32, n, u}, read{bw.p, bm.p, bv.p, dg.p, DType::f32, n, u0, factor.p};
+    cuda::adamw_update_many(g.gpu, &given, 1);
+    cuda::adamw_update_many(g.gpu, &read, 1);
+    CHECK(bitwise(bw.get(), aw.get()));
+    CHECK(bitwise(bv.get(), av.get()));
+    Dev<float> sw(w0), sb(n), tw(w0), tb(n);
+    const SgdUpdate su{0.05f, 0.5f, 1e-2f, 0.9f, 0.1f, false, true};
+    SgdUpdate sr = su;
+    sr.grad_factor = 3.0f;
+    sr.factor = factor.p;
+    cuda::sgd_update(g.gpu, sw.p, sb.p, dg.p, n, su);
+    cuda::sgd_update(g.gpu, tw.p, tb.p, dg.p, n, sr);
+    CHECK(bitwise(tw.get(), sw.get()));
   }
   // the sum of squares in double: another order of the same terms, so equal to about 1e-15
   const double ss = sum_squares(g.cpu, grad.data(), n), dss = cuda::sum_squares(g.gpu, dg.p, n);
@@ -473,6 +520,35 @@ TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
     CHECK(rel(sd.get(), csd) < kF32);
     CHECK(rel(sx.get(), csx) < kF32);
     CHECK(rel(gx.get(), cdx) < kF32);
+  }
+}
+
+TEST_CASE("DeviceMemory::upload: copies queued through the page-locked ring land in stream order, the host's buffer free at once", "[cuda]") {
+  CudaContext cx{0};
+  CudaDeviceMemory mem(cx);
+  // more uploads than the ring has buffers, of growing and shrinking sizes, each host vector overwritten as
+  // soon as upload returns; then one above the ring's largest (16 MiB), which takes from_host's waiting copy
+  std::vector<void*> dst;
+  std::vector<std::vector<int32_t>> want;
+  const int64_t before = mem.host_waits();
+  for (int k = 0; k < 11; k++) {
+    const int64_t n = k == 10 ? (int64_t(16) << 20) / 4 + 1 : int64_t(1000) << (k % 6);
+    std::vector<int32_t> host(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) host[size_t(i)] = int32_t(k * 1000003 + i);
+    void* d = mem.alloc(n * 4);
+    REQUIRE(d != nullptr);
+    mem.upload(d, host.data(), n * 4);
+    want.push_back(host);
+    std::fill(host.begin(), host.end(), -1);
+    dst.push_back(d);
+  }
+  CHECK(mem.host_waits() - before <= 2);  // the large one's wait; a ring buffer still in flight may add one
+  for (size_t k = 0; k < dst.size(); k++) {
+    std::vector<int32_t> got(want[k].size());
+    mem.to_host(got.data(), dst[k], int64_t(got.size()) * 4);
+    INFO("upload " << k);
+    CHECK(got == want[k]);
+    mem.free(dst[k], int64_t(got.size()) * 4);
   }
 }
 

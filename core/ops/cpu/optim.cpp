@@ -1,6 +1,7 @@
 #include "core/ops/cpu/optim.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/tensor/dtype.h"
@@ -9,8 +10,9 @@ namespace distlab {
 
 void sgd_update(Runtime& rt, float* w, float* buf, const float* g, int64_t n, const SgdUpdate& u) {
   if (rt.kernels) return rt.kernels->sgd_update(rt, w, buf, g, n, u);
+  const float gf = u.factor ? *u.factor : u.grad_factor;
   for (int64_t j = 0; j < n; j++) {
-    float d = g[j] * u.grad_factor + u.weight_decay * w[j];
+    float d = g[j] * gf + u.weight_decay * w[j];
     if (buf) {
       buf[j] = u.first ? d : u.momentum * buf[j] + (1.0f - u.dampening) * d;
       d = u.nesterov ? d + u.momentum * buf[j] : buf[j];
@@ -41,7 +43,9 @@ void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
       convert(t.g, t.g_type, g32.data(), DType::f32, t.n);
       g = g32.data();
     }
-    adamw_update(rt, t.w, t.m, t.v, g, t.n, t.u);
+    AdamWUpdate u = t.u;
+    if (t.factor) u.grad_factor = *t.factor;  // clip_factor's, where the trainer left it
+    adamw_update(rt, t.w, t.m, t.v, g, t.n, u);
   }
 }
 
@@ -65,6 +69,18 @@ void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
 void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
   if (rt.kernels) return rt.kernels->flag_nonfinite(rt, x, n, flag);
   if (!all_finite(rt, x, n)) *flag = 1.0f;
+}
+
+void clip_factor(Runtime& rt, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm) {
+  if (rt.kernels) return rt.kernels->clip_factor(rt, factor, norm, sums, n, loss_scale, max_norm);
+  double total = 0;
+  for (int64_t i = 0; i < n; i++) total += sums[i];
+  const double g = std::sqrt(total) / double(loss_scale);
+  const float coef = max_norm > 0 && std::isnan(g) ? std::numeric_limits<float>::quiet_NaN()
+                     : max_norm > 0 && g > max_norm ? float(max_norm / (g + 1e-6))
+                                                   : 1.0f;
+  *norm = g;
+  *factor = coef / loss_scale;
 }
 
 bool all_finite(Runtime& rt, const float* x, int64_t n) {

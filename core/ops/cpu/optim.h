@@ -31,5 +31,11 @@ bool all_finite(Runtime& rt, const float* x, int64_t n);
 // *out = sum_squares(x), the same bits; *flag = 1 when some x[i] is inf or NaN, left as it was otherwise.
 void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out);
 void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag);
+// The step's gradient norm and factor from the gradients' sums of squares (sum_squares_into's n slots),
+// where they are, without a wait: *norm = sqrt(Σ sums, in order) / loss_scale; *factor = the clip
+// coefficient (max_norm / (norm + 1e-6) when max_norm > 0 and norm is above it, NaN for a NaN norm, else 1)
+// divided by loss_scale. The trainer's host arithmetic (clip_coefficient, core/optim/optimizer.cpp), the same
+// bits, for AdamW to read (AdamWTensor::factor).
+void clip_factor(Runtime& rt, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm);
 
 }  // namespace distlab

@@ -144,6 +144,7 @@ double sum_squares(Runtime& rt, const float* x, int64_t n);
 bool all_finite(Runtime& rt, const float* x, int64_t n);
 void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out);
 void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag);
+void clip_factor(Runtime& rt, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm);
 void scale(Runtime& rt, float* x, int64_t n, float s);
 
 // ---- nf4.cu ----

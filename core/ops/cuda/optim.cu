@@ -19,8 +19,9 @@ __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b);
 __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
 
 __global__ void sgd_k(float* w, float* buf, const float* g, int64_t n, SgdUpdate u) {
+  const float gf = u.factor ? *u.factor : u.grad_factor;  // clip_factor's, where the step clips on the device
   DL_GRID_LOOP(j, n) {
-    float d = add(mul(g[j], u.grad_factor), mul(u.weight_decay, w[j]));
+    float d = add(mul(g[j], gf), mul(u.weight_decay, w[j]));
     if (buf) {
       buf[j] = u.first ? d : add(mul(u.momentum, buf[j]), mul(sub(1.0f, u.dampening), d));
       d = u.nesterov ? add(d, mul(u.momentum, buf[j])) : buf[j];
@@ -55,6 +56,7 @@ struct AdamWList {
   const void* g[kListTensors];
   int64_t n[kListTensors];
   AdamWUpdate u[kListTensors];
+  const float* factor[kListTensors];  // the gradient factor in device memory, or nullptr: u's
   DType g_type[kListTensors];
   int first_block[kListTensors + 1];  // tensor t's chunks are blocks first_block[t] .. first_block[t + 1] - 1
   int count;
@@ -73,8 +75,23 @@ __global__ void adamw_list_k(const AdamWList list) {
   while (t + 1 < list.count && int(blockIdx.x) >= list.first_block[t + 1]) t++;
   const int64_t lo = int64_t(int(blockIdx.x) - list.first_block[t]) * kListChunk;
   const int64_t hi = lo + kListChunk < list.n[t] ? lo + kListChunk : list.n[t];
+  AdamWUpdate u = list.u[t];
+  if (list.factor[t]) u.grad_factor = *list.factor[t];  // clip_factor's, computed on the device
   for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x)
-    adamw_element(list.w[t], list.m[t], list.v[t], widen(list.g[t], list.g_type[t], j), j, list.u[t]);
+    adamw_element(list.w[t], list.m[t], list.v[t], widen(list.g[t], list.g_type[t], j), j, u);
+}
+
+// The cpu's clip_factor in one thread: the same double operations (correctly rounded on the GPU too)
+__global__ void clip_factor_k(float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double total = 0;
+  for (int64_t i = 0; i < n; i++) total += sums[i];
+  const double g = sqrt(total) / double(loss_scale);
+  const float coef = max_norm > 0 && isnan(g) ? __int_as_float(0x7fc00000)
+                     : max_norm > 0 && g > max_norm ? __double2float_rn(max_norm / (g + 1e-6))
+                                                   : 1.0f;
+  *norm = g;
+  *factor = __fdiv_rn(coef, loss_scale);
 }
 
 __global__ void scale_k(float* x, int64_t n, float s) {
@@ -144,6 +161,7 @@ void adamw_update_many(Runtime& rt, const AdamWTensor* ts, int64_t count) {
     if (list.count == kListTensors || blocks + chunks > (int64_t(1) << 30)) launch();
     const int k = list.count++;
     list.w[k] = t.w, list.m[k] = t.m, list.v[k] = t.v, list.g[k] = t.g, list.n[k] = t.n, list.u[k] = t.u, list.g_type[k] = t.g_type;
+    list.factor[k] = t.factor;
     list.first_block[k] = blocks;
     blocks += int(chunks);
   }
@@ -181,6 +199,11 @@ void sum_squares_into(Runtime& rt, const float* x, int64_t n, double* out) {
   DL_CUDA_LAUNCHED("sum_squares_into");
   sum_partials_k<<<1, 32, 0, stream(rt)>>>(out, d);
   DL_CUDA_LAUNCHED("sum_squares_into");
+}
+
+void clip_factor(Runtime& rt, float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm) {
+  clip_factor_k<<<1, 32, 0, stream(rt)>>>(factor, norm, sums, n, loss_scale, max_norm);
+  DL_CUDA_LAUNCHED("clip_factor");
 }
 
 void flag_nonfinite(Runtime& rt, const float* x, int64_t n, float* flag) {
