@@ -177,7 +177,7 @@ print(f"{len(steady)} steady steps: {1e3 * t:.1f} ms per step, {tok / t:,.0f} {s
       f"{tflops:.1f} TFLOP/s = {mfu:.1f} % MFU of {sys.argv[3]} TFLOP/s")
 waits = sorted(s["host_waits"] for s in steady if "host_waits" in s)
 if waits:  # each leaves the GPU idle until the host queues more: a fixed few a step, not one per parameter
-    print(f"the host waited for the GPU's results {waits[len(waits) // 2]} times a step (median; the copies up, the loss, the norm)")
+    print(f"the host waited for the GPU's results {waits[len(waits) // 2]} times a step (median, inside the step; bf16 under none or DDP: 0, fp16: 1, the overflow flag)")
 open(sys.argv[5], "w").write(f"{1e3 * t:.1f} {mfu:.1f}\n")
 PY
 }

@@ -2,14 +2,17 @@
 // squares of every gradient for the gradient norm, the overflow flag of every gradient for the loss scaler.
 // Reading each gradient's value as it is computed stops a GPU once per parameter (~150 times a step for
 // GPT-2): the host waits for the queue to drain, and the GPU idles until the host queues the next kernel.
-// Queued into slots here and read once, the step waits once (DeviceMemory::host_waits counts them).
+// Queued into slots here and read once, the step waits once (DeviceMemory::host_waits counts them), or
+// not at all where the value is needed only on the device: the clip factor (clip_factor, read by AdamW and
+// SGD in place) and the micro-batches' losses, read by the trainer after the step's closing synchronize.
 // On a cpu rank the slots are host memory and the read is a copy: the same numbers, bit for bit.
 //
 //   DeviceScalars ss(rt, params.size(), "the gradient norm's sums");
 //   for (size_t i = ...) sum_squares_into(rt, g_i, n_i, ss.sum(i));   // queued, no wait
 //   const double total = ss.total();                                    // one wait, the slots in order
 //
-// Next: core/optim/optimizer.cpp (grad_norm) and core/optim/grad_scaler.cpp (found_inf) use it.
+// Next: core/optim/optimizer.cpp (grad_norm, grad_norm_on_device), core/optim/grad_scaler.cpp (found_inf)
+// and core/train/trainer.cpp (the step's losses and norm) use it.
 #pragma once
 #include <cstdint>
 #include <vector>

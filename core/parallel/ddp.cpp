@@ -29,7 +29,10 @@ void broadcast_model(ProcessGroup& pg, Model& model) {
 static Tensor& grad_or_zeros(Parameter& p) { return p.grad_for_accumulate(); }
 
 // the trainable parameters only: a frozen one (LoRA's base) has no gradient to average
-NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(trainable(model.parameters())) { broadcast_model(pg, model); }
+NaiveDDP::NaiveDDP(ProcessGroup& pg, Model& model) : pg_(pg), params_(trainable(model.parameters())) {
+  broadcast_model(pg, model);
+  plain_optimizer_step_ = true;  // the default norm and step (StepHooks)
+}
 
 void NaiveDDP::finish_backward(Runtime& rt) {
   if (!sync_) return;
@@ -43,6 +46,7 @@ void NaiveDDP::finish_backward(Runtime& rt) {
 BucketedDDP::BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb)
     : pg_(pg), rt_(rt), params_(trainable(model.parameters())) {
   broadcast_model(pg, model);
+  plain_optimizer_step_ = true;
   const int64_t cap = int64_t(bucket_mb * 1024 * 1024);
   where_.resize(params_.size());
   marked_.assign(params_.size(), false);

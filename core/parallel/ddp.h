@@ -55,7 +55,6 @@ class NaiveDDP : public DataParallel {
  public:
   NaiveDDP(ProcessGroup& pg, Model& model);
   std::string describe() const override { return "ddp (naive)"; }
-  bool plain_optimizer_step() const override { return true; }
   void finish_backward(Runtime& rt) override;
   int64_t all_reduces_per_step() const override { return int64_t(params_.size()); }
 
@@ -70,7 +69,6 @@ class BucketedDDP : public DataParallel {
   // or cross to the host for Gloo and back (core/parallel/comm_buffers.h).
   BucketedDDP(ProcessGroup& pg, Model& model, Runtime& rt, double bucket_mb);
   std::string describe() const override { return "ddp (bucketed)"; }
-  bool plain_optimizer_step() const override { return true; }
   void after_layer_backward(int unit, const std::vector<Parameter*>& params) override;
   void finish_backward(Runtime& rt) override;
   int64_t all_reduces_per_step() const override { return int64_t(buckets_.size()); }

@@ -8,8 +8,8 @@ namespace distlab {
 
 class NoParallel : public Strategy {
  public:
+  NoParallel() { plain_optimizer_step_ = true; }
   std::string describe() const override { return "none (one rank)"; }
-  bool plain_optimizer_step() const override { return true; }
 };
 
 }  // namespace distlab

@@ -72,13 +72,16 @@ class StepHooks : public ForwardHook, public BackwardHook {
   // The optimizer step over the parameters this rank owns (all of them for none and DDP). grad_factor:
   // 1/loss_scale × the clip coefficient, applied as the optimizer reads each gradient.
   virtual void step(Runtime& rt, Optimizer& opt, float lr, float grad_factor) { opt.step(rt, lr, grad_factor); }
-  // true where grad_norm and step above are exactly these defaults (none, the engine's DDP): the trainer may
-  // then take the norm and the clip on the device and call opt.step_device_factor (no wait for the norm). A
-  // strategy that overrides either, or a lab's, keeps false.
-  virtual bool plain_optimizer_step() const { return false; }
   // After every optimizer step, taken or skipped: the gradients released (set_to_none), the parts of them
   // a ZeRO rank keeps too.
   virtual void zero_grad(Model& model) { model.zero_grad(); }
+  // true where grad_norm and step above are exactly these defaults (none, the engine's DDP, which set it
+  // in their constructors): the trainer may then take the norm and the clip on the device and call
+  // opt.step_device_factor (no wait for the norm). Any other strategy, a lab's too, keeps false.
+  bool plain_optimizer_step() const { return plain_optimizer_step_; }
+
+ protected:
+  bool plain_optimizer_step_ = false;
 };
 
 // What a strategy holds, and how to reach it whole: for the optimizer it builds, a save and a load

@@ -66,26 +66,13 @@ RunParts Trainer::parts() {
   return RunParts{cfg_, rt_, log_, pg_, *model_, *opt_, *strategy_, loader_.get(), micro_batch_};
 }
 
-double Trainer::loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits) {
-  double* slot = step_losses_ ? step_losses_->sum(next_loss_slot_++) : nullptr;  // a device rank's: no wait
-  if (ProcessGroup* tp = model_->tp_group()) {  // logits split by vocabulary: the loss without gathering them
-    VocabParallelCrossEntropy ce(*tp);
-    const double loss = ce.forward(rt_, logits, b.targets, model_->vocab_first(), nullptr, slot);
-    dlogits = ce.backward(rt_, factor);
-    return loss;
-  }
-  CrossEntropyLoss ce;
-  const double loss = ce.forward(rt_, logits, b.targets, nullptr, slot);
-  dlogits = ce.backward(rt_, factor);
-  return loss;
-}
-
 StepOutcome Trainer::engine_step(int64_t step) {
   StepOutcome o;
   const int64_t k = accum_;
   o.loss_scale = scaler_.scale();
   double loss_sum = 0;  // on a device rank the losses are in step_losses_ (read by train_step) and this stays 0
   step_losses_.reset();
+  step_norm_.reset();
   if (rt_.kernels && !rt_.is_meta()) step_losses_ = std::make_unique<DeviceScalars>(rt_, k, "the micro-batches' losses");
   next_loss_slot_ = 0;
   if (pipeline_) {  // the k micro-batches through the stages (core/parallel/pipeline.h); the last stage has the loss
@@ -115,20 +102,7 @@ StepOutcome Trainer::engine_step(int64_t step) {
   // (every rank agrees), else unscale and clip — both folded into the factor the optimizer reads them with.
   o.skipped = scaler_.enabled() && strategy_->found_inf(rt_, *model_, pg_);
   o.lr = schedule_.lr_at(step);
-  step_norm_.reset();
-  if (!o.skipped && !mesh_ && strategy_->plain_optimizer_step() && opt_->reads_device_factor(rt_)) {
-    // a device rank with the whole model: the norm and the clip computed where the gradients are, and the
-    // step queued behind them; the norm is read once the step is done (train_step)
-    step_norm_ = std::make_unique<DeviceScalars>(rt_, 2, "the gradient norm and the step's factor");
-    grad_norm_on_device(rt_, model_->parameters(), o.loss_scale, cfg_.optim.clip_grad_norm, step_norm_->sum(0), step_norm_->flag(1));
-    opt_->step_device_factor(rt_, float(o.lr), step_norm_->flag(1));
-  } else if (!o.skipped) {
-    // split layers and stages: the squares summed over the TP and PP groups, and over the dp axis where the
-    // strategy holds the gradients in parts (ZeRO, FSDP)
-    o.grad_norm = (mesh_ ? strategy_->split_grad_norm(rt_, *model_, tp_group(), pp_group()) : strategy_->grad_norm(rt_, *model_)) /
-                  o.loss_scale;
-    strategy_->step(rt_, *opt_, float(o.lr), clip_coefficient(o.grad_norm, cfg_.optim.clip_grad_norm) / o.loss_scale);
-  }
+  if (!o.skipped) clip_and_step(o);  // the norm, the clip and the optimizer (trainer_step.cpp)
   scaler_.update(o.skipped);
   o.next_loss_scale = scaler_.scale();
   strategy_->zero_grad(*model_);
@@ -160,14 +134,7 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   if (rt_.attached) rt_.attached->synchronize();  // a GPU's queued kernels (the optimizer's) belong to the step's time
   const double wall_s = (rt_.trace.now_us() - t0) * 1e-6;
   const int64_t step_waits = device ? device->host_waits() - waits_before : 0;
-  if (step_losses_) {  // the micro-batches' losses, added in order as the cpu adds them: after the step, no stall
-    o.loss = step_losses_->total() / double(accum_);
-    step_losses_.reset();
-  }
-  if (step_norm_) {
-    o.grad_norm = step_norm_->read_sums()[0];
-    step_norm_.reset();
-  }
+  read_step_values(o);  // a device rank's losses and norm, left in device memory during the step
   last_step_flops_ = rt_.trace.flops();
   last_step_recompute_flops_ = rt_.trace.recompute_flops();
   const MemoryStats& m = rt_.memory.stats();

@@ -115,6 +115,10 @@ class Trainer {
   // the loss of a micro-batch's logits and its gradient (× factor): vocab-parallel when the logits are split.
   // In an engine step on a device rank the loss goes to the next of step_losses_' slots and 0 comes back.
   double loss_and_grad(const Tensor& logits, const Batch& b, float factor, Tensor& dlogits);
+  // The step's norm, clip and optimizer step (on the device where it can: no wait); and, after the step's
+  // closing synchronize, the values a device rank left in step_losses_ and step_norm_ (trainer_step.cpp)
+  void clip_and_step(StepOutcome& o);
+  void read_step_values(StepOutcome& o);
   // every group's collectives so far (the world's and the mesh's axes)
   CommCounters comm_totals() const;
   std::map<std::string, CommCounters> comm_by_op() const;
