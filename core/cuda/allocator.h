@@ -10,7 +10,9 @@
 // Kind::pinned is the same cache over page-locked host memory (cudaHostAlloc; PyTorch's
 // CachingHostAllocator), what CPU offload keeps on the host: cudaHostAlloc is slow, and cudaFreeHost
 // synchronizes the device, while a step makes and drops its offloaded gradient parts every step. The
-// copies to and from these blocks are synchronous today, so a freed block is never still being read.
+// offload's copies to and from these blocks are synchronous, so a freed block is never still being read;
+// CudaDeviceMemory::upload's staging buffers queue theirs, and wait for each copy's event before a buffer
+// is written again or given back.
 #pragma once
 #include <cuda_runtime.h>
 

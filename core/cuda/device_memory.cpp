@@ -40,18 +40,21 @@ void CudaDeviceMemory::upload(void* dev, const void* host, int64_t bytes) {
   if (s.queued) {  // its last copy must be done before the buffer is written again
     const cudaError_t q = cudaEventQuery(s.done);
     if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is an answer, not an error: no later launch check may see it
       DL_CUDA(cudaEventSynchronize(s.done));
       count_host_wait();  // the ring is full: the GPU is that far behind
-    } else {
-      DL_CUDA(q);
+    } else if (q != cudaSuccess) {
+      cuda_fail(q, "cudaEventQuery (upload's staging ring)", __FILE__, __LINE__);
     }
     s.queued = false;
   }
   if (s.bytes < bytes) {
     if (s.p) cx_.pinned().free(s.p, s.bytes);
+    s.p = nullptr;  // before an alloc that may throw: the slot never names a block it gave back
+    s.bytes = 0;
     const int64_t want = std::max<int64_t>(bytes, int64_t(64) << 10);
     s.p = cx_.pinned().alloc(want);
-    s.bytes = s.p ? want : 0;
+    if (s.p) s.bytes = want;
     if (!s.p) return from_host(dev, host, bytes);  // no page-locked memory to spare: the waiting copy
   }
   std::memcpy(s.p, host, size_t(bytes));

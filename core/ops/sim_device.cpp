@@ -226,6 +226,7 @@ void batchnorm_backward_apply(Runtime& rt, float* dinp, const float* dout, const
 
 double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct, double* loss_out) {
   if (!loss_out) host_wait(rt);  // into a device slot: nothing comes back now
+  DL_ASSERT(!(correct && loss_out), "softmax_crossentropy_forward: `correct` is read back, a slot is not: one or the other");
   HostKernels cpu(rt);
   const double mean = distlab::softmax_crossentropy_forward(rt, dev(probs, "softmax_crossentropy_forward"), dev(logits, "softmax_crossentropy_forward"), dev(targets, "softmax_crossentropy_forward"), N, V, correct, loss_out ? dev(loss_out, "softmax_crossentropy_forward") : nullptr);
   return loss_out ? 0.0 : mean;  // as a GPU: the value is in the slot, not here
@@ -315,6 +316,7 @@ void vocab_ce_exp(Runtime& rt, float* probs, float* sum, float* zt, const float*
 
 double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float* zt, const float* mx, const int32_t* targets, int64_t N, int64_t V, int64_t* correct, double* loss_out) {
   if (!loss_out) host_wait(rt);
+  DL_ASSERT(!(correct && loss_out), "vocab_ce_finish: `correct` is read back, a slot is not: one or the other");
   HostKernels cpu(rt);
   const double mean = distlab::vocab_ce_finish(rt, dev(probs, "vocab_ce_finish"), dev(sum, "vocab_ce_finish"), dev(zt, "vocab_ce_finish"), dev(mx, "vocab_ce_finish"), dev(targets, "vocab_ce_finish"), N, V, correct, loss_out ? dev(loss_out, "vocab_ce_finish") : nullptr);
   return loss_out ? 0.0 : mean;

@@ -120,6 +120,8 @@ double Trainer::train_step(int64_t step, MetricsWriter& metrics) {
   const DeviceMemory* device = rt_.memory.device_memory();  // a cuda (or cuda-sim) rank's: it counts the host's waits
   const int64_t waits_before = device ? device->host_waits() : 0;
   const double t0 = rt_.trace.now_us();
+  step_losses_.reset();  // a step that threw leaves none behind for an extension's step to write into
+  step_norm_.reset();
   StepOutcome o;
   if (ext_ && ext_->drives_steps()) {  // an extension's step, through the same micro-batches and optimizer
     Calls calls(*this);

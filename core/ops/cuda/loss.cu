@@ -178,8 +178,8 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
   softmax_xent_rows_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, logits, targets, V);
   DL_CUDA_LAUNCHED("softmax_crossentropy_forward");
   if (loss_out) {  // the caller checked the targets on the host (CrossEntropyLoss::forward)
+    DL_ASSERT(!correct, "softmax_crossentropy_forward: `correct` is read back, a slot is not: one or the other");
     rows.mean_into(rt, loss_out, targets, "softmax_crossentropy_forward mean");
-    if (correct) *correct = 0;
     return 0.0;
   }
   const LossTotals t = rows.totals(rt, targets, "softmax_crossentropy_forward sum");
@@ -229,6 +229,7 @@ double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float*
   vocab_finish_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(probs, rows.loss, rows.hit, sum, zt, mx, targets, V);
   DL_CUDA_LAUNCHED("vocab_ce_finish");
   if (loss_out) {
+    DL_ASSERT(!correct, "vocab_ce_finish: `correct` is read back, a slot is not: one or the other");
     rows.mean_into(rt, loss_out, targets, "vocab_ce_finish mean");
     return 0.0;
   }

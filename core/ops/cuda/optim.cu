@@ -45,7 +45,7 @@ __global__ void adamw_k(float* w, float* m, float* v, const float* g, int64_t n,
 }
 
 // The multi-tensor form (PyTorch's multi_tensor_apply): up to kListTensors tensors travel in the kernel's
-// parameters (4 KB at most: this is ~1.8 KB), and each block updates one chunk of kListChunk elements of
+// parameters (4 KB at most: this is ~2 KB), and each block updates one chunk of kListChunk elements of
 // one of them, so a list of 150 parameters of any sizes is 7 launches, not 150.
 constexpr int kListTensors = 24;
 constexpr int64_t kListChunk = 65536;
@@ -81,7 +81,8 @@ __global__ void adamw_list_k(const AdamWList list) {
     adamw_element(list.w[t], list.m[t], list.v[t], widen(list.g[t], list.g_type[t], j), j, u);
 }
 
-// The cpu's clip_factor in one thread: the same double operations (correctly rounded on the GPU too)
+// The cpu's clip_factor in one thread: the same double operations (correctly rounded on the GPU too). A NaN
+// norm is the GPU's canonical NaN, not the cpu's payload: equal as NaNs (a metric writes either as null).
 __global__ void clip_factor_k(float* factor, double* norm, const double* sums, int64_t n, float loss_scale, double max_norm) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   double total = 0;
