@@ -51,9 +51,15 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   // a 16-bit GEMM (autocast's low list): x rounded to rt.dtype if it came in wider; saved as it was read
   save_input(rt, x);
   const Tensor wt = weight.quant ? dequantize_parameter(rt, weight) : weight.data;  // QLoRA: the 4-bit base, dequantized for this GEMM
-  AsF32 xf(rt, saved_x_), w(rt, wt), b(rt, bias.data), y(rt, out, AsF32::out);
-  matmul_forward(rt, y.p, xf.p, w.p, has_bias_ ? b.p : nullptr, N, in_features, out_features);
-  y.store();
+  const DType t = rt.dtype;
+  if (rt.kernels && t != DType::f32 && saved_x_.dtype() == t && wt.dtype() == t && (!has_bias_ || bias.data.dtype() == t)) {
+    // a device rank's 16-bit GEMM on the tensors as they are (no f32 copies): the same numbers
+    linear_forward_16(rt, out.data(), saved_x_.data(), wt.data(), has_bias_ ? bias.data.data() : nullptr, t, N, in_features, out_features);
+  } else {
+    AsF32 xf(rt, saved_x_), w(rt, wt), b(rt, bias.data), y(rt, out, AsF32::out);
+    matmul_forward(rt, y.p, xf.p, w.p, has_bias_ ? b.p : nullptr, N, in_features, out_features);
+    y.store();
+  }
   if (lora && !merged) lora->forward(rt, saved_x_.view({N, in_features}), out, training_);
   return out;
 }

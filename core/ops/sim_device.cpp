@@ -159,6 +159,12 @@ void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32
   distlab::maxpool2d_backward(rt, dev(dinp, "maxpool2d_backward"), dev(dout, "maxpool2d_backward"), dev(argmax, "maxpool2d_backward"), B, C, H, W, OH, OW);
 }
 
+void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C, int64_t OC) {
+  HostKernels cpu(rt);
+  distlab::linear_forward_16(rt, dev(out, "linear_forward_16"), dev(inp, "linear_forward_16"), dev(w, "linear_forward_16"),
+                             bias ? dev(bias, "linear_forward_16") : nullptr, t, N, C, OC);
+}
+
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC) {
   HostKernels cpu(rt);
   distlab::matmul_forward(rt, dev(out, "matmul_forward"), dev(inp, "matmul_forward"), dev(w, "matmul_forward"), dev(bias, "matmul_forward"), N, C, OC);
@@ -415,6 +421,7 @@ const Kernels& sim_kernels() {
     t.maxpool2d_forward = sim::maxpool2d_forward;
     t.maxpool2d_backward = sim::maxpool2d_backward;
     t.matmul_forward = sim::matmul_forward;
+    t.linear_forward_16 = sim::linear_forward_16;
     t.matmul_backward = sim::matmul_backward;
     t.bias_forward = sim::bias_forward;
     t.bias_backward = sim::bias_backward;

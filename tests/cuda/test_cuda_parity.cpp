@@ -454,6 +454,22 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       CHECK(rel(lout.get(), lo) < 1e-4);
       CHECK(rel(lout2.get(), lo) < 1e-4);
     }
+    // linear_forward_16: the same product on the 16-bit tensors themselves (a device rank's nn.Linear), the
+    // output rounded once: the cpu's within a 16-bit rounding (the f32 sums may add in another order)
+    for (DType low : {DType::bf16, DType::f16}) {
+      std::vector<uint16_t> x16(x.size()), w16(w.size()), b16(b.size()), want(co.size());
+      convert(x.data(), DType::f32, x16.data(), low, int64_t(x.size()));
+      convert(w.data(), DType::f32, w16.data(), low, int64_t(w.size()));
+      convert(b.data(), DType::f32, b16.data(), low, int64_t(b.size()));
+      linear_forward_16(g.cpu, want.data(), x16.data(), w16.data(), with_bias ? b16.data() : nullptr, low, N, C, OC);
+      Dev<uint16_t> gx(x16), gw(w16), gb(b16), gout(N * OC);
+      cuda::linear_forward_16(g.gpu, gout.p, gx.p, gw.p, with_bias ? gb.p : nullptr, low, N, C, OC);
+      std::vector<float> a(co.size()), got(co.size());
+      convert(want.data(), low, a.data(), DType::f32, int64_t(a.size()));
+      convert(gout.get().data(), low, got.data(), DType::f32, int64_t(got.size()));
+      INFO("linear_forward_16 in " << dtype_name(low));
+      CHECK(rel(got, a) < 1e-2);
+    }
   }
 }
 

@@ -4,9 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
+#include "core/tensor/dtype.h"
 
 namespace distlab {
 
@@ -67,6 +69,18 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias[o];
   }
   blas_sgemm(false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
+                       int64_t OC) {
+  if (rt.kernels) return rt.kernels->linear_forward_16(rt, out, inp, w, bias, t, N, C, OC);
+  if (rt.is_meta()) return matmul_forward(rt, nullptr, nullptr, nullptr, nullptr, N, C, OC);  // its event, no values
+  std::vector<float> x(size_t(N * C)), wf(size_t(OC * C)), b(bias ? size_t(OC) : 0), y(size_t(N * OC));
+  convert(inp, t, x.data(), DType::f32, N * C);
+  convert(w, t, wf.data(), DType::f32, OC * C);
+  if (bias) convert(bias, t, b.data(), DType::f32, OC);
+  matmul_forward(rt, y.data(), x.data(), wf.data(), bias ? b.data() : nullptr, N, C, OC);
+  convert(y.data(), DType::f32, out, t, N * OC);
 }
 
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,

@@ -9,6 +9,12 @@ namespace distlab {
 // out (N, OC) = inp (N, C) @ w^T + bias; w is (OC, C), bias (OC) or nullptr.
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t C, int64_t OC);
+// matmul_forward on 16-bit tensors (t: bf16 or f16, out, inp, w and bias all of it), as a device rank's
+// nn.Linear calls it: the values widened to f32 (exactly), matmul_forward, the result rounded once. The
+// naive form of what a GPU does in one GEMM (16-bit operands, f32 sums, the bias in the epilogue, a 16-bit
+// output), with no f32 copies of the operands. Not called on a cpu rank (AsF32 and matmul_forward are).
+void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
+                       int64_t OC);
 // The same with three loops, for tests and the benchmark's baseline.
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                           int64_t OC);

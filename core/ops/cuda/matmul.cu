@@ -70,28 +70,30 @@ struct LtCall {
 
 // out (N, OC) = x (N, C) @ w (OC, C)ᵀ + bias in one cublasLtMatmul, the bias added in its epilogue: no
 // broadcast pass before it and no read of out (beta 0), where cuBLAS's GEMM needs both (2 of a biased
-// layer's 3 passes over its f32 output). x and w are of type t (f32, or 16-bit copies); out and bias f32
-// (the epilogue's bias has the output's type). Column-major, as blas() below: D (OC x N) = wᵀ-op x.
-// Returns false, having done nothing, where cuBLASLt has no kernel for the call (the caller does it in two).
-bool lt_bias(Runtime& rt, float* out, const void* x, const void* w, DType t, const float* bias, int64_t N, int64_t C, int64_t OC,
-             GemmMath math) {
+// layer's 3 passes over its f32 output). x and w are of type t (f32, or 16-bit); out and bias of type
+// out_t (the epilogue's bias has the output's type): f32, or t itself (linear_forward_16: the 16-bit
+// tensors as they are, rounded once from the f32 sums). bias nullptr: no epilogue. Column-major, as
+// blas() below: D (OC x N) = wᵀ-op x. Returns false, having done nothing, where cuBLASLt has no kernel
+// for the call (the caller does it another way).
+bool lt_bias(Runtime& rt, void* out, DType out_t, const void* x, const void* w, DType t, const void* bias, int64_t N, int64_t C,
+             int64_t OC, GemmMath math) {
   if (N > INT_MAX || C > INT_MAX || OC > INT_MAX) return false;
   // the epilogue reads the bias in 16-byte vectors (a misaligned one is a fatal launch error, not
-  // NOT_SUPPORTED), and a flat parameter buffer packs biases at any 4-byte offset
-  if (alignment_of(bias) < 16) return false;
+  // NOT_SUPPORTED), and a flat parameter buffer packs biases at any 2- or 4-byte offset
+  if (bias && alignment_of(bias) < 16) return false;
   const cudaDataType type = cuda_type(t);
   const cublasComputeType_t compute = t == DType::f32 && math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall c;
   DL_CUBLAS(cublasLtMatmulDescCreate(&c.desc, compute, CUDA_R_32F));
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (bias) DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.a, type, uint64_t(C), uint64_t(OC), int64_t(C)));  // w: (C x OC), op T
   DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.b, type, uint64_t(C), uint64_t(N), int64_t(C)));   // x: (C x N)
-  DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.d, CUDA_R_32F, uint64_t(OC), uint64_t(N), int64_t(OC)));
+  DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.d, cuda_type(out_t), uint64_t(OC), uint64_t(N), int64_t(OC)));
   DL_CUBLAS(cublasLtMatmulPreferenceCreate(&c.pref));
   const uint64_t workspace = CudaContext::kBlasWorkspace;
   const uint32_t align_a = alignment_of(w), align_b = alignment_of(x), align_d = alignment_of(out);
@@ -277,18 +279,19 @@ void gemm_naive(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
   DL_CUDA_LAUNCHED("gemm_naive");
 }
 
-void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
-                    int64_t OC) {
-  OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
-  op.gemm(0, N, OC, C);  // (N, C) @ (C, OC)
+namespace {
+
+// matmul_forward's work, untraced (its callers record the event)
+void matmul_forward_f32(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
+                        int64_t OC) {
   if (bias && N > 0 && OC > 0 && C > 0) {  // the bias in cuBLASLt's epilogue: one pass over out
     const GemmMath math = gemm_math(rt);
     if (math == GemmMath::f32 || math == GemmMath::tf32) {
-      if (lt_bias(rt, out, inp, w, DType::f32, bias, N, C, OC, math)) return;
+      if (lt_bias(rt, out, DType::f32, inp, w, DType::f32, bias, N, C, OC, math)) return;
     } else {
       const DType low = math == GemmMath::bf16 ? DType::bf16 : DType::f16;
       Narrow x16(rt, inp, N * C, low), w16(rt, w, OC * C, low);
-      if (lt_bias(rt, out, x16.p, w16.p, low, bias, N, C, OC, math)) return;
+      if (lt_bias(rt, out, DType::f32, x16.p, w16.p, low, bias, N, C, OC, math)) return;
       broadcast_rows_k<<<blocks_for(N * OC), kThreads, 0, stream(rt)>>>(out, bias, N, OC);  // the copies made, in two
       DL_CUDA_LAUNCHED("matmul_forward bias");
       blas(rt, false, true, N, OC, C, 1.0f, x16.p, low, C, w16.p, low, C, 1.0f, out, DType::f32, OC, math);
@@ -300,6 +303,45 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
     DL_CUDA_LAUNCHED("matmul_forward bias");
   }
   blas_f32(rt, false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+}  // namespace
+
+void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
+                    int64_t OC) {
+  OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));
+  op.gemm(0, N, OC, C);  // (N, C) @ (C, OC)
+  matmul_forward_f32(rt, out, inp, w, bias, N, C, OC);
+}
+
+// The cpu's linear_forward_16 in one cublasLtMatmul: the 16-bit operands as they are (no f32 copies to
+// narrow again), f32 sums, the 16-bit bias in the epilogue, and the output rounded once, where matmul_forward
+// would take f32 copies of x, w and the bias and write an f32 output to round: five passes over the
+// operands and the output fewer. Where cuBLASLt has no kernel for it, that f32 way.
+void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
+                       int64_t OC) {
+  if (t != DType::bf16 && t != DType::f16)
+    throw ShapeError(std::string("linear_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes matmul_forward");
+  const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
+  OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // matmul_forward's event
+  op.gemm(0, N, OC, C);
+  if (N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math)) return;
+  struct F32 {  // an f32 copy in the device's cache, uncounted as AsF32's scratch is
+    Runtime& rt;
+    float* p = nullptr;
+    int64_t bytes;
+    F32(Runtime& r, const void* src, DType st, int64_t n) : rt(r), bytes(std::max<int64_t>(n, 1) * 4) {
+      p = static_cast<float*>(ctx(rt).allocator().alloc(bytes));
+      if (!p) throw OutOfMemoryError("no GPU memory for an f32 copy of a GEMM operand (" + std::to_string(bytes) + " bytes)", "a smaller batch");
+      if (src && n > 0) convert_on(stream(rt), src, st, p, DType::f32, n);
+    }
+    ~F32() { ctx(rt).allocator().free(p, bytes); }
+    F32(const F32&) = delete;
+    F32& operator=(const F32&) = delete;
+  };
+  F32 x32(rt, inp, t, N * C), w32(rt, w, t, OC * C), b32(rt, bias, t, bias ? OC : 0), y32(rt, nullptr, t, N * OC);
+  matmul_forward_f32(rt, y32.p, x32.p, w32.p, bias ? b32.p : nullptr, N, C, OC);  // in rt.dtype's math: as the cpu's
+  if (N * OC > 0) convert_on(stream(rt), y32.p, DType::f32, out, t, N * OC);
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,

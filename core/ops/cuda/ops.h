@@ -42,6 +42,9 @@ void maxpool2d_backward(Runtime& rt, float* dinp, const float* dout, const int32
 // ---- matmul.cu ----
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N,
                     int64_t C, int64_t OC);
+// the cpu's linear_forward_16 (core/ops/cpu/matmul.h) in one cublasLtMatmul on the 16-bit tensors
+void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
+                       int64_t OC);
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true, bool need_dw = true);
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
