@@ -81,13 +81,22 @@ Tensor Linear::backward(Runtime& rt, const Tensor& dout) {
   {  // a frozen weight (under LoRA) gets no gradient: dW's GEMM is skipped, as autograd skips it
     // QLoRA dequantizes the base again for dX (bitsandbytes' MatMul4Bit.backward): nothing 16-bit was kept
     const Tensor wt = weight.quant && needs_input_grad_ ? dequantize_parameter(rt, weight) : weight.data;
-    AsF32 dxf(rt, dx, AsF32::out), dw(rt, weight.requires_grad ? weight.grad_for_accumulate() : Tensor(), AsF32::inout);
-    AsF32 db(rt, has_bias_ && bias.requires_grad ? bias.grad_for_accumulate() : Tensor(), AsF32::inout);
-    AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.quant && !needs_input_grad_ ? Tensor() : wt);
-    matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_, weight.requires_grad);
-    dxf.store();
-    dw.store();
-    db.store();
+    const DType t = rt.dtype;
+    const Tensor dw16 = weight.requires_grad ? weight.grad_for_accumulate() : Tensor();
+    const Tensor db16 = has_bias_ && bias.requires_grad ? bias.grad_for_accumulate() : Tensor();
+    if (rt.kernels && t != DType::f32 && dout.dtype() == t && saved_x_.dtype() == t && (!needs_input_grad_ || wt.dtype() == t) &&
+        (!dw16.defined() || dw16.dtype() == t) && (!db16.defined() || db16.dtype() == t)) {
+      // a device rank's 16-bit GEMMs on the tensors as they are (linear_backward_16): the same numbers
+      linear_backward_16(rt, dx.data(), dw16.data(), db16.data(), dout.data(), saved_x_.data(), needs_input_grad_ ? wt.data() : nullptr,
+                         t, N, in_features, out_features, needs_input_grad_, weight.requires_grad);
+    } else {
+      AsF32 dxf(rt, dx, AsF32::out), dw(rt, dw16, AsF32::inout), db(rt, db16, AsF32::inout);
+      AsF32 dy(rt, dout, AsF32::in, rt.dtype), x(rt, saved_x_), w(rt, weight.quant && !needs_input_grad_ ? Tensor() : wt);
+      matmul_backward(rt, dxf.p, dw.p, db.p, dy.p, x.p, w.p, N, in_features, out_features, needs_input_grad_, weight.requires_grad);
+      dxf.store();
+      dw.store();
+      db.store();
+    }
   }
   if (lora && !merged) lora->backward(rt, dout.view({N, out_features}), dx);
   saved_x_ = Tensor();

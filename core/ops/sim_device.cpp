@@ -165,6 +165,13 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
                              bias ? dev(bias, "linear_forward_16") : nullptr, t, N, C, OC);
 }
 
+void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t, int64_t N,
+                        int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
+  HostKernels cpu(rt);
+  auto d = [](auto* p) { return p ? dev(p, "linear_backward_16") : nullptr; };
+  distlab::linear_backward_16(rt, d(dinp), d(dw), d(dbias), d(dout), d(inp), d(w), t, N, C, OC, need_dinp, need_dw);
+}
+
 void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC) {
   HostKernels cpu(rt);
   distlab::matmul_forward(rt, dev(out, "matmul_forward"), dev(inp, "matmul_forward"), dev(w, "matmul_forward"), dev(bias, "matmul_forward"), N, C, OC);
@@ -422,6 +429,7 @@ const Kernels& sim_kernels() {
     t.maxpool2d_backward = sim::maxpool2d_backward;
     t.matmul_forward = sim::matmul_forward;
     t.linear_forward_16 = sim::linear_forward_16;
+    t.linear_backward_16 = sim::linear_backward_16;
     t.matmul_backward = sim::matmul_backward;
     t.bias_forward = sim::bias_forward;
     t.bias_backward = sim::bias_backward;

@@ -469,6 +469,24 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       convert(gout.get().data(), low, got.data(), DType::f32, int64_t(got.size()));
       INFO("linear_forward_16 in " << dtype_name(low));
       CHECK(rel(got, a) < 1e-2);
+      // linear_backward_16: dX written, dW and the bias gradient accumulated onto what they held
+      std::vector<uint16_t> dy16(dy.size()), dw16(dw0.size()), db16(db0.size());
+      convert(dy.data(), DType::f32, dy16.data(), low, int64_t(dy.size()));
+      convert(dw0.data(), DType::f32, dw16.data(), low, int64_t(dw0.size()));
+      convert(db0.data(), DType::f32, db16.data(), low, int64_t(db0.size()));
+      std::vector<uint16_t> cdx16(static_cast<size_t>(N * C)), cdw16 = dw16, cdb16 = db16;
+      linear_backward_16(g.cpu, cdx16.data(), cdw16.data(), with_bias ? cdb16.data() : nullptr, dy16.data(), x16.data(), w16.data(), low, N,
+                         C, OC, true, true);
+      Dev<uint16_t> gdy(dy16), gdx(N * C), gdw(dw16), gdb(db16);
+      cuda::linear_backward_16(g.gpu, gdx.p, gdw.p, with_bias ? gdb.p : nullptr, gdy.p, gx.p, gw.p, low, N, C, OC, true, true);
+      auto wide = [low](const std::vector<uint16_t>& v) {
+        std::vector<float> f(v.size());
+        convert(v.data(), low, f.data(), DType::f32, int64_t(v.size()));
+        return f;
+      };
+      CHECK(rel(wide(gdx.get()), wide(cdx16)) < 1e-2);
+      CHECK(rel(wide(gdw.get()), wide(cdw16)) < 1e-2);
+      CHECK(rel(wide(gdb.get()), wide(cdb16)) < 1e-2);
     }
   }
 }

@@ -83,6 +83,24 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
   convert(y.data(), DType::f32, out, t, N * OC);
 }
 
+void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
+                        int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
+  if (rt.kernels) return rt.kernels->linear_backward_16(rt, dinp, dw, dbias, dout, inp, w, t, N, C, OC, need_dinp, need_dw);
+  if (rt.is_meta()) return matmul_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C, OC, need_dinp, need_dw);
+  auto wide = [t](const void* p, int64_t n) {  // nullptr: none
+    std::vector<float> v(p ? size_t(n) : 0);
+    if (p) convert(p, t, v.data(), DType::f32, n);
+    return v;
+  };
+  std::vector<float> dy = wide(dout, N * OC), x = wide(inp, N * C), wf = wide(w, OC * C), dwf = wide(dw, OC * C), dbf = wide(dbias, OC);
+  std::vector<float> dx(dinp ? size_t(N * C) : 0);
+  matmul_backward(rt, dinp ? dx.data() : nullptr, dw ? dwf.data() : nullptr, dbias ? dbf.data() : nullptr, dy.data(),
+                  x.empty() ? nullptr : x.data(), wf.empty() ? nullptr : wf.data(), N, C, OC, need_dinp, need_dw);
+  if (dinp) convert(dx.data(), DType::f32, dinp, t, N * C);
+  if (dw) convert(dwf.data(), DType::f32, dw, t, OC * C);
+  if (dbias) convert(dbf.data(), DType::f32, dbias, t, OC);
+}
+
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                           int64_t OC) {
   for (int64_t n = 0; n < N; n++) {

@@ -15,6 +15,10 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 // output), with no f32 copies of the operands. Not called on a cpu rank (AsF32 and matmul_forward are).
 void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
                        int64_t OC);
+// matmul_backward on 16-bit tensors the same way: dinp written, dw and dbias accumulated (each rounded
+// once from f32: its old value plus the f32 product or sums), every operand read as it is.
+void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
+                        int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
 // The same with three loops, for tests and the benchmark's baseline.
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                           int64_t OC);

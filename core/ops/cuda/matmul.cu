@@ -314,6 +314,26 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
   matmul_forward_f32(rt, out, inp, w, bias, N, C, OC);
 }
 
+namespace {
+
+// An f32 copy of n values of type st (nullptr: uninitialized) in the device's cache, uncounted as AsF32's
+// scratch is: the 16-bit layers' way where cuBLAS has no kernel for their operands as they are.
+struct F32 {
+  Runtime& rt;
+  float* p = nullptr;
+  int64_t bytes;
+  F32(Runtime& r, const void* src, DType st, int64_t n) : rt(r), bytes(std::max<int64_t>(n, 1) * 4) {
+    p = static_cast<float*>(ctx(rt).allocator().alloc(bytes));
+    if (!p) throw OutOfMemoryError("no GPU memory for an f32 copy of a GEMM operand (" + std::to_string(bytes) + " bytes)", "a smaller batch");
+    if (src && n > 0) convert_on(stream(rt), src, st, p, DType::f32, n);
+  }
+  ~F32() { ctx(rt).allocator().free(p, bytes); }
+  F32(const F32&) = delete;
+  F32& operator=(const F32&) = delete;
+};
+
+}  // namespace
+
 // The cpu's linear_forward_16 in one cublasLtMatmul: the 16-bit operands as they are (no f32 copies to
 // narrow again), f32 sums, the 16-bit bias in the epilogue, and the output rounded once, where matmul_forward
 // would take f32 copies of x, w and the bias and write an f32 output to round: five passes over the
@@ -326,22 +346,32 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // matmul_forward's event
   op.gemm(0, N, OC, C);
   if (N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math)) return;
-  struct F32 {  // an f32 copy in the device's cache, uncounted as AsF32's scratch is
-    Runtime& rt;
-    float* p = nullptr;
-    int64_t bytes;
-    F32(Runtime& r, const void* src, DType st, int64_t n) : rt(r), bytes(std::max<int64_t>(n, 1) * 4) {
-      p = static_cast<float*>(ctx(rt).allocator().alloc(bytes));
-      if (!p) throw OutOfMemoryError("no GPU memory for an f32 copy of a GEMM operand (" + std::to_string(bytes) + " bytes)", "a smaller batch");
-      if (src && n > 0) convert_on(stream(rt), src, st, p, DType::f32, n);
-    }
-    ~F32() { ctx(rt).allocator().free(p, bytes); }
-    F32(const F32&) = delete;
-    F32& operator=(const F32&) = delete;
-  };
   F32 x32(rt, inp, t, N * C), w32(rt, w, t, OC * C), b32(rt, bias, t, bias ? OC : 0), y32(rt, nullptr, t, N * OC);
   matmul_forward_f32(rt, y32.p, x32.p, w32.p, bias ? b32.p : nullptr, N, C, OC);  // in rt.dtype's math: as the cpu's
   if (N * OC > 0) convert_on(stream(rt), y32.p, DType::f32, out, t, N * OC);
+}
+
+// The cpu's linear_backward_16: dX and dW as two GEMMs on the 16-bit tensors (dW accumulated with beta 1:
+// its old value plus the f32 product, rounded once), the bias gradient's column sums from an f32 copy of
+// dY (the two-pass sums of add_column_sums), where matmul_backward took f32 copies of dY, X, W, dW and the
+// bias gradient, narrowed three of them again and rounded two f32 results.
+void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
+                        int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
+  if (t != DType::bf16 && t != DType::f16)
+    throw ShapeError(std::string("linear_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes matmul_backward");
+  const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
+  OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * ((need_dinp ? 1 : 0) + (need_dw ? 1 : 0)),
+             4.0 * ((need_dinp ? N * C : 0) + (need_dw ? N * C + 2 * OC * C : OC * C) + N * OC));  // matmul_backward's event
+  int g = 0;
+  if (need_dw) op.gemm(g++, OC, C, N);
+  if (need_dinp) op.gemm(g++, N, C, OC);
+  if (need_dinp && dinp) blas(rt, false, false, N, C, OC, 1.0f, dout, t, OC, w, t, C, 0.0f, dinp, t, C, math);  // (N,OC)@(OC,C)
+  if (need_dw && dw) blas(rt, true, false, OC, C, N, 1.0f, dout, t, OC, inp, t, C, 1.0f, dw, t, C, math);       // (OC,N)@(N,C)
+  if (dbias && N > 0 && OC > 0) {
+    F32 dy(rt, dout, t, N * OC), db(rt, dbias, t, OC);
+    add_column_sums(rt, db.p, dy.p, N, OC, "matmul_backward bias");
+    convert_on(stream(rt), db.p, DType::f32, dbias, t, OC);
+  }
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,

@@ -45,6 +45,8 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 // the cpu's linear_forward_16 (core/ops/cpu/matmul.h) in one cublasLtMatmul on the 16-bit tensors
 void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
                        int64_t OC);
+void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
+                        int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true, bool need_dw = true);
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
