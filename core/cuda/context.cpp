@@ -88,6 +88,9 @@ CudaContext::CudaContext(int device) : device_(device) {
   // cuBLAS's own workspace from us, so that its use is bound to our stream
   DL_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
   DL_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
+  // a GEMM with a 16-bit output adds split-K partial sums in f32, never in 16 bits (PyTorch allows the
+  // latter by default): the output is rounded once from the f32 sums, as the cpu's forms round it
+  DL_CUBLAS(cublasSetMathMode(blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   DL_CUBLAS(cublasLtCreate(&blas_lt_));
 }
 

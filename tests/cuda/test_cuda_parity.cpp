@@ -469,6 +469,13 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       convert(gout.get().data(), low, got.data(), DType::f32, int64_t(got.size()));
       INFO("linear_forward_16 in " << dtype_name(low));
       CHECK(rel(got, a) < 1e-2);
+      if (with_bias) {  // a bias 2 bytes into its buffer (a flat parameter buffer's): the epilogue takes an aligned copy
+        std::vector<uint16_t> shifted(1, 0);
+        shifted.insert(shifted.end(), b16.begin(), b16.end());
+        Dev<uint16_t> gbs(shifted), gout2(N * OC);
+        cuda::linear_forward_16(g.gpu, gout2.p, gx.p, gw.p, gbs.p + 1, low, N, C, OC);
+        CHECK(gout2.get() == gout.get());
+      }
       // linear_backward_16: dX written, dW and the bias gradient accumulated onto what they held
       std::vector<uint16_t> dy16(dy.size()), dw16(dw0.size()), db16(db0.size());
       convert(dy.data(), DType::f32, dy16.data(), low, int64_t(dy.size()));
@@ -487,6 +494,14 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       CHECK(rel(wide(gdx.get()), wide(cdx16)) < 1e-2);
       CHECK(rel(wide(gdw.get()), wide(cdw16)) < 1e-2);
       CHECK(rel(wide(gdb.get()), wide(cdb16)) < 1e-2);
+      {  // a frozen weight (no dW) and a first layer (no dX): each GEMM alone
+        Dev<uint16_t> fdx(N * C), fdw(dw16), fdb(db16);
+        cuda::linear_backward_16(g.gpu, fdx.p, nullptr, nullptr, gdy.p, gx.p, gw.p, low, N, C, OC, true, false);
+        cuda::linear_backward_16(g.gpu, nullptr, fdw.p, with_bias ? fdb.p : nullptr, gdy.p, gx.p, nullptr, low, N, C, OC, false, true);
+        CHECK(fdx.get() == gdx.get());
+        CHECK(fdw.get() == gdw.get());
+        if (with_bias) CHECK(fdb.get() == gdb.get());
+      }
     }
   }
 }

@@ -98,6 +98,10 @@ bool lt_bias(Runtime& rt, void* out, DType out_t, const void* x, const void* w, 
   const uint64_t workspace = CudaContext::kBlasWorkspace;
   const uint32_t align_a = alignment_of(w), align_b = alignment_of(x), align_d = alignment_of(out);
   DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  // split-K partial sums in f32 only (the cuBLAS handle's DISALLOW_REDUCED_PRECISION_REDUCTION, which
+  // cuBLASLt does not read): a 16-bit output is rounded once
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction)));
   DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
   DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
   DL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
@@ -345,7 +349,19 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
   const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // matmul_forward's event
   op.gemm(0, N, OC, C);
-  if (N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math)) return;
+  if (N > 0 && C > 0 && OC > 0) {
+    if (bias && alignment_of(bias) < 16) {  // a flat buffer's bias at any 2-byte offset: the epilogue's copy of it
+      void* aligned = ctx(rt).allocator().alloc(OC * 2);  // the allocator's blocks are 256-byte aligned or more
+      if (aligned) {
+        DL_CUDA(cudaMemcpyAsync(aligned, bias, size_t(OC * 2), cudaMemcpyDeviceToDevice, stream(rt)));
+        const bool done = lt_bias(rt, out, t, inp, w, t, aligned, N, C, OC, math);
+        ctx(rt).allocator().free(aligned, OC * 2);  // stream-ordered: after the GEMM that reads it
+        if (done) return;
+      }
+    } else if (lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math)) {
+      return;
+    }
+  }
   F32 x32(rt, inp, t, N * C), w32(rt, w, t, OC * C), b32(rt, bias, t, bias ? OC : 0), y32(rt, nullptr, t, N * OC);
   matmul_forward_f32(rt, y32.p, x32.p, w32.p, bias ? b32.p : nullptr, N, C, OC);  // in rt.dtype's math: as the cpu's
   if (N * OC > 0) convert_on(stream(rt), y32.p, DType::f32, out, t, N * OC);
