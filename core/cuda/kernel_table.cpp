@@ -12,6 +12,10 @@ const Kernels& kernel_table() {
     t.relu_backward = &cuda::relu_backward;
     t.gelu_forward = &cuda::gelu_forward;
     t.gelu_backward = &cuda::gelu_backward;
+    t.gelu_forward_16 = &cuda::gelu_forward_16;
+    t.gelu_backward_16 = &cuda::gelu_backward_16;
+    t.add_16 = &cuda::add_16;
+    t.accumulate_16 = &cuda::accumulate_16;
     t.dropout_forward = &cuda::dropout_forward;
     t.dropout_backward = &cuda::dropout_backward;
     t.add_forward = &cuda::add_forward;
@@ -28,6 +32,7 @@ const Kernels& kernel_table() {
     t.conv2d_forward = &cuda::conv2d_forward;
     t.conv2d_backward = &cuda::conv2d_backward;
     t.layernorm_forward = &cuda::layernorm_forward;
+    t.layernorm_forward_16 = &cuda::layernorm_forward_16;
     t.layernorm_backward = &cuda::layernorm_backward;
     t.batchnorm_stats = &cuda::batchnorm_stats;
     t.batchnorm_apply = &cuda::batchnorm_apply;

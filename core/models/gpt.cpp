@@ -170,6 +170,10 @@ Tensor Block::backward(Runtime& rt, const Tensor& dout) {
 // out = x + branch, in the stream's dtype (computed in f32, rounded once: pointwise, autocast's input rule)
 Tensor Block::residual_add(Runtime& rt, const Tensor& x, const Tensor& branch) {
   Tensor out = rt.empty(x.shape(), Category::activations, "residual stream", x.dtype());
+  if (rt.kernels && x.dtype() != DType::f32 && branch.dtype() == x.dtype()) {  // a device rank's 16 bits as they are
+    add_16(rt, out.data(), x.data(), branch.data(), x.dtype(), x.numel());
+    return out;
+  }
   AsF32 o(rt, out, AsF32::out), a(rt, x), b(rt, branch);
   add_forward(rt, o.p, a.p, b.p, x.numel());
   o.store();
@@ -178,6 +182,7 @@ Tensor Block::residual_add(Runtime& rt, const Tensor& x, const Tensor& branch) {
 
 // d += g: the residual passes its gradient through to the branch's input gradient
 void Block::residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g) {
+  if (rt.kernels && d.dtype() != DType::f32 && g.dtype() == d.dtype()) return accumulate_16(rt, d.data(), g.data(), d.dtype(), g.numel());
   AsF32 df(rt, d, AsF32::inout), gf(rt, g);
   accumulate(rt, df.p, gf.p, g.numel());
   df.store();

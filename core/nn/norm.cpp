@@ -30,9 +30,16 @@ Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
   Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
   mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");  // f32 statistics (autocast's fp32 list)
   rstd_ = rt.empty({N}, Category::activations, "LayerNorm rstd");
-  AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data), b(rt, bias.data);
-  layernorm_forward(rt, y.p, mean_.f32(), rstd_.f32(), xf.p, w.p, b.p, N, C_, eps_);
-  y.store();
+  const DType t = rt.dtype;
+  if (rt.kernels && t != DType::f32 && x.dtype() == t && weight.data.defined() && weight.data.dtype() == t && bias.data.defined() &&
+      bias.data.dtype() == t) {
+    // a device rank reads and writes the 16 bits themselves (the statistics stay f32)
+    layernorm_forward_16(rt, out.data(), mean_.f32(), rstd_.f32(), x.data(), weight.data.data(), bias.data.data(), t, N, C_, eps_);
+  } else {
+    AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data), b(rt, bias.data);
+    layernorm_forward(rt, y.p, mean_.f32(), rstd_.f32(), xf.p, w.p, b.p, N, C_, eps_);
+    y.store();
+  }
   saved_x_ = x;
   return out;
 }

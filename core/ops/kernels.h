@@ -53,6 +53,12 @@ struct Kernels {
   void (*relu_backward)(Runtime&, float* dinp, const float* dout, const float* out, int64_t n);
   void (*gelu_forward)(Runtime&, float* out, const float* inp, int64_t n);
   void (*gelu_backward)(Runtime&, float* dinp, const float* dout, const float* inp, int64_t n);
+  void (*gelu_forward_16)(Runtime&, void* out, const void* inp, DType t, int64_t n);
+  void (*gelu_backward_16)(Runtime&, void* dinp, const void* dout, const void* inp, DType t, int64_t n);
+  void (*add_16)(Runtime&, void* out, const void* a, const void* b, DType t, int64_t n);
+  void (*layernorm_forward_16)(Runtime&, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                               DType t, int64_t N, int64_t C, float eps);
+  void (*accumulate_16)(Runtime&, void* dst, const void* src, DType t, int64_t n);
   void (*dropout_forward)(Runtime&, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed);
   void (*dropout_backward)(Runtime&, float* dinp, const float* dout, const float* mask, int64_t n);
   void (*add_forward)(Runtime&, float* out, const float* a, const float* b, int64_t n);

@@ -124,6 +124,26 @@ void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
   distlab::gelu_forward(rt, dev(out, "gelu_forward"), dev(inp, "gelu_forward"), n);
 }
 
+void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::gelu_forward_16(rt, dev(out, "gelu_forward_16"), dev(inp, "gelu_forward_16"), t, n);
+}
+
+void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::gelu_backward_16(rt, dev(dinp, "gelu_backward_16"), dev(dout, "gelu_backward_16"), dev(inp, "gelu_backward_16"), t, n);
+}
+
+void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::add_16(rt, dev(out, "add_16"), dev(a, "add_16"), dev(b, "add_16"), t, n);
+}
+
+void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  distlab::accumulate_16(rt, dev(dst, "accumulate_16"), dev(src, "accumulate_16"), t, n);
+}
+
 void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n) {
   HostKernels cpu(rt);
   distlab::gelu_backward(rt, dev(dinp, "gelu_backward"), dev(dout, "gelu_backward"), dev(inp, "gelu_backward"), n);
@@ -205,6 +225,13 @@ void conv2d_forward(Runtime& rt, float* out, float* col, const float* inp, const
 void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* col, const float* w, const ConvShape& s, bool need_dinp) {
   HostKernels cpu(rt);
   distlab::conv2d_backward(rt, dev(dinp, "conv2d_backward"), dev(dw, "conv2d_backward"), dev(dbias, "conv2d_backward"), dev(dout, "conv2d_backward"), dev(col, "conv2d_backward"), dev(w, "conv2d_backward"), s, need_dinp);
+}
+
+void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias, DType t,
+                          int64_t N, int64_t C, float eps) {
+  HostKernels cpu(rt);
+  const char* k = "layernorm_forward_16";
+  distlab::layernorm_forward_16(rt, dev(out, k), dev(mean, k), dev(rstd, k), dev(inp, k), dev(weight, k), dev(bias, k), t, N, C, eps);
 }
 
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
@@ -421,6 +448,10 @@ const Kernels& sim_kernels() {
     t.relu_backward = sim::relu_backward;
     t.gelu_forward = sim::gelu_forward;
     t.gelu_backward = sim::gelu_backward;
+    t.gelu_forward_16 = sim::gelu_forward_16;
+    t.gelu_backward_16 = sim::gelu_backward_16;
+    t.add_16 = sim::add_16;
+    t.accumulate_16 = sim::accumulate_16;
     t.dropout_forward = sim::dropout_forward;
     t.dropout_backward = sim::dropout_backward;
     t.add_forward = sim::add_forward;
@@ -437,6 +468,7 @@ const Kernels& sim_kernels() {
     t.conv2d_forward = sim::conv2d_forward;
     t.conv2d_backward = sim::conv2d_backward;
     t.layernorm_forward = sim::layernorm_forward;
+    t.layernorm_forward_16 = sim::layernorm_forward_16;
     t.layernorm_backward = sim::layernorm_backward;
     t.batchnorm_stats = sim::batchnorm_stats;
     t.batchnorm_apply = sim::batchnorm_apply;

@@ -135,6 +135,33 @@ TEST_CASE("pointwise kernels: relu, gelu, add, accumulate and their backward", "
   gelu_backward(g.cpu, cg.data(), dy.data(), x.data(), n);
   cuda::gelu_backward(g.gpu, grad.p, ddy.p, dx2.p, n);
   CHECK(rel(grad.get(), cg) < kF32);
+  for (DType low : {DType::bf16, DType::f16}) {  // on the 16-bit tensors themselves: the cpu's within a rounding
+    INFO("gelu in " << dtype_name(low));
+    std::vector<uint16_t> x16(x.size()), dy16(dy.size()), cy(x.size()), cdx(x.size());
+    convert(x.data(), DType::f32, x16.data(), low, n);
+    convert(dy.data(), DType::f32, dy16.data(), low, n);
+    gelu_forward_16(g.cpu, cy.data(), x16.data(), low, n);
+    gelu_backward_16(g.cpu, cdx.data(), dy16.data(), x16.data(), low, n);
+    Dev<uint16_t> gx(x16), gdy(dy16), gy(n), gdx(n);
+    cuda::gelu_forward_16(g.gpu, gy.p, gx.p, low, n);
+    cuda::gelu_backward_16(g.gpu, gdx.p, gdy.p, gx.p, low, n);
+    auto wide = [low, n](const std::vector<uint16_t>& v) {
+      std::vector<float> f(v.size());
+      convert(v.data(), low, f.data(), DType::f32, n);
+      return f;
+    };
+    CHECK(rel(wide(gy.get()), wide(cy)) < 1e-2);
+    CHECK(rel(wide(gdx.get()), wide(cdx)) < 1e-2);
+    // the residual stream's add and accumulate: one f32 add, rounded once: the cpu's bits
+    std::vector<uint16_t> csum(x.size()), cacc = x16;
+    add_16(g.cpu, csum.data(), x16.data(), dy16.data(), low, n);
+    accumulate_16(g.cpu, cacc.data(), dy16.data(), low, n);
+    Dev<uint16_t> gsum(n), gacc(x16);
+    cuda::add_16(g.gpu, gsum.p, gx.p, gdy.p, low, n);
+    cuda::accumulate_16(g.gpu, gacc.p, gdy.p, low, n);
+    CHECK(gsum.get() == csum);
+    CHECK(gacc.get() == cacc);
+  }
 
   add_forward(g.cpu, co.data(), x.data(), dy.data(), n);
   cuda::add_forward(g.gpu, out.p, dx2.p, ddy.p, n);
@@ -546,6 +573,24 @@ TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
     CHECK(rel(gx.get(), cdx) < kF32);
     CHECK(rel(gw.get(), cdw) < kF32);
     CHECK(rel(gb.get(), cdb) < kF32);
+    for (DType low : {DType::bf16, DType::f16}) {  // the forward on 16-bit tensors: the f32 statistics, the output within a rounding
+      INFO("layernorm_forward_16 in " << dtype_name(low));
+      std::vector<uint16_t> x16(x.size()), w16(w.size()), b16(b.size()), cy(x.size());
+      convert(x.data(), DType::f32, x16.data(), low, N * C);
+      convert(w.data(), DType::f32, w16.data(), low, C);
+      convert(b.data(), DType::f32, b16.data(), low, C);
+      std::vector<float> cm16(static_cast<size_t>(N)), cr16(static_cast<size_t>(N));
+      layernorm_forward_16(g.cpu, cy.data(), cm16.data(), cr16.data(), x16.data(), w16.data(), b16.data(), low, N, C, 1e-5f);
+      Dev<uint16_t> gx16(x16), gw16(w16), gb16(b16), gy(N * C);
+      Dev<float> gm(N), gr(N);
+      cuda::layernorm_forward_16(g.gpu, gy.p, gm.p, gr.p, gx16.p, gw16.p, gb16.p, low, N, C, 1e-5f);
+      std::vector<float> a(x.size()), got(x.size());
+      convert(cy.data(), low, a.data(), DType::f32, N * C);
+      convert(gy.get().data(), low, got.data(), DType::f32, N * C);
+      CHECK(rel(got, a) < 1e-2);
+      CHECK(rel(gm.get(), cm16) < kF32);
+      CHECK(rel(gr.get(), cr16) < kF32);
+    }
   }
   {
     const int64_t B = 6, C = 7, HW = 50;

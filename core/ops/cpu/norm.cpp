@@ -1,11 +1,25 @@
 #include "core/ops/cpu/norm.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
+#include "core/tensor/dtype.h"
 
 namespace distlab {
+
+void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                          DType t, int64_t N, int64_t C, float eps) {
+  if (rt.kernels) return rt.kernels->layernorm_forward_16(rt, out, mean, rstd, inp, weight, bias, t, N, C, eps);
+  if (rt.is_meta()) return layernorm_forward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C, eps);
+  std::vector<float> x(static_cast<size_t>(N * C)), w(static_cast<size_t>(C)), b(static_cast<size_t>(C)), y(static_cast<size_t>(N * C));
+  convert(inp, t, x.data(), DType::f32, N * C);
+  convert(weight, t, w.data(), DType::f32, C);
+  convert(bias, t, b.data(), DType::f32, C);
+  layernorm_forward(rt, y.data(), mean, rstd, x.data(), w.data(), b.data(), N, C, eps);
+  convert(y.data(), DType::f32, out, t, N * C);
+}
 
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps) {

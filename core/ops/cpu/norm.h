@@ -9,6 +9,10 @@ namespace distlab {
 // out (N, C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) saved for backward.
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps);
+// The same on 16-bit out, inp, weight and bias (t: bf16 or f16; the statistics f32), as a device rank's
+// LayerNorm calls it: widened exactly, the f32 kernel, the output rounded once. The cpu form for cuda-sim.
+void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                          DType t, int64_t N, int64_t C, float eps);
 // dinp (N, C) overwritten; dweight, dbias (C) accumulated
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);

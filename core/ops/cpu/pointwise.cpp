@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/ops/cpu/tanh.h"
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
+#include "core/tensor/dtype.h"
 #include "core/util/rng.h"
 
 namespace distlab {
@@ -43,6 +45,45 @@ void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
     float cube = 0.044715f * x * x * x;
     out[i] = 0.5f * x * (1.0f + fast_tanhf(kGeluScale * (x + cube)));  // std::tanh's to 1.34 ulp (cpu/tanh.h)
   }
+}
+
+void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n) {
+  if (rt.kernels) return rt.kernels->gelu_forward_16(rt, out, inp, t, n);
+  if (rt.is_meta()) return gelu_forward(rt, nullptr, nullptr, n);  // its event
+  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+  convert(inp, t, x.data(), DType::f32, n);
+  gelu_forward(rt, y.data(), x.data(), n);
+  convert(y.data(), DType::f32, out, t, n);
+}
+
+void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n) {
+  if (rt.kernels) return rt.kernels->gelu_backward_16(rt, dinp, dout, inp, t, n);
+  if (rt.is_meta()) return gelu_backward(rt, nullptr, nullptr, nullptr, n);
+  std::vector<float> dy(static_cast<size_t>(n)), x(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
+  convert(dout, t, dy.data(), DType::f32, n);
+  convert(inp, t, x.data(), DType::f32, n);
+  gelu_backward(rt, dx.data(), dy.data(), x.data(), n);
+  convert(dx.data(), DType::f32, dinp, t, n);
+}
+
+void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n) {
+  if (rt.kernels) return rt.kernels->add_16(rt, out, a, b, t, n);
+  if (rt.is_meta()) return add_forward(rt, nullptr, nullptr, nullptr, n);
+  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n)), z(static_cast<size_t>(n));
+  convert(a, t, x.data(), DType::f32, n);
+  convert(b, t, y.data(), DType::f32, n);
+  add_forward(rt, z.data(), x.data(), y.data(), n);
+  convert(z.data(), DType::f32, out, t, n);
+}
+
+void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n) {
+  if (rt.kernels) return rt.kernels->accumulate_16(rt, dst, src, t, n);
+  if (rt.is_meta()) return accumulate(rt, nullptr, nullptr, n);
+  std::vector<float> d(static_cast<size_t>(n)), s(static_cast<size_t>(n));
+  convert(dst, t, d.data(), DType::f32, n);
+  convert(src, t, s.data(), DType::f32, n);
+  accumulate(rt, d.data(), s.data(), n);
+  convert(d.data(), DType::f32, dst, t, n);
 }
 
 void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n) {

@@ -2,24 +2,37 @@
 // channel (BatchNorm) is one block of 256 threads reducing with block_sum; the per-column sums of the
 // LayerNorm weight gradients are one thread per column over the rows in order. The cpu kernels sum in
 // double, these in f32 pairwise (a tree): the parity test allows 1e-5 relative.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "core/ops/cuda/common.cuh"
 
 namespace distlab::cuda {
 
 namespace {
 
-__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                    const float* bias, int64_t C, float eps) {
+// a value as f32 (16 bits widen exactly), and stored from f32 (rounded to nearest): the f32 kernel's
+// arithmetic on any storage type
+__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float ld(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+
+template <class T>
+__global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t C,
+                                    float eps) {
   const int64_t n = blockIdx.x;
-  const float* x = inp + n * C;
+  const T* x = inp + n * C;
   float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += ld(x, i);
   const float m = block_sum(s) / float(C);
   float v = 0.0f;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (ld(x, i) - m) * (ld(x, i) - m);
   const float r = rsqrtf(block_sum(v) / float(C) + eps);
-  float* o = out + n * C;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) o[i] = ((x[i] - m) * r) * weight[i] + bias[i];
+  T* o = out + n * C;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) st(o, i, ((ld(x, i) - m) * r) * ld(weight, i) + ld(bias, i));
   if (threadIdx.x == 0) {
     mean[n] = m;
     rstd[n] = r;
@@ -130,6 +143,24 @@ void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const 
   if (N == 0) return;
   layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(out, mean, rstd, inp, weight, bias, C, eps);
   DL_CUDA_LAUNCHED("layernorm_forward");
+}
+
+void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                          DType t, int64_t N, int64_t C, float eps) {
+  OpScope op(rt, "layernorm_forward", 8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));  // layernorm_forward's event
+  if (N == 0) return;
+  if (t == DType::bf16) {
+    using B = __nv_bfloat16;
+    layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(static_cast<B*>(out), mean, rstd, static_cast<const B*>(inp),
+                                                                   static_cast<const B*>(weight), static_cast<const B*>(bias), C, eps);
+  } else if (t == DType::f16) {
+    using H = __half;
+    layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(static_cast<H*>(out), mean, rstd, static_cast<const H*>(inp),
+                                                                   static_cast<const H*>(weight), static_cast<const H*>(bias), C, eps);
+  } else {
+    throw ShapeError(std::string("layernorm_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes layernorm_forward");
+  }
+  DL_CUDA_LAUNCHED("layernorm_forward_16");
 }
 
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

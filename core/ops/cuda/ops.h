@@ -27,6 +27,10 @@ void relu_forward(Runtime& rt, float* out, const float* inp, int64_t n);
 void relu_backward(Runtime& rt, float* dinp, const float* dout, const float* out, int64_t n);
 void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n);
 void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp, int64_t n);
+void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n);
+void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n);
+void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n);
+void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n);
 // The mask comes from a counter-based hash of (seed, i), not the cpu kernel's sequential stream: the same
 // seed gives the same mask on every run and GPU, but not the cpu's mask (as torch's CPU and CUDA
 // generators differ).
@@ -74,6 +78,8 @@ void conv2d_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const fl
                      const float* w, const ConvShape& s, bool need_dinp = true);
 
 // ---- norm.cu ----
+void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
+                          DType t, int64_t N, int64_t C, float eps);
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps);
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

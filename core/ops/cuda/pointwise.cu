@@ -1,5 +1,8 @@
 // Elementwise kernels on the GPU: one thread per element (a grid-stride loop), the formulas of
 // core/ops/cpu/pointwise.cpp. Read that file first; only what differs is commented here.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "core/ops/cuda/common.cuh"
 
 namespace distlab::cuda {
@@ -14,19 +17,46 @@ __global__ void relu_forward_k(float* out, const float* inp, int64_t n) {
 __global__ void relu_backward_k(float* dinp, const float* dout, const float* out, int64_t n) {
   DL_GRID_LOOP(i, n) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
+__device__ __forceinline__ float gelu_of(float x) {
+  const float cube = 0.044715f * x * x * x;
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube)));
+}
+__device__ __forceinline__ float gelu_grad(float x, float dy) {
+  const float cube = 0.044715f * x * x * x;
+  const float t = tanhf(kGeluScale * (x + cube)), sech2 = 1.0f - t * t;
+  const float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  return local * dy;
+}
 __global__ void gelu_forward_k(float* out, const float* inp, int64_t n) {
-  DL_GRID_LOOP(i, n) {
-    const float x = inp[i], cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube)));
-  }
+  DL_GRID_LOOP(i, n) out[i] = gelu_of(inp[i]);
 }
 __global__ void gelu_backward_k(float* dinp, const float* dout, const float* inp, int64_t n) {
-  DL_GRID_LOOP(i, n) {
-    const float x = inp[i], cube = 0.044715f * x * x * x;
-    const float t = tanhf(kGeluScale * (x + cube)), sech2 = 1.0f - t * t;
-    const float local = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = local * dout[i];
-  }
+  DL_GRID_LOOP(i, n) dinp[i] = gelu_grad(inp[i], dout[i]);
+}
+// The 16-bit forms: the same f32 formula between an exact widening and one round-to-nearest narrowing
+__device__ __forceinline__ float wide(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float wide(__half v) { return __half2float(v); }
+template <class T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+template <class T>
+__global__ void gelu_forward16_k(T* out, const T* inp, int64_t n) {
+  DL_GRID_LOOP(i, n) out[i] = narrow<T>(gelu_of(wide(inp[i])));
+}
+template <class T>
+__global__ void gelu_backward16_k(T* dinp, const T* dout, const T* inp, int64_t n) {
+  DL_GRID_LOOP(i, n) dinp[i] = narrow<T>(gelu_grad(wide(inp[i]), wide(dout[i])));
+}
+template <class T>
+__global__ void add16_k(T* out, const T* a, const T* b, int64_t n) {
+  DL_GRID_LOOP(i, n) out[i] = narrow<T>(__fadd_rn(wide(a[i]), wide(b[i])));
+}
+template <class T>
+__global__ void accumulate16_k(T* dst, const T* src, int64_t n) {
+  DL_GRID_LOOP(i, n) dst[i] = narrow<T>(__fadd_rn(wide(dst[i]), wide(src[i])));
 }
 // splitmix64 of (seed, i): element i's random number depends on nothing else, so threads need no state
 __device__ inline float uniform_at(uint64_t seed, uint64_t i) {
@@ -106,6 +136,57 @@ void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp
   OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
   gelu_backward_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(dinp, dout, inp, n);
   DL_CUDA_LAUNCHED("gelu_backward");
+}
+
+void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n) {
+  OpScope op(rt, "gelu_forward", 10.0 * n, 8.0 * n);
+  if (n == 0) return;
+  if (t == DType::bf16)
+    gelu_forward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(inp), n);
+  else if (t == DType::f16)
+    gelu_forward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(out), static_cast<const __half*>(inp), n);
+  else
+    throw ShapeError(std::string("gelu_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes gelu_forward");
+  DL_CUDA_LAUNCHED("gelu_forward_16");
+}
+
+void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n) {
+  OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
+  if (n == 0) return;
+  if (t == DType::bf16)
+    gelu_backward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(dinp), static_cast<const __nv_bfloat16*>(dout),
+                                                                  static_cast<const __nv_bfloat16*>(inp), n);
+  else if (t == DType::f16)
+    gelu_backward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(dinp), static_cast<const __half*>(dout),
+                                                                  static_cast<const __half*>(inp), n);
+  else
+    throw ShapeError(std::string("gelu_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes gelu_backward");
+  DL_CUDA_LAUNCHED("gelu_backward_16");
+}
+
+void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n) {
+  OpScope op(rt, "add", double(n), 12.0 * n);
+  if (n == 0) return;
+  if (t == DType::bf16)
+    add16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(a),
+                                                        static_cast<const __nv_bfloat16*>(b), n);
+  else if (t == DType::f16)
+    add16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(out), static_cast<const __half*>(a), static_cast<const __half*>(b), n);
+  else
+    throw ShapeError(std::string("add_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes add_forward");
+  DL_CUDA_LAUNCHED("add_16");
+}
+
+void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n) {
+  OpScope op(rt, "accumulate", double(n), 12.0 * n);
+  if (n == 0) return;
+  if (t == DType::bf16)
+    accumulate16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), n);
+  else if (t == DType::f16)
+    accumulate16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(dst), static_cast<const __half*>(src), n);
+  else
+    throw ShapeError(std::string("accumulate_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes accumulate");
+  DL_CUDA_LAUNCHED("accumulate_16");
 }
 
 void dropout_forward(Runtime& rt, float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed) {
