@@ -167,8 +167,9 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   CHECK(clipped);
   // the device's own allocator, measured, against the accounting (the sim's blocks are the accounted bytes
   // rounded to 64, and it caches nothing). In f32 every byte the device held was counted; in bf16 the
-  // device also holds the f32 copies its f32 kernels read (AsF32's scratch, uncounted: PyTorch's kernels
-  // read 16 bits), and the measured peak shows them. None on a cpu rank.
+  // device also holds the f32 copies the kernels without a 16-bit form read (AsF32's scratch, uncounted:
+  // attention, the loss's logits, the norms' backward; the Linear, GELU, residual and LayerNorm forward read
+  // their 16 bits), and the measured peak shows them. None on a cpu rank.
   REQUIRE(!sim.summary.is_null());
   const auto held_counted = [](const TrainRun& r) {
     return std::pair{r.summary["peak_memory_device_measured"].get<double>(), r.summary["peak_memory_total"].get<double>()};

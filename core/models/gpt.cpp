@@ -170,7 +170,8 @@ Tensor Block::backward(Runtime& rt, const Tensor& dout) {
 // out = x + branch, in the stream's dtype (computed in f32, rounded once: pointwise, autocast's input rule)
 Tensor Block::residual_add(Runtime& rt, const Tensor& x, const Tensor& branch) {
   Tensor out = rt.empty(x.shape(), Category::activations, "residual stream", x.dtype());
-  if (rt.kernels && x.dtype() != DType::f32 && branch.dtype() == x.dtype()) {  // a device rank's 16 bits as they are
+  const bool half = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  if (rt.kernels && half && branch.dtype() == x.dtype()) {  // a device rank's 16 bits as they are
     add_16(rt, out.data(), x.data(), branch.data(), x.dtype(), x.numel());
     return out;
   }
@@ -182,7 +183,8 @@ Tensor Block::residual_add(Runtime& rt, const Tensor& x, const Tensor& branch) {
 
 // d += g: the residual passes its gradient through to the branch's input gradient
 void Block::residual_accumulate(Runtime& rt, Tensor& d, const Tensor& g) {
-  if (rt.kernels && d.dtype() != DType::f32 && g.dtype() == d.dtype()) return accumulate_16(rt, d.data(), g.data(), d.dtype(), g.numel());
+  if (rt.kernels && (d.dtype() == DType::bf16 || d.dtype() == DType::f16) && g.dtype() == d.dtype())
+    return accumulate_16(rt, d.data(), g.data(), d.dtype(), g.numel());
   AsF32 df(rt, d, AsF32::inout), gf(rt, g);
   accumulate(rt, df.p, gf.p, g.numel());
   df.store();

@@ -28,7 +28,7 @@ Tensor ReLU::backward(Runtime& rt, const Tensor& dout) {
 
 Tensor GELU::forward(Runtime& rt, const Tensor& x) {
   Tensor out = rt.empty(x.shape(), Category::activations, "output of GELU", x.dtype());
-  if (rt.kernels && x.dtype() != DType::f32) {  // a device rank reads and writes the 16 bits themselves
+  if (rt.kernels && (x.dtype() == DType::bf16 || x.dtype() == DType::f16)) {  // a device rank reads and writes the 16 bits themselves
     gelu_forward_16(rt, out.data(), x.data(), x.dtype(), x.numel());
   } else {
     AsF32 y(rt, out, AsF32::out), xf(rt, x);
@@ -41,7 +41,7 @@ Tensor GELU::forward(Runtime& rt, const Tensor& x) {
 
 Tensor GELU::backward(Runtime& rt, const Tensor& dout) {
   Tensor dx = rt.empty(dout.shape(), Category::activations, "grad of GELU", dout.dtype());
-  if (rt.kernels && dout.dtype() != DType::f32 && saved_x_.dtype() == dout.dtype()) {
+  if (rt.kernels && (dout.dtype() == DType::bf16 || dout.dtype() == DType::f16) && saved_x_.dtype() == dout.dtype()) {
     gelu_backward_16(rt, dx.data(), dout.data(), saved_x_.data(), dout.dtype(), dout.numel());
   } else {
     AsF32 d(rt, dx, AsF32::out), dy(rt, dout), xf(rt, saved_x_);
