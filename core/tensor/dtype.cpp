@@ -141,6 +141,12 @@ static void to_f16_x8(const float*, uint16_t*, int64_t) {}
 static void from_f16_x8(const uint16_t*, float*, int64_t) {}
 #endif
 
+std::vector<float> widened(const void* src, DType t, int64_t n) {
+  std::vector<float> v(src ? static_cast<size_t>(n) : 0);
+  if (src) convert(src, t, v.data(), DType::f32, n);
+  return v;
+}
+
 void convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
   if (st == dt) {
     std::memcpy(dst, src, size_t(n) * dtype_size(st));

@@ -5,6 +5,7 @@
 // that moves tensors as f32 (a checkpoint, a broadcast) carries them bit for bit.
 #pragma once
 #include <cstdint>
+#include <vector>
 #include <string>
 
 namespace distlab {
@@ -27,6 +28,9 @@ float f16_to_f32(uint16_t h);
 
 // Converts n elements between storage types (src and dst may not overlap). To u8: rounded, clamped to 0..255.
 void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
+// n values of type t as f32, in a vector of their own (empty for nullptr): the cpu's 16-bit kernel forms
+// widen their operands with it, run the f32 kernel and convert the result back once
+std::vector<float> widened(const void* src, DType t, int64_t n);
 
 // The f32 value nearest to what storing v as `t` and reading it back gives (v itself for f32): fp16 turns
 // 65520 and above into inf and 2^-25 and below into 0; bf16 keeps f32's range and drops 16 mantissa bits.

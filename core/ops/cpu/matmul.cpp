@@ -75,10 +75,7 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
                        int64_t OC) {
   if (rt.kernels) return rt.kernels->linear_forward_16(rt, out, inp, w, bias, t, N, C, OC);
   if (rt.is_meta()) return matmul_forward(rt, nullptr, nullptr, nullptr, nullptr, N, C, OC);  // its event, no values
-  std::vector<float> x(size_t(N * C)), wf(size_t(OC * C)), b(bias ? size_t(OC) : 0), y(size_t(N * OC));
-  convert(inp, t, x.data(), DType::f32, N * C);
-  convert(w, t, wf.data(), DType::f32, OC * C);
-  if (bias) convert(bias, t, b.data(), DType::f32, OC);
+  std::vector<float> x = widened(inp, t, N * C), wf = widened(w, t, OC * C), b = widened(bias, t, OC), y(size_t(N * OC));
   matmul_forward(rt, y.data(), x.data(), wf.data(), bias ? b.data() : nullptr, N, C, OC);
   convert(y.data(), DType::f32, out, t, N * OC);
 }
@@ -87,12 +84,8 @@ void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const vo
                         int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
   if (rt.kernels) return rt.kernels->linear_backward_16(rt, dinp, dw, dbias, dout, inp, w, t, N, C, OC, need_dinp, need_dw);
   if (rt.is_meta()) return matmul_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C, OC, need_dinp, need_dw);
-  auto wide = [t](const void* p, int64_t n) {  // nullptr: none
-    std::vector<float> v(p ? size_t(n) : 0);
-    if (p) convert(p, t, v.data(), DType::f32, n);
-    return v;
-  };
-  std::vector<float> dy = wide(dout, N * OC), x = wide(inp, N * C), wf = wide(w, OC * C), dwf = wide(dw, OC * C), dbf = wide(dbias, OC);
+  std::vector<float> dy = widened(dout, t, N * OC), x = widened(inp, t, N * C), wf = widened(w, t, OC * C), dwf = widened(dw, t, OC * C),
+                     dbf = widened(dbias, t, OC);
   std::vector<float> dx(dinp ? size_t(N * C) : 0);
   matmul_backward(rt, dinp ? dx.data() : nullptr, dw ? dwf.data() : nullptr, dbias ? dbf.data() : nullptr, dy.data(),
                   x.empty() ? nullptr : x.data(), wf.empty() ? nullptr : wf.data(), N, C, OC, need_dinp, need_dw);

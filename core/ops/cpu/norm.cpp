@@ -13,10 +13,7 @@ void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, cons
                           DType t, int64_t N, int64_t C, float eps) {
   if (rt.kernels) return rt.kernels->layernorm_forward_16(rt, out, mean, rstd, inp, weight, bias, t, N, C, eps);
   if (rt.is_meta()) return layernorm_forward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C, eps);
-  std::vector<float> x(static_cast<size_t>(N * C)), w(static_cast<size_t>(C)), b(static_cast<size_t>(C)), y(static_cast<size_t>(N * C));
-  convert(inp, t, x.data(), DType::f32, N * C);
-  convert(weight, t, w.data(), DType::f32, C);
-  convert(bias, t, b.data(), DType::f32, C);
+  std::vector<float> x = widened(inp, t, N * C), w = widened(weight, t, C), b = widened(bias, t, C), y(x.size());
   layernorm_forward(rt, y.data(), mean, rstd, x.data(), w.data(), b.data(), N, C, eps);
   convert(y.data(), DType::f32, out, t, N * C);
 }

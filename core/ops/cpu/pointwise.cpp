@@ -50,8 +50,7 @@ void gelu_forward(Runtime& rt, float* out, const float* inp, int64_t n) {
 void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n) {
   if (rt.kernels) return rt.kernels->gelu_forward_16(rt, out, inp, t, n);
   if (rt.is_meta()) return gelu_forward(rt, nullptr, nullptr, n);  // its event
-  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
-  convert(inp, t, x.data(), DType::f32, n);
+  std::vector<float> x = widened(inp, t, n), y(x.size());
   gelu_forward(rt, y.data(), x.data(), n);
   convert(y.data(), DType::f32, out, t, n);
 }
@@ -59,9 +58,7 @@ void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n
 void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n) {
   if (rt.kernels) return rt.kernels->gelu_backward_16(rt, dinp, dout, inp, t, n);
   if (rt.is_meta()) return gelu_backward(rt, nullptr, nullptr, nullptr, n);
-  std::vector<float> dy(static_cast<size_t>(n)), x(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
-  convert(dout, t, dy.data(), DType::f32, n);
-  convert(inp, t, x.data(), DType::f32, n);
+  std::vector<float> dy = widened(dout, t, n), x = widened(inp, t, n), dx(x.size());
   gelu_backward(rt, dx.data(), dy.data(), x.data(), n);
   convert(dx.data(), DType::f32, dinp, t, n);
 }
@@ -69,9 +66,7 @@ void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp
 void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n) {
   if (rt.kernels) return rt.kernels->add_16(rt, out, a, b, t, n);
   if (rt.is_meta()) return add_forward(rt, nullptr, nullptr, nullptr, n);
-  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n)), z(static_cast<size_t>(n));
-  convert(a, t, x.data(), DType::f32, n);
-  convert(b, t, y.data(), DType::f32, n);
+  std::vector<float> x = widened(a, t, n), y = widened(b, t, n), z(x.size());
   add_forward(rt, z.data(), x.data(), y.data(), n);
   convert(z.data(), DType::f32, out, t, n);
 }
@@ -79,9 +74,7 @@ void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64
 void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n) {
   if (rt.kernels) return rt.kernels->accumulate_16(rt, dst, src, t, n);
   if (rt.is_meta()) return accumulate(rt, nullptr, nullptr, n);
-  std::vector<float> d(static_cast<size_t>(n)), s(static_cast<size_t>(n));
-  convert(dst, t, d.data(), DType::f32, n);
-  convert(src, t, s.data(), DType::f32, n);
+  std::vector<float> d = widened(dst, t, n), s = widened(src, t, n);
   accumulate(rt, d.data(), s.data(), n);
   convert(d.data(), DType::f32, dst, t, n);
 }
