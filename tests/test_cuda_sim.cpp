@@ -168,8 +168,8 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   // the device's own allocator, measured, against the accounting (the sim's blocks are the accounted bytes
   // rounded to 64, and it caches nothing). In f32 every byte the device held was counted; in bf16 the
   // device also holds the f32 copies the kernels without a 16-bit form read (AsF32's scratch, uncounted:
-  // attention, the loss's logits, the norms' backward; the Linear, GELU, residual and LayerNorm forward read
-  // their 16 bits), and the measured peak shows them. None on a cpu rank.
+  // the naive attention, the loss's logits, the norms' backward; the Linear, GELU, residual, LayerNorm forward
+  // and flash attention read their 16 bits), and the measured peak shows them. None on a cpu rank.
   REQUIRE(!sim.summary.is_null());
   const auto held_counted = [](const TrainRun& r) {
     return std::pair{r.summary["peak_memory_device_measured"].get<double>(), r.summary["peak_memory_total"].get<double>()};
@@ -181,6 +181,9 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   const auto [held32, counted32] = held_counted(train_cli("cuda-sim", "train configs/gpt-tiny.toml --set train.steps=2"));
   CHECK(held32 >= counted32);
   CHECK(held32 <= counted32 * 1.01);
+  // flash attention on a device rank's 16-bit tensors (flash_attention_*_16): GPT, and LLaMA's grouped-query heads
+  check_same_runs(gpt + " --set model.attention=flash");
+  check_same_runs("train configs/llama-tiny.toml --set train.steps=3 --set precision.mode=fp16 --set model.attention=flash");
   const std::string cnn = "train configs/cifar-cnn.toml --set train.steps=4 --set precision.mode=fp16 --set train.eval_every=2 "
                           "--set train.eval_batches=2 --set data.synthetic_train=512 --set train.accum_steps=2 --set optim.clip_grad_norm=0.5";
   check_same_runs(cnn);

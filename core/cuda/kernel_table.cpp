@@ -47,6 +47,8 @@ const Kernels& kernel_table() {
     t.attention_backward = &cuda::attention_backward;
     t.flash_attention_forward = &cuda::flash_attention_forward;
     t.flash_attention_backward = &cuda::flash_attention_backward;
+    t.flash_attention_forward_16 = &cuda::flash_attention_forward_16;
+    t.flash_attention_backward_16 = &cuda::flash_attention_backward_16;
     t.rmsnorm_forward = &cuda::rmsnorm_forward;
     t.rmsnorm_backward = &cuda::rmsnorm_backward;
     t.rope_apply = &cuda::rope_apply;

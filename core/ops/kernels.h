@@ -117,6 +117,11 @@ struct Kernels {
                                   int64_t NH);  // nullptr: the device has none (model.attention = "flash" is refused there)
   void (*flash_attention_backward)(Runtime&, float* dqkv, const float* dout, const float* qkv, const float* out,
                                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+  // the 16-bit forms (bf16, f16: qkv, out, dout, dqkv in t; lse f32)
+  void (*flash_attention_forward_16)(Runtime&, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                     int64_t NH);
+  void (*flash_attention_backward_16)(Runtime&, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                      DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
   void (*embedding_forward)(Runtime&, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                             int64_t T, int64_t C);
   void (*embedding_backward)(Runtime&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,

@@ -301,6 +301,21 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
                                     dev(lse, "flash_attention_backward"), B, T, C, NH);
 }
 
+void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) {
+  HostKernels cpu(rt);
+  distlab::flash_attention_forward_16(rt, dev(out, "flash_attention_forward_16"), dev(lse, "flash_attention_forward_16"),
+                                      dev(qkv, "flash_attention_forward_16"), t, B, T, C, NH);
+}
+
+void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                 DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  HostKernels cpu(rt);
+  distlab::flash_attention_backward_16(rt, dev(dqkv, "flash_attention_backward_16"), dev(dout, "flash_attention_backward_16"),
+                                       dev(qkv, "flash_attention_backward_16"), dev(out, "flash_attention_backward_16"),
+                                       dev(lse, "flash_attention_backward_16"), t, B, T, C, NH);
+}
+
 void rmsnorm_forward(Runtime& rt, float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps) {
   HostKernels cpu(rt);
   distlab::rmsnorm_forward(rt, dev(out, "rmsnorm_forward"), dev(rstd, "rmsnorm_forward"), dev(inp, "rmsnorm_forward"), dev(weight, "rmsnorm_forward"),
@@ -480,6 +495,8 @@ const Kernels& sim_kernels() {
     t.attention_backward = sim::attention_backward;
     t.flash_attention_forward = sim::flash_attention_forward;
     t.flash_attention_backward = sim::flash_attention_backward;
+    t.flash_attention_forward_16 = sim::flash_attention_forward_16;
+    t.flash_attention_backward_16 = sim::flash_attention_backward_16;
     t.rmsnorm_forward = sim::rmsnorm_forward;
     t.rmsnorm_backward = sim::rmsnorm_backward;
     t.rope_apply = sim::rope_apply;

@@ -851,6 +851,30 @@ TEST_CASE("flash attention on tensor cores (bf16 and fp16 math): the cpu's flash
       CHECK(rel(dqkv.get(), cd) < (tc ? tol_grad : kF32));
       CHECK(bitwise(out.get(), out2.get()));
       CHECK(bitwise(dqkv.get(), dqkv2.get()));  // no atomics: the same bits every time
+      // The 16-bit tensors' forms (a 16-bit run's): the same sums on the same rounded operands, each result
+      // rounded once, so the f32 form's results rounded, bit for bit (the backward given the rounded out);
+      // where the tensor cores don't take the head size, the f32 kernels between copies: the same bits too.
+      INFO("flash_attention_*_16");
+      auto to16 = [&](const std::vector<float>& v) {
+        std::vector<uint16_t> h(v.size());
+        convert(v.data(), DType::f32, h.data(), low, int64_t(v.size()));
+        return h;
+      };
+      auto from16 = [&](const std::vector<uint16_t>& h) {
+        std::vector<float> v(h.size());
+        convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
+        return v;
+      };
+      Dev<uint16_t> q16(to16(qkv)), dy16(to16(dy)), out16(k.B * k.T * k.C), dqkv16(int64_t(qkv.size()));
+      Dev<float> lse16(k.B * k.NH * k.T);
+      cuda::flash_attention_forward_16(g.gpu, out16.p, lse16.p, q16.p, low, k.B, k.T, k.C, k.NH);
+      cuda::flash_attention_backward_16(g.gpu, dqkv16.p, dy16.p, q16.p, out16.p, lse16.p, low, k.B, k.T, k.C, k.NH);
+      const std::vector<float> out_rounded = from16(out16.get());
+      CHECK(bitwise(out_rounded, from16(to16(out.get()))));
+      CHECK(bitwise(lse16.get(), lse.get()));
+      Dev<float> out_r(out_rounded), dqkv3(int64_t(qkv.size()));
+      cuda::flash_attention_backward(g.gpu, dqkv3.p, ddy.p, dq.p, out_r.p, lse.p, k.B, k.T, k.C, k.NH);
+      CHECK(bitwise(from16(dqkv16.get()), from16(to16(dqkv3.get()))));
     }
   }
   g.cx.math = GemmMath::f32;

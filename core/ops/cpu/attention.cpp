@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/kernels.h"
@@ -224,6 +225,33 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
         }
       }
     }
+}
+
+void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) {
+  if (rt.kernels) {
+    if (!rt.kernels->flash_attention_forward_16)
+      throw ConfigError("model.attention = \"flash\" has no 16-bit kernel on this device yet", "use model.attention = \"naive\" here");
+    return rt.kernels->flash_attention_forward_16(rt, out, lse, qkv, t, B, T, C, NH);
+  }
+  if (rt.is_meta()) return flash_attention_forward(rt, nullptr, nullptr, nullptr, B, T, C, NH);  // its event
+  std::vector<float> q = widened(qkv, t, B * T * 3 * C), y(static_cast<size_t>(B * T * C));
+  flash_attention_forward(rt, y.data(), lse, q.data(), B, T, C, NH);
+  convert(y.data(), DType::f32, out, t, B * T * C);
+}
+
+void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                 DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  if (rt.kernels) {
+    if (!rt.kernels->flash_attention_backward_16)
+      throw ConfigError("model.attention = \"flash\" has no 16-bit kernel on this device yet", "use model.attention = \"naive\" here");
+    return rt.kernels->flash_attention_backward_16(rt, dqkv, dout, qkv, out, lse, t, B, T, C, NH);
+  }
+  if (rt.is_meta()) return flash_attention_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, B, T, C, NH);
+  std::vector<float> dy = widened(dout, t, B * T * C), q = widened(qkv, t, B * T * 3 * C), y = widened(out, t, B * T * C);
+  std::vector<float> dq(q.size());
+  flash_attention_backward(rt, dq.data(), dy.data(), q.data(), y.data(), lse, B, T, C, NH);
+  convert(dq.data(), DType::f32, dqkv, t, B * T * 3 * C);
 }
 
 // ---- ring attention's blocks (context parallelism) ----

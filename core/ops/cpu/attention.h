@@ -26,6 +26,13 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
 // dqkv (B, T, 3C) overwritten; the probabilities are recomputed tile by tile from q, k and lse
 void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+// The 16-bit forms (bf16, f16: qkv, out, dout and dqkv in t; lse f32), which a device rank's 16-bit run
+// calls: the f32 kernels above between an exact widening and one rounding of each result. A GPU's tensor-core
+// kernels compute them on the 16-bit tensors themselves (core/ops/cuda/attention_tc.cu).
+void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                int64_t NH);
+void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                 DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
 // The FLOPs the flash kernels compute (what their trace records): per tile of r queries by c keys at or
 // below the diagonal, forward 4·r·c·hs (q kᵀ, P v) + 6·r·c (mask, exp, sums), backward 8·r·c·hs + ... plus
 // the recomputed q kᵀ (2·r·c·hs)

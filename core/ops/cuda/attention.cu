@@ -352,7 +352,7 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
   const int64_t hs = C / NH, C3 = 3 * C;
   OpScope op(rt, "flash_attention_forward", distlab::flash_attention_flops(B, T, C, NH, false), 4.0 * (B * T * C3 + B * T * C + B * NH * T));
   op.attention(B * NH, T, hs);
-  if (flash_tensor_cores(rt, hs)) return flash_tc_forward(rt, out, lse, qkv, B, T, C, NH);  // attention_tc.cu
+  if (flash_tensor_cores(rt, hs)) return flash_tc_forward(rt, out, lse, qkv, false, B, T, C, NH);  // attention_tc.cu
   require_head(hs, "flash_attention_forward");
   const size_t smem = sizeof(float) * size_t(kFlashRows * hs + 32 * (hs + 1) + 32 * hs);
   allow_shared(flash_forward_k, smem, "flash_attention_forward");
@@ -367,7 +367,7 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
   OpScope op(rt, "flash_attention_backward", distlab::flash_attention_flops(B, T, C, NH, true),
              4.0 * (2 * B * T * C3 + 2 * B * T * C + B * NH * T));
   op.attention(B * NH, T, hs);
-  if (flash_tensor_cores(rt, hs)) return flash_tc_backward(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
+  if (flash_tensor_cores(rt, hs)) return flash_tc_backward(rt, dqkv, dout, qkv, out, lse, false, B, T, C, NH);
   require_head(hs, "flash_attention_backward");
   Scratch D(rt, B * NH * T, "flash attention backward's rowsum(dO * O)");
   const float scale = 1.0f / sqrtf(float(hs));
@@ -380,6 +380,48 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
   allow_shared(flash_backward_dkv_k, smem_kv, "flash_attention_backward");
   flash_backward_dkv_k<<<grid, kFlashRows * 32, smem_kv, stream(rt)>>>(dqkv, D.p, dout, qkv, lse, T, C, NH, int(hs), scale);
   DL_CUDA_LAUNCHED("flash_attention_backward (dk, dv)");
+}
+
+// The 16-bit forms. Where t is the rank's 16-bit GEMM math (a 16-bit run's rt.dtype) and the head size one the
+// tensor cores take, the
+// tensor-core kernels read qkv, out and dout and write out and dqkv in 16 bits: the same sums as on f32
+// copies (a tile's operands are rounded to 16 bits either way, D is summed in f32 from the same values), each
+// result rounded once, where the f32 way widened qkv (3 bytes in 2 more written and 4 read) and rounded an
+// f32 out (4 written, 4 read, 2 written again). Elsewhere: that f32 way, the f32 kernels between copies.
+namespace {
+bool tensor_core_tensors(Runtime& rt, DType t, int64_t hs, const char* name) {
+  if (t != DType::bf16 && t != DType::f16)
+    throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes the f32 kernel");
+  return gemm_math(rt) == (t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16) && flash_tensor_cores(rt, hs);
+}
+}  // namespace
+
+void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  if (tensor_core_tensors(rt, t, hs, "flash_attention_forward_16")) {
+    OpScope op(rt, "flash_attention_forward", distlab::flash_attention_flops(B, T, C, NH, false),
+               4.0 * (B * T * C3 + B * T * C + B * NH * T));  // flash_attention_forward's event
+    op.attention(B * NH, T, hs);
+    return flash_tc_forward(rt, out, lse, qkv, true, B, T, C, NH);
+  }
+  F32 q32(rt, qkv, t, B * T * C3), y32(rt, nullptr, t, B * T * C);
+  cuda::flash_attention_forward(rt, y32.p, lse, q32.p, B, T, C, NH);
+  if (B * T * C > 0) convert_on(stream(rt), y32.p, DType::f32, out, t, B * T * C);
+}
+
+void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                 DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  if (tensor_core_tensors(rt, t, hs, "flash_attention_backward_16")) {
+    OpScope op(rt, "flash_attention_backward", distlab::flash_attention_flops(B, T, C, NH, true),
+               4.0 * (2 * B * T * C3 + 2 * B * T * C + B * NH * T));  // flash_attention_backward's event
+    op.attention(B * NH, T, hs);
+    return flash_tc_backward(rt, dqkv, dout, qkv, out, lse, true, B, T, C, NH);
+  }
+  F32 dq32(rt, nullptr, t, B * T * C3), dy32(rt, dout, t, B * T * C), q32(rt, qkv, t, B * T * C3), y32(rt, out, t, B * T * C);
+  cuda::flash_attention_backward(rt, dq32.p, dy32.p, q32.p, y32.p, lse, B, T, C, NH);
+  if (B * T * C3 > 0) convert_on(stream(rt), dq32.p, DType::f32, dqkv, t, B * T * C3);
 }
 
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,

@@ -14,6 +14,8 @@
 // them). P and dS are rounded to 16 bits before their products, as FlashAttention-2 does.
 // As attention.cu, the backward is two kernels without atomics (dq per query block, dk/dv per key block),
 // each recomputing P from lse: every sum in a fixed order, the same bits on every run.
+// The kernels take f32 tensors (rounded to the 16-bit type as a tile is loaded, results stored in f32) or the
+// 16-bit type's own (a 16-bit run's qkv, out, dout and dqkv: flash_attention_*_16), every sum the same.
 // Causal blocks skipped: a query block walks the key tiles up to its own (64 = 64, so its last tile is the
 // diagonal one), a key block the query tiles from its own.
 #include <cuda_bf16.h>
@@ -23,6 +25,7 @@
 #include <type_traits>
 
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
@@ -34,9 +37,9 @@ constexpr int kTcRows = 64;  // a block's rows, and a tile's
 constexpr int kTcWarps = kTcRows / 16;
 constexpr int kTcThreads = kTcWarps * 32;
 
-template <class T16> __device__ inline T16 to16(float x);
-template <> __device__ inline __nv_bfloat16 to16<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ inline __half to16<__half>(float x) { return __float2half_rn(x); }
+// The inputs and outputs (E: f32, or the 16-bit type itself) are read with wide() and written with
+// narrow<E>() (dtype16.cuh); to16 rounds a tile's operand to the tensor cores' type.
+template <class T16> __device__ inline T16 to16(float x) { return narrow<T16>(x); }
 
 // The sizes of one kernel's shared memory, in elements (Ld16: a 16-bit tile's row; LdF: an f32 tile's row,
 // wide enough for 16 x 64 scores or a 16 x HS result).
@@ -51,12 +54,12 @@ struct TcShape {
 };
 
 // rows r0.. of one head's q, k or v (column offset `col` in qkv's rows of 3C) into a 64-row 16-bit tile;
-// rows past T are zeros
-template <class T16, int HS>
-__device__ inline void load_tile(T16* dst, const float* base, int64_t r0, int64_t T, int64_t ld) {
+// rows past T are zeros. E: the tensor's type (f32 is rounded here; a 16-bit value passes as it is)
+template <class T16, int HS, class E>
+__device__ inline void load_tile(T16* dst, const E* base, int64_t r0, int64_t T, int64_t ld) {
   for (int i = threadIdx.x; i < kTcRows * HS; i += kTcThreads) {
     const int row = i / HS, d = i % HS;
-    dst[row * TcShape<HS>::Ld16 + d] = to16<T16>(r0 + row < T ? base[(r0 + row) * ld + d] : 0.0f);
+    dst[row * TcShape<HS>::Ld16 + d] = to16<T16>(r0 + row < T ? wide(base[(r0 + row) * ld + d]) : 0.0f);
   }
 }
 
@@ -97,9 +100,9 @@ __device__ inline void product_pb(wmma::fragment<wmma::accumulator, 16, 16, 16, 
   }
 }
 
-// a warp's 16 x HS accumulators, times `scale`, to rows row0.. of dst (ld floats apart; rows past T left)
-template <int HS>
-__device__ inline void store_rows(float* dst, int64_t ld, wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[HS / 16],
+// a warp's 16 x HS accumulators, times `scale`, to rows row0.. of dst (ld elements apart; rows past T left)
+template <int HS, class E>
+__device__ inline void store_rows(E* dst, int64_t ld, wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[HS / 16],
                                   float* stage, int64_t row0, int64_t T, float scale) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -107,12 +110,12 @@ __device__ inline void store_rows(float* dst, int64_t ld, wmma::fragment<wmma::a
   __syncwarp();
   for (int r = 0; r < 16; r++) {
     if (row0 + r >= T) break;
-    for (int d = lane; d < HS; d += 32) dst[(row0 + r) * ld + d] = stage[r * TcShape<HS>::LdF + d] * scale;
+    for (int d = lane; d < HS; d += 32) dst[(row0 + r) * ld + d] = narrow<E>(stage[r * TcShape<HS>::LdF + d] * scale);
   }
 }
 
-template <class T16, int HS>
-__global__ void __launch_bounds__(kTcThreads) flash_tc_forward_k(float* out, float* lse, const float* qkv, int64_t T, int64_t C,
+template <class T16, int HS, class E>
+__global__ void __launch_bounds__(kTcThreads) flash_tc_forward_k(E* out, float* lse, const E* qkv, int64_t T, int64_t C,
                                                                  int64_t NH, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // the host never launches it below sm 80 (flash_tensor_cores)
@@ -126,10 +129,10 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_forward_k(float* out, flo
   float* sf = reinterpret_cast<float*>(tc_smem + 3 * S::tile16 + warp * S::warpF);          // (16, LdF): S, then P V
   T16* sp = reinterpret_cast<T16*>(tc_smem + 3 * S::tile16 + kTcWarps * S::warpF + warp * S::warpP);  // (16, LdP): P
   const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, C3 = 3 * C;
-  const float* base = qkv + b * T * C3 + h * HS;
+  const E* base = qkv + b * T * C3 + h * HS;
   const int64_t r0 = int64_t(blockIdx.y) * kTcRows, row0 = r0 + warp * 16;
   const int64_t last = min(T, r0 + kTcRows) - 1;
-  load_tile<T16, HS>(sq, base, r0, T, C3);
+  load_tile<T16, HS, E>(sq, base, r0, T, C3);
   constexpr int PerRow = HS / 32;  // the columns of a row a lane owns: lane + 32 c
   float o[16][PerRow], m[16], l[16];
 #pragma unroll
@@ -141,8 +144,8 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_forward_k(float* out, flo
   }
   for (int64_t j0 = 0; j0 <= last; j0 += kTcRows) {
     __syncthreads();  // every warp is done with the previous tile
-    load_tile<T16, HS>(sk, base + C, j0, T, C3);
-    load_tile<T16, HS>(sv, base + 2 * C, j0, T, C3);
+    load_tile<T16, HS, E>(sk, base + C, j0, T, C3);
+    load_tile<T16, HS, E>(sv, base + 2 * C, j0, T, C3);
     __syncthreads();
     product_abt<T16, HS>(sf, sq + warp * 16 * S::Ld16, sk);  // S (16 x 64) = Q_w Kᵀ
     __syncwarp();
@@ -183,18 +186,18 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_forward_k(float* out, flo
   for (int r = 0; r < 16; r++) {
     const int64_t t = row0 + r;
     if (t >= T) break;
-    float* orow = out + (b * T + t) * C + h * HS;
+    E* orow = out + (b * T + t) * C + h * HS;
 #pragma unroll
-    for (int c = 0; c < PerRow; c++) orow[lane + 32 * c] = o[r][c] / l[r];
+    for (int c = 0; c < PerRow; c++) orow[lane + 32 * c] = narrow<E>(o[r][c] / l[r]);
     if (lane == 0) lse[bh * T + t] = m[r] + logf(l[r]);
   }
 #endif
 }
 
-// dq per query block, and D = rowsum(dO ∘ O) (in f32, from the f32 dO and O), which the dk/dv kernel reads
-template <class T16, int HS>
-__global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dq_k(float* dqkv, float* Dsum, const float* dout, const float* qkv,
-                                                                     const float* out, const float* lse, int64_t T, int64_t C,
+// dq per query block, and D = rowsum(dO ∘ O) (in f32, from dO and O as they are), which the dk/dv kernel reads
+template <class T16, int HS, class E>
+__global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dq_k(E* dqkv, float* Dsum, const E* dout, const E* qkv,
+                                                                     const E* out, const float* lse, int64_t T, int64_t C,
                                                                      int64_t NH, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
@@ -213,17 +216,17 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dq_k(float* dqkv
   float* sdp = reinterpret_cast<float*>(mine + S::warpF);     // (16, LdF): dP
   T16* sds = reinterpret_cast<T16*>(mine + 2 * S::warpF);     // (16, LdP): dS
   const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, C3 = 3 * C;
-  const float* base = qkv + b * T * C3 + h * HS;
-  const float* gbase = dout + b * T * C + h * HS;
+  const E* base = qkv + b * T * C3 + h * HS;
+  const E* gbase = dout + b * T * C + h * HS;
   const int64_t r0 = int64_t(blockIdx.y) * kTcRows, row0 = r0 + warp * 16;
   const int64_t last = min(T, r0 + kTcRows) - 1;
-  load_tile<T16, HS>(sq, base, r0, T, C3);
-  load_tile<T16, HS>(sdo, gbase, r0, T, C);
+  load_tile<T16, HS, E>(sq, base, r0, T, C3);
+  load_tile<T16, HS, E>(sdo, gbase, r0, T, C);
   for (int r = 0; r < 16; r++) {  // each warp its rows' D and lse (the loop's first barrier publishes them)
     const int64_t t = row0 + r;
     float part = 0.0f;
     if (t < T)
-      for (int d = lane; d < HS; d += 32) part += gbase[t * C + d] * out[(b * T + t) * C + h * HS + d];
+      for (int d = lane; d < HS; d += 32) part += wide(gbase[t * C + d]) * wide(out[(b * T + t) * C + h * HS + d]);
     part = warp_sum(part);
     if (lane == 0) {
       sd[warp * 16 + r] = part;
@@ -236,8 +239,8 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dq_k(float* dqkv
   for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(dq[n], 0.0f);
   for (int64_t j0 = 0; j0 <= last; j0 += kTcRows) {
     __syncthreads();
-    load_tile<T16, HS>(sk, base + C, j0, T, C3);
-    load_tile<T16, HS>(sv, base + 2 * C, j0, T, C3);
+    load_tile<T16, HS, E>(sk, base + C, j0, T, C3);
+    load_tile<T16, HS, E>(sv, base + 2 * C, j0, T, C3);
     __syncthreads();
     product_abt<T16, HS>(ss, sq + warp * 16 * S::Ld16, sk);   // S = Q_w Kᵀ
     product_abt<T16, HS>(sdp, sdo + warp * 16 * S::Ld16, sv);  // dP = dO_w Vᵀ
@@ -261,8 +264,8 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dq_k(float* dqkv
 }
 
 // dk and dv per key block, over the query tiles from the block's own
-template <class T16, int HS>
-__global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dkv_k(float* dqkv, const float* Dsum, const float* dout, const float* qkv,
+template <class T16, int HS, class E>
+__global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dkv_k(E* dqkv, const float* Dsum, const E* dout, const E* qkv,
                                                                       const float* lse, int64_t T, int64_t C, int64_t NH, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
@@ -282,11 +285,11 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dkv_k(float* dqk
   T16* spt = reinterpret_cast<T16*>(mine + 2 * S::warpF);         // (16, LdP): Pᵀ
   T16* sdst = reinterpret_cast<T16*>(mine + 2 * S::warpF + S::warpP);  // (16, LdP): dSᵀ
   const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, C3 = 3 * C;
-  const float* base = qkv + b * T * C3 + h * HS;
-  const float* gbase = dout + b * T * C + h * HS;
+  const E* base = qkv + b * T * C3 + h * HS;
+  const E* gbase = dout + b * T * C + h * HS;
   const int64_t k0 = int64_t(blockIdx.y) * kTcRows, key0 = k0 + warp * 16;
-  load_tile<T16, HS>(sk, base + C, k0, T, C3);
-  load_tile<T16, HS>(sv, base + 2 * C, k0, T, C3);
+  load_tile<T16, HS, E>(sk, base + C, k0, T, C3);
+  load_tile<T16, HS, E>(sv, base + 2 * C, k0, T, C3);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> dk[HS / 16], dv[HS / 16];
 #pragma unroll
   for (int n = 0; n < HS / 16; n++) {
@@ -295,8 +298,8 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dkv_k(float* dqk
   }
   for (int64_t i0 = k0; i0 < T; i0 += kTcRows) {  // the query tiles from the one holding the block's first key
     __syncthreads();
-    load_tile<T16, HS>(sq, base, i0, T, C3);
-    load_tile<T16, HS>(sdo, gbase, i0, T, C);
+    load_tile<T16, HS, E>(sq, base, i0, T, C3);
+    load_tile<T16, HS, E>(sdo, gbase, i0, T, C);
     for (int i = threadIdx.x; i < kTcRows; i += kTcThreads) {
       sl[i] = i0 + i < T ? lse[bh * T + i0 + i] : 0.0f;
       sd[i] = i0 + i < T ? Dsum[bh * T + i0 + i] : 0.0f;
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(kTcThreads) flash_tc_backward_dkv_k(float* dqk
     product_pb<T16, HS>(dk, sdst, sq);  // dK_w += dSᵀ Q
   }
   __syncwarp();
-  float* drow = dqkv + b * T * C3 + h * HS;
+  E* drow = dqkv + b * T * C3 + h * HS;
   store_rows<HS>(drow + C, C3, dk, sst, key0, T, scale);
   __syncwarp();
   store_rows<HS>(drow + 2 * C, C3, dv, sst, key0, T, 1.0f);
@@ -350,23 +353,23 @@ bool opt_in(K kernel, size_t bytes) {
   return false;
 }
 
-template <class T16, int HS>
-void launch_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+template <class T16, int HS, class E>
+void launch_forward(Runtime& rt, E* out, float* lse, const E* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const size_t smem = forward_smem(HS);
   const dim3 grid(unsigned(B * NH), unsigned((T + kTcRows - 1) / kTcRows));
-  flash_tc_forward_k<T16, HS><<<grid, kTcThreads, smem, stream(rt)>>>(out, lse, qkv, T, C, NH, 1.0f / sqrtf(float(HS)));
+  flash_tc_forward_k<T16, HS, E><<<grid, kTcThreads, smem, stream(rt)>>>(out, lse, qkv, T, C, NH, 1.0f / sqrtf(float(HS)));
   DL_CUDA_LAUNCHED("flash_attention_forward (tensor cores)");
 }
 
-template <class T16, int HS>
-void launch_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
-                     int64_t T, int64_t C, int64_t NH) {
+template <class T16, int HS, class E>
+void launch_backward(Runtime& rt, E* dqkv, const E* dout, const E* qkv, const E* out, const float* lse, int64_t B, int64_t T,
+                     int64_t C, int64_t NH) {
   Scratch D(rt, B * NH * T, "flash attention backward's rowsum(dO * O)");
   const float scale = 1.0f / sqrtf(float(HS));
   const dim3 grid(unsigned(B * NH), unsigned((T + kTcRows - 1) / kTcRows));
-  flash_tc_backward_dq_k<T16, HS><<<grid, kTcThreads, dq_smem(HS), stream(rt)>>>(dqkv, D.p, dout, qkv, out, lse, T, C, NH, scale);
+  flash_tc_backward_dq_k<T16, HS, E><<<grid, kTcThreads, dq_smem(HS), stream(rt)>>>(dqkv, D.p, dout, qkv, out, lse, T, C, NH, scale);
   DL_CUDA_LAUNCHED("flash_attention_backward (tensor cores, dq)");
-  flash_tc_backward_dkv_k<T16, HS><<<grid, kTcThreads, dkv_smem(HS), stream(rt)>>>(dqkv, D.p, dout, qkv, lse, T, C, NH, scale);
+  flash_tc_backward_dkv_k<T16, HS, E><<<grid, kTcThreads, dkv_smem(HS), stream(rt)>>>(dqkv, D.p, dout, qkv, lse, T, C, NH, scale);
   DL_CUDA_LAUNCHED("flash_attention_backward (tensor cores, dk dv)");
 }
 
@@ -405,29 +408,41 @@ bool flash_tensor_cores(Runtime& rt, int64_t hs) {
     // the code this GPU would run must be sm 80's or later: a build for sm 75 alone JIT-compiles its PTX, whose
     // bodies are __trap()
     cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, flash_tc_forward_k<T16, HS>) != cudaSuccess || a.binaryVersion < 80) {
+    if (cudaFuncGetAttributes(&a, flash_tc_forward_k<T16, HS, float>) != cudaSuccess || a.binaryVersion < 80) {
       cudaGetLastError();
       fits = false;
       return;
     }
-    fits = opt_in(flash_tc_forward_k<T16, HS>, forward_smem(HS)) && opt_in(flash_tc_backward_dq_k<T16, HS>, dq_smem(HS)) &&
-           opt_in(flash_tc_backward_dkv_k<T16, HS>, dkv_smem(HS));
+    // both forms: f32 tensors (an f32 caller's), and the 16-bit type's own (flash_attention_*_16)
+    fits = opt_in(flash_tc_forward_k<T16, HS, float>, forward_smem(HS)) && opt_in(flash_tc_backward_dq_k<T16, HS, float>, dq_smem(HS)) &&
+           opt_in(flash_tc_backward_dkv_k<T16, HS, float>, dkv_smem(HS)) && opt_in(flash_tc_forward_k<T16, HS, T16>, forward_smem(HS)) &&
+           opt_in(flash_tc_backward_dq_k<T16, HS, T16>, dq_smem(HS)) && opt_in(flash_tc_backward_dkv_k<T16, HS, T16>, dkv_smem(HS));
   });
   return fits;
 }
 
-void flash_tc_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void flash_tc_forward(Runtime& rt, void* out, float* lse, const void* qkv, bool io16, int64_t B, int64_t T, int64_t C, int64_t NH) {
   if (B * NH * T == 0) return;  // an empty grid is a launch error
   dispatch(gemm_math(rt) == GemmMath::bf16, C / NH, [&](auto t16, auto h) {
-    launch_forward<decltype(t16), decltype(h)::value>(rt, out, lse, qkv, B, T, C, NH);
+    using T16 = decltype(t16);
+    constexpr int HS = decltype(h)::value;
+    if (io16) launch_forward<T16, HS>(rt, static_cast<T16*>(out), lse, static_cast<const T16*>(qkv), B, T, C, NH);
+    else launch_forward<T16, HS>(rt, static_cast<float*>(out), lse, static_cast<const float*>(qkv), B, T, C, NH);
   });
 }
 
-void flash_tc_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
-                       int64_t T, int64_t C, int64_t NH) {
+void flash_tc_backward(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, bool io16,
+                       int64_t B, int64_t T, int64_t C, int64_t NH) {
   if (B * NH * T == 0) return;
   dispatch(gemm_math(rt) == GemmMath::bf16, C / NH, [&](auto t16, auto h) {
-    launch_backward<decltype(t16), decltype(h)::value>(rt, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    using T16 = decltype(t16);
+    constexpr int HS = decltype(h)::value;
+    if (io16)
+      launch_backward<T16, HS>(rt, static_cast<T16*>(dqkv), static_cast<const T16*>(dout), static_cast<const T16*>(qkv),
+                               static_cast<const T16*>(out), lse, B, T, C, NH);
+    else
+      launch_backward<T16, HS>(rt, static_cast<float*>(dqkv), static_cast<const float*>(dout), static_cast<const float*>(qkv),
+                               static_cast<const float*>(out), lse, B, T, C, NH);
   });
 }
 

@@ -111,4 +111,21 @@ struct Scratch {
   Scratch& operator=(const Scratch&) = delete;
 };
 
+// An f32 copy of n values of type st (nullptr: uninitialized) in the device's cache, uncounted as AsF32's
+// scratch is: a 16-bit kernel's way where the fast path has no kernel for its operands as they are (cuBLAS's
+// shapes, the tensor cores' head sizes): the f32 kernel between a widening and a rounding.
+struct F32 {
+  Runtime& rt;
+  float* p = nullptr;
+  int64_t bytes;
+  F32(Runtime& r, const void* src, DType st, int64_t n) : rt(r), bytes(std::max<int64_t>(n, 1) * 4) {
+    p = static_cast<float*>(ctx(rt).allocator().alloc(bytes));
+    if (!p) throw OutOfMemoryError("no GPU memory for an f32 copy of a 16-bit operand (" + std::to_string(bytes) + " bytes)", "a smaller batch");
+    if (src && n > 0) convert_on(stream(rt), src, st, p, DType::f32, n);
+  }
+  ~F32() { ctx(rt).allocator().free(p, bytes); }
+  F32(const F32&) = delete;
+  F32& operator=(const F32&) = delete;
+};
+
 }  // namespace distlab::cuda

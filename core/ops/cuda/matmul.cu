@@ -318,25 +318,6 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
   matmul_forward_f32(rt, out, inp, w, bias, N, C, OC);
 }
 
-namespace {
-
-// An f32 copy of n values of type st (nullptr: uninitialized) in the device's cache, uncounted as AsF32's
-// scratch is: the 16-bit layers' way where cuBLAS has no kernel for their operands as they are.
-struct F32 {
-  Runtime& rt;
-  float* p = nullptr;
-  int64_t bytes;
-  F32(Runtime& r, const void* src, DType st, int64_t n) : rt(r), bytes(std::max<int64_t>(n, 1) * 4) {
-    p = static_cast<float*>(ctx(rt).allocator().alloc(bytes));
-    if (!p) throw OutOfMemoryError("no GPU memory for an f32 copy of a GEMM operand (" + std::to_string(bytes) + " bytes)", "a smaller batch");
-    if (src && n > 0) convert_on(stream(rt), src, st, p, DType::f32, n);
-  }
-  ~F32() { ctx(rt).allocator().free(p, bytes); }
-  F32(const F32&) = delete;
-  F32& operator=(const F32&) = delete;
-};
-
-}  // namespace
 
 // The cpu's linear_forward_16 in one cublasLtMatmul: the 16-bit operands as they are (no f32 copies to
 // narrow again), f32 sums, the 16-bit bias in the epilogue, and the output rounded once, where matmul_forward

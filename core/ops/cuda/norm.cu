@@ -6,19 +6,18 @@
 #include <cuda_fp16.h>
 
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
 namespace {
 
 // a value as f32 (16 bits widen exactly), and stored from f32 (rounded to nearest): the f32 kernel's
-// arithmetic on any storage type
-__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float ld(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void st(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+// arithmetic on any storage type (dtype16.cuh)
+template <class T>
+__device__ __forceinline__ float ld(const T* p, int64_t i) { return wide(p[i]); }
+template <class T>
+__device__ __forceinline__ void st(T* p, int64_t i, float v) { p[i] = narrow<T>(v); }
 
 template <class T>
 __global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t C,

@@ -122,12 +122,19 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
                              int64_t NH);
 void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+// The cpu's 16-bit forms: the tensor-core kernels on the tensors as they are (lse f32), where the run's
+// 16-bit type is t and the tensor cores take the head size; elsewhere the f32 kernels between copies.
+void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
+                                int64_t NH);
+void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                 DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
 // ---- attention_tc.cu ----
 // Whether flash attention takes the tensor cores on this rank for head size hs (the math, the GPU, the
 // shared memory it gives); the two kernels below, untraced (the callers above record the event).
+// io16: qkv, out, dout and dqkv are the run's 16-bit type (flash_attention_*_16's), else f32.
 bool flash_tensor_cores(Runtime& rt, int64_t hs);
-void flash_tc_forward(Runtime& rt, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
-void flash_tc_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+void flash_tc_forward(Runtime& rt, void* out, float* lse, const void* qkv, bool io16, int64_t B, int64_t T, int64_t C, int64_t NH);
+void flash_tc_backward(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, bool io16,
                        int64_t B, int64_t T, int64_t C, int64_t NH);
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C);

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
@@ -33,15 +34,7 @@ __global__ void gelu_forward_k(float* out, const float* inp, int64_t n) {
 __global__ void gelu_backward_k(float* dinp, const float* dout, const float* inp, int64_t n) {
   DL_GRID_LOOP(i, n) dinp[i] = gelu_grad(inp[i], dout[i]);
 }
-// The 16-bit forms: the same f32 formula between an exact widening and one round-to-nearest narrowing
-__device__ __forceinline__ float wide(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float wide(__half v) { return __half2float(v); }
-template <class T>
-__device__ __forceinline__ T narrow(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+// The 16-bit forms: the same f32 formula between an exact widening and one round-to-nearest narrowing (dtype16.cuh)
 template <class T>
 __global__ void gelu_forward16_k(T* out, const T* inp, int64_t n) {
   DL_GRID_LOOP(i, n) out[i] = narrow<T>(gelu_of(wide(inp[i])));
