@@ -34,6 +34,7 @@ const Kernels& kernel_table() {
     t.layernorm_forward = &cuda::layernorm_forward;
     t.layernorm_forward_16 = &cuda::layernorm_forward_16;
     t.layernorm_backward = &cuda::layernorm_backward;
+    t.layernorm_backward_16 = &cuda::layernorm_backward_16;
     t.batchnorm_stats = &cuda::batchnorm_stats;
     t.batchnorm_apply = &cuda::batchnorm_apply;
     t.batchnorm_backward_reduce = &cuda::batchnorm_backward_reduce;

@@ -52,7 +52,7 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
   save_input(rt, x);
   const Tensor wt = weight.quant ? dequantize_parameter(rt, weight) : weight.data;  // QLoRA: the 4-bit base, dequantized for this GEMM
   const DType t = rt.dtype;
-  if (rt.kernels && t != DType::f32 && saved_x_.dtype() == t && wt.dtype() == t && (!has_bias_ || bias.data.dtype() == t)) {
+  if (rt.kernels && (t == DType::bf16 || t == DType::f16) && saved_x_.dtype() == t && wt.dtype() == t && (!has_bias_ || bias.data.dtype() == t)) {
     // a device rank's 16-bit GEMM on the tensors as they are (no f32 copies): the same numbers
     linear_forward_16(rt, out.data(), saved_x_.data(), wt.data(), has_bias_ ? bias.data.data() : nullptr, t, N, in_features, out_features);
   } else {
@@ -84,7 +84,7 @@ Tensor Linear::backward(Runtime& rt, const Tensor& dout) {
     const DType t = rt.dtype;
     const Tensor dw16 = weight.requires_grad ? weight.grad_for_accumulate() : Tensor();
     const Tensor db16 = has_bias_ && bias.requires_grad ? bias.grad_for_accumulate() : Tensor();
-    if (rt.kernels && t != DType::f32 && dout.dtype() == t && saved_x_.dtype() == t && (!needs_input_grad_ || wt.dtype() == t) &&
+    if (rt.kernels && (t == DType::bf16 || t == DType::f16) && dout.dtype() == t && saved_x_.dtype() == t && (!needs_input_grad_ || wt.dtype() == t) &&
         (!dw16.defined() || dw16.dtype() == t) && (!db16.defined() || db16.dtype() == t)) {
       // a device rank's 16-bit GEMMs on the tensors as they are (linear_backward_16): the same numbers
       linear_backward_16(rt, dx.data(), dw16.data(), db16.data(), dout.data(), saved_x_.data(), needs_input_grad_ ? wt.data() : nullptr,

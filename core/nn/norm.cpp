@@ -31,7 +31,7 @@ Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
   mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");  // f32 statistics (autocast's fp32 list)
   rstd_ = rt.empty({N}, Category::activations, "LayerNorm rstd");
   const DType t = rt.dtype;
-  if (rt.kernels && t != DType::f32 && x.dtype() == t && weight.data.defined() && weight.data.dtype() == t && bias.data.defined() &&
+  if (rt.kernels && (t == DType::bf16 || t == DType::f16) && x.dtype() == t && weight.data.defined() && weight.data.dtype() == t && bias.data.defined() &&
       bias.data.dtype() == t) {
     // a device rank reads and writes the 16 bits themselves (the statistics stay f32)
     layernorm_forward_16(rt, out.data(), mean_.f32(), rstd_.f32(), x.data(), weight.data.data(), bias.data.data(), t, N, C_, eps_);
@@ -47,12 +47,21 @@ Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
 Tensor LayerNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
   Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
-  AsF32 d(rt, dx, AsF32::out), dw(rt, grad_or_scratch(rt, weight), AsF32::inout), db(rt, grad_or_scratch(rt, bias), AsF32::inout);
-  AsF32 dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
-  layernorm_backward(rt, d.p, dw.p, db.p, dy.p, xf.p, w.p, mean_.f32(), rstd_.f32(), N, C_);
-  d.store();
-  dw.store();
-  db.store();
+  Tensor gw = grad_or_scratch(rt, weight), gb = grad_or_scratch(rt, bias);
+  const DType t = rt.dtype;
+  if (rt.kernels && (t == DType::bf16 || t == DType::f16) && dout.dtype() == t && saved_x_.dtype() == t && weight.data.dtype() == t && gw.dtype() == t &&
+      gb.dtype() == t) {
+    // a device rank reads and writes the 16 bits themselves
+    layernorm_backward_16(rt, dx.data(), gw.data(), gb.data(), dout.data(), saved_x_.data(), weight.data.data(), mean_.f32(), rstd_.f32(),
+                          t, N, C_);
+  } else {
+    AsF32 d(rt, dx, AsF32::out), dw(rt, gw, AsF32::inout), db(rt, gb, AsF32::inout);
+    AsF32 dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
+    layernorm_backward(rt, d.p, dw.p, db.p, dy.p, xf.p, w.p, mean_.f32(), rstd_.f32(), N, C_);
+    d.store();
+    dw.store();
+    db.store();
+  }
   saved_x_ = mean_ = rstd_ = Tensor();
   return dx;
 }

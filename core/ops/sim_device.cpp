@@ -239,6 +239,14 @@ void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const 
   distlab::layernorm_forward(rt, dev(out, "layernorm_forward"), dev(mean, "layernorm_forward"), dev(rstd, "layernorm_forward"), dev(inp, "layernorm_forward"), dev(weight, "layernorm_forward"), dev(bias, "layernorm_forward"), N, C, eps);
 }
 
+void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean,
+                           const float* rstd, DType t, int64_t N, int64_t C) {
+  HostKernels cpu(rt);
+  const char* k = "layernorm_backward_16";
+  distlab::layernorm_backward_16(rt, dev(dinp, k), dev(dweight, k), dev(dbias, k), dev(dout, k), dev(inp, k), dev(weight, k), dev(mean, k),
+                                 dev(rstd, k), t, N, C);
+}
+
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
   HostKernels cpu(rt);
   distlab::layernorm_backward(rt, dev(dinp, "layernorm_backward"), dev(dweight, "layernorm_backward"), dev(dbias, "layernorm_backward"), dev(dout, "layernorm_backward"), dev(inp, "layernorm_backward"), dev(weight, "layernorm_backward"), dev(mean, "layernorm_backward"), dev(rstd, "layernorm_backward"), N, C);
@@ -485,6 +493,7 @@ const Kernels& sim_kernels() {
     t.layernorm_forward = sim::layernorm_forward;
     t.layernorm_forward_16 = sim::layernorm_forward_16;
     t.layernorm_backward = sim::layernorm_backward;
+    t.layernorm_backward_16 = sim::layernorm_backward_16;
     t.batchnorm_stats = sim::batchnorm_stats;
     t.batchnorm_apply = sim::batchnorm_apply;
     t.batchnorm_backward_reduce = sim::batchnorm_backward_reduce;

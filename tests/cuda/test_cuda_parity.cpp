@@ -590,6 +590,27 @@ TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
       CHECK(rel(got, a) < 1e-2);
       CHECK(rel(gm.get(), cm16) < kF32);
       CHECK(rel(gr.get(), cr16) < kF32);
+      // and the backward on 16-bit tensors (the same f32 statistics on both sides): dx within a rounding, dweight
+      // and dbias accumulated onto their 16-bit values
+      INFO("layernorm_backward_16 in " << dtype_name(low));
+      std::vector<uint16_t> dy16(x.size()), dw16(w.size()), db16(b.size());
+      convert(dy.data(), DType::f32, dy16.data(), low, N * C);
+      convert(dw0.data(), DType::f32, dw16.data(), low, C);
+      convert(db0.data(), DType::f32, db16.data(), low, C);
+      std::vector<uint16_t> cdx16(x.size()), cdw16 = dw16, cdb16 = db16;
+      layernorm_backward_16(g.cpu, cdx16.data(), cdw16.data(), cdb16.data(), dy16.data(), x16.data(), w16.data(), cm16.data(), cr16.data(),
+                            low, N, C);
+      Dev<uint16_t> gdy16(dy16), gdx16(N * C), gdw16(dw16), gdb16(db16);
+      Dev<float> cm_d(cm16), cr_d(cr16);
+      cuda::layernorm_backward_16(g.gpu, gdx16.p, gdw16.p, gdb16.p, gdy16.p, gx16.p, gw16.p, cm_d.p, cr_d.p, low, N, C);
+      auto wide16 = [&](const std::vector<uint16_t>& h) {
+        std::vector<float> v(h.size());
+        convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
+        return v;
+      };
+      CHECK(rel(wide16(gdx16.get()), wide16(cdx16)) < 1e-2);
+      CHECK(rel(wide16(gdw16.get()), wide16(cdw16)) < 1e-2);
+      CHECK(rel(wide16(gdb16.get()), wide16(cdb16)) < 1e-2);
     }
   }
   {

@@ -18,6 +18,18 @@ void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, cons
   convert(y.data(), DType::f32, out, t, N * C);
 }
 
+void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean,
+                           const float* rstd, DType t, int64_t N, int64_t C) {
+  if (rt.kernels) return rt.kernels->layernorm_backward_16(rt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, t, N, C);
+  if (rt.is_meta()) return layernorm_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C);
+  std::vector<float> dy = widened(dout, t, N * C), x = widened(inp, t, N * C), w = widened(weight, t, C);
+  std::vector<float> dw = widened(dweight, t, C), db = widened(dbias, t, C), dx(x.size());
+  layernorm_backward(rt, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean, rstd, N, C);
+  convert(dx.data(), DType::f32, dinp, t, N * C);
+  convert(dw.data(), DType::f32, dweight, t, C);
+  convert(db.data(), DType::f32, dbias, t, C);
+}
+
 void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps) {
   if (rt.kernels) return rt.kernels->layernorm_forward(rt, out, mean, rstd, inp, weight, bias, N, C, eps);

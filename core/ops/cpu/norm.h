@@ -16,6 +16,11 @@ void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, cons
 // dinp (N, C) overwritten; dweight, dbias (C) accumulated
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+// The same on 16-bit dinp, dweight, dbias, dout, inp and weight (t: bf16 or f16; mean and rstd f32): the f32
+// kernel between an exact widening and one rounding of each result (dweight and dbias: old value plus the
+// sums, rounded once). The cpu form for cuda-sim; a GPU's reads and writes the 16 bits in its kernels.
+void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean,
+                           const float* rstd, DType t, int64_t N, int64_t C);
 
 // BatchNorm2d statistics of inp (B, C, HW): mean (C) and biased variance (C), accumulated in double.
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW);

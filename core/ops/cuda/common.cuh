@@ -88,6 +88,8 @@ void blas_f32_batched(Runtime& rt, bool ta, bool tb, int64_t M, int64_t N, int64
 // chunks in order (matmul.cu); layernorm's dweight and dbias are chunked the same way (norm.cu).
 constexpr int64_t kChunkRows = 256;
 void add_column_sums(Runtime& rt, float* out, const float* x, int64_t N, int64_t OC, const char* name);
+// the same on a 16-bit x and out (t: bf16, f16): x read as f32, out's old value plus the sum rounded once
+void add_column_sums_16(Runtime& rt, void* out, const void* x, DType t, int64_t N, int64_t OC, const char* name);
 
 // A kernel's f32 workspace in device memory, counted by the rank's accountant under `other` as the cpu
 // kernel's rt.empty() workspace is, and back to the cache when it goes out of scope.

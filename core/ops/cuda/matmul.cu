@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
@@ -162,23 +163,38 @@ __global__ void add_rows_k(float* out, const float* bias, int64_t N, int64_t OC)
 // dbias[o] += Σ_n dout[n, o], in two passes with a fixed order (the same bits every run): the rows in
 // chunks of kChunkRows, each chunk's column sums in row order, then each column's chunks in order. One
 // thread per column over all N rows in order (the cpu's order) would keep a GPT-2 dbias (N = 8192 rows,
-// 768 columns) on 3 of an H200's 132 SMs for 8192 dependent steps.
-__global__ void column_partials_k(float* partial, const float* x, int64_t N, int64_t OC) {
+// 768 columns) on 3 of an H200's 132 SMs for 8192 dependent steps. T: x's and out's type (f32, or a 16-bit
+// type read as f32 exactly and out rounded once): the 16-bit sums are the f32 sums of the same values.
+template <class T>
+__global__ void column_partials_k(float* partial, const T* x, int64_t N, int64_t OC) {
   for (int64_t chunk = blockIdx.y; chunk * kChunkRows < N; chunk += gridDim.y) {
     const int64_t end = (chunk + 1) * kChunkRows < N ? (chunk + 1) * kChunkRows : N;
     DL_GRID_LOOP(o, OC) {
       float acc = 0.0f;
-      for (int64_t n = chunk * kChunkRows; n < end; n++) acc += x[n * OC + o];
+      for (int64_t n = chunk * kChunkRows; n < end; n++) acc += wide(x[n * OC + o]);
       partial[chunk * OC + o] = acc;
     }
   }
 }
-__global__ void add_chunk_sums_k(float* out, const float* partial, int64_t chunks, int64_t OC) {
+template <class T>
+__global__ void add_chunk_sums_k(T* out, const float* partial, int64_t chunks, int64_t OC) {
   DL_GRID_LOOP(o, OC) {
     float acc = 0.0f;
     for (int64_t k = 0; k < chunks; k++) acc += partial[k * OC + o];
-    out[o] += acc;
+    out[o] = narrow<T>(wide(out[o]) + acc);
   }
+}
+
+template <class T>
+void column_sums_into(Runtime& rt, T* out, const T* x, int64_t N, int64_t OC, const char* name) {
+  if (N == 0 || OC == 0) return;
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  Scratch partial(rt, chunks * OC, "column sums' partial sums");
+  const dim3 grid(blocks_for(OC), unsigned(std::min<int64_t>(chunks, 65535)));
+  column_partials_k<<<grid, kThreads, 0, stream(rt)>>>(partial.p, x, N, OC);
+  DL_CUDA_LAUNCHED(name);
+  add_chunk_sums_k<<<blocks_for(OC), kThreads, 0, stream(rt)>>>(out, partial.p, chunks, OC);
+  DL_CUDA_LAUNCHED(name);
 }
 
 constexpr int kTile = 16;
@@ -205,14 +221,13 @@ __global__ void gemm_tiled_k(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 }  // namespace
 
 void add_column_sums(Runtime& rt, float* out, const float* x, int64_t N, int64_t OC, const char* name) {
-  if (N == 0 || OC == 0) return;
-  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
-  Scratch partial(rt, chunks * OC, "column sums' partial sums");
-  const dim3 grid(blocks_for(OC), unsigned(std::min<int64_t>(chunks, 65535)));
-  column_partials_k<<<grid, kThreads, 0, stream(rt)>>>(partial.p, x, N, OC);
-  DL_CUDA_LAUNCHED(name);
-  add_chunk_sums_k<<<blocks_for(OC), kThreads, 0, stream(rt)>>>(out, partial.p, chunks, OC);
-  DL_CUDA_LAUNCHED(name);
+  column_sums_into(rt, out, x, N, OC, name);
+}
+
+void add_column_sums_16(Runtime& rt, void* out, const void* x, DType t, int64_t N, int64_t OC, const char* name) {
+  if (t == DType::bf16) column_sums_into(rt, static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(x), N, OC, name);
+  else if (t == DType::f16) column_sums_into(rt, static_cast<__half*>(out), static_cast<const __half*>(x), N, OC, name);
+  else throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes add_column_sums");
 }
 
 // f32 operands in the context's math: as they are (f32, tf32), or rounded to 16 bits first (bf16, f16).
@@ -349,8 +364,8 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
 }
 
 // The cpu's linear_backward_16: dX and dW as two GEMMs on the 16-bit tensors (dW accumulated with beta 1:
-// its old value plus the f32 product, rounded once), the bias gradient's column sums from an f32 copy of
-// dY (the two-pass sums of add_column_sums), where matmul_backward took f32 copies of dY, X, W, dW and the
+// its old value plus the f32 product, rounded once), the bias gradient's column sums read from dY's 16 bits
+// (the two-pass sums of add_column_sums), where matmul_backward took f32 copies of dY, X, W, dW and the
 // bias gradient, narrowed three of them again and rounded two f32 results.
 void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
                         int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
@@ -364,11 +379,7 @@ void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const vo
   if (need_dinp) op.gemm(g++, N, C, OC);
   if (need_dinp && dinp) blas(rt, false, false, N, C, OC, 1.0f, dout, t, OC, w, t, C, 0.0f, dinp, t, C, math);  // (N,OC)@(OC,C)
   if (need_dw && dw) blas(rt, true, false, OC, C, N, 1.0f, dout, t, OC, inp, t, C, 1.0f, dw, t, C, math);       // (OC,N)@(N,C)
-  if (dbias && N > 0 && OC > 0) {
-    F32 dy(rt, dout, t, N * OC), db(rt, dbias, t, OC);
-    add_column_sums(rt, db.p, dy.p, N, OC, "matmul_backward bias");
-    convert_on(stream(rt), db.p, DType::f32, dbias, t, OC);
-  }
+  if (dbias) add_column_sums_16(rt, dbias, dout, t, N, OC, "matmul_backward bias");
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,

@@ -39,38 +39,40 @@ __global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* i
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one block per row
-__global__ void layernorm_backward_dx_k(float* dinp, const float* dout, const float* inp, const float* weight, const float* mean,
-                                        const float* rstd, int64_t C) {
+template <class T>
+__global__ void layernorm_backward_dx_k(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean, const float* rstd,
+                                        int64_t C) {
   const int64_t n = blockIdx.x;
-  const float* x = inp + n * C;
-  const float* dy = dout + n * C;
+  const T* x = inp + n * C;
+  const T* dy = dout + n * C;
   const float m = mean[n], s = rstd[n];
   float a = 0.0f, b = 0.0f;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-    const float g = weight[i] * dy[i];
+    const float g = ld(weight, i) * ld(dy, i);
     a += g;
-    b += g * ((x[i] - m) * s);
+    b += g * ((ld(x, i) - m) * s);
   }
   const float gm = block_sum(a) / float(C), gxm = block_sum(b) / float(C);
-  float* dx = dinp + n * C;
+  T* dx = dinp + n * C;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-    const float xhat = (x[i] - m) * s;
-    dx[i] = s * (weight[i] * dy[i] - gm - xhat * gxm);
+    const float xhat = (ld(x, i) - m) * s;
+    st(dx, i, s * (ld(weight, i) * ld(dy, i) - gm - xhat * gxm));
   }
 }
 
 // dweight[i] += Σ_n xhat * dy, dbias[i] += Σ_n dy, chunked as add_column_sums (common.cuh): this kernel
 // writes each chunk's sums, rows in order; add_column_sums then adds the chunks in order
-__global__ void layernorm_backward_dw_partials_k(float* pdw, float* pdb, const float* dout, const float* inp, const float* mean,
+template <class T>
+__global__ void layernorm_backward_dw_partials_k(float* pdw, float* pdb, const T* dout, const T* inp, const float* mean,
                                                  const float* rstd, int64_t N, int64_t C) {
   for (int64_t chunk = blockIdx.y; chunk * kChunkRows < N; chunk += gridDim.y) {
     const int64_t end = (chunk + 1) * kChunkRows < N ? (chunk + 1) * kChunkRows : N;
     DL_GRID_LOOP(i, C) {
       float dw = 0.0f, db = 0.0f;
       for (int64_t n = chunk * kChunkRows; n < end; n++) {
-        const float dy = dout[n * C + i];
+        const float dy = ld(dout, n * C + i);
         db += dy;
-        dw += (inp[n * C + i] - mean[n]) * rstd[n] * dy;
+        dw += (ld(inp, n * C + i) - mean[n]) * rstd[n] * dy;
       }
       pdw[chunk * C + i] = dw;
       pdb[chunk * C + i] = db;
@@ -162,19 +164,58 @@ void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, cons
   DL_CUDA_LAUNCHED("layernorm_forward_16");
 }
 
+namespace {
+
+// dx, then the chunks' partial sums of dweight and dbias (f32, in `partial`: 2 x chunks x C)
+template <class T>
+int64_t layernorm_backward_kernels(Runtime& rt, const Scratch& partial, T* dinp, const T* dout, const T* inp, const T* weight,
+                                   const float* mean, const float* rstd, int64_t N, int64_t C) {
+  layernorm_backward_dx_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(dinp, dout, inp, weight, mean, rstd, C);
+  DL_CUDA_LAUNCHED("layernorm_backward dx");
+  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
+  const dim3 grid(blocks_for(C), unsigned(std::min<int64_t>(chunks, 65535)));
+  layernorm_backward_dw_partials_k<<<grid, kThreads, 0, stream(rt)>>>(partial.p, partial.p + chunks * C, dout, inp, mean, rstd, N, C);
+  DL_CUDA_LAUNCHED("layernorm_backward dw");
+  return chunks;
+}
+
+}  // namespace
+
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
   OpScope op(rt, "layernorm_backward", 12.0 * N * C, 4.0 * (3 * N * C + 4 * C + 2 * N));
   if (N == 0) return;
-  layernorm_backward_dx_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(dinp, dout, inp, weight, mean, rstd, C);
-  DL_CUDA_LAUNCHED("layernorm_backward dx");
-  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
-  Scratch partial(rt, 2 * chunks * C, "layernorm backward's partial sums");
-  const dim3 grid(blocks_for(C), unsigned(std::min<int64_t>(chunks, 65535)));
-  layernorm_backward_dw_partials_k<<<grid, kThreads, 0, stream(rt)>>>(partial.p, partial.p + chunks * C, dout, inp, mean, rstd, N, C);
-  DL_CUDA_LAUNCHED("layernorm_backward dw");
+  Scratch partial(rt, 2 * ((N + kChunkRows - 1) / kChunkRows) * C, "layernorm backward's partial sums");
+  const int64_t chunks = layernorm_backward_kernels(rt, partial, dinp, dout, inp, weight, mean, rstd, N, C);
   add_column_sums(rt, dweight, partial.p, chunks, C, "layernorm_backward dweight");
   add_column_sums(rt, dbias, partial.p + chunks * C, chunks, C, "layernorm_backward dbias");
+}
+
+// The 16-bit tensors read and written as they are (dx rounded once); dweight and dbias take the partial
+// sums through f32 copies of their C values (the old value plus the sums, rounded once), where the f32 way
+// copied dout, inp, weight and dinp (4 N x C passes more).
+void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight,
+                           const float* mean, const float* rstd, DType t, int64_t N, int64_t C) {
+  OpScope op(rt, "layernorm_backward", 12.0 * N * C, 4.0 * (3 * N * C + 4 * C + 2 * N));  // layernorm_backward's event
+  if (t != DType::bf16 && t != DType::f16)
+    throw ShapeError(std::string("layernorm_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes layernorm_backward");
+  if (N == 0) return;
+  Scratch partial(rt, 2 * ((N + kChunkRows - 1) / kChunkRows) * C, "layernorm backward's partial sums");
+  int64_t chunks = 0;
+  if (t == DType::bf16) {
+    using B = __nv_bfloat16;
+    chunks = layernorm_backward_kernels(rt, partial, static_cast<B*>(dinp), static_cast<const B*>(dout), static_cast<const B*>(inp),
+                                        static_cast<const B*>(weight), mean, rstd, N, C);
+  } else {
+    using H = __half;
+    chunks = layernorm_backward_kernels(rt, partial, static_cast<H*>(dinp), static_cast<const H*>(dout), static_cast<const H*>(inp),
+                                        static_cast<const H*>(weight), mean, rstd, N, C);
+  }
+  F32 dw(rt, dweight, t, C), db(rt, dbias, t, C);
+  add_column_sums(rt, dw.p, partial.p, chunks, C, "layernorm_backward dweight");
+  add_column_sums(rt, db.p, partial.p + chunks * C, chunks, C, "layernorm_backward dbias");
+  convert_on(stream(rt), dw.p, DType::f32, dweight, t, C);
+  convert_on(stream(rt), db.p, DType::f32, dbias, t, C);
 }
 
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW) {

@@ -84,6 +84,8 @@ void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const 
                        const float* bias, int64_t N, int64_t C, float eps);
 void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean,
+                           const float* rstd, DType t, int64_t N, int64_t C);
 void batchnorm_stats(Runtime& rt, float* mean, float* var, const float* inp, int64_t B, int64_t C, int64_t HW);
 void batchnorm_apply(Runtime& rt, float* out, const float* inp, const float* mean, const float* rstd,
                      const float* weight, const float* bias, int64_t B, int64_t C, int64_t HW);
