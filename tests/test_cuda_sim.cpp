@@ -184,6 +184,10 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   // flash attention on a device rank's 16-bit tensors (flash_attention_*_16): GPT, and LLaMA's grouped-query heads
   check_same_runs(gpt + " --set model.attention=flash");
   check_same_runs("train configs/llama-tiny.toml --set train.steps=3 --set precision.mode=fp16 --set model.attention=flash");
+  // LLaMA's RMSNorm, RoPE with repeat_kv, and SwiGLU on 16-bit tensors (*_16), accumulation, and op-level
+  // checkpointing (q kept rotated; k turned again when the attention is recomputed)
+  check_same_runs("train configs/llama-tiny.toml --set train.steps=3 --set precision.mode=bf16 --set train.accum_steps=2 "
+                  "--set train.activation_checkpointing=selective_op");
   const std::string cnn = "train configs/cifar-cnn.toml --set train.steps=4 --set precision.mode=fp16 --set train.eval_every=2 "
                           "--set train.eval_batches=2 --set data.synthetic_train=512 --set train.accum_steps=2 --set optim.clip_grad_norm=0.5";
   check_same_runs(cnn);

@@ -53,6 +53,12 @@ const Kernels& kernel_table() {
     t.rmsnorm_forward = &cuda::rmsnorm_forward;
     t.rmsnorm_backward = &cuda::rmsnorm_backward;
     t.rope_apply = &cuda::rope_apply;
+    t.rmsnorm_forward_16 = &cuda::rmsnorm_forward_16;
+    t.rmsnorm_backward_16 = &cuda::rmsnorm_backward_16;
+    t.swiglu_forward_16 = &cuda::swiglu_forward_16;
+    t.swiglu_backward_16 = &cuda::swiglu_backward_16;
+    t.rope_repeat_kv_forward_16 = &cuda::rope_repeat_kv_forward_16;
+    t.rope_repeat_kv_backward_16 = &cuda::rope_repeat_kv_backward_16;
     t.swiglu_forward = &cuda::swiglu_forward;
     t.swiglu_backward = &cuda::swiglu_backward;
     t.repeat_kv_forward = &cuda::repeat_kv_forward;

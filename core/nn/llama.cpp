@@ -23,9 +23,13 @@ Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
   const int64_t N = x.numel() / C_;
   Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
   rstd_ = rt.empty({N}, Category::activations, "RMSNorm rstd");  // f32, as Hugging Face computes it
-  AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data);
-  rmsnorm_forward(rt, y.p, rstd_.f32(), xf.p, w.p, N, C_, eps_);
-  y.store();
+  if (device_16(rt, {&x, &weight.data})) {  // a device rank reads and writes the 16 bits themselves
+    rmsnorm_forward_16(rt, out.data(), rstd_.f32(), x.data(), weight.data.data(), rt.dtype, N, C_, eps_);
+  } else {
+    AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data);
+    rmsnorm_forward(rt, y.p, rstd_.f32(), xf.p, w.p, N, C_, eps_);
+    y.store();
+  }
   saved_x_ = x;
   // eager PyTorch keeps x.float() (bf16/fp16) or x·rstd (f32) for backward, beside what this kernel keeps
   if (rt.eager_ops & eager_op::rmsnorm) eager_f32_ = rt.empty(x.shape(), Category::activations, "RMSNorm's f32 copy (eager PyTorch keeps it)");
@@ -35,10 +39,15 @@ Tensor RMSNorm::forward(Runtime& rt, const Tensor& x) {
 Tensor RMSNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
   Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
-  AsF32 d(rt, dx, AsF32::out), dw(rt, grad_or_scratch(rt, weight), AsF32::inout), dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
-  rmsnorm_backward(rt, d.p, dw.p, dy.p, xf.p, w.p, rstd_.f32(), N, C_);
-  d.store();
-  dw.store();
+  Tensor gw = grad_or_scratch(rt, weight);
+  if (device_16(rt, {&dout, &saved_x_, &weight.data, &gw})) {
+    rmsnorm_backward_16(rt, dx.data(), gw.data(), dout.data(), saved_x_.data(), weight.data.data(), rstd_.f32(), rt.dtype, N, C_);
+  } else {
+    AsF32 d(rt, dx, AsF32::out), dw(rt, gw, AsF32::inout), dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);
+    rmsnorm_backward(rt, d.p, dw.p, dy.p, xf.p, w.p, rstd_.f32(), N, C_);
+    d.store();
+    dw.store();
+  }
   saved_x_ = rstd_ = eager_f32_ = Tensor();
   return dx;
 }
@@ -110,7 +119,9 @@ Tensor LlamaAttention::forward(Runtime& rt, const Tensor& x_in) {
   const std::vector<int32_t> cp_pos = core_.context() ? core_.context()->positions(T) : std::vector<int32_t>();
   const int32_t* pos = cp_pos.empty() ? nullptr : cp_pos.data();
   qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
-  {
+  if (!pos && device_16(rt, {&q, &k, &v})) {  // q and k turned in place: q is what op-level checkpointing keeps
+    rope_repeat_kv_forward_16(rt, qkv_.data(), q.data(), k.data(), v.data(), rt.dtype, B, T, n_head, n_kv_head, head_dim, rope_theta, true);
+  } else {
     AsF32 qf(rt, q, AsF32::inout), kf(rt, k, AsF32::inout), vf(rt, v), out(rt, qkv_, AsF32::out);
     rope_apply(rt, qf.p, B, T, n_head, head_dim, Cq, rope_theta, false, pos);
     rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false, pos);
@@ -144,7 +155,9 @@ Tensor LlamaAttention::recompute(Runtime& rt, const Tensor& x) {
   const std::vector<int32_t> cp_pos = core_.context() ? core_.context()->positions(T) : std::vector<int32_t>();
   const int32_t* pos = cp_pos.empty() ? nullptr : cp_pos.data();
   qkv_ = rt.empty({B, T, 3 * Cq}, Category::activations, "q, k, v (rotated, kv repeated)", rt.dtype);
-  {
+  if (!pos && device_16(rt, {&q_, &k, &v_})) {
+    rope_repeat_kv_forward_16(rt, qkv_.data(), q_.data(), k.data(), v_.data(), rt.dtype, B, T, n_head, n_kv_head, head_dim, rope_theta, false);
+  } else {
     AsF32 qf(rt, q_), kf(rt, k, AsF32::inout), vf(rt, v_), out(rt, qkv_, AsF32::out);
     rope_apply(rt, kf.p, B, T, n_kv_head, head_dim, Ckv, rope_theta, false, pos);  // q_ was rotated in forward
     repeat_kv_forward(rt, out.p, qf.p, kf.p, vf.p, B, T, n_head, n_kv_head, head_dim);
@@ -167,7 +180,9 @@ Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
   Tensor dq = rt.empty({B, T, Cq}, Category::activations, "grad of q", rt.dtype);
   Tensor dk = rt.empty({B, T, Ckv}, Category::activations, "grad of k", rt.dtype);
   Tensor dv = rt.empty({B, T, Ckv}, Category::activations, "grad of v", rt.dtype);
-  {
+  if (!pos && device_16(rt, {&dqkv})) {
+    rope_repeat_kv_backward_16(rt, dq.data(), dk.data(), dv.data(), dqkv.data(), rt.dtype, B, T, n_head, n_kv_head, head_dim, rope_theta);
+  } else {
     AsF32 dqf(rt, dq, AsF32::out), dkf(rt, dk, AsF32::out), dvf(rt, dv, AsF32::out), g(rt, dqkv);
     repeat_kv_backward(rt, dqf.p, dkf.p, dvf.p, g.p, B, T, n_head, n_kv_head, head_dim);
     rope_apply(rt, dqf.p, B, T, n_head, head_dim, Cq, rope_theta, true, pos);  // a rotation's backward turns back
@@ -194,6 +209,14 @@ Tensor LlamaAttention::backward(Runtime& rt, const Tensor& dout) {
 }
 
 // ---- MLP ----
+
+// h = silu(gate) · up: on a device rank's 16-bit tensors as they are, else through f32 copies
+static void swiglu(Runtime& rt, Tensor& h, const Tensor& gate, const Tensor& up) {
+  if (device_16(rt, {&gate, &up})) return swiglu_forward_16(rt, h.data(), gate.data(), up.data(), rt.dtype, h.numel());
+  AsF32 hf(rt, h, AsF32::out), g(rt, gate), u(rt, up);
+  swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
+  hf.store();
+}
 
 LlamaMLP::LlamaMLP(Runtime& rt, const std::string& p, int64_t C, int64_t I, int tp, std::unique_ptr<Layer> down, InputGradSum sum,
                    InputGather gather)
@@ -226,11 +249,7 @@ Tensor LlamaMLP::forward(Runtime& rt, const Tensor& x_in) {
     for (Linear* l : {&gate_proj, &up_proj}) l->release_input();
   }
   Tensor h = rt.empty(gate_.shape(), Category::activations, "SwiGLU output", rt.dtype);
-  {
-    AsF32 hf(rt, h, AsF32::out), g(rt, gate_), u(rt, up_);
-    swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
-    hf.store();
-  }
+  swiglu(rt, h, gate_, up_);
   // eager PyTorch keeps silu(gate) for the product's backward, beside gate and up
   if (rt.eager_ops & eager_op::swiglu) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   Tensor out = down_proj->forward(rt, h);
@@ -250,11 +269,7 @@ void LlamaMLP::recompute(Runtime& rt, const Tensor& x) {
   gate_proj.keep_input(rt, x);  // its output, gate_, was kept
   up_ = up_proj.forward(rt, x);  // the 6th matmul, recomputed
   Tensor h = rt.empty(gate_.shape(), Category::activations, "SwiGLU output", rt.dtype);
-  {
-    AsF32 hf(rt, h, AsF32::out), g(rt, gate_), u(rt, up_);
-    swiglu_forward(rt, hf.p, g.p, u.p, h.numel());
-    hf.store();
-  }
+  swiglu(rt, h, gate_, up_);
   if (rt.eager_ops & eager_op::swiglu) eager_silu_ = rt.empty(gate_.shape(), Category::activations, "silu(gate) (eager PyTorch keeps it)", rt.dtype);
   down_proj->keep_input(rt, h);  // its output was kept (and is not needed): only its input
   out_ = Tensor();
@@ -264,7 +279,9 @@ Tensor LlamaMLP::backward(Runtime& rt, const Tensor& dout) {
   Tensor dh = down_proj->backward(rt, dout);
   Tensor dg = rt.empty(gate_.shape(), Category::activations, "grad of gate", rt.dtype);
   Tensor du = rt.empty(up_.shape(), Category::activations, "grad of up", rt.dtype);
-  {
+  if (device_16(rt, {&dh, &gate_, &up_})) {
+    swiglu_backward_16(rt, dg.data(), du.data(), dh.data(), gate_.data(), up_.data(), rt.dtype, dg.numel());
+  } else {
     AsF32 dgf(rt, dg, AsF32::out), duf(rt, du, AsF32::out), d(rt, dh), g(rt, gate_), u(rt, up_);
     swiglu_backward(rt, dgf.p, duf.p, d.p, g.p, u.p, dg.numel());
     dgf.store();

@@ -139,6 +139,16 @@ struct Kernels {
                             int64_t KV, int64_t hd);
   void (*repeat_kv_backward)(Runtime&, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t hd);
+  // the 16-bit forms (t: bf16 or f16; rstd f32): core/ops/cpu/llama.h
+  void (*rmsnorm_forward_16)(Runtime&, void* out, float* rstd, const void* inp, const void* weight, DType t, int64_t N, int64_t C, float eps);
+  void (*rmsnorm_backward_16)(Runtime&, void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd,
+                              DType t, int64_t N, int64_t C);
+  void (*swiglu_forward_16)(Runtime&, void* out, const void* gate, const void* up, DType t, int64_t n);
+  void (*swiglu_backward_16)(Runtime&, void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, int64_t n);
+  void (*rope_repeat_kv_forward_16)(Runtime&, void* qkv, void* q, void* k, const void* v, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                    int64_t hd, float theta, bool rotate_q);
+  void (*rope_repeat_kv_backward_16)(Runtime&, void* dq, void* dk, void* dv, const void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                                     int64_t KV, int64_t hd, float theta);
   // ---- nf4.h ----
   void (*dequantize_nf4)(Runtime&, float* out, const uint8_t* packed, const uint8_t* absmax_q, const float* absmax, float offset,
                          int64_t n, int64_t block, int64_t block2);

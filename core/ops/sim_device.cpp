@@ -324,6 +324,45 @@ void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, cons
                                        dev(lse, "flash_attention_backward_16"), t, B, T, C, NH);
 }
 
+void rmsnorm_forward_16(Runtime& rt, void* out, float* rstd, const void* inp, const void* weight, DType t, int64_t N, int64_t C, float eps) {
+  HostKernels cpu(rt);
+  const char* k = "rmsnorm_forward_16";
+  distlab::rmsnorm_forward_16(rt, dev(out, k), dev(rstd, k), dev(inp, k), dev(weight, k), t, N, C, eps);
+}
+
+void rmsnorm_backward_16(Runtime& rt, void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd,
+                         DType t, int64_t N, int64_t C) {
+  HostKernels cpu(rt);
+  const char* k = "rmsnorm_backward_16";
+  distlab::rmsnorm_backward_16(rt, dev(dinp, k), dev(dweight, k), dev(dout, k), dev(inp, k), dev(weight, k), dev(rstd, k), t, N, C);
+}
+
+void swiglu_forward_16(Runtime& rt, void* out, const void* gate, const void* up, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  const char* k = "swiglu_forward_16";
+  distlab::swiglu_forward_16(rt, dev(out, k), dev(gate, k), dev(up, k), t, n);
+}
+
+void swiglu_backward_16(Runtime& rt, void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, int64_t n) {
+  HostKernels cpu(rt);
+  const char* k = "swiglu_backward_16";
+  distlab::swiglu_backward_16(rt, dev(dgate, k), dev(dup, k), dev(dout, k), dev(gate, k), dev(up, k), t, n);
+}
+
+void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* kk, const void* v, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t hd, float theta, bool rotate_q) {
+  HostKernels cpu(rt);
+  const char* k = "rope_repeat_kv_forward_16";
+  distlab::rope_repeat_kv_forward_16(rt, dev(qkv, k), dev(q, k), dev(kk, k), dev(v, k), t, B, T, H, KV, hd, theta, rotate_q);
+}
+
+void rope_repeat_kv_backward_16(Runtime& rt, void* dq, void* dk, void* dv, const void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                                int64_t KV, int64_t hd, float theta) {
+  HostKernels cpu(rt);
+  const char* k = "rope_repeat_kv_backward_16";
+  distlab::rope_repeat_kv_backward_16(rt, dev(dq, k), dev(dk, k), dev(dv, k), dev(dqkv, k), t, B, T, H, KV, hd, theta);
+}
+
 void rmsnorm_forward(Runtime& rt, float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, float eps) {
   HostKernels cpu(rt);
   distlab::rmsnorm_forward(rt, dev(out, "rmsnorm_forward"), dev(rstd, "rmsnorm_forward"), dev(inp, "rmsnorm_forward"), dev(weight, "rmsnorm_forward"),
@@ -509,6 +548,12 @@ const Kernels& sim_kernels() {
     t.rmsnorm_forward = sim::rmsnorm_forward;
     t.rmsnorm_backward = sim::rmsnorm_backward;
     t.rope_apply = sim::rope_apply;
+    t.rmsnorm_forward_16 = sim::rmsnorm_forward_16;
+    t.rmsnorm_backward_16 = sim::rmsnorm_backward_16;
+    t.swiglu_forward_16 = sim::swiglu_forward_16;
+    t.swiglu_backward_16 = sim::swiglu_backward_16;
+    t.rope_repeat_kv_forward_16 = sim::rope_repeat_kv_forward_16;
+    t.rope_repeat_kv_backward_16 = sim::rope_repeat_kv_backward_16;
     t.swiglu_forward = sim::swiglu_forward;
     t.swiglu_backward = sim::swiglu_backward;
     t.repeat_kv_forward = sim::repeat_kv_forward;

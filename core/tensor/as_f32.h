@@ -14,9 +14,14 @@
 //   AsF32 g(rt, param.grad, AsF32::inout);     // ... or accumulates into g.p (+=)
 //   kernel(rt, y.p, x.p, g.p, ...);
 //   y.store(); g.store();
+//
+// A device rank's 16-bit run skips the copies where a kernel has a 16-bit form (linear_forward_16,
+// layernorm_backward_16, ...: the f32 kernel's arithmetic between an exact widening and one rounding, in
+// the kernel): `if (device_16(rt, {&x, &w})) kernel_16(...); else { AsF32 ... }` -- the same bits either way.
 #pragma once
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <vector>
 
 #include "core/tensor/runtime.h"
@@ -112,5 +117,14 @@ class Indices {
   DeviceMemory* dev_ = nullptr;
   int64_t bytes_ = 0;
 };
+
+// A device rank (cuda, cuda-sim) in a 16-bit run whose tensors are all in the run's 16-bit type: the ops
+// then call their kernels' 16-bit forms instead of going through AsF32's copies.
+inline bool device_16(const Runtime& rt, std::initializer_list<const Tensor*> ts) {
+  if (!rt.kernels || (rt.dtype != DType::bf16 && rt.dtype != DType::f16)) return false;
+  for (const Tensor* t : ts)
+    if (!t->defined() || t->dtype() != rt.dtype) return false;
+  return true;
+}
 
 }  // namespace distlab

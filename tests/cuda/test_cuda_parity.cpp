@@ -788,6 +788,61 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
   CHECK(bitwise(oq.get(), cdq));
   CHECK(bitwise(ok.get(), cdk));
   CHECK(bitwise(ov.get(), cdv));
+  // The 16-bit forms against the cpu's (widen, the f32 kernel, round once): within a rounding (1e-2 of the
+  // largest value), the repeat's copies bit for bit
+  for (DType low : {DType::bf16, DType::f16}) {
+    INFO("the 16-bit forms in " << dtype_name(low));
+    auto to16 = [&](const std::vector<float>& v) {
+      std::vector<uint16_t> o(v.size());
+      convert(v.data(), DType::f32, o.data(), low, int64_t(v.size()));
+      return o;
+    };
+    auto wide16 = [&](const std::vector<uint16_t>& v) {
+      std::vector<float> o(v.size());
+      convert(v.data(), low, o.data(), DType::f32, int64_t(v.size()));
+      return o;
+    };
+    const auto x16 = to16(x), w16 = to16(w), dy16 = to16(dy), dw16 = to16(dw0), gate16 = to16(gate), up16 = to16(up);
+    std::vector<uint16_t> cy(x16.size()), cdx16(x16.size()), cdw16 = dw16;
+    std::vector<float> cr16(static_cast<size_t>(N));
+    rmsnorm_forward_16(g.cpu, cy.data(), cr16.data(), x16.data(), w16.data(), low, N, C, 1e-5f);
+    rmsnorm_backward_16(g.cpu, cdx16.data(), cdw16.data(), dy16.data(), x16.data(), w16.data(), cr16.data(), low, N, C);
+    Dev<uint16_t> gx(x16), gw(w16), gdy(dy16), gy(N * C), gdx16(N * C), gdw16(dw16);
+    Dev<float> gr(N);
+    cuda::rmsnorm_forward_16(g.gpu, gy.p, gr.p, gx.p, gw.p, low, N, C, 1e-5f);
+    Dev<float> cr_d(cr16);  // the same rstd on both sides for the backward
+    cuda::rmsnorm_backward_16(g.gpu, gdx16.p, gdw16.p, gdy.p, gx.p, gw.p, cr_d.p, low, N, C);
+    CHECK(rel(wide16(gy.get()), wide16(cy)) < 1e-2);
+    CHECK(rel(gr.get(), cr16) < kF32);
+    CHECK(rel(wide16(gdx16.get()), wide16(cdx16)) < 1e-2);
+    CHECK(rel(wide16(gdw16.get()), wide16(cdw16)) < 1e-2);
+    std::vector<uint16_t> ch16(gate16.size()), cdg16(gate16.size()), cdu16(gate16.size());
+    swiglu_forward_16(g.cpu, ch16.data(), gate16.data(), up16.data(), low, N * C);
+    swiglu_backward_16(g.cpu, cdg16.data(), cdu16.data(), dy16.data(), gate16.data(), up16.data(), low, N * C);
+    Dev<uint16_t> gg(gate16), gu(up16), gh(N * C), gdg16(N * C), gdu16(N * C);
+    cuda::swiglu_forward_16(g.gpu, gh.p, gg.p, gu.p, low, N * C);
+    cuda::swiglu_backward_16(g.gpu, gdg16.p, gdu16.p, gdy.p, gg.p, gu.p, low, N * C);
+    CHECK(rel(wide16(gh.get()), wide16(ch16)) < 1e-2);
+    CHECK(rel(wide16(gdg16.get()), wide16(cdg16)) < 1e-2);
+    CHECK(rel(wide16(gdu16.get()), wide16(cdu16)) < 1e-2);
+    // RoPE and repeat_kv: 6 query heads over 2 kv heads of 4, q and k turned in place, and back
+    auto q16 = to16(qq), k16 = to16(kk);
+    const auto v16 = to16(vv), g16 = to16(gq3);
+    std::vector<uint16_t> cqkv16(gq3.size()), cq16 = q16, ck16 = k16;
+    rope_repeat_kv_forward_16(g.cpu, cqkv16.data(), cq16.data(), ck16.data(), v16.data(), low, B, T, Hq, KV, d, 10000.0f, true);
+    Dev<uint16_t> gq16(q16), gk16(k16), gv16(v16), gqkv16(int64_t(gq3.size()));
+    cuda::rope_repeat_kv_forward_16(g.gpu, gqkv16.p, gq16.p, gk16.p, gv16.p, low, B, T, Hq, KV, d, 10000.0f, true);
+    CHECK(rel(wide16(gqkv16.get()), wide16(cqkv16)) < 1e-2);
+    CHECK(rel(wide16(gq16.get()), wide16(cq16)) < 1e-2);
+    CHECK(rel(wide16(gk16.get()), wide16(ck16)) < 1e-2);
+    std::vector<uint16_t> cdq16(qq.size()), cdk16(kk.size()), cdv16(vv.size());
+    rope_repeat_kv_backward_16(g.cpu, cdq16.data(), cdk16.data(), cdv16.data(), g16.data(), low, B, T, Hq, KV, d, 10000.0f);
+    Dev<uint16_t> gg16(g16), gdq(int64_t(qq.size())), gdk(int64_t(kk.size())), gdv(int64_t(vv.size()));
+    cuda::rope_repeat_kv_backward_16(g.gpu, gdq.p, gdk.p, gdv.p, gg16.p, low, B, T, Hq, KV, d, 10000.0f);
+    CHECK(rel(wide16(gdq.get()), wide16(cdq16)) < 1e-2);
+    CHECK(rel(wide16(gdk.get()), wide16(cdk16)) < 1e-2);
+    CHECK(gdv.get() == cdv16);  // no turn: the same f32 sums, rounded once
+  }
 }
 
 TEST_CASE("QLoRA's dequantize: NF4 with and without double quantization, bit for bit the cpu's (no fused multiply-add)", "[cuda][qlora]") {

@@ -155,4 +155,82 @@ void repeat_kv_backward(Runtime& rt, float* dq, float* dk, float* dv, const floa
   }
 }
 
+// ---- the 16-bit forms: widened, the f32 kernels, each result rounded once ----
+
+void rmsnorm_forward_16(Runtime& rt, void* out, float* rstd, const void* inp, const void* weight, DType t, int64_t N, int64_t C, float eps) {
+  if (rt.kernels) return need(rt.kernels->rmsnorm_forward_16, "rmsnorm_forward_16")(rt, out, rstd, inp, weight, t, N, C, eps);
+  if (rt.is_meta()) return rmsnorm_forward(rt, nullptr, nullptr, nullptr, nullptr, N, C, eps);  // its event
+  std::vector<float> x = widened(inp, t, N * C), w = widened(weight, t, C), y(x.size());
+  rmsnorm_forward(rt, y.data(), rstd, x.data(), w.data(), N, C, eps);
+  convert(y.data(), DType::f32, out, t, N * C);
+}
+
+void rmsnorm_backward_16(Runtime& rt, void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, DType t,
+                         int64_t N, int64_t C) {
+  if (rt.kernels) return need(rt.kernels->rmsnorm_backward_16, "rmsnorm_backward_16")(rt, dinp, dweight, dout, inp, weight, rstd, t, N, C);
+  if (rt.is_meta()) return rmsnorm_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, N, C);
+  std::vector<float> dy = widened(dout, t, N * C), x = widened(inp, t, N * C), w = widened(weight, t, C), dw = widened(dweight, t, C);
+  std::vector<float> dx(x.size());
+  rmsnorm_backward(rt, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd, N, C);
+  convert(dx.data(), DType::f32, dinp, t, N * C);
+  convert(dw.data(), DType::f32, dweight, t, C);
+}
+
+void swiglu_forward_16(Runtime& rt, void* out, const void* gate, const void* up, DType t, int64_t n) {
+  if (rt.kernels) return need(rt.kernels->swiglu_forward_16, "swiglu_forward_16")(rt, out, gate, up, t, n);
+  if (rt.is_meta()) return swiglu_forward(rt, nullptr, nullptr, nullptr, n);
+  std::vector<float> g = widened(gate, t, n), u = widened(up, t, n), h(g.size());
+  swiglu_forward(rt, h.data(), g.data(), u.data(), n);
+  convert(h.data(), DType::f32, out, t, n);
+}
+
+void swiglu_backward_16(Runtime& rt, void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, int64_t n) {
+  if (rt.kernels) return need(rt.kernels->swiglu_backward_16, "swiglu_backward_16")(rt, dgate, dup, dout, gate, up, t, n);
+  if (rt.is_meta()) return swiglu_backward(rt, nullptr, nullptr, nullptr, nullptr, nullptr, n);
+  std::vector<float> dh = widened(dout, t, n), g = widened(gate, t, n), u = widened(up, t, n), dg(g.size()), du(g.size());
+  swiglu_backward(rt, dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
+  convert(dg.data(), DType::f32, dgate, t, n);
+  convert(du.data(), DType::f32, dup, t, n);
+}
+
+void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* k, const void* v, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t hd, float theta, bool rotate_q) {
+  if (rt.kernels)
+    return need(rt.kernels->rope_repeat_kv_forward_16, "rope_repeat_kv_forward_16")(rt, qkv, q, k, v, t, B, T, H, KV, hd, theta, rotate_q);
+  const int64_t Cq = H * hd, Ckv = KV * hd;
+  if (rt.is_meta()) {  // their events
+    if (rotate_q) rope_apply(rt, nullptr, B, T, H, hd, Cq, theta, false);
+    rope_apply(rt, nullptr, B, T, KV, hd, Ckv, theta, false);
+    return repeat_kv_forward(rt, nullptr, nullptr, nullptr, nullptr, B, T, H, KV, hd);
+  }
+  std::vector<float> qf = widened(q, t, B * T * Cq), kf = widened(k, t, B * T * Ckv), vf = widened(v, t, B * T * Ckv);
+  std::vector<float> out(static_cast<size_t>(B * T * 3 * Cq));
+  if (rotate_q) rope_apply(rt, qf.data(), B, T, H, hd, Cq, theta, false);
+  rope_apply(rt, kf.data(), B, T, KV, hd, Ckv, theta, false);
+  repeat_kv_forward(rt, out.data(), qf.data(), kf.data(), vf.data(), B, T, H, KV, hd);
+  convert(out.data(), DType::f32, qkv, t, B * T * 3 * Cq);
+  if (rotate_q) convert(qf.data(), DType::f32, q, t, B * T * Cq);
+  convert(kf.data(), DType::f32, k, t, B * T * Ckv);
+}
+
+void rope_repeat_kv_backward_16(Runtime& rt, void* dq, void* dk, void* dv, const void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t hd, float theta) {
+  if (rt.kernels)
+    return need(rt.kernels->rope_repeat_kv_backward_16, "rope_repeat_kv_backward_16")(rt, dq, dk, dv, dqkv, t, B, T, H, KV, hd, theta);
+  const int64_t Cq = H * hd, Ckv = KV * hd;
+  if (rt.is_meta()) {
+    repeat_kv_backward(rt, nullptr, nullptr, nullptr, nullptr, B, T, H, KV, hd);
+    rope_apply(rt, nullptr, B, T, H, hd, Cq, theta, true);
+    return rope_apply(rt, nullptr, B, T, KV, hd, Ckv, theta, true);
+  }
+  std::vector<float> g = widened(dqkv, t, B * T * 3 * Cq), dqf(static_cast<size_t>(B * T * Cq)), dkf(static_cast<size_t>(B * T * Ckv)),
+      dvf(static_cast<size_t>(B * T * Ckv));
+  repeat_kv_backward(rt, dqf.data(), dkf.data(), dvf.data(), g.data(), B, T, H, KV, hd);
+  rope_apply(rt, dqf.data(), B, T, H, hd, Cq, theta, true);  // a rotation's backward turns back
+  rope_apply(rt, dkf.data(), B, T, KV, hd, Ckv, theta, true);
+  convert(dqf.data(), DType::f32, dq, t, B * T * Cq);
+  convert(dkf.data(), DType::f32, dk, t, B * T * Ckv);
+  convert(dvf.data(), DType::f32, dv, t, B * T * Ckv);
+}
+
 }  // namespace distlab

@@ -39,4 +39,22 @@ void repeat_kv_forward(Runtime& rt, float* qkv, const float* q, const float* k, 
 void repeat_kv_backward(Runtime& rt, float* dq, float* dk, float* dv, const float* dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                         int64_t hd);
 
+// The 16-bit forms a device rank's 16-bit LLaMA calls (t: bf16 or f16; rstd f32): the f32 kernels above
+// between an exact widening and one rounding of each result, so a device's run takes the cpu's very steps
+// where the cpu goes through f32 copies. The cpu forms run on cuda-sim; a GPU's read and write the 16 bits
+// in its kernels (core/ops/cuda/llama.cu).
+void rmsnorm_forward_16(Runtime& rt, void* out, float* rstd, const void* inp, const void* weight, DType t, int64_t N, int64_t C, float eps);
+void rmsnorm_backward_16(Runtime& rt, void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, DType t,
+                         int64_t N, int64_t C);
+void swiglu_forward_16(Runtime& rt, void* out, const void* gate, const void* up, DType t, int64_t n);
+void swiglu_backward_16(Runtime& rt, void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, int64_t n);
+// Attention's inputs (positions 0..T-1): k (and q where rotate_q) turned by RoPE in place, each rotated
+// value rounded once, then qkv (B, T, 3·H·hd) = [q, k repeated, v repeated] (repeat_kv_forward: copies)
+void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* k, const void* v, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t hd, float theta, bool rotate_q);
+// ... and its backward: dq, dk, dv (overwritten) = repeat_kv_backward of dqkv (a kv head's gradient the sum
+// of its query heads' in f32), dq and dk turned back by RoPE, then each rounded once
+void rope_repeat_kv_backward_16(Runtime& rt, void* dq, void* dk, void* dv, const void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t hd, float theta);
+
 }  // namespace distlab

@@ -12,13 +12,6 @@ namespace distlab::cuda {
 
 namespace {
 
-// a value as f32 (16 bits widen exactly), and stored from f32 (rounded to nearest): the f32 kernel's
-// arithmetic on any storage type (dtype16.cuh)
-template <class T>
-__device__ __forceinline__ float ld(const T* p, int64_t i) { return wide(p[i]); }
-template <class T>
-__device__ __forceinline__ void st(T* p, int64_t i, float v) { p[i] = narrow<T>(v); }
-
 template <class T>
 __global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t C,
                                     float eps) {
