@@ -166,23 +166,28 @@ TEST_CASE("cuda-sim trains GPT in bf16 with clipping and AdamW, and the CNN in f
   for (const auto& s : sim.steps) clipped = clipped || (!s.at("grad_norm").is_null() && s.at("grad_norm").get<double>() > 0.5);
   CHECK(clipped);
   // the device's own allocator, measured, against the accounting (the sim's blocks are the accounted bytes
-  // rounded to 64, and it caches nothing). In f32 every byte the device held was counted; in bf16 the
-  // device also holds the f32 copies the kernels without a 16-bit form read (AsF32's scratch, uncounted:
-  // the naive attention, the loss's logits, the norms' backward; the Linear, GELU, residual, LayerNorm forward
-  // and flash attention read their 16 bits), and the measured peak shows them. None on a cpu rank.
+  // rounded to 64, and it caches nothing). In f32 every byte the device held was counted. In bf16 a kernel
+  // without a 16-bit form reads f32 copies (AsF32's scratch, uncounted): the naive attention's probabilities
+  // do, and the measured peak shows them; with flash attention every kernel of the step that runs at the
+  // peak reads its 16 bits (the Linear and lm_head, GELU, the residual, LayerNorm, attention, the loss), and
+  // the peak is the counted one to 1 % (issue 58's target on a GPU: within 5 %). None on a cpu rank.
   REQUIRE(!sim.summary.is_null());
   const auto held_counted = [](const TrainRun& r) {
     return std::pair{r.summary["peak_memory_device_measured"].get<double>(), r.summary["peak_memory_total"].get<double>()};
   };
   const auto [held16, counted16] = held_counted(sim);
-  CHECK(held16 > counted16 * 1.05);
+  CHECK(held16 > counted16 * 1.01);
+  const TrainRun flash = train_cli("cuda-sim", gpt + " --set model.attention=flash");
+  const auto [held_flash, counted_flash] = held_counted(flash);
+  CHECK(held_flash >= counted_flash);
+  CHECK(held_flash <= counted_flash * 1.01);
   CHECK(cpu.summary["peak_memory_device_measured"].get<double>() == -1);
   CHECK_THAT(sim.out, Catch::Contains("measured: the device's allocator at its most"));
   const auto [held32, counted32] = held_counted(train_cli("cuda-sim", "train configs/gpt-tiny.toml --set train.steps=2"));
   CHECK(held32 >= counted32);
   CHECK(held32 <= counted32 * 1.01);
   // flash attention on a device rank's 16-bit tensors (flash_attention_*_16): GPT, and LLaMA's grouped-query heads
-  check_same_runs(gpt + " --set model.attention=flash");
+  check_same_metrics(train_cli("cpu", gpt + " --set model.attention=flash"), flash);
   check_same_runs("train configs/llama-tiny.toml --set train.steps=3 --set precision.mode=fp16 --set model.attention=flash");
   // LLaMA's RMSNorm, RoPE with repeat_kv, and SwiGLU on 16-bit tensors (*_16), accumulation, and op-level
   // checkpointing (q kept rotated; k turned again when the attention is recomputed)

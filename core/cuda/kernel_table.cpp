@@ -41,6 +41,8 @@ const Kernels& kernel_table() {
     t.batchnorm_backward_apply = &cuda::batchnorm_backward_apply;
     t.softmax_crossentropy_forward = &cuda::softmax_crossentropy_forward;
     t.softmax_crossentropy_backward = &cuda::softmax_crossentropy_backward;
+    t.softmax_crossentropy_forward_16 = &cuda::softmax_crossentropy_forward_16;
+    t.softmax_crossentropy_backward_16 = &cuda::softmax_crossentropy_backward_16;
     t.vocab_ce_max = &cuda::vocab_ce_max;
     t.vocab_ce_exp = &cuda::vocab_ce_exp;
     t.vocab_ce_finish = &cuda::vocab_ce_finish;

@@ -367,9 +367,13 @@ Tensor GPT::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input, 
   // over the vocabulary, this rank's columns (Megatron's f: identity; sequence parallel: g, the rows gathered)
   Tensor logits = rt.empty({B * T, Vt}, Category::activations, vocab_parts() > 1 ? "logits (this rank's vocabulary)" : "logits", rt.dtype);
   const Tensor xf_all = layers_->whole_rows(rt, saved_xf_);
-  AsF32 z(rt, logits, AsF32::out), xf(rt, xf_all), w(rt, head().data);
-  matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, Vt);
-  z.store();
+  if (device_16(rt, {&xf_all, &head().data})) {  // a device rank's 16-bit GEMM on the tensors as they are
+    linear_forward_16(rt, logits.data(), xf_all.data(), head().data.data(), nullptr, rt.dtype, B * T, C, Vt);
+  } else {
+    AsF32 z(rt, logits, AsF32::out), xf(rt, xf_all), w(rt, head().data);
+    matmul_forward(rt, z.p, xf.p, w.p, nullptr, B * T, C, Vt);
+    z.store();
+  }
   if (hook && first_stage()) hook->after_forward(0);
   return logits;
 }
@@ -382,9 +386,13 @@ Tensor GPT::backward_stage(Runtime& rt, const Tensor& dout, BackwardHook* hook) 
     if (hook) hook->before_layer_backward(first_stage() ? 0 : unit);  // one stage: the lm_head's weight is wte (unit 0)
     const Tensor xf_all = layers_->whole_rows(rt, saved_xf_);  // sequence parallel: gathered again
     Tensor dxf = rt.empty(xf_all.shape(), Category::activations, "grad of ln_f output", rt.dtype);
-    {
-      const bool trains = head().requires_grad;  // frozen under LoRA: dW's GEMM skipped
-      AsF32 dx(rt, dxf, AsF32::out), dw(rt, trains ? head().grad_for_accumulate() : Tensor(), AsF32::inout);
+    const bool trains = head().requires_grad;  // frozen under LoRA: dW's GEMM skipped
+    const Tensor gw = trains ? head().grad_for_accumulate() : Tensor();
+    if (device_16(rt, {&dout, &xf_all, &head().data}) && (!trains || gw.dtype() == rt.dtype)) {
+      linear_backward_16(rt, dxf.data(), trains ? gw.data() : nullptr, nullptr, dout.data(), xf_all.data(), head().data.data(), rt.dtype, BT, C,
+                         Vt, true, trains);
+    } else {
+      AsF32 dx(rt, dxf, AsF32::out), dw(rt, gw, AsF32::inout);
       AsF32 dz(rt, dout, AsF32::in, rt.dtype), xf(rt, xf_all), w(rt, head().data);
       matmul_backward(rt, dx.p, dw.p, nullptr, dz.p, xf.p, w.p, BT, C, Vt, true, trains);
       dx.store();

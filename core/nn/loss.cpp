@@ -21,9 +21,11 @@ double CrossEntropyLoss::forward(Runtime& rt, const Tensor& logits, const std::v
                       "the data set's labels don't match model's number of classes");
   probs_ = rt.empty({N, V}, Category::activations, "softmax probabilities");  // f32: autocast's fp32 list
   targets_ = targets;
-  AsF32 z(rt, logits);
   logits_dtype_ = logits.dtype();
   device_targets_ = std::make_unique<Indices>(rt, targets_);  // reads targets_: it outlives the copy
+  if (device_16(rt, {&logits}))  // a device rank reads the 16 bits themselves: no f32 copy of the logits
+    return softmax_crossentropy_forward_16(rt, probs_.f32(), logits.data(), logits.dtype(), device_targets_->p, N, V, correct, loss_out);
+  AsF32 z(rt, logits);
   return softmax_crossentropy_forward(rt, probs_.f32(), z.p, device_targets_->p, N, V, correct, loss_out);
 }
 
@@ -34,10 +36,14 @@ Tensor CrossEntropyLoss::backward(Runtime& rt, float scale) {
   if ((rt.eager_ops & eager_op::loss) && logits_dtype_ != DType::f32)
     eager_grad = rt.empty(probs_.shape(), Category::activations, "nll_loss's f32 gradient (eager PyTorch)");
   Tensor d = rt.empty(probs_.shape(), Category::activations, "grad of logits", logits_dtype_);
-  AsF32 df(rt, d, AsF32::out);
   if (!device_targets_) throw Error("cross-entropy backward without its forward", "call forward first");
-  softmax_crossentropy_backward(rt, df.p, probs_.f32(), device_targets_->p, probs_.size(0), probs_.size(1), scale);
-  df.store();  // fp16: a gradient under 2^-24 becomes 0 here unless the loss scale lifted it
+  if (device_16(rt, {&d})) {
+    softmax_crossentropy_backward_16(rt, d.data(), d.dtype(), probs_.f32(), device_targets_->p, probs_.size(0), probs_.size(1), scale);
+  } else {
+    AsF32 df(rt, d, AsF32::out);
+    softmax_crossentropy_backward(rt, df.p, probs_.f32(), device_targets_->p, probs_.size(0), probs_.size(1), scale);
+    df.store();  // fp16: a gradient under 2^-24 becomes 0 here unless the loss scale lifted it
+  }
   probs_ = Tensor();
   device_targets_.reset();
   return d;

@@ -105,6 +105,10 @@ struct Kernels {
                                          int64_t V, int64_t* correct, double* loss_out);
   void (*softmax_crossentropy_backward)(Runtime&, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                         int64_t V, float scale);
+  double (*softmax_crossentropy_forward_16)(Runtime&, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N,
+                                            int64_t V, int64_t* correct, double* loss_out);
+  void (*softmax_crossentropy_backward_16)(Runtime&, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N,
+                                           int64_t V, float scale);
   void (*vocab_ce_max)(Runtime&, float* mx, const float* logits, int64_t N, int64_t V);
   void (*vocab_ce_exp)(Runtime&, float* probs, float* sum, float* zt, const float* logits, const float* mx,
                        const int32_t* targets, int64_t first, int64_t N, int64_t V);

@@ -285,6 +285,24 @@ void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* pro
   distlab::softmax_crossentropy_backward(rt, dev(dlogits, "softmax_crossentropy_backward"), dev(probs, "softmax_crossentropy_backward"), dev(targets, "softmax_crossentropy_backward"), N, V, scale);
 }
 
+double softmax_crossentropy_forward_16(Runtime& rt, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t* correct, double* loss_out) {
+  if (!loss_out) host_wait(rt);
+  DL_ASSERT(!(correct && loss_out), "softmax_crossentropy_forward_16: `correct` is read back, a slot is not: one or the other");
+  HostKernels cpu(rt);
+  const char* k = "softmax_crossentropy_forward_16";
+  const double mean = distlab::softmax_crossentropy_forward_16(rt, dev(probs, k), dev(logits, k), t, dev(targets, k), N, V, correct,
+                                                               loss_out ? dev(loss_out, k) : nullptr);
+  return loss_out ? 0.0 : mean;
+}
+
+void softmax_crossentropy_backward_16(Runtime& rt, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                      float scale) {
+  HostKernels cpu(rt);
+  const char* k = "softmax_crossentropy_backward_16";
+  distlab::softmax_crossentropy_backward_16(rt, dev(dlogits, k), t, dev(probs, k), dev(targets, k), N, V, scale);
+}
+
 void attention_forward(Runtime& rt, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
   HostKernels cpu(rt);
   distlab::attention_forward(rt, dev(out, "attention_forward"), dev(att, "attention_forward"), dev(qkv, "attention_forward"), B, T, C, NH);
@@ -539,6 +557,8 @@ const Kernels& sim_kernels() {
     t.batchnorm_backward_apply = sim::batchnorm_backward_apply;
     t.softmax_crossentropy_forward = sim::softmax_crossentropy_forward;
     t.softmax_crossentropy_backward = sim::softmax_crossentropy_backward;
+    t.softmax_crossentropy_forward_16 = sim::softmax_crossentropy_forward_16;
+    t.softmax_crossentropy_backward_16 = sim::softmax_crossentropy_backward_16;
     t.attention_forward = sim::attention_forward;
     t.attention_backward = sim::attention_backward;
     t.flash_attention_forward = sim::flash_attention_forward;

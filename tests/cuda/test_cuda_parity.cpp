@@ -789,7 +789,7 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
   CHECK(bitwise(ok.get(), cdk));
   CHECK(bitwise(ov.get(), cdv));
   // The 16-bit forms against the cpu's (widen, the f32 kernel, round once): within a rounding (1e-2 of the
-  // largest value), the repeat's copies bit for bit
+  // largest value); qkv the GPU's own rotated q and k and v, repeated, bit for bit
   for (DType low : {DType::bf16, DType::f16}) {
     INFO("the 16-bit forms in " << dtype_name(low));
     auto to16 = [&](const std::vector<float>& v) {
@@ -835,6 +835,18 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
     CHECK(rel(wide16(gqkv16.get()), wide16(cqkv16)) < 1e-2);
     CHECK(rel(wide16(gq16.get()), wide16(cq16)) < 1e-2);
     CHECK(rel(wide16(gk16.get()), wide16(ck16)) < 1e-2);
+    {  // qkv holds the GPU's own turned q and k, and v, each kv head repeated for its query heads: copies, bit for bit
+      const auto o = gqkv16.get(), rq = gq16.get(), rk = gk16.get();
+      const int64_t Cq = Hq * d, Ckv = KV * d, group = Hq / KV;
+      bool same = true;
+      for (int64_t bt = 0; bt < B * T; bt++)
+        for (int64_t c = 0; c < Cq; c++) {
+          const int64_t kv = bt * Ckv + (c / d / group) * d + c % d;
+          same = same && o[size_t(bt * 3 * Cq + c)] == rq[size_t(bt * Cq + c)] && o[size_t(bt * 3 * Cq + Cq + c)] == rk[size_t(kv)] &&
+                 o[size_t(bt * 3 * Cq + 2 * Cq + c)] == v16[size_t(kv)];
+        }
+      CHECK(same);
+    }
     std::vector<uint16_t> cdq16(qq.size()), cdk16(kk.size()), cdv16(vv.size());
     rope_repeat_kv_backward_16(g.cpu, cdq16.data(), cdk16.data(), cdv16.data(), g16.data(), low, B, T, Hq, KV, d, 10000.0f);
     Dev<uint16_t> gg16(g16), gdq(int64_t(qq.size())), gdk(int64_t(kk.size())), gdv(int64_t(vv.size()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
@@ -46,6 +47,23 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
   const double mean = count ? total / double(count) : 0.0;
   if (loss_out) *loss_out = mean;
   return mean;
+}
+
+double softmax_crossentropy_forward_16(Runtime& rt, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t* correct, double* loss_out) {
+  if (rt.kernels) return rt.kernels->softmax_crossentropy_forward_16(rt, probs, logits, t, targets, N, V, correct, loss_out);
+  if (rt.is_meta()) return softmax_crossentropy_forward(rt, nullptr, nullptr, nullptr, N, V, correct, loss_out);
+  const std::vector<float> z = widened(logits, t, N * V);
+  return softmax_crossentropy_forward(rt, probs, z.data(), targets, N, V, correct, loss_out);
+}
+
+void softmax_crossentropy_backward_16(Runtime& rt, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                      float scale) {
+  if (rt.kernels) return rt.kernels->softmax_crossentropy_backward_16(rt, dlogits, t, probs, targets, N, V, scale);
+  if (rt.is_meta()) return softmax_crossentropy_backward(rt, nullptr, nullptr, nullptr, N, V, scale);
+  std::vector<float> d(static_cast<size_t>(N * V));
+  softmax_crossentropy_backward(rt, d.data(), probs, targets, N, V, scale);
+  convert(d.data(), DType::f32, dlogits, t, N * V);
 }
 
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,

@@ -18,6 +18,13 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
 // caller fold in 1/accum_steps.
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets,
                                    int64_t N, int64_t V, float scale);
+// The same on 16-bit logits and dlogits (t: bf16, f16; probs f32, autocast's rule for the loss), as a device
+// rank's 16-bit run calls them: the logits widened exactly, the gradient rounded once. The cpu forms for
+// cuda-sim; a GPU's read and write the 16 bits in its kernels, so neither holds an f32 copy of the logits.
+double softmax_crossentropy_forward_16(Runtime& rt, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t* correct, double* loss_out);
+void softmax_crossentropy_backward_16(Runtime& rt, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                      float scale);
 
 
 // Megatron's vocabulary-parallel cross-entropy (core/parallel/tensor_parallel.h) as three kernels, with

@@ -91,6 +91,12 @@ void add_column_sums(Runtime& rt, float* out, const float* x, int64_t N, int64_t
 // the same on a 16-bit x and out (t: bf16, f16): x read as f32, out's old value plus the sum rounded once
 void add_column_sums_16(Runtime& rt, void* out, const void* x, DType t, int64_t N, int64_t OC, const char* name);
 
+// A 16-bit form's check of its type: bf16 or f16, else an error naming the kernel
+inline void require_16bit(DType t, const char* name) {
+  if (t != DType::bf16 && t != DType::f16)
+    throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes the f32 kernel");
+}
+
 // A kernel's f32 workspace in device memory, counted by the rank's accountant under `other` as the cpu
 // kernel's rt.empty() workspace is, and back to the cache when it goes out of scope.
 struct Scratch {

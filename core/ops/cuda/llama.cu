@@ -51,7 +51,7 @@ __global__ void rmsnorm_backward_dw_partials_k(float* pdw, const T* dout, const 
 }
 
 // one thread per (row, head, pair i): angle t · θ^(-2i/hd) in float, as the cpu (and Hugging Face); y may be x
-// (in place, one type), or the rotation of an f32 x rounded into a 16-bit y
+// (in place)
 template <class In, class Out>
 __global__ void rope_k(Out* y, const In* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, float sign) {
   const int64_t half = hd / 2;
@@ -93,27 +93,20 @@ __global__ void repeat_kv_forward_k(T* qkv, const T* q, const T* k, const T* v, 
   }
 }
 
-// dqkv of any type; dq, dk, dv f32 (the 16-bit form turns dq and dk back before it rounds them)
-template <class T>
-__global__ void repeat_kv_backward_k(float* dq, float* dk, float* dv, const T* dqkv, int64_t BT, int64_t H, int64_t KV, int64_t hd) {
+__global__ void repeat_kv_backward_k(float* dq, float* dk, float* dv, const float* dqkv, int64_t BT, int64_t H, int64_t KV, int64_t hd) {
   const int64_t C = H * hd, Ckv = KV * hd, group = H / KV;
   DL_GRID_LOOP(j, BT * (C + 2 * Ckv)) {
     const int64_t bt = j / (C + 2 * Ckv), c = j % (C + 2 * Ckv);
-    const T* row = dqkv + bt * 3 * C;
+    const float* row = dqkv + bt * 3 * C;
     if (c < C) {
-      dq[bt * C + c] = wide(row[c]);
+      dq[bt * C + c] = row[c];
       continue;
     }
     const int64_t part = (c - C) / Ckv, g = ((c - C) % Ckv) / hd, d = (c - C) % hd;
     float s = 0.0f;
-    for (int64_t r = 0; r < group; r++) s += wide(row[(1 + part) * C + (g * group + r) * hd + d]);  // in order, as the cpu
+    for (int64_t r = 0; r < group; r++) s += row[(1 + part) * C + (g * group + r) * hd + d];  // in order, as the cpu
     (part == 0 ? dk : dv)[bt * Ckv + g * hd + d] = s;
   }
-}
-
-void require_16bit(DType t, const char* name) {
-  if (t != DType::bf16 && t != DType::f16)
-    throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes the f32 kernel");
 }
 
 void rope_check(int64_t hd) {
@@ -241,27 +234,33 @@ void swiglu_backward_16(Runtime& rt, void* dgate, void* dup, const void* dout, c
   DL_CUDA_LAUNCHED("swiglu_backward_16");
 }
 
-// q (where rotate_q) and k turned in place, each value rounded once; then qkv a copy of q, k and v repeated
+// q (where rotate_q) and k turned in place, each value rounded once; then qkv a copy of q, k and v repeated.
+// The f32 kernels' events, recorded for an empty batch too.
 void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* k, const void* v, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
                                int64_t hd, float theta, bool rotate_q) {
   require_16bit(t, "rope_repeat_kv_forward_16");
   rope_check(hd);
   const int64_t Cq = H * hd, Ckv = KV * hd;
-  if (B * T == 0) return;
+  const bool any = B * T > 0;
   with_16bit_type(t, [&](auto z) {
     using E = decltype(z);
     E *qe = static_cast<E*>(q), *ke = static_cast<E*>(k);
     if (rotate_q) {
       OpScope op(rt, "rope_forward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd);
-      rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(qe, static_cast<const E*>(qe), B, T, H, hd, Cq, theta, 1.0f);
-      DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 q");
+      if (any) {
+        rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(qe, static_cast<const E*>(qe), B, T, H, hd, Cq, theta, 1.0f);
+        DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 q");
+      }
     }
     {
       OpScope op(rt, "rope_forward", 6.0 * B * T * KV * hd / 2, 4.0 * 2 * B * T * KV * hd);
-      rope_k<<<blocks_for(B * T * KV * (hd / 2)), kThreads, 0, stream(rt)>>>(ke, static_cast<const E*>(ke), B, T, KV, hd, Ckv, theta, 1.0f);
-      DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 k");
+      if (any) {
+        rope_k<<<blocks_for(B * T * KV * (hd / 2)), kThreads, 0, stream(rt)>>>(ke, static_cast<const E*>(ke), B, T, KV, hd, Ckv, theta, 1.0f);
+        DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 k");
+      }
     }
     OpScope op(rt, "repeat_kv_forward", 0.0, 4.0 * (B * T * (Cq + 2 * Ckv) + 3 * B * T * Cq));
+    if (!any) return;
     repeat_kv_forward_k<<<blocks_for(B * T * 3 * Cq), kThreads, 0, stream(rt)>>>(static_cast<E*>(qkv), static_cast<const E*>(qe),
                                                                                  static_cast<const E*>(ke), static_cast<const E*>(v), B * T, H,
                                                                                  KV, hd);
@@ -269,34 +268,70 @@ void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* k, const v
   });
 }
 
-// the kv heads' sums and the turn back in f32 (copies of dq, dk and dv only, not of dqkv), each rounded once
+namespace {
+
+// The backward in one kernel, one thread per row and: pair of a query head (dq: dqkv's q part turned back), pair
+// of a kv head (dk: the sums of its query heads' gradients, in order, turned back), or element of a kv head
+// (dv: the same sums). Each sum and turn is the f32 kernels' arithmetic, each result rounded once; no f32 copy.
+template <class E>
+__global__ void rope_repeat_kv_backward_k(E* dq, E* dk, E* dv, const E* dqkv, int64_t BT, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                          float theta) {
+  const int64_t half = hd / 2, C = H * hd, Ckv = KV * hd, group = H / KV;
+  const int64_t per_row = H * half + KV * half + KV * hd;
+  DL_GRID_LOOP(j, BT * per_row) {
+    const int64_t bt = j / per_row, t = bt % T;
+    int64_t c = j % per_row;
+    const E* row = dqkv + bt * 3 * C;
+    if (c >= H * half + KV * half) {  // dv
+      c -= H * half + KV * half;
+      const int64_t g = c / hd, d = c % hd;
+      float s = 0.0f;
+      for (int64_t r = 0; r < group; r++) s += wide(row[2 * C + (g * group + r) * hd + d]);
+      dv[bt * Ckv + c] = narrow<E>(s);
+      continue;
+    }
+    const bool is_q = c < H * half;
+    if (!is_q) c -= H * half;
+    const int64_t h = c / half, i = c % half;
+    float u = 0.0f, v = 0.0f;
+    if (is_q) {
+      u = wide(row[h * hd + i]);
+      v = wide(row[h * hd + i + half]);
+    } else {
+      for (int64_t r = 0; r < group; r++) {  // in order, as repeat_kv_backward
+        u += wide(row[C + (h * group + r) * hd + i]);
+        v += wide(row[C + (h * group + r) * hd + i + half]);
+      }
+    }
+    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(hd));  // rope_k's angle, turned back (sign -1)
+    const float a = float(t) * inv_freq, co = cosf(a), sn = -1.0f * sinf(a);
+    E* out = is_q ? dq + bt * C + h * hd : dk + bt * Ckv + h * hd;
+    out[i] = narrow<E>(u * co - v * sn);
+    out[i + half] = narrow<E>(v * co + u * sn);
+  }
+}
+
+}  // namespace
+
+// One kernel does the three steps; their three f32 events are recorded (the trace's FLOPs and bytes are the cpu's).
 void rope_repeat_kv_backward_16(Runtime& rt, void* dq, void* dk, void* dv, const void* dqkv, DType t, int64_t B, int64_t T, int64_t H,
                                 int64_t KV, int64_t hd, float theta) {
   require_16bit(t, "rope_repeat_kv_backward_16");
   rope_check(hd);
-  const int64_t Cq = H * hd, Ckv = KV * hd;
-  if (B * T == 0) return;
-  F32 dq32(rt, nullptr, t, B * T * Cq), dk32(rt, nullptr, t, B * T * Ckv), dv32(rt, nullptr, t, B * T * Ckv);
-  with_16bit_type(t, [&](auto z) {
-    using E = decltype(z);
-    {
-      OpScope op(rt, "repeat_kv_backward", double(2 * B * T * Cq), 4.0 * (3 * B * T * Cq + B * T * (Cq + 2 * Ckv)));
-      repeat_kv_backward_k<<<blocks_for(B * T * (Cq + 2 * Ckv)), kThreads, 0, stream(rt)>>>(dq32.p, dk32.p, dv32.p, static_cast<const E*>(dqkv),
-                                                                                           B * T, H, KV, hd);
+  const int64_t Cq = H * hd, Ckv = KV * hd, half = hd / 2;
+  {
+    OpScope op(rt, "repeat_kv_backward", double(2 * B * T * Cq), 4.0 * (3 * B * T * Cq + B * T * (Cq + 2 * Ckv)));
+    if (B * T > 0) {
+      with_16bit_type(t, [&](auto z) {
+        using E = decltype(z);
+        rope_repeat_kv_backward_k<<<blocks_for(B * T * (H * half + KV * half + Ckv)), kThreads, 0, stream(rt)>>>(
+            static_cast<E*>(dq), static_cast<E*>(dk), static_cast<E*>(dv), static_cast<const E*>(dqkv), B * T, T, H, KV, hd, theta);
+      });
       DL_CUDA_LAUNCHED("rope_repeat_kv_backward_16");
     }
-    {
-      OpScope op(rt, "rope_backward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd);
-      rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(static_cast<E*>(dq), static_cast<const float*>(dq32.p), B, T, H,
-                                                                             hd, Cq, theta, -1.0f);
-      DL_CUDA_LAUNCHED("rope_repeat_kv_backward_16 dq");
-    }
-    OpScope op(rt, "rope_backward", 6.0 * B * T * KV * hd / 2, 4.0 * 2 * B * T * KV * hd);
-    rope_k<<<blocks_for(B * T * KV * (hd / 2)), kThreads, 0, stream(rt)>>>(static_cast<E*>(dk), static_cast<const float*>(dk32.p), B, T, KV,
-                                                                            hd, Ckv, theta, -1.0f);
-    DL_CUDA_LAUNCHED("rope_repeat_kv_backward_16 dk");
-  });
-  convert_on(stream(rt), dv32.p, DType::f32, dv, t, B * T * Ckv);
+  }
+  { OpScope op(rt, "rope_backward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd); }
+  OpScope op(rt, "rope_backward", 6.0 * B * T * KV * hd / 2, 4.0 * 2 * B * T * KV * hd);
 }
 
 }  // namespace distlab::cuda

@@ -4,6 +4,7 @@
 // the count of right answers and any out-of-range target back at once.
 
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
@@ -15,19 +16,20 @@ struct LossTotals {
   int bad_target, bad_row;  // the first target >= V (and its row), or -1
 };
 
-__global__ void softmax_xent_rows_k(float* probs, float* row_loss, int* row_hit, const float* logits, const int32_t* targets,
-                                    int64_t V) {
+// T: the logits' type (f32, or bf16/f16 read as f32 exactly)
+template <class T>
+__global__ void softmax_xent_rows_k(float* probs, float* row_loss, int* row_hit, const T* logits, const int32_t* targets, int64_t V) {
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
   const int64_t n = blockIdx.x;
-  const float* x = logits + n * V;
+  const T* x = logits + n * V;
   float* p = probs + n * V;
   // argmax with the cpu's rule (the first of equal maxima): each thread its strided share, then a tree
   float mv = -INFINITY;
   int64_t mi = V;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    if (mi == V || x[v] > mv) {
-      mv = x[v];
+    if (mi == V || wide(x[v]) > mv) {
+      mv = wide(x[v]);
       mi = v;
     }
   best_v[threadIdx.x] = mv;
@@ -48,14 +50,14 @@ __global__ void softmax_xent_rows_k(float* probs, float* row_loss, int* row_hit,
   const int64_t arg = best_i[0];
   float s = 0.0f;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    p[v] = expf(x[v] - mx);
+    p[v] = expf(wide(x[v]) - mx);
     s += p[v];
   }
   const float sum = block_sum(s), inv = 1.0f / sum;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
   if (threadIdx.x == 0) {
     const int32_t t = targets[n];
-    row_loss[n] = t >= 0 && t < V ? -(x[t] - mx - logf(sum)) : 0.0f;
+    row_loss[n] = t >= 0 && t < V ? -(wide(x[t]) - mx - logf(sum)) : 0.0f;
     row_hit[n] = t < 0 ? -1 : t >= V ? -2 : (arg == t ? 1 : 0);  // -1 ignored, -2 out of range
   }
 }
@@ -112,13 +114,15 @@ __global__ void count_valid_k(int64_t* count, const int32_t* targets, int64_t N)
   if (threadIdx.x == 0) *count = int64_t(total);
 }
 
-__global__ void softmax_xent_backward_k(float* dlogits, const float* probs, const int32_t* targets, const int64_t* count,
-                                        int64_t N, int64_t V, float scale) {
+// T: the gradient's type (f32, or bf16/f16: rounded once)
+template <class T>
+__global__ void softmax_xent_backward_k(T* dlogits, const float* probs, const int32_t* targets, const int64_t* count, int64_t N, int64_t V,
+                                        float scale) {
   const float k = *count ? scale / float(*count) : 0.0f;
   DL_GRID_LOOP(i, N * V) {
     const int64_t n = i / V, v = i % V;
     const int32_t t = targets[n];
-    dlogits[i] = t < 0 ? 0.0f : k * (probs[i] - (v == t ? 1.0f : 0.0f));
+    dlogits[i] = narrow<T>(t < 0 ? 0.0f : k * (probs[i] - (v == t ? 1.0f : 0.0f)));
   }
 }
 
@@ -166,9 +170,12 @@ __global__ void vocab_finish_k(float* probs, float* row_loss, int* row_hit, cons
 
 }  // namespace
 
-double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                                    int64_t* correct, double* loss_out) {
-  OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
+namespace {
+
+// the rows (probs, each row's loss and hit), then the mean into loss_out, or the totals read back
+template <class T>
+double crossentropy_forward(Runtime& rt, float* probs, const T* logits, const int32_t* targets, int64_t N, int64_t V, int64_t* correct,
+                            double* loss_out) {
   if (N == 0) {
     if (correct) *correct = 0;
     if (loss_out) DL_CUDA(cudaMemsetAsync(loss_out, 0, sizeof(double), stream(rt)));
@@ -190,9 +197,8 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
   return t.count ? t.loss / double(t.count) : 0.0;
 }
 
-void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V,
-                                   float scale) {
-  OpScope op(rt, "softmax_crossentropy_backward", 2.0 * N * V, 8.0 * N * V);
+template <class T>
+void crossentropy_backward(Runtime& rt, T* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V, float scale) {
   if (N == 0) return;
   Scratch count(rt, 2, "cross-entropy target count");
   auto* c = reinterpret_cast<int64_t*>(count.p);
@@ -200,6 +206,42 @@ void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* pro
   DL_CUDA_LAUNCHED("softmax_crossentropy_backward count");
   softmax_xent_backward_k<<<blocks_for(N * V), kThreads, 0, stream(rt)>>>(dlogits, probs, targets, c, N, V, scale);
   DL_CUDA_LAUNCHED("softmax_crossentropy_backward");
+}
+
+}  // namespace
+
+double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                    int64_t* correct, double* loss_out) {
+  OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);
+  return crossentropy_forward(rt, probs, logits, targets, N, V, correct, loss_out);
+}
+
+void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                   float scale) {
+  OpScope op(rt, "softmax_crossentropy_backward", 2.0 * N * V, 8.0 * N * V);
+  crossentropy_backward(rt, dlogits, probs, targets, N, V, scale);
+}
+
+double softmax_crossentropy_forward_16(Runtime& rt, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t* correct, double* loss_out) {
+  require_16bit(t, "softmax_crossentropy_forward_16");
+  OpScope op(rt, "softmax_crossentropy_forward", 5.0 * N * V, 8.0 * N * V);  // the f32 kernel's event
+  double mean = 0.0;
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    mean = crossentropy_forward(rt, probs, static_cast<const T*>(logits), targets, N, V, correct, loss_out);
+  });
+  return mean;
+}
+
+void softmax_crossentropy_backward_16(Runtime& rt, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                      float scale) {
+  require_16bit(t, "softmax_crossentropy_backward_16");
+  OpScope op(rt, "softmax_crossentropy_backward", 2.0 * N * V, 8.0 * N * V);
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    crossentropy_backward(rt, static_cast<T*>(dlogits), probs, targets, N, V, scale);
+  });
 }
 
 void vocab_ce_max(Runtime& rt, float* mx, const float* logits, int64_t N, int64_t V) {

@@ -103,6 +103,11 @@ double softmax_crossentropy_forward(Runtime& rt, float* probs, const float* logi
                                     int64_t V, int64_t* correct, double* loss_out);
 void softmax_crossentropy_backward(Runtime& rt, float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                    int64_t V, float scale);
+// ... on 16-bit logits and dlogits, read and written in the kernels (no f32 copy of the logits)
+double softmax_crossentropy_forward_16(Runtime& rt, float* probs, const void* logits, DType t, const int32_t* targets, int64_t N, int64_t V,
+                                       int64_t* correct, double* loss_out);
+void softmax_crossentropy_backward_16(Runtime& rt, void* dlogits, DType t, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                                      float scale);
 // The vocabulary-parallel loss's three steps (core/ops/cpu/loss.h): a block per row; the sums in f32 by the
 // block (the cpu adds in double); vocab_ce_finish brings the mean loss and `correct` to the host, or leaves
 // the mean in loss_out.
@@ -124,8 +129,9 @@ void flash_attention_forward(Runtime& rt, float* out, float* lse, const float* q
                              int64_t NH);
 void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
-// The cpu's 16-bit forms: the tensor-core kernels on the tensors as they are (lse f32), where the run's
-// 16-bit type is t and the tensor cores take the head size; elsewhere the f32 kernels between copies.
+// The GPU's 16-bit forms (core/ops/cpu/attention.h): the tensor-core kernels on the tensors as they are
+// (lse f32), where the run's 16-bit type is t and the tensor cores take the head size; elsewhere the f32
+// kernels between copies.
 void flash_attention_forward_16(Runtime& rt, void* out, float* lse, const void* qkv, DType t, int64_t B, int64_t T, int64_t C,
                                 int64_t NH);
 void flash_attention_backward_16(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
