@@ -25,6 +25,7 @@ const Kernels& kernel_table() {
     t.matmul_forward = &cuda::matmul_forward;
     t.linear_forward_16 = &cuda::linear_forward_16;
     t.linear_backward_16 = &cuda::linear_backward_16;
+    t.linear_gelu_forward_16 = &cuda::linear_gelu_forward_16;
     t.matmul_backward = &cuda::matmul_backward;
     t.bias_forward = &cuda::bias_forward;
     t.bias_backward = &cuda::bias_backward;

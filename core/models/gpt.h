@@ -84,6 +84,7 @@ struct Block {
 
  private:
   Tensor run_forward(Runtime& rt, const Tensor& x);  // the layers, each saving what its backward needs
+  Tensor fc_gelu(Runtime& rt, const Tensor& x);     // mlp.c_fc and GELU (one GEMM where the device fuses them)
   void drop_saved();                                 // frees what the layers saved
   bool full_;                  // full checkpointing
   Tensor x_;                   // full: the block's input, all it keeps for backward

@@ -6,6 +6,7 @@
 
 #include "core/nn/qlora.h"
 #include "core/ops/cpu/matmul.h"
+#include "core/ops/kernels.h"
 #include "core/tensor/as_f32.h"
 #include "core/util/error.h"
 
@@ -61,6 +62,21 @@ Tensor Linear::forward(Runtime& rt, const Tensor& x) {
     y.store();
   }
   if (lora && !merged) lora->forward(rt, saved_x_.view({N, in_features}), out, training_);
+  return out;
+}
+
+Tensor Linear::forward_gelu(Runtime& rt, const Tensor& x, Tensor& pre) {
+  if ((lora && !merged) || weight.quant || !rt.kernels || !rt.kernels->linear_gelu_forward_16) return Tensor();
+  if (!device_16(rt, {&x, &weight.data}) || (has_bias_ && bias.data.dtype() != rt.dtype)) return Tensor();
+  expect_shape(describe() + " " + weight.name, x, {in_features});
+  const int64_t N = x.numel() / in_features;
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  pre = rt.empty(out_shape, Category::activations, "output of " + weight.name, rt.dtype);  // forward's output, then GELU's:
+  Tensor out = rt.empty(out_shape, Category::activations, "output of GELU", rt.dtype);   // the same two buffers, in order
+  save_input(rt, x);
+  linear_gelu_forward_16(rt, out.data(), pre.data(), saved_x_.data(), weight.data.data(), has_bias_ ? bias.data.data() : nullptr, rt.dtype,
+                         N, in_features, out_features);
   return out;
 }
 

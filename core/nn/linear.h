@@ -15,6 +15,10 @@ class Linear : public Layer {
   Linear(Runtime& rt, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
   std::string describe() const override;
   Tensor forward(Runtime& rt, const Tensor& x) override;   // x (..., in) -> (..., out)
+  // gelu(x Wᵀ + b) in one GEMM, where a device rank's 16-bit run has it (linear_gelu_forward_16: the GELU in
+  // the epilogue); `pre` gets x Wᵀ + b, the output forward would return (for GELU's backward). Undefined
+  // where it can't (a cpu rank, f32, an adapter, a 4-bit weight): then forward, and GELU's own.
+  Tensor forward_gelu(Runtime& rt, const Tensor& x, Tensor& pre);
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   std::vector<Parameter*> parameters() override;
   std::vector<Buffer*> buffers() override;  // a 4-bit weight's constants (core/nn/qlora.h); none otherwise

@@ -19,6 +19,11 @@ class GELU : public Layer {
  public:
   std::string describe() const override { return "GELU(tanh)"; }
   Tensor forward(Runtime& rt, const Tensor& x) override;
+  // the forward computed elsewhere (Linear::forward_gelu's epilogue): x kept for backward, out returned
+  Tensor adopt(const Tensor& x, const Tensor& out) {
+    saved_x_ = x;
+    return out;
+  }
   Tensor backward(Runtime& rt, const Tensor& dout) override;
   void swap_saved(SavedState& s) override { s.swap(saved_x_); }
 

@@ -76,6 +76,8 @@ struct Kernels {
                             int64_t OC);
   void (*linear_backward_16)(Runtime&, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
                              int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
+  void (*linear_gelu_forward_16)(Runtime&, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                                 int64_t C, int64_t OC);
   void (*bias_forward)(Runtime&, float* out, const float* bias, int64_t N, int64_t OC);
   void (*bias_backward)(Runtime&, float* dbias, const float* dout, int64_t N, int64_t OC);
   void (*gemm)(Runtime&, const char* name, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -185,6 +185,13 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
                              bias ? dev(bias, "linear_forward_16") : nullptr, t, N, C, OC);
 }
 
+void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                            int64_t C, int64_t OC) {
+  HostKernels cpu(rt);
+  const char* k = "linear_gelu_forward_16";
+  distlab::linear_gelu_forward_16(rt, dev(out, k), dev(pre, k), dev(inp, k), dev(w, k), bias ? dev(bias, k) : nullptr, t, N, C, OC);
+}
+
 void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t, int64_t N,
                         int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
   HostKernels cpu(rt);
@@ -541,6 +548,7 @@ const Kernels& sim_kernels() {
     t.matmul_forward = sim::matmul_forward;
     t.linear_forward_16 = sim::linear_forward_16;
     t.linear_backward_16 = sim::linear_backward_16;
+    t.linear_gelu_forward_16 = sim::linear_gelu_forward_16;
     t.matmul_backward = sim::matmul_backward;
     t.bias_forward = sim::bias_forward;
     t.bias_backward = sim::bias_backward;

@@ -496,6 +496,22 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       convert(gout.get().data(), low, got.data(), DType::f32, int64_t(got.size()));
       INFO("linear_forward_16 in " << dtype_name(low));
       CHECK(rel(got, a) < 1e-2);
+      {  // linear_gelu_forward_16: pre as linear_forward_16's, out the GELU of the sums (one cuBLASLt call with the
+         // GELU_AUX epilogue where OC is a multiple of 8: 48; else the two kernels: 29), the cpu's two kernels
+         // within a rounding
+        std::vector<uint16_t> cpre(co.size()), cact(co.size());
+        linear_gelu_forward_16(g.cpu, cact.data(), cpre.data(), x16.data(), w16.data(), with_bias ? b16.data() : nullptr, low, N, C, OC);
+        Dev<uint16_t> gpre(N * OC), gact(N * OC);
+        cuda::linear_gelu_forward_16(g.gpu, gact.p, gpre.p, gx.p, gw.p, with_bias ? gb.p : nullptr, low, N, C, OC);
+        auto wide16 = [&](const std::vector<uint16_t>& h) {
+          std::vector<float> v(h.size());
+          convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
+          return v;
+        };
+        INFO("linear_gelu_forward_16");
+        CHECK(rel(wide16(gpre.get()), wide16(cpre)) < 1e-2);
+        CHECK(rel(wide16(gact.get()), wide16(cact)) < 1e-2);
+      }
       if (with_bias) {  // a bias 2 bytes into its buffer (a flat parameter buffer's): the epilogue takes an aligned copy
         std::vector<uint16_t> shifted(1, 0);
         shifted.insert(shifted.end(), b16.begin(), b16.end());
@@ -699,6 +715,29 @@ TEST_CASE("softmax cross-entropy: loss, right answers, gradient, an ignored targ
   CHECK(g_correct >= 1);
   CHECK(rel(p.get(), cp) < kF32);
   CHECK(rel(d.get(), cd) < kF32);
+  // the 16-bit forms: logits read in bf16/fp16 (the same values as their f32 widening, so the same kernel's
+  // results bit for bit), the gradient written in 16 bits (the f32 gradient rounded once)
+  for (DType low : {DType::bf16, DType::f16}) {
+    INFO("softmax_crossentropy_*_16 in " << dtype_name(low));
+    std::vector<uint16_t> l16(logits.size());
+    convert(logits.data(), DType::f32, l16.data(), low, N * V);
+    std::vector<float> lw(logits.size());
+    convert(l16.data(), low, lw.data(), DType::f32, N * V);
+    Dev<uint16_t> gl16(l16), gd16(N * V);
+    Dev<float> glw(lw), p16(N * V), pw(N * V), dw(N * V);
+    int64_t c16 = 0, cw = 0;
+    const double m16 = cuda::softmax_crossentropy_forward_16(g.gpu, p16.p, gl16.p, low, dt.p, N, V, &c16, nullptr);
+    const double mw = cuda::softmax_crossentropy_forward(g.gpu, pw.p, glw.p, dt.p, N, V, &cw, nullptr);
+    CHECK(m16 == mw);
+    CHECK(c16 == cw);
+    CHECK(bitwise(p16.get(), pw.get()));
+    cuda::softmax_crossentropy_backward_16(g.gpu, gd16.p, low, p16.p, dt.p, N, V, 0.5f);
+    cuda::softmax_crossentropy_backward(g.gpu, dw.p, pw.p, dt.p, N, V, 0.5f);
+    std::vector<uint16_t> rounded(logits.size());
+    const auto d32 = dw.get();
+    convert(d32.data(), DType::f32, rounded.data(), low, N * V);
+    CHECK(gd16.get() == rounded);
+  }
   t[9] = int32_t(V);
   Dev<int32_t> bad(t);
   CHECK_THROWS_WITH(cuda::softmax_crossentropy_forward(g.gpu, p.p, dl.p, bad.p, N, V, nullptr, nullptr),

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/ops/cpu/pointwise.h"
 #include "core/ops/kernels.h"
 #include "core/ops/op_scope.h"
 #include "core/tensor/dtype.h"
@@ -92,6 +93,13 @@ void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const vo
   if (dinp) convert(dx.data(), DType::f32, dinp, t, N * C);
   if (dw) convert(dwf.data(), DType::f32, dw, t, OC * C);
   if (dbias) convert(dbf.data(), DType::f32, dbias, t, OC);
+}
+
+void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                            int64_t C, int64_t OC) {
+  if (rt.kernels) return rt.kernels->linear_gelu_forward_16(rt, out, pre, inp, w, bias, t, N, C, OC);
+  linear_forward_16(rt, pre, inp, w, bias, t, N, C, OC);
+  gelu_forward_16(rt, out, pre, t, N * OC);
 }
 
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,

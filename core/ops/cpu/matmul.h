@@ -19,6 +19,12 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
 // once from f32: its old value plus the f32 product or sums), every operand read as it is.
 void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
                         int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
+// GPT's MLP up-projection and its GELU (tanh) in one: pre (N, OC) = inp @ wᵀ + bias, as linear_forward_16
+// writes it, and out = gelu(pre), as gelu_forward_16 computes it from pre. A GPU does both in one cuBLASLt
+// call (the GELU_AUX_BIAS epilogue: pre written as the aux output GELU's backward reads, out = the GELU
+// of the f32 sums, rounded once: within a rounding of these); here, the two kernels.
+void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                            int64_t C, int64_t OC);
 // The same with three loops, for tests and the benchmark's baseline.
 void matmul_forward_naive(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                           int64_t OC);

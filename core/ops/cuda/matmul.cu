@@ -74,24 +74,33 @@ struct LtCall {
 // layer's 3 passes over its f32 output). x and w are of type t (f32, or 16-bit); out and bias of type
 // out_t (the epilogue's bias has the output's type): f32, or t itself (linear_forward_16: the 16-bit
 // tensors as they are, rounded once from the f32 sums). bias nullptr: no epilogue. Column-major, as
-// blas() below: D (OC x N) = wᵀ-op x. Returns false, having done nothing, where cuBLASLt has no kernel
-// for the call (the caller does it another way).
+// blas() below: D (OC x N) = wᵀ-op x. gelu_aux (out's type and shape): out becomes the GELU of the sums and
+// gelu_aux takes the sums themselves (linear_gelu_forward_16). Returns false, having done nothing, where
+// cuBLASLt has no kernel for the call (the caller does it another way).
 bool lt_bias(Runtime& rt, void* out, DType out_t, const void* x, const void* w, DType t, const void* bias, int64_t N, int64_t C,
-             int64_t OC, GemmMath math) {
+             int64_t OC, GemmMath math, void* gelu_aux = nullptr) {
   if (N > INT_MAX || C > INT_MAX || OC > INT_MAX) return false;
   // the epilogue reads the bias in 16-byte vectors (a misaligned one is a fatal launch error, not
   // NOT_SUPPORTED), and a flat parameter buffer packs biases at any 2- or 4-byte offset
   if (bias && alignment_of(bias) < 16) return false;
+  // the GELU epilogue's aux output (the pre-activation): aligned, its leading dimension a multiple of 8
+  if (gelu_aux && (alignment_of(gelu_aux) < 16 || OC % 8 != 0)) return false;
   const cudaDataType type = cuda_type(t);
   const cublasComputeType_t compute = t == DType::f32 && math == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall c;
   DL_CUBLAS(cublasLtMatmulDescCreate(&c.desc, compute, CUDA_R_32F));
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epilogue = gelu_aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                                : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
   DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   if (bias) DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (gelu_aux) {  // aux: the pre-activation (OC x N, column-major as D), in D's type
+    const int64_t aux_ld = OC;
+    DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux, sizeof(gelu_aux)));
+    DL_CUBLAS(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  }
   DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.a, type, uint64_t(C), uint64_t(OC), int64_t(C)));  // w: (C x OC), op T
   DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.b, type, uint64_t(C), uint64_t(N), int64_t(C)));   // x: (C x N)
   DL_CUBLAS(cublasLtMatrixLayoutCreate(&c.d, cuda_type(out_t), uint64_t(OC), uint64_t(N), int64_t(OC)));
@@ -380,6 +389,26 @@ void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const vo
   if (need_dinp && dinp) blas(rt, false, false, N, C, OC, 1.0f, dout, t, OC, w, t, C, 0.0f, dinp, t, C, math);  // (N,OC)@(OC,C)
   if (need_dw && dw) blas(rt, true, false, OC, C, N, 1.0f, dout, t, OC, inp, t, C, 1.0f, dw, t, C, math);       // (OC,N)@(N,C)
   if (dbias) add_column_sums_16(rt, dbias, dout, t, N, OC, "matmul_backward bias");
+}
+
+// One cublasLtMatmul with the GELU_AUX_BIAS epilogue: out = gelu(inp @ wᵀ + bias) from the f32 sums, rounded
+// once, and pre = inp @ wᵀ + bias rounded once (the aux output GELU's backward reads). Where cuBLASLt has no
+// kernel for it (or the bias or pre is not 16-byte aligned), linear_forward_16 then gelu_forward_16. Both
+// ways record the two kernels' events.
+void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                            int64_t C, int64_t OC) {
+  require_16bit(t, "linear_gelu_forward_16");
+  const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
+  if (N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math, pre)) {
+    {
+      OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // linear_forward_16's event
+      op.gemm(0, N, OC, C);
+    }
+    OpScope g(rt, "gelu_forward", 10.0 * N * OC, 8.0 * N * OC);  // and gelu_forward_16's, done in the epilogue
+    return;
+  }
+  cuda::linear_forward_16(rt, pre, inp, w, bias, t, N, C, OC);
+  cuda::gelu_forward_16(rt, out, pre, t, N * OC);
 }
 
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,

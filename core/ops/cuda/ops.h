@@ -51,6 +51,9 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
                        int64_t OC);
 void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
                         int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw);
+// the cpu's linear_gelu_forward_16 in one cublasLtMatmul (the GELU_AUX_BIAS epilogue), where cuBLASLt has it
+void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
+                            int64_t C, int64_t OC);
 void matmul_backward(Runtime& rt, float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int64_t N, int64_t C, int64_t OC, bool need_dinp = true, bool need_dw = true);
 void bias_forward(Runtime& rt, float* out, const float* bias, int64_t N, int64_t OC);
