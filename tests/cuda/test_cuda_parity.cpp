@@ -496,9 +496,9 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
       convert(gout.get().data(), low, got.data(), DType::f32, int64_t(got.size()));
       INFO("linear_forward_16 in " << dtype_name(low));
       CHECK(rel(got, a) < 1e-2);
-      {  // linear_gelu_forward_16: pre as linear_forward_16's, out the GELU of the sums (one cuBLASLt call with the
-         // GELU_AUX epilogue where OC is a multiple of 8: 48; else the two kernels: 29), the cpu's two kernels
-         // within a rounding
+      {  // linear_gelu_forward_16: pre as linear_forward_16's, out the GELU of the sums (on sm 90, one cuBLASLt call
+         // with the GELU_AUX epilogue where OC is a multiple of 8: 48; else the two kernels: 29), the cpu's two
+         // kernels within a rounding
         std::vector<uint16_t> cpre(co.size()), cact(co.size());
         linear_gelu_forward_16(g.cpu, cact.data(), cpre.data(), x16.data(), w16.data(), with_bias ? b16.data() : nullptr, low, N, C, OC);
         Dev<uint16_t> gpre(N * OC), gact(N * OC);

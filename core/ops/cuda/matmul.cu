@@ -392,14 +392,20 @@ void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const vo
 }
 
 // One cublasLtMatmul with the GELU_AUX_BIAS epilogue: out = gelu(inp @ wᵀ + bias) from the f32 sums, rounded
-// once, and pre = inp @ wᵀ + bias rounded once (the aux output GELU's backward reads). Where cuBLASLt has no
-// kernel for it (or the bias or pre is not 16-byte aligned), linear_forward_16 then gelu_forward_16. Both
-// ways record the two kernels' events.
+// once, and pre = inp @ wᵀ + bias rounded once (the aux output GELU's backward reads). On sm 90 and later
+// (H100, H200) only: llm.c found cuBLASLt's fused GELU slower than the two kernels on Ampere and Ada (its
+// matmul_forward_cublaslt). Elsewhere, or where cuBLASLt has no kernel for it (or the bias or pre is not
+// 16-byte aligned), linear_forward_16 then gelu_forward_16. Both ways record the two kernels' events.
 void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, const void* w, const void* bias, DType t, int64_t N,
                             int64_t C, int64_t OC) {
   require_16bit(t, "linear_gelu_forward_16");
   const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
-  if (N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math, pre)) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx(rt).device()) != cudaSuccess) {
+    cudaGetLastError();
+    major = 0;
+  }
+  if (major >= 9 && N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math, pre)) {
     {
       OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // linear_forward_16's event
       op.gemm(0, N, OC, C);
