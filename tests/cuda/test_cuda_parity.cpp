@@ -110,6 +110,18 @@ bool bitwise(const std::vector<float>& a, const std::vector<float>& b, bool any_
 
 constexpr double kF32 = 1e-5;
 
+// a 16-bit tensor's values as f32 (exactly), and f32 values rounded to a 16-bit type t (to nearest even)
+std::vector<float> widen16(DType t, const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  convert(h.data(), t, v.data(), DType::f32, int64_t(h.size()));
+  return v;
+}
+std::vector<uint16_t> round16(DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  convert(v.data(), DType::f32, h.data(), t, int64_t(v.size()));
+  return h;
+}
+
 }  // namespace
 
 TEST_CASE("pointwise kernels: relu, gelu, add, accumulate and their backward", "[cuda]") {
@@ -145,13 +157,8 @@ TEST_CASE("pointwise kernels: relu, gelu, add, accumulate and their backward", "
     Dev<uint16_t> gx(x16), gdy(dy16), gy(n), gdx(n);
     cuda::gelu_forward_16(g.gpu, gy.p, gx.p, low, n);
     cuda::gelu_backward_16(g.gpu, gdx.p, gdy.p, gx.p, low, n);
-    auto wide = [low, n](const std::vector<uint16_t>& v) {
-      std::vector<float> f(v.size());
-      convert(v.data(), low, f.data(), DType::f32, n);
-      return f;
-    };
-    CHECK(rel(wide(gy.get()), wide(cy)) < 1e-2);
-    CHECK(rel(wide(gdx.get()), wide(cdx)) < 1e-2);
+    CHECK(rel(widen16(low, gy.get()), widen16(low, cy)) < 1e-2);
+    CHECK(rel(widen16(low, gdx.get()), widen16(low, cdx)) < 1e-2);
     // the residual stream's add and accumulate: one f32 add, rounded once: the cpu's bits
     std::vector<uint16_t> csum(x.size()), cacc = x16;
     add_16(g.cpu, csum.data(), x16.data(), dy16.data(), low, n);
@@ -503,14 +510,9 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
         linear_gelu_forward_16(g.cpu, cact.data(), cpre.data(), x16.data(), w16.data(), with_bias ? b16.data() : nullptr, low, N, C, OC);
         Dev<uint16_t> gpre(N * OC), gact(N * OC);
         cuda::linear_gelu_forward_16(g.gpu, gact.p, gpre.p, gx.p, gw.p, with_bias ? gb.p : nullptr, low, N, C, OC);
-        auto wide16 = [&](const std::vector<uint16_t>& h) {
-          std::vector<float> v(h.size());
-          convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
-          return v;
-        };
         INFO("linear_gelu_forward_16");
-        CHECK(rel(wide16(gpre.get()), wide16(cpre)) < 1e-2);
-        CHECK(rel(wide16(gact.get()), wide16(cact)) < 1e-2);
+        CHECK(rel(widen16(low, gpre.get()), widen16(low, cpre)) < 1e-2);
+        CHECK(rel(widen16(low, gact.get()), widen16(low, cact)) < 1e-2);
       }
       if (with_bias) {  // a bias 2 bytes into its buffer (a flat parameter buffer's): the epilogue takes an aligned copy
         std::vector<uint16_t> shifted(1, 0);
@@ -529,14 +531,9 @@ TEST_CASE("matmul forward and backward, with and without bias", "[cuda]") {
                          C, OC, true, true);
       Dev<uint16_t> gdy(dy16), gdx(N * C), gdw(dw16), gdb(db16);
       cuda::linear_backward_16(g.gpu, gdx.p, gdw.p, with_bias ? gdb.p : nullptr, gdy.p, gx.p, gw.p, low, N, C, OC, true, true);
-      auto wide = [low](const std::vector<uint16_t>& v) {
-        std::vector<float> f(v.size());
-        convert(v.data(), low, f.data(), DType::f32, int64_t(v.size()));
-        return f;
-      };
-      CHECK(rel(wide(gdx.get()), wide(cdx16)) < 1e-2);
-      CHECK(rel(wide(gdw.get()), wide(cdw16)) < 1e-2);
-      CHECK(rel(wide(gdb.get()), wide(cdb16)) < 1e-2);
+      CHECK(rel(widen16(low, gdx.get()), widen16(low, cdx16)) < 1e-2);
+      CHECK(rel(widen16(low, gdw.get()), widen16(low, cdw16)) < 1e-2);
+      CHECK(rel(widen16(low, gdb.get()), widen16(low, cdb16)) < 1e-2);
       {  // a frozen weight (no dW) and a first layer (no dX): each GEMM alone
         Dev<uint16_t> fdx(N * C), fdw(dw16), fdb(db16);
         cuda::linear_backward_16(g.gpu, fdx.p, nullptr, nullptr, gdy.p, gx.p, gw.p, low, N, C, OC, true, false);
@@ -619,14 +616,9 @@ TEST_CASE("layernorm and batchnorm, forward and backward", "[cuda]") {
       Dev<uint16_t> gdy16(dy16), gdx16(N * C), gdw16(dw16), gdb16(db16);
       Dev<float> cm_d(cm16), cr_d(cr16);
       cuda::layernorm_backward_16(g.gpu, gdx16.p, gdw16.p, gdb16.p, gdy16.p, gx16.p, gw16.p, cm_d.p, cr_d.p, low, N, C);
-      auto wide16 = [&](const std::vector<uint16_t>& h) {
-        std::vector<float> v(h.size());
-        convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
-        return v;
-      };
-      CHECK(rel(wide16(gdx16.get()), wide16(cdx16)) < 1e-2);
-      CHECK(rel(wide16(gdw16.get()), wide16(cdw16)) < 1e-2);
-      CHECK(rel(wide16(gdb16.get()), wide16(cdb16)) < 1e-2);
+      CHECK(rel(widen16(low, gdx16.get()), widen16(low, cdx16)) < 1e-2);
+      CHECK(rel(widen16(low, gdw16.get()), widen16(low, cdw16)) < 1e-2);
+      CHECK(rel(widen16(low, gdb16.get()), widen16(low, cdb16)) < 1e-2);
     }
   }
   {
@@ -831,17 +823,7 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
   // largest value); qkv the GPU's own rotated q and k and v, repeated, bit for bit
   for (DType low : {DType::bf16, DType::f16}) {
     INFO("the 16-bit forms in " << dtype_name(low));
-    auto to16 = [&](const std::vector<float>& v) {
-      std::vector<uint16_t> o(v.size());
-      convert(v.data(), DType::f32, o.data(), low, int64_t(v.size()));
-      return o;
-    };
-    auto wide16 = [&](const std::vector<uint16_t>& v) {
-      std::vector<float> o(v.size());
-      convert(v.data(), low, o.data(), DType::f32, int64_t(v.size()));
-      return o;
-    };
-    const auto x16 = to16(x), w16 = to16(w), dy16 = to16(dy), dw16 = to16(dw0), gate16 = to16(gate), up16 = to16(up);
+    const auto x16 = round16(low, x), w16 = round16(low, w), dy16 = round16(low, dy), dw16 = round16(low, dw0), gate16 = round16(low, gate), up16 = round16(low, up);
     std::vector<uint16_t> cy(x16.size()), cdx16(x16.size()), cdw16 = dw16;
     std::vector<float> cr16(static_cast<size_t>(N));
     rmsnorm_forward_16(g.cpu, cy.data(), cr16.data(), x16.data(), w16.data(), low, N, C, 1e-5f);
@@ -851,29 +833,29 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
     cuda::rmsnorm_forward_16(g.gpu, gy.p, gr.p, gx.p, gw.p, low, N, C, 1e-5f);
     Dev<float> cr_d(cr16);  // the same rstd on both sides for the backward
     cuda::rmsnorm_backward_16(g.gpu, gdx16.p, gdw16.p, gdy.p, gx.p, gw.p, cr_d.p, low, N, C);
-    CHECK(rel(wide16(gy.get()), wide16(cy)) < 1e-2);
+    CHECK(rel(widen16(low, gy.get()), widen16(low, cy)) < 1e-2);
     CHECK(rel(gr.get(), cr16) < kF32);
-    CHECK(rel(wide16(gdx16.get()), wide16(cdx16)) < 1e-2);
-    CHECK(rel(wide16(gdw16.get()), wide16(cdw16)) < 1e-2);
+    CHECK(rel(widen16(low, gdx16.get()), widen16(low, cdx16)) < 1e-2);
+    CHECK(rel(widen16(low, gdw16.get()), widen16(low, cdw16)) < 1e-2);
     std::vector<uint16_t> ch16(gate16.size()), cdg16(gate16.size()), cdu16(gate16.size());
     swiglu_forward_16(g.cpu, ch16.data(), gate16.data(), up16.data(), low, N * C);
     swiglu_backward_16(g.cpu, cdg16.data(), cdu16.data(), dy16.data(), gate16.data(), up16.data(), low, N * C);
     Dev<uint16_t> gg(gate16), gu(up16), gh(N * C), gdg16(N * C), gdu16(N * C);
     cuda::swiglu_forward_16(g.gpu, gh.p, gg.p, gu.p, low, N * C);
     cuda::swiglu_backward_16(g.gpu, gdg16.p, gdu16.p, gdy.p, gg.p, gu.p, low, N * C);
-    CHECK(rel(wide16(gh.get()), wide16(ch16)) < 1e-2);
-    CHECK(rel(wide16(gdg16.get()), wide16(cdg16)) < 1e-2);
-    CHECK(rel(wide16(gdu16.get()), wide16(cdu16)) < 1e-2);
+    CHECK(rel(widen16(low, gh.get()), widen16(low, ch16)) < 1e-2);
+    CHECK(rel(widen16(low, gdg16.get()), widen16(low, cdg16)) < 1e-2);
+    CHECK(rel(widen16(low, gdu16.get()), widen16(low, cdu16)) < 1e-2);
     // RoPE and repeat_kv: 6 query heads over 2 kv heads of 4, q and k turned in place, and back
-    auto q16 = to16(qq), k16 = to16(kk);
-    const auto v16 = to16(vv), g16 = to16(gq3);
+    auto q16 = round16(low, qq), k16 = round16(low, kk);
+    const auto v16 = round16(low, vv), g16 = round16(low, gq3);
     std::vector<uint16_t> cqkv16(gq3.size()), cq16 = q16, ck16 = k16;
     rope_repeat_kv_forward_16(g.cpu, cqkv16.data(), cq16.data(), ck16.data(), v16.data(), low, B, T, Hq, KV, d, 10000.0f, true);
     Dev<uint16_t> gq16(q16), gk16(k16), gv16(v16), gqkv16(int64_t(gq3.size()));
     cuda::rope_repeat_kv_forward_16(g.gpu, gqkv16.p, gq16.p, gk16.p, gv16.p, low, B, T, Hq, KV, d, 10000.0f, true);
-    CHECK(rel(wide16(gqkv16.get()), wide16(cqkv16)) < 1e-2);
-    CHECK(rel(wide16(gq16.get()), wide16(cq16)) < 1e-2);
-    CHECK(rel(wide16(gk16.get()), wide16(ck16)) < 1e-2);
+    CHECK(rel(widen16(low, gqkv16.get()), widen16(low, cqkv16)) < 1e-2);
+    CHECK(rel(widen16(low, gq16.get()), widen16(low, cq16)) < 1e-2);
+    CHECK(rel(widen16(low, gk16.get()), widen16(low, ck16)) < 1e-2);
     {  // qkv holds the GPU's own turned q and k, and v, each kv head repeated for its query heads: copies, bit for bit
       const auto o = gqkv16.get(), rq = gq16.get(), rk = gk16.get();
       const int64_t Cq = Hq * d, Ckv = KV * d, group = Hq / KV;
@@ -890,8 +872,8 @@ TEST_CASE("LLaMA's kernels (RMSNorm, RoPE, SwiGLU, repeat_kv) on the GPU equal t
     rope_repeat_kv_backward_16(g.cpu, cdq16.data(), cdk16.data(), cdv16.data(), g16.data(), low, B, T, Hq, KV, d, 10000.0f);
     Dev<uint16_t> gg16(g16), gdq(int64_t(qq.size())), gdk(int64_t(kk.size())), gdv(int64_t(vv.size()));
     cuda::rope_repeat_kv_backward_16(g.gpu, gdq.p, gdk.p, gdv.p, gg16.p, low, B, T, Hq, KV, d, 10000.0f);
-    CHECK(rel(wide16(gdq.get()), wide16(cdq16)) < 1e-2);
-    CHECK(rel(wide16(gdk.get()), wide16(cdk16)) < 1e-2);
+    CHECK(rel(widen16(low, gdq.get()), widen16(low, cdq16)) < 1e-2);
+    CHECK(rel(widen16(low, gdk.get()), widen16(low, cdk16)) < 1e-2);
     CHECK(gdv.get() == cdv16);  // no turn: the same f32 sums, rounded once
   }
 }
@@ -982,26 +964,16 @@ TEST_CASE("flash attention on tensor cores (bf16 and fp16 math): the cpu's flash
       // rounded once, so the f32 form's results rounded, bit for bit (the backward given the rounded out);
       // where the tensor cores don't take the head size, the f32 kernels between copies: the same bits too.
       INFO("flash_attention_*_16");
-      auto to16 = [&](const std::vector<float>& v) {
-        std::vector<uint16_t> h(v.size());
-        convert(v.data(), DType::f32, h.data(), low, int64_t(v.size()));
-        return h;
-      };
-      auto from16 = [&](const std::vector<uint16_t>& h) {
-        std::vector<float> v(h.size());
-        convert(h.data(), low, v.data(), DType::f32, int64_t(h.size()));
-        return v;
-      };
-      Dev<uint16_t> q16(to16(qkv)), dy16(to16(dy)), out16(k.B * k.T * k.C), dqkv16(int64_t(qkv.size()));
+      Dev<uint16_t> q16(round16(low, qkv)), dy16(round16(low, dy)), out16(k.B * k.T * k.C), dqkv16(int64_t(qkv.size()));
       Dev<float> lse16(k.B * k.NH * k.T);
       cuda::flash_attention_forward_16(g.gpu, out16.p, lse16.p, q16.p, low, k.B, k.T, k.C, k.NH);
       cuda::flash_attention_backward_16(g.gpu, dqkv16.p, dy16.p, q16.p, out16.p, lse16.p, low, k.B, k.T, k.C, k.NH);
-      const std::vector<float> out_rounded = from16(out16.get());
-      CHECK(bitwise(out_rounded, from16(to16(out.get()))));
+      const std::vector<float> out_rounded = widen16(low, out16.get());
+      CHECK(bitwise(out_rounded, widen16(low, round16(low, out.get()))));
       CHECK(bitwise(lse16.get(), lse.get()));
       Dev<float> out_r(out_rounded), dqkv3(int64_t(qkv.size()));
       cuda::flash_attention_backward(g.gpu, dqkv3.p, ddy.p, dq.p, out_r.p, lse.p, k.B, k.T, k.C, k.NH);
-      CHECK(bitwise(from16(dqkv16.get()), from16(to16(dqkv3.get()))));
+      CHECK(bitwise(widen16(low, dqkv16.get()), widen16(low, round16(low, dqkv3.get()))));
     }
   }
   g.cx.math = GemmMath::f32;
