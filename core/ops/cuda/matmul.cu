@@ -405,13 +405,21 @@ void linear_gelu_forward_16(Runtime& rt, void* out, void* pre, const void* inp, 
     cudaGetLastError();
     major = 0;
   }
-  if (major >= 9 && N > 0 && C > 0 && OC > 0 && lt_bias(rt, out, t, inp, w, t, bias, N, C, OC, math, pre)) {
-    {
-      OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // linear_forward_16's event
-      op.gemm(0, N, OC, C);
+  if (major >= 9 && N > 0 && C > 0 && OC > 0) {
+    // a bias at a 2-byte offset (a flat buffer's) goes to the epilogue as an aligned copy, as in linear_forward_16
+    void* aligned = bias && alignment_of(bias) < 16 ? ctx(rt).allocator().alloc(OC * 2) : nullptr;
+    if (aligned) DL_CUDA(cudaMemcpyAsync(aligned, bias, size_t(OC * 2), cudaMemcpyDeviceToDevice, stream(rt)));
+    const void* b = aligned ? aligned : bias;
+    const bool fused = (!b || alignment_of(b) >= 16) && lt_bias(rt, out, t, inp, w, t, b, N, C, OC, math, pre);
+    if (aligned) ctx(rt).allocator().free(aligned, OC * 2);  // stream-ordered: after the GEMM that reads it
+    if (fused) {
+      {
+        OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // linear_forward_16's event
+        op.gemm(0, N, OC, C);
+      }
+      OpScope g(rt, "gelu_forward", 10.0 * N * OC, 8.0 * N * OC);  // and gelu_forward_16's, done in the epilogue
+      return;
     }
-    OpScope g(rt, "gelu_forward", 10.0 * N * OC, 8.0 * N * OC);  // and gelu_forward_16's, done in the epilogue
-    return;
   }
   cuda::linear_forward_16(rt, pre, inp, w, bias, t, N, C, OC);
   cuda::gelu_forward_16(rt, out, pre, t, N * OC);
