@@ -67,6 +67,7 @@ const Kernels& kernel_table() {
     t.repeat_kv_forward = &cuda::repeat_kv_forward;
     t.repeat_kv_backward = &cuda::repeat_kv_backward;
     t.embedding_forward = &cuda::embedding_forward;
+    t.embedding_forward_16 = &cuda::embedding_forward_16;
     t.embedding_backward = &cuda::embedding_backward;
     t.sgd_update = &cuda::sgd_update;
     t.adamw_update = &cuda::adamw_update;

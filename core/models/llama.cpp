@@ -284,7 +284,10 @@ Tensor Llama::forward_stage(Runtime& rt, const Batch& batch, const Tensor& input
       tokens_[i] = t >= first && t < first + rows ? int32_t(t - first) : -1;
     }
     x = rt.empty({B, T, C}, Category::activations, "output of embed_tokens", rt.dtype);
-    {
+    if (device_16(rt, {&embed_tokens_.data})) {  // a device rank reads the 16-bit table as it is
+      Indices ids(rt, tokens_);
+      embedding_forward_16(rt, x.data(), ids.p, embed_tokens_.data.data(), nullptr, rt.dtype, B, T, C);
+    } else {
       AsF32 o(rt, x, AsF32::out), e(rt, embed_tokens_.data);
       Indices ids(rt, tokens_);
       embedding_forward(rt, o.p, ids.p, e.p, nullptr, B, T, C);

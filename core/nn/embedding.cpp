@@ -52,12 +52,16 @@ Tensor Embedding::forward(Runtime& rt, const std::vector<int32_t>& tokens, int64
         throw DataError(fmt::format("token id {} is outside the vocabulary of {}", t, vocab),
                         "raise model.vocab_size to cover the data's tokens");
   Tensor out = rt.empty({B, T, C}, Category::activations, "output of embedding", rt.dtype);
-  AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
   saved_tokens_ = tokens;
   auto ids = std::make_shared<Indices>(rt, saved_tokens_);  // on a cuda rank a device copy, kept for backward
-  const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
-  embedding_forward(rt, o.p, ids->p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);
-  o.store();
+  if (positions.empty() && device_16(rt, {&wte.data, &wpe.data})) {  // a device rank reads the 16-bit tables as they are
+    embedding_forward_16(rt, out.data(), ids->p, wte.data.data(), wpe.data.data(), rt.dtype, B, T, C);
+  } else {
+    AsF32 o(rt, out, AsF32::out), e(rt, wte.data), p(rt, wpe.data);
+    const Tensor rows = positions.empty() ? Tensor() : gather_position_rows(rt, p.p, positions, block, C);  // context parallel
+    embedding_forward(rt, o.p, ids->p, e.p, positions.empty() ? p.p : rows.f32(), B, T, C);
+    o.store();
+  }
   saved_ids_ = rt.device == DeviceKind::cuda ? std::move(ids) : nullptr;  // a cpu rank's points into saved_tokens_: made again
   B_ = B;
   T_ = T;

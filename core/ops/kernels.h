@@ -132,6 +132,8 @@ struct Kernels {
                                       DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
   void (*embedding_forward)(Runtime&, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                             int64_t T, int64_t C);
+  void (*embedding_forward_16)(Runtime&, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                               int64_t C);
   void (*embedding_backward)(Runtime&, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                              int64_t T, int64_t C);
   // ---- llama.h (nullptr: the device has none yet; the op says so) ----

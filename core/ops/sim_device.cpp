@@ -449,6 +449,13 @@ double vocab_ce_finish(Runtime& rt, float* probs, const float* sum, const float*
   return loss_out ? 0.0 : mean;
 }
 
+void embedding_forward_16(Runtime& rt, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                          int64_t C) {
+  HostKernels cpu(rt);
+  const char* k = "embedding_forward_16";
+  distlab::embedding_forward_16(rt, dev(out, k), dev(tokens, k), dev(wte, k), wpe ? dev(wpe, k) : nullptr, t, B, T, C);
+}
+
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C) {
   HostKernels cpu(rt);
   distlab::embedding_forward(rt, dev(out, "embedding_forward"), dev(tokens, "embedding_forward"), dev(wte, "embedding_forward"), dev(wpe, "embedding_forward"), B, T, C);
@@ -590,6 +597,7 @@ const Kernels& sim_kernels() {
     t.vocab_ce_exp = sim::vocab_ce_exp;
     t.vocab_ce_finish = sim::vocab_ce_finish;
     t.embedding_forward = sim::embedding_forward;
+    t.embedding_forward_16 = sim::embedding_forward_16;
     t.embedding_backward = sim::embedding_backward;
     t.sgd_update = sim::sgd_update;
     t.adamw_update = sim::adamw_update;

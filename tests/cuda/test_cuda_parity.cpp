@@ -1035,6 +1035,20 @@ TEST_CASE("causal attention forward and backward (GPT-2's layout), and the embed
   CHECK(bitwise(e.get(), ce));
   CHECK(bitwise(gwte.get(), cdwte));
   CHECK(bitwise(gwpe.get(), cdwpe));
+  // the 16-bit tables and output (a device rank's 16-bit run): one f32 add of exact values, rounded once: the
+  // cpu form's bits, with and without positions
+  for (DType low : {DType::bf16, DType::f16}) {
+    INFO("embedding_forward_16 in " << dtype_name(low));
+    const auto wte16 = round16(low, wte), wpe16 = round16(low, wpe);
+    std::vector<uint16_t> ce16(static_cast<size_t>(B * T * C)), ce16n(ce16.size());
+    embedding_forward_16(g.cpu, ce16.data(), tok.data(), wte16.data(), wpe16.data(), low, B, T, C);
+    embedding_forward_16(g.cpu, ce16n.data(), tok.data(), wte16.data(), nullptr, low, B, T, C);
+    Dev<uint16_t> gwte16(wte16), gwpe16(wpe16), ge16(B * T * C), ge16n(B * T * C);
+    cuda::embedding_forward_16(g.gpu, ge16.p, dtok.p, gwte16.p, gwpe16.p, low, B, T, C);
+    cuda::embedding_forward_16(g.gpu, ge16n.p, dtok.p, gwte16.p, nullptr, low, B, T, C);
+    CHECK(ge16.get() == ce16);
+    CHECK(ge16n.get() == ce16n);
+  }
 }
 
 TEST_CASE("dtype conversion and fill: the bits of core/tensor/dtype.cpp", "[cuda]") {

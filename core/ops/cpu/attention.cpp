@@ -439,6 +439,28 @@ void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const flo
     }
 }
 
+void embedding_forward_16(Runtime& rt, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                          int64_t C) {
+  if (rt.kernels) {
+    if (!rt.kernels->embedding_forward_16) throw ConfigError("the 16-bit embedding has no kernel on this device yet", "run in f32 here");
+    return rt.kernels->embedding_forward_16(rt, out, tokens, wte, wpe, t, B, T, C);
+  }
+  OpScope op(rt, "embedding_forward", double(B * T * C), 4.0 * 3 * B * T * C);  // embedding_forward's event
+  if (rt.is_meta()) return;
+  std::vector<float> o(static_cast<size_t>(C));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t p = 0; p < T; p++) {  // embedding_forward's loop on one row at a time, widened
+      const int32_t tok = tokens[b * T + p];
+      if (tok < 0) std::fill(o.begin(), o.end(), 0.0f);
+      else {
+        const std::vector<float> e = widened(static_cast<const char*>(wte) + int64_t(tok) * C * dtype_size(t), t, C);
+        const std::vector<float> w = wpe ? widened(static_cast<const char*>(wpe) + p * C * dtype_size(t), t, C) : std::vector<float>();
+        for (int64_t i = 0; i < C; i++) o[size_t(i)] = e[size_t(i)] + (wpe ? w[size_t(i)] : 0.0f);
+      }
+      convert(o.data(), DType::f32, static_cast<char*>(out) + (b * T + p) * C * dtype_size(t), t, C);
+    }
+}
+
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C) {
   if (rt.kernels) return rt.kernels->embedding_backward(rt, dwte, dwpe, dout, tokens, B, T, C);

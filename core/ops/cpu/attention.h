@@ -68,6 +68,11 @@ void attention_block_backward(Runtime& rt, float* dq, int64_t lddq, float* dk, f
 // holds it writes its vector and position, so the all-reduce of the ranks' outputs is the whole lookup.
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C);
+// The same on 16-bit out, wte and wpe (t: bf16, f16), as a device rank's 16-bit run calls it: each sum in f32
+// from the exact values, rounded once (the cpu form for cuda-sim: the kernel's loop on widened rows, so no
+// copy of the whole table is made, which the f32 way through AsF32 makes of wte).
+void embedding_forward_16(Runtime& rt, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                          int64_t C);
 // dwte, dwpe accumulated (dwpe may be nullptr for a plain Embedding); a -1 token adds to dwpe only
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C);

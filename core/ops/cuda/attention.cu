@@ -5,6 +5,7 @@
 // keeps one head's (T x T): the memory report of a cuda run counts that difference under `other`.
 #include "core/ops/cpu/attention.h"  // flash_attention_flops: what every device's trace records
 #include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/dtype16.cuh"
 
 namespace distlab::cuda {
 
@@ -45,12 +46,13 @@ __global__ void causal_softmax_backward_k(float* d, const float* a, int64_t R, i
   for (int64_t s = lane; s < T; s += 32) dr[s] = s <= t ? ar[s] * (dr[s] - dot) : 0.0f;
 }
 
-__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t BT, int64_t T,
-                                    int64_t C) {
+// E: the tables' and the output's type (f32, or bf16/f16: the f32 sum of the exact values, rounded once)
+template <class E>
+__global__ void embedding_forward_k(E* out, const int32_t* tokens, const E* wte, const E* wpe, int64_t BT, int64_t T, int64_t C) {
   DL_GRID_LOOP(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
     const int32_t tok = tokens[bt];  // -1: another tensor-parallel rank's row (zeros here)
-    out[i] = tok < 0 ? 0.0f : wte[int64_t(tok) * C + c] + (wpe ? wpe[(bt % T) * C + c] : 0.0f);
+    out[i] = narrow<E>(tok < 0 ? 0.0f : wide(wte[int64_t(tok) * C + c]) + (wpe ? wide(wpe[(bt % T) * C + c]) : 0.0f));
   }
 }
 
@@ -429,6 +431,18 @@ void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const flo
   OpScope op(rt, "embedding_forward", double(B * T * C), 4.0 * 3 * B * T * C);
   embedding_forward_k<<<blocks_for(B * T * C), kThreads, 0, stream(rt)>>>(out, tokens, wte, wpe, B * T, T, C);
   DL_CUDA_LAUNCHED("embedding_forward");
+}
+
+void embedding_forward_16(Runtime& rt, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                          int64_t C) {
+  require_16bit(t, "embedding_forward_16");
+  OpScope op(rt, "embedding_forward", double(B * T * C), 4.0 * 3 * B * T * C);  // embedding_forward's event
+  with_16bit_type(t, [&](auto z) {
+    using E = decltype(z);
+    embedding_forward_k<<<blocks_for(B * T * C), kThreads, 0, stream(rt)>>>(static_cast<E*>(out), tokens, static_cast<const E*>(wte),
+                                                                            static_cast<const E*>(wpe), B * T, T, C);
+  });
+  DL_CUDA_LAUNCHED("embedding_forward_16");
 }
 
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B, int64_t T,

@@ -147,6 +147,8 @@ bool flash_tensor_cores(Runtime& rt, int64_t hs);
 void flash_tc_forward(Runtime& rt, void* out, float* lse, const void* qkv, bool io16, int64_t B, int64_t T, int64_t C, int64_t NH);
 void flash_tc_backward(Runtime& rt, void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, bool io16,
                        int64_t B, int64_t T, int64_t C, int64_t NH);
+void embedding_forward_16(Runtime& rt, void* out, const int32_t* tokens, const void* wte, const void* wpe, DType t, int64_t B, int64_t T,
+                          int64_t C);
 void embedding_forward(Runtime& rt, float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                        int64_t T, int64_t C);
 void embedding_backward(Runtime& rt, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t B,
