@@ -10,13 +10,6 @@ namespace distlab {
 
 // ---- the core ----
 
-// A device rank's 16-bit run: the flash kernels read and write the 16-bit tensors themselves (a GPU's
-// tensor-core kernels), where the cpu and every f32 run go through f32 copies (AsF32)
-static bool flash_16(Runtime& rt, const Tensor& a, const Tensor& b) {
-  const DType t = a.dtype();
-  return rt.kernels && (t == DType::bf16 || t == DType::f16) && t == rt.dtype && b.dtype() == t;
-}
-
 // P (B, NH, T, T) from qkv, and y = P v into *y when asked
 Tensor AttentionCore::probabilities(Runtime& rt, const Tensor& qkv, int64_t NH, const std::string& what, Tensor* y) {
   const int64_t B = qkv.size(0), T = qkv.size(1), Cl = qkv.size(2) / 3;
@@ -42,7 +35,7 @@ Tensor AttentionCore::forward(Runtime& rt, const Tensor& qkv, int64_t NH, const 
       context_->forward(rt, qkv, NH, kv_group_, y_, lse_);
       return y_;
     }
-    if (flash_16(rt, qkv, y_)) {
+    if (device_16(rt, {&qkv, &y_})) {  // the 16-bit tensors as they are (a GPU's tensor-core kernels)
       flash_attention_forward_16(rt, y_.data(), lse_.f32(), qkv.data(), qkv.dtype(), B, T, Cl, NH);
       return y_;
     }
@@ -63,7 +56,7 @@ Tensor AttentionCore::backward(Runtime& rt, const Tensor& dy, const Tensor& qkv,
     DL_ASSERT(y_.defined() && lse_.defined(), "AttentionCore::backward without a forward");
     Tensor dqkv = rt.empty({B, T, 3 * Cl}, Category::activations, "grad of qkv" + what, rt.dtype);
     if (context_) context_->backward(rt, dy, qkv, y_, lse_, NH, kv_group_, dqkv);
-    else if (flash_16(rt, qkv, dy) && y_.dtype() == qkv.dtype() && dqkv.dtype() == qkv.dtype()) {
+    else if (device_16(rt, {&qkv, &dy, &y_, &dqkv})) {
       flash_attention_backward_16(rt, dqkv.data(), dy.data(), qkv.data(), y_.data(), lse_.f32(), qkv.dtype(), B, T, Cl, NH);
     } else {
       AsF32 dq(rt, dqkv, AsF32::out), dyf(rt, dy), q(rt, qkv), yf(rt, y_);

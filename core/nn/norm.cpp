@@ -30,11 +30,8 @@ Tensor LayerNorm::forward(Runtime& rt, const Tensor& x) {
   Tensor out = rt.empty(x.shape(), Category::activations, "output of " + weight.name, rt.dtype);
   mean_ = rt.empty({N}, Category::activations, "LayerNorm mean");  // f32 statistics (autocast's fp32 list)
   rstd_ = rt.empty({N}, Category::activations, "LayerNorm rstd");
-  const DType t = rt.dtype;
-  if (rt.kernels && (t == DType::bf16 || t == DType::f16) && x.dtype() == t && weight.data.defined() && weight.data.dtype() == t && bias.data.defined() &&
-      bias.data.dtype() == t) {
-    // a device rank reads and writes the 16 bits themselves (the statistics stay f32)
-    layernorm_forward_16(rt, out.data(), mean_.f32(), rstd_.f32(), x.data(), weight.data.data(), bias.data.data(), t, N, C_, eps_);
+  if (device_16(rt, {&x, &weight.data, &bias.data})) {  // a device rank reads and writes the 16 bits themselves (the statistics stay f32)
+    layernorm_forward_16(rt, out.data(), mean_.f32(), rstd_.f32(), x.data(), weight.data.data(), bias.data.data(), rt.dtype, N, C_, eps_);
   } else {
     AsF32 y(rt, out, AsF32::out), xf(rt, x), w(rt, weight.data), b(rt, bias.data);
     layernorm_forward(rt, y.p, mean_.f32(), rstd_.f32(), xf.p, w.p, b.p, N, C_, eps_);
@@ -48,12 +45,10 @@ Tensor LayerNorm::backward(Runtime& rt, const Tensor& dout) {
   const int64_t N = saved_x_.numel() / C_;
   Tensor dx = rt.empty(saved_x_.shape(), Category::activations, "grad of " + weight.name, rt.dtype);
   Tensor gw = grad_or_scratch(rt, weight), gb = grad_or_scratch(rt, bias);
-  const DType t = rt.dtype;
-  if (rt.kernels && (t == DType::bf16 || t == DType::f16) && dout.dtype() == t && saved_x_.dtype() == t && weight.data.dtype() == t && gw.dtype() == t &&
-      gb.dtype() == t) {
+  if (device_16(rt, {&dout, &saved_x_, &weight.data, &gw, &gb})) {
     // a device rank reads and writes the 16 bits themselves
     layernorm_backward_16(rt, dx.data(), gw.data(), gb.data(), dout.data(), saved_x_.data(), weight.data.data(), mean_.f32(), rstd_.f32(),
-                          t, N, C_);
+                          rt.dtype, N, C_);
   } else {
     AsF32 d(rt, dx, AsF32::out), dw(rt, gw, AsF32::inout), db(rt, gb, AsF32::inout);
     AsF32 dy(rt, dout), xf(rt, saved_x_), w(rt, weight.data);

@@ -392,8 +392,7 @@ void flash_attention_backward(Runtime& rt, float* dqkv, const float* dout, const
 // f32 out (4 written, 4 read, 2 written again). Elsewhere: that f32 way, the f32 kernels between copies.
 namespace {
 bool tensor_core_tensors(Runtime& rt, DType t, int64_t hs, const char* name) {
-  if (t != DType::bf16 && t != DType::f16)
-    throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes the f32 kernel");
+  require_16bit(t, name);
   return gemm_math(rt) == (t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16) && flash_tensor_cores(rt, hs);
 }
 }  // namespace

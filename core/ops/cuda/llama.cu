@@ -50,19 +50,27 @@ __global__ void rmsnorm_backward_dw_partials_k(float* pdw, const T* dout, const 
   }
 }
 
-// one thread per (row, head, pair i): angle t · θ^(-2i/hd) in float, as the cpu (and Hugging Face); y may be x
-// (in place)
-template <class In, class Out>
-__global__ void rope_k(Out* y, const In* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, float sign) {
+// the pair (u, v) = (x[i], x[i + hd/2]) at position t turned by the angle t · θ^(-2i/hd) in float, as the cpu
+// (and Hugging Face) computes it; sign -1 turns it back
+__device__ __forceinline__ void rope_turn(float& u, float& v, int64_t t, int64_t i, int64_t hd, float theta, float sign) {
+  const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(hd));
+  const float a = float(t) * inv_freq, c = cosf(a), s = sign * sinf(a);
+  const float u2 = u * c - v * s, v2 = v * c + u * s;
+  u = u2;
+  v = v2;
+}
+
+// one thread per (row, head, pair i), in place
+template <class E>
+__global__ void rope_k(E* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, float sign) {
   const int64_t half = hd / 2;
   DL_GRID_LOOP(j, B * T * H * half) {
     const int64_t i = j % half, h = (j / half) % H, bt = j / (half * H), t = bt % T;
-    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(hd));
-    const float a = float(t) * inv_freq, c = cosf(a), s = sign * sinf(a);
     const int64_t at = bt * ld + h * hd;
-    const float u = wide(x[at + i]), v = wide(x[at + i + half]);
-    y[at + i] = narrow<Out>(u * c - v * s);
-    y[at + i + half] = narrow<Out>(v * c + u * s);
+    float u = wide(x[at + i]), v = wide(x[at + i + half]);
+    rope_turn(u, v, t, i, hd, theta, sign);
+    x[at + i] = narrow<E>(u);
+    x[at + i + half] = narrow<E>(v);
   }
 }
 
@@ -139,7 +147,7 @@ void rmsnorm_backward(Runtime& rt, float* dinp, float* dweight, const float* dou
 void rope_apply(Runtime& rt, float* x, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld, float theta, bool inverse) {
   OpScope op(rt, inverse ? "rope_backward" : "rope_forward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd);
   rope_check(hd);
-  rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(x, static_cast<const float*>(x), B, T, H, hd, ld, theta,
+  rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(x, B, T, H, hd, ld, theta,
                                                                        inverse ? -1.0f : 1.0f);
   DL_CUDA_LAUNCHED("rope_apply");
 }
@@ -248,14 +256,14 @@ void rope_repeat_kv_forward_16(Runtime& rt, void* qkv, void* q, void* k, const v
     if (rotate_q) {
       OpScope op(rt, "rope_forward", 6.0 * B * T * H * hd / 2, 4.0 * 2 * B * T * H * hd);
       if (any) {
-        rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(qe, static_cast<const E*>(qe), B, T, H, hd, Cq, theta, 1.0f);
+        rope_k<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream(rt)>>>(qe, B, T, H, hd, Cq, theta, 1.0f);
         DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 q");
       }
     }
     {
       OpScope op(rt, "rope_forward", 6.0 * B * T * KV * hd / 2, 4.0 * 2 * B * T * KV * hd);
       if (any) {
-        rope_k<<<blocks_for(B * T * KV * (hd / 2)), kThreads, 0, stream(rt)>>>(ke, static_cast<const E*>(ke), B, T, KV, hd, Ckv, theta, 1.0f);
+        rope_k<<<blocks_for(B * T * KV * (hd / 2)), kThreads, 0, stream(rt)>>>(ke, B, T, KV, hd, Ckv, theta, 1.0f);
         DL_CUDA_LAUNCHED("rope_repeat_kv_forward_16 k");
       }
     }
@@ -303,11 +311,10 @@ __global__ void rope_repeat_kv_backward_k(E* dq, E* dk, E* dv, const E* dqkv, in
         v += wide(row[C + (h * group + r) * hd + i + half]);
       }
     }
-    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(hd));  // rope_k's angle, turned back (sign -1)
-    const float a = float(t) * inv_freq, co = cosf(a), sn = -1.0f * sinf(a);
+    rope_turn(u, v, t, i, hd, theta, -1.0f);  // turned back
     E* out = is_q ? dq + bt * C + h * hd : dk + bt * Ckv + h * hd;
-    out[i] = narrow<E>(u * co - v * sn);
-    out[i + half] = narrow<E>(v * co + u * sn);
+    out[i] = narrow<E>(u);
+    out[i + half] = narrow<E>(v);
   }
 }
 

@@ -234,9 +234,11 @@ void add_column_sums(Runtime& rt, float* out, const float* x, int64_t N, int64_t
 }
 
 void add_column_sums_16(Runtime& rt, void* out, const void* x, DType t, int64_t N, int64_t OC, const char* name) {
-  if (t == DType::bf16) column_sums_into(rt, static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(x), N, OC, name);
-  else if (t == DType::f16) column_sums_into(rt, static_cast<__half*>(out), static_cast<const __half*>(x), N, OC, name);
-  else throw ShapeError(std::string(name) + " on " + dtype_name(t) + " tensors", "bf16 or f16: f32 takes add_column_sums");
+  require_16bit(t, name);
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    column_sums_into(rt, static_cast<T*>(out), static_cast<const T*>(x), N, OC, name);
+  });
 }
 
 // f32 operands in the context's math: as they are (f32, tf32), or rounded to 16 bits first (bf16, f16).
@@ -349,8 +351,7 @@ void matmul_forward(Runtime& rt, float* out, const float* inp, const float* w, c
 // operands and the output fewer. Where cuBLASLt has no kernel for it, that f32 way.
 void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, const void* bias, DType t, int64_t N, int64_t C,
                        int64_t OC) {
-  if (t != DType::bf16 && t != DType::f16)
-    throw ShapeError(std::string("linear_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes matmul_forward");
+  require_16bit(t, "linear_forward_16");
   const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
   OpScope op(rt, "matmul_forward", 2.0 * N * C * OC, 4.0 * (N * C + OC * C + N * OC));  // matmul_forward's event
   op.gemm(0, N, OC, C);
@@ -378,8 +379,7 @@ void linear_forward_16(Runtime& rt, void* out, const void* inp, const void* w, c
 // bias gradient, narrowed three of them again and rounded two f32 results.
 void linear_backward_16(Runtime& rt, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, DType t,
                         int64_t N, int64_t C, int64_t OC, bool need_dinp, bool need_dw) {
-  if (t != DType::bf16 && t != DType::f16)
-    throw ShapeError(std::string("linear_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes matmul_backward");
+  require_16bit(t, "linear_backward_16");
   const GemmMath math = t == DType::bf16 ? GemmMath::bf16 : GemmMath::f16;
   OpScope op(rt, "matmul_backward", 2.0 * N * C * OC * ((need_dinp ? 1 : 0) + (need_dw ? 1 : 0)),
              4.0 * ((need_dinp ? N * C : 0) + (need_dw ? N * C + 2 * OC * C : OC * C) + N * OC));  // matmul_backward's event

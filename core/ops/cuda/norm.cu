@@ -141,19 +141,14 @@ void layernorm_forward(Runtime& rt, float* out, float* mean, float* rstd, const 
 
 void layernorm_forward_16(Runtime& rt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
                           DType t, int64_t N, int64_t C, float eps) {
+  require_16bit(t, "layernorm_forward_16");
   OpScope op(rt, "layernorm_forward", 8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));  // layernorm_forward's event
   if (N == 0) return;
-  if (t == DType::bf16) {
-    using B = __nv_bfloat16;
-    layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(static_cast<B*>(out), mean, rstd, static_cast<const B*>(inp),
-                                                                   static_cast<const B*>(weight), static_cast<const B*>(bias), C, eps);
-  } else if (t == DType::f16) {
-    using H = __half;
-    layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(static_cast<H*>(out), mean, rstd, static_cast<const H*>(inp),
-                                                                   static_cast<const H*>(weight), static_cast<const H*>(bias), C, eps);
-  } else {
-    throw ShapeError(std::string("layernorm_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes layernorm_forward");
-  }
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    layernorm_forward_k<<<unsigned(N), kThreads, 0, stream(rt)>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp),
+                                                                   static_cast<const T*>(weight), static_cast<const T*>(bias), C, eps);
+  });
   DL_CUDA_LAUNCHED("layernorm_forward_16");
 }
 
@@ -189,21 +184,16 @@ void layernorm_backward(Runtime& rt, float* dinp, float* dweight, float* dbias, 
 // copied dout, inp, weight and dinp (4 N x C passes more).
 void layernorm_backward_16(Runtime& rt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight,
                            const float* mean, const float* rstd, DType t, int64_t N, int64_t C) {
+  require_16bit(t, "layernorm_backward_16");
   OpScope op(rt, "layernorm_backward", 12.0 * N * C, 4.0 * (3 * N * C + 4 * C + 2 * N));  // layernorm_backward's event
-  if (t != DType::bf16 && t != DType::f16)
-    throw ShapeError(std::string("layernorm_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes layernorm_backward");
   if (N == 0) return;
   Scratch partial(rt, 2 * ((N + kChunkRows - 1) / kChunkRows) * C, "layernorm backward's partial sums");
   int64_t chunks = 0;
-  if (t == DType::bf16) {
-    using B = __nv_bfloat16;
-    chunks = layernorm_backward_kernels(rt, partial, static_cast<B*>(dinp), static_cast<const B*>(dout), static_cast<const B*>(inp),
-                                        static_cast<const B*>(weight), mean, rstd, N, C);
-  } else {
-    using H = __half;
-    chunks = layernorm_backward_kernels(rt, partial, static_cast<H*>(dinp), static_cast<const H*>(dout), static_cast<const H*>(inp),
-                                        static_cast<const H*>(weight), mean, rstd, N, C);
-  }
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    chunks = layernorm_backward_kernels(rt, partial, static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
+                                        static_cast<const T*>(weight), mean, rstd, N, C);
+  });
   F32 dw(rt, dweight, t, C), db(rt, dbias, t, C);
   add_column_sums(rt, dw.p, partial.p, chunks, C, "layernorm_backward dweight");
   add_column_sums(rt, db.p, partial.p + chunks * C, chunks, C, "layernorm_backward dbias");

@@ -132,53 +132,46 @@ void gelu_backward(Runtime& rt, float* dinp, const float* dout, const float* inp
 }
 
 void gelu_forward_16(Runtime& rt, void* out, const void* inp, DType t, int64_t n) {
+  require_16bit(t, "gelu_forward_16");
   OpScope op(rt, "gelu_forward", 10.0 * n, 8.0 * n);
   if (n == 0) return;
-  if (t == DType::bf16)
-    gelu_forward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(inp), n);
-  else if (t == DType::f16)
-    gelu_forward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(out), static_cast<const __half*>(inp), n);
-  else
-    throw ShapeError(std::string("gelu_forward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes gelu_forward");
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    gelu_forward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
+  });
   DL_CUDA_LAUNCHED("gelu_forward_16");
 }
 
 void gelu_backward_16(Runtime& rt, void* dinp, const void* dout, const void* inp, DType t, int64_t n) {
+  require_16bit(t, "gelu_backward_16");
   OpScope op(rt, "gelu_backward", 20.0 * n, 12.0 * n);
   if (n == 0) return;
-  if (t == DType::bf16)
-    gelu_backward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(dinp), static_cast<const __nv_bfloat16*>(dout),
-                                                                  static_cast<const __nv_bfloat16*>(inp), n);
-  else if (t == DType::f16)
-    gelu_backward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(dinp), static_cast<const __half*>(dout),
-                                                                  static_cast<const __half*>(inp), n);
-  else
-    throw ShapeError(std::string("gelu_backward_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes gelu_backward");
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    gelu_backward16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), n);
+  });
   DL_CUDA_LAUNCHED("gelu_backward_16");
 }
 
 void add_16(Runtime& rt, void* out, const void* a, const void* b, DType t, int64_t n) {
+  require_16bit(t, "add_16");
   OpScope op(rt, "add", double(n), 12.0 * n);
   if (n == 0) return;
-  if (t == DType::bf16)
-    add16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(a),
-                                                        static_cast<const __nv_bfloat16*>(b), n);
-  else if (t == DType::f16)
-    add16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(out), static_cast<const __half*>(a), static_cast<const __half*>(b), n);
-  else
-    throw ShapeError(std::string("add_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes add_forward");
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    add16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  });
   DL_CUDA_LAUNCHED("add_16");
 }
 
 void accumulate_16(Runtime& rt, void* dst, const void* src, DType t, int64_t n) {
+  require_16bit(t, "accumulate_16");
   OpScope op(rt, "accumulate", double(n), 12.0 * n);
   if (n == 0) return;
-  if (t == DType::bf16)
-    accumulate16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__nv_bfloat16*>(dst), static_cast<const __nv_bfloat16*>(src), n);
-  else if (t == DType::f16)
-    accumulate16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<__half*>(dst), static_cast<const __half*>(src), n);
-  else
-    throw ShapeError(std::string("accumulate_16 on ") + dtype_name(t) + " tensors", "bf16 or f16: f32 takes accumulate");
+  with_16bit_type(t, [&](auto z) {
+    using T = decltype(z);
+    accumulate16_k<<<blocks_for(n), kThreads, 0, stream(rt)>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
+  });
   DL_CUDA_LAUNCHED("accumulate_16");
 }
 
