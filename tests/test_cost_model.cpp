@@ -368,6 +368,60 @@ TEST_CASE("replay: comm streams run collectives in order and overlap compute", "
   CHECK(r.exposed_comm_s == Approx(0).margin(1e-12));
 }
 
+TEST_CASE("replay: a kernel beside a running collective loses the SMs NCCL holds, and only while it runs", "[costmodel]") {
+  // 4 SMs, one held by a running collective: a kernel beside it runs at 3/4 of its rate (1 ms alone, 4/3 ms
+  // beside). Tiles of 1x1 leave a large GEMM's waves full on 4 SMs and on 3.
+  HardwareProfile hw = round_profile(0);
+  hw.sm_count = 4;
+  hw.gemm_tile_m = hw.gemm_tile_n = 1;
+  hw.comm_sms = 1;
+  const HardwareProfile beside = beside_collective(hw);
+  CHECK(beside.sm_count == 3);
+  CHECK(beside.low_precision_flops_per_s == Approx(0.75e9));
+  CHECK(beside.mem_bw_bytes_per_s == hw.mem_bw_bytes_per_s);  // streaming kernels keep their bandwidth
+  // the fake world (one traced rank): a 0.5 ms all-gather issued at 1 ms overlaps the first half-millisecond
+  // of b, which does 3/8 of its work then and the other 5/8 alone: b ends at 2.125 ms, 0.125 ms lost
+  auto trace = [](int64_t gather_bytes) {
+    return std::vector<TraceEvent>{compute("a", 1e6), collective("all_gather", gather_bytes, 2, 0), compute("b", 1e6), compute("c", 1e6), wait_for(0)};
+  };
+  ReplayOptions fake;
+  fake.symmetric = true;
+  ReplayResult r = replay(Ranks{trace(1000000)}, hw, fake);
+  std::map<std::string, std::pair<double, double>> at;
+  for (const ModeledEvent& e : r.events) at[e.name] = {e.start_s, e.end_s};
+  CHECK(at["all_gather"].first == Approx(1e-3));
+  CHECK(at["all_gather"].second == Approx(1.5e-3));
+  CHECK(at["b"].second == Approx(2.125e-3));
+  CHECK(at["c"].second - at["c"].first == Approx(1e-3));  // after the collective: alone again
+  CHECK(r.contention_s == Approx(0.125e-3));
+  CHECK(r.compute_s == Approx(3.125e-3));
+  CHECK(r.step_s == Approx(3.125e-3));
+  // a 2 ms all-gather: b runs all beside it (4/3 ms), c's first 2/3 ms too (half its work), then alone
+  r = replay(Ranks{trace(4000000)}, hw, fake);
+  for (const ModeledEvent& e : r.events) at[e.name] = {e.start_s, e.end_s};
+  CHECK(at["b"].second == Approx(1e-3 + 4.0 / 3 * 1e-3));
+  CHECK(at["c"].second == Approx(3.5e-3));
+  CHECK(r.contention_s == Approx(0.5e-3));
+  // without comm_sms nothing changes: the old timeline, 3 ms
+  hw.comm_sms = 0;
+  r = replay(Ranks{trace(1000000)}, hw, fake);
+  CHECK(r.step_s == Approx(3e-3));
+  CHECK(r.contention_s == 0);
+  // A GEMM of exactly one wave on an A100's 108 SMs (9 x 12 tiles of 128 x 256) runs two waves on the 84
+  // left beside a collective: twice as long (the tail effect Nsight Systems shows beside ncclAllGather)
+  const HardwareProfile a100 = *find_profile("a100-nvlink");
+  REQUIRE(a100.comm_sms == 24);
+  TraceEvent g = compute("matmul_forward", 2.0 * 1152 * 3072 * 4096);
+  g.shape.gemm[0] = {1152, 3072, 4096};
+  g.low_precision = true;
+  CHECK(gemm_quantization(g.shape.gemm[0], a100) == Approx(1));
+  CHECK(compute_time(g, beside_collective(a100)) - a100.launch_overhead_s == Approx(2 * (compute_time(g, a100) - a100.launch_overhead_s)));
+  // kernels on the host (an offloaded optimizer) and copies over PCIe hold no SM: never slowed
+  TraceEvent host = compute("adamw_step", 1e9, 1e9);
+  host.on_host = true;
+  CHECK(compute_time(host, beside_collective(a100)) == Approx(compute_time(host, a100)));
+}
+
 TEST_CASE("replay: bucketed all-reduce exposes less communication than the naive one", "[costmodel]") {
   for (const char* name : {"t4-pcie", "cpu", "a100-nvlink"}) {
     INFO(name);
@@ -375,7 +429,10 @@ TEST_CASE("replay: bucketed all-reduce exposes less communication than the naive
     const ReplayResult naive = replay(symmetric(2, 64, Sync::exposed), hw);
     const ReplayResult bucketed = replay(symmetric(2, 64, Sync::overlapped), hw);
     CHECK(naive.comm_s == Approx(bucketed.comm_s));  // same bytes, same collectives
-    CHECK(naive.compute_s == Approx(bucketed.compute_s));
+    // the same kernels; beside the buckets' all-reduces they lose the SMs NCCL holds (a100-nvlink's comm_sms)
+    CHECK(naive.contention_s == 0);
+    CHECK(naive.compute_s == Approx(bucketed.compute_s - bucketed.contention_s));
+    CHECK((bucketed.contention_s > 0) == (hw.comm_sms > 0));
     // naive: nothing overlaps, so everything the comm stream does is exposed
     CHECK(naive.exposed_comm_s == Approx(naive.comm_s));
     CHECK(bucketed.exposed_comm_s < naive.exposed_comm_s);

@@ -117,9 +117,15 @@ double collective_time(const std::string& op, int64_t bytes, int n, const Hardwa
        comm streams of all its ranks are free (each comm stream runs its collectives in issue order), and
        takes collective_time;
      - a wait moves the compute stream to the end of its collective if that is later.
-   There is no other contention, so the timeline is fixed by these max() rules; we find it by advancing
-   every rank as far as it can go, then starting every collective that is at the head of all its ranks'
-   comm queues, until nothing moves. Ranks left with events then are deadlocked (an error, never a hang). */
+     - while a collective runs, the kernels beside it have fewer SMs (the profile's comm_sms: NCCL's thread
+       blocks hold theirs), so the part of a kernel that overlaps a collective runs at the rate
+       beside_collective() gives (hardware.h); the time it loses is the rank's contention_s.
+   The timeline is fixed by these rules; we find it by advancing every rank as far as it can go, starting
+   every collective as soon as all its ranks have issued it (at the head of all their comm queues), until
+   nothing moves. Ranks left with events then are deadlocked (an error, never a hang). A kernel is placed
+   against the collectives started by then: all that can overlap it in the fake world (one traced rank, whose
+   collectives start when issued); with several traced ranks, a collective a peer has not yet issued is
+   missed (the kernel counted as if alone). */
 namespace {
 
 struct Collective {
@@ -187,8 +193,30 @@ struct RankState {
   double compute_clock_s = 0;     // when the compute stream is next free
   double comm_free_s = 0;         // when the comm stream is next free
   std::deque<Collective*> queue;  // issued, not yet started collectives, in issue order
+  std::vector<std::pair<double, double>> comm_busy;  // the comm stream's collectives (start, end), in time order
+  size_t busy_from = 0;           // the first of them that may still overlap the compute stream
   RankTimes times;
 };
+
+// End of a kernel that starts at start_s and takes alone_s by itself and shared_s beside a collective: it
+// runs at 1/alone_s of its work per second while the comm stream is idle and 1/shared_s while it is busy.
+double place_kernel(RankState& s, double start_s, double alone_s, double shared_s) {
+  while (s.busy_from < s.comm_busy.size() && s.comm_busy[s.busy_from].second <= start_s) s.busy_from++;
+  if (shared_s <= alone_s) return start_s + alone_s;
+  double t = start_s, left = 1;  // the share of the kernel's work still to do
+  for (size_t i = s.busy_from; i < s.comm_busy.size(); i++) {
+    const auto [a, b] = s.comm_busy[i];
+    if (a > t) {  // alone until the collective starts
+      if (left * alone_s <= a - t) return t + left * alone_s;
+      left -= (a - t) / alone_s;
+      t = a;
+    }
+    if (left * shared_s <= b - t) return t + left * shared_s;
+    left -= (b - t) / shared_s;
+    t = b;
+  }
+  return t + left * alone_s;
+}
 
 std::string deadlock_message(const std::vector<std::vector<TraceEvent>>& ranks, const std::vector<RankState>& st) {
   std::string msg = "trace: the replay cannot make progress (collectives issued in an order that deadlocks):";
@@ -218,6 +246,7 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
   ReplayResult out;
   out.profile = hw.name;
   std::vector<RankState> st(ranks.size());
+  const HardwareProfile shared = beside_collective(hw);  // the profile a kernel beside a running collective sees
 
   auto link_of = [&](const Collective& c) {
     if (opts.ranks_per_node <= 0) return Link::intra_node;
@@ -225,39 +254,6 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
     for (int r : c.ranks)
       if (r / opts.ranks_per_node != c.ranks.front() / opts.ranks_per_node) return Link::inter_node;
     return Link::intra_node;
-  };
-
-  // Moves rank r's compute stream as far as it goes; false when it did nothing.
-  auto advance_rank = [&](int r) {
-    RankState& s = st[r];
-    bool moved = false;
-    while (s.pc < ranks[r].size()) {
-      const TraceEvent& e = ranks[r][s.pc];
-      if (e.kind == EventKind::compute) {
-        const double t = compute_time(e, hw, opts.low_precision, opts.kernels);
-        out.events.push_back({r, Stream::compute, EventKind::compute, e.name, s.compute_clock_s,
-                              s.compute_clock_s + t, e.flops, e.bytes, "", -1});
-        s.compute_clock_s += t;
-        s.times.compute_s += t;
-      } else if (e.kind == EventKind::marker) {
-        out.events.push_back({r, Stream::compute, EventKind::marker, e.name, s.compute_clock_s, s.compute_clock_s, 0, 0, "", -1});
-      } else if (e.kind == EventKind::collective) {
-        Collective& c = collectives.at({e.group, e.seq});
-        c.issue_s[r] = s.compute_clock_s;
-        s.queue.push_back(&c);
-      } else {  // wait
-        const Collective& c = collectives.at({e.group, e.seq});
-        if (!c.done) return moved;
-        if (c.end_s > s.compute_clock_s) {
-          out.events.push_back({r, Stream::compute, EventKind::wait, "wait " + c.op, s.compute_clock_s, c.end_s, 0,
-                                double(c.payload_bytes), c.group, c.seq});
-          s.compute_clock_s = c.end_s;
-        }
-      }
-      s.pc++;
-      moved = true;
-    }
-    return moved;
   };
 
   // Starts every collective that heads the comm queues of all its ranks; false when none could start.
@@ -280,11 +276,49 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
           st[p].queue.pop_front();
           st[p].comm_free_s = c.end_s;
           st[p].times.comm_s += t;
+          if (t > 0) st[p].comm_busy.emplace_back(c.start_s, c.end_s);
           out.events.push_back({p, Stream::comm, EventKind::collective, c.op, c.start_s, c.end_s, 0,
                                 double(c.payload_bytes), c.group, c.seq});
         }
         moved = true;
       }
+    }
+    return moved;
+  };
+
+  // Moves rank r's compute stream as far as it goes; false when it did nothing.
+  auto advance_rank = [&](int r) {
+    RankState& s = st[r];
+    bool moved = false;
+    while (s.pc < ranks[r].size()) {
+      const TraceEvent& e = ranks[r][s.pc];
+      if (e.kind == EventKind::compute) {
+        const double alone_s = compute_time(e, hw, opts.low_precision, opts.kernels);
+        const double shared_s = shared.sm_count != hw.sm_count ? compute_time(e, shared, opts.low_precision, opts.kernels) : alone_s;
+        const double end_s = place_kernel(s, s.compute_clock_s, alone_s, shared_s);
+        out.events.push_back({r, Stream::compute, EventKind::compute, e.name, s.compute_clock_s, end_s, e.flops, e.bytes, "", -1});
+        const double lost_s = shared_s > alone_s ? std::max(0.0, end_s - s.compute_clock_s - alone_s) : 0.0;  // beside collectives
+        s.times.compute_s += alone_s + lost_s;
+        s.times.contention_s += lost_s;
+        s.compute_clock_s = end_s;
+      } else if (e.kind == EventKind::marker) {
+        out.events.push_back({r, Stream::compute, EventKind::marker, e.name, s.compute_clock_s, s.compute_clock_s, 0, 0, "", -1});
+      } else if (e.kind == EventKind::collective) {
+        Collective& c = collectives.at({e.group, e.seq});
+        c.issue_s[r] = s.compute_clock_s;
+        s.queue.push_back(&c);
+        start_collectives();  // it starts now if its peers have issued it: the kernels after it overlap it
+      } else {  // wait
+        const Collective& c = collectives.at({e.group, e.seq});
+        if (!c.done) return moved;
+        if (c.end_s > s.compute_clock_s) {
+          out.events.push_back({r, Stream::compute, EventKind::wait, "wait " + c.op, s.compute_clock_s, c.end_s, 0,
+                                double(c.payload_bytes), c.group, c.seq});
+          s.compute_clock_s = c.end_s;
+        }
+      }
+      s.pc++;
+      moved = true;
     }
     return moved;
   };
@@ -306,6 +340,7 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
     out.compute_s = std::max(out.compute_s, t.compute_s);
     out.comm_s = std::max(out.comm_s, t.comm_s);
     out.exposed_comm_s = std::max(out.exposed_comm_s, t.exposed_comm_s);
+    out.contention_s = std::max(out.contention_s, t.contention_s);
     out.exposed_comm_mean_s += t.exposed_comm_s / double(st.size());
     out.ranks.push_back(t);
   }

@@ -61,6 +61,7 @@ struct RankTimes {
   double compute_s = 0;       // busy time of the compute stream
   double comm_s = 0;          // busy time of the comm stream (collectives this rank takes part in)
   double exposed_comm_s = 0;  // step_s − compute_s: time the rank is not computing (waiting for comm or for peers)
+  double contention_s = 0;    // part of compute_s: what its kernels lost to the SMs of the collectives beside them
 };
 
 struct ReplayResult {
@@ -70,6 +71,7 @@ struct ReplayResult {
   double comm_s = 0;               // max over ranks
   double exposed_comm_s = 0;       // MAX over ranks (the rank that hides its communication worst)
   double exposed_comm_mean_s = 0;  // mean over ranks
+  double contention_s = 0;         // max over ranks of RankTimes::contention_s
   std::vector<RankTimes> ranks;
   std::vector<ModeledEvent> events;
 };

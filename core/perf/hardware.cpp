@@ -45,6 +45,16 @@ constexpr int kTileM = 128, kTileN = 256;
 // the shallowest piece of K a split-K GEMM gives one tile (four of CUTLASS's 64-deep k-blocks: a piece
 // shallower than that spends its time filling and draining its pipeline)
 constexpr double kSplitK = 256;
+// SMs a collective holds while it runs beside the compute stream (NCCL: one thread block per channel). An HGX
+// A100's rings over NVSwitch use 24 channels (NCCL's log on one: "Channel 23/24", nccl-tests issue #100); on
+// an H100, Nsight Systems shows ncclAllGather's kernel with 24 blocks beside a GEMM, which then runs its
+// tiles in waves on the 108 SMs left (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe
+// GEMM Performance Degradation because of Tail Effect", thread 337991). A large GEMM beside a collective so loses
+// 18-22 % of its rate (more where the waves come out worse), within what Lee et al. measured across GPT and
+// LLaMA layers on A100s and H100s ("Characterizing Compute-Communication Overlap in GPU-Accelerated
+// Distributed Deep Learning", arXiv 2507.03114, 2025: compute 18.9 % slower on average beside the
+// collectives, up to 40 %). PCIe-only rings (t4-pcie, h100-pcie): no published channel count, not modeled.
+constexpr int kCommSmsNvlink = 24;
 
 std::vector<HardwareProfile> make_profiles() {
   std::vector<HardwareProfile> p;
@@ -100,7 +110,7 @@ std::vector<HardwareProfile> make_profiles() {
       .mem_bw_efficiency = kHbmEfficiency,
       .step_overhead_s = kStepOverheadGpu_s,
       .calibration_source = "Bekman's MAMF table (A100 SXM bf16 86.9 %); FlashAttention-2 paper; STREAM-style ~90 % of HBM",
-      .sm_count = 108, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN,
+      .sm_count = 108, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN, .comm_sms = kCommSmsNvlink,
   });
   // One HGX H100 node: 8× H100 SXM5 on NVLink4 / NVSwitch, 8× NDR 400 Gb/s NICs.
   HardwareProfile h100{
@@ -124,7 +134,7 @@ std::vector<HardwareProfile> make_profiles() {
       .mem_bw_efficiency = kHbmEfficiency,       // STREAM triad on H100 80GB HBM3: 3.09 of 3.35 TB/s
       .step_overhead_s = kStepOverheadGpu_s,
       .calibration_source = "Bekman's MAMF table (H100 SXM bf16 80.3 %); FA2 measured at 0.30 on an H200 (the FA3 paper: 35 % forward); STREAM triad 92 % of HBM3",
-      .sm_count = 132, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN,
+      .sm_count = 132, .gemm_tile_m = kTileM, .gemm_tile_n = kTileN, .comm_sms = kCommSmsNvlink,
   };
   p.push_back(h100);
   // H200: the H100's compute and links with bigger, faster memory.
@@ -154,6 +164,7 @@ std::vector<HardwareProfile> make_profiles() {
   h100_pcie.inter_node_busbw_bytes_per_s = 40e9; // estimate: 400 Gb/s per GPU, bounded by the PCIe ring
   h100_pcie.collective_latency_s = kAlphaPcie2_s;
   h100_pcie.sm_count = 114;                      // H100 PCIe data sheet: 114 SMs
+  h100_pcie.comm_sms = 0;                        // a PCIe ring's channel count: not published, not modeled
   h100_pcie.host_memory_per_node_bytes = 1000000000000LL;  // estimate: a 2-socket PCIe server with 1 TB
   h100_pcie.source = "H100 PCIe data sheet; PCIe gen5 busbw estimated; host as h100-nvlink";
   h100_pcie.calibration_source = h100.calibration_source + "; the PCIe card is assumed to reach the same shares";
@@ -202,6 +213,17 @@ HardwareProfile at_peak(HardwareProfile hw) {
   hw.measured_gemms.clear();
   hw.measured_attention.clear();
   hw.calibration_source = "none: the data sheet's peaks (log.calibrated = false)";
+  return hw;
+}
+
+HardwareProfile beside_collective(HardwareProfile hw) {
+  if (hw.comm_sms <= 0 || hw.sm_count <= hw.comm_sms) return hw;
+  const double share = double(hw.sm_count - hw.comm_sms) / double(hw.sm_count);
+  hw.sm_count -= hw.comm_sms;
+  hw.fp32_flops_per_s *= share;
+  hw.low_precision_flops_per_s *= share;
+  for (MeasuredGemm& g : hw.measured_gemms) g.flops_per_s *= share;
+  for (MeasuredAttention& a : hw.measured_attention) a.flops_per_s *= share;
   return hw;
 }
 
@@ -257,6 +279,7 @@ const NumberField kNumberFields[] = {
     {"sm_count", nullptr, nullptr, &HardwareProfile::sm_count},
     {"gemm_tile_m", nullptr, nullptr, &HardwareProfile::gemm_tile_m},
     {"gemm_tile_n", nullptr, nullptr, &HardwareProfile::gemm_tile_n},
+    {"comm_sms", nullptr, nullptr, &HardwareProfile::comm_sms},
 };
 
 double number_at(const nlohmann::json& v, const std::string& key, const std::string& path) {

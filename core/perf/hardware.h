@@ -64,6 +64,9 @@ struct HardwareProfile {
   // --- GEMMs by shape (data sheet; CUTLASS's tiles): see gemm_quantization() ---
   int sm_count = 0;                      // streaming multiprocessors: a GEMM's output tiles run in waves of this many
   int gemm_tile_m = 0, gemm_tile_n = 0;  // the output tile of the large tensor-core kernels; 0: no quantization (CPU)
+  // SMs a running collective holds: NCCL runs each channel as one thread block, which keeps its SM from the
+  // compute stream's kernels while the collective lasts (see beside_collective()); 0: not modeled
+  int comm_sms = 0;
 
   // --- measured on the user's own GPU (a profile file from `distlab bench calibrate`) ---
   std::vector<MeasuredGemm> measured_gemms;          // a GEMM of one of these shapes takes its measured rate
@@ -83,6 +86,11 @@ const std::vector<HardwareProfile>& hardware_profiles();
 // quantization); with fewer tiles than SMs, K is split among them (split-K) in pieces at least 256 deep.
 // 1 for a profile without tiles. NVIDIA's "Matrix Multiplication Background" guide.
 double gemm_quantization(const GemmShape& g, const HardwareProfile& hw);
+// The profile as a kernel sees it while a collective runs on the comm stream beside it: comm_sms fewer SMs
+// (the tiles' waves recounted on the rest), the peaks and any measured rates scaled by the SMs left. Memory
+// bandwidth is left whole: a streaming kernel saturates HBM with fewer SMs (NCCL's own HBM traffic, a few
+// percent of it, is not modeled). The profile itself when comm_sms is 0.
+HardwareProfile beside_collective(HardwareProfile hw);
 // The same profile with its calibration switched off: every kernel at the data sheet's peak, no per-step
 // overhead (log.calibrated = false) — the roofline a hand calculation gives.
 HardwareProfile at_peak(HardwareProfile hw);

@@ -63,6 +63,7 @@ nlohmann::json Trainer::model_time(int64_t step) {
     out["modeled_compute_s"] = r.compute_s;
     out["modeled_comm_s"] = r.comm_s;
     out["modeled_exposed_comm_s"] = r.exposed_comm_s;
+    out["modeled_contention_s"] = r.contention_s;
     out["modeled_single_rank_s"] = single_rank_time_s(ranks[0], world(), hw, false, ro.kernels) + hw.step_overhead_s;
     out["modeled_speedup"] = out["modeled_single_rank_s"].get<double>() / std::max(r.step_s, 1e-30);
     // MFU and HFU (Korthikanti et al. 2022, §5), by one convention (kFlopsConvention, core/models/zoo.h):
@@ -373,12 +374,15 @@ void Trainer::log_report(const nlohmann::json& summary, int64_t nparams, double 
                                        : fmt::format(", measured {:.2f} ms in them (start to finish, waits for peers and overlap included)",
                                                      1e3 * last_step_comm_s_));
   if (modeled_.contains("modeled_step_s"))
-    log_ << fmt::format("modeled on {}{} (step {}): {:.2f} ms per step, compute {:.2f} ms, exposed communication {:.2f} ms, "
+    log_ << fmt::format("modeled on {}{} (step {}): {:.2f} ms per step, compute {:.2f} ms{}, exposed communication {:.2f} ms, "
                         "speed-up over one rank {:.2f}x, MFU {:.1f} % (HFU {:.1f} %); measured here: {:.2f} ms per step\n",
                         modeled_["profile"].get<std::string>(),
                         std::string(modeled_.value("modeled_calibrated", true) ? "" : " at its peaks") + kernels_text(cfg_.log),
                         modeled_["traced_step"].get<int64_t>(),
                         1e3 * modeled_["modeled_step_s"].get<double>(), 1e3 * modeled_["modeled_compute_s"].get<double>(),
+                        modeled_.value("modeled_contention_s", 0.0) > 0
+                            ? fmt::format(" ({:.2f} ms of it lost to the SMs of the collectives beside it)", 1e3 * modeled_["modeled_contention_s"].get<double>())
+                            : "",
                         1e3 * modeled_["modeled_exposed_comm_s"].get<double>(), modeled_["modeled_speedup"].get<double>(),
                         100 * modeled_["modeled_mfu"].get<double>(), 100 * modeled_["modeled_hfu"].get<double>(),
                         1e3 * summary.value("measured_step_s", 0.0));
