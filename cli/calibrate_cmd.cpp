@@ -2,7 +2,10 @@
 // cost model otherwise takes from data sheets and published figures, for the model it is given:
 //   - every GEMM shape of one training step (the step is run on the meta device first, and its trace says
 //     which (M, N, K) the matmuls multiply, forward and backward), each timed through distlab's own kernel
-//     at the run's precision: the rate the model then takes for that very shape;
+//     at the run's precision: the rate the model then takes for that very shape. The operands are random
+//     (N(0, 1)), never zeros, and a GPU is first kept under its largest GEMM for --settle seconds: what a
+//     training run sustains (its clock under the power limit and at its working temperature), not a burst
+//     at the boost clock;
 //   - flash attention, forward and backward, at the model's sequence and head size;
 //   - the memory bandwidth a streaming kernel reaches (an accumulate over 256 MiB, 64 MiB on a CPU);
 //   - with two or more GPUs, NCCL's bus bandwidth and latency: `--comm FILE` takes the table that
@@ -18,6 +21,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <random>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -45,7 +50,33 @@ struct CalibrateArgs {
   std::string config, device = "cuda", base, out, name, comm;
   std::vector<std::string> sets;
   double seconds = 0.2;  // time each kernel at least this long (and at least twice after a warm-up)
+  double settle = -1;    // seconds under the largest GEMM before the timings; -1: 10 on a GPU, 0 elsewhere
 };
+
+// Random operands, N(0, 1). What a GEMM multiplies changes its speed: its switching power, and so the clock
+// it holds under the power limit, depends on the bits it flips. Zeros or constants run up to 15 % faster
+// than random values (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
+// 'Predictable' Data!", 2024: an A100's 8192³ bf16 matmul, 295 TFLOP/s on zeros, 257 on randn). A pool of
+// 2^20 draws is laid over the tensor, shifted by a prime each pass: a large operand gets its values in
+// milliseconds rather than the seconds a draw per element would take.
+void fill_normal(Runtime& rt, Tensor& t, uint64_t seed) {
+  constexpr int64_t kPool = int64_t(1) << 20;
+  static const std::vector<float> pool = [] {
+    std::mt19937_64 gen(2024);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(kPool);
+    for (float& x : v) x = normal(gen);
+    return v;
+  }();
+  const int64_t n = t.numel();
+  Tensor host = rt.host_empty({n}, Category::other, "calibration operand (host)");
+  float* h = host.f32();
+  for (int64_t i = 0, pass = 0; i < n; i += kPool, pass++) {
+    const int64_t shift = int64_t((seed * 7919 + uint64_t(pass) * 104729) % uint64_t(kPool)), len = std::min(kPool, n - i);
+    for (int64_t j = 0; j < len; j++) h[i + j] = pool[size_t((j + shift) % kPool)];
+  }
+  t.copy_from(host);
+}
 
 // One training step of the model on the meta device, traced: which GEMMs and attention calls it makes.
 std::vector<TraceEvent> traced_step(const CalibrateArgs& a, const std::string& base, DType& dtype) {
@@ -141,15 +172,37 @@ int run_calibrate(const CalibrateArgs& a) {
 
   std::cout << fmt::format("distlab bench calibrate: {} on {} (base profile {}), {} GEMM shapes and {} attention calls of one step\n", a.config,
                            where, base, gemm_flops.size(), attention_flops.size());
+  HardwareProfile out = hw;
+  // Settle: the largest GEMM of the step, run for --settle seconds before anything is timed, so that the
+  // timings see the clock a training run holds (power limit, temperature), not the first seconds' boost
+  const double settle_s = a.settle >= 0 ? a.settle : a.device == "cuda" ? 10.0 : 0.0;
+  if (settle_s > 0) {
+    auto largest = gemm_flops.begin();
+    for (auto it = gemm_flops.begin(); it != gemm_flops.end(); ++it)
+      if (std::get<0>(it->first) * std::get<1>(it->first) * std::get<2>(it->first) >
+          std::get<0>(largest->first) * std::get<1>(largest->first) * std::get<2>(largest->first))
+        largest = it;
+    const auto [m, n, k, low] = largest->first;
+    rt.dtype = low ? dtype : DType::f32;
+    Tensor A = rt.zeros({m, k}, Category::other, "settle A"), B = rt.zeros({k, n}, Category::other, "settle B"),
+           C = rt.zeros({m, n}, Category::other, "settle C");
+    fill_normal(rt, A, 3);
+    fill_normal(rt, B, 4);
+    const double s = seconds_per_call([&] { gemm(rt, "calibrate_settle", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); },
+                                      dev.get(), settle_s);
+    std::cout << fmt::format("settled {:g} s under the step's largest GEMM ({} x {} x {}: {:.1f} TFLOP/s at the end of it)\n", settle_s, m, n, k,
+                             2.0 * double(m) * double(n) * double(k) / s / 1e12);
+  }
   std::cout << fmt::format("{:<9} {:>8} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>7}\n", "kernel", "M", "N", "K", "bf16", "GFLOP/step",
                            "measured TF/s", "base TF/s", "ratio");
-  HardwareProfile out = hw;
   double gemm_total = 0;  // the step's GEMM FLOPs
   for (const auto& [key, step_flops] : gemm_flops) {
     const auto [m, n, k, low] = key;
     rt.dtype = low ? dtype : DType::f32;
     Tensor A = rt.zeros({m, k}, Category::other, "calibration A"), B = rt.zeros({k, n}, Category::other, "calibration B"),
            C = rt.zeros({m, n}, Category::other, "calibration C");
+    fill_normal(rt, A, 1);
+    fill_normal(rt, B, 2);
     const double s = seconds_per_call([&] { gemm(rt, "calibrate_gemm", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); },
                                       dev.get(), a.seconds);
     const double flops = 2.0 * double(m) * double(n) * double(k), rate = flops / s;
@@ -187,6 +240,8 @@ int run_calibrate(const CalibrateArgs& a) {
     const int64_t H = shape.heads, T = shape.seq, hd = shape.head_dim;
     Tensor qkv = rt.zeros({H, T, 3 * hd}, Category::other, "calibration qkv"), o = rt.zeros({H, T, hd}, Category::other, "calibration out"),
            lse = rt.zeros({H, T}, Category::other, "calibration lse"), dq = rt.zeros({H, T, 3 * hd}, Category::other, "calibration dqkv");
+    fill_normal(rt, qkv, 5);
+    fill_normal(rt, o, 6);
     const double flops = flash_attention_flops(H, T, hd, 1, shape.backward);
     const double s = seconds_per_call(
         [&] {
@@ -220,10 +275,10 @@ int run_calibrate(const CalibrateArgs& a) {
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   out.name = a.name.empty() ? "calibrated-" + base : a.name;
   out.source = fmt::format("{} (data sheet), calibrated by distlab bench calibrate on {}, {}", hw.source, where, date);
-  out.calibration_source = fmt::format("measured on {} ({}) for {}: {} GEMM shapes (FLOP-weighted {:.3f} of peak after quantization), {} attention "
-                                       "calls, streaming {:.1f} GB/s; collectives: {}{}",
-                                       where, date, a.config, out.measured_gemms.size(), out.gemm_efficiency, out.measured_attention.size(), bw / 1e9,
-                                       comm, raised);
+  out.calibration_source = fmt::format("measured on {} ({}) for {}: {} GEMM shapes (FLOP-weighted {:.3f} of peak after quantization; random "
+                                       "operands, after {:g} s under load), {} attention calls, streaming {:.1f} GB/s; collectives: {}{}",
+                                       where, date, a.config, out.measured_gemms.size(), out.gemm_efficiency, settle_s, out.measured_attention.size(),
+                                       bw / 1e9, comm, raised);
   AtomicFile file(a.out);
   file.write(profile_file_json(out, base));
   file.commit();
@@ -244,6 +299,8 @@ void add_calibrate_command(CLI::App* bench, int& exit_code) {
   sub->add_option("--name", a->name, "the profile's name (default calibrated-<base>)");
   sub->add_option("--comm", a->comm, "the JSON of `distlab bench comm --backend nccl -n N`: NCCL's busbw and latency");
   sub->add_option("--seconds", a->seconds, "time each kernel at least this long (default 0.2)")->check(CLI::PositiveNumber);
+  sub->add_option("--settle", a->settle, "seconds under the step's largest GEMM before timing (default 10 on a GPU, 0 elsewhere)")
+      ->check(CLI::Range(0.0, 3600.0));
   sub->callback([a, &exit_code]() {
     if (!a->out.ends_with(".json")) throw ConfigError("-o " + a->out + ": a profile file's name ends in .json", "log.profile tells a file from a built-in by it");
     exit_code = run_calibrate(*a);

@@ -169,13 +169,16 @@ TEST_CASE("bench calibrate: every GEMM shape of the model's step measured on the
     INFO(device);
     const std::string file = dir + "/" + device + ".json";
     auto [code, out] = shell_in_source("timeout 300 "s + DISTLAB_BINARY + " bench calibrate configs/llama-tiny.toml --set model.attention=flash --device " +
-                                       device + " --seconds 0.01 -o " + file + " 2>&1");
+                                       device + " --seconds 0.01 --settle 0.05 -o " + file + " 2>&1");
     INFO(out);
     REQUIRE(code == 0);
     CHECK_THAT(out, Catch::Contains("GEMM shapes and 2 attention calls of one step") && Catch::Contains("wrote " + file));
+    // the GPU's sustained rate, not a burst: the largest GEMM runs first, then every timing, on random operands
+    CHECK_THAT(out, Catch::Contains("settled 0.05 s under the step's largest GEMM (256 x 64 x 1024"));
     const distlab::HardwareProfile hw = distlab::load_profile_file(file);
     CHECK(hw.name == "calibrated-cpu");  // a CPU device: the cpu profile is the base
-    CHECK_THAT(hw.calibration_source, Catch::Contains("measured on") && Catch::Contains("configs/llama-tiny.toml"));
+    CHECK_THAT(hw.calibration_source, Catch::Contains("measured on") && Catch::Contains("configs/llama-tiny.toml") &&
+                                          Catch::Contains("random operands, after 0.05 s under load"));
     // the shapes: what a meta run of the same config traces, every one measured
     auto trace = [](const std::vector<std::string>& sets) {
       std::vector<std::string> all = {"train.device=meta", "train.steps=2", "log.trace_step=2", "train.eval_every=0", "log.profile=cpu",
