@@ -297,7 +297,7 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
         const double shared_s = shared.sm_count != hw.sm_count ? compute_time(e, shared, opts.low_precision, opts.kernels) : alone_s;
         const double end_s = place_kernel(s, s.compute_clock_s, alone_s, shared_s);
         out.events.push_back({r, Stream::compute, EventKind::compute, e.name, s.compute_clock_s, end_s, e.flops, e.bytes, "", -1});
-        const double lost_s = shared_s > alone_s ? std::max(0.0, end_s - s.compute_clock_s - alone_s) : 0.0;  // beside collectives
+        const double lost_s = std::max(0.0, end_s - (s.compute_clock_s + alone_s));  // beside collectives (0 exactly when alone)
         s.times.compute_s += alone_s + lost_s;
         s.times.contention_s += lost_s;
         s.compute_clock_s = end_s;
