@@ -346,7 +346,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& self_ex
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   add_published_command(bench, exit_code);
-  add_calibrate_command(bench, exit_code);
+  add_calibrate_command(bench, exit_code, self_exe);
   CLI::App* comm = bench->add_subcommand("comm", "collectives like nccl-tests: time, algbw, busbw, #wrong, 1 KiB..128 MiB");
   comm->add_option("-n,--nproc-per-node", a->nproc, "ranks (default 2)");
   comm->add_option("--min", a->min_size, "smallest size (default 1KiB)");

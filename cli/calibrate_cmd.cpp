@@ -8,9 +8,10 @@
 //     at the boost clock;
 //   - flash attention, forward and backward, at the model's sequence and head size;
 //   - the memory bandwidth a streaming kernel reaches (an accumulate over 256 MiB, 64 MiB on a CPU);
-//   - with two or more GPUs, NCCL's bus bandwidth and latency: `--comm FILE` takes the table that
-//     `distlab bench comm --backend nccl -n N --json FILE` wrote (its largest all_reduce's busbw, its
-//     smallest one's time for α).
+//   - with two or more GPUs, NCCL's bus bandwidth and latency: it runs `distlab bench comm --backend nccl`
+//     over every GPU (--comm-ranks N picks how many; on cpu and cuda-sim, N ranks over Gloo) and takes its
+//     largest all_reduce's busbw and its smallest one's time for α; `--comm FILE` takes such a table written
+//     before (`distlab bench comm ... --json FILE`) instead.
 // It writes a profile file (core/perf/hardware.h: load_profile_file) that `log.profile = "FILE"` and
 // `distlab plan --profile FILE` take: the base profile's data sheet, with what was measured here in place of
 // the published shares. What it did not measure stays the base's, and the file says which.
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <random>
 #include <ctime>
@@ -29,12 +31,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/launch/launcher.h"
 #include "core/ops/attach.h"
 #include "core/ops/cpu/attention.h"
 #include "core/ops/cpu/matmul.h"
 #include "core/ops/cpu/pointwise.h"
 #include "core/perf/cost_model.h"
 #include "core/perf/hardware.h"
+#include "core/tensor/device.h"
 #include "core/train/trainer.h"
 #include "core/util/atomic_file.h"
 #include "core/util/error.h"
@@ -47,7 +51,8 @@ namespace distlab {
 namespace {
 
 struct CalibrateArgs {
-  std::string config, device = "cuda", base, out, name, comm;
+  std::string config, device = "cuda", base, out, name, comm, self_exe;
+  int comm_ranks = -1;  // ranks of the collectives' benchmark; -1: every GPU on cuda (when 2 or more), none elsewhere
   std::vector<std::string> sets;
   double seconds = 0.2;  // time each kernel at least this long (and at least twice after a warm-up)
   double settle = -1;    // seconds under the largest GEMM before the timings; -1: 10 on a GPU, 0 elsewhere
@@ -121,7 +126,8 @@ struct AttentionShape {
 };
 
 // --comm FILE: `distlab bench comm --json` rows -> the busbw of the largest all_reduce, α from the smallest
-void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& what) {
+// `label` names the table's origin in the profile's calibration_source (the file, or "measured here")
+void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& what, const std::string& label) {
   const std::vector<uint8_t> bytes = read_regular_file(path, 16 << 20, "--comm's table");
   const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
   if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array() || !j.value("world_size", 0))
@@ -136,7 +142,7 @@ void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& 
   if (!large || n < 2) throw ConfigError("--comm " + path + ": no all_reduce rows over two or more ranks", "the table of a run with -n 2 or more");
   hw.intra_node_busbw_bytes_per_s = large->value("busbw_gbps", 0.0) * 1e9;
   hw.collective_latency_s = small->value("time_us", 0.0) * 1e-6 / (2.0 * (n - 1));  // a small all_reduce: 2(n−1) steps of α
-  what = fmt::format("{}'s all_reduce over {} ranks ({}: busbw {:.1f} GB/s at {}; α {:.2f} µs from {})", path, n, j.value("backend", "gloo"),
+  what = fmt::format("{}: all_reduce over {} ranks ({}: busbw {:.1f} GB/s at {}; α {:.2f} µs from {})", label, n, j.value("backend", "gloo"),
                      large->value("busbw_gbps", 0.0), format_bytes(large->value("bytes", 0.0)), 1e6 * hw.collective_latency_s,
                      format_bytes(small->value("bytes", 0.0)));
 }
@@ -267,8 +273,27 @@ int run_calibrate(const CalibrateArgs& a) {
   out.mem_bw_efficiency = bw / hw.mem_bw_bytes_per_s;
   std::cout << fmt::format("{:<9} {:>26} {:>12.2f} {:>11.1f} GB/s {:>11.1f} GB/s {:>7.2f}\n", "stream", format_bytes(12.0 * double(n)), 0.0,
                            bw / 1e9, hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency / 1e9, bw / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency));
-  std::string comm = "not measured (the base's: one device here; with two or more GPUs pass --comm, the JSON of distlab bench comm --backend nccl)";
-  if (!a.comm.empty()) read_comm_table(a.comm, out, comm);
+  std::string comm = "not measured (the base's: one device here)";
+  const int comm_ranks = a.comm_ranks >= 0 ? a.comm_ranks : a.device == "cuda" ? cuda_device_count(nullptr) : 0;
+  if (!a.comm.empty()) {
+    read_comm_table(a.comm, out, comm, a.comm);
+  } else if (comm_ranks >= 2) {  // the collectives, measured here: bench comm over comm_ranks ranks, its table read back
+    const std::string backend = a.device == "cuda" ? "nccl" : "gloo";
+    const std::string table = a.out + ".comm.json";
+    LaunchOptions o;
+    o.nproc_per_node = comm_ranks;
+    o.master_port = 0;
+    o.threads_per_rank = 1;
+    o.argv = {a.self_exe, "bench", "comm", "--backend", backend, "--max", backend == "nccl" ? "256MiB" : "8MiB", "--json", table};
+    std::cout << fmt::format("collectives: distlab bench comm --backend {} over {} ranks\n", backend, comm_ranks);
+    std::cout.flush();
+    if (launch(o) != 0)
+      throw Error(fmt::format("calibrate: distlab bench comm over {} ranks failed (its output is above)", comm_ranks),
+                  "--comm-ranks 0 leaves the collectives at the base's figures");
+    read_comm_table(table, out, comm, "distlab bench comm, measured here");
+    std::error_code ec;
+    std::filesystem::remove(table, ec);
+  }
 
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -288,8 +313,9 @@ int run_calibrate(const CalibrateArgs& a) {
 
 }  // namespace
 
-void add_calibrate_command(CLI::App* bench, int& exit_code) {
+void add_calibrate_command(CLI::App* bench, int& exit_code, const std::string& self_exe) {
   auto a = std::make_shared<CalibrateArgs>();
+  a->self_exe = self_exe;
   CLI::App* sub = bench->add_subcommand("calibrate", "measure this device's GEMMs (at a model's shapes), attention and bandwidth into a profile file");
   sub->add_option("config", a->config, "the run config whose step's shapes to measure (configs/gpt2-124m.toml)")->required();
   sub->add_option("--set", a->sets, "any config key, as for train (the micro-batch, the sequence, precision.mode: the shapes)");
@@ -297,7 +323,10 @@ void add_calibrate_command(CLI::App* bench, int& exit_code) {
   sub->add_option("--base", a->base, "the built-in profile to start from (default: the GPU's own, by its name)");
   sub->add_option("-o,--out", a->out, "the profile file to write (a .json)")->required();
   sub->add_option("--name", a->name, "the profile's name (default calibrated-<base>)");
-  sub->add_option("--comm", a->comm, "the JSON of `distlab bench comm --backend nccl -n N`: NCCL's busbw and latency");
+  sub->add_option("--comm", a->comm, "the JSON of `distlab bench comm --backend nccl -n N`: NCCL's busbw and latency, measured before");
+  sub->add_option("--comm-ranks", a->comm_ranks, "ranks to measure the collectives over (default: every GPU on cuda when 2 or more; "
+                                                 "0: not measured; on cpu and cuda-sim, ranks over Gloo)")
+      ->check(CLI::Range(0, 64));
   sub->add_option("--seconds", a->seconds, "time each kernel at least this long (default 0.2)")->check(CLI::PositiveNumber);
   sub->add_option("--settle", a->settle, "seconds under the step's largest GEMM before timing (default 10 on a GPU, 0 elsewhere)")
       ->check(CLI::Range(0.0, 3600.0));

@@ -169,12 +169,20 @@ TEST_CASE("bench calibrate: every GEMM shape of the model's step measured on the
     INFO(device);
     const std::string file = dir + "/" + device + ".json";
     auto [code, out] = shell_in_source("timeout 300 "s + DISTLAB_BINARY + " bench calibrate configs/llama-tiny.toml --set model.attention=flash --device " +
-                                       device + " --seconds 0.01 --settle 0.05 -o " + file + " 2>&1");
+                                       device + " --seconds 0.01 --settle 0.05" + (device == "cpu"s ? " --comm-ranks 2" : "") + " -o " + file + " 2>&1");
     INFO(out);
     REQUIRE(code == 0);
     CHECK_THAT(out, Catch::Contains("GEMM shapes and 2 attention calls of one step") && Catch::Contains("wrote " + file));
     // the GPU's sustained rate, not a burst: the largest GEMM runs first, then every timing, on random operands
     CHECK_THAT(out, Catch::Contains("settled 0.05 s under the step's largest GEMM (256 x 64 x 1024"));
+    // the collectives measured too (over Gloo here; NCCL over every GPU on a GPU machine), the table read back
+    if (device == "cpu"s) {
+      CHECK_THAT(out, Catch::Contains("collectives: distlab bench comm --backend gloo over 2 ranks"));
+      CHECK_THAT(distlab::load_profile_file(file).calibration_source, Catch::Contains("all_reduce over 2 ranks (gloo: busbw"));
+      CHECK(!fs::exists(file + ".comm.json"));
+    } else {
+      CHECK_THAT(distlab::load_profile_file(file).calibration_source, Catch::Contains("collectives: not measured"));
+    }
     const distlab::HardwareProfile hw = distlab::load_profile_file(file);
     CHECK(hw.name == "calibrated-cpu");  // a CPU device: the cpu profile is the base
     CHECK_THAT(hw.calibration_source, Catch::Contains("measured on") && Catch::Contains("configs/llama-tiny.toml") &&
