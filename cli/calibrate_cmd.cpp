@@ -20,15 +20,16 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <cstring>
-#include <random>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "core/launch/launcher.h"
@@ -131,7 +132,7 @@ void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& 
   const std::vector<uint8_t> bytes = read_regular_file(path, 16 << 20, "--comm's table");
   const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
   if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array() || !j.value("world_size", 0))
-    throw ConfigError("--comm " + path + ": not a table of `distlab bench comm --json`", "run distlab bench comm --backend nccl -n N --json FILE");
+    throw ConfigError(label + " (" + path + "): not a table of `distlab bench comm --json`", "run distlab bench comm --backend nccl -n N --json FILE");
   const int n = j["world_size"].get<int>();
   const nlohmann::json *small = nullptr, *large = nullptr;
   for (const auto& r : j["rows"]) {
@@ -139,7 +140,7 @@ void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& 
     if (!small || r.value("bytes", 0.0) < small->value("bytes", 0.0)) small = &r;
     if (!large || r.value("bytes", 0.0) > large->value("bytes", 0.0)) large = &r;
   }
-  if (!large || n < 2) throw ConfigError("--comm " + path + ": no all_reduce rows over two or more ranks", "the table of a run with -n 2 or more");
+  if (!large || n < 2) throw ConfigError(label + " (" + path + "): no all_reduce rows over two or more ranks", "the table of a run with -n 2 or more");
   hw.intra_node_busbw_bytes_per_s = large->value("busbw_gbps", 0.0) * 1e9;
   hw.collective_latency_s = small->value("time_us", 0.0) * 1e-6 / (2.0 * (n - 1));  // a small all_reduce: 2(n−1) steps of α
   what = fmt::format("{}: all_reduce over {} ranks ({}: busbw {:.1f} GB/s at {}; α {:.2f} µs from {})", label, n, j.value("backend", "gloo"),
@@ -148,7 +149,9 @@ void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& 
 }
 
 int run_calibrate(const CalibrateArgs& a) {
-  // the device, first: a GPU's name picks the base profile when none is named
+  // the profile file is opened first (as <out>.partial): an unwritable folder fails before minutes of timing
+  AtomicFile file(a.out);
+  // the device, then: a GPU's name picks the base profile when none is named
   Runtime rt(parse_device(a.device));  // cuda-sim: a cuda rank whose kernels are the CPU's
   if (rt.is_meta()) throw ConfigError("--device meta: nothing to measure on the meta device", "cuda, cuda-sim or cpu");
   std::unique_ptr<AttachedDevice> dev = attach_device(rt, a.device, 0);
@@ -196,7 +199,7 @@ int run_calibrate(const CalibrateArgs& a) {
     fill_normal(rt, B, 4);
     const double s = seconds_per_call([&] { gemm(rt, "calibrate_settle", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); },
                                       dev.get(), settle_s);
-    std::cout << fmt::format("settled {:g} s under the step's largest GEMM ({} x {} x {}: {:.1f} TFLOP/s at the end of it)\n", settle_s, m, n, k,
+    std::cout << fmt::format("settled {:g} s under the step's largest GEMM ({} x {} x {}: {:.1f} TFLOP/s on average over it)\n", settle_s, m, n, k,
                              2.0 * double(m) * double(n) * double(k) / s / 1e12);
   }
   std::cout << fmt::format("{:<9} {:>8} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>7}\n", "kernel", "M", "N", "K", "bf16", "GFLOP/step",
@@ -273,13 +276,29 @@ int run_calibrate(const CalibrateArgs& a) {
   out.mem_bw_efficiency = bw / hw.mem_bw_bytes_per_s;
   std::cout << fmt::format("{:<9} {:>26} {:>12.2f} {:>11.1f} GB/s {:>11.1f} GB/s {:>7.2f}\n", "stream", format_bytes(12.0 * double(n)), 0.0,
                            bw / 1e9, hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency / 1e9, bw / (hw.mem_bw_bytes_per_s * hw.mem_bw_efficiency));
-  std::string comm = "not measured (the base's: one device here)";
-  const int comm_ranks = a.comm_ranks >= 0 ? a.comm_ranks : a.device == "cuda" ? cuda_device_count(nullptr) : 0;
+  std::string comm = "not measured (the base's)";
+  int comm_ranks = a.comm_ranks >= 0 ? a.comm_ranks : a.device == "cuda" ? cuda_device_count(nullptr) : 0;
+  const std::string backend = a.device == "cuda" ? "nccl" : "gloo";
+  if (a.comm.empty() && comm_ranks >= 2 && backend == "nccl") {
+    std::string why;
+    if (!cuda_symbol("distlab_nccl_bench", &why)) {
+      if (a.comm_ranks >= 0) throw ConfigError("--comm-ranks " + std::to_string(comm_ranks) + ": " + why, "a build with NCCL, or --comm-ranks 0");
+      comm = "not measured (the base's: this build has no NCCL: " + why + ")";
+      comm_ranks = 0;
+    }
+  }
   if (!a.comm.empty()) {
-    read_comm_table(a.comm, out, comm, a.comm);
+    read_comm_table(a.comm, out, comm, "--comm");
   } else if (comm_ranks >= 2) {  // the collectives, measured here: bench comm over comm_ranks ranks, its table read back
-    const std::string backend = a.device == "cuda" ? "nccl" : "gloo";
-    const std::string table = a.out + ".comm.json";
+    const std::string table =
+        (std::filesystem::temp_directory_path() / fmt::format("distlab-calibrate-comm-{}-{}.json", ::getpid(), std::time(nullptr))).string();
+    struct Remove {  // the table is ours: gone whatever happens
+      std::string path;
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+      }
+    } remove_table{table};
     LaunchOptions o;
     o.nproc_per_node = comm_ranks;
     o.master_port = 0;
@@ -291,8 +310,8 @@ int run_calibrate(const CalibrateArgs& a) {
       throw Error(fmt::format("calibrate: distlab bench comm over {} ranks failed (its output is above)", comm_ranks),
                   "--comm-ranks 0 leaves the collectives at the base's figures");
     read_comm_table(table, out, comm, "distlab bench comm, measured here");
-    std::error_code ec;
-    std::filesystem::remove(table, ec);
+  } else if (a.device == "cuda" && comm_ranks < 2 && a.comm_ranks < 0) {
+    comm = "not measured (the base's: one GPU here)";
   }
 
   char date[32];
@@ -304,7 +323,6 @@ int run_calibrate(const CalibrateArgs& a) {
                                        "operands, after {:g} s under load), {} attention calls, streaming {:.1f} GB/s; collectives: {}{}",
                                        where, date, a.config, out.measured_gemms.size(), out.gemm_efficiency, settle_s, out.measured_attention.size(),
                                        bw / 1e9, comm, raised);
-  AtomicFile file(a.out);
   file.write(profile_file_json(out, base));
   file.commit();
   std::cout << fmt::format("wrote {}: log.profile = \"{}\" or distlab plan --profile {}\n", a.out, a.out, a.out);

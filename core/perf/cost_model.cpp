@@ -124,8 +124,8 @@ double collective_time(const std::string& op, int64_t bytes, int n, const Hardwa
    every collective as soon as all its ranks have issued it (at the head of all their comm queues), until
    nothing moves. Ranks left with events then are deadlocked (an error, never a hang). A kernel is placed
    against the collectives started by then: all that can overlap it in the fake world (one traced rank, whose
-   collectives start when issued); with several traced ranks, a collective a peer has not yet issued is
-   missed (the kernel counted as if alone). */
+   collectives start when issued). With several traced ranks a peer may issue one later, so there the
+   contention is not modeled at all (see `shared` below). */
 namespace {
 
 struct Collective {
@@ -200,6 +200,7 @@ struct RankState {
 
 // End of a kernel that starts at start_s and takes alone_s by itself and shared_s beside a collective: it
 // runs at 1/alone_s of its work per second while the comm stream is idle and 1/shared_s while it is busy.
+// shared_s == alone_s (a profile without comm_sms, a kernel on the host) is the kernel placed as before.
 double place_kernel(RankState& s, double start_s, double alone_s, double shared_s) {
   while (s.busy_from < s.comm_busy.size() && s.comm_busy[s.busy_from].second <= start_s) s.busy_from++;
   if (shared_s <= alone_s) return start_s + alone_s;
@@ -246,7 +247,11 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
   ReplayResult out;
   out.profile = hw.name;
   std::vector<RankState> st(ranks.size());
-  const HardwareProfile shared = beside_collective(hw);  // the profile a kernel beside a running collective sees
+  // The profile a kernel beside a running collective sees. Only in the fake world: there every collective
+  // that can overlap a kernel has started by the time the kernel is placed. With several traced ranks a
+  // peer may issue it later, and the kernels placed before would be charged on some ranks and not on
+  // others, by rank order, so a multi-rank replay models no contention.
+  const HardwareProfile shared = opts.symmetric ? beside_collective(hw) : hw;
 
   auto link_of = [&](const Collective& c) {
     if (opts.ranks_per_node <= 0) return Link::intra_node;
@@ -276,7 +281,8 @@ ReplayResult replay(const std::vector<std::vector<TraceEvent>>& ranks, const Har
           st[p].queue.pop_front();
           st[p].comm_free_s = c.end_s;
           st[p].times.comm_s += t;
-          if (t > 0) st[p].comm_busy.emplace_back(c.start_s, c.end_s);
+          // point-to-point sends run on a pair's few p2p channels, not a collective's rings: not counted
+          if (t > 0 && !is_p2p(c.op)) st[p].comm_busy.emplace_back(c.start_s, c.end_s);
           out.events.push_back({p, Stream::comm, EventKind::collective, c.op, c.start_s, c.end_s, 0,
                                 double(c.payload_bytes), c.group, c.seq});
         }

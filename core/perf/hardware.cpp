@@ -210,6 +210,7 @@ HardwareProfile at_peak(HardwareProfile hw) {
   hw.gemm_efficiency = hw.attention_efficiency = hw.mem_bw_efficiency = 1;
   hw.step_overhead_s = 0;
   hw.sm_count = 0;  // no tile or wave quantization
+  hw.comm_sms = 0;  // nor SMs held by a collective: the roofline a hand calculation gives
   hw.measured_gemms.clear();
   hw.measured_attention.clear();
   hw.calibration_source = "none: the data sheet's peaks (log.calibrated = false)";

@@ -89,7 +89,8 @@ double gemm_quantization(const GemmShape& g, const HardwareProfile& hw);
 // The profile as a kernel sees it while a collective runs on the comm stream beside it: comm_sms fewer SMs
 // (the tiles' waves recounted on the rest), the peaks and any measured rates scaled by the SMs left. Memory
 // bandwidth is left whole: a streaming kernel saturates HBM with fewer SMs (NCCL's own HBM traffic, a few
-// percent of it, is not modeled). The profile itself when comm_sms is 0.
+// percent of it, is not modeled). The profile itself when comm_sms is 0. The replay applies it in the fake
+// world only, and to collectives, not to a pipeline's point-to-point sends (cost_model.cpp).
 HardwareProfile beside_collective(HardwareProfile hw);
 // The same profile with its calibration switched off: every kernel at the data sheet's peak, no per-step
 // overhead (log.calibrated = false) — the roofline a hand calculation gives.
