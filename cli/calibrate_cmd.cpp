@@ -118,6 +118,17 @@ double seconds_per_call(F run, AttachedDevice* dev, double seconds) {
   return el / calls;
 }
 
+// Seconds per call of C (m x n) = A (m x k) · B (k x n) at rt.dtype, on random operands, timed for at
+// least `seconds` (the operands freed after)
+double time_gemm(Runtime& rt, AttachedDevice* dev, int64_t m, int64_t n, int64_t k, double seconds) {
+  Tensor A = rt.zeros({m, k}, Category::other, "calibration A"), B = rt.zeros({k, n}, Category::other, "calibration B"),
+         C = rt.zeros({m, n}, Category::other, "calibration C");
+  fill_normal(rt, A, uint64_t(m * 31 + k));
+  fill_normal(rt, B, uint64_t(k * 17 + n));
+  return seconds_per_call([&] { gemm(rt, "calibrate_gemm", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); }, dev,
+                          seconds);
+}
+
 struct AttentionShape {
   int64_t heads, seq, head_dim;
   bool backward;
@@ -193,13 +204,8 @@ int run_calibrate(const CalibrateArgs& a) {
         largest = it;
     const auto [m, n, k, low] = largest->first;
     rt.dtype = low ? dtype : DType::f32;
-    Tensor A = rt.zeros({m, k}, Category::other, "settle A"), B = rt.zeros({k, n}, Category::other, "settle B"),
-           C = rt.zeros({m, n}, Category::other, "settle C");
-    fill_normal(rt, A, 3);
-    fill_normal(rt, B, 4);
-    const double s = seconds_per_call([&] { gemm(rt, "calibrate_settle", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); },
-                                      dev.get(), settle_s);
-    std::cout << fmt::format("settled {:g} s under the step's largest GEMM ({} x {} x {}: {:.1f} TFLOP/s on average over it)\n", settle_s, m, n, k,
+    const double s = time_gemm(rt, dev.get(), m, n, k, settle_s);
+    std::cout << fmt::format("settled {:g} s under the step's largest GEMM ({} x {} x {}: {:.3g} TFLOP/s on average over it)\n", settle_s, m, n, k,
                              2.0 * double(m) * double(n) * double(k) / s / 1e12);
   }
   std::cout << fmt::format("{:<9} {:>8} {:>8} {:>8} {:>6} {:>12} {:>14} {:>14} {:>7}\n", "kernel", "M", "N", "K", "bf16", "GFLOP/step",
@@ -208,12 +214,7 @@ int run_calibrate(const CalibrateArgs& a) {
   for (const auto& [key, step_flops] : gemm_flops) {
     const auto [m, n, k, low] = key;
     rt.dtype = low ? dtype : DType::f32;
-    Tensor A = rt.zeros({m, k}, Category::other, "calibration A"), B = rt.zeros({k, n}, Category::other, "calibration B"),
-           C = rt.zeros({m, n}, Category::other, "calibration C");
-    fill_normal(rt, A, 1);
-    fill_normal(rt, B, 2);
-    const double s = seconds_per_call([&] { gemm(rt, "calibrate_gemm", false, false, m, n, k, 1.0f, A.f32(), k, B.f32(), n, 0.0f, C.f32(), n); },
-                                      dev.get(), a.seconds);
+    const double s = time_gemm(rt, dev.get(), m, n, k, a.seconds);
     const double flops = 2.0 * double(m) * double(n) * double(k), rate = flops / s;
     const GemmShape g{m, n, k};
     const double peak = low ? hw.low_precision_flops_per_s : hw.fp32_flops_per_s;
