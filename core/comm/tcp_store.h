@@ -7,7 +7,7 @@
 // the master address only (loopback for a one-node job), a client must first present the job's token
 // (random, from the launcher, in DISTLAB_STORE_TOKEN), every message is size-capped and checked, a bad
 // one is answered with an error and its connection closed, and a client that connects and says nothing
-// is dropped after a few seconds. Wire format and limits: tcp_store.cpp.
+// is dropped after a few seconds. Wire format and limits: tcp_wire.h.
 #pragma once
 #include <netinet/in.h>
 
