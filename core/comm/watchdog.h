@@ -1,5 +1,5 @@
 // A worker's watchdog over its launcher. `distlab run` kills its workers' process groups when it exits,
-// and a guard process does so when the launcher is killed outright (launcher.cpp); this is the third
+// and a guard process does so when the launcher is killed outright (worker_process.h); this is the third
 // line: a thread in each worker that notices the launcher is gone (the worker was reparented, or the pid
 // no longer exists) or has been stopped (SIGSTOP, Ctrl-Z) for longer than `stopped_limit`, and ends the
 // worker with a message. Without it a worker whose launcher stopped reading its output blocks forever in

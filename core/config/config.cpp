@@ -1,7 +1,7 @@
 // Reading a run's config: the table of every key (keys(): its name, kind, meaning, and how it is read and
 // shown), the walk over a TOML file's tables that applies them, the --set overrides, and the errors that
 // name a key and where it was written. The values' checks against each other are validate.cpp's.
-// Read next: validate.cpp, then ecosystem.cpp (DeepSpeed's and accelerate's configs read into these keys).
+// Read next: validate.cpp, then deepspeed_config.cpp and ecosystem.cpp (DeepSpeed's and accelerate's configs read into these keys).
 #include "core/config/config.h"
 
 #include <algorithm>
