@@ -20,7 +20,7 @@
 
 namespace distlab {
 
-using namespace wire;
+using namespace store_wire;
 
 // Nothing listens on `port` on any address of this machine (a bind of every address would fail).
 static bool port_free(int port) {

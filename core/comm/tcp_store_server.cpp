@@ -18,7 +18,7 @@
 
 namespace distlab {
 
-using namespace wire;
+using namespace store_wire;
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string token, Millis hello_within)
     : token_(std::move(token)), hello_within_(hello_within), data_(Millis(0)) {

@@ -12,7 +12,7 @@
 
 #include "core/comm/errors.h"
 
-namespace distlab::wire {
+namespace distlab::store_wire {
 
 bool ready(int fd, short events, Clock::time_point deadline) {
   for (;;) {
@@ -106,4 +106,4 @@ in_addr resolve_ipv4(const std::string& host, const char* what) {
   return a;
 }
 
-}  // namespace distlab::wire
+}  // namespace distlab::store_wire

@@ -32,7 +32,7 @@
 
 #include "core/comm/store.h"
 
-namespace distlab::wire {
+namespace distlab::store_wire {
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kHello = 6 };
 enum Status : uint8_t { kOk = 0, kTimedOut = 1, kRefused = 2 };
@@ -138,4 +138,4 @@ bool same_token(const std::string& a, const std::string& b);  // in time indepen
 void no_delay(int fd);
 in_addr resolve_ipv4(const std::string& host, const char* what);
 
-}  // namespace distlab::wire
+}  // namespace distlab::store_wire
