@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -160,8 +161,10 @@ void read_comm_table(const std::string& path, HardwareProfile& hw, std::string& 
 }
 
 int run_calibrate(const CalibrateArgs& a) {
-  // the profile file is opened first (as <out>.partial): an unwritable folder fails before minutes of timing
-  AtomicFile file(a.out);
+  // an output folder that cannot take the file fails now, not after minutes of timing (and leaves nothing)
+  const std::filesystem::path folder = std::filesystem::path(a.out).parent_path().empty() ? "." : std::filesystem::path(a.out).parent_path();
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw IoError("-o " + a.out + ": cannot write into " + folder.string() + ": " + std::strerror(errno), "a folder that exists and is writable");
   // the device, then: a GPU's name picks the base profile when none is named
   Runtime rt(parse_device(a.device));  // cuda-sim: a cuda rank whose kernels are the CPU's
   if (rt.is_meta()) throw ConfigError("--device meta: nothing to measure on the meta device", "cuda, cuda-sim or cpu");
@@ -324,6 +327,7 @@ int run_calibrate(const CalibrateArgs& a) {
                                        "operands, after {:g} s under load), {} attention calls, streaming {:.1f} GB/s; collectives: {}{}",
                                        where, date, a.config, out.measured_gemms.size(), out.gemm_efficiency, settle_s, out.measured_attention.size(),
                                        bw / 1e9, comm, raised);
+  AtomicFile file(a.out);
   file.write(profile_file_json(out, base));
   file.commit();
   std::cout << fmt::format("wrote {}: log.profile = \"{}\" or distlab plan --profile {}\n", a.out, a.out, a.out);

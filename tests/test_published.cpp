@@ -233,5 +233,10 @@ TEST_CASE("bench calibrate: every GEMM shape of the model's step measured on the
   auto [ocode, oout] = shell_in_source(std::string(DISTLAB_BINARY) + " bench calibrate configs/llama-tiny.toml --device cpu -o " + dir + "/x.txt 2>&1");
   CHECK(ocode != 0);
   CHECK_THAT(oout, Catch::Contains("ends in .json"));
+  // a folder that is not there fails before anything is timed, and leaves no file behind
+  auto [wcode, wout] = shell_in_source(std::string(DISTLAB_BINARY) + " bench calibrate configs/llama-tiny.toml --device cpu -o " + dir + "/no/such/x.json 2>&1");
+  CHECK(wcode != 0);
+  CHECK_THAT(wout, Catch::Contains("cannot write into") && !Catch::Contains("GEMM shapes"));
+  CHECK(!fs::exists(dir + "/no"));
   fs::remove_all(dir);
 }
